@@ -1,0 +1,1 @@
+"""Cost models: the analytical simulator of heterogeneous training, the upper bound and the planners."""

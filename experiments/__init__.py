@@ -1,0 +1,1 @@
+"""Benchmarks and experiments; they write their numbers to docs/BENCHMARKS.md."""

@@ -1,0 +1,3 @@
+from hetpart.cli.app import _entry
+
+_entry()

@@ -1,0 +1,73 @@
+"""Small helpers that check untrusted mappings and raise one clear line: ``file: field: problem; fix``."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Iterable
+
+from hetpart.errors import HetpartError
+
+__all__: list[str] = []
+
+
+def where(source: str, field: str) -> str:
+    return f"{source}: {field}" if field else source
+
+
+def fail(exc: type[HetpartError], source: str, field: str, message: str) -> HetpartError:
+    return exc(f"{where(source, field)}: {message}")
+
+
+def require_mapping(exc, value: Any, source: str, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise fail(exc, source, field, f"expected a mapping (key: value), got {type(value).__name__}")
+    return value
+
+
+def require_keys(exc, data: dict, source: str, field: str, required: Iterable[str], optional: Iterable[str]) -> None:
+    required = list(required)
+    allowed = set(required) | set(optional)
+    for key in data:
+        if not isinstance(key, str) or key not in allowed:
+            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            fix = f"did you mean '{hint[0]}'?" if hint else f"allowed keys: {', '.join(sorted(allowed))}"
+            raise fail(exc, source, f"{field}.{key}" if field else str(key), f"unknown key; {fix}")
+    for key in required:
+        if key not in data:
+            raise fail(exc, source, f"{field}.{key}" if field else key, "missing required field; add it")
+
+
+def number(exc, value: Any, source: str, field: str, *, minimum: float = 0.0, strict: bool = True,
+           maximum: float = 1e9) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise fail(exc, source, field, f"expected a number, got {value!r}")
+    if (strict and not value > minimum) or (not strict and not value >= minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise fail(exc, source, field, f"must be {bound}, got {value!r}")
+    if value > maximum:
+        raise fail(exc, source, field, f"{value!r} is absurdly large (limit {maximum:g}); check the unit")
+    return float(value)
+
+
+def integer(exc, value: Any, source: str, field: str, *, minimum: int = 1, maximum: int = 10**7) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(exc, source, field, f"expected a whole number, got {value!r}")
+    if value < minimum:
+        raise fail(exc, source, field, f"must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise fail(exc, source, field, f"{value} is absurdly large (limit {maximum})")
+    return value
+
+
+def string(exc, value: Any, source: str, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise fail(exc, source, field, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def unknown_name(exc, kind: str, name: str, known: Iterable[str], source: str, field: str, extra: str = "") -> HetpartError:
+    known = sorted(known)
+    hint = difflib.get_close_matches(name, known, n=1)
+    did = f"did you mean '{hint[0]}'? " if hint else ""
+    return fail(exc, source, field, f"unknown {kind} {name!r}; {did}known: {', '.join(known)}{extra}")

@@ -1,0 +1,84 @@
+"""Hardware catalogs. Figures are vendor datasheet peaks; dense (non-sparse) matrix rates.
+
+The costmodel turns peaks into achievable rates with a fitted efficiency model; nothing here is
+an achieved number.
+"""
+
+from __future__ import annotations
+
+from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
+
+__all__ = ["GPU_CATALOG", "LINK_CATALOG", "NIC_CATALOG"]
+
+
+def _by_name(*items):
+    return {item.name: item for item in items}
+
+
+GPU_CATALOG: dict[str, GPUSpec] = _by_name(
+    # NVIDIA Tesla P100 SXM2 datasheet: 21.2 TFLOPS fp16 (no tensor cores), 10.6 fp32, 732 GB/s HBM2.
+    GPUSpec("P100-16GB", 21.2, 10.6, 16, 732, "nvidia", False, "NVIDIA Tesla P100 datasheet (SXM2)"),
+    # NVIDIA V100 SXM2 datasheet: 125 TFLOPS fp16 tensor, 15.7 fp32, 900 GB/s HBM2.
+    GPUSpec("V100-16GB", 125, 15.7, 16, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)"),
+    GPUSpec("V100-32GB", 125, 15.7, 32, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)"),
+    # NVIDIA T4 datasheet: 65 TFLOPS fp16 mixed precision, 8.1 fp32, 320 GB/s GDDR6.
+    GPUSpec("T4-16GB", 65, 8.1, 16, 320, "nvidia", False, "NVIDIA T4 datasheet"),
+    # NVIDIA A10 datasheet: 125 TFLOPS bf16 dense (250 sparse), 31.2 fp32, 600 GB/s.
+    GPUSpec("A10-24GB", 125, 31.2, 24, 600, "nvidia", True, "NVIDIA A10 datasheet"),
+    # NVIDIA L4 datasheet: 242 TFLOPS bf16 *sparse* -> 121 dense, 30.3 fp32, 300 GB/s.
+    GPUSpec("L4-24GB", 121, 30.3, 24, 300, "nvidia", True, "NVIDIA L4 datasheet (sparse/2)"),
+    # GA102 whitepaper, RTX 3090: 71 TFLOPS fp16/bf16 tensor with fp32 accumulate (142 with fp16
+    # accumulate; training accumulates in fp32), 35.6 fp32, 936 GB/s GDDR6X.
+    GPUSpec("RTX3090-24GB", 71, 35.6, 24, 936, "nvidia", True, "NVIDIA Ampere GA102 whitepaper"),
+    # Ada whitepaper, RTX 4090: 165.2 TFLOPS fp16/bf16 tensor with fp32 accumulate, 82.6 fp32, 1008 GB/s.
+    GPUSpec("RTX4090-24GB", 165.2, 82.6, 24, 1008, "nvidia", True, "NVIDIA Ada Lovelace whitepaper"),
+    # RTX A6000 datasheet: 154.8 TFLOPS tensor dense (309.7 sparse), 38.7 fp32, 768 GB/s.
+    GPUSpec("A6000-48GB", 154.8, 38.7, 48, 768, "nvidia", True, "NVIDIA RTX A6000 datasheet"),
+    # A100 datasheet: 312 TFLOPS bf16 dense, 19.5 fp32; 1555 GB/s (40GB), 2039 GB/s (80GB SXM).
+    GPUSpec("A100-40GB", 312, 19.5, 40, 1555, "nvidia", True, "NVIDIA A100 datasheet"),
+    GPUSpec("A100-80GB", 312, 19.5, 80, 2039, "nvidia", True, "NVIDIA A100 datasheet (SXM)"),
+    # H100 SXM datasheet: 1979 TFLOPS bf16 sparse -> 989 dense, 67 fp32, 3.35 TB/s HBM3.
+    GPUSpec("H100-80GB", 989, 67, 80, 3350, "nvidia", True, "NVIDIA H100 datasheet (SXM)"),
+    # H200 SXM datasheet: same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s.
+    GPUSpec("H200-141GB", 989, 67, 141, 4800, "nvidia", True, "NVIDIA H200 datasheet (SXM)"),
+    # MI250X datasheet: 383 TFLOPS bf16 for the package of 2 GCDs, 47.9 fp32 vector, 128 GB,
+    # 3.2768 TB/s; one GCD (what a process sees) is half of each.
+    GPUSpec("MI250X-GCD-64GB", 191.5, 23.95, 64, 1638.4, "amd", True, "AMD Instinct MI250X datasheet / 2"),
+    # MI300X datasheet: 1307.4 TFLOPS bf16 dense, 163.4 fp32, 192 GB HBM3 at 5.3 TB/s.
+    GPUSpec("MI300X-192GB", 1307.4, 163.4, 192, 5300, "amd", True, "AMD Instinct MI300X datasheet"),
+    # Ascend 910B: Huawei does not publish a full datasheet; ~313 TFLOPS fp16 and 64 GB HBM2e at
+    # ~1.6 TB/s are the figures reported for the 910B (approximate; fp32 assumed at 1/4 rate).
+    GPUSpec("Ascend910B-64GB", 313, 78, 64, 1600, "huawei", True, "Huawei Ascend 910B public figures (approx.)"),
+)
+
+LINK_CATALOG: dict[str, LinkSpec] = _by_name(
+    # PCIe x16, per direction: gen3 15.75 GB/s, gen4 31.5, gen5 63 (PCI-SIG); ~5 us through a switch/root.
+    LinkSpec("PCIe3", 15.75, 5.0, "PCI-SIG PCIe 3.0 x16"),
+    LinkSpec("PCIe4", 31.5, 5.0, "PCI-SIG PCIe 4.0 x16"),
+    LinkSpec("PCIe5", 63.0, 5.0, "PCI-SIG PCIe 5.0 x16"),
+    # NVLink per GPU, per direction: V100 6 links x 25 GB/s = 150 (300 bidirectional),
+    # A100 12 x 25 = 300 (600 bidir), H100 18 links = 450 (900 bidir). NVIDIA datasheets.
+    LinkSpec("NVLink2", 150.0, 2.0, "NVIDIA V100 datasheet (300 GB/s bidirectional)"),
+    LinkSpec("NVLink3", 300.0, 2.0, "NVIDIA A100 datasheet (600 GB/s bidirectional)"),
+    LinkSpec("NVLink4", 450.0, 2.0, "NVIDIA H100 datasheet (900 GB/s bidirectional)"),
+    # MI250X Infinity Fabric: 50 GB/s per direction per link, GCD pairs joined by 1-4 links;
+    # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper).
+    LinkSpec("xGMI", 100.0, 3.0, "AMD CDNA2 whitepaper (Infinity Fabric links)"),
+    # Ascend HCCS: 56 GB/s per link; 910B nodes: 7 links, 392 GB/s aggregate (~196 per direction).
+    LinkSpec("HCCS", 196.0, 3.0, "Huawei Atlas 800T A2 figures (approx.)"),
+)
+
+NIC_CATALOG: dict[str, NICSpec] = _by_name(
+    # TCP Ethernet: line rate; tens of microseconds through the kernel stack.
+    NICSpec("Ethernet-10", 10, 30.0, False, "IEEE 802.3 10GbE; TCP latency"),
+    NICSpec("Ethernet-25", 25, 25.0, False, "IEEE 802.3 25GbE; TCP latency"),
+    NICSpec("Ethernet-100", 100, 20.0, False, "IEEE 802.3 100GbE; TCP latency"),
+    # RoCE v2: RDMA over Ethernet, a few microseconds.
+    NICSpec("RoCE-100", 100, 3.0, True, "NVIDIA ConnectX-5/6 RoCE v2"),
+    NICSpec("RoCE-200", 200, 3.0, True, "NVIDIA ConnectX-6 RoCE v2"),
+    NICSpec("RoCE-400", 400, 3.0, True, "NVIDIA ConnectX-7 RoCE v2"),
+    # InfiniBand EDR 100, HDR 200, NDR 400 Gbit/s; ~1-2 us end to end (NVIDIA ConnectX datasheets).
+    NICSpec("IB-EDR", 100, 1.5, True, "InfiniBand EDR, ConnectX-5"),
+    NICSpec("IB-HDR", 200, 1.5, True, "InfiniBand HDR, ConnectX-6"),
+    NICSpec("IB-NDR", 400, 1.5, True, "InfiniBand NDR, ConnectX-7"),
+)

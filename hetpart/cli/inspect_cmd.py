@@ -1,0 +1,150 @@
+"""``hetpart models``, ``hetpart clusters``, ``hetpart inspect model|cluster``."""
+
+from __future__ import annotations
+
+import typer
+
+from typing import Optional
+
+from hetpart.cli.common import JsonFlag, Precision, console, emit_json
+
+__all__ = ["register"]
+
+
+def _fmt(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def models(json_out: bool = JsonFlag) -> None:
+    """List the model catalog."""
+    from rich.table import Table
+
+    from hetpart.catalog.models import MODEL_CATALOG
+    from hetpart.graph import load_model
+
+    rows = []
+    for name, cfg in MODEL_CATALOG.items():
+        g = load_model(name, seq_len=min(2048, cfg.max_positions))
+        rows.append({"name": name, "family": cfg.family, "num_params": g.num_params, "num_layers": cfg.num_layers,
+                     "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads, "num_units": g.num_units})
+    if json_out:
+        emit_json({"models": rows})
+        return
+    t = Table(title="model catalog")
+    for col in ("name", "family", "params", "layers", "hidden", "heads", "units"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["family"], _fmt(r["num_params"]), str(r["num_layers"]), str(r["hidden_size"]),
+                  str(r["num_heads"]), str(r["num_units"]))
+    console().print(t)
+
+
+def clusters(json_out: bool = JsonFlag) -> None:
+    """List the bundled clusters and the hardware catalog."""
+    from rich.table import Table
+
+    from hetpart.catalog.hardware import GPU_CATALOG, LINK_CATALOG, NIC_CATALOG
+    from hetpart.cluster import cluster_catalog, load_cluster
+
+    cl = [load_cluster(name).summary() for name in sorted(cluster_catalog())]
+    if json_out:
+        emit_json({"clusters": [{"name": c["name"], "num_devices": c["num_devices"],
+                                 "gpus": sorted({g["gpu"] for g in c["node_groups"]}), "zones": c["zones"]} for c in cl],
+                   "gpus": {k: vars(v) for k, v in GPU_CATALOG.items()},
+                   "intra_node_links": {k: vars(v) for k, v in LINK_CATALOG.items()},
+                   "nics": {k: vars(v) for k, v in NIC_CATALOG.items()}})
+        return
+    out = console()
+    t = Table(title="bundled clusters")
+    for col in ("name", "devices", "gpus", "zones"):
+        t.add_column(col)
+    for c in cl:
+        gpus = ", ".join(f"{g['count'] * g['gpus_per_node']}x {g['gpu']}" for g in c["node_groups"])
+        t.add_row(c["name"], str(c["num_devices"]), gpus, ", ".join(c["zones"]))
+    out.print(t)
+    g = Table(title="GPU catalog (dense peak)")
+    for col in ("name", "vendor", "TFLOPS 16-bit", "TFLOPS fp32", "memory GB", "HBM GB/s"):
+        g.add_column(col)
+    for s in GPU_CATALOG.values():
+        g.add_row(s.name, s.vendor, f"{s.tflops_bf16:g}", f"{s.tflops_fp32:g}", f"{s.memory_gb:g}", f"{s.hbm_gbyte_s:g}")
+    out.print(g)
+    n = Table(title="links and NICs")
+    for col in ("name", "kind", "bandwidth", "latency us"):
+        n.add_column(col)
+    for s in LINK_CATALOG.values():
+        n.add_row(s.name, "intra-node", f"{s.bandwidth_gbyte_s:g} GB/s", f"{s.latency_us:g}")
+    for s in NIC_CATALOG.values():
+        n.add_row(s.name, "NIC", f"{s.bandwidth_gbit_s:g} Gbit/s", f"{s.latency_us:g}")
+    out.print(n)
+
+
+def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.json path or python:MODULE:FUNCTION."),
+                  seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: min(2048, max positions))."),
+                  precision: str = Precision, json_out: bool = JsonFlag) -> None:
+    """Show a model's units with FLOPs, parameters and activation bytes."""
+    from rich.table import Table
+
+    from hetpart.graph import load_model
+
+    g = load_model(model, seq_len=seq_len, precision=precision)
+    if json_out:
+        emit_json(g.summary())
+        return
+    t = Table(title=f"{g.name}: {_fmt(g.num_params)} parameters, {g.num_units} units, seq_len {g.seq_len} "
+                    f"({_fmt(g.flops_per_token)}FLOP/token for training)")
+    for col in ("units", "kind", "fwd FLOPs/seq", "params", "out bytes/seq", "saved bytes/seq (none/sel/full)"):
+        t.add_column(col)
+    i = 0
+    while i < g.num_units:
+        u = g.units[i]
+        j = i
+        while j + 1 < g.num_units and _same(g.units[j + 1], u):
+            j += 1
+        label = u.name if i == j else f"{u.name} .. {g.units[j].name} (x{j - i + 1})"
+        t.add_row(f"{i}" + (f"-{j}" if j > i else "") + f" {label}", u.kind, _fmt(u.fwd_flops), _fmt(u.params),
+                  _fmt(u.out_act_bytes), "/".join(_fmt(u.act_bytes[m]) for m in ("none", "selective", "full")))
+        i = j + 1
+    console().print(t)
+
+
+def _same(a, b) -> bool:
+    return (a.kind, a.fwd_flops, a.params, a.act_bytes) == (b.kind, b.fwd_flops, b.params, b.act_bytes)
+
+
+def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or cluster YAML path."),
+                    json_out: bool = JsonFlag) -> None:
+    """Show a cluster's node groups, device ids, links and zones."""
+    from rich.table import Table
+
+    from hetpart.cluster import load_cluster
+
+    c = load_cluster(cluster)
+    s = c.summary()
+    if json_out:
+        emit_json(s)
+        return
+    t = Table(title=f"{c.name}: {c.num_devices} devices, {s['peak_tflops_bf16'] / 1000:.1f} PFLOPS 16-bit peak, "
+                    f"zones {', '.join(c.zones)}")
+    for col in ("group", "nodes x gpus", "gpu", "intra-node", "network per node", "zone", "device ids"):
+        t.add_column(col)
+    for g in s["node_groups"]:
+        t.add_row(str(g["index"]), f"{g['count']} x {g['gpus_per_node']}", g["gpu"],
+                  f"{g['intra_node']} ({g['intra_node_gbyte_s']:g} GB/s)",
+                  f"{g['nics_per_node']} x {g['nic']} ({g['node_bandwidth_gbit_s']:g} Gbit/s)", g["zone"], g["device_ids"])
+    out = console()
+    out.print(t)
+    for link in s["links"]:
+        out.print(f"link {link['zones'][0]} <-> {link['zones'][1]}: {link['bandwidth_gbit_s']:g} Gbit/s, "
+                  f"{link['latency_us']:g} us")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("models")(models)
+    app.command("clusters")(clusters)
+    inspect = typer.Typer(help="Show a model graph or a cluster.", no_args_is_help=True)
+    inspect.command("model")(inspect_model)
+    inspect.command("cluster")(inspect_cluster)
+    app.add_typer(inspect, name="inspect")

@@ -1,0 +1,403 @@
+"""Heterogeneous clusters: typed node groups, zones and links, devices, and the network between them.
+
+A cluster is read from YAML (shared/CONTRACT.md) or taken from the bundled catalog. Device ids are
+``"<node-group>/<node>/<gpu>"``, 0-based, in file order.
+
+Example:
+    >>> c = load_cluster("a100-v100-16")
+    >>> c.num_devices, c.device("1/0/3").gpu.name
+    (16, 'V100-16GB')
+    >>> round(c.link_between("0/0/0", "1/0/0").bandwidth_gbyte_s, 1)
+    12.5
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+import yaml
+
+from hetpart import _validate as v
+from hetpart.catalog.hardware import GPU_CATALOG, LINK_CATALOG, NIC_CATALOG
+from hetpart.errors import SpecError
+from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
+
+__all__ = ["NodeGroup", "ZoneLink", "Device", "PathLink", "Cluster", "load_cluster", "parse_cluster",
+           "cluster_catalog"]
+
+MAX_DEVICES = 1_000_000
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``count`` identical nodes."""
+
+    count: int
+    """Number of nodes in the group."""
+    gpus_per_node: int
+    """Devices per node."""
+    gpu: GPUSpec
+    """Device type."""
+    intra_node: LinkSpec
+    """Link between the devices of one node."""
+    nic: NICSpec
+    """Network card type of the nodes."""
+    nics_per_node: int = 1
+    """Number of NICs per node; the node's network bandwidth is ``nics_per_node * nic``."""
+    zone: str = "default"
+    """Zone (data centre, region) of the nodes."""
+
+    @property
+    def node_bandwidth_gbyte_s(self) -> float:
+        """Aggregate network bandwidth of one node, GB/s."""
+        return self.nics_per_node * self.nic.bandwidth_gbyte_s
+
+    @property
+    def num_devices(self) -> int:
+        return self.count * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class ZoneLink:
+    """A link between two zones (shared by every flow between them)."""
+
+    zones: tuple[str, str]
+    bandwidth_gbit_s: float
+    """Bandwidth of the link in Gbit/s."""
+    latency_us: float
+    """One-way latency, microseconds."""
+
+    @property
+    def bandwidth_gbyte_s(self) -> float:
+        return self.bandwidth_gbit_s / 8.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of the cluster."""
+
+    id: str
+    """``"<node-group>/<node>/<gpu>"``."""
+    index: int
+    """Position in cluster order (group, node, gpu)."""
+    group: int
+    node: int
+    local: int
+    gpu: GPUSpec
+    zone: str
+
+    @property
+    def node_key(self) -> tuple[int, int]:
+        return (self.group, self.node)
+
+
+@dataclass(frozen=True)
+class PathLink:
+    """The effective link between two devices: the slowest hop of the path."""
+
+    bandwidth_gbyte_s: float
+    """Bandwidth of the slowest hop, GB/s (inf for a device to itself)."""
+    latency_us: float
+    """Sum of the hop latencies, microseconds."""
+    kind: Literal["self", "intra_node", "nic", "inter_zone"]
+    """The slowest kind of hop on the path."""
+
+    def transfer_time_s(self, num_bytes: float) -> float:
+        """Time to send ``num_bytes`` point to point over this path."""
+        if self.kind == "self":
+            return 0.0
+        return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_gbyte_s * 1e9)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A heterogeneous cluster: node groups in file order and the links between zones."""
+
+    name: str
+    groups: tuple[NodeGroup, ...]
+    zone_links: tuple[ZoneLink, ...] = ()
+    source: str = field(default="<memory>", compare=False)
+    """Where it was read from (for error messages)."""
+
+    @cached_property
+    def devices(self) -> tuple[Device, ...]:
+        out = []
+        for g, group in enumerate(self.groups):
+            for n in range(group.count):
+                for i in range(group.gpus_per_node):
+                    out.append(Device(f"{g}/{n}/{i}", len(out), g, n, i, group.gpu, group.zone))
+        return tuple(out)
+
+    @cached_property
+    def _by_id(self) -> dict[str, Device]:
+        return {d.id: d for d in self.devices}
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.num_devices for g in self.groups)
+
+    @property
+    def zones(self) -> list[str]:
+        return list(dict.fromkeys(g.zone for g in self.groups))
+
+    @property
+    def gpu_types(self) -> list[str]:
+        """Device type names in order of first appearance."""
+        return list(dict.fromkeys(g.gpu.name for g in self.groups))
+
+    def has_device(self, device_id: str) -> bool:
+        return device_id in self._by_id
+
+    def device(self, device_id: str) -> Device:
+        """The device with id ``"g/n/i"``; raises :class:`SpecError` for an unknown id."""
+        try:
+            return self._by_id[device_id]
+        except KeyError:
+            raise SpecError(f"{self.source}: device {device_id!r} does not exist in cluster {self.name!r} "
+                            f"({self.num_devices} devices, ids 'group/node/gpu' from 0/0/0)") from None
+
+    def group_of(self, device_id: str) -> NodeGroup:
+        return self.groups[self.device(device_id).group]
+
+    @cached_property
+    def _zone_link_map(self) -> dict[frozenset, ZoneLink]:
+        return {frozenset(link.zones): link for link in self.zone_links}
+
+    def zone_link(self, zone_a: str, zone_b: str) -> ZoneLink | None:
+        """The link between two different zones, or None when they are not connected."""
+        return self._zone_link_map.get(frozenset((zone_a, zone_b)))
+
+    def zones_connected(self, zone_a: str, zone_b: str) -> bool:
+        return zone_a == zone_b or self.zone_link(zone_a, zone_b) is not None
+
+    def link_between(self, a: str, b: str) -> PathLink | None:
+        """The effective point-to-point link between devices ``a`` and ``b`` (slowest hop).
+
+        One flow between two nodes uses one NIC on each side. Returns None when the zones of the
+        two devices have no link.
+        """
+        da, db = self.device(a), self.device(b)
+        if a == b:
+            return PathLink(math.inf, 0.0, "self")
+        ga, gb = self.groups[da.group], self.groups[db.group]
+        if da.node_key == db.node_key:
+            return PathLink(ga.intra_node.bandwidth_gbyte_s, ga.intra_node.latency_us, "intra_node")
+        bw = min(ga.nic.bandwidth_gbyte_s, gb.nic.bandwidth_gbyte_s)
+        lat = max(ga.nic.latency_us, gb.nic.latency_us)
+        kind: Literal["nic", "inter_zone"] = "nic"
+        if da.zone != db.zone:
+            link = self.zone_link(da.zone, db.zone)
+            if link is None:
+                return None
+            if link.bandwidth_gbyte_s < bw:
+                kind = "inter_zone"
+            bw = min(bw, link.bandwidth_gbyte_s)
+            lat += link.latency_us
+        return PathLink(bw, lat, kind)
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """A networkx view: device nodes, one switch per node, one per zone; edges carry
+        ``bandwidth_gbyte_s``, ``latency_us`` and ``kind`` (``intra_node``, ``nic``, ``inter_zone``)."""
+        g = nx.Graph(name=self.name)
+        for zone in self.zones:
+            g.add_node(f"zone:{zone}", kind="zone")
+        for gi, group in enumerate(self.groups):
+            for n in range(group.count):
+                switch = f"node:{gi}/{n}"
+                g.add_node(switch, kind="node", group=gi)
+                g.add_edge(switch, f"zone:{group.zone}", kind="nic", latency_us=group.nic.latency_us,
+                           bandwidth_gbyte_s=group.node_bandwidth_gbyte_s)
+        for d in self.devices:
+            group = self.groups[d.group]
+            g.add_node(d.id, kind="device", gpu=d.gpu.name, zone=d.zone)
+            g.add_edge(d.id, f"node:{d.group}/{d.node}", kind="intra_node",
+                       bandwidth_gbyte_s=group.intra_node.bandwidth_gbyte_s, latency_us=group.intra_node.latency_us)
+        for link in self.zone_links:
+            a, b = link.zones
+            g.add_edge(f"zone:{a}", f"zone:{b}", kind="inter_zone", bandwidth_gbyte_s=link.bandwidth_gbyte_s,
+                       latency_us=link.latency_us)
+        return g
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready description (``hetpart inspect cluster --json``)."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "num_devices": self.num_devices,
+            "zones": self.zones,
+            "node_groups": [
+                {"index": i, "count": g.count, "gpus_per_node": g.gpus_per_node, "gpu": g.gpu.name,
+                 "vendor": g.gpu.vendor, "tflops_bf16": g.gpu.tflops_bf16, "memory_gb": g.gpu.memory_gb,
+                 "intra_node": g.intra_node.name, "intra_node_gbyte_s": g.intra_node.bandwidth_gbyte_s,
+                 "nic": g.nic.name, "nics_per_node": g.nics_per_node,
+                 "node_bandwidth_gbit_s": g.nics_per_node * g.nic.bandwidth_gbit_s, "zone": g.zone,
+                 "device_ids": f"{i}/0/0 .. {i}/{g.count - 1}/{g.gpus_per_node - 1}"}
+                for i, g in enumerate(self.groups)
+            ],
+            "links": [{"zones": list(l.zones), "bandwidth_gbit_s": l.bandwidth_gbit_s, "latency_us": l.latency_us}
+                      for l in self.zone_links],
+            "peak_tflops_bf16": sum(g.num_devices * g.gpu.tflops_bf16 for g in self.groups),
+        }
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def _inline_or_catalog(value, catalog, kind, source, field, build):
+    if isinstance(value, str):
+        if value not in catalog:
+            raise v.unknown_name(SpecError, kind, value, catalog, source, field, extra=" (or give it inline)")
+        return catalog[value]
+    data = v.require_mapping(SpecError, value, source, field)
+    return build(data, source, field)
+
+
+def _gpu(data: dict, source: str, field: str) -> GPUSpec:
+    v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb"],
+                   ["tflops_fp32", "hbm_gbyte_s", "vendor", "supports_bf16"])
+    tflops = v.number(SpecError, data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
+    vendor = data.get("vendor", "other")
+    if vendor not in ("nvidia", "amd", "huawei", "intel", "other"):
+        raise v.fail(SpecError, source, f"{field}.vendor", f"unknown vendor {vendor!r}; use nvidia, amd, huawei, intel or other")
+    return GPUSpec(
+        name=v.string(SpecError, data["name"], source, f"{field}.name"),
+        tflops_bf16=tflops,
+        tflops_fp32=v.number(SpecError, data.get("tflops_fp32", tflops / 8), source, f"{field}.tflops_fp32", maximum=1e5),
+        memory_gb=v.number(SpecError, data["memory_gb"], source, f"{field}.memory_gb", maximum=1e5),
+        hbm_gbyte_s=v.number(SpecError, data.get("hbm_gbyte_s", 1000.0), source, f"{field}.hbm_gbyte_s", maximum=1e6),
+        vendor=vendor,
+        supports_bf16=bool(data.get("supports_bf16", True)),
+        source=f"inline in {source}",
+    )
+
+
+def _link(data: dict, source: str, field: str) -> LinkSpec:
+    v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name"])
+    return LinkSpec(
+        name=str(data.get("name", "inline")),
+        bandwidth_gbyte_s=v.number(SpecError, data["bandwidth_gbyte_s"], source, f"{field}.bandwidth_gbyte_s", maximum=1e5),
+        latency_us=v.number(SpecError, data.get("latency_us", 2.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
+        source=f"inline in {source}",
+    )
+
+
+def _nic(data: dict, source: str, field: str) -> NICSpec:
+    v.require_keys(SpecError, data, source, field, ["bandwidth_gbit_s"], ["latency_us", "name", "rdma"])
+    return NICSpec(
+        name=str(data.get("name", "inline")),
+        bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
+        latency_us=v.number(SpecError, data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
+        rdma=bool(data.get("rdma", False)),
+        source=f"inline in {source}",
+    )
+
+
+def _zone(value: Any, source: str, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise v.fail(SpecError, source, field, f"expected a zone name, got {value!r}")
+    return str(value)
+
+
+def _node_group(data: Any, source: str, field: str) -> NodeGroup:
+    data = v.require_mapping(SpecError, data, source, field)
+    v.require_keys(SpecError, data, source, field, ["count", "gpus_per_node", "gpu", "intra_node", "nic"],
+                   ["nics_per_node", "zone"])
+    return NodeGroup(
+        count=v.integer(SpecError, data["count"], source, f"{field}.count", maximum=100_000),
+        gpus_per_node=v.integer(SpecError, data["gpus_per_node"], source, f"{field}.gpus_per_node", maximum=64),
+        gpu=_inline_or_catalog(data["gpu"], GPU_CATALOG, "GPU", source, f"{field}.gpu", _gpu),
+        intra_node=_inline_or_catalog(data["intra_node"], LINK_CATALOG, "intra-node link", source,
+                                      f"{field}.intra_node", _link),
+        nic=_inline_or_catalog(data["nic"], NIC_CATALOG, "NIC", source, f"{field}.nic", _nic),
+        nics_per_node=v.integer(SpecError, data.get("nics_per_node", 1), source, f"{field}.nics_per_node", maximum=64),
+        zone=_zone(data.get("zone", "default"), source, f"{field}.zone"),
+    )
+
+
+def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink:
+    data = v.require_mapping(SpecError, data, source, field)
+    v.require_keys(SpecError, data, source, field, ["zones", "bandwidth_gbit_s"], ["latency_us"])
+    pair = data["zones"]
+    if not isinstance(pair, list) or len(pair) != 2:
+        raise v.fail(SpecError, source, f"{field}.zones", f"expected a list of two zone names, got {pair!r}")
+    a, b = (_zone(z, source, f"{field}.zones") for z in pair)
+    for z in (a, b):
+        if z not in zones:
+            raise v.unknown_name(SpecError, "zone", z, zones, source, f"{field}.zones")
+    if a == b:
+        raise v.fail(SpecError, source, f"{field}.zones", f"a link joins two different zones, got {a!r} twice")
+    return ZoneLink(
+        zones=(a, b),
+        bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e6),
+        latency_us=v.number(SpecError, data.get("latency_us", 1000.0), source, f"{field}.latency_us", strict=False, maximum=1e8),
+    )
+
+
+def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
+    """Validate a parsed YAML mapping into a :class:`Cluster`; raises :class:`SpecError` with one line."""
+    data = v.require_mapping(SpecError, data, source, "")
+    v.require_keys(SpecError, data, source, "", ["name", "nodes"], ["links", "description"])
+    name = v.string(SpecError, data["name"], source, "name")
+    nodes = data["nodes"]
+    if not isinstance(nodes, list) or not nodes:
+        raise v.fail(SpecError, source, "nodes", "expected a non-empty list of node groups")
+    groups = tuple(_node_group(g, source, f"nodes[{i}]") for i, g in enumerate(nodes))
+    total = sum(g.num_devices for g in groups)
+    if total > MAX_DEVICES:
+        raise v.fail(SpecError, source, "nodes", f"{total} devices is more than hetpart handles ({MAX_DEVICES})")
+    zones = list(dict.fromkeys(g.zone for g in groups))
+    links_raw = data.get("links") or []
+    if not isinstance(links_raw, list):
+        raise v.fail(SpecError, source, "links", "expected a list of {zones: [a, b], bandwidth_gbit_s, latency_us}")
+    links = tuple(_zone_link(l, source, f"links[{i}]", zones) for i, l in enumerate(links_raw))
+    seen = set()
+    for i, link in enumerate(links):
+        key = frozenset(link.zones)
+        if key in seen:
+            raise v.fail(SpecError, source, f"links[{i}]", f"zones {list(link.zones)} are linked twice; keep one entry")
+        seen.add(key)
+    return Cluster(name=name, groups=groups, zone_links=links, source=source)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the file ({exc.__class__.__name__}: {exc}); check the path") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise SpecError(f"{path}: invalid YAML{at}: {problem}; fix the syntax") from None
+    except RecursionError:
+        raise SpecError(f"{path}: YAML nested too deeply; simplify the file") from None
+
+
+def cluster_catalog() -> dict[str, Path]:
+    """Bundled clusters by name."""
+    root = resources.files("hetpart") / "catalog" / "clusters"
+    return {Path(str(p)).stem: Path(str(p)) for p in root.iterdir() if str(p).endswith(".yaml")}
+
+
+def load_cluster(spec: str | Path) -> Cluster:
+    """A cluster from a catalog name or a YAML file path."""
+    text = str(spec)
+    catalog = cluster_catalog()
+    if text in catalog:
+        return parse_cluster(_read_yaml(catalog[text]), source=f"catalog:{text}")
+    path = Path(text)
+    if not path.exists():
+        raise v.unknown_name(SpecError, "cluster", text, catalog, "--cluster", "",
+                             extra=" (or give the path of a cluster YAML file)")
+    if path.is_dir():
+        raise SpecError(f"{path}: is a directory; give a cluster YAML file")
+    return parse_cluster(_read_yaml(path), source=str(path))

@@ -1,0 +1,94 @@
+"""Read a Hugging Face ``config.json`` (GPT-2, Llama-like, OPT, BERT) into a :class:`TransformerConfig`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hetpart import _validate as v
+from hetpart.errors import ModelError
+from hetpart.graph.transformer import TransformerConfig
+
+__all__ = ["read_hf_config", "hf_config_to_transformer"]
+
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2"}
+
+
+def read_hf_config(path: Path) -> TransformerConfig:
+    """Parse ``path`` (a config.json) into a transformer shape; :class:`ModelError` on anything wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: cannot read the file ({exc}); check the path") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax") from None
+    except RecursionError:
+        raise ModelError(f"{path}: JSON nested too deeply") from None
+    return hf_config_to_transformer(data, str(path))
+
+
+def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 1) -> int:
+    if key not in data or data[key] is None:
+        if default is None:
+            raise v.fail(ModelError, source, key, "missing required field; add it to the config")
+        return default
+    return v.integer(ModelError, data[key], source, key, minimum=minimum, maximum=10**7)
+
+
+def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
+    data = v.require_mapping(ModelError, data, source, "")
+    model_type = str(data.get("model_type", "")).lower()
+    try:
+        if "n_embd" in data or model_type == "gpt2":
+            return _gpt2(data, source)
+        if model_type == "opt":
+            return _opt(data, source)
+        if model_type == "bert":
+            return _bert(data, source)
+        if model_type in _LLAMA_LIKE or ("hidden_size" in data and "num_hidden_layers" in data):
+            return _llama(data, source)
+    except ValueError as exc:  # shape checks of TransformerConfig
+        raise ModelError(f"{source}: {exc}; fix the config") from None
+    raise ModelError(f"{source}: model_type {model_type or '(missing)'!r} is not a GPT-2, Llama, OPT or BERT "
+                     "config; give n_embd/n_layer/n_head (GPT-2) or hidden_size/num_hidden_layers/"
+                     "num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+
+
+def _gpt2(data: dict, source: str) -> TransformerConfig:
+    h = _int(data, "n_embd", source)
+    return TransformerConfig(
+        "gpt2", _int(data, "n_layer", source), h, _int(data, "n_head", source), _int(data, "vocab_size", source),
+        _int(data, "n_positions", source, default=1024), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
+        tied_embeddings=bool(data.get("tie_word_embeddings", True)))
+
+
+def _llama(data: dict, source: str) -> TransformerConfig:
+    h = _int(data, "hidden_size", source)
+    heads = _int(data, "num_attention_heads", source)
+    return TransformerConfig(
+        "llama", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_position_embeddings", source, default=4096),
+        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
+        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        tied_embeddings=bool(data.get("tie_word_embeddings", False)), activation="swiglu", norm="rmsnorm",
+        bias=bool(data.get("attention_bias", False)), learned_positions=False, dropout=False)
+
+
+def _opt(data: dict, source: str) -> TransformerConfig:
+    h = _int(data, "hidden_size", source)
+    return TransformerConfig(
+        "opt", _int(data, "num_hidden_layers", source), h, _int(data, "num_attention_heads", source),
+        _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=2048),
+        ffn_hidden_size=_int(data, "ffn_dim", source, default=4 * h), activation="relu",
+        embed_dim=_int(data, "word_embed_proj_dim", source, default=h), position_offset=2,
+        final_norm=bool(data.get("do_layer_norm_before", True)),
+        tied_embeddings=bool(data.get("tie_word_embeddings", True)))
+
+
+def _bert(data: dict, source: str) -> TransformerConfig:
+    h = _int(data, "hidden_size", source)
+    return TransformerConfig(
+        "bert", _int(data, "num_hidden_layers", source), h, _int(data, "num_attention_heads", source),
+        _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=512),
+        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h), final_norm=False)

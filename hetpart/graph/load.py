@@ -1,0 +1,54 @@
+"""``--model`` resolution: a catalog name, a config.json path, or ``python:MODULE:FUNCTION``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetpart import _validate as v
+from hetpart.catalog.models import MODEL_CATALOG
+from hetpart.errors import ModelError
+from hetpart.graph.hf_config import read_hf_config
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.graph.transformer import TransformerConfig, transformer_graph
+
+__all__ = ["load_model", "resolve_transformer"]
+
+
+def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
+    """``(name, config, source)`` for a catalog name or a config.json path; None for ``python:`` specs."""
+    if spec.startswith("python:"):
+        return None
+    if spec in MODEL_CATALOG:
+        return spec, MODEL_CATALOG[spec], f"catalog:{spec}"
+    path = Path(spec)
+    if path.is_file():
+        return path.parent.name or path.stem, read_hf_config(path), str(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
+    raise v.unknown_name(ModelError, "model", spec, MODEL_CATALOG, "--model", "",
+                         extra=" (or a path to a Hugging Face config.json, or python:MODULE:FUNCTION)")
+
+
+def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16") -> ModelGraph:
+    """The unit graph of the model ``spec`` for sequences of ``seq_len`` tokens.
+
+    ``python:MODULE:FUNCTION`` imports user code (an explicit opt-in) and traces the returned module
+    on the meta device. ``seq_len=None`` takes ``min(2048, max_positions)``.
+    """
+    resolved = None if not isinstance(spec, str) or spec.startswith("python:") else resolve_transformer(spec)
+    if seq_len is None:
+        seq_len = min(2048, resolved[1].max_positions) if resolved else 2048
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 10**7:
+        raise ModelError(f"--seq-len: must be a whole number between 1 and 1e7, got {seq_len!r}")
+    dtype_bytes = 4 if precision == "fp32" else 2
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelError(f"--model: expected a catalog name, a config.json path or python:MODULE:FUNCTION, got {spec!r}")
+    if spec.startswith("python:"):
+        from hetpart.graph.trace import trace_python_spec  # imports torch; only on demand
+
+        return trace_python_spec(spec, seq_len=seq_len, precision=precision)
+    name, cfg, source = resolved
+    if cfg.learned_positions and seq_len > cfg.max_positions:
+        raise ModelError(f"--seq-len: {seq_len} exceeds the {cfg.max_positions} learned positions of {name}; "
+                         f"use --seq-len {cfg.max_positions} or less")
+    return transformer_graph(cfg, name, seq_len, dtype_bytes, source=source)

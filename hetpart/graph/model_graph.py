@@ -1,0 +1,136 @@
+"""The model graph: a DAG of partitionable units with their costs.
+
+All per-unit quantities are for ONE sequence of ``seq_len`` tokens (micro-batch 1); every one of
+them is linear in the micro-batch size, so ``b`` sequences cost ``b`` times as much. Bytes are at
+the graph's precision (``dtype_bytes`` per element).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import networkx as nx
+
+__all__ = ["RecomputeMode", "Unit", "ModelGraph"]
+
+RecomputeMode = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One partitionable unit (an embedding, a transformer block, the output head, a module)."""
+
+    name: str
+    kind: str
+    """``embedding``, ``block``, ``head`` or ``module`` (traced)."""
+    fwd_flops: float
+    """Forward FLOPs for one sequence (matrix products and attention; 2 FLOPs per multiply-add)."""
+    bwd_flops: float
+    """Backward FLOPs for one sequence (about twice the forward)."""
+    params: int
+    """Parameters owned by the unit (tied weights are owned by the first unit that uses them)."""
+    out_act_bytes: float
+    """Bytes of the unit's output for one sequence: what a pipeline sends to the next stage."""
+    act_bytes: dict[str, float]
+    """Activation bytes saved for backward, per sequence, by recompute mode (none/selective/full)."""
+    recompute_flops: dict[str, float]
+    """Extra forward FLOPs re-run during backward, per sequence, by recompute mode."""
+    tp_comm_bytes_fwd: float = 0.0
+    """Bytes all-reduced across a tensor-parallel group in one forward pass of one sequence
+    (Megatron: two all-reduces of ``s*h`` elements per transformer block; the backward does the same)."""
+    tp_shardable: bool = True
+    """Whether tensor parallelism splits this unit's weights and work."""
+    shared_params: int = 0
+    """Parameters this unit uses but does not own (tied embeddings): a stage holding this unit without
+    the owner keeps a copy, and the two copies' gradients are all-reduced."""
+    width: int = 0
+    """Hidden width of the unit's matrix products (sizes the efficiency of matrix units)."""
+
+    def __post_init__(self) -> None:
+        for mode in ("none", "selective", "full"):
+            if mode not in self.act_bytes or mode not in self.recompute_flops:
+                raise ValueError(f"unit {self.name}: act_bytes and recompute_flops need none/selective/full")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """A model as a DAG of units (a chain for the models hetpart partitions today)."""
+
+    name: str
+    units: tuple[Unit, ...]
+    seq_len: int
+    dtype_bytes: int
+    edges: tuple[tuple[int, int], ...] = ()
+    """Data dependencies between units (defaults to the chain 0 -> 1 -> ... -> n-1)."""
+    arch: dict[str, Any] | None = field(default=None, compare=False)
+    """Architecture numbers (hidden size, heads, ...) when known; None for traced modules."""
+    source: str = field(default="", compare=False)
+    """Where the model came from: catalog, config.json, or python:MODULE:FUNCTION."""
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """The networkx DAG; node ``i`` carries the unit, edge ``(i, j)`` the bytes sent from i to j."""
+        g = nx.DiGraph(name=self.name)
+        for i, unit in enumerate(self.units):
+            g.add_node(i, unit=unit, name=unit.name)
+        for a, b in self.edges or tuple((i, i + 1) for i in range(self.num_units - 1)):
+            g.add_edge(a, b, bytes=self.units[a].out_act_bytes)
+        return g
+
+    @cached_property
+    def num_params(self) -> int:
+        """Parameters of the model, tied weights counted once."""
+        return sum(u.params for u in self.units)
+
+    @cached_property
+    def fwd_flops(self) -> float:
+        """Forward FLOPs per sequence."""
+        return sum(u.fwd_flops for u in self.units)
+
+    @cached_property
+    def train_flops(self) -> float:
+        """Model FLOPs of one training pass (forward + backward, no recomputation) per sequence."""
+        return sum(u.fwd_flops + u.bwd_flops for u in self.units)
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.train_flops / self.seq_len
+
+    def range_params(self, first: int, last: int) -> int:
+        """Parameters a stage holding units ``[first, last)`` keeps, tied copies included."""
+        units = self.units[first:last]
+        own = sum(u.params for u in units)
+        names = {u.name for u in units}
+        shared = sum(u.shared_params for u in units if not self._owner_in(u, names))
+        return own + shared
+
+    def _owner_in(self, unit: Unit, names: set[str]) -> bool:
+        return unit.shared_params == 0 or (self.arch or {}).get("tied_owner") in names
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready description (``hetpart inspect model --json``)."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "num_params": self.num_params,
+            "num_units": self.num_units,
+            "seq_len": self.seq_len,
+            "dtype_bytes": self.dtype_bytes,
+            "fwd_flops_per_sequence": self.fwd_flops,
+            "train_flops_per_token": self.flops_per_token,
+            "arch": self.arch,
+            "units": [
+                {"index": i, "name": u.name, "kind": u.kind, "fwd_flops": u.fwd_flops, "bwd_flops": u.bwd_flops,
+                 "params": u.params, "out_act_bytes": u.out_act_bytes, "act_bytes": u.act_bytes}
+                for i, u in enumerate(self.units)
+            ],
+        }

@@ -1,0 +1,172 @@
+"""Analytic costs of decoder (GPT-2, GPT-3, OPT, Llama) and encoder (BERT) transformers.
+
+Units are ``embedding, block_0 .. block_{L-1}, head``. FLOPs count matrix products (2 per
+multiply-add) as Narayanan et al. (2021) do, so a layer's forward is ``24 s h^2 + 4 s^2 h`` for
+GPT shapes. Saved activations follow Korthikanti et al. (2022), "Reducing Activation
+Recomputation in Large Transformer Models", generalised to grouped-query attention and SwiGLU:
+``34 s h + 5 a s^2`` bytes per layer and sequence for a 16-bit GPT layer without recomputation,
+the ``s^2`` term dropped by selective recomputation, ``2 s h`` with full recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from hetpart.graph.model_graph import ModelGraph, Unit
+
+__all__ = ["TransformerConfig", "transformer_graph"]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a transformer, in Hugging Face terms."""
+
+    family: Literal["gpt2", "llama", "opt", "bert"]
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    vocab_size: int
+    max_positions: int
+    ffn_hidden_size: int = 0
+    """Inner MLP width; 0 means 4 * hidden_size."""
+    num_kv_heads: int = 0
+    """Key/value heads (grouped-query attention); 0 means num_heads."""
+    tied_embeddings: bool = True
+    activation: Literal["gelu", "relu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = True
+    learned_positions: bool = True
+    dropout: bool = True
+    """Whether dropout masks are kept for backward (GPT-2/GPT-3/OPT/BERT train with dropout)."""
+    embed_dim: int = 0
+    """Width of the token embedding when it differs from hidden_size (OPT-350m: 512); 0 = same."""
+    position_offset: int = 0
+    """Extra learned position rows (OPT keeps 2)."""
+    final_norm: bool = True
+    published_params: float = 0.0
+    """Published parameter count, for the catalog test (0 when unknown)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_kv_heads and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def emb(self) -> int:
+        return self.embed_dim or self.hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _norm_params(cfg: TransformerConfig) -> int:
+    return 2 * cfg.hidden_size if cfg.norm == "layernorm" else cfg.hidden_size
+
+
+def _block_params(cfg: TransformerConfig) -> int:
+    h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn
+    attn = 2 * h * h + 2 * h * kv + (2 * h + 2 * kv if cfg.bias else 0)
+    if cfg.activation == "swiglu":
+        mlp = 3 * h * f + (2 * f + h if cfg.bias else 0)
+    else:
+        mlp = 2 * h * f + (f + h if cfg.bias else 0)
+    return attn + mlp + 2 * _norm_params(cfg)
+
+
+def _block_unit(cfg: TransformerConfig, i: int, s: int, p: int) -> Unit:
+    h, kv, f, a = cfg.hidden_size, cfg.kv_dim, cfg.ffn, cfg.num_heads
+    d = 1 if cfg.dropout else 0
+    n_mlp = 3 if cfg.activation == "swiglu" else 2
+    attn_core = 4 * s * s * h  # QK^T and attention x V, all heads, full (unmasked) square
+    fwd = 2 * s * h * (h + 2 * kv) + attn_core + 2 * s * h * h + 2 * s * h * f * n_mlp
+    attn_linear = p * s * h + p * s * (h + kv) + p * s * kv + p * s * h + d * s * h
+    attn_quadratic = a * s * s * (p + d * (1 + p))  # softmax output (+ dropout mask and output)
+    if cfg.activation == "swiglu":
+        mlp = p * s * h + 4 * p * s * f  # input; gate, up, act(gate), product
+    else:
+        mlp = p * s * h + 2 * p * s * f + d * s * h  # input; fc1 output, activation output; mask
+    norms = 2 * p * s * h
+    none = attn_linear + attn_quadratic + mlp + norms
+    return Unit(
+        name=f"block_{i}", kind="block", fwd_flops=float(fwd), bwd_flops=float(2 * fwd),
+        params=_block_params(cfg), out_act_bytes=float(p * s * h),
+        act_bytes={"none": float(none), "selective": float(none - attn_quadratic), "full": float(p * s * h)},
+        recompute_flops={"none": 0.0, "selective": float(attn_core), "full": float(fwd)},
+        tp_comm_bytes_fwd=float(2 * p * s * h), width=h,
+    )
+
+
+def _embedding_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
+    h, e = cfg.hidden_size, cfg.emb
+    params = cfg.vocab_size * e
+    if cfg.learned_positions:
+        params += (cfg.max_positions + cfg.position_offset) * h
+    flops = 0
+    saved = cfg.dropout * s * h
+    if e != h:
+        params += e * h  # project_in
+        flops = 2 * s * e * h
+        saved += p * s * e
+    if cfg.family == "bert":
+        params += 2 * h + _norm_params(cfg)  # token types, embedding LayerNorm
+        saved += p * s * h
+    acts = {"none": float(saved), "selective": float(saved), "full": float(saved)}
+    return Unit(name="embedding", kind="embedding", fwd_flops=float(flops), bwd_flops=float(2 * flops),
+                params=params, out_act_bytes=float(p * s * h), act_bytes=acts,
+                recompute_flops={"none": 0.0, "selective": 0.0, "full": 0.0},
+                tp_comm_bytes_fwd=float(p * s * h), width=h)
+
+
+def _head_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
+    h, e, V = cfg.hidden_size, cfg.emb, cfg.vocab_size
+    params = _norm_params(cfg) if cfg.final_norm else 0
+    flops = 2 * s * e * V
+    saved = p * s * h + p * s * e + 4 * s * V  # norm input, lm-head input, fp32 logits for the loss
+    if e != h:
+        params += h * e  # project_out
+        flops += 2 * s * h * e
+        saved += p * s * h
+    if cfg.family == "bert":
+        params += h * h + h + _norm_params(cfg) + V + h * h + h  # MLM transform, LN, decoder bias, pooler
+        flops += 2 * s * h * h
+        saved += 2 * p * s * h
+    shared = cfg.vocab_size * e if cfg.tied_embeddings else 0
+    if not cfg.tied_embeddings:
+        params += V * e
+    acts = {"none": float(saved), "selective": float(saved), "full": float(saved)}
+    return Unit(name="head", kind="head", fwd_flops=float(flops), bwd_flops=float(2 * flops), params=params,
+                out_act_bytes=4.0, act_bytes=acts, recompute_flops={"none": 0.0, "selective": 0.0, "full": 0.0},
+                tp_comm_bytes_fwd=float(p * s * h), shared_params=shared, width=h)
+
+
+def transformer_graph(cfg: TransformerConfig, name: str, seq_len: int, dtype_bytes: int = 2,
+                      source: str = "") -> ModelGraph:
+    """The unit graph of a transformer for sequences of ``seq_len`` tokens."""
+    units = [_embedding_unit(cfg, seq_len, dtype_bytes)]
+    units += [_block_unit(cfg, i, seq_len, dtype_bytes) for i in range(cfg.num_layers)]
+    units.append(_head_unit(cfg, seq_len, dtype_bytes))
+    arch = cfg.to_dict() | {"tied_owner": "embedding"}
+    return ModelGraph(name=name, units=tuple(units), seq_len=seq_len, dtype_bytes=dtype_bytes, arch=arch,
+                      source=source)

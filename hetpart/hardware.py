@@ -1,0 +1,89 @@
+"""Typed descriptions of hardware: accelerators, intra-node links and network cards.
+
+Every physical quantity carries its unit in its name. ``_gb`` is 10^9 bytes, ``_gbyte_s`` is
+10^9 bytes per second, ``_gbit_s`` is 10^9 bits per second, ``_us`` is microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Vendor", "GPUSpec", "LinkSpec", "NICSpec"]
+
+Vendor = Literal["nvidia", "amd", "huawei", "intel", "other"]
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator type (one device as a process sees it: a MI250X GCD is one device)."""
+
+    name: str
+    """Catalog name, e.g. ``A100-80GB``."""
+    tflops_bf16: float
+    """Dense 16-bit matrix peak in TFLOPS (bf16, or fp16 where bf16 is not supported); never sparse."""
+    tflops_fp32: float
+    """Dense fp32 peak in TFLOPS without TF32 tensor cores."""
+    memory_gb: float
+    """Device memory in GB (10^9 bytes), as marketed."""
+    hbm_gbyte_s: float
+    """Device memory bandwidth in GB/s."""
+    vendor: Vendor = "other"
+    """Vendor; collectives between vendors cannot use NCCL/RCCL and go through gloo or host memory."""
+    supports_bf16: bool = True
+    """False where the hardware only has fp16 matrix units (P100, V100, T4)."""
+    source: str = ""
+    """Where the figures come from."""
+
+    def __post_init__(self) -> None:
+        for field in ("tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value > 1e6:
+                raise ValueError(f"{field} must be a positive number below 1e6, got {value!r}")
+
+    def tflops(self, precision: str) -> float:
+        """Dense matrix peak for ``precision`` (``bf16``, ``fp16`` or ``fp32``) in TFLOPS."""
+        return self.tflops_fp32 if precision == "fp32" else self.tflops_bf16
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The link between devices of one node (per device, per direction)."""
+
+    name: str
+    bandwidth_gbyte_s: float
+    """Unidirectional bandwidth one device can drive to a peer in the node, GB/s."""
+    latency_us: float
+    """One-way latency of a small message, microseconds."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_gbyte_s > 0 or self.bandwidth_gbyte_s > 1e6:
+            raise ValueError(f"bandwidth_gbyte_s must be positive, got {self.bandwidth_gbyte_s!r}")
+        if not self.latency_us >= 0 or self.latency_us > 1e7:
+            raise ValueError(f"latency_us must be >= 0, got {self.latency_us!r}")
+
+
+@dataclass(frozen=True)
+class NICSpec:
+    """A network card type (one port's line rate)."""
+
+    name: str
+    bandwidth_gbit_s: float
+    """Line rate in Gbit/s."""
+    latency_us: float
+    """One-way latency of a small message through one switch, microseconds."""
+    rdma: bool = False
+    """True for InfiniBand and RoCE (GPUDirect RDMA possible); False for TCP Ethernet."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_gbit_s > 0 or self.bandwidth_gbit_s > 1e6:
+            raise ValueError(f"bandwidth_gbit_s must be positive, got {self.bandwidth_gbit_s!r}")
+        if not self.latency_us >= 0 or self.latency_us > 1e7:
+            raise ValueError(f"latency_us must be >= 0, got {self.latency_us!r}")
+
+    @property
+    def bandwidth_gbyte_s(self) -> float:
+        """Line rate in GB/s."""
+        return self.bandwidth_gbit_s / 8.0

@@ -1,0 +1,379 @@
+"""A parallel plan: data-parallel replicas of pipelines whose stages hold layer ranges on device groups.
+
+The plan is plain data with a JSON round trip (shared/CONTRACT.md), a :meth:`Plan.validate` that
+lists every broken rule, and a rich rendering.
+
+Example:
+    >>> plan = Plan(global_batch=8, micro_batch=1, seq_len=128, replicas=(
+    ...     Replica(1.0, (Stage((0, 3), ("0/0/0",)), Stage((3, 14), ("0/0/1",)))),))
+    >>> Plan.from_dict(plan.to_dict()) == plan
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from hetpart import _validate as v
+from hetpart.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
+
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+
+__all__ = ["Schedule", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids"]
+
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE_MODES = ("none", "selective", "full")
+_SHARE_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of one replica."""
+
+    layers: tuple[int, int]
+    """Units ``[first, last)`` of the model graph this stage runs."""
+    devices: tuple[str, ...]
+    """Device ids of the tensor-parallel group, ``"<node-group>/<node>/<gpu>"``."""
+    tp: int = 1
+    """Tensor-parallel degree (``len(devices)``)."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One data-parallel replica: a pipeline that processes ``batch_share`` of the global batch."""
+
+    batch_share: float
+    stages: tuple[Stage, ...]
+
+    @property
+    def pp(self) -> int:
+        """Pipeline depth (stages, virtual chunks included)."""
+        return len(self.stages)
+
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(d for s in self.stages for d in s.devices))
+
+    def num_samples(self, global_batch: int) -> int:
+        """Sequences this replica processes per step."""
+        return int(round(self.batch_share * global_batch))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole plan (shared/CONTRACT.md, "A plan JSON")."""
+
+    global_batch: int
+    micro_batch: int
+    seq_len: int
+    replicas: tuple[Replica, ...]
+    schedule: Schedule = "1f1b"
+    recompute: Literal["none", "selective", "full"] = "none"
+    interleave: int = 1
+    """Virtual stages per device group for the interleaved schedule (1 otherwise)."""
+    precision: str = "bf16"
+    allow_cross_node_tp: bool = False
+    """Allow a tensor-parallel group to span nodes (slow; off unless asked)."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Free-form provenance: model, cluster, planner."""
+
+    # ------------------------------------------------------------------------------- views
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(d for r in self.replicas for d in r.devices))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def dp(self) -> int:
+        return len(self.replicas)
+
+    def replica_samples(self) -> list[int]:
+        return [r.num_samples(self.global_batch) for r in self.replicas]
+
+    def num_microbatches(self, replica: int) -> int:
+        return self.replicas[replica].num_samples(self.global_batch) // self.micro_batch
+
+    # ------------------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "global_batch": self.global_batch,
+            "micro_batch": self.micro_batch,
+            "seq_len": self.seq_len,
+            "schedule": self.schedule,
+            "interleave": self.interleave,
+            "recompute": self.recompute,
+            "precision": self.precision,
+            "allow_cross_node_tp": self.allow_cross_node_tp,
+            "replicas": [
+                {"batch_share": r.batch_share,
+                 "stages": [{"layers": list(s.layers), "devices": list(s.devices), "tp": s.tp} for s in r.stages]}
+                for r in self.replicas
+            ],
+            "meta": dict(self.meta),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<plan>") -> "Plan":
+        """Parse a plan mapping; structural problems raise :class:`PlanError` naming the field."""
+        data = v.require_mapping(PlanError, data, source, "")
+        v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
+                       ["schedule", "interleave", "recompute", "precision", "allow_cross_node_tp", "meta"])
+        schedule = data.get("schedule", "1f1b")
+        if schedule not in SCHEDULES:
+            raise v.fail(PlanError, source, "schedule", f"unknown schedule {schedule!r}; use {', '.join(SCHEDULES)}")
+        recompute = data.get("recompute", "none")
+        if recompute not in RECOMPUTE_MODES:
+            raise v.fail(PlanError, source, "recompute", f"unknown mode {recompute!r}; use none, selective or full")
+        precision = data.get("precision", "bf16")
+        if precision not in ("bf16", "fp16", "fp32"):
+            raise v.fail(PlanError, source, "precision", f"unknown precision {precision!r}; use bf16, fp16 or fp32")
+        replicas = data["replicas"]
+        if not isinstance(replicas, list) or not replicas:
+            raise v.fail(PlanError, source, "replicas", "expected a non-empty list of replicas")
+        meta = data.get("meta", {})
+        return cls(
+            global_batch=v.integer(PlanError, data["global_batch"], source, "global_batch", maximum=10**8),
+            micro_batch=v.integer(PlanError, data["micro_batch"], source, "micro_batch", maximum=10**8),
+            seq_len=v.integer(PlanError, data["seq_len"], source, "seq_len", maximum=10**7),
+            replicas=tuple(_replica(r, source, f"replicas[{i}]") for i, r in enumerate(replicas)),
+            schedule=schedule, recompute=recompute, precision=precision,
+            interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
+            allow_cross_node_tp=bool(data.get("allow_cross_node_tp", False)),
+            meta=meta if isinstance(meta, dict) else {},
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<plan>") -> "Plan":
+        try:
+            return cls.from_dict(json.loads(text), source)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; "
+                            "give a plan written by 'hetpart plan --out'") from None
+        except RecursionError:
+            raise PlanError(f"{source}: JSON nested too deeply") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    # ------------------------------------------------------------------------------- rules
+    def validate(self, model: "ModelGraph", cluster: "Cluster") -> list[str]:
+        """Every rule the plan breaks for ``model`` on ``cluster`` (empty when valid)."""
+        problems: list[str] = []
+        problems += self._check_batch()
+        problems += self._check_layers(model)
+        problems += self._check_devices(cluster)
+        if not any("does not exist" in p for p in problems):
+            problems += self._check_tp(model, cluster)
+            problems += self._check_zones(cluster)
+        return problems
+
+    def check(self, model: "ModelGraph", cluster: "Cluster", source: str = "plan") -> None:
+        """Raise :class:`PlanError` listing every broken rule (one line, rules joined by '; ')."""
+        problems = self.validate(model, cluster)
+        if problems:
+            more = f" (+{len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
+            raise PlanError(f"{source}: {problems[0]}{more}")
+
+    def _check_batch(self) -> list[str]:
+        out = []
+        shares = [r.batch_share for r in self.replicas]
+        if any(s <= 0 for s in shares):
+            out.append("replicas[*].batch_share: every share must be > 0")
+        if abs(sum(shares) - 1.0) > _SHARE_TOL:
+            out.append(f"replicas[*].batch_share: shares sum to {sum(shares):.6g}, not 1; rescale them")
+        for i, r in enumerate(self.replicas):
+            exact = r.batch_share * self.global_batch
+            n = round(exact)
+            if abs(exact - n) > 1e-6 * max(1.0, exact):
+                out.append(f"replicas[{i}].batch_share: {r.batch_share:.6g} x global_batch {self.global_batch} = "
+                           f"{exact:.6g} is not a whole number of sequences")
+            elif n % self.micro_batch or n == 0:
+                out.append(f"replicas[{i}].batch_share: {n} sequences is not a positive multiple of "
+                           f"micro_batch {self.micro_batch}")
+        if self.schedule == "interleaved":
+            for i, r in enumerate(self.replicas):
+                if r.pp % self.interleave:
+                    out.append(f"replicas[{i}].stages: {r.pp} stages is not a multiple of interleave {self.interleave}")
+        elif self.interleave != 1:
+            out.append(f"interleave: {self.interleave} needs schedule 'interleaved'")
+        return out
+
+    def _check_layers(self, model: "ModelGraph") -> list[str]:
+        out = []
+        n = model.num_units
+        for i, r in enumerate(self.replicas):
+            expect = 0
+            for j, s in enumerate(r.stages):
+                first, last = s.layers
+                if first != expect:
+                    what = "overlaps the previous stage" if first < expect else "leaves a gap after the previous stage"
+                    out.append(f"replicas[{i}].stages[{j}].layers: starts at {first}, expected {expect} ({what})")
+                if last <= first:
+                    out.append(f"replicas[{i}].stages[{j}].layers: [{first}, {last}) is empty")
+                expect = max(expect, last)
+            if expect != n:
+                out.append(f"replicas[{i}]: stages cover units [0, {expect}), but the model has {n} units "
+                           f"({model.name}); every unit must be covered exactly once")
+        return out
+
+    def _check_devices(self, cluster: "Cluster") -> list[str]:
+        out = []
+        uses: Counter[str] = Counter()
+        for i, r in enumerate(self.replicas):
+            groups = [s.devices for s in r.stages]
+            for j, s in enumerate(r.stages):
+                if s.tp != len(s.devices):
+                    out.append(f"replicas[{i}].stages[{j}].tp: {s.tp} but {len(s.devices)} devices listed; "
+                               "tp must equal the number of devices")
+                if len(set(s.devices)) != len(s.devices):
+                    out.append(f"replicas[{i}].stages[{j}].devices: a device is listed twice")
+                for d in s.devices:
+                    if not cluster.has_device(d):
+                        out.append(f"replicas[{i}].stages[{j}].devices: {d!r} does not exist in cluster "
+                                   f"{cluster.name!r} ({cluster.num_devices} devices)")
+            distinct = list(dict.fromkeys(groups))
+            if self.schedule == "interleaved":
+                pp = r.pp // max(1, self.interleave)
+                if any(groups[k] != groups[k % pp] for k in range(len(groups))):
+                    out.append(f"replicas[{i}].stages: interleaved stage k must run on the devices of stage k mod {pp}")
+            elif len(distinct) != len(groups):
+                out.append(f"replicas[{i}].stages: two stages share devices; use schedule 'interleaved' for that")
+            uses.update(d for g in distinct for d in set(g))
+        twice = [d for d, c in uses.items() if c > 1]
+        if twice:
+            out.append(f"devices {compress_device_ids(sorted(twice))} are used more than once; a device serves one stage of one replica")
+        return out
+
+    def _check_tp(self, model: "ModelGraph", cluster: "Cluster") -> list[str]:
+        out = []
+        heads = (model.arch or {}).get("num_heads")
+        for i, r in enumerate(self.replicas):
+            for j, s in enumerate(r.stages):
+                nodes = {cluster.device(d).node_key for d in s.devices}
+                if len(nodes) > 1 and not self.allow_cross_node_tp:
+                    out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
+                               "keep it inside one node or set allow_cross_node_tp")
+                if heads and heads % s.tp:
+                    out.append(f"replicas[{i}].stages[{j}].tp: {s.tp} does not divide the {heads} attention heads")
+        return out
+
+    def _check_zones(self, cluster: "Cluster") -> list[str]:
+        out = []
+        zone = lambda d: cluster.device(d).zone  # noqa: E731
+        for i, r in enumerate(self.replicas):
+            for j in range(1, len(r.stages)):
+                a, b = zone(r.stages[j - 1].devices[0]), zone(r.stages[j].devices[0])
+                if not cluster.zones_connected(a, b):
+                    out.append(f"replicas[{i}].stages[{j}]: zones {a!r} and {b!r} have no link; add one under 'links'")
+        holders: dict[int, set[str]] = defaultdict(set)
+        for r in self.replicas:
+            for s in r.stages:
+                for unit in range(*s.layers):
+                    holders[unit].update(zone(d) for d in s.devices)
+        bad = {(a, b) for zs in holders.values() for a in zs for b in zs if a < b and not cluster.zones_connected(a, b)}
+        for a, b in sorted(bad):
+            out.append(f"replicas: data-parallel copies in zones {a!r} and {b!r} must sync gradients but the zones "
+                       "have no link; add one under 'links'")
+        return out
+
+    # ------------------------------------------------------------------------------- rendering
+    def table(self, cluster: "Cluster | None" = None, model: "ModelGraph | None" = None) -> "Table":
+        """A rich table: one row per stage of each replica."""
+        from rich.table import Table
+
+        t = Table(title=f"plan: dp={self.dp}, micro_batch={self.micro_batch}, schedule={self.schedule}"
+                        f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}")
+        for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp"):
+            t.add_column(col, justify="right" if col in ("share", "tp") else "left")
+        for i, r in enumerate(self.replicas):
+            for j, s in enumerate(r.stages):
+                gpu = ""
+                if cluster is not None and all(cluster.has_device(d) for d in s.devices):
+                    gpu = ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
+                units = f"{s.layers[0]}-{s.layers[1] - 1}"
+                if model is not None and s.layers[1] <= model.num_units:
+                    units += f" ({model.units[s.layers[0]].name}..{model.units[s.layers[1] - 1].name})"
+                t.add_row(str(i) if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
+                          compress_device_ids(s.devices), gpu, str(s.tp))
+        return t
+
+
+def _stage(data: Any, source: str, field: str) -> Stage:
+    data = v.require_mapping(PlanError, data, source, field)
+    v.require_keys(PlanError, data, source, field, ["layers", "devices"], ["tp"])
+    layers = data["layers"]
+    if (not isinstance(layers, list) or len(layers) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers)):
+        raise v.fail(PlanError, source, f"{field}.layers", f"expected [first, last_exclusive] of unit indices, got {layers!r}")
+    devices = data["devices"]
+    if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
+        raise v.fail(PlanError, source, f"{field}.devices", f"expected a non-empty list of device ids 'g/n/i', got {devices!r}")
+    tp = v.integer(PlanError, data.get("tp", len(devices)), source, f"{field}.tp", maximum=1024)
+    return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp)
+
+
+def _replica(data: Any, source: str, field: str) -> Replica:
+    data = v.require_mapping(PlanError, data, source, field)
+    v.require_keys(PlanError, data, source, field, ["batch_share", "stages"], [])
+    share = v.number(PlanError, data["batch_share"], source, f"{field}.batch_share", maximum=1.0 + _SHARE_TOL)
+    stages = data["stages"]
+    if not isinstance(stages, list) or not stages:
+        raise v.fail(PlanError, source, f"{field}.stages", "expected a non-empty list of stages")
+    return Replica(batch_share=share, stages=tuple(_stage(s, source, f"{field}.stages[{j}]") for j, s in enumerate(stages)))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}); check the path") from None
+    return Plan.from_json(text, source=str(path))
+
+
+def compress_device_ids(ids) -> str:
+    """``0/0/0,0/0/1,0/0/2`` -> ``0/0/0-2`` (runs of consecutive GPUs on one node)."""
+    out: list[str] = []
+    run: list[tuple[str, int]] = []
+
+    def flush():
+        if run:
+            prefix, a = run[0]
+            b = run[-1][1]
+            out.append(f"{prefix}/{a}" if a == b else f"{prefix}/{a}-{b}")
+            run.clear()
+
+    for d in ids:
+        prefix, _, local = d.rpartition("/")
+        if not local.isdigit():
+            flush()
+            out.append(d)
+            continue
+        if run and run[0][0] == prefix and run[-1][1] + 1 == int(local):
+            run.append((prefix, int(local)))
+        else:
+            flush()
+            run.append((prefix, int(local)))
+    flush()
+    return ",".join(out)

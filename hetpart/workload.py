@@ -1,0 +1,55 @@
+"""The training workload a plan serves: batch, sequence length, precision, recomputation, optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from hetpart.errors import WorkloadError
+
+__all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES"]
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Recompute = Literal["none", "selective", "full", "auto"]
+
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training step does."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int
+    """Tokens per sequence."""
+    precision: Precision = "bf16"
+    """Compute precision of matrix products (mixed precision with fp32 master weights unless fp32)."""
+    recompute: Recompute = "auto"
+    """Activation recomputation; ``auto`` lets the planner choose per plan."""
+    optimizer: Literal["adam"] = "adam"
+    """Optimizer; Adam keeps two fp32 moments (plus an fp32 master copy under mixed precision)."""
+
+    def __post_init__(self) -> None:
+        for name, value, limit in (("global_batch", self.global_batch, 10**8), ("seq_len", self.seq_len, 10**7)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkloadError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
+            if value > limit:
+                raise WorkloadError(f"--{name.replace('_', '-')}: {value} is absurdly large (limit {limit})")
+        if self.precision not in DTYPE_BYTES:
+            raise WorkloadError(f"--precision: unknown precision {self.precision!r}; use bf16, fp16 or fp32")
+        if self.recompute not in ("none", "selective", "full", "auto"):
+            raise WorkloadError(f"--recompute: unknown mode {self.recompute!r}; use none, selective, full or auto")
+        if self.optimizer != "adam":
+            raise WorkloadError(f"optimizer: {self.optimizer!r} is not supported; use adam")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.precision]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""The runtime: executes plans with torch.distributed and measures real throughput."""
