@@ -30,7 +30,10 @@ def require_keys(exc, data: dict, source: str, field: str, required: Iterable[st
     allowed = set(required) | set(optional)
     for key in data:
         if not isinstance(key, str) or key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            # Prefer a required key that is still missing: 'tflops' most likely meant 'tflops_bf16'.
+            missing = sorted(k for k in required if k not in data)
+            hint = (difflib.get_close_matches(str(key), missing, n=1)
+                    or difflib.get_close_matches(str(key), sorted(allowed), n=1))
             fix = f"did you mean '{hint[0]}'?" if hint else f"allowed keys: {', '.join(sorted(allowed))}"
             raise fail(exc, source, f"{field}.{key}" if field else str(key), f"unknown key; {fix}")
     for key in required:
