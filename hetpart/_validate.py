@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import difflib
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 from hetpart.errors import HetpartError
 
 __all__: list[str] = []
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so that a huge bad value still gives one short line."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # ints beyond Python's digit limit, self-nesting
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def where(source: str, field: str) -> str:
@@ -43,34 +53,44 @@ def require_keys(exc, data: dict, source: str, field: str, required: Iterable[st
 
 def number(exc, value: Any, source: str, field: str, *, minimum: float = 0.0, strict: bool = True,
            maximum: float = 1e9) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise fail(exc, source, field, f"expected a number, got {value!r}")
+    # ints are compared exactly: math.isfinite would overflow on a 400-digit YAML integer.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise fail(exc, source, field, f"expected a number, got {show(value)}")
     if (strict and not value > minimum) or (not strict and not value >= minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise fail(exc, source, field, f"must be {bound}, got {value!r}")
+        raise fail(exc, source, field, f"must be {bound}, got {show(value)}")
     if value > maximum:
-        raise fail(exc, source, field, f"{value!r} is absurdly large (limit {maximum:g}); check the unit")
+        raise fail(exc, source, field, f"{show(value)} is absurdly large (limit {maximum:g}); check the unit")
     return float(value)
 
 
 def integer(exc, value: Any, source: str, field: str, *, minimum: int = 1, maximum: int = 10**7) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise fail(exc, source, field, f"expected a whole number, got {value!r}")
+        raise fail(exc, source, field, f"expected a whole number, got {show(value)}")
     if value < minimum:
-        raise fail(exc, source, field, f"must be >= {minimum}, got {value}")
+        raise fail(exc, source, field, f"must be >= {minimum}, got {show(value)}")
     if value > maximum:
-        raise fail(exc, source, field, f"{value} is absurdly large (limit {maximum})")
+        raise fail(exc, source, field, f"{show(value)} is absurdly large (limit {maximum})")
     return value
 
 
 def string(exc, value: Any, source: str, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise fail(exc, source, field, f"expected a non-empty string, got {value!r}")
+        raise fail(exc, source, field, f"expected a non-empty string, got {show(value)}")
     return value
 
 
 def unknown_name(exc, kind: str, name: str, known: Iterable[str], source: str, field: str, extra: str = "") -> HetpartError:
     known = sorted(known)
-    hint = difflib.get_close_matches(name, known, n=1)
+    hint = difflib.get_close_matches(name, known, n=1) if len(name) < 100 else []
     did = f"did you mean '{hint[0]}'? " if hint else ""
-    return fail(exc, source, field, f"unknown {kind} {name!r}; {did}known: {', '.join(known)}{extra}")
+    return fail(exc, source, field, f"unknown {kind} {show(name)}; {did}known: {', '.join(known)}{extra}")
+
+
+def path_exists(path: Path) -> bool:
+    """Whether ``path`` exists; False for names the OS refuses (too long, NUL bytes) instead of raising."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False

@@ -380,6 +380,8 @@ def _read_yaml(path: Path) -> Any:
         raise SpecError(f"{path}: invalid YAML{at}: {problem}; fix the syntax") from None
     except RecursionError:
         raise SpecError(f"{path}: YAML nested too deeply; simplify the file") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise SpecError(f"{path}: unreadable value in YAML ({exc}); fix the file") from None
 
 
 def cluster_catalog() -> dict[str, Path]:
@@ -395,7 +397,7 @@ def load_cluster(spec: str | Path) -> Cluster:
     if text in catalog:
         return parse_cluster(_read_yaml(catalog[text]), source=f"catalog:{text}")
     path = Path(text)
-    if not path.exists():
+    if not v.path_exists(path):
         raise v.unknown_name(SpecError, "cluster", text, catalog, "--cluster", "",
                              extra=" (or give the path of a cluster YAML file)")
     if path.is_dir():

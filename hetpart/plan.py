@@ -34,6 +34,7 @@ Schedule = Literal["gpipe", "1f1b", "interleaved"]
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
 _SHARE_TOL = 1e-6
+_MAX_UNITS = 10**6
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,13 @@ class Plan:
                        ["schedule", "interleave", "recompute", "precision", "allow_cross_node_tp", "meta"])
         schedule = data.get("schedule", "1f1b")
         if schedule not in SCHEDULES:
-            raise v.fail(PlanError, source, "schedule", f"unknown schedule {schedule!r}; use {', '.join(SCHEDULES)}")
+            raise v.fail(PlanError, source, "schedule", f"unknown schedule {v.show(schedule)}; use {', '.join(SCHEDULES)}")
         recompute = data.get("recompute", "none")
         if recompute not in RECOMPUTE_MODES:
-            raise v.fail(PlanError, source, "recompute", f"unknown mode {recompute!r}; use none, selective or full")
+            raise v.fail(PlanError, source, "recompute", f"unknown mode {v.show(recompute)}; use none, selective or full")
         precision = data.get("precision", "bf16")
         if precision not in ("bf16", "fp16", "fp32"):
-            raise v.fail(PlanError, source, "precision", f"unknown precision {precision!r}; use bf16, fp16 or fp32")
+            raise v.fail(PlanError, source, "precision", f"unknown precision {v.show(precision)}; use bf16, fp16 or fp32")
         replicas = data["replicas"]
         if not isinstance(replicas, list) or not replicas:
             raise v.fail(PlanError, source, "replicas", "expected a non-empty list of replicas")
@@ -158,7 +159,7 @@ class Plan:
             replicas=tuple(_replica(r, source, f"replicas[{i}]") for i, r in enumerate(replicas)),
             schedule=schedule, recompute=recompute, precision=precision,
             interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
-            allow_cross_node_tp=bool(data.get("allow_cross_node_tp", False)),
+            allow_cross_node_tp=_flag(data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
             meta=meta if isinstance(meta, dict) else {},
         )
 
@@ -171,6 +172,8 @@ class Plan:
                             "give a plan written by 'hetpart plan --out'") from None
         except RecursionError:
             raise PlanError(f"{source}: JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer with more digits than Python converts
+            raise PlanError(f"{source}: unreadable JSON value ({exc}); give a plan written by 'hetpart plan --out'") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
@@ -182,9 +185,8 @@ class Plan:
         problems += self._check_batch()
         problems += self._check_layers(model)
         problems += self._check_devices(cluster)
-        if not any("does not exist" in p for p in problems):
-            problems += self._check_tp(model, cluster)
-            problems += self._check_zones(cluster)
+        problems += self._check_tp(model, cluster)  # both skip unknown devices, reported above
+        problems += self._check_zones(cluster)
         return problems
 
     def check(self, model: "ModelGraph", cluster: "Cluster", source: str = "plan") -> None:
@@ -253,7 +255,7 @@ class Plan:
                                    f"{cluster.name!r} ({cluster.num_devices} devices)")
             distinct = list(dict.fromkeys(groups))
             if self.schedule == "interleaved":
-                pp = r.pp // max(1, self.interleave)
+                pp = max(1, r.pp // max(1, self.interleave))
                 if any(groups[k] != groups[k % pp] for k in range(len(groups))):
                     out.append(f"replicas[{i}].stages: interleaved stage k must run on the devices of stage k mod {pp}")
             elif len(distinct) != len(groups):
@@ -269,7 +271,7 @@ class Plan:
         heads = (model.arch or {}).get("num_heads")
         for i, r in enumerate(self.replicas):
             for j, s in enumerate(r.stages):
-                nodes = {cluster.device(d).node_key for d in s.devices}
+                nodes = {cluster.device(d).node_key for d in s.devices if cluster.has_device(d)}
                 if len(nodes) > 1 and not self.allow_cross_node_tp:
                     out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
                                "keep it inside one node or set allow_cross_node_tp")
@@ -279,21 +281,29 @@ class Plan:
 
     def _check_zones(self, cluster: "Cluster") -> list[str]:
         out = []
-        zone = lambda d: cluster.device(d).zone  # noqa: E731
+
+        def zones(stage: Stage) -> list[str]:
+            return list(dict.fromkeys(cluster.device(d).zone for d in stage.devices if cluster.has_device(d)))
+
         for i, r in enumerate(self.replicas):
             for j in range(1, len(r.stages)):
-                a, b = zone(r.stages[j - 1].devices[0]), zone(r.stages[j].devices[0])
-                if not cluster.zones_connected(a, b):
+                cut = {(a, b) for a in zones(r.stages[j - 1]) for b in zones(r.stages[j])
+                       if not cluster.zones_connected(a, b)}
+                for a, b in sorted(cut):
                     out.append(f"replicas[{i}].stages[{j}]: zones {a!r} and {b!r} have no link; add one under 'links'")
-        holders: dict[int, set[str]] = defaultdict(set)
+        # Every zone holding a copy of a unit (data-parallel replicas, or a TP group across zones)
+        # must exchange its gradients with every other such zone. Ranges, not units, keep this fast.
+        ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for r in self.replicas:
             for s in r.stages:
-                for unit in range(*s.layers):
-                    holders[unit].update(zone(d) for d in s.devices)
-        bad = {(a, b) for zs in holders.values() for a in zs for b in zs if a < b and not cluster.zones_connected(a, b)}
-        for a, b in sorted(bad):
-            out.append(f"replicas: data-parallel copies in zones {a!r} and {b!r} must sync gradients but the zones "
-                       "have no link; add one under 'links'")
+                for z in zones(s):
+                    ranges[z].append(s.layers)
+        names = sorted(ranges)
+        for k, a in enumerate(names):
+            for b in names[k + 1:]:
+                if not cluster.zones_connected(a, b) and _ranges_overlap(ranges[a], ranges[b]):
+                    out.append(f"replicas: data-parallel copies in zones {a!r} and {b!r} must sync gradients but "
+                               "the zones have no link; add one under 'links'")
         return out
 
     # ------------------------------------------------------------------------------- rendering
@@ -311,11 +321,31 @@ class Plan:
                 if cluster is not None and all(cluster.has_device(d) for d in s.devices):
                     gpu = ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
                 units = f"{s.layers[0]}-{s.layers[1] - 1}"
-                if model is not None and s.layers[1] <= model.num_units:
+                if model is not None and s.layers[0] < s.layers[1] <= model.num_units:
                     units += f" ({model.units[s.layers[0]].name}..{model.units[s.layers[1] - 1].name})"
                 t.add_row(str(i) if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
                           compress_device_ids(s.devices), gpu, str(s.tp))
         return t
+
+
+def _ranges_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Whether some unit lies in a range ``[first, last)`` of ``a`` and in one of ``b``."""
+    a, b = sorted(x for x in a if x[0] < x[1]), sorted(x for x in b if x[0] < x[1])
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if max(a[i][0], b[j][0]) < min(a[i][1], b[j][1]):
+            return True
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def _flag(value: Any, source: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise v.fail(PlanError, source, field, f"expected true or false, got {v.show(value)}")
+    return value
 
 
 def _stage(data: Any, source: str, field: str) -> Stage:
@@ -323,11 +353,12 @@ def _stage(data: Any, source: str, field: str) -> Stage:
     v.require_keys(PlanError, data, source, field, ["layers", "devices"], ["tp"])
     layers = data["layers"]
     if (not isinstance(layers, list) or len(layers) != 2
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers)):
-        raise v.fail(PlanError, source, f"{field}.layers", f"expected [first, last_exclusive] of unit indices, got {layers!r}")
+            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= _MAX_UNITS for x in layers)):
+        raise v.fail(PlanError, source, f"{field}.layers",
+                     f"expected [first, last_exclusive] of unit indices (0 to {_MAX_UNITS}), got {v.show(layers)}")
     devices = data["devices"]
     if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
-        raise v.fail(PlanError, source, f"{field}.devices", f"expected a non-empty list of device ids 'g/n/i', got {devices!r}")
+        raise v.fail(PlanError, source, f"{field}.devices", f"expected a non-empty list of device ids 'g/n/i', got {v.show(devices)}")
     tp = v.integer(PlanError, data.get("tp", len(devices)), source, f"{field}.tp", maximum=1024)
     return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp)
 
@@ -347,7 +378,7 @@ def load_plan(path: str | Path) -> Plan:
     path = Path(path)
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: undecodable bytes, NUL in the path
         raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}); check the path") from None
     return Plan.from_json(text, source=str(path))
 

@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if debug:  # --debug belongs to the root command; accept it anywhere on the line
+        argv = ["--debug"] + [a for a in argv if a != "--debug"]
     try:
         app(args=argv, prog_name="hetpart", standalone_mode=False)
     except HetpartError as exc:
@@ -54,16 +56,23 @@ def main(argv: list[str] | None = None) -> int:
         print("hetpart: aborted", file=sys.stderr)
         return 130
     except ClickException as exc:
-        msg = exc.format_message().replace("\n", " ")
+        msg = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
         cmd = ctx.command_path if ctx is not None else "hetpart"
-        print(f"hetpart: error: {cmd}: {msg} (see '{cmd} --help')", file=sys.stderr)
+        if msg:  # an empty message: a group called without a command, its help is already printed
+            print(f"hetpart: error: {cmd}: {msg} (see '{cmd} --help')", file=sys.stderr)
         return exc.exit_code if exc.exit_code else 2
     except typer.Exit as exc:
         return exc.exit_code
     except KeyboardInterrupt:
         print("hetpart: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not bad input: still one line, the traceback under --debug
+        if debug:
+            raise
+        print(f"hetpart: internal error: {exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}; "
+              "rerun with --debug for the traceback and report it", file=sys.stderr)
+        return 1
     return 0
 
 

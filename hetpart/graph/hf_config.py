@@ -25,7 +25,16 @@ def read_hf_config(path: Path) -> TransformerConfig:
         raise ModelError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax") from None
     except RecursionError:
         raise ModelError(f"{path}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise ModelError(f"{path}: unreadable JSON value ({exc}); fix the file") from None
     return hf_config_to_transformer(data, str(path))
+
+
+# Far above any published model (Llama 3 405B: 126 layers, width 16384, 128 heads, 128k vocabulary), low
+# enough that a typo cannot make hetpart build millions of units or overflow its sums.
+_LIMITS = {"n_layer": 10_000, "num_hidden_layers": 10_000, "n_head": 100_000, "num_attention_heads": 100_000,
+           "num_key_value_heads": 100_000, "head_dim": 100_000}
+_MAX_WIDTH = 10**7
 
 
 def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 1) -> int:
@@ -33,7 +42,27 @@ def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 
         if default is None:
             raise v.fail(ModelError, source, key, "missing required field; add it to the config")
         return default
-    return v.integer(ModelError, data[key], source, key, minimum=minimum, maximum=10**7)
+    return v.integer(ModelError, data[key], source, key, minimum=minimum, maximum=_LIMITS.get(key, _MAX_WIDTH))
+
+
+def _bool(data: dict, key: str, source: str, default: bool) -> bool:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise v.fail(ModelError, source, key, f"expected true or false, got {v.show(value)}")
+    return value
+
+
+def _check_head_dim(data: dict, source: str, hidden: int, heads: int) -> None:
+    # Some configs (Qwen3, Gemma) set head_dim apart from hidden_size / num_heads; the analytic
+    # formulas assume they agree, so a different value must not be silently ignored.
+    if data.get("head_dim") is None:
+        return
+    head_dim = _int(data, "head_dim", source)
+    if head_dim * heads != hidden:
+        raise v.fail(ModelError, source, "head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}; "
+                     "hetpart models head_dim = hidden_size / num_attention_heads only (use python:MODULE:FUNCTION)")
 
 
 def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
@@ -60,19 +89,20 @@ def _gpt2(data: dict, source: str) -> TransformerConfig:
     return TransformerConfig(
         "gpt2", _int(data, "n_layer", source), h, _int(data, "n_head", source), _int(data, "vocab_size", source),
         _int(data, "n_positions", source, default=1024), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
-        tied_embeddings=bool(data.get("tie_word_embeddings", True)))
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
 
 
 def _llama(data: dict, source: str) -> TransformerConfig:
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
+    _check_head_dim(data, source, h, heads)
     return TransformerConfig(
         "llama", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
         _int(data, "max_position_embeddings", source, default=4096),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
         num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
-        tied_embeddings=bool(data.get("tie_word_embeddings", False)), activation="swiglu", norm="rmsnorm",
-        bias=bool(data.get("attention_bias", False)), learned_positions=False, dropout=False)
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, False), activation="swiglu", norm="rmsnorm",
+        bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False)
 
 
 def _opt(data: dict, source: str) -> TransformerConfig:
@@ -82,8 +112,8 @@ def _opt(data: dict, source: str) -> TransformerConfig:
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=2048),
         ffn_hidden_size=_int(data, "ffn_dim", source, default=4 * h), activation="relu",
         embed_dim=_int(data, "word_embed_proj_dim", source, default=h), position_offset=2,
-        final_norm=bool(data.get("do_layer_norm_before", True)),
-        tied_embeddings=bool(data.get("tie_word_embeddings", True)))
+        final_norm=_bool(data, "do_layer_norm_before", source, True),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
 
 
 def _bert(data: dict, source: str) -> TransformerConfig:

@@ -21,10 +21,11 @@ def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
     if spec in MODEL_CATALOG:
         return spec, MODEL_CATALOG[spec], f"catalog:{spec}"
     path = Path(spec)
-    if path.is_file():
-        return path.parent.name or path.stem, read_hf_config(path), str(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
+    if v.path_exists(path):  # False, not an OSError, for names the OS refuses
+        if path.is_file():
+            return path.parent.name or path.stem, read_hf_config(path), str(path)
+        if (path / "config.json").is_file():
+            return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
     raise v.unknown_name(ModelError, "model", spec, MODEL_CATALOG, "--model", "",
                          extra=" (or a path to a Hugging Face config.json, or python:MODULE:FUNCTION)")
 
@@ -39,10 +40,12 @@ def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16") -
     if seq_len is None:
         seq_len = min(2048, resolved[1].max_positions) if resolved else 2048
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 10**7:
-        raise ModelError(f"--seq-len: must be a whole number between 1 and 1e7, got {seq_len!r}")
+        raise ModelError(f"--seq-len: must be a whole number between 1 and 1e7, got {v.show(seq_len)}")
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise ModelError(f"--precision: unknown precision {v.show(precision)}; use bf16, fp16 or fp32")
     dtype_bytes = 4 if precision == "fp32" else 2
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelError(f"--model: expected a catalog name, a config.json path or python:MODULE:FUNCTION, got {spec!r}")
+        raise ModelError(f"--model: expected a catalog name, a config.json path or python:MODULE:FUNCTION, got {v.show(spec)}")
     if spec.startswith("python:"):
         from hetpart.graph.trace import trace_python_spec  # imports torch; only on demand
 
