@@ -85,7 +85,7 @@ def unknown_name(exc, kind: str, name: str, known: Iterable[str], source: str, f
     known = sorted(known)
     hint = difflib.get_close_matches(name, known, n=1) if len(name) < 100 else []
     did = f"did you mean '{hint[0]}'? " if hint else ""
-    return fail(exc, source, field, f"unknown {kind} {show(name)}; {did}known: {', '.join(known)}{extra}")
+    return fail(exc, source, field, f"unknown {kind} {show(name, 200)}; {did}known: {', '.join(known)}{extra}")
 
 
 def path_exists(path: Path) -> bool:
