@@ -1,0 +1,104 @@
+"""Communication costs: point-to-point transfers and all-reduces over the cluster's real links.
+
+Links run at their line rate (datasheet figures in the catalog); a message pays the path latency
+once per hop of the algorithm. An all-reduce is NCCL's choice of the faster of
+
+* a flat ring over all members, paced by its slowest hop: ``2 (n-1)/n * bytes / bw + 2 (n-1) * latency``;
+* a hierarchical all-reduce when the members sit on several nodes with the same number ``k > 1`` of
+  members each: reduce-scatter inside each node, ``k`` parallel rings across nodes on ``bytes / k``
+  each (sharing the node's NICs), all-gather inside each node.
+
+``concurrent`` says how many such all-reduces run at once through the same nodes (the ``tp`` ranks of
+a data-parallel group each reduce their own shard): they share each node's NICs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from hetpart.cluster import Cluster, PathLink
+from hetpart.errors import PlanError
+
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s"]
+
+
+def p2p_time_s(num_bytes: float, path_link: PathLink | None) -> float:
+    """Time to send ``num_bytes`` from one device to another over ``path_link`` (latency + bytes / bandwidth).
+
+    Raises:
+        PlanError: when ``path_link`` is None (the two zones have no link).
+    """
+    if path_link is None:
+        raise PlanError("pipeline: two consecutive stages sit in zones without a link; add one under 'links'")
+    if path_link.kind == "self" or num_bytes <= 0:
+        return 0.0
+    return path_link.latency_us * 1e-6 + num_bytes / (path_link.bandwidth_gbyte_s * 1e9)
+
+
+def ring_allreduce_time_s(num_bytes: float, members: int, bandwidth_gbyte_s: float, latency_us: float) -> float:
+    """Ring all-reduce of ``num_bytes`` among ``members`` over hops of the given bandwidth and latency."""
+    if members <= 1 or num_bytes <= 0:
+        return 0.0
+    steps = 2 * (members - 1)
+    return steps * latency_us * 1e-6 + steps / members * num_bytes / (bandwidth_gbyte_s * 1e9)
+
+
+def _ring_hops(device_ids: Sequence[str], cluster: Cluster) -> tuple[float, float]:
+    """Slowest bandwidth and largest latency over the hops of a ring in the given order."""
+    bw, lat = float("inf"), 0.0
+    n = len(device_ids)
+    for i in range(n):
+        link = cluster.link_between(device_ids[i], device_ids[(i + 1) % n])
+        if link is None:
+            a, b = cluster.device(device_ids[i]).zone, cluster.device(device_ids[(i + 1) % n]).zone
+            raise PlanError(f"all-reduce: members in zones {a!r} and {b!r} have no link; add one under 'links'")
+        if link.kind != "self":
+            bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
+    return bw, lat
+
+
+def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) -> float:
+    """Bandwidth one of ``flows`` concurrent inter-node flows gets from a node's NICs."""
+    group = cluster.groups[node_key[0]]
+    return min(group.nic.bandwidth_gbyte_s, group.node_bandwidth_gbyte_s / max(flows, 1))
+
+
+def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> float:
+    """Time of an all-reduce of ``num_bytes`` (per member) among ``device_ids``.
+
+    Args:
+        num_bytes: bytes each member contributes (the reduced buffer size).
+        device_ids: members, ``"g/n/i"``; order does not matter (members are ringed in cluster order).
+        cluster: where they live.
+        concurrent: all-reduces of the same shape running at the same time through the same nodes.
+
+    Raises:
+        PlanError: when two members' zones have no link.
+    """
+    ids = sorted(dict.fromkeys(device_ids), key=lambda d: cluster.device(d).index)
+    n = len(ids)
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    nodes = Counter(cluster.device(d).node_key for d in ids)
+    bw, lat = _ring_hops(ids, cluster)
+    if len(nodes) > 1:
+        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in nodes))
+    flat = ring_allreduce_time_s(num_bytes, n, bw, lat)
+    per_node = set(nodes.values())
+    if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
+        return flat
+    return min(flat, _hierarchical_s(num_bytes, ids, nodes, cluster, concurrent))
+
+
+def _hierarchical_s(num_bytes: float, ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int) -> float:
+    k = next(iter(nodes.values()))
+    intra_bw = min(cluster.groups[key[0]].intra_node.bandwidth_gbyte_s for key in nodes)
+    intra_lat = max(cluster.groups[key[0]].intra_node.latency_us for key in nodes)
+    # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
+    inside = ring_allreduce_time_s(num_bytes, k, intra_bw, intra_lat)
+    leaders = [next(d for d in ids if cluster.device(d).node_key == key) for key in nodes]
+    bw, lat = _ring_hops(leaders, cluster)
+    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in nodes))
+    across = ring_allreduce_time_s(num_bytes / k, len(nodes), bw, lat)
+    return inside + across

@@ -1,0 +1,89 @@
+"""The homogeneous Megatron-LM plan: a uniform (tp, pp, dp) grid over the cluster in device order.
+
+Devices are taken in cluster order (group, node, gpu): consecutive ``tp`` devices form a
+tensor-parallel group (inside one node), consecutive groups form a pipeline, consecutive pipelines are
+the data-parallel replicas. Transformer blocks are split evenly over the ``pp * interleave`` virtual
+stages (the remainder goes to the first stages, one block each); as in Megatron-LM the embedding
+rides with the first stage and the head with the last. The batch is split evenly over replicas.
+"""
+
+from __future__ import annotations
+
+from hetpart.cluster import Cluster
+from hetpart.errors import PlanError, WorkloadError
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.plan import Plan, Replica, Stage
+from hetpart.workload import Workload
+
+__all__ = ["megatron_plan", "even_layer_split"]
+
+
+def even_layer_split(num_units: int, num_stages: int, has_ends: bool = True) -> list[tuple[int, int]]:
+    """``[first, last)`` unit ranges for ``num_stages`` stages.
+
+    With ``has_ends`` (a transformer: embedding, blocks, head) the blocks are split evenly and the
+    embedding joins the first stage, the head the last; otherwise all units are split evenly.
+    """
+    lo, hi = (1, num_units - 1) if has_ends else (0, num_units)
+    blocks = hi - lo
+    if num_stages < 1 or blocks < num_stages:
+        raise PlanError(f"pp: {num_stages} stages for {blocks} layers; use at most {blocks} stages")
+    base, extra = divmod(blocks, num_stages)
+    bounds = [lo]
+    for k in range(num_stages):
+        bounds.append(bounds[-1] + base + (1 if k < extra else 0))
+    bounds[0], bounds[-1] = 0, num_units
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
+                micro_batch: int) -> None:
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
+    need = tp * pp * dp
+    if need > cluster.num_devices:
+        raise PlanError(f"--tp/--pp/--dp: {tp} x {pp} x {dp} = {need} devices but cluster {cluster.name!r} has "
+                        f"{cluster.num_devices}; lower pp or dp")
+    if workload.global_batch % (dp * micro_batch):
+        raise WorkloadError(f"--global-batch: {workload.global_batch} is not divisible by dp x micro_batch = "
+                            f"{dp} x {micro_batch}; use a multiple of {dp * micro_batch}")
+    heads = (model.arch or {}).get("num_heads")
+    if heads and heads % tp:
+        raise PlanError(f"--tp: {tp} does not divide the {heads} attention heads of {model.name}")
+
+
+def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
+                  micro_batch: int, schedule: str = "1f1b", interleave: int = 1,
+                  recompute: str = "selective") -> Plan:
+    """The Megatron-LM plan of the given grid (see the module docstring).
+
+    Raises:
+        PlanError: the grid needs more devices than the cluster has, a TP group would cross a node,
+            or there are fewer layers than stages.
+        WorkloadError: the global batch does not split into ``dp`` replicas of whole micro-batches.
+    """
+    _check_grid(model, cluster, workload, tp, pp, dp, micro_batch)
+    v = interleave if schedule == "interleaved" else 1
+    if schedule != "interleaved" and interleave != 1:
+        raise PlanError(f"--interleave: {interleave} needs --schedule interleaved")
+    devices = cluster.devices
+    groups = []
+    for g in range(pp * dp):
+        members = devices[g * tp:(g + 1) * tp]
+        if len({d.node_key for d in members}) > 1:
+            raise PlanError(f"--tp: {tp} devices from {members[0].id} cross a node boundary; use a tp that divides "
+                            f"the GPUs per node ({cluster.groups[members[0].group].gpus_per_node})")
+        groups.append(tuple(d.id for d in members))
+    has_ends = bool(model.arch) and model.num_units >= 3
+    ranges = even_layer_split(model.num_units, pp * v, has_ends)
+    replicas = []
+    for r in range(dp):
+        pipe = groups[r * pp:(r + 1) * pp]
+        stages = tuple(Stage(ranges[k], pipe[k % pp], tp) for k in range(pp * v))
+        replicas.append(Replica(1.0 / dp, stages))
+    recompute = "selective" if recompute == "auto" else recompute
+    return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
+                replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
+                precision=workload.precision, meta={"planner": "megatron", "grid": [tp, pp, dp],
+                                                    "model": model.name, "cluster": cluster.name})

@@ -1,0 +1,285 @@
+"""Pipeline schedules (GPipe, 1F1B, interleaved 1F1B), simulated with heterogeneous stage times.
+
+Each device runs a fixed sequence of operations (forward or backward of one micro-batch on one of
+its model chunks), in the order Megatron-LM and torch.distributed.pipelining use. An operation starts
+when the device is free and its input has arrived: the forward of virtual stage ``k`` needs the
+forward of ``k-1`` plus the point-to-point transfer ``p2p[k-1]``; the backward of ``k`` needs the
+backward of ``k+1`` plus ``p2p[k]`` (and its own forward, earlier on the same device). Transfers do
+not occupy the device (separate streams). With equal stages this reproduces the textbook bubble
+``(pp-1)/(m v)``; with unequal stages the closed forms are wrong, so we simulate.
+
+Two implementations give the same numbers:
+
+* :func:`simulate_pipeline_events` -- the reference: a discrete-event simulation, one operation at a
+  time, with a heap of completion events;
+* :func:`pipeline_timing` / :func:`pipeline_step_time_s` -- the fast path: every device's sequence is
+  a max-plus scan (``end_j = max(end_{j-1}, ready_j) + d_j`` is ``C_j + cummax(ready_i - C_{i-1})``),
+  vectorized over all devices at once and repeated until the cross-device arrival times stop changing
+  (a monotone fixed-point iteration that reaches the exact longest path).
+
+Shapes:
+    fwd, bwd: ``[K, M]`` seconds per virtual stage and micro-batch (``K = pp * interleave``; virtual
+    stage ``k`` runs on device ``k mod pp``); p2p: ``[K-1]`` seconds from virtual stage ``k`` to ``k+1``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from hetpart.errors import PlanError
+
+__all__ = ["PipelineOp", "PipelineTiming", "device_op_order", "pipeline_timing", "pipeline_step_time_s",
+           "simulate_pipeline_events"]
+
+FWD, BWD = 0, 1
+
+
+@dataclass(frozen=True)
+class PipelineOp:
+    """One executed operation."""
+
+    device: int
+    """Pipeline device (``0..pp-1``)."""
+    stage: int
+    """Virtual stage (``0..K-1``)."""
+    microbatch: int
+    kind: str
+    """``fwd`` or ``bwd``."""
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class PipelineTiming:
+    """When every operation of one pipeline ran.
+
+    Shapes:
+        end_s, start_s: ``[pp, 2 M v]`` in each device's execution order; ``kind``, ``stage``,
+        ``microbatch`` index the same cells.
+    """
+
+    makespan_s: float
+    start_s: np.ndarray
+    end_s: np.ndarray
+    kind: np.ndarray
+    stage: np.ndarray
+    microbatch: np.ndarray
+
+    def last_backward_end_s(self, num_stages: int) -> np.ndarray:
+        """``[K]``: when each virtual stage finished its last backward."""
+        out = np.zeros(num_stages)
+        mask = self.kind == BWD
+        np.maximum.at(out, self.stage[mask], self.end_s[mask])
+        return out
+
+    def busy_s(self) -> np.ndarray:
+        """``[pp]``: compute time of each device."""
+        return (self.end_s - self.start_s).sum(axis=1)
+
+    def ops(self) -> list[PipelineOp]:
+        """Every operation, device by device, in execution order."""
+        pp, n = self.end_s.shape
+        return [PipelineOp(d, int(self.stage[d, j]), int(self.microbatch[d, j]), "fwd" if self.kind[d, j] == FWD
+                           else "bwd", float(self.start_s[d, j]), float(self.end_s[d, j]))
+                for d in range(pp) for j in range(n)]
+
+
+# --------------------------------------------------------------------------------------------- op order
+
+
+def _check(schedule: str, pp: int, m: int, v: int) -> None:
+    if schedule not in ("gpipe", "1f1b", "interleaved"):
+        raise PlanError(f"schedule: unknown schedule {schedule!r}; use gpipe, 1f1b or interleaved")
+    if pp < 1 or m < 1 or v < 1:
+        raise PlanError(f"schedule: need pp, micro-batches and interleave >= 1, got {pp}, {m}, {v}")
+    if schedule != "interleaved" and v != 1:
+        raise PlanError(f"interleave: {v} needs schedule 'interleaved'")
+    if schedule == "interleaved" and v > 1 and m % pp:
+        raise PlanError(f"schedule: interleaved 1F1B needs the micro-batches per replica ({m}) to be a multiple "
+                        f"of the pipeline depth ({pp}), as in Megatron-LM; change micro_batch or the batch shares")
+
+
+def _interleaved_chunk(i: int, pp: int, v: int, forward: bool) -> tuple[int, int]:
+    """(chunk, micro-batch) of a device's ``i``-th forward or backward in Megatron's interleaved order."""
+    chunk = (i // pp) % v
+    mb = (i // (pp * v)) * pp + i % pp
+    return (chunk if forward else v - 1 - chunk), mb
+
+
+@lru_cache(maxsize=256)
+def device_op_order(schedule: str, pp: int, m: int, v: int = 1) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """For each device, its operations ``(kind, virtual_stage, microbatch)`` in execution order."""
+    _check(schedule, pp, m, v)
+    out = []
+    for d in range(pp):
+        if schedule == "gpipe":
+            ops = [(FWD, d, j) for j in range(m)] + [(BWD, d, j) for j in range(m)]
+        else:
+            total = m * v
+            if schedule == "1f1b" and v == 1:
+                warm = min(pp - d - 1, m)
+            else:
+                warm = min(2 * (pp - d - 1) + (v - 1) * pp, total)
+
+            def f(i):
+                c, mb = _interleaved_chunk(i, pp, v, True)
+                return (FWD, c * pp + d, mb)
+
+            def b(i):
+                c, mb = _interleaved_chunk(i, pp, v, False)
+                return (BWD, c * pp + d, mb)
+
+            ops = [f(i) for i in range(warm)]
+            for i in range(total - warm):
+                ops += [f(warm + i), b(i)]
+            ops += [b(i) for i in range(total - warm, total)]
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------- fast path
+
+
+@dataclass(frozen=True)
+class _Layout:
+    kind: np.ndarray
+    stage: np.ndarray
+    mb: np.ndarray
+    dep: np.ndarray
+    """Flat index of the cross-device predecessor (0 where none; masked by has_dep)."""
+    has_dep: np.ndarray
+    p2p_index: np.ndarray
+    """Index into p2p of the transfer before this op (0 where none)."""
+
+
+@lru_cache(maxsize=256)
+def _layout(schedule: str, pp: int, m: int, v: int) -> _Layout:
+    order = device_op_order(schedule, pp, m, v)
+    n = len(order[0])
+    kind = np.array([[op[0] for op in ops] for ops in order], dtype=np.int64)
+    stage = np.array([[op[1] for op in ops] for ops in order], dtype=np.int64)
+    mb = np.array([[op[2] for op in ops] for ops in order], dtype=np.int64)
+    where = {op: d * n + j for d, ops in enumerate(order) for j, op in enumerate(ops)}
+    k_total = pp * v
+    dep = np.zeros((pp, n), dtype=np.int64)
+    has = np.zeros((pp, n), dtype=bool)
+    p2p = np.zeros((pp, n), dtype=np.int64)
+    for d, ops in enumerate(order):
+        for j, (kd, k, b) in enumerate(ops):
+            if kd == FWD and k > 0:
+                dep[d, j], has[d, j], p2p[d, j] = where[(FWD, k - 1, b)], True, k - 1
+            elif kd == BWD and k < k_total - 1:
+                dep[d, j], has[d, j], p2p[d, j] = where[(BWD, k + 1, b)], True, k
+    for a in (kind, stage, mb, dep, has, p2p):
+        a.setflags(write=False)
+    return _Layout(kind, stage, mb, dep, has, p2p)
+
+
+def _as_arrays(fwd, bwd, p2p, interleave: int):
+    fwd = np.asarray(fwd, dtype=float)
+    bwd = np.asarray(bwd, dtype=float)
+    if fwd.ndim != 2 or fwd.shape != bwd.shape:
+        raise ValueError(f"fwd and bwd must both be [stages, microbatches], got {fwd.shape} and {bwd.shape}")
+    k_total, m = fwd.shape
+    if k_total % interleave:
+        raise ValueError(f"{k_total} virtual stages is not a multiple of interleave {interleave}")
+    p2p = np.zeros(max(k_total - 1, 1)) if p2p is None else np.asarray(p2p, dtype=float).reshape(-1)
+    if p2p.size < k_total - 1:
+        raise ValueError(f"p2p needs {k_total - 1} entries (one per stage boundary), got {p2p.size}")
+    return fwd, bwd, (p2p if p2p.size else np.zeros(1)), k_total // interleave, m
+
+
+def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> PipelineTiming:
+    """Exact start and end of every operation (the fast, vectorized path). Shapes: see the module doc."""
+    fwd, bwd, p2p, pp, m = _as_arrays(fwd, bwd, p2p, interleave)
+    lay = _layout(schedule, pp, m, interleave)
+    dur = np.where(lay.kind == FWD, fwd[lay.stage, lay.mb], bwd[lay.stage, lay.mb])
+    delay = np.where(lay.has_dep, p2p[lay.p2p_index], 0.0)
+    csum = np.cumsum(dur, axis=1)
+    cprev = csum - dur
+    end = csum.copy()
+    flat_dep = lay.dep.ravel()
+    for _ in range(dur.size + 1):
+        ready = np.where(lay.has_dep, end.ravel()[flat_dep].reshape(dur.shape) + delay, 0.0)
+        new = csum + np.maximum.accumulate(np.maximum(ready - cprev, 0.0), axis=1)
+        if np.array_equal(new, end):
+            break
+        end = new
+    start = end - dur
+    return PipelineTiming(float(end.max()), start, end, lay.kind, lay.stage, lay.mb)
+
+
+def pipeline_step_time_s(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> float:
+    """Time from the first forward to the last backward of one pipeline (the fast path).
+
+    Args:
+        fwd, bwd: ``[K, M]`` seconds per virtual stage and micro-batch (backward includes recompute).
+        p2p: ``[K-1]`` seconds to move one micro-batch's activations (or gradients) across each boundary.
+        schedule: ``gpipe``, ``1f1b`` or ``interleaved``.
+        interleave: model chunks per device (``K = pp * interleave``).
+    """
+    return pipeline_timing(fwd, bwd, p2p, schedule, interleave).makespan_s
+
+
+# --------------------------------------------------------------------------------------------- reference
+
+
+def simulate_pipeline_events(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> PipelineTiming:
+    """The event-by-event reference: devices take their next operation when it is ready."""
+    fwd, bwd, p2p, pp, m = _as_arrays(fwd, bwd, p2p, interleave)
+    order = device_op_order(schedule, pp, m, interleave)
+    k_total = pp * interleave
+    n = len(order[0])
+    done: dict[tuple[int, int, int], float] = {}
+    start = np.zeros((pp, n))
+    end = np.zeros((pp, n))
+    nxt = [0] * pp
+    free = [0.0] * pp
+    running = [False] * pp
+    events: list[tuple[float, int]] = []
+
+    def arrival(op):
+        kind, k, b = op
+        if kind == FWD:
+            return 0.0 if k == 0 else (done.get((FWD, k - 1, b), None), p2p[k - 1])
+        if k == k_total - 1:
+            return 0.0 if (FWD, k, b) in done else (None, 0.0)
+        return done.get((BWD, k + 1, b), None), p2p[k]
+
+    def try_start(d):
+        if nxt[d] >= n:
+            return
+        op = order[d][nxt[d]]
+        got = arrival(op)
+        if isinstance(got, tuple):
+            if got[0] is None:
+                return
+            ready = got[0] + got[1]
+        else:
+            ready = got
+        kind, k, b = op
+        t0 = max(free[d], ready)
+        t1 = t0 + (fwd[k, b] if kind == FWD else bwd[k, b])
+        start[d, nxt[d]], end[d, nxt[d]] = t0, t1
+        free[d] = t1
+        running[d] = True
+        heapq.heappush(events, (t1, d))
+
+    for d in range(pp):
+        try_start(d)
+    while events:
+        t, d = heapq.heappop(events)
+        done[order[d][nxt[d]]] = t
+        nxt[d] += 1
+        running[d] = False
+        for other in range(pp):  # any idle device may have been waiting for this op
+            if not running[other]:
+                try_start(other)
+    if any(i < n for i in nxt):
+        raise RuntimeError("pipeline schedule deadlocked; the op order is inconsistent")
+    lay = _layout(schedule, pp, m, interleave)
+    return PipelineTiming(float(end.max()), start, end, lay.kind, lay.stage, lay.mb)
