@@ -94,3 +94,28 @@ def path_exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):
         return False
+
+
+MAX_FILE_BYTES = 64 * 2**20
+"""Input files (cluster YAML, plan JSON, config.json) are small; anything larger is a wrong path."""
+
+
+def read_text(exc: type[HetpartError], path: Path, what: str) -> str:
+    """The UTF-8 text of the regular file ``path``, or one clear error naming the file.
+
+    Devices and pipes (``/dev/zero``) are refused before reading, so a wrong path cannot hang.
+    """
+    try:
+        if not path.is_file():
+            reason = "is a directory" if path.is_dir() else (
+                "is not a regular file" if path_exists(path) else "no such file")
+        elif path.stat().st_size > MAX_FILE_BYTES:
+            reason = f"{path.stat().st_size} bytes, more than the {MAX_FILE_BYTES} byte limit"
+        else:
+            return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        reason = "not UTF-8 text"
+    except (OSError, ValueError) as err:  # permissions, names the OS refuses
+        reason = f"{err.__class__.__name__}: {getattr(err, 'strerror', None) or err}"
+    name = str(path) if str(path).isprintable() and len(str(path)) <= 200 else show(str(path), 200)
+    raise exc(f"{name}: cannot read {what}: {reason}; check the path")

@@ -367,10 +367,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read the file ({exc.__class__.__name__}: {exc}); check the path") from None
+    text = v.read_text(SpecError, path, "the cluster YAML")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -400,6 +397,4 @@ def load_cluster(spec: str | Path) -> Cluster:
     if not v.path_exists(path):
         raise v.unknown_name(SpecError, "cluster", text, catalog, "--cluster", "",
                              extra=" (or give the path of a cluster YAML file)")
-    if path.is_dir():
-        raise SpecError(f"{path}: is a directory; give a cluster YAML file")
     return parse_cluster(_read_yaml(path), source=str(path))

@@ -376,11 +376,7 @@ def _replica(data: Any, source: str, field: str) -> Replica:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan JSON file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, ValueError) as exc:  # ValueError: undecodable bytes, NUL in the path
-        raise PlanError(f"{path}: cannot read the plan ({exc.__class__.__name__}); check the path") from None
-    return Plan.from_json(text, source=str(path))
+    return Plan.from_json(v.read_text(PlanError, path, "the plan"), source=str(path))
 
 
 def compress_device_ids(ids) -> str:

@@ -266,7 +266,7 @@ def test_load_cluster_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("name: x\nnodes: [\n")
     with pytest.raises(SpecError, match=r"bad.yaml: invalid YAML at line \d+, column \d+"):
         load_cluster(bad)
-    with pytest.raises(SpecError, match=r"is a directory; give a cluster YAML file"):
+    with pytest.raises(SpecError, match=r"cannot read the cluster YAML: is a directory"):
         load_cluster(tmp_path)
     evil = tmp_path / "evil.yaml"
     evil.write_text("name: !!python/object/apply:os.system ['echo hacked']\nnodes: []\n")

@@ -165,7 +165,7 @@ def test_bad_config_files(tmp_path: Path) -> None:
         read_hf_config(broken)
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00garbage\x80")
-    with pytest.raises(ModelError, match=r"binary.json: cannot read the file"):
+    with pytest.raises(ModelError, match=r"binary.json: cannot read the config: not UTF-8 text; check the path"):
         read_hf_config(binary)
     huge = tmp_path / "huge.json"
     huge.write_text('{"n_embd": ' + "9" * 5000 + "}")

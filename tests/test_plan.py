@@ -250,7 +250,7 @@ def test_batch_share_errors() -> None:
 
 
 def test_load_plan_errors(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match=r"missing.json: cannot read the plan \(FileNotFoundError\); check the path"):
+    with pytest.raises(PlanError, match=r"missing.json: cannot read the plan: no such file; check the path"):
         load_plan(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"global_batch": 8,')

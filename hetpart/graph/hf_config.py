@@ -17,10 +17,9 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2"}
 
 def read_hf_config(path: Path) -> TransformerConfig:
     """Parse ``path`` (a config.json) into a transformer shape; :class:`ModelError` on anything wrong."""
+    text = v.read_text(ModelError, path, "the config")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot read the file ({exc}); check the path") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax") from None
     except RecursionError:
