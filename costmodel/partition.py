@@ -1,0 +1,193 @@
+"""Exact building blocks of the search: the uneven layer split and the integer batch shares.
+
+Both solve a small, exactly stated problem and each has a brute-force twin used by the
+differential tests (``tests/test_search.py``):
+
+* :func:`split_layers` cuts a chain of ``n`` units into ``pp`` ordered, non-empty stages so that
+  the 1F1B step-time estimate ``(m - 1) * max_j t_j + sum_j t_j`` is smallest, where ``t_j`` is
+  the per-micro-batch time (forward + backward + point-to-point) of stage ``j`` on its own
+  devices and ``m`` the number of micro-batches (the steady state runs at the slowest stage, the
+  fill and drain cost every stage once). Stages that would not fit in memory carry ``inf``.
+* :func:`allocate_microbatches` gives every data-parallel replica a whole number of micro-batches
+  (at least one) so that the slowest replica, ``fixed_i + per_mb_i * n_i``, finishes first: the
+  integer form of HAP's linear program for batch shares.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Split", "pipeline_objective_s", "split_layers", "brute_force_split", "allocate_microbatches",
+           "brute_force_allocate", "range_cost_matrix"]
+
+
+@dataclass(frozen=True)
+class Split:
+    """An optimal layer split of a pipeline."""
+
+    bounds: tuple[int, ...]
+    """Stage boundaries ``0 = x_0 < x_1 < ... < x_pp = n``; stage ``j`` holds units ``[x_j, x_{j+1})``."""
+    objective_s: float
+    """``(m - 1) * bottleneck_s + sum of stage times``, seconds."""
+    bottleneck_s: float
+    """Per-micro-batch time of the slowest stage, seconds."""
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.bounds[:-1], self.bounds[1:]))
+
+
+def pipeline_objective_s(stage_s: Sequence[float], num_microbatches: int) -> float:
+    """The 1F1B estimate ``(m - 1) * max + sum`` for per-micro-batch stage times ``stage_s``."""
+    return (num_microbatches - 1) * max(stage_s) + sum(stage_s)
+
+
+def range_cost_matrix(unit_cost: np.ndarray, overhead: float = 0.0) -> np.ndarray:
+    """``C[a, b] = overhead + sum(unit_cost[a:b])`` for ``a < b``, ``inf`` elsewhere.
+
+    Shapes: ``unit_cost`` is ``[n]``; the result is ``[n + 1, n + 1]``.
+    """
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(unit_cost, dtype=float))))
+    cost = prefix[None, :] - prefix[:, None] + overhead
+    n = len(prefix)
+    cost[np.tril_indices(n)] = math.inf
+    return cost
+
+
+def _minimax(costs: Sequence[np.ndarray]) -> float:
+    """Smallest achievable bottleneck over all splits."""
+    n1 = costs[0].shape[0]
+    best = np.full(n1, math.inf)
+    best[0] = 0.0
+    for c in costs:
+        best = np.maximum(best[:, None], c).min(axis=0)
+    return float(best[-1])
+
+
+def _min_sum(costs: Sequence[np.ndarray], cap: float) -> tuple[float, tuple[int, ...]] | None:
+    """Smallest sum of stage times with every stage <= ``cap``, and its boundaries."""
+    n1 = costs[0].shape[0]
+    best = np.full(n1, math.inf)
+    best[0] = 0.0
+    choices = []
+    for c in costs:
+        total = best[:, None] + np.where(c <= cap, c, math.inf)
+        arg = total.argmin(axis=0)
+        best = total[arg, np.arange(n1)]
+        choices.append(arg)
+    if not math.isfinite(best[-1]):
+        return None
+    bounds = [n1 - 1]
+    for arg in reversed(choices):
+        bounds.append(int(arg[bounds[-1]]))
+    return float(best[-1]), tuple(reversed(bounds))
+
+
+def _evaluate(costs: Sequence[np.ndarray], bounds: Sequence[int], m: int) -> Split:
+    times = [float(c[a, b]) for c, a, b in zip(costs, bounds[:-1], bounds[1:])]
+    return Split(tuple(bounds), pipeline_objective_s(times, m), max(times))
+
+
+def split_layers(costs: Sequence[np.ndarray], num_microbatches: int) -> Split | None:
+    """The split minimising ``(m - 1) * max_j t_j + sum_j t_j`` exactly (None if nothing fits).
+
+    For every candidate bottleneck ``tau`` (a value some stage can take) a min-sum dynamic program
+    over stage boundaries keeps only stages no slower than ``tau``; candidates are scanned upward
+    from the minimax bottleneck and the scan stops once ``(m - 1) * tau`` plus the unconstrained
+    smallest sum can no longer beat the best found (the bound that prunes).
+
+    Args:
+        costs: per stage ``j`` (in pipeline order) a matrix ``[n + 1, n + 1]`` with the time of
+            units ``[a, b)`` on that stage in ``costs[j][a, b]`` (``inf`` when it does not fit).
+        num_microbatches: micro-batches ``m`` per step of this pipeline.
+    """
+    if not costs:
+        return None
+    unconstrained = _min_sum(costs, math.inf)
+    if unconstrained is None:
+        return None
+    best = _evaluate(costs, unconstrained[1], num_microbatches)
+    if num_microbatches == 1 or len(costs) == 1:
+        return best
+    low = _minimax(costs)
+    values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in costs]))
+    floor_sum = unconstrained[0]
+    for tau in values:
+        if (num_microbatches - 1) * tau + floor_sum >= best.objective_s:
+            break
+        found = _min_sum(costs, float(tau))
+        if found is not None:
+            candidate = _evaluate(costs, found[1], num_microbatches)
+            if candidate.objective_s < best.objective_s:
+                best = candidate
+    return best
+
+
+def brute_force_split(costs: Sequence[np.ndarray], num_microbatches: int) -> Split | None:
+    """Reference for :func:`split_layers`: every composition of the units, evaluated directly."""
+    n = costs[0].shape[0] - 1
+    pp = len(costs)
+    best: Split | None = None
+    for cuts in itertools.combinations(range(1, n), pp - 1):
+        bounds = (0, *cuts, n)
+        candidate = _evaluate(costs, bounds, num_microbatches)
+        if math.isfinite(candidate.objective_s) and (best is None or candidate.objective_s < best.objective_s):
+            best = candidate
+    return best
+
+
+def allocate_microbatches(per_mb_s: Sequence[float], fixed_s: Sequence[float], total: int) -> tuple[int, ...]:
+    """Whole micro-batches per replica (each >= 1, summing to ``total``) minimising the slowest
+    replica's ``fixed_s[i] + per_mb_s[i] * n[i]``.
+
+    The continuous optimum (every replica finishing together, HAP's LP) gives a lower level ``T``;
+    each replica first takes what fits under ``T`` and a greedy fill hands out the rest one at a
+    time to the replica that would finish earliest, which is exact for this min-max problem.
+    """
+    k = len(per_mb_s)
+    if total < k:
+        raise ValueError(f"{total} micro-batches cannot feed {k} replicas")
+    per = [float(p) for p in per_mb_s]
+    fixed = [float(f) for f in fixed_s]
+    counts = _continuous_floor(per, fixed, total)
+    heap = [(fixed[i] + per[i] * (counts[i] + 1), i) for i in range(k)]
+    heapq.heapify(heap)
+    for _ in range(total - sum(counts)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (fixed[i] + per[i] * (counts[i] + 1), i))
+    return tuple(counts)
+
+
+def _continuous_floor(per: list[float], fixed: list[float], total: int) -> list[int]:
+    """``max(1, floor((T - fixed_i) / per_i))`` at the largest level ``T`` whose sum stays <= total."""
+    def count(level: float) -> list[int]:
+        return [max(1, math.floor((level - f) / p)) if p > 0 else 1 for p, f in zip(per, fixed)]
+
+    lo, hi = 0.0, max(f + p * total for p, f in zip(per, fixed))
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(count(mid)) <= total:
+            lo = mid
+        else:
+            hi = mid
+    counts = count(lo)
+    # The greedy fill is exact only from a state every optimal allocation dominates; stepping one
+    # below each floored count keeps that true in the presence of ties.
+    return [max(1, c - 1) for c in counts]
+
+
+def brute_force_allocate(per_mb_s: Sequence[float], fixed_s: Sequence[float], total: int) -> float:
+    """Reference for :func:`allocate_microbatches`: the best slowest-replica time over all allocations."""
+    k = len(per_mb_s)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, total), k - 1):
+        counts = [b - a for a, b in zip((0, *cuts), (*cuts, total))]
+        best = min(best, max(f + p * c for p, f, c in zip(per_mb_s, fixed_s, counts)))
+    return best

@@ -1,0 +1,350 @@
+"""The ``search`` planner: exact search over a structured plan space (Metis / AMP / Sailor style).
+
+The space (what "optimum of its own space" means in ``tests/test_search.py``):
+
+* **mixed pipelines** (Metis, Sailor): ``dp`` identical replicas; each is one pipeline that takes
+  ``G_p / dp`` tensor-parallel groups of degree ``tp_p`` from every pool ``p`` of a chosen subset of
+  pools (a pool is all nodes of one node type), pools in a chosen order (pools of one zone kept
+  together, so a pipeline crosses each zone boundary once), layers split unevenly between stages,
+  batch split evenly;
+* **typed replicas** (HAP, Sailor's mixed data parallelism): each pool of a chosen subset runs its
+  own ``dp_p`` replicas of a ``pp_p``-stage, ``tp_p``-wide pipeline; the data-parallel members of a
+  unit may then be of different device types; the batch is split unevenly between replicas;
+
+for every micro-batch size (up to 16) and every allowed recompute mode, schedule 1F1B.
+
+Each point is scored by a cost estimate built from the simulator's primitives
+(:mod:`hetpart.costmodel.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
+plus point-to-point and gradient-sync time. For a structure, :func:`~hetpart.costmodel.partition.split_layers`
+finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
+bottleneck values) and :func:`~hetpart.costmodel.partition.allocate_microbatches` the batch shares
+exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
+the bound cannot beat the ``top_k``-th best estimate. The ``top_k`` best structures (both device
+placements of mixed pipelines) are then simulated, the best is refined by hill-climbing its layer
+boundaries and batch shares under the simulator, and the ``uniform`` and ``proportional`` planners'
+plans join as candidates, so ``search`` is never slower than either.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from hetpart.costmodel.layout import assemble
+from hetpart.costmodel.partition import Split, allocate_microbatches, split_layers
+from hetpart.costmodel.planner import (Evaluated, Evaluator, best_of, microbatch_options, no_plan_error,
+                                       recompute_modes)
+from hetpart.costmodel.refine import refine
+from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
+from hetpart.costmodel.search_costs import CostTable, StageCosts
+from hetpart.errors import WorkloadError
+from hetpart.plan import Plan, Replica, Stage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["SearchOptions", "Scored", "plan_search", "search_space", "mixed_structures", "typed_structures"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Knobs of the search (defaults are what ``hetpart plan`` uses)."""
+
+    top_k: int = 12
+    """Structures simulated after the estimate ranks them."""
+    max_micro_batch: int = 16
+    """Largest micro-batch size tried."""
+    refine_steps: int = 40
+    """Simulations the hill-climb may spend on the best candidate."""
+    include_baselines: bool = True
+    """Add the uniform and proportional planners' plans as candidates."""
+    ignore_memory: bool = False
+    """Lift memory limits (the upper bound uses this for types that cannot hold the model alone)."""
+    configs_per_pool: int = 4
+    """Typed replicas: best (tp, pp) configurations kept per pool before combining pools."""
+
+
+@dataclass(frozen=True, order=True)
+class Scored:
+    """One point of the search space with its estimate."""
+
+    estimate_s: float
+    """Estimated step time, seconds."""
+    key: tuple = field(compare=False)
+    """What the point is (family and choices), for tests and reports."""
+    build: Callable[[], list[Plan]] = field(compare=False, repr=False)
+    """Makes the plans of this point (mixed pipelines give two device placements)."""
+
+
+@dataclass
+class _Context:
+    model: "ModelGraph"
+    cluster: "Cluster"
+    workload: "Workload"
+    options: SearchOptions
+    pools: list[Pool]
+    table: CostTable
+
+    @property
+    def n(self) -> int:
+        return self.model.num_units
+
+
+# --------------------------------------------------------------------------------------------- mixed pipelines
+
+
+def _zone_contiguous(order: tuple[Pool, ...]) -> bool:
+    zones = [p.zone for p in order]
+    changes = sum(1 for a, b in zip(zones, zones[1:]) if a != b)
+    return changes == len(set(zones)) - 1
+
+
+def _mixed_shapes(ctx: _Context) -> Iterator[tuple[tuple[Pool, ...], tuple[int, ...], int]]:
+    """``(pools in pipeline order, tp per pool, dp)`` of every mixed-pipeline shape."""
+    pools = ctx.pools
+    for size in range(1, len(pools) + 1):
+        for subset in itertools.combinations(pools, size):
+            for tps in itertools.product(*(tp_options(p, ctx.model) for p in subset)):
+                groups = [p.num_devices // t for p, t in zip(subset, tps)]
+                for dp in divisors(math.gcd(*groups)):
+                    if ctx.workload.global_batch % dp or sum(g // dp for g in groups) > ctx.n:
+                        continue
+                    by_pool = dict(zip(subset, tps))
+                    for order in itertools.permutations(subset):
+                        if _zone_contiguous(order):
+                            yield order, tuple(by_pool[p] for p in order), dp
+
+
+def _mixed_groups(order, tps, dp: int, placement: str) -> list[list[tuple[str, ...]]]:
+    """Stage device groups per replica: ``pp`` placement keeps a replica's stages on adjacent GPUs,
+    ``dp`` placement puts the data-parallel peers of a stage on adjacent GPUs."""
+    replicas: list[list[tuple[str, ...]]] = [[] for _ in range(dp)]
+    for pool, tp in zip(order, tps):
+        groups = tp_groups(pool, tp)
+        s = len(groups) // dp
+        for r in range(dp):
+            replicas[r] += groups[r * s:(r + 1) * s] if placement == "pp" else groups[r::dp]
+    return replicas
+
+
+def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int, bounds) -> float:
+    from hetpart.costmodel.collectives import p2p_time_s
+
+    total = 0.0
+    for j in range(len(stages) - 1):
+        tp = max(len(stages[j]), len(stages[j + 1]))  # sequence parallel: each rank sends its 1/tp shard
+        num_bytes = ctx.model.units[bounds[j + 1] - 1].out_act_bytes * micro_batch / tp
+        total += 2 * p2p_time_s(num_bytes, ctx.cluster.link_between(stages[j][0], stages[j + 1][0]))
+    return total
+
+
+def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float]) -> float:
+    from hetpart.costmodel.collectives import allreduce_time_s
+
+    return max((allreduce_time_s(b, peers, ctx.cluster) for b, peers in zip(grad_bytes, peer_sets)), default=0.0)
+
+
+def _lower_bound_s(costs: list[StageCosts], m: int) -> float:
+    """A bound no split beats: unit ``u`` costs at least ``r_j * ref(u)`` on stage ``j``."""
+    ref = costs[0].unit_time_s
+    ratios = [float(np.min(c.unit_time_s / np.maximum(ref, 1e-30))) for c in costs]
+    slowest = float(ref.sum()) / sum(1.0 / max(r, 1e-30) for r in ratios)
+    floor = float(np.min(np.stack([c.unit_time_s for c in costs]), axis=0).sum())
+    return (m - 1) * slowest + floor
+
+
+def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+    """Every mixed-pipeline point as ``(lower bound, key, scorer)``."""
+    wl = ctx.workload
+    for order, tps, dp in _mixed_shapes(ctx):
+        stage_of = [(p, t) for p, t in zip(order, tps) for _ in range((p.num_devices // t) // dp)]
+        for mb in microbatch_options(wl.global_batch // dp, ctx.options.max_micro_batch):
+            m = wl.global_batch // (dp * mb)
+            for rc in recompute_modes(wl):
+                costs = [ctx.table.get(p, t, mb, rc) for p, t in stage_of]
+                key = ("mixed", tuple(p.key for p in order), tps, dp, mb, rc)
+                yield _lower_bound_s(costs, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key)
+
+
+def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[], Scored | None]:
+    def score() -> Scored | None:
+        pp = len(costs)
+        split = split_layers([c.masked(min(pp - j, m), ctx.options.ignore_memory) for j, c in enumerate(costs)], m)
+        if split is None:
+            return None
+        stages = _mixed_groups(order, tps, dp, "pp")
+        peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
+        grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
+        estimate = split.objective_s + _p2p_s(ctx, stages[0], mb, split.bounds) + _sync_s(ctx, peers, grads)
+
+        def build() -> list[Plan]:
+            return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
+                             ctx.workload) for placement in ("pp", "dp")]
+
+        return Scored(estimate, key + (split.bounds,), build)
+
+    return score
+
+
+# --------------------------------------------------------------------------------------------- typed replicas
+
+
+@dataclass(frozen=True)
+class _PoolConfig:
+    pool: Pool
+    tp: int
+    pp: int
+    split: Split
+    fixed_s: float
+    """Fill, drain, p2p and sync of one replica, seconds."""
+
+    @property
+    def dp(self) -> int:
+        return self.pool.num_devices // (self.tp * self.pp)
+
+    @property
+    def rate(self) -> float:
+        return self.dp / self.split.bottleneck_s
+
+
+def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) -> list[_PoolConfig]:
+    out = []
+    for tp in tp_options(pool, ctx.model):
+        groups = tp_groups(pool, tp)
+        for pp in divisors(len(groups)):
+            if pp > ctx.n:
+                continue
+            dp = len(groups) // pp
+            m_est = max(1, total_mb // (dp * len(ctx.pools)))
+            costs = ctx.table.get(pool, tp, mb, rc)
+            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory) for j in range(pp)], m_est)
+            if split is None:
+                continue
+            stages = groups[:pp]
+            times = [float(costs.time_s[a, b]) for a, b in split.ranges]
+            fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb, split.bounds)
+            peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
+            sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
+            out.append(_PoolConfig(pool, tp, pp, split, fill + sync))
+    out.sort(key=lambda c: -c.rate)
+    return out[: ctx.options.configs_per_pool]
+
+
+def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+    """Every typed-replica point (per pool: best configurations or unused) as ``(bound, key, scorer)``."""
+    wl = ctx.workload
+    if len(ctx.pools) < 2:
+        return
+    for mb in microbatch_options(wl.global_batch, ctx.options.max_micro_batch):
+        total = wl.global_batch // mb
+        for rc in recompute_modes(wl):
+            per_pool = [[None] + _pool_configs(ctx, p, mb, rc, total) for p in ctx.pools]
+            for combo in itertools.product(*per_pool):
+                chosen = [c for c in combo if c is not None]
+                if len(chosen) < 2 or sum(c.dp for c in chosen) > total:
+                    continue  # a single pool alone is a mixed pipeline of one pool
+                bound = total / sum(c.rate for c in chosen)
+                key = ("typed", tuple((c.pool.key, c.tp, c.pp) for c in chosen), mb, rc)
+                yield bound, key, _typed_scorer(ctx, chosen, mb, rc, total, key)
+
+
+def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, key) -> Callable[[], Scored | None]:
+    def score() -> Scored | None:
+        per, fixed, groups, bounds = [], [], [], []
+        for c in chosen:
+            stage_groups = tp_groups(c.pool, c.tp)
+            for r in range(c.dp):
+                per.append(c.split.bottleneck_s)
+                fixed.append(c.fixed_s)
+                groups.append(stage_groups[r * c.pp:(r + 1) * c.pp])
+                bounds.append(c.split.bounds)
+        counts = allocate_microbatches(per, fixed, total)
+        estimate = max(f + p * k for p, f, k in zip(per, fixed, counts))
+        estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)])
+
+        def build() -> list[Plan]:
+            return [assemble(groups, bounds, counts, mb, rc, ctx.workload)]
+
+        return Scored(estimate, key + (tuple(counts),), build)
+
+    return score
+
+
+def _max_grad(ctx: _Context, c: _PoolConfig, mb: int, rc: str) -> float:
+    costs = ctx.table.get(c.pool, c.tp, mb, rc)
+    return max(float(costs.grad_bytes[a, b]) for a, b in c.split.ranges)
+
+
+# --------------------------------------------------------------------------------------------- driver
+
+
+def search_space(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+    """Both families, unordered."""
+    yield from mixed_structures(ctx)
+    yield from typed_structures(ctx)
+
+
+def _top_scored(ctx: _Context) -> list[Scored]:
+    """The ``top_k`` best estimates, visiting points in order of their lower bound."""
+    points = sorted(search_space(ctx), key=lambda t: t[0])
+    best: list[tuple[float, int, Scored]] = []  # max-heap on estimate via negation
+    for i, (bound, _, scorer) in enumerate(points):
+        if len(best) >= ctx.options.top_k and bound >= -best[0][0]:
+            break
+        scored = scorer()
+        if scored is None or not math.isfinite(scored.estimate_s):
+            continue
+        heapq.heappush(best, (-scored.estimate_s, i, scored))
+        if len(best) > ctx.options.top_k:
+            heapq.heappop(best)
+    return sorted(s for _, _, s in best)
+
+
+def make_context(model, cluster, workload, options: SearchOptions) -> _Context:
+    check_zones_connected(cluster)
+    return _Context(model, cluster, workload, options, device_pools(cluster), CostTable(model, cluster, workload.precision))
+
+
+def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
+                options: SearchOptions | None = None, **overrides: object) -> Evaluated:
+    """The best plan of the search space (and of the baselines) under the simulator.
+
+    Args:
+        options: :class:`SearchOptions`; keyword ``overrides`` replace single fields.
+
+    Raises:
+        WorkloadError: zones without a link, or nothing fits (why and what would fit).
+    """
+    options = replace(options or SearchOptions(), **overrides)
+    ctx = make_context(model, cluster, workload, options)
+    evaluate = Evaluator(model, cluster, workload, options.ignore_memory)
+    best = best_of(evaluate(p) for scored in _top_scored(ctx) for p in scored.build())
+    if best is not None and options.refine_steps:
+        best = refine(evaluate, best, options.refine_steps)
+    if options.include_baselines and not options.ignore_memory:
+        best = best_of([best, *_baselines(model, cluster, workload, evaluate)])
+    if best is None:
+        raise no_plan_error(model, cluster, workload, "search",
+                            "no point of the search space (mixed pipelines and typed replicas, every tensor-parallel "
+                            "degree, pipeline depth, micro-batch and recompute mode) fits in memory")
+    return best
+
+
+def _baselines(model, cluster, workload, evaluate: Evaluator) -> list[Evaluated]:
+    from hetpart.costmodel.plan_proportional import plan_proportional
+    from hetpart.costmodel.plan_uniform import plan_uniform
+
+    out = []
+    for planner in (plan_uniform, plan_proportional):
+        try:
+            out.append(planner(model, cluster, workload, evaluator=evaluate))
+        except WorkloadError:
+            continue
+    return out

@@ -1,0 +1,71 @@
+"""The ``uniform`` planner: what Megatron-LM does without heterogeneity awareness.
+
+It searches the uniform grid ``tp x pp x dp = all devices`` (tensor parallelism inside a node,
+dividing the attention heads), every micro-batch size that divides a replica's batch (up to 16)
+and the allowed recompute modes, with the even layer split and even batch split of
+:func:`hetpart.costmodel.megatron.megatron_plan`, and keeps the fastest plan that fits in memory
+on every device (so the smallest device bounds it). Schedule: 1F1B.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from hetpart.costmodel.planner import (Evaluated, Evaluator, best_of, microbatch_options, no_plan_error,
+                                       recompute_modes)
+from hetpart.costmodel.pools import divisors
+from hetpart.errors import HetpartError
+from hetpart.plan import Plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["plan_uniform", "uniform_grid"]
+
+
+def uniform_grid(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[tuple[int, int, int]]:
+    """Every ``(tp, pp, dp)`` with ``tp * pp * dp`` = all devices that Megatron could run."""
+    n = cluster.num_devices
+    per_node = min(g.gpus_per_node for g in cluster.groups)
+    heads = (model.arch or {}).get("num_heads") or 1
+    for tp in divisors(per_node):
+        if heads % tp or (tp > 1 and model.arch is None):
+            continue
+        for pp in divisors(n // tp):
+            dp = n // (tp * pp)
+            if pp <= model.num_units and workload.global_batch % dp == 0:
+                yield tp, pp, dp
+
+
+def _plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", tp: int, pp: int, dp: int,
+           ) -> Iterator[Plan]:
+    from hetpart.costmodel.megatron import megatron_plan
+
+    for recompute in recompute_modes(workload):
+        for micro_batch in microbatch_options(workload.global_batch // dp):
+            try:
+                yield megatron_plan(model, cluster, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+                                    schedule="1f1b", interleave=1, recompute=recompute)
+            except HetpartError:
+                continue
+
+
+def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
+                 evaluator: Evaluator | None = None, **_: object) -> Evaluated:
+    """The fastest uniform Megatron plan that fits.
+
+    Raises:
+        WorkloadError: when no grid point fits in memory on every device.
+    """
+    evaluate = evaluator or Evaluator(model, cluster, workload)
+    best = None
+    for tp, pp, dp in uniform_grid(model, cluster, workload):
+        for candidate in _plans(model, cluster, workload, tp, pp, dp):
+            best = best_of([best, evaluate(candidate)])
+    if best is None:
+        raise no_plan_error(model, cluster, workload, "uniform",
+                            f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "
+                            "every device")
+    return best

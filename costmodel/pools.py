@@ -1,0 +1,111 @@
+"""Device grouping for the planners: pools of identical nodes, tensor-parallel groups, sub-clusters.
+
+A *pool* is every node of one node type: the same device type, node size, intra-node link, NIC
+and zone. Planners reason about pools (how many stages of which tensor-parallel degree a pool
+contributes) and only at the end hand out concrete device ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hetpart.cluster import Cluster, NodeGroup
+from hetpart.errors import WorkloadError
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.hardware import GPUSpec
+
+__all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster",
+           "divisors"]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """All nodes of one node type (merged over node groups that describe the same hardware)."""
+
+    key: str
+    """``"<gpu>@<zone>"`` (with the node group index when two groups share it)."""
+    gpu: GPUSpec
+    """Device type."""
+    zone: str
+    """Zone of the nodes."""
+    gpus_per_node: int
+    """Devices per node."""
+    nodes: tuple[tuple[str, ...], ...]
+    """Device ids, node by node, in cluster order."""
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.nodes) * self.gpus_per_node
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for node in self.nodes for d in node)
+
+
+def _hardware_key(group: NodeGroup) -> tuple:
+    return (group.gpu, group.gpus_per_node, group.intra_node, group.nic, group.nics_per_node, group.zone)
+
+
+def device_pools(cluster: Cluster) -> list[Pool]:
+    """The pools of ``cluster`` in order of first appearance."""
+    merged: dict[tuple, list[tuple[str, ...]]] = {}
+    first_group: dict[tuple, int] = {}
+    for gi, group in enumerate(cluster.groups):
+        key = _hardware_key(group)
+        first_group.setdefault(key, gi)
+        nodes = merged.setdefault(key, [])
+        for n in range(group.count):
+            nodes.append(tuple(f"{gi}/{n}/{i}" for i in range(group.gpus_per_node)))
+    names = [f"{k[0].name}@{k[5]}" for k in merged]
+    pools = []
+    for key, nodes in merged.items():
+        name = f"{key[0].name}@{key[5]}"
+        if names.count(name) > 1:
+            name += f"#{first_group[key]}"
+        pools.append(Pool(name, key[0], key[5], key[1], tuple(nodes)))
+    return pools
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def tp_options(pool: Pool, model: ModelGraph) -> list[int]:
+    """Tensor-parallel degrees a stage on this pool may use: inside one node, dividing the heads."""
+    heads = (model.arch or {}).get("num_heads")
+    shardable = any(u.tp_shardable and u.kind == "block" for u in model.units) and model.arch is not None
+    if not shardable:
+        return [1]
+    return [t for t in divisors(pool.gpus_per_node) if not heads or heads % t == 0]
+
+
+def tp_groups(pool: Pool, tp: int) -> list[tuple[str, ...]]:
+    """The pool's devices cut into groups of ``tp`` consecutive GPUs of one node, in cluster order."""
+    if pool.gpus_per_node % tp:
+        raise ValueError(f"tp {tp} does not divide the {pool.gpus_per_node} GPUs per node of {pool.key}")
+    return [node[i:i + tp] for node in pool.nodes for i in range(0, pool.gpus_per_node, tp)]
+
+
+def check_zones_connected(cluster: Cluster) -> None:
+    """Raise :class:`WorkloadError` when some zones of ``cluster`` cannot reach each other."""
+    zones = cluster.zones
+    for i, a in enumerate(zones):
+        for b in zones[i + 1:]:
+            if not cluster.zones_connected(a, b):
+                raise WorkloadError(
+                    f"{cluster.source}: links: zones {a!r} and {b!r} have no link, so no plan over the whole cluster "
+                    f"can pass activations or sync gradients between them; add "
+                    f"'- {{zones: [{a}, {b}], bandwidth_gbit_s: ..., latency_us: ...}}' under 'links', "
+                    "or plan each zone as its own cluster")
+
+
+def type_subcluster(cluster: Cluster, gpu_name: str) -> Cluster:
+    """The cluster made of only the node groups whose devices are ``gpu_name`` (links kept)."""
+    groups = tuple(g for g in cluster.groups if g.gpu.name == gpu_name)
+    if not groups:
+        raise ValueError(f"no {gpu_name} in {cluster.name}")
+    zones = {g.zone for g in groups}
+    links = tuple(link for link in cluster.zone_links if set(link.zones) <= zones)
+    return replace(cluster, name=f"{cluster.name}[{gpu_name}]", groups=groups, zone_links=links)

@@ -1,0 +1,118 @@
+"""Per-unit costs for the search's inner loop, built once from the simulator's primitives.
+
+For a pool, tensor-parallel degree, micro-batch and recompute mode, :class:`StageCosts` holds
+
+* the per-micro-batch time of every unit (forward + backward with recompute, plus the
+  tensor-parallel all-reduces) as range matrices ``[n + 1, n + 1]`` (prefix sums), and
+* the memory of a stage holding any range ``[a, b)``, split like
+  :func:`hetpart.costmodel.memory.stage_memory_gb` into model states, activations per micro-batch in
+  flight and the extra unit live under full recompute, so that a mask for any number of
+  micro-batches in flight costs a few array operations.
+
+``tests/test_search.py`` checks both against the simulator's own functions on random ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from hetpart.cluster import Cluster
+from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+from hetpart.costmodel.partition import range_cost_matrix
+from hetpart.costmodel.pools import Pool, tp_groups
+from hetpart.graph.model_graph import ModelGraph
+
+__all__ = ["StageCosts", "CostTable"]
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs of a stage on one pool with one (tp, micro-batch, recompute).
+
+    Shapes: every matrix is ``[n + 1, n + 1]`` over ranges ``[a, b)`` (``inf`` time where ``a >= b``).
+    """
+
+    time_s: np.ndarray
+    """Per-micro-batch time of the range (forward + backward + recompute + TP all-reduces)."""
+    states_gb: np.ndarray
+    """Model-state memory of the range (weights, grads, Adam; tied copy included)."""
+    acts_gb: np.ndarray
+    """Activation memory of the range per micro-batch in flight."""
+    extra_gb: np.ndarray
+    """Memory of the one unit recomputed at a time (full recompute), else 0."""
+    grad_bytes: np.ndarray
+    """Gradient bytes per device of the range (16-bit, or 32-bit under fp32)."""
+    capacity_gb: float
+    """Usable memory of one device of the pool."""
+    unit_time_s: np.ndarray
+    """``[n]``: the per-unit times the matrix sums."""
+
+    def masked(self, in_flight: float, ignore_memory: bool = False) -> np.ndarray:
+        """Time matrix with ``inf`` where a stage holding ``in_flight`` micro-batches does not fit."""
+        if ignore_memory:
+            return self.time_s
+        need = self.states_gb + in_flight * self.acts_gb + self.extra_gb
+        return np.where(need <= self.capacity_gb, self.time_s, np.inf)
+
+    def memory_gb(self, first: int, last: int, in_flight: float) -> float:
+        return float(self.states_gb[first, last] + in_flight * self.acts_gb[first, last] + self.extra_gb[first, last])
+
+
+def _range_sum(values: np.ndarray) -> np.ndarray:
+    prefix = np.concatenate(([0.0], np.cumsum(values)))
+    return prefix[None, :] - prefix[:, None]
+
+
+def _range_max(values: np.ndarray) -> np.ndarray:
+    n = len(values)
+    out = np.zeros((n + 1, n + 1))
+    for a in range(n):
+        out[a, a + 1:] = np.maximum.accumulate(values[a:])
+    return out
+
+
+class CostTable:
+    """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute) for one model and cluster."""
+
+    def __init__(self, model: ModelGraph, cluster: Cluster, precision: str) -> None:
+        self.model = model
+        self.cluster = cluster
+        self.precision = precision
+        self.get = lru_cache(maxsize=None)(self._build)
+
+    def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> StageCosts:
+        model = self.model
+        unit_time = self._unit_time_s(pool, tp, micro_batch, recompute)
+        time_s = range_cost_matrix(unit_time)
+        div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
+        own = np.array([u.params for u in model.units], dtype=float) / div
+        states = _range_sum(own) * MODEL_STATE_BYTES_PER_PARAM / 1e9
+        grads = _range_sum(own) * (4 if self.precision == "fp32" else 2)
+        shared = np.array([u.shared_params for u in model.units], dtype=float) / div
+        owner_name = (model.arch or {}).get("tied_owner")
+        owner = next((i for i, u in enumerate(model.units) if u.name == owner_name), None)
+        if shared.any():
+            held = _range_sum(shared)
+            if owner is not None:
+                held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
+            states = states + held * MODEL_STATE_BYTES_PER_PARAM / 1e9
+            grads = grads + held * (4 if self.precision == "fp32" else 2)
+        acts = _range_sum(np.array([u.act_bytes[recompute] for u in model.units]) / div) * micro_batch / 1e9
+        extra = np.zeros_like(acts)
+        if recompute == "full":
+            extra = _range_max(np.array([u.act_bytes["none"] for u in model.units]) / div) * micro_batch / 1e9
+        return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time)
+
+    def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
+        """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""
+        fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute)
+        if tp == 1:
+            return fwd + bwd
+        group = tp_groups(pool, tp)[0]
+        link = self.cluster.link_between(group[0], group[1])
+        tpf, tpb = unit_tp_comm_s(self.model, tp, micro_batch, recompute, link.bandwidth_gbyte_s, link.latency_us)
+        return fwd + bwd + tpf + tpb
