@@ -17,6 +17,9 @@ from hetpart.graph.model_graph import ModelGraph, Unit
 
 __all__ = ["TransformerConfig", "transformer_graph"]
 
+_INDEX_BYTES = 8
+"""Bytes of an int64 index (token id, loss target) that backward keeps."""
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -124,7 +127,9 @@ def _embedding_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
     if cfg.learned_positions:
         params += (cfg.max_positions + cfg.position_offset) * h
     flops = 0
-    saved = cfg.dropout * s * h
+    # The lookups' backward keeps their int64 indices: token ids (and BERT's token types) per sequence;
+    # position ids are one vector shared by the whole micro-batch, negligible per sequence.
+    saved = cfg.dropout * s * h + _INDEX_BYTES * s * (1 + (cfg.family == "bert"))
     if e != h:
         params += e * h  # project_in
         flops = 2 * s * e * h
@@ -143,7 +148,8 @@ def _head_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
     h, e, V = cfg.hidden_size, cfg.emb, cfg.vocab_size
     params = _norm_params(cfg) if cfg.final_norm else 0
     flops = 2 * s * e * V
-    saved = p * s * h + p * s * e + 4 * s * V  # norm input, lm-head input, fp32 logits for the loss
+    # norm input, lm-head input, fp32 log-probabilities and int64 targets of the loss
+    saved = p * s * h + p * s * e + 4 * s * V + _INDEX_BYTES * s
     if e != h:
         params += h * e  # project_out
         flops += 2 * s * h * e

@@ -1,0 +1,549 @@
+"""Model graphs from any ``torch.nn.Module``, measured by tracing one training step on fake tensors.
+
+The module runs forward and backward once under :class:`~torch._subclasses.fake_tensor.FakeTensorMode`
+(CPU fake tensors: shapes and dtypes, no data, no memory), so that PyTorch picks the kernels it would
+pick on a real CPU run (``scaled_dot_product_attention`` becomes the CPU flash kernel, whose FLOP
+formulas we register because torch 2.13 has none). While it runs:
+
+- :class:`~torch.utils.flop_counter.FlopCounterMode` counts matrix FLOPs (2 per multiply-add);
+- a dispatch-mode recorder gives each op's FLOPs to the unit running it: in the forward the unit whose
+  module was entered last, in the backward the unit whose forward created the autograd node being run
+  (a function mode tags every node at creation);
+- ``saved_tensors_hooks`` record the bytes autograd keeps for backward, once per storage, parameters
+  and buffers excluded;
+- parameters belong to the first unit whose ops read them; later readers hold them as ``shared_params``.
+
+Units are, in order of execution: the modules named by ``units=``; otherwise, when the module holds a
+list of repeated blocks (a ``ModuleList``/``Sequential`` of one class, the largest such), ``embedding``
+(everything that runs before the first block), ``block_0 .. block_{L-1}`` and ``head`` (everything
+after, the loss included); otherwise each top-level child module. Code between units belongs to the
+unit that ran last before it. All numbers are per sequence: totals divided by the batch size (the
+leading dimension of the first input tensor).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from hetpart.errors import ModelError
+from hetpart.graph.model_graph import ModelGraph, Unit
+
+__all__ = ["trace_module", "trace_python_spec"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+aten = torch.ops.aten
+_BATCHED_MATMULS = {aten.bmm, aten.baddbmm}
+_MATMULS = {aten.mm, aten.addmm} | _BATCHED_MATMULS
+_SOFTMAXES = {aten._softmax, aten._safe_softmax}
+_TAG = "hetpart_unit"
+
+
+def _cpu_flash_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_flash_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                             **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# torch 2.13 counts the CUDA flash/efficient kernels but not the CPU flash kernel that fake CPU
+# tensors dispatch to; the formulas are the ones torch uses for the CUDA kernels.
+_EXTRA_FLOP_FORMULAS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flop,
+}
+
+
+@dataclass
+class _UnitStats:
+    """What the trace measured for one unit (totals over the example batch)."""
+
+    name: str
+    kind: str
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    score_flops: float = 0.0
+    saved_bytes: float = 0.0
+    score_bytes: float = 0.0
+    in_bytes: float = 0.0
+    contraction_flops: Counter = field(default_factory=Counter)
+
+
+class _Tracker:
+    """Which unit is running, and the per-unit tallies."""
+
+    def __init__(self, seq_len: int, param_keys: dict[int, tuple[int, str]], buffer_keys: set[int]) -> None:
+        self.seq_len = seq_len
+        self.param_keys = param_keys
+        """storage key -> (numel, name) of every parameter."""
+        self.buffer_keys = buffer_keys
+        self.units: list[_UnitStats] = [_UnitStats(name="", kind="module")]
+        self.index: dict[str, int] = {}
+        self.current = 0
+        self.param_users: dict[int, list[int]] = {}
+        self.saved_storages: dict[int, torch.Tensor] = {}
+        self.score_keys: set[int] = set()
+
+    def enter(self, name: str, kind: str, in_bytes: float) -> None:
+        if name not in self.index:
+            if self.index:  # the placeholder is taken by the first unit
+                self.units.append(_UnitStats(name=name, kind=kind))
+            else:
+                self.units[0].name, self.units[0].kind = name, kind
+            self.index[name] = len(self.units) - 1
+            self.units[-1].in_bytes = in_bytes
+        self.current = self.index[name]
+
+    def tag(self, node: Any) -> None:
+        """Give ``node`` and its untagged ancestors (the nodes the current op created) to the current unit."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n is None or _TAG in n.metadata:
+                continue
+            n.metadata[_TAG] = self.current
+            stack.extend(nxt for nxt, _ in n.next_functions)
+
+    def backward_unit(self) -> int:
+        node = torch._C._current_autograd_node()
+        if node is not None and _TAG in node.metadata:
+            self.current = node.metadata[_TAG]
+        return self.current
+
+    def _square(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) == (self.seq_len, self.seq_len)
+
+    def mark_scores(self, packet: Any, args: Sequence[Any], out: Any) -> bool:
+        """Track attention-score tensors through the forward; True when the op reads or makes scores.
+
+        Scores are ``seq_len x seq_len`` tensors that a batched matmul makes from non-scores (Q K^T),
+        that a softmax makes, or that an elementwise op (mask, dropout, cast) makes from scores. A matmul
+        reading scores (P V) makes no scores, even when the head dimension equals ``seq_len``.
+        """
+        reads = any(isinstance(a, torch.Tensor) and _storage_key(a) in self.score_keys
+                    for a in pytree.tree_leaves(args))
+        makes = packet in _SOFTMAXES or (packet in _BATCHED_MATMULS and not reads) or (
+            reads and packet not in _MATMULS)
+        made = False
+        for o in pytree.tree_leaves(out):
+            if makes and self._square(o):
+                self.score_keys.add(_storage_key(o))
+                made = True
+        return reads or made
+
+    def add_flops(self, packet: Any, flops: int, args: Sequence[Any], backward: bool, scores: bool) -> None:
+        unit = self.units[self.backward_unit() if backward else self.current]
+        if backward:
+            unit.bwd_flops += flops
+            return
+        unit.fwd_flops += flops
+        if packet in _MATMULS:
+            if scores:
+                unit.score_flops += flops
+            mat1 = args[1] if packet in (aten.addmm, aten.baddbmm) else args[0]
+            unit.contraction_flops[int(mat1.shape[-1])] += flops
+
+    def use_params(self, args: Sequence[Any]) -> None:
+        for a in pytree.tree_leaves(args):
+            if isinstance(a, torch.Tensor):
+                key = _storage_key(a)
+                if key in self.param_keys:
+                    users = self.param_users.setdefault(key, [])
+                    if self.current not in users:
+                        users.append(self.current)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key in self.param_keys or key in self.buffer_keys or key in self.saved_storages:
+            return t
+        self.saved_storages[key] = t  # keeps the storage alive, so its key is never reused
+        unit = self.units[self.current]
+        nbytes = float(t.untyped_storage().nbytes())
+        unit.saved_bytes += nbytes
+        if key in self.score_keys:
+            unit.score_bytes += nbytes
+        return t
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _Recorder(TorchDispatchMode):
+    """Attributes every aten op's FLOPs, and its parameter reads, to a unit."""
+
+    def __init__(self, tracker: _Tracker, flop_registry: dict[Any, Callable]) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.registry = flop_registry
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        backward = torch._C._current_graph_task_id() != -1
+        scores = not backward and self.tracker.mark_scores(packet, args, out)
+        if packet in self.registry:
+            flops = self.registry[packet](*args, **kwargs, out_val=out)
+            self.tracker.add_flops(packet, flops, args, backward, scores)
+        if not backward:
+            self.tracker.use_params(args)
+        return out
+
+
+def _fused_dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as the fused kernel GPUs run (it keeps a 1-byte mask for backward); CPU's composite
+    dropout would keep a mask in the activation dtype, which no GPU training run does."""
+    if not training or p == 0 or inplace:
+        return nn.functional.dropout(input, p, training, inplace)
+    return torch.native_dropout(input, p, True)[0]
+
+
+class _NodeTagger(TorchFunctionMode):
+    """Tags the autograd nodes each torch call creates with the unit running it (and runs dropout fused)."""
+
+    def __init__(self, tracker: _Tracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is nn.functional.dropout:
+            func = _fused_dropout
+        out = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    self.tracker.tag(t.grad_fn)
+        return out
+
+
+def _tensor_bytes(tree: Any, grad_only: bool) -> float:
+    seen: dict[int, float] = {}
+    for t in pytree.tree_leaves(tree):
+        if isinstance(t, torch.Tensor) and (t.requires_grad or not grad_only):
+            seen[_storage_key(t)] = float(t.numel() * t.element_size())
+    return sum(seen.values())
+
+
+def _find_blocks(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The largest ModuleList/Sequential whose children (two or more) are all of one class."""
+    best, best_params = None, -1
+    for path, m in module.named_modules():
+        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or len(m) < 2:
+            continue
+        if len({type(c) for c in m}) != 1:
+            continue
+        params = sum(p.numel() for p in m.parameters())
+        if params > best_params:
+            best, best_params = (path, m), params
+    return best
+
+
+def _unit_hooks(module: nn.Module, units: Sequence[str | Sequence[str]] | None,
+                tracker: _Tracker) -> list[tuple[nn.Module, Callable]]:
+    """``(module, pre_hook)`` pairs that mark where each unit starts."""
+
+    def hook(name_of: Callable[[], tuple[str, str]]):
+        def pre(_mod, args, kwargs):
+            name, kind = name_of()
+            tracker.enter(name, kind, _tensor_bytes((args, kwargs), grad_only=bool(tracker.index)))
+        return pre
+
+    modules = dict(module.named_modules())
+    if units is not None:
+        return _explicit_hooks(modules, units, hook)
+    found = _find_blocks(module)
+    if found is None:
+        return [(child, hook(lambda n=name: (n, "module"))) for name, child in module.named_children()]
+    path, blocks = found
+    started = []
+    pairs = []
+    for i, block in enumerate(blocks):
+        def block_name(i=i):
+            started.append(i)
+            return f"block_{i}", "block"
+        pairs.append((block, hook(block_name)))
+    parts = path.split(".")
+    for depth in range(len(parts)):
+        parent = modules[".".join(parts[:depth])]
+        for name, child in parent.named_children():
+            if name != parts[depth]:
+                pairs.append((child, hook(lambda: ("head", "head") if started else ("embedding", "embedding"))))
+    return pairs
+
+
+def _explicit_hooks(modules: dict[str, nn.Module], units: Sequence[str | Sequence[str]], hook) -> list:
+    pairs, claimed = [], []
+    for entry in units:
+        paths = [entry] if isinstance(entry, str) else list(entry)
+        if not paths or not all(isinstance(p, str) for p in paths):
+            raise ModelError(f"units: {entry!r}: expected a module name or a list of module names")
+        label = "+".join(paths)
+        for p in paths:
+            if p not in modules:
+                known = ", ".join(list(n for n in modules if n)[:8])
+                raise ModelError(f"units: {p!r}: no such submodule; names look like: {known}, ...")
+            for q in claimed:
+                if p == q or p.startswith(q + ".") or q.startswith(p + ".") or not p or not q:
+                    raise ModelError(f"units: {p!r} overlaps {q!r}; name disjoint submodules, one unit each")
+            claimed.append(p)
+            pairs.append((modules[p], hook(lambda n=label: (n, "module"))))
+    return pairs
+
+
+def _fake_inputs(example_inputs: Any, dtype: torch.dtype) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}
+    elif isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    else:
+        raise ModelError(f"example_inputs: expected a tensor, a tuple of arguments or a dict of keyword "
+                         f"arguments, got {type(example_inputs).__name__}")
+    return pytree.tree_map(lambda t: _fake_like(t, dtype) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+
+
+def _fake_like(t: torch.Tensor, dtype: torch.dtype, requires_grad: bool = False) -> torch.Tensor:
+    """A CPU tensor of ``t``'s shape (floating ones cast to ``dtype``); fake when called under FakeTensorMode."""
+    out_dtype = dtype if t.is_floating_point() else t.dtype
+    return torch.empty(tuple(t.shape), dtype=out_dtype, device="cpu").requires_grad_(requires_grad)
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int:
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and t.dim() >= 1:
+            return max(1, int(t.shape[0]))
+    return 1
+
+
+def _backward_roots(out: Any) -> list[torch.Tensor]:
+    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return [loss]
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+@dataclass
+class _Trace:
+    tracker: _Tracker
+    batch: int
+    out_bytes: float
+    """Bytes per sequence of the outputs differentiated (the loss)."""
+    counter_flops: int
+    param_numel: dict[int, tuple[int, str]]
+
+
+def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype) -> _Trace:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fakes: dict[int, torch.Tensor] = {}
+        state: dict[str, torch.Tensor] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            state[name] = fakes.setdefault(id(p), _fake_like(p, dtype, p.requires_grad))
+        buffers = {name: _fake_like(b, dtype) if b.is_floating_point() else _fake_like(b, b.dtype)
+                   for name, b in module.named_buffers(remove_duplicate=False)}
+        args, kwargs = _fake_inputs(example_inputs, dtype)
+    names = {id(p): n for n, p in module.named_parameters()}
+    param_keys = {_storage_key(fakes[i]): (fakes[i].numel(), names[i]) for i in fakes}
+    tracker = _Tracker(seq_len, param_keys, {_storage_key(b) for b in buffers.values()})
+    counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
+    handles = [m.register_forward_pre_hook(h, with_kwargs=True) for m, h in _unit_hooks(module, units, tracker)]
+    was_training = module.training
+    module.train()
+    try:
+        with mode, counter, _Recorder(tracker, counter.flop_registry), _NodeTagger(tracker), \
+                torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+            out = torch.func.functional_call(module, {**state, **buffers}, args, kwargs, strict=False)
+            roots = _backward_roots(out)
+            if not roots:
+                raise ModelError("the module's output holds no tensor that needs a gradient; return a loss or "
+                                 "outputs computed from trainable parameters")
+            batch = _batch_size(args, kwargs)
+            # per sequence; a scalar loss is sent whole, whatever the batch
+            out_bytes = sum(r.numel() * r.element_size() / (1 if r.dim() == 0 else batch) for r in roots)
+            torch.autograd.backward(roots, [torch.ones_like(r) for r in roots])
+    finally:
+        for h in handles:
+            h.remove()
+        module.train(was_training)
+    return _Trace(tracker, batch, float(out_bytes), counter.get_total_flops(), param_keys)
+
+
+def _owners(trace: _Trace) -> tuple[Counter, Counter, int | None]:
+    """Parameters owned and shared per unit index (unread parameters go to the first unit), and the
+    index of the unit owning the largest shared (tied) parameter."""
+    owned: Counter = Counter()
+    shared: Counter = Counter()
+    tied_owner, tied_numel = None, 0
+    for key, (numel, _name) in trace.param_numel.items():
+        users = trace.tracker.param_users.get(key, [0])
+        owned[users[0]] += numel
+        for u in users[1:]:
+            shared[u] += numel
+        if len(users) > 1 and numel > tied_numel:
+            tied_owner, tied_numel = users[0], numel
+    return owned, shared, tied_owner
+
+
+def _units(trace: _Trace, dtype_bytes: int) -> tuple[list[Unit], str | None]:
+    """The graph's units, and the name of the unit owning tied parameters (None without ties)."""
+    stats, b = trace.tracker.units, trace.batch
+    owned, shared, tied_owner = _owners(trace)
+    result = []
+    for i, s in enumerate(stats):
+        out_bytes = stats[i + 1].in_bytes / b if i + 1 < len(stats) else trace.out_bytes
+        none = s.saved_bytes / b
+        selective = none - s.score_bytes / b
+        # Like Megatron, full recomputation re-runs blocks (and generic modules), never embedding or head.
+        full = none if s.kind in ("embedding", "head") else min(none, s.in_bytes / b)
+        width = s.contraction_flops.most_common(1)[0][0] if s.contraction_flops else 0
+        width = width or int(out_bytes // (trace.tracker.seq_len * dtype_bytes))
+        result.append(Unit(
+            name=s.name or "module", kind=s.kind, fwd_flops=s.fwd_flops / b, bwd_flops=s.bwd_flops / b,
+            params=owned[i], out_act_bytes=out_bytes,
+            act_bytes={"none": none, "selective": selective, "full": full},
+            recompute_flops={"none": 0.0, "selective": s.score_flops / b if s.score_bytes else 0.0,
+                             "full": s.fwd_flops / b if full < none else 0.0},
+            tp_comm_bytes_fwd=0.0, tp_shardable=False, shared_params=shared[i], width=width))
+    return result, (result[tied_owner].name if tied_owner is not None else None)
+
+
+def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: int, precision: str = "bf16",
+                 units: Sequence[str | Sequence[str]] | None = None, source: str = "") -> ModelGraph:
+    """Measure a module's unit graph by tracing one training step (forward and backward) on fake tensors.
+
+    Args:
+        module: any ``torch.nn.Module`` (on any device, meta included; its weights are never read). It is
+            put in training mode for the trace (dropout active) and restored afterwards.
+        example_inputs: a tensor, a tuple of positional arguments, or a dict of keyword arguments for one
+            forward call, holding ``batch`` sequences of ``seq_len`` tokens (values are never read).
+            A Hugging Face model given ``labels`` returns a loss, and the loss is what the trace
+            differentiates; otherwise every output that needs a gradient is differentiated with ones.
+        name: the graph's name.
+        seq_len: tokens per sequence (identifies the ``seq_len x seq_len`` attention scores).
+        precision: ``bf16``, ``fp16`` or ``fp32``: floating parameters and inputs are traced in that dtype.
+        units: module names (``"model.layers.0"``), or lists of names for a unit made of several modules,
+            one entry per unit; None picks them as the module docstring says.
+        source: recorded as the graph's source.
+
+    Returns:
+        A :class:`ModelGraph` whose per-unit numbers are per sequence. ``act_bytes["none"]`` is measured,
+        ``"selective"`` drops the saved ``seq_len x seq_len`` tensors (attention scores, when the
+        implementation materialises them; otherwise it equals ``"none"``), ``"full"`` keeps only the
+        unit's input. Traced units are not tensor-parallel shardable (``tp_shardable=False``).
+    """
+    if precision not in _DTYPES:
+        raise ModelError(f"--precision: {precision!r} is not one of {', '.join(_DTYPES)}")
+    if not isinstance(module, nn.Module):
+        raise ModelError(f"{name}: expected a torch.nn.Module, got {type(module).__name__}")
+    trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+    dtype_bytes = torch.empty((), dtype=_DTYPES[precision]).element_size()
+    graph_units, tied_owner = _units(trace, dtype_bytes)
+    measured = sum(u.fwd_flops + u.bwd_flops for u in graph_units) * trace.batch
+    if abs(measured - trace.counter_flops) > 1e-6 * max(1.0, trace.counter_flops):
+        raise ModelError(f"{name}: per-unit FLOPs ({measured:.4g}) differ from FlopCounterMode's total "
+                         f"({trace.counter_flops:.4g}); an op ran outside the trace")
+    # ModelGraph.range_params reads the owner of tied weights from arch; traced graphs have no other arch.
+    arch = {"tied_owner": tied_owner} if tied_owner else None
+    return ModelGraph(name=name, units=tuple(graph_units), seq_len=seq_len, dtype_bytes=dtype_bytes, arch=arch,
+                      source=source or f"trace:{name}")
+
+
+def _import(module_name: str, spec: str) -> Any:
+    """Import ``module_name``; a top-level package not on ``sys.path`` is looked up in the current directory,
+    as ``python -m`` would."""
+    top = module_name.split(".")[0]
+    if top not in sys.modules and importlib.util.find_spec(top) is None:
+        found = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
+        if found is None or found.loader is None:
+            raise ModelError(f"{spec}: no module named {top!r} on the Python path or in {Path.cwd()}; "
+                             "check the spelling or run from the directory that holds it")
+        mod = importlib.util.module_from_spec(found)
+        sys.modules[top] = mod
+        try:
+            found.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[top]
+            raise
+    return importlib.import_module(module_name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _call_builder(spec: str, seq_len: int) -> tuple[nn.Module, Any, bool]:
+    """``(module, example_inputs, whether the function took seq_len)``."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise ModelError(f"--model: {spec!r}: expected python:MODULE:FUNCTION, e.g. python:mypkg.models:build")
+    _, module_name, func_name = parts
+    try:
+        fn = getattr(_import(module_name, spec), func_name)
+    except ModelError:
+        raise
+    except AttributeError:
+        raise ModelError(f"{spec}: module {module_name!r} has no function {func_name!r}; check the name") from None
+    except Exception as exc:  # user code: any failure while importing it
+        raise ModelError(f"{spec}: importing {module_name} failed ({_first_line(exc)}); fix the module") from None
+    if not callable(fn):
+        raise ModelError(f"{spec}: {func_name!r} is a {type(fn).__name__}, not a function")
+    try:
+        takes_seq_len = "seq_len" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_seq_len = False
+    try:
+        result = fn(seq_len=seq_len) if takes_seq_len else fn()
+    except Exception as exc:  # user code
+        raise ModelError(f"{spec}: calling {func_name}() failed ({_first_line(exc)}); fix the function") from None
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+        raise ModelError(f"{spec}: {func_name}() must return (torch.nn.Module, example_inputs), got "
+                         f"{type(result).__name__}")
+    return result[0], result[1], takes_seq_len
+
+
+def _inputs_seq_len(example_inputs: Any) -> int | None:
+    for t in pytree.tree_leaves(example_inputs):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            return int(t.shape[1])
+    return None
+
+
+def trace_python_spec(spec: str, seq_len: int, precision: str = "bf16") -> ModelGraph:
+    """Import and call ``python:MODULE:FUNCTION`` and trace the module it returns.
+
+    Loading a ``python:`` spec runs user code: it is an explicit opt-in. The function returns
+    ``(torch.nn.Module, example_inputs)``; a function with a ``seq_len`` parameter is called with
+    ``seq_len=``, otherwise its example inputs fix the sequence length (their second dimension).
+    Any failure in user code becomes one :class:`ModelError` line.
+    """
+    module, example_inputs, takes_seq_len = _call_builder(spec, seq_len)
+    if not takes_seq_len:
+        seq_len = _inputs_seq_len(example_inputs) or seq_len
+    name = spec.split(":")[2]
+    try:
+        return trace_module(module, example_inputs, name=name, seq_len=seq_len, precision=precision, source=spec)
+    except ModelError as exc:
+        raise ModelError(f"{spec}: {exc}") from None
+    except Exception as exc:  # user code ran under fake tensors
+        raise ModelError(f"{spec}: tracing one training step failed ({_first_line(exc)}); the module must run on "
+                         "shapes alone (no .item(), no data-dependent shapes)") from None
