@@ -1,0 +1,209 @@
+"""Emulated heterogeneity on one machine: slower devices and slower links for local CPU processes.
+
+The emulated cluster is the plan's real cluster slowed down uniformly by a time factor ``T``:
+
+* the fastest device type of the plan runs at this machine's speed; a device type ``r`` times
+  slower (dense peak for the plan's precision) sleeps ``t * (r - 1)`` after every compute that was
+  MEASURED to take ``t`` seconds, so it runs at ``1/r`` of the measured speed whatever the load;
+* every link keeps its shape but runs ``T`` times slower: bandwidth / T, latency * T, where
+  ``T = fastest real peak TFLOPS / emulated peak TFLOPS`` (default) so that compute and
+  communication are dilated by the same factor. The emulated peak is calibrated: what one process
+  of this machine MEASURABLY achieves on the model that runs, divided by the simulator's efficiency. Sends and collectives sleep the
+  simulator's own transfer time on that dilated cluster (``p2p_time_s``, ``allreduce_time_s``).
+
+:func:`emulated_cluster` builds that dilated cluster as a :class:`~hetpart.cluster.Cluster`, so
+the simulator predicts exactly what the processes emulate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from hetpart.cluster import Cluster, NodeGroup, ZoneLink
+from hetpart.errors import PlanError
+from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.plan import Plan
+
+__all__ = ["ArrivalBoard", "speed_ratios", "calibrated_peak_tflops", "default_time_factor", "emulated_cluster", "Emulator"]
+
+
+def speed_ratios(plan: "Plan", cluster: Cluster, precision: str | None = None) -> dict[str, float]:
+    """``device id -> slowdown >= 1`` relative to the fastest device type of the plan.
+
+    Ratios of dense peaks at ``precision`` (default the plan's): the precision the REAL cluster
+    would train in, not the fp32 that the emulating CPU processes use.
+    """
+    precision = precision or plan.precision
+    peak = {d: cluster.device(d).gpu.tflops(precision) for d in plan.devices}
+    fastest = max(peak.values())
+    return {d: fastest / p for d, p in peak.items()}
+
+
+def calibrated_peak_tflops(achieved_tflops: float, width: float, tokens: float) -> float:
+    """The peak an emulated device needs so that the simulator's efficiency curve yields ``achieved_tflops``.
+
+    The simulator multiplies a device's peak by ``matmul_efficiency(gpu, width, tokens)``; the fastest
+    emulated device really achieves ``achieved_tflops`` (measured), so its peak is that divided by the
+    efficiency at that peak (a fixed point; the curve barely moves at CPU-sized peaks).
+    """
+    from hetpart.costmodel.efficiency import matmul_efficiency
+
+    if not achieved_tflops > 0:
+        raise ValueError(f"achieved_tflops must be > 0, got {achieved_tflops!r}")
+    peak = achieved_tflops
+    for _ in range(20):
+        probe = GPUSpec(name="emu-probe", tflops_bf16=peak, tflops_fp32=peak, memory_gb=1.0, hbm_gbyte_s=1.0)
+        peak = achieved_tflops / matmul_efficiency(probe, width, tokens, "fp32")
+    return peak
+
+
+def default_time_factor(plan: "Plan", cluster: Cluster, emulated_peak_tflops: float, precision: str | None = None) -> float:
+    """``T``: how much slower than the real cluster the emulation runs (fastest real peak / emulated peak)."""
+    if not emulated_peak_tflops > 0:
+        raise ValueError(f"emulated_peak_tflops must be > 0, got {emulated_peak_tflops!r}")
+    fastest = max(cluster.device(d).gpu.tflops(precision or plan.precision) for d in plan.devices)
+    return fastest / emulated_peak_tflops
+
+
+def emulated_cluster(cluster: Cluster, plan: "Plan", peak_tflops: float, time_factor: float,
+                     memory_gbyte_s: float, precision: str | None = None) -> Cluster:
+    """The cluster the local processes emulate: device peaks ``peak_tflops / ratio``, links dilated by ``T``.
+
+    Args:
+        cluster: the plan's real cluster.
+        plan: the plan (its devices and precision set the speed ratios).
+        peak_tflops: emulated peak of the plan's fastest device type (:func:`calibrated_peak_tflops`).
+        time_factor: ``T``; every link gets bandwidth / T and latency * T.
+        memory_gbyte_s: this machine's measured memory rate: the optimizer step runs at it, unslowed.
+        precision: the precision whose peaks set the speed ratios (default the plan's).
+
+    Device types keep their memory (the shrunken model is far below it) and get the name
+    ``emu-<type>``; the plan's device ids stay valid.
+    """
+    precision = precision or plan.precision
+    ratios = speed_ratios(plan, cluster, precision)
+    by_type = {cluster.device(d).gpu.name: r for d, r in ratios.items()}
+    fastest = max(cluster.device(d).gpu.tflops(precision) for d in plan.devices)
+    groups = tuple(_emulated_group(g, by_type.get(g.gpu.name, fastest / g.gpu.tflops(precision)),
+                                   peak_tflops, time_factor, memory_gbyte_s) for g in cluster.groups)
+    links = tuple(ZoneLink(l.zones, l.bandwidth_gbit_s / time_factor, l.latency_us * time_factor)
+                  for l in cluster.zone_links)
+    return Cluster(name=f"emulated-{cluster.name}", groups=groups, zone_links=links, source=cluster.source)
+
+
+def _emulated_group(group: NodeGroup, ratio: float, peak_tflops: float, t: float, memory_gbyte_s: float) -> NodeGroup:
+    rate = peak_tflops / ratio
+    gpu = GPUSpec(name=f"emu-{group.gpu.name}", tflops_bf16=rate, tflops_fp32=rate, memory_gb=group.gpu.memory_gb,
+                  hbm_gbyte_s=memory_gbyte_s, vendor=group.gpu.vendor, supports_bf16=True,
+                  source=f"emulated {group.gpu.name}: calibrated CPU peak / {ratio:.3g}")
+    intra = LinkSpec(name=f"emu-{group.intra_node.name}", bandwidth_gbyte_s=group.intra_node.bandwidth_gbyte_s / t,
+                     latency_us=group.intra_node.latency_us * t, source="emulated")
+    nic = NICSpec(name=f"emu-{group.nic.name}", bandwidth_gbit_s=group.nic.bandwidth_gbit_s / t,
+                  latency_us=group.nic.latency_us * t, rdma=group.nic.rdma, source="emulated")
+    return dataclasses.replace(group, gpu=gpu, intra_node=intra, nic=nic)
+
+
+@dataclass(frozen=True)
+class Emulator:
+    """The delays one rank adds to emulate its device and links.
+
+    Args:
+        cluster: the EMULATED cluster (:func:`emulated_cluster`): its links are already dilated.
+        rank_devices: device id of every rank (rank ``i`` runs ``rank_devices[i]``).
+        rank: this rank.
+        speed_ratio: this rank's device slowdown (>= 1).
+    """
+
+    cluster: Cluster
+    rank_devices: tuple[str, ...]
+    rank: int
+    speed_ratio: float
+
+    def __post_init__(self) -> None:
+        if not self.speed_ratio >= 1.0:
+            raise ValueError(f"speed_ratio must be >= 1, got {self.speed_ratio!r}")
+        if not 0 <= self.rank < len(self.rank_devices):
+            raise ValueError(f"rank {self.rank} outside the {len(self.rank_devices)} ranks")
+
+    @property
+    def device(self) -> str:
+        return self.rank_devices[self.rank]
+
+    def compute_delay_s(self, measured_s: float) -> float:
+        """Extra sleep after a compute measured at ``measured_s`` seconds."""
+        return max(0.0, measured_s) * (self.speed_ratio - 1.0)
+
+    def send_delay_s(self, num_bytes: float, peer_rank: int) -> float:
+        """Emulated transfer time of a point-to-point send to ``peer_rank``."""
+        from hetpart.costmodel.collectives import p2p_time_s
+
+        link = self.cluster.link_between(self.device, self.rank_devices[peer_rank])
+        if link is None:
+            raise PlanError(f"runtime: rank {self.rank} ({self.device}) sends to rank {peer_rank} "
+                            f"({self.rank_devices[peer_rank]}) but their zones have no link; add one under 'links'")
+        return p2p_time_s(num_bytes, link)
+
+    def collective_delay_s(self, kind: str, num_bytes: float, group_ranks: Sequence[int]) -> float:
+        """Emulated time of an all-reduce of ``num_bytes`` among ``group_ranks``."""
+        from hetpart.costmodel.collectives import allreduce_time_s
+
+        if len(group_ranks) < 2 or num_bytes <= 0:
+            return 0.0
+        return allreduce_time_s(num_bytes, [self.rank_devices[r] for r in group_ranks], self.cluster)
+
+
+class ArrivalBoard:
+    """When emulated point-to-point transfers arrive, shared between the ranks of one machine.
+
+    A transfer occupies the link, not the sender (the simulator's model, and a GPU's copy engines):
+    the sender posts ``issue time + emulated transfer time`` and goes on; the receiver, when it
+    computes on that message, waits until the posted arrival time. Messages between two ranks are
+    FIFO, so the ``n``-th post from ``src`` to ``dst`` belongs to ``dst``'s ``n``-th receive from
+    ``src``. Times are ``time.time()``, one clock for every process of the machine.
+    """
+
+    _RECORD = 8  # one float64 per message
+
+    def __init__(self, directory: str | Path, rank: int) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._read: dict[int, int] = {}
+        self._fds: dict[tuple[int, int], int] = {}
+
+    def post(self, peer_rank: int, arrival_time: float) -> None:
+        """Record that this rank's next message to ``peer_rank`` arrives at ``arrival_time``."""
+        os.write(self._fd(self.rank, peer_rank, os.O_WRONLY | os.O_APPEND | os.O_CREAT), struct.pack("<d", arrival_time))
+
+    def next_arrival(self, src_rank: int, timeout_s: float = 30.0) -> float:
+        """Arrival time of this rank's next message from ``src_rank`` (waits for the post if needed)."""
+        n = self._read.get(src_rank, 0)
+        deadline = time.time() + timeout_s
+        while True:
+            fd = self._fd(src_rank, self.rank, os.O_RDONLY | os.O_CREAT)
+            data = os.pread(fd, self._RECORD, n * self._RECORD)
+            if len(data) == self._RECORD:
+                self._read[src_rank] = n + 1
+                return struct.unpack("<d", data)[0]
+            if time.time() > deadline:
+                raise TimeoutError(f"rank {self.rank}: no emulated transfer posted by rank {src_rank} (message {n})")
+            time.sleep(0.0005)
+
+    def _fd(self, src: int, dst: int, flags: int) -> int:
+        key = (src, dst)
+        if key not in self._fds:
+            self._fds[key] = os.open(self.dir / f"p2p_{src}_{dst}.bin", flags, 0o644)
+        return self._fds[key]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -1,0 +1,248 @@
+"""Faults: per-rank heartbeats, a watchdog that names the rank that died or hung, and fault injection.
+
+Every worker runs a :class:`Heartbeat` thread that writes a small JSON file (pid, step, last progress,
+where its main thread is) twice a second. The launcher's :class:`Watchdog` reads those files: a rank
+whose process is gone without a result is dead; when no rank has made progress for ``hang_timeout_s``
+the run hangs, and the rank to blame is the one whose main thread is NOT waiting inside
+``torch.distributed`` (the others wait on it). Either way the launcher kills every worker and raises
+one :class:`~hetpart.errors.RuntimeFault` naming the rank.
+
+Faults are injected for tests with :class:`FaultSpec` (a job-file field, not a user option).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from hetpart.errors import RuntimeFault
+
+__all__ = ["FaultSpec", "Heartbeat", "RankState", "Watchdog", "read_rank_state", "kill_pid_tree",
+           "heartbeat_path", "error_path", "result_path"]
+
+_HEARTBEAT_PERIOD_S = 0.5
+_COMM_MARKERS = (os.sep + "torch" + os.sep + "distributed" + os.sep,)
+
+
+def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}.heartbeat.json"
+
+
+def error_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}.error.json"
+
+
+def result_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}.result.json"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A fault to inject into one rank (tests and drills only)."""
+
+    rank: int
+    """The rank that misbehaves."""
+    kind: Literal["die", "hang", "raise"]
+    """``die``: SIGKILL itself; ``hang``: sleep forever; ``raise``: raise an exception."""
+    step: int = 1
+    """The (0-based, warm-up included) step during whose first compute the fault fires."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("die", "hang", "raise"):
+            raise ValueError(f"fault kind must be die, hang or raise, got {self.kind!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def fire(self) -> None:
+        """Misbehave now (called in the faulty rank's main thread)."""
+        if self.kind == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "hang":
+            while True:  # pragma: no branch - a hang never ends; the watchdog kills us
+                time.sleep(3600)
+        raise RuntimeError(f"injected fault in rank {self.rank} at step {self.step}")
+
+
+class Heartbeat:
+    """A daemon thread in a worker that reports progress to ``rank{r}.heartbeat.json``.
+
+    ``progress()`` is called by the worker on every hook event and step boundary (cheap: two
+    attribute writes). ``busy(seconds)`` marks a deliberate emulation sleep as progress.
+    """
+
+    def __init__(self, run_dir: str | Path, rank: int) -> None:
+        self.path = heartbeat_path(run_dir, rank)
+        self.rank = rank
+        self.step = -1
+        self._last_progress = time.time()
+        self._busy_until = 0.0
+        self._main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"hetpart-heartbeat-{rank}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._write()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._write()
+
+    def progress(self, step: int | None = None) -> None:
+        if step is not None:
+            self.step = step
+        self._last_progress = time.time()
+
+    def busy(self, seconds: float) -> None:
+        self._busy_until = max(self._busy_until, time.time() + seconds)
+        self._last_progress = time.time()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_HEARTBEAT_PERIOD_S):
+            self._write()
+
+    def _where(self) -> tuple[str, bool]:
+        frame = sys._current_frames().get(self._main)
+        if frame is None:
+            return "", False
+        where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        waiting = any(m in frame.f_code.co_filename for m in _COMM_MARKERS)
+        return where, waiting
+
+    def _write(self) -> None:
+        now = time.time()
+        where, waiting = self._where()
+        last = now if now < self._busy_until else self._last_progress
+        state = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "last_progress": last,
+                 "written": now, "where": where, "waiting_in_comm": waiting}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What the launcher knows about one rank."""
+
+    rank: int
+    pid: int | None
+    step: int
+    last_progress: float
+    where: str
+    waiting_in_comm: bool
+    alive: bool
+    finished: bool
+    error: str | None
+    error_is_comm: bool
+
+
+def read_rank_state(run_dir: str | Path, rank: int) -> RankState:
+    """The current state of ``rank`` from its heartbeat, result and error files."""
+    hb = _read_json(heartbeat_path(run_dir, rank)) or {}
+    err = _read_json(error_path(run_dir, rank))
+    pid = hb.get("pid")
+    return RankState(rank=rank, pid=pid, step=int(hb.get("step", -1)), last_progress=float(hb.get("last_progress", 0.0)),
+                     where=str(hb.get("where", "")), waiting_in_comm=bool(hb.get("waiting_in_comm", False)),
+                     alive=pid is not None and _alive(pid), finished=result_path(run_dir, rank).exists(),
+                     error=err.get("message") if err else None, error_is_comm=bool(err and err.get("comm")))
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def kill_pid_tree(pid: int) -> None:
+    """SIGKILL a worker we started and its session (torchrun starts each worker in its own session)."""
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Watchdog:
+    """Decides, from the ranks' files, whether a run failed and which rank to blame.
+
+    Args:
+        run_dir: the directory of the ranks' heartbeat/result/error files.
+        describe: ``rank -> str`` naming a rank's device and stage for messages.
+        world_size: number of ranks.
+        hang_timeout_s: seconds without progress on every rank that count as a hang.
+        startup_timeout_s: seconds a rank may take to write its first heartbeat.
+    """
+
+    def __init__(self, run_dir: str | Path, describe, world_size: int, hang_timeout_s: float,
+                 startup_timeout_s: float) -> None:
+        self.run_dir = Path(run_dir)
+        self.describe = describe
+        self.world_size = world_size
+        self.hang_timeout_s = hang_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.started = time.time()
+
+    def states(self) -> list[RankState]:
+        return [read_rank_state(self.run_dir, r) for r in range(self.world_size)]
+
+    def check(self) -> RuntimeFault | None:
+        """A fault when one rank died, raised or hung; None while the run is healthy."""
+        states = self.states()
+        failed = [s for s in states if s.error or (s.pid is not None and not s.alive and not s.finished)]
+        if failed:
+            return self._blame_failure(failed)
+        now = time.time()
+        missing = [s.rank for s in states if s.pid is None]
+        if missing:
+            if now - self.started > self.startup_timeout_s:
+                return RuntimeFault(f"runtime: ranks {missing} did not start within {self.startup_timeout_s:.0f} s; "
+                                    f"see the worker logs in {self.run_dir / 'logs'}")
+            return None
+        running = [s for s in states if not s.finished]
+        if running and now - max(s.last_progress for s in running) > self.hang_timeout_s:
+            return self._blame_hang(running, now)
+        return None
+
+    def _blame_failure(self, failed: list[RankState]) -> RuntimeFault:
+        # A rank that vanished or raised its own error is the cause; peers that lost their
+        # connection to it (comm errors) are its victims.
+        primary = [s for s in failed if not s.error_is_comm] or failed
+        s = primary[0]
+        what = f"failed: {s.error}" if s.error else "died (its process is gone without a result)"
+        return RuntimeFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) {what} at step {max(s.step, 0)}; "
+                            f"all {self.world_size} ranks were stopped; logs in {self.run_dir / 'logs'}")
+
+    def _blame_hang(self, running: list[RankState], now: float) -> RuntimeFault:
+        stuck = [s for s in running if not s.waiting_in_comm] or running
+        s = min(stuck, key=lambda x: x.last_progress)
+        return RuntimeFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) hung: no progress on any rank for "
+                            f"{now - max(x.last_progress for x in running):.0f} s (limit {self.hang_timeout_s:g} s); "
+                            f"rank {s.rank} is stuck at step {max(s.step, 0)} in {s.where or 'unknown code'} while the "
+                            f"others wait on it; all {self.world_size} ranks were stopped")

@@ -1,0 +1,418 @@
+"""The launcher: checks a plan, writes a job file and runs one process per device with torchrun.
+
+``hetpart run`` comes here. Everything that can be refused is refused before any process starts:
+the plan against the full-size model and the cluster, the shrunken model against the plan's
+tensor-parallel degrees, and the number of processes against what this machine can host. Then
+``python -m torch.distributed.run`` starts one worker (:mod:`hetpart.runtime.worker`) per device;
+the same worker command runs on many machines with ``--nnodes``/``--rdzv-endpoint``
+(:func:`torchrun_command`). While it runs, a :class:`~hetpart.runtime.faults.Watchdog` turns a dead or
+hung rank into one :class:`~hetpart.errors.RuntimeFault` and kills every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hetpart.cluster import Cluster, load_cluster
+from hetpart.errors import PlanError, RuntimeFault
+from hetpart.graph import ModelGraph, load_model
+from hetpart.plan import Plan
+from hetpart.runtime.faults import FaultSpec, Watchdog, kill_pid_tree, read_rank_state, result_path
+
+__all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "host_capacity", "check_capacity", "prepare_run",
+           "torchrun_command", "launch", "run_plan", "plan_sources", "PROCESSES_PER_CORE"]
+
+PROCESSES_PER_CORE = 4
+"""Most worker processes per CPU core: emulated devices mostly sleep, but each still computes."""
+_PROCESS_BASE_GB = 0.5
+"""Resident memory of one worker before its model: ``import torch`` + torch.distributed + pipelining
+measured 0.29 GB RSS on this machine's Python 3.11/torch 2.13; gloo buffers and the engine add more."""
+_BYTES_PER_PARAM = 4 + 4 + 8 + 4
+"""fp32 weights, gradients, two Adam moments, and one more copy for the pipeline's buffers."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a plan (``hetpart run`` flags)."""
+
+    steps: int = 5
+    """Measured training steps (after the warm-up)."""
+    warmup: int = 1
+    """Steps run first and excluded from the measurements."""
+    scale: str | int = "tiny"
+    """``tiny``, ``small`` or an explicit hidden size: the shrunken model that actually runs."""
+    seed: int = 0
+    """Seed of the weights and of the synthetic data."""
+    time_factor: float | None = None
+    """How much slower than the real cluster the emulation runs; None: fastest peak / CPU rate."""
+    emulate: bool = True
+    """Emulate the plan's device speeds and links (False: every process runs at this machine's speed)."""
+    checkpoint_dir: str | None = None
+    """Save with torch.distributed.checkpoint after the last step; resume from it when it holds one."""
+    hang_timeout_s: float = 120.0
+    """Seconds without progress on any rank after which the run counts as hung."""
+    startup_timeout_s: float = 300.0
+    """Seconds a rank may take to start (import torch, join the rendezvous)."""
+    fault: FaultSpec | None = None
+    """A fault to inject (tests and drills)."""
+    impl: str = "auto"
+    """Which implementation runs a transformer (``auto``, ``transformers``, ``hetpart``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "warmup"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
+                raise PlanError(f"--{name}: must be a whole number >= {1 if name == 'steps' else 0}, got {value!r}")
+        if self.time_factor is not None and not self.time_factor > 0:
+            raise PlanError(f"--time-factor: must be > 0, got {self.time_factor!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["fault"] = self.fault.to_dict() if self.fault else None
+        return out
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How many worker processes this machine can host."""
+
+    cores: int
+    memory_available_gb: float
+    per_process_gb: float
+    max_processes: int
+
+    def explain(self) -> str:
+        by_cores = self.cores * PROCESSES_PER_CORE
+        by_memory = int(self.memory_available_gb // self.per_process_gb)
+        return (f"{self.cores} cores x {PROCESSES_PER_CORE} = {by_cores} by CPU, {self.memory_available_gb:.1f} GB "
+                f"available / {self.per_process_gb:.2f} GB per process = {by_memory} by memory")
+
+
+def host_capacity(per_process_gb: float) -> Capacity:
+    """This machine's limit on worker processes for workers of ``per_process_gb`` each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available = _memory_available_gb()
+    limit = min(cores * PROCESSES_PER_CORE, int(available // per_process_gb))
+    return Capacity(cores=cores, memory_available_gb=available, per_process_gb=per_process_gb, max_processes=limit)
+
+
+def _memory_available_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 1e9
+
+
+def check_capacity(num_processes: int, per_process_gb: float) -> Capacity:
+    """Raise :class:`RuntimeFault` when this machine cannot host ``num_processes`` workers."""
+    cap = host_capacity(per_process_gb)
+    if num_processes > cap.max_processes:
+        raise RuntimeFault(f"runtime: the plan needs {num_processes} processes (one per device) but this machine "
+                           f"hosts at most {cap.max_processes} ({cap.explain()}); run a plan with at most "
+                           f"{cap.max_processes} devices (e.g. plan for a smaller cluster) or use several machines")
+    return cap
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """Everything checked and resolved before any process starts."""
+
+    plan: Plan
+    """The plan as given (full-size model)."""
+    cluster: Cluster
+    model_spec: str
+    cluster_spec: str
+    full_graph: ModelGraph
+    """The model the plan was made for."""
+    runnable: Any
+    """:class:`hetpart.runtime.models.RunnableSpec` of the shrunken model that runs."""
+    run_graph: ModelGraph
+    """Unit graph of the shrunken model at the run's sequence length and fp32."""
+    run_plan: Plan
+    """The plan with the run's sequence length and fp32 (the same stages, devices and batches)."""
+    rank_devices: tuple[str, ...]
+    """Device id of each rank."""
+    per_process_gb: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions) -> PreparedRun:
+    """Check the plan, shrink the model and check this machine's capacity; starts nothing."""
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.runtime.models import runnable_spec, scaled_seq_len
+
+    cluster = load_cluster(cluster_spec)
+    full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
+    plan.check(full, cluster, source="plan")
+    max_tp = max(s.tp for r in plan.replicas for s in r.stages)
+    transformer = not model_spec.startswith("python:")
+    runnable = runnable_spec(model_spec, options.scale if transformer else None, max_tp=max_tp,
+                             impl=options.impl, seed=options.seed)  # type: ignore[arg-type]
+    if transformer:
+        seq = scaled_seq_len(plan.seq_len, options.scale)
+        graph = transformer_graph(runnable.config, f"{runnable.name}@{options.scale}", seq, 4, source=full.source)
+    else:
+        seq = plan.seq_len
+        graph = load_model(model_spec, seq_len=seq, precision="fp32")
+    small = Plan(global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=seq, replicas=plan.replicas,
+                 schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
+                 allow_cross_node_tp=plan.allow_cross_node_tp, meta=dict(plan.meta))
+    small.check(graph, cluster, source="plan (shrunken model)")
+    per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
+    check_capacity(small.num_devices, per_process)
+    return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,
+                       runnable=runnable, run_graph=graph, run_plan=small, rank_devices=tuple(small.devices),
+                       per_process_gb=per_process)
+
+
+def _activation_gb(graph: ModelGraph, plan: Plan) -> float:
+    """Saved activations of the whole model for every micro-batch of the largest replica (an upper bound)."""
+    per_seq = sum(u.act_bytes["none"] for u in graph.units)
+    return per_seq * max(plan.replica_samples()) / 1e9
+
+
+# ------------------------------------------------------------------------------------- launching
+def torchrun_command(job_path: str | Path, nproc_per_node: int, log_dir: str | Path, *, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None) -> list[str]:
+    """The torchrun command line that starts the workers of ``job_path`` (one machine by default).
+
+    On several machines, run the same command on each with ``nnodes`` and a shared ``rdzv_endpoint``
+    (``host:port`` of the first machine).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(rdzv_endpoint)]
+    return cmd + ["--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "0.1",
+                  "--log-dir", str(log_dir), "--redirects", "3", "-m", "hetpart.runtime.worker", str(job_path)]
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Workers share the machine's cores: one intra-op thread each keeps them from fighting.
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_SHOW_CPP_STACKTRACES="0")
+    return env
+
+
+def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
+           on_progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Run the workers of ``job`` and return every rank's result.
+
+    Args:
+        job: the job (written to ``run_dir/job.json``); ``job["rank_devices"]`` sets the world size.
+        run_dir: directory for the job file, heartbeats, results and logs.
+        options: timeouts and the fault to inject.
+        on_progress: called with the number of steps every rank has finished.
+
+    Raises:
+        RuntimeFault: a rank died, raised or hung (every worker is killed first).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = len(job["rank_devices"])
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job, indent=1))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    describe = _describer(job)
+    watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s)
+    with open(run_dir / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(torchrun_command(job_path, world, run_dir / "logs"), stdout=log, stderr=subprocess.STDOUT,
+                                env=_worker_env(), start_new_session=True)
+        try:
+            _supervise(proc, watchdog, world, on_progress)
+        finally:
+            _kill_all(proc, run_dir, world)
+    return _collect(run_dir, world, proc.returncode, describe)
+
+
+def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progress) -> None:
+    done = -1
+    while True:
+        rc = proc.poll()
+        fault = watchdog.check()
+        if fault is not None:
+            raise fault
+        if rc is not None:
+            return
+        if on_progress is not None:
+            steps = min(s.step for s in watchdog.states()) + 1
+            if steps != done:
+                done = steps
+                on_progress(max(0, steps))
+        time.sleep(0.1)
+
+
+def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:
+    """Kill every worker we started (by pid, from their heartbeats) and torchrun's own session."""
+    for rank in range(world):
+        state = read_rank_state(run_dir, rank)
+        if state.pid is not None and state.alive:
+            kill_pid_tree(state.pid)
+    if proc.poll() is None:
+        kill_pid_tree(proc.pid)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+        pass
+
+
+def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> list[dict[str, Any]]:
+    results = []
+    for rank in range(world):
+        path = result_path(run_dir, rank)
+        if not path.exists():
+            tail = _log_tail(run_dir / "torchrun.log")
+            raise RuntimeFault(f"runtime: rank {rank} ({describe(rank)}) ended without a result (torchrun exit code "
+                               f"{returncode}); {tail or 'see ' + str(run_dir / 'logs')}")
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return ""
+    errors = [l for l in lines if "Error" in l or "error" in l]
+    return (errors or lines or [""])[-1][:300]
+
+
+def _describer(job: dict[str, Any]) -> Callable[[int], str]:
+    devices = job["rank_devices"]
+    where: dict[str, str] = {}
+    for i, r in enumerate(job["plan"]["replicas"]):
+        for j, s in enumerate(r["stages"]):
+            for d in s["devices"]:
+                where.setdefault(d, f"replica {i} stage {j}")
+    return lambda rank: f"device {devices[rank]}, {where.get(devices[rank], '?')}" if 0 <= rank < len(devices) else "?"
+
+
+def new_run_dir(parent: str | Path | None = None) -> Path:
+    """A fresh directory for one run's files."""
+    return Path(tempfile.mkdtemp(prefix="hetpart-run-", dir=parent))
+
+
+def remove_run_dir(path: str | Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------- a whole run
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: what was measured, what the simulator predicted for it, and the JSON line."""
+
+    measured: Any
+    """:class:`hetpart.runtime.measure.Measurement`."""
+    predicted: dict[str, Any] | None
+    """The simulator on the emulated cluster (None when emulation was off)."""
+    record: dict[str, Any]
+    """The JSON line (plan, cluster, model, environment, emulation, measured, predicted)."""
+    run_dir: str
+
+    def summary(self) -> dict[str, Any]:
+        """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
+        measured = self.measured.to_dict()
+        predicted = None
+        if self.predicted is not None:
+            predicted = {k: v for k, v in self.predicted.items() if k != "breakdown"}
+        return {"measured": measured, "predicted": predicted, "model": self.record["model"],
+                "steps": self.measured.steps, "warmup": self.measured.warmup,
+                "emulation": self.record["emulation"], "cluster": self.record["cluster"]["name"],
+                "run_dir": self.run_dir}
+
+
+def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
+    """The model and cluster a plan runs with: the given ones, else ``plan.meta["model"/"cluster"]``."""
+    out = []
+    for key, given in (("model", model), ("cluster", cluster)):
+        value = given or plan.meta.get(key)
+        if not isinstance(value, str) or not value:
+            raise PlanError(f"plan: meta.{key}: missing (the plan does not say which {key} it was made for); "
+                            f"give --{key}")
+        out.append(value)
+    return out[0], out[1]
+
+
+def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, options: RunOptions = RunOptions(), *,
+             out: str | Path | None = None, run_dir: str | Path | None = None,
+             on_progress: Callable[[int], None] | None = None) -> RunResult:
+    """Run ``plan`` on this machine (emulating its cluster), measure it and predict it.
+
+    Args:
+        plan: the plan (made for the full-size model).
+        model, cluster: ``--model``/``--cluster``; default to the plan's ``meta``.
+        options: steps, scale, emulation, checkpoint, timeouts.
+        out: append the JSON line to this ``.jsonl`` file.
+        run_dir: where the ranks' files go (a fresh temporary directory by default, kept).
+        on_progress: called with the number of finished steps (warm-up included).
+
+    Raises:
+        PlanError: the plan does not fit the model or the cluster (nothing was started).
+        RuntimeFault: the machine cannot host the plan, or a rank died or hung.
+    """
+    from hetpart.runtime import measure
+    from hetpart.runtime.emulation import calibrated_peak_tflops, default_time_factor, emulated_cluster
+
+    model_spec, cluster_spec = plan_sources(plan, model, cluster)
+    prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
+    graph, small = prep.run_graph, prep.run_plan
+    width = int((graph.arch or {}).get("hidden_size") or max(u.width for u in graph.units) or 64)
+    rates = measure.measure_host_rates(width)
+    achieved = measure.model_tflops(prep.runnable, graph, small.micro_batch)
+    peak = calibrated_peak_tflops(achieved, width, small.micro_batch * small.seq_len)
+    precision = plan.precision  # the real cluster's; the CPU processes run fp32
+    factor = options.time_factor or default_time_factor(small, prep.cluster, peak, precision)
+    emu = emulated_cluster(prep.cluster, small, peak, factor, rates.memory_gbyte_s, precision)
+    emulation = {"precision": precision, "peak_tflops": peak, "time_factor": factor, "memory_gbyte_s": rates.memory_gbyte_s,
+                 "achieved_tflops": achieved, "matmul_tflops": rates.matmul_tflops, "matmul_size": rates.matmul_size,
+                 "enabled": options.emulate}
+    job = {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
+           "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
+           "emulation": emulation if options.emulate else None, "fault": options.fault.to_dict() if options.fault else None,
+           "checkpoint_dir": str(Path(options.checkpoint_dir).resolve()) if options.checkpoint_dir else None,
+           "comm_timeout_s": options.hang_timeout_s + 60.0}
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
+    results = launch(job, run_dir, options, on_progress)
+    measured = measure.summarize(results, small, prep.cluster, small.seq_len, options.warmup)
+    predicted = measure.predict(graph, emu, small) if options.emulate else None
+    record = _record(prep, options, emulation, emu, measured, predicted)
+    if out is not None:
+        measure.append_jsonl(out, record)
+    return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir))
+
+
+def _absolute(cluster_spec: str) -> str:
+    """Workers may start elsewhere: a cluster file path becomes absolute (catalog names stay)."""
+    path = Path(cluster_spec)
+    return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else cluster_spec
+
+
+def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluster, measured, predicted) -> dict:
+    from hetpart.runtime.measure import RECORD_VERSION, environment
+
+    graph = prep.run_graph
+    model = {"name": prep.full_graph.name, "spec": prep.model_spec, "scale": str(options.scale),
+             "shrunken": prep.model_spec != "" and not prep.model_spec.startswith("python:"),
+             "full_num_params": prep.full_graph.num_params, "num_params": graph.num_params,
+             "num_units": graph.num_units, "seq_len": graph.seq_len, "full_seq_len": prep.plan.seq_len,
+             "hidden_size": (graph.arch or {}).get("hidden_size"), "vocab_size": (graph.arch or {}).get("vocab_size"),
+             "num_heads": (graph.arch or {}).get("num_heads"), "impl": prep.runnable.impl,
+             "graph": graph.summary()}
+    return {"version": RECORD_VERSION, "kind": "hetpart.run", "plan": prep.run_plan.to_dict(),
+            "original_plan": prep.plan.to_dict(), "cluster": prep.cluster.summary(),
+            "emulated_cluster": emu.summary(), "model": model, "options": options.to_dict(),
+            "emulation": emulation, "environment": environment(), "measured": measured.to_dict(),
+            "predicted": predicted}

@@ -1,0 +1,251 @@
+"""Measurements of a run: host rates, the per-step record, the prediction for what ran, JSON lines.
+
+The record (one JSON line per run, ``--out measurements.jsonl``) holds the plan, the cluster, the
+model graph that ran (shrunken), the environment, what was ``measured`` and what the simulator
+``predicted`` for exactly that: the shrunken model on the emulated cluster
+(:func:`hetpart.runtime.emulation.emulated_cluster`), whose device rates come from this machine's
+measured matmul rate. ``costmodel`` trains on these lines.
+
+Step time is the mean over measured steps (warm-up excluded) of the slowest rank's step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["HostRates", "measure_host_rates", "matmul_tflops", "memory_gbyte_s", "Measurement", "summarize",
+           "predict", "model_tflops", "environment", "append_jsonl", "RECORD_VERSION"]
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HostRates:
+    """What this machine computes per process (one thread, fp32), measured."""
+
+    matmul_tflops: float
+    """Best fp32 matmul rate of one thread on ``matmul_size``-square products, TFLOPS."""
+    matmul_size: int
+    memory_gbyte_s: float
+    """One thread's streaming rate (read + write) over a 64 MiB buffer, GB/s."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def matmul_tflops(size: int = 256, repeats: int = 20) -> float:
+    """Best-of fp32 matmul rate of one thread on ``size``-square products, TFLOPS."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * size**3 / best / 1e12
+
+
+def memory_gbyte_s(num_bytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Best-of streaming rate of one thread copying ``num_bytes``, GB/s (bytes read + written)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(num_bytes // 4)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * num_bytes / best / 1e9
+
+
+def measure_host_rates(width: int = 256) -> HostRates:
+    """This machine's per-process rates; ``width`` sizes the matmul like the model that will run."""
+    size = max(64, min(1024, width))
+    return HostRates(matmul_tflops=matmul_tflops(size), matmul_size=size, memory_gbyte_s=memory_gbyte_s())
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a run measured (warm-up steps excluded)."""
+
+    step_time_s: float
+    """Mean over measured steps of the slowest rank's step time."""
+    tokens_per_s: float
+    samples_per_s: float
+    step_times_s: tuple[float, ...]
+    """Per measured step, the slowest rank's time."""
+    step_time_std_s: float
+    losses: tuple[float, ...]
+    """Global mean loss of every step, warm-up included."""
+    stages: tuple[dict[str, Any], ...]
+    """Per replica and stage: devices, ranks, compute_s, comm_s, idle_s per step (mean over its ranks)."""
+    ranks: tuple[dict[str, Any], ...]
+    """Per rank: device, step time, compute/comm/idle per step, peak memory."""
+    peak_memory_gb: dict[str, float]
+    """Per device type (the plan's), the largest peak over its ranks."""
+    memory_method: str
+    steps: int
+    warmup: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(results: Sequence[dict[str, Any]], plan, cluster, seq_len: int, warmup: int) -> Measurement:
+    """Combine the ranks' results (``worker`` output) into one :class:`Measurement`."""
+    steps = [r["steps"][warmup:] for r in results]
+    n = min(len(s) for s in steps)
+    if n == 0:
+        raise ValueError(f"no measured steps: every rank ran {min(len(r['steps']) for r in results)} steps, "
+                         f"warm-up {warmup}")
+    slowest = [max(s[i]["time_s"] for s in steps) for i in range(n)]
+    step_time = statistics.fmean(slowest)
+    ranks = tuple(_rank_summary(r, s[:n]) for r, s in zip(results, steps))
+    gpu = {d.id: d.gpu.name for d in cluster.devices}
+    peak: dict[str, float] = {}
+    for r in ranks:
+        peak[gpu[r["device"]]] = max(peak.get(gpu[r["device"]], 0.0), r["peak_memory_gb"])
+    losses = tuple(results[0]["losses"])
+    return Measurement(step_time_s=step_time, tokens_per_s=plan.global_batch * seq_len / step_time,
+                       samples_per_s=plan.global_batch / step_time, step_times_s=tuple(slowest),
+                       step_time_std_s=statistics.pstdev(slowest), losses=losses,
+                       stages=_stage_summary(ranks, plan), ranks=ranks, peak_memory_gb=peak,
+                       memory_method=str(results[0].get("memory_method", "")), steps=n, warmup=warmup)
+
+
+def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    mean = lambda key: statistics.fmean(s.get(key, 0.0) for s in steps)  # noqa: E731
+    return {"rank": result["rank"], "device": result["device"], "step_time_s": mean("time_s"),
+            "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "optimizer_s": mean("optimizer_s"),
+            "idle_s": mean("idle_s"),
+            "emulated_slowdown_s": mean("slowdown_s"), "emulated_comm_s": mean("emulated_comm_s"),
+            "peak_memory_gb": float(result.get("peak_memory_bytes", 0)) / 1e9}
+
+
+def _stage_summary(ranks: Sequence[dict[str, Any]], plan) -> tuple[dict[str, Any], ...]:
+    by_device = {r["device"]: r for r in ranks}
+    out = []
+    for i, replica in enumerate(plan.replicas):
+        for j, stage in enumerate(replica.stages):
+            members = [by_device[d] for d in stage.devices if d in by_device]
+            if not members:
+                continue
+            row = {"replica": i, "stage": j, "layers": list(stage.layers), "devices": list(stage.devices),
+                   "ranks": [m["rank"] for m in members]}
+            for key in ("compute_s", "comm_s", "optimizer_s", "idle_s"):
+                row[key] = statistics.fmean(m[key] for m in members)
+            out.append(row)
+    return tuple(out)
+
+
+def predict(graph, cluster, plan) -> dict[str, Any]:
+    """The simulator's prediction for ``plan`` of ``graph`` on ``cluster`` (the emulated one), as a dict.
+
+    The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
+    then the simulator's other metrics and its per-stage breakdown.
+    """
+    from hetpart.costmodel import simulate
+    from hetpart.workload import Workload
+
+    workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
+                        recompute=plan.recompute)
+    pred = simulate(graph, cluster, plan, workload)
+    out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
+    out.update({k: v for k, v in pred.metrics.items() if k not in out})
+    out["breakdown"] = pred.breakdown
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Where the run happened (for the JSON line)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cores": cores, "cuda": torch.cuda.is_available(),
+            "backend": "gloo", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as a JSON line."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record, default=_default) + "\n")
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def model_tflops(runnable, graph, micro_batch: int, repeats: int = 3) -> float:
+    """Rate one thread of this machine reaches on the model that will run, fp32 forward + backward, TFLOPS.
+
+    Times the embedding, the first block and the head (min of ``repeats``) on a micro-batch and
+    counts every block like the first: ``sum(graph FLOPs) / sum(measured times)``. This is what a
+    device of the emulated cluster really achieves, framework overheads included, so the simulator
+    is calibrated on it (the raw matmul rate overstates small models several times).
+    """
+    import torch
+
+    from hetpart.runtime.models import build_units, synthetic_batch
+
+    n = graph.num_units
+    picked = sorted({0, min(1, n - 1), n - 1})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        units = build_units(runnable, picked)
+        x, _ = synthetic_batch(runnable, micro_batch, graph.seq_len, step=0)
+        times = {}
+        for index, unit in zip(picked, units):
+            x, times[index] = _time_unit(unit, x, repeats)
+    finally:
+        torch.set_num_threads(threads)
+    flops = lambda u: u.fwd_flops + u.bwd_flops  # noqa: E731
+    total_flops = micro_batch * sum(flops(u) for u in graph.units)
+    middle = [i for i in range(n) if i not in picked]
+    total_s = sum(times.values()) + len(middle) * times[picked[min(1, len(picked) - 1)]]
+    return total_flops / total_s / 1e12
+
+
+def _time_unit(unit, x, repeats: int):
+    """``(output, best forward+backward seconds)``; the first run only warms caches and allocators."""
+    best = float("inf")
+    for attempt in range(repeats + 1):
+        inp = x.detach().requires_grad_(x.is_floating_point())
+        t = time.perf_counter()
+        out = unit(inp)
+        out.float().square().mean().backward()
+        if attempt:
+            best = min(best, time.perf_counter() - t)
+        unit.zero_grad(set_to_none=True)
+    return out.detach(), best

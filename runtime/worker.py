@@ -1,0 +1,228 @@
+"""The per-rank entry point that torchrun starts: ``python -m hetpart.runtime.worker JOB.json``.
+
+It reads the job file written by :func:`hetpart.runtime.launch.launch`, joins the process group,
+builds the engine's :class:`~hetpart.runtime.engine.Executor` for its rank with emulation hooks
+installed, runs the warm-up and measured steps (resuming from a checkpoint when asked), and writes
+``rank{r}.result.json``. Any failure is written to ``rank{r}.error.json`` (one line, and whether it
+is a lost connection to a peer) before the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from hetpart.runtime.faults import FaultSpec, Heartbeat, error_path, result_path
+
+__all__ = ["StepAccount", "WorkerHooks", "main"]
+
+_COMM_ERROR_MARKERS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout",
+                       "gloo", "peer", "socket", "disconnected", "distbackenderror", "distnetworkerror")
+
+
+@dataclass
+class StepAccount:
+    """Seconds one rank spent in one step, by kind (filled by :class:`WorkerHooks`)."""
+
+    compute_s: float = 0.0
+    """Measured compute (forward and backward of every micro-batch)."""
+    slowdown_s: float = 0.0
+    """Sleep added to emulate a slower device."""
+    emulated_comm_s: float = 0.0
+    """Sleep added to emulate the links of collectives."""
+    arrival_wait_s: float = 0.0
+    """Sleep until emulated point-to-point transfers arrived (inside the engine's compute time)."""
+
+
+class WorkerHooks:
+    """The engine's hooks for one rank: emulation delays, accounting, heartbeat and fault injection.
+
+    Emulated transfers delay the receiver, not the sender (:class:`~hetpart.runtime.emulation.ArrivalBoard`):
+    a compute that started before its input's emulated arrival is followed by a sleep of the
+    difference, which ends it exactly where it would have ended had it waited for the input.
+    """
+
+    def __init__(self, emulator, board, heartbeat: Heartbeat, fault: FaultSpec | None, rank: int) -> None:
+        self.emulator = emulator
+        self.board = board
+        self.heartbeat = heartbeat
+        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.step = 0
+        self.account = StepAccount()
+        self.lane: tuple[int, ...] = ()
+
+    def attach(self, lane: tuple[int, ...]) -> None:
+        """The ranks of this rank's pipeline lane, one per (virtual) stage."""
+        self.lane = tuple(lane)
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.account = StepAccount()
+        self.heartbeat.progress(step)
+
+    def on_compute(self, stage_index: int, kind: str, seconds: float) -> None:
+        if self.fault is not None and self.step == self.fault.step:
+            self.fault.fire()
+        self.account.compute_s += seconds
+        if self.emulator is not None:
+            wait = self._arrival_wait(stage_index, kind, seconds, _called_from_loss())
+            delay = self.emulator.compute_delay_s(seconds)
+            self.account.slowdown_s += delay
+            self.account.arrival_wait_s += wait
+            self._sleep(wait + delay)
+        self.heartbeat.progress()
+
+    def _arrival_wait(self, stage: int, kind: str, seconds: float, is_loss: bool) -> float:
+        if self.board is None or not self.lane or is_loss:
+            return 0.0
+        src = stage - 1 if kind == "fwd" else stage + 1
+        if not 0 <= src < len(self.lane):
+            return 0.0
+        started = time.time() - seconds
+        return max(0.0, self.board.next_arrival(self.lane[src]) - started)
+
+    def on_send(self, num_bytes: int, peer_rank: int) -> None:
+        if self.emulator is not None and self.board is not None:
+            self.board.post(peer_rank, time.time() + self.emulator.send_delay_s(num_bytes, peer_rank))
+        self.heartbeat.progress()
+
+    def on_collective(self, kind: str, num_bytes: int, group_ranks) -> None:
+        if self.emulator is not None:
+            delay = self.emulator.collective_delay_s(kind, num_bytes, list(group_ranks))
+            self.account.emulated_comm_s += delay
+            self._sleep(delay)
+        self.heartbeat.progress()
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.heartbeat.busy(seconds)
+            time.sleep(seconds)
+
+
+def _called_from_loss() -> bool:
+    """True when the engine reports the loss computation (it reports it as a forward, after the
+    last stage's forward of the same micro-batch; it receives nothing)."""
+    frame = sys._getframe(2)
+    return frame.f_code.co_name == "timed" and "_timed_loss" in frame.f_code.co_qualname
+
+
+def _emulator(job: dict[str, Any], rank: int):
+    from hetpart.cluster import load_cluster
+    from hetpart.plan import Plan
+    from hetpart.runtime.emulation import Emulator, emulated_cluster, speed_ratios
+
+    emu = job.get("emulation")
+    if not emu:
+        return None
+    plan = Plan.from_dict(job["plan"])
+    real = load_cluster(job["cluster"])
+    precision = emu["precision"]
+    cluster = emulated_cluster(real, plan, emu["peak_tflops"], emu["time_factor"], emu["memory_gbyte_s"], precision)
+    devices = tuple(job["rank_devices"])
+    return Emulator(cluster=cluster, rank_devices=devices, rank=rank,
+                    speed_ratio=speed_ratios(plan, real, precision)[devices[rank]])
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    text = f"{exc.__class__.__name__} {exc}".lower()
+    return any(m in text for m in _COMM_ERROR_MARKERS)
+
+
+def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartbeat: Heartbeat) -> dict[str, Any]:
+    """Build this rank's executor, run the steps, checkpoint; returns the rank's result."""
+    import torch
+    import torch.distributed as dist
+
+    from hetpart.plan import Plan
+    from hetpart.runtime.emulation import ArrivalBoard
+    from hetpart.runtime.engine import Executor
+    from hetpart.runtime.models import RunnableSpec
+
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=float(job.get("comm_timeout_s", 600))))
+    plan = Plan.from_dict(job["plan"])
+    fault = FaultSpec(**job["fault"]) if job.get("fault") else None
+    emulator = _emulator(job, rank)
+    board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None else None
+    hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
+    executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks)
+    hooks.attach(executor.layout.lanes[(executor.replica, executor.role.tp_index)])
+    start = 0
+    ckpt = job.get("checkpoint_dir")
+    if ckpt:
+        from hetpart.runtime.checkpoint import load_checkpoint
+
+        start = load_checkpoint(ckpt, executor)
+    steps = []
+    losses = []
+    dist.barrier()
+    for step in range(start, start + job["warmup"] + job["steps"]):
+        hooks.begin_step(step)
+        out = executor.step(step)
+        steps.append(_step_record(step, out, hooks.account))
+        losses.append(float(out.loss))
+        heartbeat.progress(step)
+    if ckpt:
+        from hetpart.runtime.checkpoint import save_checkpoint
+
+        save_checkpoint(ckpt, executor, next_step=start + job["warmup"] + job["steps"])
+    peak = max(s["peak_memory_bytes"] for s in steps)
+    return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
+            "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
+            "schedule_used": getattr(executor, "schedule_used", plan.schedule)}
+
+
+def _step_record(step: int, out: Any, acc: StepAccount) -> dict[str, Any]:
+    """One step of one rank; the engine's timing already contains the hooks' sleeps."""
+    t = out.timing
+    # The engine counts hook time as compute; waiting for an emulated transfer is communication.
+    return {"step": step, "time_s": t.step_s, "compute_s": t.compute_s - acc.arrival_wait_s,
+            "measured_compute_s": acc.compute_s, "slowdown_s": acc.slowdown_s,
+            "comm_s": t.comm_s + acc.arrival_wait_s, "emulated_comm_s": acc.emulated_comm_s + acc.arrival_wait_s,
+            "optimizer_s": t.optimizer_s, "idle_s": t.idle_s, "loss": float(out.loss),
+            "peak_memory_bytes": int(out.peak_memory_bytes), "memory_source": out.memory_source}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_path = Path(argv[0])
+    job = json.loads(job_path.read_text())
+    run_dir = job_path.parent
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    heartbeat = Heartbeat(run_dir, rank).start()
+    try:
+        result = run_worker(job, run_dir, rank, world, heartbeat)
+        tmp = result_path(run_dir, rank).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, result_path(run_dir, rank))
+        return 0
+    except BaseException as exc:  # every failure is reported to the launcher, then re-raised
+        message = " ".join(f"{exc.__class__.__name__}: {exc}".split())[:500]
+        error_path(run_dir, rank).write_text(json.dumps({"message": message, "comm": _is_comm_error(exc),
+                                                         "traceback": traceback.format_exc()}))
+        raise
+    finally:
+        heartbeat.stop()
+        _shutdown()
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a dead peer may make teardown fail; the run is over anyway
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
