@@ -1,0 +1,543 @@
+"""The per-rank execution engine: one training step of a plan with torch.distributed.
+
+Each process builds an :class:`Executor` for its rank. The executor builds the units of its
+stage(s) (:mod:`hetpart.runtime.models`), splits attention and MLP across the stage's TP group with
+``torch.distributed.tensor.parallel`` on a ``DeviceMesh`` of those ranks, wraps each stage in a
+``torch.distributed.pipelining.PipelineStage`` on its pipeline lane, and runs the plan's schedule
+(``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``).
+
+Exact data parallelism with uneven shares: replica ``r`` processes ``n_r`` of the ``G`` sequences in
+micro-batches of ``b``; each micro-batch's mean loss is scaled by ``b / G`` (and the schedule does not
+rescale), so a replica's gradient is ``n_r / G`` times its mean and the sum over replicas, done by
+one all-reduce per unit among the ranks holding it (:mod:`hetpart.runtime.groups`), is the gradient
+of the global mean loss. Then Adam steps.
+
+Example (in every process of a torchrun job whose world size is ``plan.num_devices``)::
+
+    ex = Executor(plan, runnable_spec("gpt2-small", "tiny"), rank, world_size)
+    for step in range(3):
+        result = ex.step(step)          # StepResult(loss=..., timing=StepTiming(...), ...)
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from hetpart.errors import PlanError, RuntimeFault
+from hetpart.plan import Plan
+from hetpart.runtime.groups import CommLayout, ProcessGroups, RankRole, comm_layout
+from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
+
+__all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "loss_fn_for"]
+
+
+class Hooks(Protocol):
+    """Callbacks for emulation and measurement (the emulator sleeps in them to slow a rank down)."""
+
+    def on_compute(self, stage_index: int, kind: Literal["fwd", "bwd"], seconds: float) -> None:
+        """After a stage computed one micro-batch (``seconds`` measured); the loss counts as ``fwd``."""
+
+    def on_send(self, num_bytes: int, peer_rank: int) -> None:
+        """Before a pipeline send of ``num_bytes`` to global rank ``peer_rank``."""
+
+    def on_collective(self, kind: str, num_bytes: int, group_ranks: tuple[int, ...]) -> None:
+        """Before a collective (``"all_reduce"`` of gradients or of the step loss) among ``group_ranks``."""
+
+
+class NoHooks:
+    """Hooks that do nothing (a run at this machine's own speed)."""
+
+    def on_compute(self, stage_index: int, kind: str, seconds: float) -> None:
+        return None
+
+    def on_send(self, num_bytes: int, peer_rank: int) -> None:
+        return None
+
+    def on_collective(self, kind: str, num_bytes: int, group_ranks: tuple[int, ...]) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Where one rank's step time went, in seconds (hook time included where the hook is called)."""
+
+    step_s: float
+    """Wall time of the step on this rank."""
+    compute_s: float
+    """Forward, backward and loss compute of every micro-batch (+ on_compute hook time)."""
+    comm_s: float
+    """Gradient all-reduces and pipeline send issue (+ on_send/on_collective hook time)."""
+    optimizer_s: float
+    """Adam step."""
+    idle_s: float
+    """The rest: waiting for activations/gradients from neighbours (pipeline bubbles, p2p transfer)."""
+    fwd_s: float
+    """Forward part of compute_s (loss included)."""
+    bwd_s: float
+    """Backward part of compute_s."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The outcome of one step on one rank."""
+
+    step: int
+    loss: float
+    """Global mean loss of the step (same on every rank; NaN when not synchronised)."""
+    timing: StepTiming
+    peak_memory_bytes: int
+    """Peak memory during the step (see ``memory_source``)."""
+    memory_source: str
+    """``cuda_max_allocated`` (torch's allocator peak on this rank's GPU) or ``rss_peak_delta`` (on CPU:
+    the process's peak resident set during the step, reset before it via /proc/self/clear_refs, minus the
+    resident set at its start) or ``rss_peak_since_start`` (where the peak cannot be reset)."""
+    tokens: int
+    """Tokens of the whole step (global batch x sequence length)."""
+
+
+@dataclass(frozen=True)
+class LocalGrad:
+    """A gradient as this rank holds it (a shard under tensor parallelism)."""
+
+    grad: torch.Tensor
+    tp: int
+    tp_index: int
+    tp_dim: int | None
+    """Dimension split across the TP group, None when the rank holds the whole tensor."""
+
+
+@dataclass
+class _Clock:
+    fwd: float = 0.0
+    bwd: float = 0.0
+    comm: float = 0.0
+
+    def reset(self) -> None:
+        self.fwd = self.bwd = self.comm = 0.0
+
+
+def loss_fn_for(spec: RunnableSpec, scale: float):
+    """The per-micro-batch loss: token cross-entropy (``python:`` models: mean square), times ``scale``."""
+    if spec.config is not None:
+        def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten()) * scale
+    else:
+        def loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.mse_loss(out.float(), targets.float()) * scale
+    return loss
+
+
+def check_runnable(plan: Plan, spec: RunnableSpec) -> list[str]:
+    """Rules the runtime adds to :meth:`Plan.validate` (empty when the plan can run)."""
+    out = []
+    if plan.seq_len > (spec.config.max_positions if spec.config and spec.config.learned_positions else 10**9):
+        out.append(f"seq_len: {plan.seq_len} exceeds the {spec.config.max_positions} positions of the model that "
+                   "runs; shrink the sequence (scaled_seq_len) or the plan")
+    for i, r in enumerate(plan.replicas):
+        tps = {s.tp for s in r.stages}
+        if len(tps) > 1:
+            out.append(f"replicas[{i}].stages: tensor-parallel degrees {sorted(tps)} differ; give every stage of a "
+                       "replica the same tp")
+        tp = max(tps)
+        if tp > 1 and spec.config is None:
+            out.append(f"replicas[{i}]: tp {tp} needs a transformer; python: models run with tp 1")
+        elif tp > 1:
+            cfg = spec.config
+            for what, n in (("attention heads", cfg.num_heads), ("key/value heads", cfg.kv_heads),
+                            ("MLP width", cfg.ffn)):
+                if n % tp:
+                    out.append(f"replicas[{i}]: tp {tp} does not divide the {n} {what} of the model that runs")
+        if plan.schedule == "interleaved":
+            pp, m = r.pp // plan.interleave, plan.num_microbatches(i)
+            rounds = max(1, m // pp)
+            if m % rounds:
+                out.append(f"replicas[{i}]: {m} micro-batches is not a multiple of {rounds} rounds of {pp} "
+                           "(ScheduleInterleaved1F1B); change micro_batch or the share")
+    return out
+
+
+class _TimedStage:
+    """Factory for a PipelineStage subclass that times compute and reports sends to the hooks."""
+
+    @staticmethod
+    def make(module: nn.Module, stage_index: int, num_stages: int, device: torch.device, group: Any,
+             clock: _Clock, hooks: Hooks):
+        from torch.distributed.pipelining import PipelineStage
+
+        class TimedStage(PipelineStage):
+            def forward_one_chunk(self, *args, **kwargs):
+                start = time.perf_counter()
+                out = super().forward_one_chunk(*args, **kwargs)
+                hooks.on_compute(self.stage_index, "fwd", time.perf_counter() - start)
+                clock.fwd += time.perf_counter() - start
+                return out
+
+            def backward_one_chunk(self, *args, **kwargs):
+                start = time.perf_counter()
+                out = super().backward_one_chunk(*args, **kwargs)
+                hooks.on_compute(self.stage_index, "bwd", time.perf_counter() - start)
+                clock.bwd += time.perf_counter() - start
+                return out
+
+            def get_fwd_send_ops(self, chunk: int):
+                return _report_sends(super().get_fwd_send_ops(chunk), clock, hooks)
+
+            def get_bwd_send_ops(self, chunk: int):
+                return _report_sends(super().get_bwd_send_ops(chunk), clock, hooks)
+
+        return TimedStage(module, stage_index, num_stages, device, group=group)
+
+
+def _report_sends(ops: list, clock: _Clock, hooks: Hooks) -> list:
+    start = time.perf_counter()
+    for op in ops:
+        hooks.on_send(op.tensor.numel() * op.tensor.element_size(), op.peer)
+    clock.comm += time.perf_counter() - start
+    return ops
+
+
+class _StageModule(nn.Module):
+    """The units of one stage, run in order."""
+
+    def __init__(self, units: list[UnitModel]):
+        super().__init__()
+        self.units = nn.ModuleList(units)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class Executor:
+    """Runs this rank's part of ``plan`` (see the module docstring).
+
+    Args:
+        plan: the plan; ``plan.seq_len`` is the sequence length that runs (shrink it for small models).
+        model_spec: what to build (:func:`hetpart.runtime.models.runnable_spec`).
+        rank: this process's rank; rank ``r`` runs ``plan.devices[r]``.
+        world_size: must equal ``plan.num_devices``.
+        device: torch device of this rank (default: ``cuda:LOCAL_RANK`` when CUDA is present, else CPU).
+        hooks: emulation/measurement callbacks (:class:`Hooks`).
+        lr: Adam learning rate.
+        dtype: parameter and activation dtype (fp32 by default: CPU bf16 matmuls are slow and inexact).
+
+    The default process group must be initialised (torchrun + ``dist.init_process_group``).
+    """
+
+    def __init__(self, plan: Plan, model_spec: RunnableSpec, rank: int, world_size: int, *,
+                 device: torch.device | str | None = None, hooks: Hooks | None = None, lr: float = 1e-3,
+                 dtype: torch.dtype = torch.float32):
+        if not dist.is_initialized():
+            raise RuntimeFault("runtime: torch.distributed is not initialised; start the ranks with torchrun "
+                               "(hetpart run) and call init_process_group first")
+        if world_size != plan.num_devices or dist.get_world_size() != world_size:
+            raise RuntimeFault(f"runtime: the plan has {plan.num_devices} devices but the job has "
+                               f"{dist.get_world_size()} processes; start one process per device")
+        problems = check_runnable(plan, model_spec)
+        if problems:
+            raise PlanError(f"plan: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        self.plan, self.spec, self.rank, self.world_size = plan, model_spec, rank, world_size
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.hooks: Hooks = hooks or NoHooks()
+        self.dtype = dtype
+        self.clock = _Clock()
+        self.infos = unit_infos(model_spec)
+        self._param_info = {p.key: p for u in self.infos for p in u.params}
+        if len(self.infos) != _plan_units(plan):
+            raise PlanError(f"plan: covers {_plan_units(plan)} units but {model_spec.name} has {len(self.infos)}; "
+                            "plan and model must match")
+        self.layout: CommLayout = comm_layout(plan, self.infos)
+        self.role: RankRole = self.layout.roles[rank]
+        self.groups = ProcessGroups(self.layout, _all_has_cuda(self.device))
+        self.stage_modules = self._build_stage_modules()
+        self.params = self._canonical_params()
+        self.schedule, self.schedule_used = self._build_schedule()
+        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
+
+    # ------------------------------------------------------------------------------- building
+    @property
+    def replica(self) -> int:
+        return self.role.replica
+
+    @property
+    def pp(self) -> int:
+        r = self.plan.replicas[self.replica]
+        return r.pp // (self.plan.interleave if self.plan.schedule == "interleaved" else 1)
+
+    def _build_stage_modules(self) -> list[_StageModule]:
+        stages = self.plan.replicas[self.replica].stages
+        built = {}
+        for j in self.role.stages:
+            units = build_units(self.spec, range(*stages[j].layers), self.device, self.dtype)
+            built[j] = _StageModule(units)
+        self._tie_local(built)
+        if self.role.tp > 1:
+            mesh = self._tp_mesh()
+            for module in built.values():
+                _parallelize(module, mesh)
+        return [built[j] for j in self.role.stages]
+
+    def _tie_local(self, built: dict[int, _StageModule]) -> None:
+        """A rank holding a tied weight's owner and its copy uses one tensor (as the reference does)."""
+        owners = {}
+        for module in built.values():
+            for unit in module.units:
+                for local, key in unit.canonical_names().items():
+                    if local.removeprefix("body.") not in unit.tied:
+                        owners[key] = unit.get_parameter(local)
+        for module in built.values():
+            for unit in module.units:
+                for short, key in unit.tied.items():
+                    if key in owners:
+                        parent, _, leaf = f"body.{short}".rpartition(".")
+                        setattr(unit.get_submodule(parent), leaf, owners[key])
+
+    def _tp_mesh(self):
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ranks = self.layout.tp_groups[(self.replica, self.role.stages[0] % self.pp)]
+        return DeviceMesh.from_group(self.groups.group(ranks), self.device.type)
+
+    def _canonical_params(self) -> dict[str, nn.Parameter]:
+        out: dict[str, nn.Parameter] = {}
+        for module in self.stage_modules:
+            for unit in module.units:
+                for local, key in unit.canonical_names().items():
+                    out.setdefault(key, unit.get_parameter(local))
+        return out
+
+    def _build_schedule(self):
+        from torch.distributed.pipelining import ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
+
+        lane = self.layout.lanes[(self.replica, self.role.tp_index)]
+        group = self.groups.group(lane)
+        order = sorted(lane)
+        num_stages = self.plan.replicas[self.replica].pp
+        stages = []
+        for j, module in zip(self.role.stages, self.stage_modules):
+            stage = _TimedStage.make(module, j, num_stages, self.device, group, self.clock, self.hooks)
+            stages.append(stage)
+        m = self.plan.num_microbatches(self.replica)
+        loss = self._timed_loss(loss_fn_for(self.spec, self.plan.micro_batch / self.plan.global_batch))
+        kind = self.plan.schedule
+        if kind == "1f1b" and m < num_stages:
+            kind = "gpipe"  # torch's 1F1B needs >= pp micro-batches; GPipe computes the same step
+        if kind == "interleaved" and num_stages > 1:
+            if order != list(lane):
+                raise RuntimeFault("runtime: interleaved lanes must run on increasing ranks; order plan devices by stage")
+            schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss, scale_grads=False)
+        else:
+            kind = "gpipe" if kind == "interleaved" else kind
+            cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+            schedule = cls(stages[0], m, loss_fn=loss, scale_grads=False)
+            # Map stage index -> rank within the (sorted) lane group explicitly.
+            stages[0].stage_index_to_group_rank = {j: order.index(lane[j]) for j in range(num_stages)}
+        self._stages = stages
+        return schedule, kind
+
+    def _timed_loss(self, loss):
+        def timed(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            start = time.perf_counter()
+            value = loss(out, target)
+            self.hooks.on_compute(self.role.stages[-1], "fwd", time.perf_counter() - start)
+            self.clock.fwd += time.perf_counter() - start
+            return value
+        return timed
+
+    # ------------------------------------------------------------------------------- one step
+    def replica_rows(self) -> tuple[int, int]:
+        """Rows ``[first, last)`` of the global batch that this rank's replica processes."""
+        samples = self.plan.replica_samples()
+        first = sum(samples[: self.replica])
+        return first, first + samples[self.replica]
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This replica's ``(inputs, targets)`` of the deterministic global batch of ``step``."""
+        inputs, targets = synthetic_batch(self.spec, self.plan.global_batch, self.plan.seq_len, step)
+        first, last = self.replica_rows()
+        return inputs[first:last].to(self.device), targets[first:last].to(self.device)
+
+    def forward_backward(self, step: int) -> float:
+        """Run every micro-batch of this rank's replica; return this rank's share of the global loss
+        (its scaled micro-batch losses summed where it runs the last stage on TP lane 0, else 0)."""
+        for p in self.params.values():
+            p.grad = None
+        inputs, targets = self.batch(step)
+        holds_first = 0 in self.role.stages
+        holds_last = self.plan.replicas[self.replica].pp - 1 in self.role.stages
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if holds_first else ()
+        self.schedule.step(*args, target=targets if holds_last else None, losses=losses if holds_last else None,
+                           return_outputs=False)
+        if holds_last and self.role.tp_index == 0:
+            return float(sum(l.detach().float().item() for l in losses))
+        return 0.0
+
+    def sync_gradients(self) -> None:
+        """All-reduce (sum) every gradient bucket this rank belongs to, in the global bucket order."""
+        for bucket in self.layout.buckets:
+            if self.rank not in bucket.ranks:
+                continue
+            tensors = [self._grad_for_sync(k, bucket.full) for k in bucket.keys]
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            start = time.perf_counter()
+            self.hooks.on_collective("all_reduce", flat.numel() * flat.element_size(), bucket.ranks)
+            dist.all_reduce(flat, group=self.groups.group(bucket.ranks))
+            self.clock.comm += time.perf_counter() - start
+            offset = 0
+            for key, t in zip(bucket.keys, tensors):
+                self._store_synced(key, flat[offset: offset + t.numel()].view_as(t), bucket.full)
+                offset += t.numel()
+
+    def _grad_for_sync(self, key: str, full: bool) -> torch.Tensor:
+        p = self.params[key]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        g = _local(p.grad)
+        if not full:
+            return g
+        info = self._shard(key)
+        whole = torch.zeros(info.shape, dtype=g.dtype, device=g.device)
+        if info.tp_dim is None:
+            whole.copy_(g / self.role.tp)
+        else:
+            whole.narrow(info.tp_dim, self.role.tp_index * g.shape[info.tp_dim], g.shape[info.tp_dim]).copy_(g)
+        return whole
+
+    def _store_synced(self, key: str, value: torch.Tensor, full: bool) -> None:
+        g = _local(self.params[key].grad)
+        if full:
+            info = self._shard(key)
+            if info.tp_dim is not None:
+                value = value.narrow(info.tp_dim, self.role.tp_index * g.shape[info.tp_dim], g.shape[info.tp_dim])
+        g.copy_(value)
+
+    def _shard(self, key: str) -> ParamInfo:
+        info = self._param_info[key]
+        return info if self.role.tp > 1 else replace(info, tp_dim=None)
+
+    def global_loss(self, local: float) -> float:
+        """Sum the ranks' loss shares into the global mean loss (an all-reduce over every rank)."""
+        t = torch.tensor([local], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def step(self, step: int, *, sync_loss: bool = True) -> StepResult:
+        """One training step: forward/backward of every micro-batch, gradient sync, Adam."""
+        self.clock.reset()
+        mem = _MemoryProbe(self.device)
+        start = time.perf_counter()
+        local = self.forward_backward(step)
+        self.sync_gradients()
+        opt_start = time.perf_counter()
+        self.optimizer.step()
+        end = time.perf_counter()
+        peak, source = mem.peak()
+        loss = self.global_loss(local) if sync_loss else float("nan")
+        c = self.clock
+        step_s, opt_s = end - start, end - opt_start
+        timing = StepTiming(step_s=step_s, compute_s=c.fwd + c.bwd, comm_s=c.comm, optimizer_s=opt_s,
+                            idle_s=max(0.0, step_s - c.fwd - c.bwd - c.comm - opt_s), fwd_s=c.fwd, bwd_s=c.bwd)
+        return StepResult(step=step, loss=loss, timing=timing, peak_memory_bytes=peak, memory_source=source,
+                          tokens=self.plan.global_batch * self.plan.seq_len)
+
+    # ------------------------------------------------------------------------------- inspection
+    def local_gradients(self) -> dict[str, LocalGrad]:
+        """Every parameter's gradient as this rank holds it, by canonical key."""
+        out = {}
+        for key, p in self.params.items():
+            info = self._shard(key)
+            out[key] = LocalGrad(_local(p.grad).detach().clone(), self.role.tp, self.role.tp_index, info.tp_dim)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters by canonical key (DTensor shards under TP) and the optimizer state, for checkpoints."""
+        return {"model": dict(self.params), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for key, value in state["model"].items():
+                _local(self.params[key]).copy_(_local(value))
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _plan_units(plan: Plan) -> int:
+    return plan.replicas[0].stages[-1].layers[1]
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _all_has_cuda(device: torch.device) -> list[bool]:
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, device.type == "cuda")
+    return [bool(f) for f in flags]
+
+
+def _parallelize(module: _StageModule, mesh) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for unit in module.units:
+        plan = {}
+        for path, style in unit.tp_plan.items():
+            s = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+            s.src_data_rank = None  # every rank holds the same initial weights: slice locally, no scatter
+            plan[f"body.{path}"] = s
+        if plan:
+            parallelize_module(unit, mesh, plan)
+
+
+class _MemoryProbe:
+    """Peak memory of one step: CUDA allocator peak, or on CPU the peak resident set (VmHWM)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            return
+        self.start_rss = _proc_status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")  # resets VmHWM to the current RSS
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+
+    def peak(self) -> tuple[int, str]:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device)), "cuda_max_allocated"
+        hwm = _proc_status("VmHWM")
+        if self.resettable and hwm and self.start_rss:
+            return max(0, hwm - self.start_rss), "rss_peak_delta"
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_peak_since_start"
+
+
+def _proc_status(field_name: str) -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

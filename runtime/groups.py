@@ -1,0 +1,187 @@
+"""Process groups of a plan: who talks to whom, and over which backend.
+
+Rank ``r`` runs device ``plan.devices[r]`` (:func:`device_ranks`). From the plan alone, every process
+derives the same :class:`CommLayout` (no communication needed):
+
+* the tensor-parallel group of each stage (its devices);
+* the pipeline *lanes* of each replica: lane ``t`` links the ``t``-th device of every stage, so that
+  each TP rank sends its (replicated) activations to its counterpart in the next stage;
+* the gradient buckets: one per unit and set of ranks holding the same piece of it (the same TP
+  shard) in any replica, also when replicas cut the model at different places. Tied weights (GPT-2's
+  embedding and LM head) form their own bucket among every rank holding either copy. When replicas
+  hold a unit with different TP degrees, the bucket spans all holders and exchanges full-size
+  gradients (each rank adds its shard in place, or its replicated copy divided by its TP degree).
+
+:class:`ProcessGroups` then creates the groups collectively, in one global order, with a backend per
+group: ``nccl`` only when every member has a CUDA device, ``gloo`` otherwise (HETHUB's unified
+communicator: one group per homogeneous set where possible, gloo across vendors and hosts).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence
+
+from hetpart.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.plan import Plan
+    from hetpart.runtime.models import UnitInfo
+
+__all__ = ["RankRole", "GradBucket", "CommLayout", "ProcessGroups", "device_ranks", "rank_roles",
+           "comm_layout", "backend_for"]
+
+Backend = Literal["gloo", "nccl"]
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """What one rank does in the plan."""
+
+    rank: int
+    device: str
+    """Device id ``g/n/i`` of the plan that this rank runs."""
+    replica: int
+    stages: tuple[int, ...]
+    """Indices of the replica's stages this rank runs (several for the interleaved schedule)."""
+    tp: int
+    """Tensor-parallel degree of those stages."""
+    tp_index: int
+    """Position of this rank in its TP group (its shard and its pipeline lane)."""
+    units: tuple[int, ...]
+    """Every unit this rank holds, in order."""
+
+
+@dataclass(frozen=True)
+class GradBucket:
+    """Gradients all-reduced together: parameters of one unit held by the same group of ranks."""
+
+    ranks: tuple[int, ...]
+    """Members, sorted."""
+    keys: tuple[str, ...]
+    """Canonical parameter keys, in model order."""
+    full: bool
+    """True when members hold the unit with different TP degrees (full-size exchange)."""
+    unit: int
+    """The unit the keys belong to (the owner unit for tied weights)."""
+
+
+@dataclass(frozen=True)
+class CommLayout:
+    """Every group a plan needs, derived identically on every rank."""
+
+    roles: tuple[RankRole, ...]
+    tp_groups: dict[tuple[int, int], tuple[int, ...]]
+    """``(replica, stage % pp)`` -> ranks of the stage's TP group, in TP order."""
+    lanes: dict[tuple[int, int], tuple[int, ...]]
+    """``(replica, tp_index)`` -> ranks of the pipeline lane, in stage order."""
+    buckets: tuple[GradBucket, ...]
+    """Gradient buckets in the global order every rank follows."""
+
+    def all_rank_sets(self) -> list[tuple[int, ...]]:
+        """Distinct sorted rank sets to create: lanes (even of one rank: a pipeline stage needs a
+        group), TP groups of two or more ranks, gradient buckets."""
+        sets = {tuple(sorted(r)) for r in self.lanes.values()}
+        sets |= {tuple(sorted(r)) for r in self.tp_groups.values() if len(r) > 1}
+        sets |= {b.ranks for b in self.buckets}
+        return sorted(sets, key=lambda s: (len(s), s))
+
+
+def device_ranks(plan: "Plan") -> dict[str, int]:
+    """Device id -> rank: ranks follow ``plan.devices`` (replica by replica, stage by stage)."""
+    return {d: i for i, d in enumerate(plan.devices)}
+
+
+def _pp(plan: "Plan", replica: int) -> int:
+    return plan.replicas[replica].pp // max(1, plan.interleave if plan.schedule == "interleaved" else 1)
+
+
+def rank_roles(plan: "Plan") -> tuple[RankRole, ...]:
+    """The role of every rank, indexed by rank."""
+    ranks = device_ranks(plan)
+    found: dict[int, dict] = {}
+    for i, r in enumerate(plan.replicas):
+        tps = {s.tp for s in r.stages}
+        if len(tps) > 1:
+            raise PlanError(f"plan: replicas[{i}].stages: tensor-parallel degrees {sorted(tps)} differ; the runtime "
+                            "pairs TP ranks stage to stage, so give every stage of a replica the same tp")
+        for j, s in enumerate(r.stages):
+            for t, d in enumerate(s.devices):
+                role = found.setdefault(ranks[d], {"replica": i, "stages": [], "tp": s.tp, "tp_index": t, "units": []})
+                role["stages"].append(j)
+                role["units"].extend(range(*s.layers))
+    return tuple(RankRole(rank=k, device=d, replica=found[k]["replica"], stages=tuple(found[k]["stages"]),
+                          tp=found[k]["tp"], tp_index=found[k]["tp_index"], units=tuple(found[k]["units"]))
+                 for d, k in ranks.items())
+
+
+def comm_layout(plan: "Plan", units: Sequence["UnitInfo"]) -> CommLayout:
+    """The groups of ``plan`` for a model whose units are described by ``units``."""
+    roles = rank_roles(plan)
+    ranks = device_ranks(plan)
+    tp_groups: dict[tuple[int, int], tuple[int, ...]] = {}
+    lanes: dict[tuple[int, int], tuple[int, ...]] = {}
+    for i, r in enumerate(plan.replicas):
+        pp = _pp(plan, i)
+        for j in range(pp):
+            tp_groups[(i, j)] = tuple(ranks[d] for d in r.stages[j].devices)
+        for t in range(r.stages[0].tp):
+            lanes[(i, t)] = tuple(ranks[r.stages[j].devices[t]] for j in range(pp))
+    return CommLayout(roles=roles, tp_groups=tp_groups, lanes=lanes, buckets=_buckets(roles, units))
+
+
+def _buckets(roles: Sequence[RankRole], units: Sequence["UnitInfo"]) -> tuple[GradBucket, ...]:
+    owner = {p.key: u.index for u in units for p in u.params if p.key.startswith(u.name + ".")}
+    holders: dict[str, dict[int, RankRole]] = defaultdict(dict)
+    for role in roles:
+        for u in role.units:
+            for p in units[u].params:
+                holders[p.key][role.rank] = role
+    grouped: dict[tuple[tuple[int, ...], bool, int], list[str]] = defaultdict(list)
+    order = {p.key: n for n, p in enumerate(p for u in units for p in u.params)}
+    for key in sorted(holders, key=order.__getitem__):
+        held = holders[key]
+        tps = {role.tp for role in held.values()}
+        if len(tps) == 1:
+            for t in range(tps.pop()):
+                group = tuple(sorted(k for k, role in held.items() if role.tp_index == t))
+                if len(group) > 1:
+                    grouped[(group, False, owner.get(key, 0))].append(key)
+        elif len(held) > 1:
+            grouped[(tuple(sorted(held)), True, owner.get(key, 0))].append(key)
+    return tuple(GradBucket(ranks=g, keys=tuple(keys), full=full, unit=u)
+                 for (g, full, u), keys in sorted(grouped.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])))
+
+
+def backend_for(ranks: Sequence[int], has_cuda: Sequence[bool]) -> Backend:
+    """``nccl`` only when every member has a CUDA device, ``gloo`` otherwise."""
+    return "nccl" if all(has_cuda[r] for r in ranks) else "gloo"
+
+
+class ProcessGroups:
+    """The torch process groups of a :class:`CommLayout`, created collectively by every rank.
+
+    Args:
+        layout: the plan's groups.
+        has_cuda: for every rank, whether it runs on a CUDA device (all-gathered by the caller).
+    """
+
+    def __init__(self, layout: CommLayout, has_cuda: Sequence[bool]):
+        import torch.distributed as dist
+
+        self.layout = layout
+        self.backends: dict[tuple[int, ...], Backend] = {}
+        self._groups: dict[tuple[int, ...], object] = {}
+        me = dist.get_rank()
+        # Every rank creates every group in the same order (new_group is collective over the world).
+        for ranks in layout.all_rank_sets():
+            backend = backend_for(ranks, has_cuda)
+            group = dist.new_group(list(ranks), backend=backend)
+            if me in ranks:
+                self._groups[ranks] = group
+                self.backends[ranks] = backend
+
+    def group(self, ranks: Sequence[int]):
+        """The process group of exactly these ranks (this rank must be a member)."""
+        return self._groups[tuple(sorted(ranks))]

@@ -1,0 +1,511 @@
+"""Models that run: real torch modules split into the sequential units of hetpart's unit graph.
+
+A transformer becomes ``embedding, block_0 .. block_{L-1}, head`` (the head returns logits; the
+loss is applied by the engine), exactly the units a plan's ``layers`` ranges index. Three sources:
+
+* ``transformers`` GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``) built from a config
+  on the meta device (no weights, no network), then materialised unit by unit;
+* hetpart's own small GPT implementation (:class:`GPTBlock` ...), with separate q/k/v projections so
+  that tensor parallelism can split heads (the transformers GPT-2 fuses q/k/v in a ``Conv1D``,
+  which column-wise sharding would cut across q, k and v); it also stands in for the OPT and BERT
+  families, which are run as pre-LN causal GPTs of the same shape;
+* ``python:MODULE:FUNCTION``: a function returning ``(module, example_inputs)`` whose top-level
+  children, run one after the other, compute the module (checked on the example input).
+
+Weights are initialised per parameter from ``(seed, canonical name)``, so any process that builds any
+subset of units gets the same numbers as the single-process reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hetpart.errors import ModelError
+from hetpart.graph.load import resolve_transformer
+from hetpart.graph.transformer import TransformerConfig
+
+__all__ = [
+    "Scale", "SCALES", "scaled_config", "scaled_seq_len", "RunnableSpec", "runnable_spec", "ParamInfo",
+    "UnitInfo", "UnitModel", "build_units", "unit_infos", "synthetic_batch", "GPTBlock",
+]
+
+Impl = Literal["transformers", "hetpart"]
+_INIT_STD = 0.02
+
+
+# ----------------------------------------------------------------------------------- shrinking
+@dataclass(frozen=True)
+class Scale:
+    """Shape of a shrunken model: same number of units, smaller everything else."""
+
+    hidden_size: int
+    """Width of the shrunken model."""
+    num_heads: int
+    """Attention heads (raised to a multiple of the plan's largest tensor-parallel degree)."""
+    vocab_size: int
+    """Vocabulary of the shrunken model."""
+    seq_len: int
+    """Largest sequence length the shrunken run uses."""
+
+
+SCALES: dict[str, Scale] = {
+    "tiny": Scale(hidden_size=64, num_heads=4, vocab_size=256, seq_len=32),
+    "small": Scale(hidden_size=256, num_heads=8, vocab_size=2048, seq_len=128),
+}
+
+
+def _scale_of(scale: str | int) -> Scale:
+    if isinstance(scale, bool) or not isinstance(scale, (str, int)):
+        raise ModelError(f"--scale: expected tiny, small or a hidden size, got {scale!r}")
+    if isinstance(scale, str) and scale.isdigit():
+        scale = int(scale)
+    if isinstance(scale, int):
+        if not 8 <= scale <= 65536:
+            raise ModelError(f"--hidden-size: {scale} is outside 8..65536; give a hidden size such as 128")
+        heads = max(1, scale // 32)
+        return Scale(hidden_size=scale, num_heads=heads, vocab_size=min(32768, 8 * scale), seq_len=min(512, scale))
+    if scale not in SCALES:
+        raise ModelError(f"--scale: unknown scale {scale!r}; use tiny, small or a hidden size such as 128")
+    return SCALES[scale]
+
+
+def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_multiple_of: int = 1) -> TransformerConfig:
+    """The same family and number of units with a small hidden size, head count and vocabulary.
+
+    Args:
+        config: the full-size shape.
+        scale: ``"tiny"``, ``"small"`` or an explicit hidden size.
+        heads_multiple_of: the head count (and key/value head count) is raised to a multiple of this,
+            so that a plan's tensor-parallel degrees still divide them.
+
+    Example:
+        >>> from hetpart.catalog.models import MODEL_CATALOG
+        >>> c = scaled_config(MODEL_CATALOG["llama2-70b"], "tiny", heads_multiple_of=2)
+        >>> (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads)
+        (80, 64, 4, 2)
+    """
+    s = _scale_of(scale)
+    m = max(1, heads_multiple_of)
+    heads = -(-s.num_heads // m) * m
+    hidden = -(-s.hidden_size // heads) * heads
+    group = max(1, config.num_heads // config.kv_heads)
+    kv = max(m, heads // group)
+    while heads % kv:
+        kv += m
+    ffn_ratio = config.ffn / config.hidden_size
+    ffn = max(m, int(round(hidden * ffn_ratio / (2 * m))) * 2 * m)
+    return replace(
+        config, hidden_size=hidden, num_heads=heads, num_kv_heads=kv if config.num_kv_heads else 0,
+        ffn_hidden_size=ffn, vocab_size=min(config.vocab_size, s.vocab_size),
+        max_positions=max(s.seq_len, 8), embed_dim=0, position_offset=0, published_params=0.0,
+    )
+
+
+def scaled_seq_len(seq_len: int, scale: str | int = "tiny") -> int:
+    """The sequence length a shrunken run uses for a plan of ``seq_len`` tokens."""
+    return max(1, min(seq_len, _scale_of(scale).seq_len))
+
+
+# ----------------------------------------------------------------------------------- the spec
+@dataclass(frozen=True)
+class RunnableSpec:
+    """What model a runtime process builds: plain data, JSON-ready for the launcher's job file."""
+
+    name: str
+    """Model name (catalog name or config path), for reports."""
+    config: TransformerConfig | None = None
+    """Transformer shape (None for ``python:`` models)."""
+    python_spec: str = ""
+    """``python:MODULE:FUNCTION`` for user models ("" for transformers)."""
+    impl: Impl = "transformers"
+    """Which implementation runs a transformer: the ``transformers`` library or hetpart's own."""
+    seed: int = 0
+    """Seed of the deterministic per-parameter initialisation."""
+    scaled_from: str = ""
+    """Scale used to shrink the model ("" when it runs at full size)."""
+
+    def __post_init__(self) -> None:
+        if (self.config is None) == (not self.python_spec):
+            raise ModelError("runnable model: give exactly one of a transformer config or a python: spec")
+        if self.impl not in ("transformers", "hetpart"):
+            raise ModelError(f"runnable model: impl {self.impl!r}; use transformers or hetpart")
+
+    @property
+    def num_units(self) -> int:
+        if self.config is not None:
+            return self.config.num_layers + 2
+        return len(_python_children(self.python_spec)[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "config": self.config.to_dict() if self.config else None,
+                "python_spec": self.python_spec, "impl": self.impl, "seed": self.seed, "scaled_from": self.scaled_from}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunnableSpec":
+        cfg = data.get("config")
+        return cls(name=data["name"], config=TransformerConfig(**cfg) if cfg else None,
+                   python_spec=data.get("python_spec", ""), impl=data.get("impl", "transformers"),
+                   seed=int(data.get("seed", 0)), scaled_from=data.get("scaled_from", ""))
+
+
+def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1,
+                  impl: Impl | Literal["auto"] = "auto", seed: int = 0) -> RunnableSpec:
+    """Resolve ``--model`` (catalog name, config.json, ``python:``) into what a process builds.
+
+    ``impl="auto"`` runs GPT-2 with ``transformers`` unless tensor parallelism is needed
+    (``max_tp > 1``), Llama always with ``transformers``, and OPT/BERT shapes with hetpart's GPT.
+    """
+    if model.startswith("python:"):
+        _python_children(model)  # fail early with a clear message
+        return RunnableSpec(name=model, python_spec=model, seed=seed)
+    resolved = resolve_transformer(model)
+    assert resolved is not None
+    name, cfg, _ = resolved
+    if scale is not None:
+        cfg = scaled_config(cfg, scale, heads_multiple_of=max_tp)
+    if impl == "auto":
+        impl = "transformers" if cfg.family == "llama" or (cfg.family == "gpt2" and max_tp == 1) else "hetpart"
+    if impl == "transformers" and cfg.family not in ("gpt2", "llama"):
+        raise ModelError(f"--model: {name} ({cfg.family}) has no transformers runner here; use impl 'hetpart'")
+    return RunnableSpec(name=name, config=cfg, impl=impl, seed=seed, scaled_from=str(scale or ""))
+
+
+# ----------------------------------------------------------------------------------- unit modules
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of a unit, as every process can know it without building the unit."""
+
+    key: str
+    """Canonical name (``"block_3.attn.q.weight"``); a tied copy carries its owner's key."""
+    shape: tuple[int, ...]
+    """Full (unsharded) shape."""
+    tp_dim: int | None
+    """Dimension split by tensor parallelism, or None when replicated across the TP group."""
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """A unit's parameters and how tensor parallelism treats them."""
+
+    index: int
+    name: str
+    params: tuple[ParamInfo, ...]
+    tp_plan: dict[str, Literal["colwise", "rowwise"]] = field(default_factory=dict)
+    """Submodule path -> style, for ``torch.distributed.tensor.parallel`` (empty: not shardable)."""
+
+
+class UnitModel(nn.Module):
+    """One unit: ``forward(x) -> y``; ``tied`` maps local parameter names to their owner's key."""
+
+    def __init__(self, name: str, body: nn.Module, run: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                 tp_plan: dict[str, str] | None = None, tied: dict[str, str] | None = None):
+        super().__init__()
+        self.unit_name = name
+        self.body = body
+        self._run = run
+        self.tp_plan = dict(tp_plan or {})
+        self.tied = dict(tied or {})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(self.body, x)
+
+    def canonical_names(self) -> dict[str, str]:
+        """Local parameter name -> canonical key."""
+        out = {}
+        for n, _ in self.named_parameters(remove_duplicate=False):
+            short = n.removeprefix("body.")
+            out[n] = self.tied.get(short, f"{self.unit_name}.{short}")
+        return out
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+# -- hetpart's own GPT ------------------------------------------------------------------------
+class _Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        h, kv = cfg.hidden_size, cfg.kv_dim
+        self.head_dim = cfg.head_dim
+        self.q = nn.Linear(h, h, bias=cfg.bias)
+        self.k = nn.Linear(h, kv, bias=cfg.bias)
+        self.v = nn.Linear(h, kv, bias=cfg.bias)
+        self.o = nn.Linear(h, h, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.ffn, cfg.hidden_size, bias=cfg.bias)
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class GPTBlock(nn.Module):
+    """A pre-LayerNorm GPT block (GPT-2 math with separate q/k/v projections)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden_size)
+        self.attn = _Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.hidden_size)
+        self.mlp = _MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+_HETPART_TP = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
+               "mlp.fc": "colwise", "mlp.proj": "rowwise"}
+_LLAMA_TP = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+             "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+             "mlp.down_proj": "rowwise"}
+
+
+def _positions(x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(x.shape[1], device=x.device)
+
+
+def _hetpart_unit(cfg: TransformerConfig, index: int) -> UnitModel:
+    last = cfg.num_layers + 1
+    if index == 0:
+        body = nn.ModuleDict({"wte": nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+                              "wpe": nn.Embedding(cfg.max_positions, cfg.hidden_size)})
+        return UnitModel("embedding", body, lambda m, x: m["wte"](x) + m["wpe"](_positions(x)))
+    if index == last:
+        body = nn.ModuleDict({"ln_f": nn.LayerNorm(cfg.hidden_size),
+                              "lm_head": nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)})
+        tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
+        return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
+    return UnitModel(f"block_{index - 1}", GPTBlock(cfg), lambda m, x: m(x), tp_plan=_HETPART_TP)
+
+
+# -- transformers GPT-2 and Llama -------------------------------------------------------------
+def _hf_model(cfg: TransformerConfig) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # token ids of the full vocabulary outside a shrunken one
+    if cfg.family == "gpt2":
+        hf = GPT2Config(n_embd=cfg.hidden_size, n_layer=cfg.num_layers, n_head=cfg.num_heads,
+                        n_inner=cfg.ffn, vocab_size=cfg.vocab_size, n_positions=cfg.max_positions,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                        tie_word_embeddings=cfg.tied_embeddings)
+        cls = GPT2LMHeadModel
+    else:
+        hf = LlamaConfig(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
+                         intermediate_size=cfg.ffn, vocab_size=cfg.vocab_size,
+                         max_position_embeddings=cfg.max_positions, tie_word_embeddings=cfg.tied_embeddings,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        cls = LlamaForCausalLM
+    # sdpa with no mask runs causal attention (is_causal), which is what a bare block needs.
+    hf._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        return cls(hf)
+
+
+def _gpt2_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
+    t = hf.transformer
+    if index == 0:
+        body = nn.ModuleDict({"wte": t.wte, "wpe": t.wpe})
+        return UnitModel("embedding", body, lambda m, x: m["wte"](x) + m["wpe"](_positions(x)))
+    if index == cfg.num_layers + 1:
+        lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")  # untie: own copy
+        body = nn.ModuleDict({"ln_f": t.ln_f, "lm_head": lm_head})
+        tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
+        return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
+    return UnitModel(f"block_{index - 1}", t.h[index - 1], lambda m, x: _first(m(x)))
+
+
+class _LlamaBlock(nn.Module):
+    def __init__(self, layer: nn.Module, config: Any):
+        super().__init__()
+        self.layer = layer
+        self._config = config
+        self._rotary: list[nn.Module] = []  # a list, so the parameterless rotary table is no submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._rotary or self._rotary[0].inv_freq.device != x.device:
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+            with torch.device("cpu"):
+                self._rotary[:] = [LlamaRotaryEmbedding(self._config).to(x.device)]
+        pos = _positions(x).unsqueeze(0)
+        return _first(self.layer(x, position_ids=pos, position_embeddings=self._rotary[0](x, pos)))
+
+
+def _llama_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
+    m = hf.model
+    if index == 0:
+        return UnitModel("embedding", nn.ModuleDict({"embed_tokens": m.embed_tokens}),
+                         lambda b, x: b["embed_tokens"](x))
+    if index == cfg.num_layers + 1:
+        lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
+        body = nn.ModuleDict({"norm": m.norm, "lm_head": lm_head})
+        tied = {"lm_head.weight": "embedding.embed_tokens.weight"} if cfg.tied_embeddings else {}
+        return UnitModel("head", body, lambda b, x: b["lm_head"](b["norm"](x)), tied=tied)
+    tp = {f"layer.{k}": v for k, v in _LLAMA_TP.items()}
+    return UnitModel(f"block_{index - 1}", _LlamaBlock(m.layers[index - 1], hf.config), lambda b, x: b(x), tp_plan=tp)
+
+
+# -- python: models ----------------------------------------------------------------------------
+def _python_children(spec: str) -> tuple[list[nn.Module], Any]:
+    _, _, target = spec.partition(":")
+    module_name, _, func_name = target.partition(":")
+    if not module_name or not func_name:
+        raise ModelError(f"--model: {spec!r} is not python:MODULE:FUNCTION")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        module, example = func()
+    except Exception as exc:  # user code: any failure becomes one clear line
+        raise ModelError(f"--model: {spec}: calling the model function failed: {exc.__class__.__name__}: {exc}") from None
+    if not isinstance(module, nn.Module):
+        raise ModelError(f"--model: {spec}: the function must return (torch.nn.Module, example_inputs)")
+    children = list(module.children())
+    if not children:
+        raise ModelError(f"--model: {spec}: the module has no child modules to split into units")
+    _check_sequential(spec, module, children, example)
+    return children, example
+
+
+def _check_sequential(spec: str, module: nn.Module, children: list[nn.Module], example: Any) -> None:
+    args = example if isinstance(example, tuple) else (example,)
+    if any(p.is_meta for p in module.parameters()):
+        return  # cannot run a meta module; trust its structure
+    with torch.no_grad():
+        full = module(*args)
+        x = args[0] if len(args) == 1 else args
+        for child in children:
+            x = child(x)
+    if not isinstance(full, torch.Tensor) or not isinstance(x, torch.Tensor) or not torch.allclose(full, x):
+        raise ModelError(f"--model: {spec}: running the top-level children one after the other does not give the "
+                         "module's output; return a module whose children form a sequence (e.g. nn.Sequential)")
+
+
+# ----------------------------------------------------------------------------------- building
+def build_units(spec: RunnableSpec, indices: list[int] | range, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> list[UnitModel]:
+    """The unit modules ``indices`` of ``spec``, initialised deterministically on ``device``."""
+    n = spec.num_units
+    bad = [i for i in indices if not 0 <= i < n]
+    if bad:
+        raise ModelError(f"runtime: units {bad} do not exist; {spec.name} has {n} units")
+    units = _meta_units(spec, list(indices))
+    for unit in units:
+        _materialise(unit, spec.seed, torch.device(device), dtype)
+    return units
+
+
+def _meta_units(spec: RunnableSpec, indices: list[int]) -> list[UnitModel]:
+    cfg = spec.config
+    if cfg is None:
+        children, _ = _python_children(spec.python_spec)
+        return [UnitModel(f"unit_{i}", children[i], lambda m, x: m(x)) for i in indices]
+    if spec.impl == "hetpart":
+        with torch.device("meta"):
+            return [_hetpart_unit(cfg, i) for i in indices]
+    hf = _hf_model(cfg)
+    make = _gpt2_unit if cfg.family == "gpt2" else _llama_unit
+    return [make(hf, cfg, i) for i in indices]
+
+
+def _materialise(unit: UnitModel, seed: int, device: torch.device, dtype: torch.dtype) -> None:
+    if any(t.is_meta for t in [*unit.parameters(), *unit.buffers()]):
+        unit.to_empty(device=device)
+    else:
+        unit.to(device)
+    names = unit.canonical_names()
+    with torch.no_grad():
+        for local, p in unit.named_parameters():
+            p.copy_(_init_value(names[local], p.shape, seed).to(device))
+    unit.to(dtype)
+
+
+def _init_value(key: str, shape: torch.Size, seed: int) -> torch.Tensor:
+    """GPT-2 style values: norms 1, biases 0, matrices N(0, 0.02), from (seed, key) alone."""
+    leaf = key.rsplit(".", 1)[-1]
+    if len(shape) == 1:
+        parent = key.rsplit(".", 2)[-2] if key.count(".") >= 1 else ""
+        is_norm = leaf == "weight" and any(s in parent for s in ("ln", "norm"))
+        return torch.ones(shape) if is_norm else torch.zeros(shape)
+    gen = torch.Generator().manual_seed((zlib.crc32(key.encode()) + 1_000_003 * seed) % (2**63))
+    return torch.randn(shape, generator=gen) * _INIT_STD
+
+
+def unit_infos(spec: RunnableSpec) -> list[UnitInfo]:
+    """Every unit's parameters (canonical keys, full shapes, TP split), built on the meta device."""
+    out = []
+    for i, unit in enumerate(_meta_units(spec, list(range(spec.num_units)))):
+        names = unit.canonical_names()
+        params = tuple(ParamInfo(names[n], tuple(p.shape), _tp_dim(n, unit.tp_plan))
+                       for n, p in unit.named_parameters())
+        out.append(UnitInfo(i, unit.unit_name, params, dict(unit.tp_plan)))
+    return out
+
+
+def _tp_dim(local: str, tp_plan: dict[str, str]) -> int | None:
+    module, _, leaf = local.removeprefix("body.").rpartition(".")
+    style = tp_plan.get(module)
+    if style == "colwise":
+        return 0
+    if style == "rowwise":
+        return 1 if leaf == "weight" else None
+    return None
+
+
+# ----------------------------------------------------------------------------------- data
+def synthetic_batch(spec: RunnableSpec, global_batch: int, seq_len: int, step: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic, learnable global batch ``(inputs, targets)`` for training step ``step``.
+
+    Transformers get token sequences ``start, start+k, start+2k, ...`` (mod vocabulary) with a stride
+    ``k`` in 1..3, and the next tokens as targets: a pattern a model learns within a few steps.
+
+    Shapes:
+        inputs, targets: ``[global_batch, seq_len]`` (int64) for transformers; for ``python:`` models
+        inputs repeat the example's per-sample shape and targets are zeros of the output's shape.
+    """
+    gen = torch.Generator().manual_seed(1_000_003 * spec.seed + step)
+    if spec.config is not None:
+        vocab = spec.config.vocab_size
+        start = torch.randint(0, vocab, (global_batch, 1), generator=gen)
+        stride = torch.randint(1, 4, (global_batch, 1), generator=gen)
+        seq = (start + stride * torch.arange(seq_len + 1)) % vocab
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    return _python_batch(spec, global_batch, gen)
+
+
+def _python_batch(spec: RunnableSpec, global_batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    children, example = _python_children(spec.python_spec)
+    x = example[0] if isinstance(example, tuple) else example
+    sample = x[:1]
+    if sample.dtype in (torch.int64, torch.int32):
+        high = int(x.max()) + 1 if x.numel() else 2
+        inputs = torch.randint(0, max(2, high), (global_batch, *sample.shape[1:]), generator=gen, dtype=sample.dtype)
+    else:
+        inputs = torch.randn((global_batch, *sample.shape[1:]), generator=gen, dtype=sample.dtype)
+    with torch.no_grad():
+        out = nn.Sequential(*children)(sample) if not any(p.is_meta for c in children for p in c.parameters()) else sample
+    return inputs, torch.zeros((global_batch, *out.shape[1:]), dtype=out.dtype)
