@@ -19,25 +19,27 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 from hetpart.costmodel.collectives import ring_allreduce_time_s
-from hetpart.costmodel.efficiency import matmul_efficiency, unit_gemm_width
+from hetpart.costmodel.efficiency import EfficiencyCurve, curve_for, unit_gemm_width
 
 __all__ = ["unit_compute_s", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s"]
 
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
-                   recompute: str) -> tuple[np.ndarray, np.ndarray]:
+                   recompute: str, curve: EfficiencyCurve | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
+    ``curve`` overrides the device's efficiency curve (calibration uses it).
     """
     peak = gpu.tflops(precision) * 1e12
+    curve = curve or curve_for(gpu)
     tokens = micro_batch * model.seq_len
     fwd = np.empty(model.num_units)
     bwd = np.empty(model.num_units)
     for i, u in enumerate(model.units):
         shard = tp if u.tp_shardable else 1
         width = unit_gemm_width(u.width, u.kind, shard, u.fwd_flops / model.seq_len)
-        rate = peak * matmul_efficiency(gpu, width, tokens, precision) * shard
+        rate = peak * curve.efficiency(width, tokens, peak / 1e12) * shard
         fwd[i] = u.fwd_flops * micro_batch / rate
         bwd[i] = (u.bwd_flops + u.recompute_flops[recompute]) * micro_batch / rate
     return fwd, bwd

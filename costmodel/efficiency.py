@@ -4,11 +4,11 @@ Matrix units reach their datasheet peak only on large matrix products. For a tra
 products are ``tokens x width x width/tp`` (the tensor-parallel shard), so we model the fraction of
 peak a device reaches as
 
-    eff(w, n) = e_max / (1 + (w0 / w) ** alpha + (w0 / n) ** alpha)
+    eff(w) = e_max / (1 + (w0 / w) ** alpha),   w = min(width / tp, tokens)
 
-with ``w`` the smallest matrix dimension of the unit's products on one device (``width / tp`` for a
-transformer block) and ``n`` the tokens of one micro-batch (``micro_batch * seq_len``): a product is
-slow when either of its dimensions is small. ``w0`` grows with the device's peak (a faster device
+with ``w`` the smallest matrix dimension of the unit's products on one device: the tensor-parallel
+shard of the hidden width (``width / tp`` for a transformer block) or the tokens of one micro-batch
+(``micro_batch * seq_len``) when that is smaller -- a product is slow when any of its dimensions is. ``w0`` grows with the device's peak (a faster device
 needs bigger products to hide the same fixed costs): ``w0 = w0_ref * (peak / peak_ref) ** (1/alpha)``.
 
 Curves (``CURVES``), one per generation:
@@ -54,16 +54,16 @@ class EfficiencyCurve:
 
     def efficiency(self, width: float, tokens: float, peak_tflops: float) -> float:
         """Fraction of ``peak_tflops`` reached on products of smallest dimension ``width`` over ``tokens`` rows."""
-        w0 = self.w0(peak_tflops)
-        return self.e_max / (1.0 + (w0 / max(width, 1.0)) ** self.alpha + (w0 / max(tokens, 1.0)) ** self.alpha)
+        w = max(min(width, tokens), 1.0)
+        return self.e_max / (1.0 + (self.w0(peak_tflops) / w) ** self.alpha)
 
 
 # Produced by hetpart.costmodel.calibration.fit_a100_curve() (tests/test_calibration.py re-fits and
 # compares). Keep the three numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.7407, w0_ref=297.6, alpha=1.166, peak_ref_tflops=312.0,
+_AMPERE = EfficiencyCurve("ampere", e_max=0.8820, w0_ref=610.8, alpha=1.0, peak_ref_tflops=312.0,
                           status="fitted: Korthikanti et al. 2022 Table 5 (A100-80GB, 8 step times)")
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.4213, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+_VOLTA = EfficiencyCurve("volta", e_max=0.3680, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)")
 
 CURVES: dict[str, EfficiencyCurve] = {"ampere": _AMPERE, "volta": _VOLTA}

@@ -43,8 +43,10 @@ def _pool_tp(pool: Pool, model: "ModelGraph", tp: int) -> int | None:
     return max(fitting) if fitting else None
 
 
-def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[Plan]:
-    """Identical replicas, each one pipeline across every pool; layers by speed, batch even."""
+def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
+    """Identical replicas, each one pipeline across every pool; layers by speed, batch even.
+
+    Yields one list per layout: the same plan under each allowed recompute mode, least first."""
     pools = _zone_order(device_pools(cluster))
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -60,12 +62,14 @@ def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
             replicas = [[grp for g, s in zip(groups, per) for grp in g[r * s:(r + 1) * s]] for r in range(dp)]
             samples = workload.global_batch // dp
             for mb in microbatch_options(samples):
-                for rc in recompute_modes(workload):
-                    yield assemble(replicas, [bounds] * dp, [samples // mb] * dp, mb, rc, workload)
+                yield [assemble(replicas, [bounds] * dp, [samples // mb] * dp, mb, rc, workload)
+                       for rc in recompute_modes(workload)]
 
 
-def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[Plan]:
-    """Each pool runs its own ``pp``-stage replicas; batch shares in proportion to replica speed."""
+def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
+    """Each pool runs its own ``pp``-stage replicas; batch shares in proportion to replica speed.
+
+    Yields one list per layout, like :func:`holmes_plans`."""
     pools = device_pools(cluster)
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -83,8 +87,8 @@ def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> 
                 counts = proportional_counts(speeds, workload.global_batch // mb)
                 if counts is None:
                     continue
-                for rc in recompute_modes(workload):
-                    yield assemble(replicas, [bounds] * len(replicas), counts, mb, rc, workload)
+                yield [assemble(replicas, [bounds] * len(replicas), counts, mb, rc, workload)
+                       for rc in recompute_modes(workload)]
 
 
 def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
@@ -100,8 +104,11 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
     best = None
-    for candidate in (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload)):
-        best = best_of([best, evaluate(candidate)])
+    for variants in (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload)):
+        # more recomputation of the same layout is only slower: keep the least that fits
+        fitting = next((p for p in variants if evaluate.fits(p)), None)
+        if fitting is not None:
+            best = best_of([best, evaluate(fitting)])
     if best is None:
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")

@@ -146,9 +146,14 @@ def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int, bound
 
 
 def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float]) -> float:
+    """Gradient all-reduce of the stage with the most gradient bytes (peers of one stage share a pool,
+    so the other stages' rings look alike and finish earlier)."""
     from hetpart.costmodel.collectives import allreduce_time_s
 
-    return max((allreduce_time_s(b, peers, ctx.cluster) for b, peers in zip(grad_bytes, peer_sets)), default=0.0)
+    if not grad_bytes:
+        return 0.0
+    j = int(np.argmax(grad_bytes))
+    return allreduce_time_s(grad_bytes[j], peer_sets[j], ctx.cluster)
 
 
 def _lower_bound_s(costs: list[StageCosts], m: int) -> float:

@@ -40,16 +40,21 @@ def uniform_grid(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
 
 
 def _plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", tp: int, pp: int, dp: int,
-           ) -> Iterator[Plan]:
+           fits) -> Iterator[Plan]:
+    """Per micro-batch size, the plan with the least recomputation that fits (more recomputation of
+    the same plan is only slower)."""
     from hetpart.costmodel.megatron import megatron_plan
 
-    for recompute in recompute_modes(workload):
-        for micro_batch in microbatch_options(workload.global_batch // dp):
+    for micro_batch in microbatch_options(workload.global_batch // dp):
+        for recompute in recompute_modes(workload):
             try:
-                yield megatron_plan(model, cluster, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
-                                    schedule="1f1b", interleave=1, recompute=recompute)
+                candidate = megatron_plan(model, cluster, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+                                          schedule="1f1b", interleave=1, recompute=recompute)
             except HetpartError:
-                continue
+                break
+            if fits(candidate):
+                yield candidate
+                break
 
 
 def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
@@ -62,7 +67,7 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
     evaluate = evaluator or Evaluator(model, cluster, workload)
     best = None
     for tp, pp, dp in uniform_grid(model, cluster, workload):
-        for candidate in _plans(model, cluster, workload, tp, pp, dp):
+        for candidate in _plans(model, cluster, workload, tp, pp, dp, evaluate.fits):
             best = best_of([best, evaluate(candidate)])
     if best is None:
         raise no_plan_error(model, cluster, workload, "uniform",

@@ -135,11 +135,36 @@ class Evaluator:
         self.ignore_memory = ignore_memory
         self.simulator = Simulator(model, cluster)
         self.calls = 0
+        self._stage_gb: dict[tuple, float] = {}
+
+    def fits(self, plan_: Plan) -> bool:
+        """Whether every device of ``plan_`` holds its stage (the simulator's memory rule, without
+        simulating the schedule): a cheap filter before :meth:`__call__`."""
+        from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
+
+        if self.ignore_memory:
+            return True
+        v = plan_.interleave if plan_.schedule == "interleaved" else 1
+        for r, rep in enumerate(plan_.replicas):
+            pp, m = rep.pp // v, plan_.num_microbatches(r)
+            for d in range(pp):
+                flight = in_flight_microbatches(plan_.schedule, d, pp, m, v)
+                need = 0.0
+                for k in range(d, rep.pp, pp):
+                    s = rep.stages[k]
+                    key = (s.layers, s.tp, plan_.micro_batch, flight, plan_.recompute)
+                    if key not in self._stage_gb:
+                        self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, s.tp, plan_.micro_batch, flight,
+                                                              plan_.recompute, plan_.precision)
+                    need += self._stage_gb[key]
+                if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
+                    return False
+        return True
 
     def __call__(self, plan_: Plan) -> Evaluated | None:
         """The plan's prediction; None when it breaks a rule or does not fit (unless ``ignore_memory``)."""
         self.calls += 1
-        if plan_.validate(self.model, self.cluster):
+        if plan_.validate(self.model, self.cluster) or not self.fits(plan_):
             return None
         try:
             prediction = self.simulator.simulate(plan_, _fixed(self.workload, plan_), validate=False)

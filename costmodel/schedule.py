@@ -12,10 +12,12 @@ Two implementations give the same numbers:
 
 * :func:`simulate_pipeline_events` -- the reference: a discrete-event simulation, one operation at a
   time, with a heap of completion events;
-* :func:`pipeline_timing` / :func:`pipeline_step_time_s` -- the fast path: every device's sequence is
-  a max-plus scan (``end_j = max(end_{j-1}, ready_j) + d_j`` is ``C_j + cummax(ready_i - C_{i-1})``),
-  vectorized over all devices at once and repeated until the cross-device arrival times stop changing
-  (a monotone fixed-point iteration that reaches the exact longest path).
+* :func:`pipeline_timing` / :func:`pipeline_step_time_s` -- the fast path, the longest paths of the
+  operation graph: for small pipelines with equal micro-batches one scalar pass in a cached
+  topological order; otherwise every device's sequence is a max-plus scan (``end_j = max(end_{j-1},
+  ready_j) + d_j`` is ``C_j + cummax(ready_i - C_{i-1})``) vectorized with numpy, swept over the
+  devices in alternating directions until the arrival times stop changing (a monotone fixed-point
+  iteration that reaches the exact longest paths).
 
 Shapes:
     fwd, bwd: ``[K, M]`` seconds per virtual stage and micro-batch (``K = pp * interleave``; virtual
@@ -193,24 +195,96 @@ def _as_arrays(fwd, bwd, p2p, interleave: int):
     return fwd, bwd, (p2p if p2p.size else np.zeros(1)), k_total // interleave, m
 
 
-def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> PipelineTiming:
-    """Exact start and end of every operation (the fast, vectorized path). Shapes: see the module doc."""
-    fwd, bwd, p2p, pp, m = _as_arrays(fwd, bwd, p2p, interleave)
-    lay = _layout(schedule, pp, m, interleave)
-    dur = np.where(lay.kind == FWD, fwd[lay.stage, lay.mb], bwd[lay.stage, lay.mb])
-    delay = np.where(lay.has_dep, p2p[lay.p2p_index], 0.0)
+_SCALAR_LIMIT_OPS = 3000
+"""Below this many operations one scalar pass in topological order beats numpy's per-call overhead."""
+
+
+@lru_cache(maxsize=256)
+def _topological(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """``(op, previous op on the device, cross-device predecessor, duration slot, p2p slot)`` in a
+    topological order of the operation graph (``-1`` = none; flat op ids ``device * n + j``)."""
+    lay = _layout(schedule, pp, m, v)
+    n = lay.kind.shape[1]
+    total = pp * n
+    prev = [-1 if j == 0 else i - 1 for i in range(total) for j in (i % n,)]
+    dep = [int(x) if h else -1 for x, h in zip(lay.dep.ravel().tolist(), lay.has_dep.ravel().tolist())]
+    slot = (lay.kind * (pp * v) + lay.stage).ravel().tolist()
+    p2p = lay.p2p_index.ravel().tolist()
+    waiting = [(a >= 0) + (b >= 0) for a, b in zip(prev, dep)]
+    succ: list[list[int]] = [[] for _ in range(total)]
+    for i in range(total):
+        for p in (prev[i], dep[i]):
+            if p >= 0:
+                succ[p].append(i)
+    stack = [i for i in range(total) if waiting[i] == 0]
+    out = []
+    while stack:
+        i = stack.pop()
+        out.append((i, prev[i], dep[i], slot[i], p2p[i]))
+        for s in succ[i]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                stack.append(s)
+    if len(out) != total:
+        raise RuntimeError("pipeline schedule has a dependency cycle; the op order is inconsistent")
+    return tuple(out)
+
+
+def _scalar_pass(dur: np.ndarray, delay_p2p: np.ndarray, schedule: str, pp: int, m: int, v: int,
+                 fwd_bwd_flat: list[float]) -> np.ndarray:
+    """End times ``[pp, n]`` by one pass over the operations in topological order (exact)."""
+    end = [0.0] * (dur.size + 1)  # end[-1] stays 0: "no predecessor"
+    p2p = delay_p2p.tolist()
+    for i, prev, dep, slot, pi in _topological(schedule, pp, m, v):
+        t = end[prev]
+        if dep >= 0:
+            r = end[dep] + p2p[pi]
+            if r > t:
+                t = r
+        end[i] = t + fwd_bwd_flat[slot]
+    return np.array(end[:-1]).reshape(dur.shape)
+
+
+def _sweep_pass(dur: np.ndarray, delay: np.ndarray, lay: "_Layout") -> np.ndarray:
+    """End times by Gauss-Seidel sweeps of per-device max-plus scans, alternately over ascending and
+    descending devices, until nothing changes (the least fixed point = the exact longest paths)."""
     csum = np.cumsum(dur, axis=1)
     cprev = csum - dur
     end = csum.copy()
-    flat_dep = lay.dep.ravel()
-    for _ in range(dur.size + 1):
-        ready = np.where(lay.has_dep, end.ravel()[flat_dep].reshape(dur.shape) + delay, 0.0)
-        new = csum + np.maximum.accumulate(np.maximum(ready - cprev, 0.0), axis=1)
-        if np.array_equal(new, end):
+    flat = end.ravel()
+    pp = dur.shape[0]
+    for sweep in range(dur.size + 1):
+        changed = False
+        for d in (range(pp) if sweep % 2 == 0 else range(pp - 1, -1, -1)):
+            ready = flat[lay.dep[d]] + delay[d]
+            ready[~lay.has_dep[d]] = 0.0
+            ready -= cprev[d]
+            np.maximum(ready, 0.0, out=ready)
+            np.maximum.accumulate(ready, out=ready)
+            ready += csum[d]
+            if not changed and not np.array_equal(ready, end[d]):
+                changed = True
+            end[d] = ready
+        if not changed:
             break
-        end = new
-    start = end - dur
-    return PipelineTiming(float(end.max()), start, end, lay.kind, lay.stage, lay.mb)
+    return end
+
+
+def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> PipelineTiming:
+    """Exact start and end of every operation (the fast path). Shapes: see the module doc.
+
+    Below a few thousand operations a single scalar pass in topological order is fastest; above, the
+    devices' sequences are max-plus scans vectorized with numpy, swept to the fixed point.
+    """
+    fwd, bwd, p2p, pp, m = _as_arrays(fwd, bwd, p2p, interleave)
+    lay = _layout(schedule, pp, m, interleave)
+    dur = np.where(lay.kind == FWD, fwd[lay.stage, lay.mb], bwd[lay.stage, lay.mb])
+    constant = m == 1 or (np.all(fwd == fwd[:, :1]) and np.all(bwd == bwd[:, :1]))
+    if dur.size <= _SCALAR_LIMIT_OPS and constant:
+        end = _scalar_pass(dur, p2p, schedule, pp, m, interleave, fwd[:, 0].tolist() + bwd[:, 0].tolist())
+    else:
+        end = _sweep_pass(dur, np.where(lay.has_dep, p2p[lay.p2p_index], 0.0), lay)
+    return PipelineTiming(float(end.max()), end - dur, end, lay.kind, lay.stage, lay.mb)
 
 
 def pipeline_step_time_s(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> float:

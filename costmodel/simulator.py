@@ -21,8 +21,9 @@ Memory per device follows :mod:`~hetpart.costmodel.memory`.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,8 +36,8 @@ from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.collectives import allreduce_time_s, p2p_time_s
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
-from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb, \
-    stage_params_per_device
+from hetpart.costmodel.efficiency import EfficiencyCurve
+from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, in_flight_microbatches, memory_capacity_gb
 from hetpart.costmodel.schedule import pipeline_timing
 
 __all__ = ["Prediction", "Simulator", "simulate", "OPTIMIZER_BYTES_PER_PARAM"]
@@ -103,21 +104,27 @@ class Simulator:
         True
     """
 
-    def __init__(self, model: ModelGraph, cluster: Cluster) -> None:
+    def __init__(self, model: ModelGraph, cluster: Cluster,
+                 curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None) -> None:
+        """``curve_of`` overrides the efficiency curve per device type (calibration fits through it)."""
         self.model = model
         self.cluster = cluster
+        self._curve_of = curve_of
         self._unit_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._link_cache: dict[tuple[str, str], Any] = {}
         self._ar_cache: dict[tuple, float] = {}
-        self._params = np.array([u.params for u in model.units], dtype=float)
-        self._shardable = np.array([u.tp_shardable for u in model.units])
+        self._tables = _Tables(model)
+        self._tp_link_cache: dict[tuple[str, ...], tuple[float, float]] = {}
+        self._capacity_cache: dict[str, float] = {}
+        self._gpu_cache: dict[str, GPUSpec] = {}
 
     # --------------------------------------------------------------------------------- costs
     def _unit_prefix(self, gpu: GPUSpec, tp: int, mb: int, precision: str, recompute: str, tp_link) -> tuple:
         key = (gpu.name, gpu.tflops_bf16, gpu.tflops_fp32, tp, mb, precision, recompute, tp_link)
         hit = self._unit_cache.get(key)
         if hit is None:
-            fwd, bwd = unit_compute_s(self.model, gpu, tp, mb, precision, recompute)
+            curve = self._curve_of(gpu) if self._curve_of else None
+            fwd, bwd = unit_compute_s(self.model, gpu, tp, mb, precision, recompute, curve)
             tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link) if tp > 1 else (fwd * 0, bwd * 0)
             z = np.zeros(1)
             hit = tuple(np.concatenate([z, np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb))
@@ -131,6 +138,24 @@ class Simulator:
         return self._link_cache[key]
 
     def _tp_link(self, devices: tuple[str, ...]) -> tuple[float, float]:
+        hit = self._tp_link_cache.get(devices)
+        if hit is None:
+            hit = self._tp_link_cache[devices] = self._tp_link_uncached(devices)
+        return hit
+
+    def _gpu(self, device_id: str) -> GPUSpec:
+        gpu = self._gpu_cache.get(device_id)
+        if gpu is None:
+            gpu = self._gpu_cache[device_id] = self.cluster.device(device_id).gpu
+        return gpu
+
+    def _capacity_gb(self, device_id: str) -> float:
+        gpu = self._gpu(device_id)
+        if gpu.name not in self._capacity_cache:
+            self._capacity_cache[gpu.name] = memory_capacity_gb(gpu)
+        return self._capacity_cache[gpu.name]
+
+    def _tp_link_uncached(self, devices: tuple[str, ...]) -> tuple[float, float]:
         bw, lat = float("inf"), 0.0
         for i in range(len(devices)):
             link = self._link(devices[i], devices[(i + 1) % len(devices)])
@@ -139,7 +164,7 @@ class Simulator:
         return bw, lat
 
     def _slowest_gpu(self, devices: tuple[str, ...]) -> GPUSpec:
-        return min((self.cluster.device(d).gpu for d in devices), key=lambda g: g.tflops_bf16)
+        return min((self._gpu(d) for d in devices), key=lambda g: g.tflops_bf16)
 
     def _stage_cost(self, stage, plan: Plan) -> _StageCost:
         gpu = self._slowest_gpu(stage.devices)
@@ -177,31 +202,37 @@ class Simulator:
 
     # --------------------------------------------------------------------------------- data parallel
     def _dp_segments(self, plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], float]]:
-        """Groups of units held by the same (replica, stage) set, with their gradient bytes per device."""
+        """Groups of consecutive units held by the same (replica, stage) set, with their gradient bytes
+        per device (the smallest TP shard among the holders), plus tied-embedding copies."""
         grad_bytes = DTYPE_BYTES[plan.precision]
-        holders_per_unit = []
-        for u in range(self.model.num_units):
-            holders_per_unit.append(tuple((r, _stage_of(rep, u)) for r, rep in enumerate(plan.replicas)))
+        cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
+        starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         segments: dict[tuple, float] = {}
-        for u, holders in enumerate(holders_per_unit):
-            tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-            shard = tp_min if self._shardable[u] else 1
-            segments[holders] = segments.get(holders, 0.0) + self._params[u] * grad_bytes / shard
-        segments.update(self._tied_segments(plan, holders_per_unit, grad_bytes))
-        return [(h, b) for h, b in segments.items() if len(set(h)) > 1 and b > 0]
-
-    def _tied_segments(self, plan: Plan, holders_per_unit, grad_bytes: int) -> dict[tuple, float]:
-        owner = (self.model.arch or {}).get("tied_owner")
-        names = [u.name for u in self.model.units]
-        if owner not in names:
-            return {}
-        o = names.index(owner)
-        out: dict[tuple, float] = {}
-        for u, unit in enumerate(self.model.units):
-            if unit.shared_params and holders_per_unit[u] != holders_per_unit[o]:
-                holders = tuple(sorted(set(holders_per_unit[u]) | set(holders_per_unit[o])))
+        spans: list[tuple[int, int, tuple]] = []
+        for a, z in zip(cuts[:-1], cuts[1:]):
+            holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
+            spans.append((a, z, holders))
+            if plan.dp > 1:
                 tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-                out[holders] = out.get(holders, 0.0) + unit.shared_params * grad_bytes / tp_min
+                sharded, whole = self._tables.params(a, z)
+                segments[holders] = segments.get(holders, 0.0) + (sharded / tp_min + whole) * grad_bytes
+        for holders, nbytes in self._tied_segments(plan, spans, grad_bytes):
+            segments[holders] = segments.get(holders, 0.0) + nbytes
+        return [(h, b) for h, b in segments.items() if len(h) > 1 and b > 0]
+
+    def _tied_segments(self, plan: Plan, spans, grad_bytes: int) -> list[tuple[tuple, float]]:
+        owner = self._tables.owner
+        if owner < 0:
+            return []
+        def holders_of(u):
+            return next(h for a, z, h in spans if a <= u < z)
+        out = []
+        for u in self._tables.sharers:
+            hu, ho = holders_of(u), holders_of(owner)
+            if hu != ho:
+                holders = tuple(sorted(set(hu) | set(ho)))
+                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                out.append((holders, self.model.units[u].shared_params * grad_bytes / tp_min))
         return out
 
     def _allreduce_s(self, nbytes: float, holders, plan: Plan) -> float:
@@ -247,9 +278,8 @@ class Simulator:
             pp, m = reps[r].pp, reps[r].m
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                gb = sum(stage_memory_gb(self.model, *rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch,
-                                         flight, plan.recompute, plan.precision)
-                         for k in range(d, rep.pp, pp))
+                gb = sum(self._tables.memory_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, flight,
+                                                plan.recompute) for k in range(d, rep.pp, pp))
                 per_group[(r, d)] = gb
                 for dev in rep.stages[d].devices:
                     per_device[dev] = gb
@@ -257,9 +287,9 @@ class Simulator:
 
     def _optimizer_s(self, plan: Plan, r: int, d: int, pp: int) -> float:
         rep = plan.replicas[r]
-        params = sum(stage_params_per_device(self.model, *rep.stages[k].layers, rep.stages[k].tp)
+        params = sum(self._tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp)
                      for k in range(d, rep.pp, pp))
-        hbm = min(self.cluster.device(x).gpu.hbm_gbyte_s for x in rep.stages[d].devices)
+        hbm = min(self._gpu(x).hbm_gbyte_s for x in rep.stages[d].devices)
         return params * OPTIMIZER_BYTES_PER_PARAM / (hbm * 1e9)
 
     # --------------------------------------------------------------------------------- main
@@ -275,7 +305,9 @@ class Simulator:
         step = sync_end + max(optim.values())
         per_device, per_group = self._memory(plan, reps)
         breakdown = self._breakdown(plan, reps, dp_spent, optim, per_group)
-        metrics = self._metrics(plan, reps, step, per_device, breakdown)
+        metrics = self._metrics(plan, reps, step, breakdown)
+        for b in breakdown:
+            del b["gpus"]
         timeline = self._timeline(plan, reps, dp_events, optim, sync_end) if trace else []
         return Prediction(step_time_s=float(step), tokens_per_s=metrics["tokens_per_s"],
                           samples_per_s=metrics["samples_per_s"], fits_in_memory=metrics["fits_in_memory"],
@@ -312,26 +344,28 @@ class Simulator:
                     "bubble_s": float(info.timing.makespan_s - busy[d]),
                     "optimizer_s": optim[(r, d)],
                     "memory_gb": per_group[(r, d)],
-                    "capacity_gb": min(memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices),
+                    "capacity_gb": min(self._capacity_gb(x) for x in rep.stages[d].devices),
+                    "gpus": [self._gpu(x) for x in rep.stages[d].devices],
                 })
         return out
 
-    def _metrics(self, plan, reps, step, per_device, breakdown) -> dict[str, Any]:
+    def _metrics(self, plan, reps, step, breakdown) -> dict[str, Any]:
         model = self.model
         samples = plan.global_batch
         model_flops = model.train_flops * samples
         recompute = sum(u.recompute_flops[plan.recompute] for u in model.units) * samples
-        devices = plan.devices
-        peak = sum(self.cluster.device(d).gpu.tflops(plan.precision) for d in devices) * 1e12
-        n = len(devices)
-        span = sum(reps[b["replica"]].timing.makespan_s for b in breakdown)
-        bubble = sum(b["bubble_s"] for b in breakdown) / span if span > 0 else 0.0
+        peak = 0.0
+        n = 0
         peak_mem: dict[str, float] = {}
-        fits = True
-        for dev, gb in per_device.items():
-            gpu = self.cluster.device(dev).gpu
-            peak_mem[gpu.name] = max(peak_mem.get(gpu.name, 0.0), gb)
-            fits = fits and gb <= memory_capacity_gb(gpu)
+        span = bubble = 0.0
+        for b in breakdown:
+            for gpu in b["gpus"]:
+                peak_mem[gpu.name] = max(peak_mem.get(gpu.name, 0.0), b["memory_gb"])
+                peak += gpu.tflops(plan.precision) * 1e12
+            n += len(b["gpus"])
+            span += reps[b["replica"]].timing.makespan_s
+            bubble += b["bubble_s"]
+        fits = all(b["memory_gb"] <= b["capacity_gb"] for b in breakdown)
         step = float(step)
         return {
             "step_time_s": step,
@@ -340,7 +374,7 @@ class Simulator:
             "hardware_tflops_per_device": float((model_flops + recompute) / step / n / 1e12),
             "model_tflops_per_device": float(model_flops / step / n / 1e12),
             "mfu": float(model_flops / step / peak),
-            "bubble_fraction": float(bubble),
+            "bubble_fraction": float(bubble / span) if span > 0 else 0.0,
             "peak_memory_gb": {k: float(x) for k, x in peak_mem.items()},
             "fits_in_memory": bool(fits),
         }
@@ -365,11 +399,48 @@ class Simulator:
         return events
 
 
-def _stage_of(replica, unit: int) -> int:
-    for k, s in enumerate(replica.stages):
-        if s.layers[0] <= unit < s.layers[1]:
-            return k
-    raise PlanError(f"plan: unit {unit} is held by no stage; every unit must be covered")
+class _Tables:
+    """Prefix sums over the units of a model, so any stage ``[first, last)`` costs O(1).
+
+    Same accounting as :func:`~hetpart.costmodel.memory.stage_memory_gb` (tests compare the two).
+    """
+
+    def __init__(self, model: ModelGraph) -> None:
+        def prefix(values):
+            return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))]).tolist()
+
+        units = model.units
+        sh = [1.0 if u.tp_shardable else 0.0 for u in units]
+        self._p_sh = prefix([u.params * f for u, f in zip(units, sh)])
+        self._p_rep = prefix([u.params * (1 - f) for u, f in zip(units, sh)])
+        self._s_sh = prefix([u.shared_params * f for u, f in zip(units, sh)])
+        self._s_rep = prefix([u.shared_params * (1 - f) for u, f in zip(units, sh)])
+        self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
+                            prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
+                     for mode in ("none", "selective", "full")}
+        self._none = [(u.act_bytes["none"], u.tp_shardable) for u in units]
+        names = [u.name for u in units]
+        tied = (model.arch or {}).get("tied_owner")
+        self.owner = names.index(tied) if tied in names else -1
+        self.sharers = [i for i, u in enumerate(units) if u.shared_params]
+
+    def params(self, a: int, z: int) -> tuple[float, float]:
+        """(tensor-parallel-sharded, replicated) parameters owned by units ``[a, z)``."""
+        return self._p_sh[z] - self._p_sh[a], self._p_rep[z] - self._p_rep[a]
+
+    def params_per_device(self, a: int, z: int, tp: int) -> float:
+        sharded, whole = self.params(a, z)
+        if not a <= self.owner < z:
+            sharded += self._s_sh[z] - self._s_sh[a]
+            whole += self._s_rep[z] - self._s_rep[a]
+        return sharded / tp + whole
+
+    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str) -> float:
+        sh, rep = self._act[recompute]
+        acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
+        if recompute == "full" and z > a:
+            acts += max(b / (tp if s else 1) for b, s in self._none[a:z]) * micro_batch
+        return (self.params_per_device(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,
