@@ -45,7 +45,8 @@ def require_keys(exc, data: dict, source: str, field: str, required: Iterable[st
             hint = (difflib.get_close_matches(str(key), missing, n=1)
                     or difflib.get_close_matches(str(key), sorted(allowed), n=1))
             fix = f"did you mean '{hint[0]}'?" if hint else f"allowed keys: {', '.join(sorted(allowed))}"
-            raise fail(exc, source, f"{field}.{key}" if field else str(key), f"unknown key; {fix}")
+            name = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else show(key)
+            raise fail(exc, source, f"{field}.{name}" if field else name, f"unknown key; {fix}")
     for key in required:
         if key not in data:
             raise fail(exc, source, f"{field}.{key}" if field else key, "missing required field; add it")
