@@ -99,7 +99,7 @@ class _Tracker:
         self.current = 0
         self.param_users: dict[int, list[int]] = {}
         self.saved_storages: dict[int, torch.Tensor] = {}
-        self.score_keys: set[int] = set()
+        self.score_keys: dict[int, torch.Tensor] = {}
 
     def enter(self, name: str, kind: str, in_bytes: float) -> None:
         if name not in self.index:
@@ -144,7 +144,7 @@ class _Tracker:
         made = False
         for o in pytree.tree_leaves(out):
             if makes and self._square(o):
-                self.score_keys.add(_storage_key(o))
+                self.score_keys[_storage_key(o)] = o  # kept alive, so that no other storage reuses the key
                 made = True
         return reads or made
 

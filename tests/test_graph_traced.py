@@ -1,0 +1,232 @@
+"""Traced model graphs (``hetpart.graph.trace``) and the analytic-vs-traced check.
+
+Small GPT-2 and Llama models are built from configs with transformers (no weights, no network),
+traced through one training step on fake tensors, and compared with the analytic formulas of
+``hetpart.graph.transformer`` for the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from hetpart import load_model
+from hetpart.cli.app import main
+from hetpart.errors import ModelError
+from hetpart.graph.hf_config import hf_config_to_transformer
+from hetpart.graph.trace import trace_module
+from hetpart.graph.transformer import transformer_graph
+from tests.fixtures.toy import HIDDEN, VOCAB, ToyLM
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ, BATCH = 64, 2
+REL = 0.02
+
+
+def _ids(batch: int = BATCH, seq: int = SEQ) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+def _traced_and_analytic(model_cls, config, name: str):
+    with torch.device("meta"):
+        model = model_cls(config)
+    ids = _ids()
+    traced = trace_module(model, {"input_ids": ids, "labels": ids}, name=name, seq_len=SEQ)
+    analytic = transformer_graph(hf_config_to_transformer(config.to_dict(), name), name, SEQ)
+    return traced, analytic
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    config = GPT2Config(n_embd=256, n_layer=3, n_head=4, n_positions=128, vocab_size=1000,
+                        activation_function="gelu_pytorch_tanh", attn_implementation="eager")
+    return _traced_and_analytic(GPT2LMHeadModel, config, "tiny-gpt2")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=344, vocab_size=1000, max_position_embeddings=256,
+                         attn_implementation="sdpa")
+    return _traced_and_analytic(LlamaForCausalLM, config, "tiny-llama"), config
+
+
+def test_gpt2_traced_matches_korthikanti(gpt2) -> None:
+    """GPT-2, traced, agrees with the analytic FLOPs, parameters and activation bytes within 2%.
+
+    Chosen so that the comparison is meaningful: eager attention (the ``s x s`` scores are real tensors)
+    with dropout active (embd/attn/resid_pdrop 0.1, training mode), which is exactly the layer
+    Korthikanti et al. count (``34 s h + 5 a s^2`` bytes); ``gelu_pytorch_tanh`` is GPT-2's ``gelu_new``
+    as one fused op (HF's ``gelu_new`` is written out elementwise and would keep four extra ``s x 4h``
+    tensors); batch 2, because at batch 1 reshaping the query for the batched matmul is a view that
+    keeps the whole fused QKV output alive (+4 s h bytes), which no batch above 1 does. The tracer
+    runs dropout as the fused GPU kernel (a 1-byte mask). Head dim 64 equals seq_len 64 here, so the
+    attention scores must be told apart from K^T and V by data flow, not by shape alone.
+    """
+    traced, analytic = gpt2
+    assert [u.name for u in traced.units] == [u.name for u in analytic.units]
+    assert traced.num_params == analytic.num_params
+    assert traced.train_flops == pytest.approx(analytic.train_flops, rel=REL)
+    for t, a in zip(traced.units, analytic.units):
+        assert t.kind == a.kind
+        assert t.params == a.params and t.shared_params == a.shared_params, t.name
+        assert t.fwd_flops == pytest.approx(a.fwd_flops, rel=REL), t.name
+        assert t.bwd_flops == pytest.approx(a.bwd_flops, rel=REL), t.name
+        assert t.out_act_bytes == pytest.approx(a.out_act_bytes, rel=REL), t.name
+        assert t.width == a.width
+        for mode in ("none", "selective", "full"):
+            assert t.act_bytes[mode] == pytest.approx(a.act_bytes[mode], rel=REL), (t.name, mode)
+            assert t.recompute_flops[mode] == pytest.approx(a.recompute_flops[mode], rel=REL), (t.name, mode)
+    s, h, a_heads = SEQ, 256, 4
+    assert traced.units[1].act_bytes["none"] == pytest.approx(34 * s * h + 5 * a_heads * s * s, rel=REL)
+
+
+def test_gpt2_tied_embedding_is_owned_once(gpt2) -> None:
+    traced, _ = gpt2
+    head = traced.units[-1]
+    assert head.shared_params == 1000 * 256 and traced.arch == {"tied_owner": "embedding"}
+    assert traced.range_params(0, traced.num_units) == traced.num_params
+    assert traced.range_params(traced.num_units - 1, traced.num_units) == head.params + head.shared_params
+
+
+def test_llama_gqa_traced_matches_analytic(llama) -> None:
+    """Llama with grouped-query attention, traced, agrees with the analytic numbers within 2%.
+
+    Attention runs as ``sdpa``, which on (fake) CPU tensors is the CPU flash kernel (its FLOP formulas
+    are registered by the tracer) with K/V kept at the KV-head width: what a Llama trains with. Flash
+    attention keeps no ``s x s`` scores, so the traced ``none`` is compared with the analytic
+    ``selective`` (which drops them), and two differences that are right are added, not hidden:
+
+    - HF's ``LlamaRMSNorm`` is written in Python: per norm it keeps a float32 copy of its input
+      (``4 s h``), the float32 ``rsqrt`` (``4 s``) and the normalised 16-bit tensor (``2 s h``) where a
+      fused RMSNorm (Megatron, Korthikanti) keeps the 16-bit input (``2 s h``): ``+4 s h + 4 s`` per norm.
+    - the flash kernel keeps its float32 log-sum-exp (``4 a s``), and its backward recomputes
+      ``Q K^T`` (torch's flash formula counts it: ``+2 s^2 h`` backward FLOPs per layer).
+    """
+    (traced, analytic), config = llama
+    s, h, a_heads = SEQ, config.hidden_size, config.num_attention_heads
+    norm_extra = 4 * s * h + 4 * s
+    assert traced.num_params == analytic.num_params
+    for t, a in zip(traced.units, analytic.units):
+        assert (t.name, t.params, t.shared_params) == (a.name, a.params, a.shared_params)
+        assert t.fwd_flops == pytest.approx(a.fwd_flops, rel=REL), t.name
+        flash_recompute = 2 * s * s * h if t.kind == "block" else 0
+        assert t.bwd_flops == pytest.approx(a.bwd_flops + flash_recompute, rel=REL), t.name
+        assert t.out_act_bytes == pytest.approx(a.out_act_bytes, rel=REL), t.name
+    blocks = [(t, a) for t, a in zip(traced.units, analytic.units) if t.kind == "block"]
+    for t, a in blocks:
+        expected = a.act_bytes["selective"] + 2 * norm_extra + 4 * a_heads * s
+        assert t.act_bytes["none"] == pytest.approx(expected, rel=REL), t.name
+        assert t.act_bytes["selective"] == t.act_bytes["none"] and t.recompute_flops["selective"] == 0.0
+        assert t.act_bytes["full"] == pytest.approx(a.act_bytes["full"], rel=REL)
+    assert traced.units[0].act_bytes["none"] == pytest.approx(analytic.units[0].act_bytes["none"], rel=REL)
+    assert traced.units[-1].act_bytes["none"] == pytest.approx(
+        analytic.units[-1].act_bytes["none"] + norm_extra, rel=REL)
+
+
+def _toy(batch: int = 1, seq: int = 32):
+    with torch.device("meta"):
+        return ToyLM(), torch.zeros(batch, seq, dtype=torch.long)
+
+
+def test_toy_units_and_counts_from_shapes() -> None:
+    model, ids = _toy()
+    graph = trace_module(model, ids, name="toy", seq_len=32)
+    assert [u.name for u in graph.units] == ["embedding", "block_0", "block_1", "head"]
+    assert graph.num_params == sum(p.numel() for p in model.parameters())
+    s, h, f, v = 32, HIDDEN, 4 * HIDDEN, VOCAB
+    block = graph.units[1]
+    assert block.fwd_flops == 2 * 2 * s * h * f and block.bwd_flops == 2 * block.fwd_flops
+    assert graph.units[-1].fwd_flops == 2 * s * h * v
+    assert block.out_act_bytes == 2 * s * h and graph.units[-1].out_act_bytes == 2 * s * v  # logits
+    assert block.act_bytes["full"] == 2 * s * h and block.recompute_flops["full"] == block.fwd_flops
+    # LayerNorm input and its fp16 mean/rstd, up input, GELU input, down input; no attention scores
+    assert block.act_bytes["none"] == 2 * s * h + 2 * 2 * s + 2 * s * h + 2 * s * f + 2 * s * f
+    assert block.act_bytes["selective"] == block.act_bytes["none"] and block.recompute_flops["selective"] == 0
+
+
+def test_numbers_are_per_sequence_and_follow_precision() -> None:
+    one = trace_module(*_toy(batch=1), name="toy", seq_len=32)
+    three = trace_module(*_toy(batch=3), name="toy", seq_len=32)
+    fp32 = trace_module(*_toy(batch=1), name="toy", seq_len=32, precision="fp32")
+    for a, b, c in zip(one.units, three.units, fp32.units):
+        assert (a.fwd_flops, a.bwd_flops, a.act_bytes) == (b.fwd_flops, b.bwd_flops, b.act_bytes)
+        assert c.out_act_bytes == 2 * a.out_act_bytes and c.fwd_flops == a.fwd_flops
+    assert (one.dtype_bytes, fp32.dtype_bytes) == (2, 4)
+
+
+def test_units_argument_names_the_units() -> None:
+    model, ids = _toy()
+    graph = trace_module(model, ids, name="toy", seq_len=32, units=["embed", "blocks.0", ["blocks.1", "norm", "out"]])
+    assert [(u.name, u.kind) for u in graph.units] == [("embed", "module"), ("blocks.0", "module"),
+                                                       ("blocks.1+norm+out", "module")]
+    assert graph.num_params == sum(p.numel() for p in model.parameters())
+    assert graph.units[2].fwd_flops == 2 * 2 * 32 * HIDDEN * 4 * HIDDEN + 2 * 32 * HIDDEN * VOCAB
+    with pytest.raises(ModelError, match=r"units: 'blocks\.7': no such submodule; names look like: embed"):
+        trace_module(model, ids, name="toy", seq_len=32, units=["embed", "blocks.7"])
+    with pytest.raises(ModelError, match=r"units: 'blocks\.0' overlaps 'blocks'; name disjoint submodules"):
+        trace_module(model, ids, name="toy", seq_len=32, units=["blocks", "blocks.0"])
+
+
+def test_modules_without_repeated_blocks_split_at_top_level_children() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    graph = trace_module(model, torch.zeros(4, 10, 16), name="mlp", seq_len=10, precision="fp32")
+    assert [u.name for u in graph.units] == ["0", "1", "2"]
+    assert [u.params for u in graph.units] == [16 * 32 + 32, 0, 32 * 8 + 8]
+    assert [u.fwd_flops for u in graph.units] == [2 * 10 * 16 * 32, 0, 2 * 10 * 32 * 8]
+    # the input needs no gradient, so the first layer computes no input gradient
+    assert [u.bwd_flops for u in graph.units] == [2 * 10 * 16 * 32, 0, 2 * 2 * 10 * 32 * 8]
+
+
+def test_bad_modules_and_inputs_are_model_errors() -> None:
+    model, ids = _toy()
+    with pytest.raises(ModelError, match=r"example_inputs: expected a tensor, a tuple of arguments or a dict"):
+        trace_module(model, "ids", name="toy", seq_len=32)
+    with pytest.raises(ModelError, match=r"--precision: 'int8' is not one of bf16, fp16, fp32"):
+        trace_module(model, ids, name="toy", seq_len=32, precision="int8")
+    with pytest.raises(ModelError, match=r"output holds no tensor that needs a gradient"):
+        trace_module(model.requires_grad_(False), ids, name="toy", seq_len=32)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("python:tests.fixtures.toy:build_fails",
+     r"python:tests\.fixtures\.toy:build_fails: calling build_fails\(\) failed \(RuntimeError: weights file not found\)"),
+    ("python:tests.fixtures.toy:not_a_model", r"not_a_model\(\) must return \(torch\.nn\.Module, example_inputs\), got str"),
+    ("python:tests.fixtures.toy:missing", r"module 'tests\.fixtures\.toy' has no function 'missing'"),
+    ("python:tests.fixtures.nowhere:build", r"importing tests\.fixtures\.nowhere failed \(ModuleNotFoundError"),
+    ("python:tests.fixtures.toy", r"expected python:MODULE:FUNCTION"),
+    ("python:tests.fixtures.data_dependent:build", r"tracing one training step failed .*shapes alone"),
+])
+def test_python_spec_errors_are_one_clear_line(spec: str, message: str, capsys) -> None:
+    with pytest.raises(ModelError, match=message):
+        load_model(spec, seq_len=16)
+    assert main(["inspect", "model", spec, "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_python_spec_passes_seq_len() -> None:
+    graph = load_model("python:tests.fixtures.toy:build", seq_len=16, precision="fp32")
+    assert graph.seq_len == 16 and graph.dtype_bytes == 4 and graph.source == "python:tests.fixtures.toy:build"
+    assert graph.units[1].out_act_bytes == 4 * 16 * HIDDEN
+
+
+def test_cli_inspect_python_model_json() -> None:
+    """The contract's command, run as a user would from the repository root (user code is opt-in)."""
+    cli = Path(sys.executable).parent / "hetpart"  # the console script: the repository is not on its sys.path
+    proc = subprocess.run([str(cli), "inspect", "model", "python:tests.fixtures.toy:build", "--seq-len", "32",
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    model, _ = _toy()
+    assert data["num_params"] == sum(p.numel() for p in model.parameters())
+    assert data["num_units"] == 4 and [u["name"] for u in data["units"]] == ["embedding", "block_0", "block_1", "head"]
+    assert data["units"][1]["fwd_flops"] == 2 * 2 * 32 * HIDDEN * 4 * HIDDEN
+    assert sum(u["params"] for u in data["units"]) == data["num_params"]
