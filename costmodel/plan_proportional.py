@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.layout import assemble, proportional_bounds, proportional_counts
-from hetpart.costmodel.planner import (Evaluated, Evaluator, best_of, microbatch_options, no_plan_error,
+from hetpart.costmodel.planner import (Evaluated, Evaluator, microbatch_options, no_plan_error,
                                        recompute_modes)
 from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options
 from hetpart.plan import Plan
@@ -103,12 +103,10 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
         WorkloadError: when no layout of the grid fits in memory.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
-    best = None
-    for variants in (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload)):
-        # more recomputation of the same layout is only slower: keep the least that fits
-        fitting = next((p for p in variants if evaluate.fits(p)), None)
-        if fitting is not None:
-            best = best_of([best, evaluate(fitting)])
+    # more recomputation of the same layout is only slower: keep the least that fits
+    layouts = (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload))
+    fitting = (next((p for p in variants if evaluate.fits(p)), None) for variants in layouts)
+    best = evaluate.best(p for p in fitting if p is not None)
     if best is None:
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")

@@ -330,7 +330,7 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     options = replace(options or SearchOptions(), **overrides)
     ctx = make_context(model, cluster, workload, options)
     evaluate = Evaluator(model, cluster, workload, options.ignore_memory)
-    best = best_of(evaluate(p) for scored in _top_scored(ctx) for p in scored.build())
+    best = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
     if best is not None and options.refine_steps:
         best = refine(evaluate, best, options.refine_steps)
     if options.include_baselines and not options.ignore_memory:

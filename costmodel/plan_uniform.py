@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.planner import (Evaluated, Evaluator, best_of, microbatch_options, no_plan_error,
+from hetpart.costmodel.planner import (Evaluated, Evaluator, microbatch_options, no_plan_error,
                                        recompute_modes)
 from hetpart.costmodel.pools import divisors
 from hetpart.errors import HetpartError
@@ -65,10 +65,8 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
         WorkloadError: when no grid point fits in memory on every device.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
-    best = None
-    for tp, pp, dp in uniform_grid(model, cluster, workload):
-        for candidate in _plans(model, cluster, workload, tp, pp, dp, evaluate.fits):
-            best = best_of([best, evaluate(candidate)])
+    best = evaluate.best(candidate for tp, pp, dp in uniform_grid(model, cluster, workload)
+                         for candidate in _plans(model, cluster, workload, tp, pp, dp, evaluate.fits))
     if best is None:
         raise no_plan_error(model, cluster, workload, "uniform",
                             f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of, evaluate
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
 
@@ -110,91 +111,6 @@ def recompute_modes(workload: "Workload") -> tuple[str, ...]:
 def microbatch_options(samples: int, limit: int = 16) -> list[int]:
     """Micro-batch sizes that divide ``samples`` sequences, up to ``limit``."""
     return [b for b in range(1, min(samples, limit) + 1) if samples % b == 0]
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """A plan and its prediction."""
-
-    plan: Plan
-    prediction: "Prediction"
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.prediction.tokens_per_s
-
-
-class Evaluator:
-    """Simulates candidate plans of one workload, reusing one :class:`~hetpart.costmodel.simulator.Simulator`."""
-
-    def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload",
-                 ignore_memory: bool = False) -> None:
-        from hetpart.costmodel.simulator import Simulator
-
-        self.model, self.cluster, self.workload = model, cluster, workload
-        self.ignore_memory = ignore_memory
-        self.simulator = Simulator(model, cluster)
-        self.calls = 0
-        self._stage_gb: dict[tuple, float] = {}
-
-    def fits(self, plan_: Plan) -> bool:
-        """Whether every device of ``plan_`` holds its stage (the simulator's memory rule, without
-        simulating the schedule): a cheap filter before :meth:`__call__`."""
-        from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
-
-        if self.ignore_memory:
-            return True
-        v = plan_.interleave if plan_.schedule == "interleaved" else 1
-        for r, rep in enumerate(plan_.replicas):
-            pp, m = rep.pp // v, plan_.num_microbatches(r)
-            for d in range(pp):
-                flight = in_flight_microbatches(plan_.schedule, d, pp, m, v)
-                need = 0.0
-                for k in range(d, rep.pp, pp):
-                    s = rep.stages[k]
-                    key = (s.layers, s.tp, plan_.micro_batch, flight, plan_.recompute)
-                    if key not in self._stage_gb:
-                        self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, s.tp, plan_.micro_batch, flight,
-                                                              plan_.recompute, plan_.precision)
-                    need += self._stage_gb[key]
-                if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
-                    return False
-        return True
-
-    def __call__(self, plan_: Plan) -> Evaluated | None:
-        """The plan's prediction; None when it breaks a rule or does not fit (unless ``ignore_memory``)."""
-        self.calls += 1
-        if plan_.validate(self.model, self.cluster) or not self.fits(plan_):
-            return None
-        try:
-            prediction = self.simulator.simulate(plan_, _fixed(self.workload, plan_), validate=False)
-        except PlanError:
-            return None
-        if not (prediction.fits_in_memory or self.ignore_memory):
-            return None
-        return Evaluated(plan_, prediction)
-
-
-def evaluate(model: "ModelGraph", cluster: "Cluster", plan_: Plan, workload: "Workload",
-             ignore_memory: bool = False) -> Evaluated | None:
-    """One-off :class:`Evaluator` call."""
-    return Evaluator(model, cluster, workload, ignore_memory)(plan_)
-
-
-def _fixed(workload: "Workload", plan_: Plan) -> "Workload":
-    return replace(workload, recompute=plan_.recompute) if workload.recompute == "auto" else workload
-
-
-def best_of(candidates: Iterable[Evaluated | None]) -> Evaluated | None:
-    """The fastest candidate (ties: fewest devices, then first seen)."""
-    best = None
-    for c in candidates:
-        if c is None:
-            continue
-        if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-12) or (
-                c.tokens_per_s >= best.tokens_per_s * (1 - 1e-12) and c.plan.num_devices < best.plan.num_devices):
-            best = c
-    return best
 
 
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:

@@ -1,0 +1,78 @@
+"""HETHUB's theoretical upper bound on the throughput of a heterogeneous cluster, and a roofline.
+
+``tokens_per_s``: the sum over device types of the best throughput the ``search`` planner finds for
+that type's devices alone (a homogeneous sub-cluster) on the same workload. A type that cannot
+hold the model alone is counted with memory limits lifted, so that no feasible plan of the whole
+cluster exceeds the bound (mixing types only adds communication between them).
+
+``roofline_tokens_per_s``: every device at its dense 16-bit peak times the best matrix-unit
+efficiency it reaches on this model's products (fitted curve, largest micro-batch the planners
+try), over the model's training FLOPs per token: compute alone, no communication, no bubble.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hetpart.costmodel.pools import type_subcluster
+from hetpart.errors import WorkloadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["upper_bound", "roofline_tokens_per_s", "DEFINITION"]
+
+DEFINITION = ("HETHUB's theoretical upper bound: the sum over device types of the best throughput the search "
+              "planner finds for that type's devices alone on the same workload (memory limits lifted for a type "
+              "that cannot hold the model alone); roofline_tokens_per_s is every device's peak at its best "
+              "achievable matrix efficiency over the model's training FLOPs per token.")
+
+
+def roofline_tokens_per_s(model: "ModelGraph", cluster: "Cluster", precision: str = "bf16",
+                          max_micro_batch: int = 16) -> float:
+    """Compute-only throughput of every device at its best achievable efficiency, tokens/s."""
+    from hetpart.costmodel.efficiency import matmul_efficiency, unit_gemm_width
+
+    widths = [unit_gemm_width(u.width, u.kind, 1, u.fwd_flops / model.seq_len)
+              for u in model.units if u.fwd_flops > 0] or [1.0]
+    tokens = model.seq_len * max_micro_batch
+    total_flops_s = 0.0
+    for d in cluster.devices:
+        eff = max(matmul_efficiency(d.gpu, w, tokens, precision) for w in widths)
+        total_flops_s += d.gpu.tflops(precision) * 1e12 * eff
+    return total_flops_s / model.flops_per_token
+
+
+def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workload", gpu: str) -> dict[str, Any]:
+    from hetpart.costmodel.plan_search import plan_search
+
+    sub = type_subcluster(cluster, gpu)
+    lifted = False
+    try:
+        best = plan_search(model, sub, workload, include_baselines=False)
+    except WorkloadError:
+        best = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
+        lifted = True
+    return {"tokens_per_s": best.tokens_per_s, "devices": sub.num_devices, "memory_lifted": lifted,
+            "step_time_s": best.prediction.step_time_s}
+
+
+def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> dict[str, Any]:
+    """``{tokens_per_s, roofline_tokens_per_s, per_type, definition}`` for ``workload`` on ``cluster``.
+
+    ``per_type[gpu]`` holds that type's ``tokens_per_s``, ``devices``, ``step_time_s`` and whether
+    memory limits were lifted.
+
+    Raises:
+        WorkloadError: when a type's devices cannot run the workload even without memory limits
+            (for example zones without a link, or a batch that does not split).
+    """
+    per_type = {gpu: _type_throughput(model, cluster, workload, gpu) for gpu in cluster.gpu_types}
+    return {
+        "tokens_per_s": sum(t["tokens_per_s"] for t in per_type.values()),
+        "roofline_tokens_per_s": roofline_tokens_per_s(model, cluster, workload.precision),
+        "per_type": per_type,
+        "definition": DEFINITION,
+    }
