@@ -76,6 +76,13 @@ def integer(exc, value: Any, source: str, field: str, *, minimum: int = 1, maxim
     return value
 
 
+def boolean(exc, value: Any, source: str, field: str) -> bool:
+    # bool("false") is True: a quoted YAML/JSON boolean must be an error, not a silent yes.
+    if not isinstance(value, bool):
+        raise fail(exc, source, field, f"expected true or false, got {show(value)}")
+    return value
+
+
 def string(exc, value: Any, source: str, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise fail(exc, source, field, f"expected a non-empty string, got {show(value)}")

@@ -273,7 +273,7 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
         memory_gb=v.number(SpecError, data["memory_gb"], source, f"{field}.memory_gb", maximum=1e5),
         hbm_gbyte_s=v.number(SpecError, data.get("hbm_gbyte_s", 1000.0), source, f"{field}.hbm_gbyte_s", maximum=1e6),
         vendor=vendor,
-        supports_bf16=bool(data.get("supports_bf16", True)),
+        supports_bf16=v.boolean(SpecError, data.get("supports_bf16", True), source, f"{field}.supports_bf16"),
         source=f"inline in {source}",
     )
 
@@ -294,7 +294,7 @@ def _nic(data: dict, source: str, field: str) -> NICSpec:
         name=str(data.get("name", "inline")),
         bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
         latency_us=v.number(SpecError, data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
-        rdma=bool(data.get("rdma", False)),
+        rdma=v.boolean(SpecError, data.get("rdma", False), source, f"{field}.rdma"),
         source=f"inline in {source}",
     )
 

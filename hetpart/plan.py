@@ -159,7 +159,7 @@ class Plan:
             replicas=tuple(_replica(r, source, f"replicas[{i}]") for i, r in enumerate(replicas)),
             schedule=schedule, recompute=recompute, precision=precision,
             interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
-            allow_cross_node_tp=_flag(data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
+            allow_cross_node_tp=v.boolean(PlanError, data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
             meta=meta if isinstance(meta, dict) else {},
         )
 
@@ -340,12 +340,6 @@ def _ranges_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
         else:
             j += 1
     return False
-
-
-def _flag(value: Any, source: str, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise v.fail(PlanError, source, field, f"expected true or false, got {v.show(value)}")
-    return value
 
 
 def _stage(data: Any, source: str, field: str) -> Stage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from hetpart._validate import show
 from hetpart.errors import WorkloadError
 
 __all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES"]
@@ -33,15 +34,15 @@ class Workload:
     def __post_init__(self) -> None:
         for name, value, limit in (("global_batch", self.global_batch, 10**8), ("seq_len", self.seq_len, 10**7)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise WorkloadError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
+                raise WorkloadError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {show(value)}")
             if value > limit:
                 raise WorkloadError(f"--{name.replace('_', '-')}: {value} is absurdly large (limit {limit})")
-        if self.precision not in DTYPE_BYTES:
-            raise WorkloadError(f"--precision: unknown precision {self.precision!r}; use bf16, fp16 or fp32")
+        if not isinstance(self.precision, str) or self.precision not in DTYPE_BYTES:  # a list is unhashable
+            raise WorkloadError(f"--precision: unknown precision {show(self.precision)}; use bf16, fp16 or fp32")
         if self.recompute not in ("none", "selective", "full", "auto"):
-            raise WorkloadError(f"--recompute: unknown mode {self.recompute!r}; use none, selective, full or auto")
+            raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
         if self.optimizer != "adam":
-            raise WorkloadError(f"optimizer: {self.optimizer!r} is not supported; use adam")
+            raise WorkloadError(f"optimizer: {show(self.optimizer)} is not supported; use adam")
 
     @property
     def dtype_bytes(self) -> int:

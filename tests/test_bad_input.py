@@ -16,7 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetpart import HetpartError, ModelError, Plan, PlanError, SpecError, load_cluster, load_model, load_plan
+from hetpart import (HetpartError, ModelError, Plan, PlanError, SpecError, Workload, WorkloadError, load_cluster,
+                     load_model, load_plan)
 from hetpart.cli.app import main
 from hetpart.cluster import parse_cluster
 from hetpart.graph.hf_config import hf_config_to_transformer, read_hf_config
@@ -288,6 +289,32 @@ def test_absurd_model_sizes_are_refused_quickly() -> None:
     for key, value in (("num_hidden_layers", 10**7), ("hidden_size", 10**8), ("vocab_size", 10**9)):
         with pytest.raises(ModelError, match=rf"{key}: {value} is absurdly large"):
             hf_config_to_transformer(VALID_HF | {key: value}, "big.json")
+
+
+# ------------------------------------------------------------------------------------- workload
+
+
+@FUZZ
+@given(st.one_of(st.integers(1, 10**4), values), st.one_of(st.integers(1, 10**4), values),
+       st.one_of(values, st.sampled_from(["bf16", "fp16", "fp32"])),
+       st.one_of(values, st.sampled_from(["none", "selective", "full", "auto"])))
+def test_workload_arguments(global_batch, seq_len, precision, recompute) -> None:
+    wl = _expect_clean(Workload, global_batch, seq_len, precision, recompute, errors=WorkloadError)
+    if wl is not None:
+        assert wl.tokens_per_step == global_batch * seq_len >= 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"global_batch": 0, "seq_len": 8}, r"--global-batch: must be a whole number >= 1, got 0"),
+    ({"global_batch": 8, "seq_len": 10**9}, r"--seq-len: 1000000000 is absurdly large"),
+    ({"global_batch": 8, "seq_len": 8, "precision": "int8"}, r"--precision: unknown precision 'int8'"),
+    ({"global_batch": 8, "seq_len": 8, "precision": ["bf16"]}, r"--precision: unknown precision \['bf16'\]"),
+    ({"global_batch": 8, "seq_len": 8, "recompute": "half"}, r"--recompute: unknown mode 'half'"),
+    ({"global_batch": 8, "seq_len": 8, "optimizer": "sgd"}, r"optimizer: 'sgd' is not supported; use adam"),
+])
+def test_workload_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(WorkloadError, match=match):
+        Workload(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------ CLI

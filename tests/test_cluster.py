@@ -234,6 +234,9 @@ def test_suite_entries_name_loadable_clusters_and_models() -> None:
     (_mini(nic={"bandwidth_gbyte_s": 25}), r"nic.bandwidth_gbyte_s: unknown key; did you mean 'bandwidth_gbit_s'"),
     (_mini(intra_node={"bandwidth_gbyte_s": float("nan")}), r"intra_node.bandwidth_gbyte_s: expected a number"),
     (_mini(zone=["a"]), r"nodes\[0\].zone: expected a zone name"),
+    (_mini(gpu={"name": "X", "tflops_bf16": 10, "memory_gb": 8, "supports_bf16": "no"}),
+     r"gpu.supports_bf16: expected true or false, got 'no'"),
+    (_mini(nic={"bandwidth_gbit_s": 25, "rdma": "yes"}), r"nic.rdma: expected true or false, got 'yes'"),
     (_mini() | {"links": [{"zones": ["default"], "bandwidth_gbit_s": 1}]}, r"links\[0\].zones: expected a list of two"),
     (_mini() | {"links": [{"zones": ["default", "mars"], "bandwidth_gbit_s": 1}]}, r"links\[0\].zones: unknown zone 'mars'"),
     (_mini() | {"links": [{"zones": ["default", "default"], "bandwidth_gbit_s": 1}]}, r"two different zones"),
@@ -272,3 +275,11 @@ def test_load_cluster_errors_name_the_file(tmp_path: Path) -> None:
     evil.write_text("name: !!python/object/apply:os.system ['echo hacked']\nnodes: []\n")
     with pytest.raises(SpecError, match=r"evil.yaml: invalid YAML.*python/object"):
         load_cluster(evil)
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    import hetpart.cluster
+
+    assert doctest.testmod(hetpart.cluster).failed == 0

@@ -256,3 +256,12 @@ def test_load_plan_errors(tmp_path: Path) -> None:
     bad.write_text('{"global_batch": 8,')
     with pytest.raises(PlanError, match=r"bad.json: invalid JSON at line 1, column \d+: .*hetpart plan --out"):
         load_plan(bad)
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    import hetpart.plan
+
+    result = doctest.testmod(hetpart.plan)
+    assert result.attempted > 0 and result.failed == 0

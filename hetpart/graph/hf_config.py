@@ -46,11 +46,7 @@ def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 
 
 def _bool(data: dict, key: str, source: str, default: bool) -> bool:
     value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise v.fail(ModelError, source, key, f"expected true or false, got {v.show(value)}")
-    return value
+    return default if value is None else v.boolean(ModelError, value, source, key)
 
 
 def _check_head_dim(data: dict, source: str, hidden: int, heads: int) -> None:
