@@ -49,21 +49,20 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     from hetpart.costmodel.plan_search import plan_search
 
     sub = type_subcluster(cluster, gpu)
-    lifted = False
+    free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
     try:
-        best = plan_search(model, sub, workload, include_baselines=False)
+        best, lifted = plan_search(model, sub, workload, include_baselines=False), False
     except WorkloadError:
-        best = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
-        lifted = True
+        best, lifted = free, True
     return {"tokens_per_s": best.tokens_per_s, "devices": sub.num_devices, "memory_lifted": lifted,
-            "step_time_s": best.prediction.step_time_s}
+            "step_time_s": best.prediction.step_time_s, "memory_lifted_tokens_per_s": free.tokens_per_s}
 
 
 def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> dict[str, Any]:
-    """``{tokens_per_s, roofline_tokens_per_s, per_type, definition}`` for ``workload`` on ``cluster``.
+    """``{tokens_per_s, memory_lifted_tokens_per_s, roofline_tokens_per_s, per_type, definition}`` for ``workload`` on ``cluster``.
 
-    ``per_type[gpu]`` holds that type's ``tokens_per_s``, ``devices``, ``step_time_s`` and whether
-    memory limits were lifted.
+    ``per_type[gpu]`` holds that type's ``tokens_per_s``, ``devices``, ``step_time_s``, whether
+    memory limits were lifted, and ``memory_lifted_tokens_per_s``.
 
     Raises:
         WorkloadError: when a type's devices cannot run the workload even without memory limits
@@ -72,6 +71,7 @@ def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -
     per_type = {gpu: _type_throughput(model, cluster, workload, gpu) for gpu in cluster.gpu_types}
     return {
         "tokens_per_s": sum(t["tokens_per_s"] for t in per_type.values()),
+        "memory_lifted_tokens_per_s": sum(t["memory_lifted_tokens_per_s"] for t in per_type.values()),
         "roofline_tokens_per_s": roofline_tokens_per_s(model, cluster, workload.precision),
         "per_type": per_type,
         "definition": DEFINITION,

@@ -1,0 +1,208 @@
+"""``hetpart plan``, ``hetpart predict``, ``hetpart show`` and ``hetpart demo``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Precision, RecomputeOpt, SeqLen, console,
+                                emit_json, workload_from)
+
+__all__ = ["register"]
+
+PlannerOpt = typer.Option("search", "--planner", help="policy, search, proportional or uniform.")
+DEMO = {"model": "gpt2-xl", "cluster": "a100-v100-16", "global_batch": 256, "seq_len": 1024}
+"""The bundled heterogeneous example of ``hetpart demo`` (one A100 node + one V100 node)."""
+
+
+def _spec(arg: str) -> str:
+    """A --model/--cluster argument that still resolves from another directory."""
+    path = Path(arg)
+    return str(path.resolve()) if not arg.startswith("python:") and path.exists() else arg
+
+
+def _load(model: str, cluster: str, seq_len: int, precision: str):
+    from hetpart import load_cluster, load_model
+
+    return load_model(model, seq_len=seq_len, precision=precision), load_cluster(cluster)
+
+
+def _metrics_line(metrics: dict[str, Any]) -> str:
+    mem = ", ".join(f"{k} {v:.1f} GB" for k, v in metrics["peak_memory_gb"].items())
+    return (f"step {metrics['step_time_s']:.3f} s, {metrics['tokens_per_s']:,.0f} tokens/s, MFU "
+            f"{metrics['mfu'] * 100:.1f}%, bubble {metrics['bubble_fraction'] * 100:.1f}%, peak memory {mem}")
+
+
+def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
+                 seq_len: int = SeqLen, precision: str = Precision, recompute: str = RecomputeOpt,
+                 planner: str = PlannerOpt,
+                 out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
+                 json_out: bool = JsonFlag) -> None:
+    """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
+    from hetpart.costmodel.planner import plan
+    from hetpart.costmodel.upper_bound import upper_bound
+
+    workload = workload_from(global_batch, seq_len, precision, recompute)
+    graph, cl = _load(model, cluster, seq_len, precision)
+    result = plan(graph, cl, workload, planner)
+    chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
+    result = replace(result, plan=chosen)
+    bound = upper_bound(graph, cl, workload)
+    if out is not None:
+        _write_plan(chosen, out)
+    payload = result.to_dict() | {"upper_bound": bound}
+    if json_out:
+        emit_json(payload)
+        return
+    con = console()
+    con.print(chosen.table(cl, graph))
+    con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
+    pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
+    con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
+              f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
+              + (f"; plan written to {out}" if out else ""))
+
+
+def _write_plan(plan, out: Path) -> None:
+    from hetpart.errors import PlanError
+
+    try:
+        plan.save(out)
+    except OSError as exc:
+        raise PlanError(f"--out: cannot write {out} ({exc.__class__.__name__}); check the directory") from None
+
+
+def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave):
+    from hetpart.costmodel.megatron import megatron_plan
+    from hetpart.errors import PlanError
+
+    if plan_path is not None:
+        from hetpart.plan import load_plan
+
+        return load_plan(plan_path)
+    missing = [name for name, value in (("--tp", tp), ("--pp", pp), ("--dp", dp), ("--micro-batch", micro_batch))
+               if value is None]
+    if missing:
+        raise PlanError(f"predict: {', '.join(missing)} missing; give --plan plan.json or all of --tp --pp --dp "
+                        "--micro-batch")
+    return megatron_plan(graph, cl, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                         interleave=interleave, recompute=workload.recompute)
+
+
+def _from_plan_meta(plan_path: Optional[Path], model: Optional[str], cluster: Optional[str]) -> tuple[str, str, Any]:
+    """Model and cluster from the options or, failing that, from the plan's meta."""
+    from hetpart.errors import PlanError
+    from hetpart.plan import load_plan
+
+    plan = load_plan(plan_path) if plan_path is not None else None
+    meta = plan.meta if plan is not None else {}
+    model = model or meta.get("model")
+    cluster = cluster or meta.get("cluster")
+    if not model or not cluster:
+        what = "--model" if not model else "--cluster"
+        raise PlanError(f"{plan_path or 'predict'}: {what} missing and the plan does not record it; give {what}")
+    return str(model), str(cluster), plan
+
+
+def predict_command(
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
+        cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
+        global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: the plan's, else 512)."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the plan's, else 2048)."),
+        precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: the plan's, else bf16)."),
+        recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
+        plan_path: Optional[Path] = typer.Option(None, "--plan", help="A plan JSON written by 'hetpart plan --out'."),
+        tp: Optional[int] = typer.Option(None, "--tp"), pp: Optional[int] = typer.Option(None, "--pp"),
+        dp: Optional[int] = typer.Option(None, "--dp"),
+        micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
+        schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
+        interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
+        predictor: str = typer.Option("simulator", "--predictor", help="simulator or learned."),
+        json_out: bool = JsonFlag) -> None:
+    """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
+    from hetpart.costmodel.simulator import simulate
+    from hetpart.errors import PlanError
+
+    if predictor not in ("simulator", "learned"):
+        raise PlanError(f"--predictor: unknown predictor {predictor!r}; use simulator or learned")
+    if predictor == "learned":
+        raise PlanError("--predictor: 'learned' is not built yet (the learned cost model comes with its own issue); "
+                        "use --predictor simulator")
+    model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
+    workload = workload_from(global_batch or (plan.global_batch if plan else 512),
+                             seq_len or (plan.seq_len if plan else 2048),
+                             precision or (plan.precision if plan else "bf16"),
+                             recompute or (plan.recompute if plan else "selective"))
+    graph, cl = _load(model, cluster, workload.seq_len, workload.precision)
+    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave)
+    if plan_path is not None and recompute is None:
+        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute)
+    prediction = simulate(graph, cl, plan, workload, validate=True)
+    if json_out:
+        emit_json({"metrics": prediction.metrics, "predictor": predictor, "breakdown": prediction.breakdown})
+        return
+    con = console()
+    con.print(plan.table(cl, graph))
+    con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
+
+
+def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
+                 model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
+                 cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
+                 gantt: Optional[Path] = typer.Option(None, "--gantt", help="Draw the simulated schedule to this PNG."),
+                 max_replicas: int = typer.Option(4, "--max-replicas", help="Replicas drawn in the Gantt chart."),
+                 json_out: bool = JsonFlag) -> None:
+    """Show a plan as a table and (with --gantt) its simulated schedule as a Gantt chart."""
+    from hetpart.costmodel.simulator import simulate
+
+    model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
+    graph, cl = _load(model, cluster, plan.seq_len, plan.precision)
+    prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None)
+    if gantt is not None:
+        from hetpart.cli.gantt import draw_gantt
+
+        draw_gantt(prediction, plan, cl, gantt, title=f"{graph.name} on {cl.name}", max_replicas=max_replicas)
+    if json_out:
+        emit_json({"plan": plan.to_dict(), "metrics": prediction.metrics, "gantt": str(gantt) if gantt else None})
+        return
+    con = console()
+    con.print(plan.table(cl, graph))
+    con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else ""))
+
+
+def demo_command(json_out: bool = JsonFlag) -> None:
+    """Plan a bundled heterogeneous example with search; compare with the upper bound and Megatron."""
+    from hetpart.costmodel.planner import plan
+    from hetpart.costmodel.upper_bound import upper_bound
+
+    workload = workload_from(DEMO["global_batch"], DEMO["seq_len"], "bf16", "auto")
+    graph, cl = _load(DEMO["model"], DEMO["cluster"], DEMO["seq_len"], "bf16")
+    best = plan(graph, cl, workload, "search")
+    uniform = plan(graph, cl, workload, "uniform")
+    bound = upper_bound(graph, cl, workload)
+    tps, base = best.prediction.tokens_per_s, uniform.prediction.tokens_per_s
+    summary = {"example": DEMO, "tokens_per_s": tps, "upper_bound_tokens_per_s": bound["tokens_per_s"],
+               "pct_upper_bound": tps / bound["tokens_per_s"] * 100, "uniform_tokens_per_s": base,
+               "speedup_vs_uniform": tps / base, "search_wall_time_s": best.wall_time_s}
+    if json_out:
+        emit_json(summary | {"plan": best.plan.to_dict(), "metrics": best.prediction.metrics, "upper_bound": bound})
+        return
+    con = console()
+    con.print(f"[bold]hetpart demo[/bold]: {DEMO['model']} on {DEMO['cluster']} ({cl.num_devices} GPUs: "
+              f"{', '.join(cl.gpu_types)}), global batch {DEMO['global_batch']} x {DEMO['seq_len']} tokens")
+    con.print(best.plan.table(cl, graph))
+    con.print(f"search plan:     {_metrics_line(best.prediction.metrics)} (planned in {best.wall_time_s:.2f} s)")
+    con.print(f"upper bound:     {bound['tokens_per_s']:,.0f} tokens/s (sum of each GPU type alone); "
+              f"{summary['pct_upper_bound']:.1f}% reached; roofline {bound['roofline_tokens_per_s']:,.0f} tokens/s")
+    con.print(f"uniform (Megatron, heterogeneity-unaware): {base:,.0f} tokens/s; "
+              f"search is {summary['speedup_vs_uniform']:.2f}x faster")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
+    app.command("predict")(predict_command)
+    app.command("show")(show_command)
+    app.command("demo")(demo_command)
