@@ -357,7 +357,7 @@ def test_cli_inspect_model_bad_configs(tmp_path_factory, capsys, text: str) -> N
 
 arg = st.one_of(st.sampled_from(["inspect", "model", "cluster", "models", "clusters", "--json", "--seq-len",
                                  "--precision", "gpt2-small", "tiny-mixed", "0", "-1", "fp8", "bf16", "--", "-x"]),
-                st.text(max_size=20).filter(lambda s: not s.startswith("python:") and s not in ("--help", "-h")))
+                st.text(max_size=20).filter(lambda s: not s.startswith("python:") and s not in ("--help", "-h", "--debug")))
 
 
 @FUZZ

@@ -265,3 +265,20 @@ def test_module_examples_run() -> None:
 
     result = doctest.testmod(hetpart.plan)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_range_overlap_matches_unit_by_unit_reference() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from hetpart.plan import _ranges_overlap
+
+    ranges = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=5)
+
+    @settings(max_examples=200, deadline=None)
+    @given(ranges, ranges)
+    def check(a, b) -> None:
+        units = lambda rs: {u for first, last in rs for u in range(first, last)}  # noqa: E731
+        assert _ranges_overlap(a, b) == bool(units(a) & units(b))
+
+    check()
