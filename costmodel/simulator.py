@@ -59,8 +59,11 @@ class Prediction:
     memory_gb: dict[str, float]
     """Predicted peak memory of each device of the plan, GB."""
     breakdown: list[dict[str, Any]]
-    """Per replica and pipeline device group: compute_s, tp_comm_s, pp_comm_s, dp_comm_s, bubble_s,
-    optimizer_s, devices, gpu (seconds per step)."""
+    """Per replica and pipeline device group (seconds per step): compute_s and tp_comm_s (busy),
+    bubble_s (idle inside the pipeline), sync_wait_s (after the pipeline, until every gradient
+    all-reduce is done: exposed DP communication or a slower replica), optimizer_s; pp_comm_s and
+    dp_comm_s are link time (overlapped or not); plus devices, gpu, tp, layers, memory_gb,
+    capacity_gb. For every entry, busy + bubble_s + sync_wait_s + the slowest optimizer_s = step."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """With ``trace=True``: events ``{replica, stage, microbatch, kind, start_s, end_s}``, kind in
     ``fwd``, ``bwd``, ``send``, ``dp_sync``, ``optim`` (stage = pipeline device group)."""
@@ -304,7 +307,7 @@ class Simulator:
         sync_end = max(pipe_end, dp_end)
         step = sync_end + max(optim.values())
         per_device, per_group = self._memory(plan, reps)
-        breakdown = self._breakdown(plan, reps, dp_spent, optim, per_group)
+        breakdown = self._breakdown(plan, reps, dp_spent, optim, per_group, sync_end)
         metrics = self._metrics(plan, reps, step, breakdown)
         for b in breakdown:
             del b["gpus"]
@@ -326,14 +329,16 @@ class Simulator:
             raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
                                 f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
 
-    def _breakdown(self, plan, reps, dp_spent, optim, per_group) -> list[dict[str, Any]]:
+    def _breakdown(self, plan, reps, dp_spent, optim, per_group, sync_end) -> list[dict[str, Any]]:
         out = []
         for r, rep in enumerate(plan.replicas):
             info = reps[r]
             busy = info.timing.busy_s()
             for d in range(info.pp):
                 ks = range(d, rep.pp, info.pp)
-                sends = sum(2 * info.p2p[k] for k in ks if k < rep.pp - 1) * info.m
+                # activations sent down to k+1, gradients sent up to k-1
+                sends = sum((info.p2p[k] if k < rep.pp - 1 else 0.0) + (info.p2p[k - 1] if k > 0 else 0.0)
+                            for k in ks) * info.m
                 out.append({
                     "replica": r, "stage": d, "layers": [list(rep.stages[k].layers) for k in ks],
                     "devices": list(rep.stages[d].devices), "gpu": info.costs[d].gpu.name, "tp": rep.stages[d].tp,
@@ -342,6 +347,7 @@ class Simulator:
                     "pp_comm_s": float(sends),
                     "dp_comm_s": dp_spent.get((r, d), 0.0),
                     "bubble_s": float(info.timing.makespan_s - busy[d]),
+                    "sync_wait_s": float(sync_end - info.timing.makespan_s),
                     "optimizer_s": optim[(r, d)],
                     "memory_gb": per_group[(r, d)],
                     "capacity_gb": min(self._capacity_gb(x) for x in rep.stages[d].devices),

@@ -1,0 +1,91 @@
+"""Device memory: Korthikanti accounting, micro-batches in flight, and the simulator's fast tables."""
+
+import pytest
+
+from hetpart import Plan, Replica, Stage, load_cluster, load_model
+from hetpart.catalog.hardware import GPU_CATALOG
+from hetpart.costmodel import Simulator, in_flight_microbatches, memory_capacity_gb, megatron_plan, \
+    stage_memory_gb, stage_params_per_device
+from hetpart.costmodel.memory import FRAMEWORK_OVERHEAD_GB, MODEL_STATE_BYTES_PER_PARAM
+from hetpart.workload import Workload
+
+S = 128
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_model("gpt2-small", seq_len=S)
+
+
+def test_block_memory_is_korthikanti_per_mode(gpt2):
+    h, a, b = 768, 12, 2
+    block = gpt2.units[1]
+    states = block.params * MODEL_STATE_BYTES_PER_PARAM
+    none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none")
+    assert none * 1e9 == pytest.approx(states + (34 * S * h + 5 * a * S * S) * b)
+    selective = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="selective")
+    assert selective * 1e9 == pytest.approx(states + 34 * S * h * b)
+    full = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=3, recompute="full")
+    # 2sbh kept per micro-batch in flight, plus one layer's activations live while it is recomputed
+    assert full * 1e9 == pytest.approx(states + 2 * S * h * b * 3 + (34 * S * h + 5 * a * S * S) * b)
+
+
+def test_tensor_parallelism_divides_states_and_activations(gpt2):
+    one = stage_memory_gb(gpt2, 1, 5, tp=1, micro_batch=1, in_flight=2, recompute="selective")
+    four = stage_memory_gb(gpt2, 1, 5, tp=4, micro_batch=1, in_flight=2, recompute="selective")
+    assert four == pytest.approx(one / 4)
+
+
+def test_tied_embedding_copy_counts_on_the_head_stage_only_without_the_embedding(gpt2):
+    n = gpt2.num_units
+    vocab_rows = gpt2.units[-1].shared_params
+    assert vocab_rows > 0
+    alone = stage_params_per_device(gpt2, n - 1, n, tp=1)
+    together = stage_params_per_device(gpt2, 0, n, tp=1)
+    assert alone == gpt2.units[-1].params + vocab_rows
+    assert together == gpt2.num_params
+
+
+@pytest.mark.parametrize("schedule,stage,expected", [("gpipe", 2, 12), ("1f1b", 0, 4), ("1f1b", 3, 1),
+                                                     ("1f1b", 1, 3)])
+def test_in_flight_microbatches(schedule, stage, expected):
+    assert in_flight_microbatches(schedule, stage, 4, 12) == expected
+
+
+def test_in_flight_is_capped_by_the_microbatches():
+    assert in_flight_microbatches("1f1b", 0, 8, 3) == 3
+
+
+def test_interleaving_costs_korthikantis_extra_factor_on_the_first_stage():
+    pp, v, m = 4, 3, 24
+    assert in_flight_microbatches("interleaved", 0, pp, m, v) == pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
+
+
+def test_capacity_leaves_room_for_the_framework():
+    a100 = GPU_CATALOG["A100-80GB"]
+    assert memory_capacity_gb(a100) < a100.memory_gb - FRAMEWORK_OVERHEAD_GB
+    assert memory_capacity_gb(a100) > 0.9 * a100.memory_gb - FRAMEWORK_OVERHEAD_GB
+
+
+def test_simulator_memory_matches_the_reference_accounting(gpt2):
+    cluster = load_cluster("a100-8")
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=S, recompute="full", replicas=(
+        Replica(1.0, (Stage((0, 5), ("0/0/0", "0/0/1"), 2), Stage((5, 9), ("0/0/2",), 1),
+                      Stage((9, 14), ("0/0/3", "0/0/4"), 2))),))
+    pred = Simulator(gpt2, cluster).simulate(plan)
+    m = 4
+    for d, stage in enumerate(plan.replicas[0].stages):
+        flight = in_flight_microbatches("1f1b", d, 3, m)
+        ref = stage_memory_gb(gpt2, *stage.layers, stage.tp, 2, flight, "full")
+        for dev in stage.devices:
+            assert pred.memory_gb[dev] == pytest.approx(ref, rel=1e-12)
+    assert pred.metrics["peak_memory_gb"] == {"A100-80GB": pytest.approx(max(pred.memory_gb.values()))}
+
+
+def test_a_model_too_big_for_the_device_does_not_fit():
+    model = load_model("llama2-13b", seq_len=1024)
+    cluster = load_cluster("tiny-mixed")
+    plan = megatron_plan(model, cluster, Workload(4, 1024), tp=1, pp=1, dp=1, micro_batch=1)
+    pred = Simulator(model, cluster).simulate(plan)
+    assert not pred.fits_in_memory and not pred.metrics["fits_in_memory"]
+    assert pred.memory_gb["0/0/0"] > 13e9 * 16 / 1e9

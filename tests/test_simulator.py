@@ -1,0 +1,188 @@
+"""The step-time simulator: metrics, breakdown, heterogeneity, communication, Megatron plans, errors."""
+
+import json
+
+import pytest
+
+from hetpart import Plan, Replica, Stage, load_cluster, load_model
+from hetpart.catalog.hardware import GPU_CATALOG
+from hetpart.cluster import parse_cluster
+from hetpart.costmodel import Simulator, allreduce_time_s, matmul_efficiency, megatron_plan, p2p_time_s, \
+    ring_allreduce_time_s, simulate, stage_compute_s
+from hetpart.errors import PlanError, WorkloadError
+from hetpart.workload import Workload
+
+S = 128
+CONTRACT_KEYS = {"step_time_s", "tokens_per_s", "samples_per_s", "hardware_tflops_per_device",
+                 "model_tflops_per_device", "mfu", "bubble_fraction", "peak_memory_gb", "fits_in_memory"}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_model("gpt2-small", seq_len=S)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return load_cluster("tiny-mixed")  # node 0: 2 x A100-40GB, node 1: 2 x V100-16GB, Ethernet-25
+
+
+def _two_stage(first: str, second: str, cut: int = 7, **kw) -> Plan:
+    return Plan(global_batch=8, micro_batch=1, seq_len=S, replicas=(
+        Replica(1.0, (Stage((0, cut), (first,)), Stage((cut, 14), (second,)))),), **kw)
+
+
+def test_prediction_has_the_contract_metrics_and_is_json(gpt2, mixed):
+    pred = simulate(gpt2, mixed, _two_stage("0/0/0", "1/0/0"), trace=True)
+    assert CONTRACT_KEYS <= set(pred.metrics)
+    assert pred.metrics["tokens_per_s"] == pytest.approx(8 * S / pred.step_time_s)
+    assert pred.samples_per_s == pytest.approx(8 / pred.step_time_s)
+    assert set(pred.metrics["peak_memory_gb"]) == {"A100-40GB", "V100-16GB"}
+    assert 0 < pred.metrics["mfu"] < 1 and 0 < pred.metrics["bubble_fraction"] < 1
+    assert pred.metrics["hardware_tflops_per_device"] >= pred.metrics["model_tflops_per_device"]
+    data = json.loads(json.dumps(pred.to_dict()))
+    assert data["metrics"]["fits_in_memory"] is True
+    # one replica, but GPT-2's tied embedding lives on both stages: its two copies sync their gradients
+    assert {e["kind"] for e in data["timeline"]} == {"fwd", "bwd", "send", "dp_sync", "optim"}
+
+
+def test_breakdown_accounts_for_the_step(gpt2, mixed):
+    pred = simulate(gpt2, mixed, _two_stage("0/0/0", "1/0/0"))
+    assert [b["gpu"] for b in pred.breakdown] == ["A100-40GB", "V100-16GB"]
+    optim = max(b["optimizer_s"] for b in pred.breakdown)
+    for b in pred.breakdown:
+        busy = b["compute_s"] + b["tp_comm_s"]
+        assert b["bubble_s"] >= 0 and b["pp_comm_s"] > 0 and b["optimizer_s"] > 0
+        assert b["sync_wait_s"] > 0  # the tied embedding's gradient sync over Ethernet is exposed
+        assert busy + b["bubble_s"] + b["sync_wait_s"] + optim == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_full_recompute_costs_a_forward_and_shows_in_hardware_flops(gpt2, mixed):
+    none = simulate(gpt2, mixed, _two_stage("0/0/0", "0/0/1", recompute="none"))
+    full = simulate(gpt2, mixed, _two_stage("0/0/0", "0/0/1", recompute="full"))
+    assert full.step_time_s > none.step_time_s
+    assert full.metrics["model_tflops_per_device"] < none.metrics["model_tflops_per_device"]
+    assert full.metrics["hardware_tflops_per_device"] > full.metrics["model_tflops_per_device"]
+
+
+def test_giving_the_slower_gpu_fewer_layers_helps(gpt2, mixed):
+    even = simulate(gpt2, mixed, _two_stage("0/0/0", "1/0/0", cut=7)).step_time_s
+    skewed = simulate(gpt2, mixed, _two_stage("0/0/0", "1/0/0", cut=9)).step_time_s
+    assert skewed < even
+
+
+def test_a100_is_faster_than_v100_and_efficiency_grows_with_work():
+    a100, v100 = GPU_CATALOG["A100-40GB"], GPU_CATALOG["V100-16GB"]
+    model = load_model("gpt3-1.3b", seq_len=512)
+    fa, ba = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "none")
+    fv, bv = stage_compute_s(model, 1, 5, v100, 1, 2, "fp16", "none")
+    assert fv > fa and ba == pytest.approx(2 * fa)
+    _, b_full = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "full")
+    assert b_full == pytest.approx(3 * fa)
+    effs = [matmul_efficiency(a100, w, 4096) for w in (64, 256, 1024, 4096, 16384)]
+    assert effs == sorted(effs) and effs[-1] < 1.0
+    assert matmul_efficiency(a100, 4096, 32) < matmul_efficiency(a100, 4096, 4096)  # few tokens are slow too
+
+
+def test_ring_allreduce_formula_and_hierarchy():
+    assert ring_allreduce_time_s(8e9, 8, 100.0, 0.0) == pytest.approx(2 * 7 / 8 * 8e9 / 100e9)
+    c = load_cluster("h100-a100-two-zones")
+    ids = [f"0/{n}/{i}" for n in range(2) for i in range(8)]
+    t = allreduce_time_s(1e9, ids, c)
+    flat = ring_allreduce_time_s(1e9, 16, c.groups[0].nic.bandwidth_gbyte_s, 1.5)
+    assert t < flat  # reduce inside nodes over NVLink, then 8 parallel rings across the NICs
+    assert allreduce_time_s(1e9, ["0/0/0"], c) == 0.0
+    assert allreduce_time_s(1e9, ["0/0/0", "1/0/0"], c) > allreduce_time_s(1e9, ["0/0/0", "0/1/0"], c)  # zone link
+
+
+def test_p2p_uses_the_link_and_refuses_unlinked_zones():
+    c = load_cluster("h100-a100-two-zones")
+    nvlink = p2p_time_s(1e8, c.link_between("0/0/0", "0/0/1"))
+    inter = p2p_time_s(1e8, c.link_between("0/0/0", "1/0/0"))
+    assert inter > nvlink and inter == pytest.approx(2.0015e-3 + 1e8 / 12.5e9)
+    with pytest.raises(PlanError, match="zones without a link"):
+        p2p_time_s(1e6, None)
+
+
+def test_data_parallel_sync_is_paced_by_the_slowest_member(gpt2):
+    def two_nodes(second_nic):
+        return parse_cluster({"name": "c", "nodes": [
+            {"count": 1, "gpus_per_node": 1, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR"},
+            {"count": 1, "gpus_per_node": 1, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": second_nic}]})
+
+    fast, slow = two_nodes("IB-HDR"), two_nodes("Ethernet-10")
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=S, replicas=(
+        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)), Replica(0.5, (Stage((0, 14), ("1/0/0",)),))))
+    t_fast, t_slow = simulate(gpt2, fast, plan), simulate(gpt2, slow, plan)
+    assert t_slow.breakdown[0]["dp_comm_s"] > 10 * t_fast.breakdown[0]["dp_comm_s"] > 0
+    assert t_slow.step_time_s > t_fast.step_time_s
+
+
+def test_replicas_may_cut_differently_and_mix_device_types(gpt2, mixed):
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=S, replicas=(
+        Replica(0.75, (Stage((0, 9), ("0/0/0",)), Stage((9, 14), ("0/0/1",)))),
+        Replica(0.25, (Stage((0, 5), ("1/0/0",)), Stage((5, 14), ("1/0/1",))))))
+    pred = simulate(gpt2, mixed, plan, trace=True)
+    syncs = [e for e in pred.timeline if e["kind"] == "dp_sync"]
+    assert syncs and all(e["end_s"] <= pred.step_time_s for e in syncs)
+    # units [5, 9) are held by stage 0 of replica 0 and stage 1 of replica 1: both take part in a sync
+    assert {(e["replica"], e["stage"]) for e in syncs} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert pred.fits_in_memory
+
+
+def test_interleaved_plan_simulates(gpt2, mixed):
+    plan = megatron_plan(gpt2, mixed, Workload(8, S), tp=1, pp=2, dp=2, micro_batch=1, schedule="interleaved",
+                         interleave=2)
+    pred = simulate(gpt2, mixed, plan, trace=True)
+    assert len(pred.breakdown) == 4 and all(len(b["layers"]) == 2 for b in pred.breakdown)
+    assert pred.metrics["bubble_fraction"] < simulate(
+        gpt2, mixed, megatron_plan(gpt2, mixed, Workload(8, S), 1, 2, 2, 1, schedule="1f1b")).metrics["bubble_fraction"]
+
+
+def test_megatron_plan_takes_devices_in_cluster_order(gpt2):
+    cluster = load_cluster("a100-8")
+    plan = megatron_plan(gpt2, cluster, Workload(16, S), tp=2, pp=2, dp=2, micro_batch=2)
+    first = plan.replicas[0].stages
+    assert first[0].devices == ("0/0/0", "0/0/1") and first[1].devices == ("0/0/2", "0/0/3")
+    assert plan.replicas[1].stages[0].devices == ("0/0/4", "0/0/5")
+    assert first[0].layers == (0, 7) and first[1].layers == (7, 14)  # embedding + 6 blocks | 6 blocks + head
+    assert [r.batch_share for r in plan.replicas] == [0.5, 0.5]
+    assert plan.validate(gpt2, cluster) == []
+
+
+def test_megatron_plan_errors(gpt2, mixed):
+    with pytest.raises(PlanError, match=r"2 x 2 x 2 = 8 devices but cluster 'tiny-mixed' has 4"):
+        megatron_plan(gpt2, mixed, Workload(8, S), tp=2, pp=2, dp=2, micro_batch=1)
+    with pytest.raises(WorkloadError, match="not divisible by dp x micro_batch = 2 x 2; use a multiple of 4"):
+        megatron_plan(gpt2, mixed, Workload(6, S), tp=1, pp=2, dp=2, micro_batch=2)
+    with pytest.raises(PlanError, match="does not divide the 12 attention heads"):
+        megatron_plan(gpt2, load_cluster("a100-8"), Workload(8, S), tp=8, pp=1, dp=1, micro_batch=1)
+    odd = parse_cluster({"name": "odd", "nodes": [{"count": 2, "gpus_per_node": 3, "gpu": "A100-40GB",
+                                                   "intra_node": "NVLink3", "nic": "IB-HDR"}]})
+    with pytest.raises(PlanError, match="cross a node boundary"):
+        megatron_plan(gpt2, odd, Workload(8, S), tp=2, pp=2, dp=1, micro_batch=1)
+
+
+def test_invalid_plans_and_mismatches_are_plan_errors(gpt2, mixed):
+    with pytest.raises(PlanError, match="does not exist in cluster"):
+        simulate(gpt2, mixed, _two_stage("0/0/0", "9/0/0"))
+    with pytest.raises(PlanError, match="model graph was built for 128 tokens; load the model with seq_len=256"):
+        simulate(gpt2, mixed, Plan(8, 1, 256, (Replica(1.0, (Stage((0, 14), ("0/0/0",)),)),)))
+    with pytest.raises(WorkloadError, match="differ from the plan's"):
+        simulate(gpt2, mixed, _two_stage("0/0/0", "1/0/0"), Workload(16, S))
+
+
+def test_unlinked_zones_are_refused(gpt2):
+    c = parse_cluster({"name": "split", "nodes": [
+        {"count": 1, "gpus_per_node": 1, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "a"},
+        {"count": 1, "gpus_per_node": 1, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "b"}]})
+    with pytest.raises(PlanError, match="zones 'a' and 'b' have no link"):
+        simulate(gpt2, c, _two_stage("0/0/0", "1/0/0"))
+    with pytest.raises(PlanError, match="without a link"):
+        simulate(gpt2, c, _two_stage("0/0/0", "1/0/0"), validate=False)
+
+
+def test_simulator_reuse_gives_identical_predictions(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    plan = _two_stage("0/0/0", "1/0/0")
+    assert sim.simulate(plan).metrics == sim.simulate(plan).metrics == simulate(gpt2, mixed, plan).metrics
