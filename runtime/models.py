@@ -18,6 +18,7 @@ subset of units gets the same numbers as the single-process reference.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import zlib
 from dataclasses import dataclass, field, replace
@@ -141,7 +142,7 @@ class RunnableSpec:
     def num_units(self) -> int:
         if self.config is not None:
             return self.config.num_layers + 2
-        return len(_python_children(self.python_spec)[0])
+        return _python_num_units(self.python_spec)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "config": self.config.to_dict() if self.config else None,
@@ -371,7 +372,10 @@ def _llama_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
 
 
 # -- python: models ----------------------------------------------------------------------------
-def _python_children(spec: str) -> tuple[list[nn.Module], Any]:
+def _python_children(spec: str) -> tuple[list[tuple[str, nn.Module]], Any]:
+    """``[(unit name, module)]`` of a ``python:`` model, split as hetpart.graph.trace splits it:
+    around a top-level list of repeated blocks (``embedding``, ``block_i``, ``head``), else into the
+    top-level children; checked to reproduce the module's output on its example input."""
     _, _, target = spec.partition(":")
     module_name, _, func_name = target.partition(":")
     if not module_name or not func_name:
@@ -383,25 +387,57 @@ def _python_children(spec: str) -> tuple[list[nn.Module], Any]:
         raise ModelError(f"--model: {spec}: calling the model function failed: {exc.__class__.__name__}: {exc}") from None
     if not isinstance(module, nn.Module):
         raise ModelError(f"--model: {spec}: the function must return (torch.nn.Module, example_inputs)")
-    children = list(module.children())
-    if not children:
+    if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        module.to_empty(device="cpu")
+    example = _real(example)
+    units = _split_top_level(module)
+    if not units:
         raise ModelError(f"--model: {spec}: the module has no child modules to split into units")
-    _check_sequential(spec, module, children, example)
-    return children, example
+    _check_sequential(spec, module, units, example)
+    return units, example
 
 
-def _check_sequential(spec: str, module: nn.Module, children: list[nn.Module], example: Any) -> None:
+def _real(example: Any) -> Any:
+    """Example inputs with meta tensors replaced by CPU ones (zeros: token id 0, or 0.0)."""
+    if isinstance(example, tuple):
+        return tuple(_real(e) for e in example)
+    if isinstance(example, torch.Tensor) and example.is_meta:
+        return torch.zeros(example.shape, dtype=example.dtype)
+    return example
+
+
+@functools.lru_cache(maxsize=16)
+def _python_num_units(spec: str) -> int:
+    return len(_python_children(spec)[0])
+
+
+def _split_top_level(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    children = list(module.named_children())
+    lists = [(n, c) for n, c in children if isinstance(c, (nn.ModuleList, nn.Sequential)) and len(c) >= 2
+             and len({type(b) for b in c}) == 1]
+    if not lists:
+        return children
+    name, blocks = max(lists, key=lambda nc: sum(p.numel() for p in nc[1].parameters()))
+    at = [n for n, _ in children].index(name)
+    before = [c for _, c in children[:at]]
+    after = [c for _, c in children[at + 1:]]
+    units = [("embedding", nn.Sequential(*before))] if before else []
+    units += [(f"block_{i}", b) for i, b in enumerate(blocks)]
+    return units + ([("head", nn.Sequential(*after))] if after else [])
+
+
+def _check_sequential(spec: str, module: nn.Module, units: list[tuple[str, nn.Module]], example: Any) -> None:
     args = example if isinstance(example, tuple) else (example,)
-    if any(p.is_meta for p in module.parameters()):
-        return  # cannot run a meta module; trust its structure
     with torch.no_grad():
+        for key, p in module.named_parameters():
+            p.copy_(_init_value(key, p.shape, 0))
         full = module(*args)
         x = args[0] if len(args) == 1 else args
-        for child in children:
-            x = child(x)
+        for _, unit in units:
+            x = unit(x)
     if not isinstance(full, torch.Tensor) or not isinstance(x, torch.Tensor) or not torch.allclose(full, x):
-        raise ModelError(f"--model: {spec}: running the top-level children one after the other does not give the "
-                         "module's output; return a module whose children form a sequence (e.g. nn.Sequential)")
+        raise ModelError(f"--model: {spec}: running its units one after the other does not give the module's "
+                         "output; return a module whose top-level children (or blocks) form a sequence")
 
 
 # ----------------------------------------------------------------------------------- building
@@ -422,7 +458,7 @@ def _meta_units(spec: RunnableSpec, indices: list[int]) -> list[UnitModel]:
     cfg = spec.config
     if cfg is None:
         children, _ = _python_children(spec.python_spec)
-        return [UnitModel(f"unit_{i}", children[i], lambda m, x: m(x)) for i in indices]
+        return [UnitModel(children[i][0], children[i][1], lambda m, x: m(x)) for i in indices]
     if spec.impl == "hetpart":
         with torch.device("meta"):
             return [_hetpart_unit(cfg, i) for i in indices]
@@ -507,5 +543,5 @@ def _python_batch(spec: RunnableSpec, global_batch: int, gen: torch.Generator) -
     else:
         inputs = torch.randn((global_batch, *sample.shape[1:]), generator=gen, dtype=sample.dtype)
     with torch.no_grad():
-        out = nn.Sequential(*children)(sample) if not any(p.is_meta for c in children for p in c.parameters()) else sample
+        out = nn.Sequential(*(m for _, m in children))(sample)
     return inputs, torch.zeros((global_batch, *out.shape[1:]), dtype=out.dtype)
