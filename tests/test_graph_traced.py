@@ -183,6 +183,11 @@ def test_modules_without_repeated_blocks_split_at_top_level_children() -> None:
     assert [u.fwd_flops for u in graph.units] == [2 * 10 * 16 * 32, 0, 2 * 10 * 32 * 8]
     # the input needs no gradient, so the first layer computes no input gradient
     assert [u.bwd_flops for u in graph.units] == [2 * 10 * 16 * 32, 0, 2 * 2 * 10 * 32 * 8]
+    stack = trace_module(nn.Sequential(*(nn.Linear(16, 16) for _ in range(3))), torch.zeros(1, 10, 16),
+                         name="stack", seq_len=10)
+    assert [(u.name, u.kind) for u in stack.units] == [("block_0", "block"), ("block_1", "block"), ("block_2", "block")]
+    single = trace_module(nn.Linear(16, 4), torch.zeros(1, 10, 16), name="lin", seq_len=10)
+    assert [u.name for u in single.units] == ["lin"] and single.units[0].fwd_flops == 2 * 10 * 16 * 4
 
 
 def test_bad_modules_and_inputs_are_model_errors() -> None:

@@ -89,10 +89,10 @@ class _UnitStats:
 class _Tracker:
     """Which unit is running, and the per-unit tallies."""
 
-    def __init__(self, seq_len: int, param_keys: dict[int, tuple[int, str]], buffer_keys: set[int]) -> None:
+    def __init__(self, seq_len: int, param_keys: dict[int, int], buffer_keys: set[int]) -> None:
         self.seq_len = seq_len
         self.param_keys = param_keys
-        """storage key -> (numel, name) of every parameter."""
+        """storage key -> number of elements, for every parameter."""
         self.buffer_keys = buffer_keys
         self.units: list[_UnitStats] = [_UnitStats(name="", kind="module")]
         self.index: dict[str, int] = {}
@@ -280,7 +280,7 @@ def _unit_hooks(module: nn.Module, units: Sequence[str | Sequence[str]] | None,
             started.append(i)
             return f"block_{i}", "block"
         pairs.append((block, hook(block_name)))
-    parts = path.split(".")
+    parts = path.split(".") if path else []  # the module itself may be the list of blocks
     for depth in range(len(parts)):
         parent = modules[".".join(parts[:depth])]
         for name, child in parent.named_children():
@@ -348,7 +348,7 @@ class _Trace:
     out_bytes: float
     """Bytes per sequence of the outputs differentiated (the loss)."""
     counter_flops: int
-    param_numel: dict[int, tuple[int, str]]
+    param_numel: dict[int, int]
 
 
 def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype) -> _Trace:
@@ -358,12 +358,11 @@ def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: tor
         state: dict[str, torch.Tensor] = {}
         for name, p in module.named_parameters(remove_duplicate=False):
             state[name] = fakes.setdefault(id(p), _fake_like(p, dtype, p.requires_grad))
-        buffers = {name: _fake_like(b, dtype) if b.is_floating_point() else _fake_like(b, b.dtype)
-                   for name, b in module.named_buffers(remove_duplicate=False)}
+        buffers = {name: _fake_like(b, dtype) for name, b in module.named_buffers(remove_duplicate=False)}
         args, kwargs = _fake_inputs(example_inputs, dtype)
-    names = {id(p): n for n, p in module.named_parameters()}
-    param_keys = {_storage_key(fakes[i]): (fakes[i].numel(), names[i]) for i in fakes}
+    param_keys = {_storage_key(t): t.numel() for t in fakes.values()}
     tracker = _Tracker(seq_len, param_keys, {_storage_key(b) for b in buffers.values()})
+    tracker.units[0].in_bytes = _tensor_bytes((args, kwargs), grad_only=False)  # until a unit is entered
     counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
     handles = [m.register_forward_pre_hook(h, with_kwargs=True) for m, h in _unit_hooks(module, units, tracker)]
     was_training = module.training
@@ -393,7 +392,7 @@ def _owners(trace: _Trace) -> tuple[Counter, Counter, int | None]:
     owned: Counter = Counter()
     shared: Counter = Counter()
     tied_owner, tied_numel = None, 0
-    for key, (numel, _name) in trace.param_numel.items():
+    for key, numel in trace.param_numel.items():
         users = trace.tracker.param_users.get(key, [0])
         owned[users[0]] += numel
         for u in users[1:]:
@@ -403,7 +402,7 @@ def _owners(trace: _Trace) -> tuple[Counter, Counter, int | None]:
     return owned, shared, tied_owner
 
 
-def _units(trace: _Trace, dtype_bytes: int) -> tuple[list[Unit], str | None]:
+def _units(trace: _Trace, dtype_bytes: int, name: str) -> tuple[list[Unit], str | None]:
     """The graph's units, and the name of the unit owning tied parameters (None without ties)."""
     stats, b = trace.tracker.units, trace.batch
     owned, shared, tied_owner = _owners(trace)
@@ -417,7 +416,7 @@ def _units(trace: _Trace, dtype_bytes: int) -> tuple[list[Unit], str | None]:
         width = s.contraction_flops.most_common(1)[0][0] if s.contraction_flops else 0
         width = width or int(out_bytes // (trace.tracker.seq_len * dtype_bytes))
         result.append(Unit(
-            name=s.name or "module", kind=s.kind, fwd_flops=s.fwd_flops / b, bwd_flops=s.bwd_flops / b,
+            name=s.name or name, kind=s.kind, fwd_flops=s.fwd_flops / b, bwd_flops=s.bwd_flops / b,
             params=owned[i], out_act_bytes=out_bytes,
             act_bytes={"none": none, "selective": selective, "full": full},
             recompute_flops={"none": 0.0, "selective": s.score_flops / b if s.score_bytes else 0.0,
@@ -450,16 +449,23 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
         implementation materialises them; otherwise it equals ``"none"``), ``"full"`` keeps only the
         unit's input. Traced units are not tensor-parallel shardable (``tp_shardable=False``).
     """
+    where = source or name
     if precision not in _DTYPES:
-        raise ModelError(f"--precision: {precision!r} is not one of {', '.join(_DTYPES)}")
+        raise ModelError(f"{where}: --precision: {precision!r} is not one of {', '.join(_DTYPES)}")
     if not isinstance(module, nn.Module):
-        raise ModelError(f"{name}: expected a torch.nn.Module, got {type(module).__name__}")
-    trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+        raise ModelError(f"{where}: expected a torch.nn.Module, got {type(module).__name__}")
+    try:
+        trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+    except ModelError as exc:
+        raise ModelError(f"{where}: {exc}") from None
+    except Exception as exc:  # the module's own code, run on fake tensors
+        raise ModelError(f"{where}: tracing one training step failed ({_first_line(exc)}); the module must run "
+                         "on shapes alone (no .item(), no data-dependent shapes)") from exc
     dtype_bytes = torch.empty((), dtype=_DTYPES[precision]).element_size()
-    graph_units, tied_owner = _units(trace, dtype_bytes)
+    graph_units, tied_owner = _units(trace, dtype_bytes, name)
     measured = sum(u.fwd_flops + u.bwd_flops for u in graph_units) * trace.batch
     if abs(measured - trace.counter_flops) > 1e-6 * max(1.0, trace.counter_flops):
-        raise ModelError(f"{name}: per-unit FLOPs ({measured:.4g}) differ from FlopCounterMode's total "
+        raise ModelError(f"{where}: per-unit FLOPs ({measured:.4g}) differ from FlopCounterMode's total "
                          f"({trace.counter_flops:.4g}); an op ran outside the trace")
     # ModelGraph.range_params reads the owner of tied weights from arch; traced graphs have no other arch.
     arch = {"tied_owner": tied_owner} if tied_owner else None
@@ -539,11 +545,5 @@ def trace_python_spec(spec: str, seq_len: int, precision: str = "bf16") -> Model
     module, example_inputs, takes_seq_len = _call_builder(spec, seq_len)
     if not takes_seq_len:
         seq_len = _inputs_seq_len(example_inputs) or seq_len
-    name = spec.split(":")[2]
-    try:
-        return trace_module(module, example_inputs, name=name, seq_len=seq_len, precision=precision, source=spec)
-    except ModelError as exc:
-        raise ModelError(f"{spec}: {exc}") from None
-    except Exception as exc:  # user code ran under fake tensors
-        raise ModelError(f"{spec}: tracing one training step failed ({_first_line(exc)}); the module must run on "
-                         "shapes alone (no .item(), no data-dependent shapes)") from None
+    return trace_module(module, example_inputs, name=spec.split(":")[2], seq_len=seq_len, precision=precision,
+                        source=spec)
