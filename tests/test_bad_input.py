@@ -364,3 +364,18 @@ arg = st.one_of(st.sampled_from(["inspect", "model", "cluster", "models", "clust
 @given(st.lists(arg, max_size=6).filter(lambda a: "--help" not in a))
 def test_cli_random_argv(capsys, argv: list[str]) -> None:
     _cli(capsys, argv)
+
+
+@FUZZ
+@given(st.one_of(mutated(VALID_PLAN).map(json.dumps), st.text(max_size=100)))
+def test_cli_predict_bad_plans(tmp_path_factory, capsys, text: str) -> None:
+    folder = tmp_path_factory.mktemp("predict")
+    (folder / "config.json").write_text(json.dumps({"n_embd": 64, "n_layer": 4, "n_head": 4, "vocab_size": 1000,
+                                                    "n_positions": 128}))
+    (folder / "cluster.yaml").write_text(yaml.safe_dump(VALID_CLUSTER))
+    (folder / "plan.json").write_bytes(text.encode("utf-8", "replace"))
+    code, out, err = _cli(capsys, ["predict", "--model", str(folder / "config.json"), "--cluster",
+                                   str(folder / "cluster.yaml"), "--plan", str(folder / "plan.json"),
+                                   "--seq-len", "32", "--global-batch", "8", "--json"])
+    if code == 0:
+        assert json.loads(out)["metrics"]["step_time_s"] > 0
