@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from hetpart import ModelError, load_model
-from hetpart.catalog.models import MODEL_CATALOG
 from hetpart.graph.hf_config import hf_config_to_transformer, read_hf_config
 from hetpart.graph.load import resolve_transformer
 
