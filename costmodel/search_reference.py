@@ -1,0 +1,88 @@
+"""The slow reference of the search: every plan of its space, enumerated (for differential tests).
+
+:func:`space_plans` lists every plan of the space described in :mod:`hetpart.costmodel.plan_search`
+-- each shape, micro-batch, recompute mode, *every* layer split and (for typed replicas) *every*
+whole-micro-batch allocation -- so that a test can simulate them all on a small cluster and check
+that the search's answer is the best of them. It grows combinatorially: small clusters only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterator
+
+from hetpart.costmodel.layout import assemble
+from hetpart.costmodel.planner import microbatch_options, recompute_modes
+from hetpart.costmodel.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, make_context
+from hetpart.costmodel.pools import divisors, tp_groups, tp_options
+from hetpart.plan import Plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["space_plans", "all_splits", "all_allocations"]
+
+
+def all_splits(num_units: int, num_stages: int) -> Iterator[tuple[int, ...]]:
+    """Every way to cut ``num_units`` units into ``num_stages`` non-empty ordered stages."""
+    for cuts in itertools.combinations(range(1, num_units), num_stages - 1):
+        yield (0, *cuts, num_units)
+
+
+def all_allocations(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to give ``parts`` replicas at least one of ``total`` micro-batches."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        yield tuple(b - a for a, b in zip((0, *cuts), (*cuts, total)))
+
+
+def _mixed(ctx) -> Iterator[Plan]:
+    wl = ctx.workload
+    for order, tps, dp in _mixed_shapes(ctx):
+        pp = sum((p.num_devices // t) // dp for p, t in zip(order, tps))
+        for mb in microbatch_options(wl.global_batch // dp, ctx.options.max_micro_batch):
+            m = wl.global_batch // (dp * mb)
+            for rc in recompute_modes(wl):
+                for bounds in all_splits(ctx.n, pp):
+                    for placement in ("pp", "dp"):
+                        yield assemble(_mixed_groups(order, tps, dp, placement), [bounds] * dp, [m] * dp, mb, rc, wl)
+
+
+def _pool_layouts(ctx, pool) -> list[tuple[list[tuple[str, ...]], int]]:
+    """(tensor-parallel groups, pp) for every configuration of a pool."""
+    out = []
+    for tp in tp_options(pool, ctx.model):
+        groups = tp_groups(pool, tp)
+        out += [(groups, pp) for pp in divisors(len(groups)) if pp <= ctx.n]
+    return out
+
+
+def _typed(ctx) -> Iterator[Plan]:
+    wl = ctx.workload
+    if len(ctx.pools) < 2:
+        return
+    per_pool = [[None] + _pool_layouts(ctx, p) for p in ctx.pools]
+    for combo in itertools.product(*per_pool):
+        chosen = [c for c in combo if c is not None]
+        if len(chosen) < 2:
+            continue
+        for splits in itertools.product(*(list(all_splits(ctx.n, pp)) for _, pp in chosen)):
+            groups, bounds = [], []
+            for (pool_groups, pp), cut in zip(chosen, splits):
+                for r in range(len(pool_groups) // pp):
+                    groups.append(pool_groups[r * pp:(r + 1) * pp])
+                    bounds.append(cut)
+            for mb in microbatch_options(wl.global_batch, ctx.options.max_micro_batch):
+                total = wl.global_batch // mb
+                for rc in recompute_modes(wl):
+                    for counts in all_allocations(total, len(groups)):
+                        yield assemble(groups, bounds, counts, mb, rc, wl)
+
+
+def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
+                options: SearchOptions | None = None) -> Iterator[Plan]:
+    """Every plan of the search space, mixed pipelines first."""
+    ctx = make_context(model, cluster, workload, options or SearchOptions())
+    yield from _mixed(ctx)
+    yield from _typed(ctx)

@@ -1,0 +1,191 @@
+"""The search planner: exact layer split and batch shares (vs brute force), cost tables that mirror
+the simulator, an exact branch-and-bound, and the search's answer vs every plan of its space."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hetpart import Workload, load_cluster
+from hetpart.cluster import parse_cluster
+from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.evaluator import Evaluator, best_of
+from hetpart.costmodel.memory import stage_memory_gb
+from hetpart.costmodel.partition import (allocate_microbatches, brute_force_allocate, brute_force_split,
+                                         range_cost_matrix, split_layers)
+from hetpart.costmodel.plan_search import SearchOptions, plan_search
+from hetpart.costmodel.pools import device_pools, tp_groups
+from hetpart.costmodel.search_costs import CostTable
+from hetpart.costmodel.search_reference import space_plans
+from hetpart.errors import WorkloadError
+from hetpart.graph.transformer import TransformerConfig, transformer_graph
+
+
+def tiny_model(hidden: int = 2048, layers: int = 4, seq_len: int = 512, tied: bool = True):
+    cfg = TransformerConfig(family="gpt2", num_layers=layers, hidden_size=hidden, num_heads=16, vocab_size=50257,
+                            max_positions=1024, tied_embeddings=tied)
+    return transformer_graph(cfg, f"tiny-h{hidden}-l{layers}", seq_len)
+
+
+THREE_TYPES = parse_cluster({"name": "three-small", "nodes": [
+    {"count": 1, "gpus_per_node": 2, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "Ethernet-25"},
+    {"count": 1, "gpus_per_node": 2, "gpu": "V100-32GB", "intra_node": "NVLink2", "nic": "Ethernet-25"},
+    {"count": 1, "gpus_per_node": 1, "gpu": "T4-16GB", "intra_node": "PCIe3", "nic": "Ethernet-25"}]})
+
+
+def _random_costs(rng: np.random.Generator, n: int, pp: int) -> list[np.ndarray]:
+    costs = []
+    for _ in range(pp):
+        c = range_cost_matrix(rng.uniform(0.1, 2.0, n), rng.uniform(0.0, 0.5))
+        c[rng.uniform(size=c.shape) < 0.15] = math.inf  # ranges that do not fit in memory
+        costs.append(c)
+    return costs
+
+
+def test_layer_split_dp_matches_brute_force_on_random_costs() -> None:
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(300):
+        n = int(rng.integers(2, 10))
+        pp = int(rng.integers(1, min(n, 5) + 1))
+        m = int(rng.integers(1, 12))
+        costs = _random_costs(rng, n, pp)
+        fast, slow = split_layers(costs, m), brute_force_split(costs, m)
+        assert (fast is None) == (slow is None)
+        if fast is not None:
+            checked += 1
+            assert fast.objective_s == pytest.approx(slow.objective_s, rel=1e-12)
+            times = [costs[j][a, b] for j, (a, b) in enumerate(fast.ranges)]
+            assert fast.objective_s == pytest.approx((m - 1) * max(times) + sum(times), rel=1e-12)
+    assert checked > 200
+
+
+def test_batch_allocation_matches_brute_force_and_covers_the_batch() -> None:
+    rng = random.Random(1)
+    for _ in range(300):
+        k = rng.randint(1, 4)
+        total = rng.randint(k, 13)
+        per = [round(rng.uniform(0.1, 2.0), rng.choice([1, 3])) for _ in range(k)]
+        fixed = [round(rng.uniform(0.0, 3.0), rng.choice([0, 2])) for _ in range(k)]
+        counts = allocate_microbatches(per, fixed, total)
+        assert sum(counts) == total and min(counts) >= 1
+        worst = max(f + p * c for p, f, c in zip(per, fixed, counts))
+        assert worst == pytest.approx(brute_force_allocate(per, fixed, total), rel=1e-12)
+    with pytest.raises(ValueError, match="cannot feed"):
+        allocate_microbatches([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], 2)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_cost_table_mirrors_the_simulator_primitives(recompute: str) -> None:
+    model = tiny_model(layers=5)
+    cluster = load_cluster("tiny-mixed")
+    table = CostTable(model, cluster, "bf16")
+    rng = random.Random(2)
+    for pool in device_pools(cluster):
+        for tp in (1, 2):
+            costs = table.get(pool, tp, 2, recompute)
+            fwd, bwd = unit_compute_s(model, pool.gpu, tp, 2, "bf16", recompute)
+            expect = fwd + bwd
+            if tp > 1:
+                group = tp_groups(pool, tp)[0]
+                link = cluster.link_between(*group)
+                tpf, tpb = unit_tp_comm_s(model, tp, 2, recompute, link.bandwidth_gbyte_s, link.latency_us)
+                expect = expect + tpf + tpb
+            for _ in range(20):
+                a = rng.randrange(model.num_units)
+                b = rng.randrange(a + 1, model.num_units + 1)
+                flight = rng.choice([1, 2, 3.5])
+                assert costs.time_s[a, b] == pytest.approx(expect[a:b].sum(), rel=1e-12)
+                assert costs.memory_gb(a, b, flight) == pytest.approx(
+                    stage_memory_gb(model, a, b, tp, 2, flight, recompute), rel=1e-12)
+
+
+def _random_plans(model, cluster, workload, count: int, seed: int):
+    plans = list(space_plans(model, cluster, workload))
+    return random.Random(seed).sample(plans, min(count, len(plans)))
+
+
+def test_branch_and_bound_is_exact_and_its_bound_never_exceeds_the_simulation() -> None:
+    model, cluster = tiny_model(hidden=4096), load_cluster("tiny-mixed")
+    workload = Workload(8, 512, recompute="auto")
+    plans = _random_plans(model, cluster, workload, 250, seed=3)
+    full = Evaluator(model, cluster, workload)
+    results = [full(p) for p in plans]
+    for p, r in zip(plans, results):
+        if r is not None:
+            assert full.lower_bound_s(p) <= r.prediction.step_time_s
+    assert any(r is None for r in results) and any(r is not None for r in results)  # memory binds
+    pruned = Evaluator(model, cluster, workload)
+    best = pruned.best(plans)
+    assert best.tokens_per_s == pytest.approx(best_of(results).tokens_per_s, rel=1e-12)
+    assert pruned.simulations < full.simulations
+
+
+CASES = [  # (hidden, layers, seq_len, global_batch, recompute): memory binds in most
+    (4096, 4, 512, 8, "auto"), (5120, 3, 512, 6, "none"), (5120, 4, 1024, 6, "full"),
+    (5120, 5, 256, 12, "selective"), (3072, 3, 1024, 8, "none"),
+]
+
+
+@pytest.mark.parametrize("hidden,layers,seq_len,batch,recompute", CASES)
+def test_search_finds_the_simulated_optimum_of_its_space(hidden, layers, seq_len, batch, recompute) -> None:
+    """Alpa-style differential test: simulate every plan of the space on a 4-GPU, 2-type cluster."""
+    model, cluster = tiny_model(hidden, layers, seq_len), load_cluster("tiny-mixed")
+    workload = Workload(batch, seq_len, recompute=recompute)
+    evaluate = Evaluator(model, cluster, workload)
+    brute = best_of(evaluate(p) for p in space_plans(model, cluster, workload))
+    found = plan_search(model, cluster, workload, include_baselines=False)
+    assert found.prediction.fits_in_memory
+    assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
+    if recompute != "auto":
+        assert found.plan.recompute == recompute
+
+
+def test_search_finds_the_optimum_on_three_device_types() -> None:
+    model = tiny_model(hidden=3072, layers=3, seq_len=512)
+    workload = Workload(4, 512, recompute="selective")
+    evaluate = Evaluator(model, THREE_TYPES, workload)
+    brute = best_of(evaluate(p) for p in space_plans(model, THREE_TYPES, workload))
+    found = plan_search(model, THREE_TYPES, workload, include_baselines=False)
+    assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
+
+
+def test_search_beats_every_hand_built_plan_of_a_small_cluster() -> None:
+    """Plans a person would write for 2 A100 + 2 V100: data parallel, one pipeline per type, mixed."""
+    from hetpart.plan import Plan, Replica, Stage
+
+    model, cluster = tiny_model(hidden=2048, layers=4), load_cluster("tiny-mixed")
+    workload = Workload(8, 512, recompute="none")
+    n = model.num_units
+    hand = [
+        Plan(8, 1, 512, tuple(Replica(0.25, (Stage((0, n), (d,)),)) for d in ("0/0/0", "0/0/1", "1/0/0", "1/0/1"))),
+        Plan(8, 1, 512, (Replica(1.0, (Stage((0, 4), ("0/0/0", "0/0/1"), 2), Stage((4, n), ("1/0/0", "1/0/1"), 2))),)),
+        Plan(8, 2, 512, (Replica(0.75, (Stage((0, n), ("0/0/0", "0/0/1"), 2),)),
+                         Replica(0.25, (Stage((0, n), ("1/0/0", "1/0/1"), 2),)))),
+        Plan(8, 1, 512, tuple(Replica(0.5, (Stage((0, 2), (v,)), Stage((2, n), (a,))))
+                              for a, v in (("0/0/0", "1/0/0"), ("0/0/1", "1/0/1")))),
+    ]
+    evaluate = Evaluator(model, cluster, workload)
+    found = plan_search(model, cluster, workload)
+    for p in hand:
+        assert not p.validate(model, cluster)
+        e = evaluate(p)
+        assert e is not None and found.tokens_per_s >= e.tokens_per_s
+
+
+def test_search_options_and_zone_errors() -> None:
+    model = tiny_model()
+    cut = parse_cluster({"name": "cut", "nodes": [
+        {"count": 1, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "a"},
+        {"count": 1, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "b"}]},
+        source="cut.yaml")
+    with pytest.raises(WorkloadError, match=r"cut.yaml: links: zones 'a' and 'b' have no link.*add"):
+        plan_search(model, cut, Workload(8, 512))
+    with pytest.raises(TypeError):
+        plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), no_such_option=1)
+    quick = plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), options=SearchOptions(top_k=1),
+                        refine_steps=0, include_baselines=False)
+    assert quick.prediction.fits_in_memory
