@@ -32,7 +32,7 @@ from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
-__all__ = ["ArrivalBoard", "speed_ratios", "calibrated_peak_tflops", "default_time_factor", "emulated_cluster", "Emulator"]
+__all__ = ["ArrivalBoard", "EmulationParams", "resolve_emulation", "speed_ratios", "calibrated_peak_tflops", "default_time_factor", "emulated_cluster", "Emulator"]
 
 
 def speed_ratios(plan: "Plan", cluster: Cluster, precision: str | None = None) -> dict[str, float]:
@@ -158,6 +158,37 @@ class Emulator:
         if len(group_ranks) < 2 or num_bytes <= 0:
             return 0.0
         return allreduce_time_s(num_bytes, [self.rank_devices[r] for r in group_ranks], self.cluster)
+
+
+@dataclass(frozen=True)
+class EmulationParams:
+    """The numbers that define an emulated cluster (agreed by every rank, recorded with the run)."""
+
+    precision: str
+    """Precision of the REAL cluster, whose peaks set the speed ratios."""
+    peak_tflops: float
+    """Emulated peak of the plan's fastest device type (calibrated)."""
+    time_factor: float
+    """``T``: the emulation runs ``T`` times slower than the real cluster."""
+    memory_gbyte_s: float
+    """Emulated memory rate of every device (the optimizer step's pace, measured on Adam)."""
+    achieved_tflops: float
+    """Measured model rate of one process (mean over the ranks)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def cluster(self, real: Cluster, plan: "Plan") -> Cluster:
+        return emulated_cluster(real, plan, self.peak_tflops, self.time_factor, self.memory_gbyte_s, self.precision)
+
+
+def resolve_emulation(plan: "Plan", real: Cluster, precision: str, achieved_tflops: float, optimizer_gbyte_s: float,
+                      width: float, time_factor: float | None = None) -> EmulationParams:
+    """Emulation parameters from measured rates: calibrated peak, and ``T`` unless given."""
+    peak = calibrated_peak_tflops(achieved_tflops, width, plan.micro_batch * plan.seq_len)
+    factor = time_factor if time_factor else default_time_factor(plan, real, peak, precision)
+    return EmulationParams(precision=precision, peak_tflops=peak, time_factor=factor,
+                           memory_gbyte_s=optimizer_gbyte_s, achieved_tflops=achieved_tflops)
 
 
 class ArrivalBoard:

@@ -11,6 +11,7 @@ hung rank into one :class:`~hetpart.errors.RuntimeFault` and kills every worker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -46,8 +47,8 @@ class RunOptions:
 
     steps: int = 5
     """Measured training steps (after the warm-up)."""
-    warmup: int = 1
-    """Steps run first and excluded from the measurements."""
+    warmup: int = 2
+    """Steps run first and excluded from the measurements; the ones after the first calibrate the prediction."""
     scale: str | int = "tiny"
     """``tiny``, ``small`` or an explicit hidden size: the shrunken model that actually runs."""
     seed: int = 0
@@ -364,21 +365,16 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         RuntimeFault: the machine cannot host the plan, or a rank died or hung.
     """
     from hetpart.runtime import measure
-    from hetpart.runtime.emulation import calibrated_peak_tflops, default_time_factor, emulated_cluster
+    from hetpart.runtime.emulation import EmulationParams, calibrated_peak_tflops
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
     graph, small = prep.run_graph, prep.run_plan
-    width = int((graph.arch or {}).get("hidden_size") or max(u.width for u in graph.units) or 64)
+    width = params_width(graph)
     rates = measure.measure_host_rates(width)
-    achieved = measure.model_tflops(prep.runnable, graph, small.micro_batch)
-    peak = calibrated_peak_tflops(achieved, width, small.micro_batch * small.seq_len)
-    precision = plan.precision  # the real cluster's; the CPU processes run fp32
-    factor = options.time_factor or default_time_factor(small, prep.cluster, peak, precision)
-    emu = emulated_cluster(prep.cluster, small, peak, factor, rates.memory_gbyte_s, precision)
-    emulation = {"precision": precision, "peak_tflops": peak, "time_factor": factor, "memory_gbyte_s": rates.memory_gbyte_s,
-                 "achieved_tflops": achieved, "matmul_tflops": rates.matmul_tflops, "matmul_size": rates.matmul_size,
-                 "enabled": options.emulate}
+    # The workers calibrate the emulation themselves, all at once, under the run's own contention.
+    emulation = {"precision": plan.precision, "time_factor": options.time_factor, "width": width,
+                 "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units]}
     job = {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
            "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
            "emulation": emulation if options.emulate else None, "fault": options.fault.to_dict() if options.fault else None,
@@ -387,11 +383,29 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
     results = launch(job, run_dir, options, on_progress)
     measured = measure.summarize(results, small, prep.cluster, small.seq_len, options.warmup)
-    predicted = measure.predict(graph, emu, small) if options.emulate else None
-    record = _record(prep, options, emulation, emu, measured, predicted)
+    summary = {"enabled": options.emulate, "host": rates.to_dict()}
+    predicted, emu = None, None
+    if options.emulate:
+        params = EmulationParams(**results[0]["emulation"]["params"])
+        summary.update(params.to_dict(), calibrations=results[0]["emulation"]["calibrations"], calibrated_on="units")
+        warm = measure.warmup_tflops(results, graph, small, options.warmup)
+        if warm is not None:
+            # The rate the ranks really reached in the warm-up (pipeline overheads and the run's own
+            # contention included) calibrates the devices; T, fixed before the run, keeps the links.
+            peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)
+            params = dataclasses.replace(params, peak_tflops=peak, achieved_tflops=warm)
+            summary.update(peak_tflops=peak, achieved_tflops=warm, calibrated_on="warm-up")
+        emu = params.cluster(prep.cluster, small)
+        predicted = measure.predict(graph, emu, small)
+    record = _record(prep, options, summary, emu, measured, predicted)
     if out is not None:
         measure.append_jsonl(out, record)
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir))
+
+
+def params_width(graph: ModelGraph) -> int:
+    """The matrix width that sizes a model's products (hidden size, else the widest unit)."""
+    return int((graph.arch or {}).get("hidden_size") or max(u.width for u in graph.units) or 64)
 
 
 def _absolute(cluster_spec: str) -> str:
@@ -400,7 +414,7 @@ def _absolute(cluster_spec: str) -> str:
     return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else cluster_spec
 
 
-def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluster, measured, predicted) -> dict:
+def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluster | None, measured, predicted) -> dict:
     from hetpart.runtime.measure import RECORD_VERSION, environment
 
     graph = prep.run_graph
@@ -413,6 +427,6 @@ def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluste
              "graph": graph.summary()}
     return {"version": RECORD_VERSION, "kind": "hetpart.run", "plan": prep.run_plan.to_dict(),
             "original_plan": prep.plan.to_dict(), "cluster": prep.cluster.summary(),
-            "emulated_cluster": emu.summary(), "model": model, "options": options.to_dict(),
+            "emulated_cluster": emu.summary() if emu is not None else None, "model": model, "options": options.to_dict(),
             "emulation": emulation, "environment": environment(), "measured": measured.to_dict(),
             "predicted": predicted}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["HostRates", "measure_host_rates", "matmul_tflops", "memory_gbyte_s", "Measurement", "summarize",
-           "predict", "model_tflops", "environment", "append_jsonl", "RECORD_VERSION"]
+           "predict", "Calibration", "calibrate", "warmup_tflops", "environment", "append_jsonl", "RECORD_VERSION"]
 
 RECORD_VERSION = 1
 
@@ -206,46 +206,119 @@ def _default(o: Any) -> Any:
     return str(o)
 
 
-def model_tflops(runnable, graph, micro_batch: int, repeats: int = 3) -> float:
-    """Rate one thread of this machine reaches on the model that will run, fp32 forward + backward, TFLOPS.
+@dataclass(frozen=True)
+class Calibration:
+    """What one process of this machine achieves on the model that runs (fp32, one thread)."""
 
-    Times the embedding, the first block and the head (min of ``repeats``) on a micro-batch and
-    counts every block like the first: ``sum(graph FLOPs) / sum(measured times)``. This is what a
-    device of the emulated cluster really achieves, framework overheads included, so the simulator
-    is calibrated on it (the raw matmul rate overstates small models several times).
+    achieved_tflops: float
+    """Forward + backward FLOPs of the model / measured time, TFLOPS (framework overheads included)."""
+    optimizer_gbyte_s: float
+    """Adam's rate in the simulator's accounting: 28 bytes per parameter / measured step time, GB/s."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_ADAM_BYTES_PER_PARAM = 28  # the simulator's accounting (costmodel/simulator.py, optimizer step)
+
+
+def calibrate(runnable, unit_flops: Sequence[float], seq_len: int, micro_batch: int, repeats: int = 7) -> Calibration:
+    """Measure this process's rates on the model that will run.
+
+    Times forward + backward of the embedding, the first block and the head (median of ``repeats``)
+    on one micro-batch, counts every other unit like the first block, and times an Adam step over
+    those units' parameters. Run in every worker at once, so that the numbers include the
+    contention of the run itself; the raw matmul rate overstates small models several times.
+
+    Args:
+        runnable: :class:`hetpart.runtime.models.RunnableSpec`.
+        unit_flops: forward + backward FLOPs of each unit for ONE sequence (the run's graph).
+        seq_len: tokens per sequence of the run.
+        micro_batch: sequences per micro-batch.
     """
     import torch
 
     from hetpart.runtime.models import build_units, synthetic_batch
 
-    n = graph.num_units
+    n = len(unit_flops)
     picked = sorted({0, min(1, n - 1), n - 1})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         units = build_units(runnable, picked)
-        x, _ = synthetic_batch(runnable, micro_batch, graph.seq_len, step=0)
+        x, _ = synthetic_batch(runnable, micro_batch, seq_len, step=0)
         times = {}
         for index, unit in zip(picked, units):
             x, times[index] = _time_unit(unit, x, repeats)
+        params = [p for u in units for p in u.parameters()]
+        optimizer_s = _time_adam(params, repeats)
     finally:
         torch.set_num_threads(threads)
-    flops = lambda u: u.fwd_flops + u.bwd_flops  # noqa: E731
-    total_flops = micro_batch * sum(flops(u) for u in graph.units)
-    middle = [i for i in range(n) if i not in picked]
-    total_s = sum(times.values()) + len(middle) * times[picked[min(1, len(picked) - 1)]]
-    return total_flops / total_s / 1e12
+    block = picked[min(1, len(picked) - 1)]
+    total_s = sum(times.values()) + (n - len(picked)) * times[block]
+    achieved = micro_batch * sum(unit_flops) / total_s / 1e12
+    num_params = sum(p.numel() for p in params)
+    return Calibration(achieved_tflops=achieved, optimizer_gbyte_s=_ADAM_BYTES_PER_PARAM * num_params / optimizer_s / 1e9)
+
+
+def _time_adam(params, repeats: int) -> float:
+    import torch
+
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.Adam(params, lr=1e-9)
+    times = []
+    for attempt in range(repeats + 1):
+        t = time.perf_counter()
+        opt.step()
+        if attempt:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def _time_unit(unit, x, repeats: int):
-    """``(output, best forward+backward seconds)``; the first run only warms caches and allocators."""
-    best = float("inf")
+    """``(output, median forward+backward seconds)``; the first run only warms caches and allocators.
+
+    The median, not the best: the calibration must include the contention that the run will see.
+    """
+    times = []
     for attempt in range(repeats + 1):
         inp = x.detach().requires_grad_(x.is_floating_point())
         t = time.perf_counter()
         out = unit(inp)
         out.float().square().mean().backward()
         if attempt:
-            best = min(best, time.perf_counter() - t)
+            times.append(time.perf_counter() - t)
         unit.zero_grad(set_to_none=True)
-    return out.detach(), best
+    return out.detach(), statistics.median(times)
+
+
+def warmup_tflops(results: Sequence[dict[str, Any]], graph, plan, warmup: int) -> float | None:
+    """Mean rate the ranks reached in the warm-up, TFLOPS: their units' FLOPs / their measured compute.
+
+    Uses the warm-up steps after the first (the first pays one-time costs) or the only one; the
+    measured compute is before any emulated slowdown. None without a warm-up step.
+    """
+    if warmup < 1:
+        return None
+    steps = range(1, warmup) if warmup > 1 else range(0, 1)
+    holders = _rank_flops(graph, plan)
+    rates = []
+    for r in results:
+        seconds = sum(r["steps"][i]["measured_compute_s"] for i in steps)
+        if seconds > 0:
+            rates.append(holders[r["device"]] * len(steps) / seconds / 1e12)
+    return statistics.fmean(rates) if rates else None
+
+
+def _rank_flops(graph, plan) -> dict[str, float]:
+    """Forward + backward (+ recompute) FLOPs of one step per device of ``plan``."""
+    out: dict[str, float] = {}
+    for i, replica in enumerate(plan.replicas):
+        samples = plan.replica_samples()[i]
+        for stage in replica.stages:
+            flops = sum(u.fwd_flops + u.bwd_flops + u.recompute_flops[plan.recompute]
+                        for u in graph.units[stage.layers[0]:stage.layers[1]])
+            for d in stage.devices:
+                out[d] = out.get(d, 0.0) + flops * samples / stage.tp
+    return out

@@ -107,27 +107,43 @@ class WorkerHooks:
 
 
 def _called_from_loss() -> bool:
-    """True when the engine reports the loss computation (it reports it as a forward, after the
-    last stage's forward of the same micro-batch; it receives nothing)."""
+    """True when the engine reports its loss computation: it reports it as a ``fwd`` of the last
+    stage (after that stage's forward of the micro-batch), and the loss receives nothing. The hook
+    arguments cannot tell the two apart, so look for the engine's loss wrapper among the callers."""
     frame = sys._getframe(2)
-    return frame.f_code.co_name == "timed" and "_timed_loss" in frame.f_code.co_qualname
+    for _ in range(4):
+        if frame is None:
+            return False
+        if "_timed_loss" in frame.f_code.co_qualname:
+            return True
+        frame = frame.f_back
+    return False
 
 
-def _emulator(job: dict[str, Any], rank: int):
+def _emulation(job: dict[str, Any], plan, rank: int):
+    """Calibrate in every rank at once (so the contention of the run is in the numbers), agree on
+    the mean, and build this rank's :class:`~hetpart.runtime.emulation.Emulator`."""
+    import torch.distributed as dist
+
     from hetpart.cluster import load_cluster
-    from hetpart.plan import Plan
-    from hetpart.runtime.emulation import Emulator, emulated_cluster, speed_ratios
+    from hetpart.runtime.emulation import Emulator, resolve_emulation, speed_ratios
+    from hetpart.runtime.measure import calibrate
+    from hetpart.runtime.models import RunnableSpec
 
     emu = job.get("emulation")
     if not emu:
-        return None
-    plan = Plan.from_dict(job["plan"])
+        return None, None
+    mine = calibrate(RunnableSpec.from_dict(job["runnable"]), emu["unit_flops"], plan.seq_len, plan.micro_batch)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine.to_dict())
+    mean = lambda key: sum(c[key] for c in everyone) / len(everyone)  # noqa: E731
     real = load_cluster(job["cluster"])
-    precision = emu["precision"]
-    cluster = emulated_cluster(real, plan, emu["peak_tflops"], emu["time_factor"], emu["memory_gbyte_s"], precision)
+    params = resolve_emulation(plan, real, emu["precision"], mean("achieved_tflops"), mean("optimizer_gbyte_s"),
+                               emu["width"], emu.get("time_factor"))
     devices = tuple(job["rank_devices"])
-    return Emulator(cluster=cluster, rank_devices=devices, rank=rank,
-                    speed_ratio=speed_ratios(plan, real, precision)[devices[rank]])
+    emulator = Emulator(cluster=params.cluster(real, plan), rank_devices=devices, rank=rank,
+                        speed_ratio=speed_ratios(plan, real, params.precision)[devices[rank]])
+    return emulator, {"params": params.to_dict(), "calibrations": everyone}
 
 
 def _is_comm_error(exc: BaseException) -> bool:
@@ -150,7 +166,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         dist.init_process_group("gloo", timeout=timedelta(seconds=float(job.get("comm_timeout_s", 600))))
     plan = Plan.from_dict(job["plan"])
     fault = FaultSpec(**job["fault"]) if job.get("fault") else None
-    emulator = _emulator(job, rank)
+    emulator, emulation = _emulation(job, plan, rank)
     board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None else None
     hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks)
@@ -177,7 +193,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     peak = max(s["peak_memory_bytes"] for s in steps)
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
-            "schedule_used": getattr(executor, "schedule_used", plan.schedule)}
+            "schedule_used": getattr(executor, "schedule_used", plan.schedule), "emulation": emulation}
 
 
 def _step_record(step: int, out: Any, acc: StepAccount) -> dict[str, Any]:
