@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -217,10 +219,29 @@ def test_python_spec_errors_are_one_clear_line(spec: str, message: str, capsys) 
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+_NAME = st.text(alphabet=st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=20)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["python:tests.fixtures.", "python:tests.fixtures.toy:", "python:", "python::"]), _NAME, _NAME)
+def test_malformed_python_specs_fail_cleanly(prefix: str, first: str, second: str) -> None:
+    """Garbage after ``python:`` (kept inside the test fixtures, so no other module is ever imported)
+    gives one ModelError line or, for a real builder, a graph; never another exception."""
+    spec = prefix + first + (":" + second if prefix.endswith(".") else "")
+    try:
+        graph = load_model(spec, seq_len=8)
+    except ModelError as err:
+        assert "\n" not in str(err) and str(err).startswith(("python:", "--model"))
+    else:
+        assert graph.num_units >= 1
+
+
 def test_python_spec_passes_seq_len() -> None:
     graph = load_model("python:tests.fixtures.toy:build", seq_len=16, precision="fp32")
     assert graph.seq_len == 16 and graph.dtype_bytes == 4 and graph.source == "python:tests.fixtures.toy:build"
     assert graph.units[1].out_act_bytes == 4 * 16 * HIDDEN
+    fixed = load_model("python:tests.fixtures.toy:build_fixed", seq_len=16)
+    assert fixed.seq_len == 24 and fixed.units[1].out_act_bytes == 2 * 24 * HIDDEN  # per sequence of the batch of 2
 
 
 def test_cli_inspect_python_model_json() -> None:
