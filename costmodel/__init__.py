@@ -4,16 +4,16 @@ from hetpart.costmodel.collectives import allreduce_time_s, p2p_time_s, ring_all
 from hetpart.costmodel.compute import stage_compute_s, stage_tp_comm_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.efficiency import CURVES, EfficiencyCurve, curve_for, matmul_efficiency
 from hetpart.costmodel.megatron import even_layer_split, megatron_plan
-from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb, \
+from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb, stage_memory_gb, \
     stage_params_per_device
-from hetpart.costmodel.schedule import PipelineTiming, pipeline_step_time_s, pipeline_timing, \
+from hetpart.costmodel.schedule import PipelineTiming, pipeline_step_time_s, pipeline_summary, pipeline_timing, \
     simulate_pipeline_events
-from hetpart.costmodel.simulator import Prediction, Simulator, simulate
+from hetpart.costmodel.simulator import Estimate, Prediction, Simulator, simulate
 
 __all__ = [
     # simulator (engineer B)
-    "simulate", "Simulator", "Prediction", "stage_compute_s", "stage_tp_comm_s", "unit_compute_s",
-    "unit_tp_comm_s", "p2p_time_s", "allreduce_time_s", "ring_allreduce_time_s", "stage_memory_gb",
+    "simulate", "Simulator", "Prediction", "Estimate", "pipeline_summary", "PrefixTables", "stage_compute_s",
+    "stage_tp_comm_s", "unit_compute_s", "unit_tp_comm_s", "p2p_time_s", "allreduce_time_s", "ring_allreduce_time_s", "stage_memory_gb",
     "stage_params_per_device", "in_flight_microbatches", "memory_capacity_gb", "pipeline_step_time_s",
     "pipeline_timing", "simulate_pipeline_events", "PipelineTiming", "megatron_plan", "even_layer_split",
     "matmul_efficiency", "curve_for", "CURVES", "EfficiencyCurve",

@@ -17,11 +17,14 @@ Per device of a stage holding units ``[first, last)`` with tensor parallelism ``
 
 from __future__ import annotations
 
+import numpy as np
+
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
-           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb"]
+           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
+           "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
 """Weights + gradients + Adam states per parameter (mixed precision or fp32), bytes."""
@@ -89,3 +92,47 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
     if recompute == "full" and units:
         acts += max(u.act_bytes["none"] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
     return (states + acts) / 1e9
+
+
+class PrefixTables:
+    """Prefix sums over the units of a model, so any stage ``[first, last)`` costs O(1).
+
+    Same accounting as :func:`stage_memory_gb` (tests compare the two); planners may use it too.
+    """
+
+    def __init__(self, model: ModelGraph) -> None:
+        def prefix(values):
+            return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))]).tolist()
+
+        units = model.units
+        sh = [1.0 if u.tp_shardable else 0.0 for u in units]
+        self._p_sh = prefix([u.params * f for u, f in zip(units, sh)])
+        self._p_rep = prefix([u.params * (1 - f) for u, f in zip(units, sh)])
+        self._s_sh = prefix([u.shared_params * f for u, f in zip(units, sh)])
+        self._s_rep = prefix([u.shared_params * (1 - f) for u, f in zip(units, sh)])
+        self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
+                            prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
+                     for mode in ("none", "selective", "full")}
+        self._none = [(u.act_bytes["none"], u.tp_shardable) for u in units]
+        names = [u.name for u in units]
+        tied = (model.arch or {}).get("tied_owner")
+        self.owner = names.index(tied) if tied in names else -1
+        self.sharers = [i for i, u in enumerate(units) if u.shared_params]
+
+    def params(self, a: int, z: int) -> tuple[float, float]:
+        """(tensor-parallel-sharded, replicated) parameters owned by units ``[a, z)``."""
+        return self._p_sh[z] - self._p_sh[a], self._p_rep[z] - self._p_rep[a]
+
+    def params_per_device(self, a: int, z: int, tp: int) -> float:
+        sharded, whole = self.params(a, z)
+        if not a <= self.owner < z:
+            sharded += self._s_sh[z] - self._s_sh[a]
+            whole += self._s_rep[z] - self._s_rep[a]
+        return sharded / tp + whole
+
+    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str) -> float:
+        sh, rep = self._act[recompute]
+        acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
+        if recompute == "full" and z > a:
+            acts += max(b / (tp if s else 1) for b, s in self._none[a:z]) * micro_batch
+        return (self.params_per_device(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9

@@ -35,7 +35,7 @@ import numpy as np
 from hetpart.errors import PlanError
 
 __all__ = ["PipelineOp", "PipelineTiming", "device_op_order", "pipeline_timing", "pipeline_step_time_s",
-           "simulate_pipeline_events"]
+           "pipeline_summary", "simulate_pipeline_events"]
 
 FWD, BWD = 0, 1
 
@@ -285,6 +285,57 @@ def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> Pipeli
     else:
         end = _sweep_pass(dur, np.where(lay.has_dep, p2p[lay.p2p_index], 0.0), lay)
     return PipelineTiming(float(end.max()), end - dur, end, lay.kind, lay.stage, lay.mb)
+
+
+@lru_cache(maxsize=256)
+def _compiled(schedule: str, pp: int, m: int, v: int) -> tuple:
+    """The operation graph renumbered in topological order, 1-based (0 = "no predecessor"):
+    ``(prev, dep, slot, p2p, last_backward_position[K], last_op_position[pp])``."""
+    ops = _topological(schedule, pp, m, v)
+    pos = {op[0]: j + 1 for j, op in enumerate(ops)}
+    prev = tuple(pos[o[1]] if o[1] >= 0 else 0 for o in ops)
+    dep = tuple(pos[o[2]] if o[2] >= 0 else 0 for o in ops)
+    slot = tuple(o[3] for o in ops)
+    p2p = tuple(o[4] for o in ops)
+    lay = _layout(schedule, pp, m, v)
+    n = lay.kind.shape[1]
+    last_bwd = [0] * (pp * v)
+    for d in range(pp):
+        for j in range(n):
+            if lay.kind[d, j] == BWD:
+                last_bwd[int(lay.stage[d, j])] = pos[d * n + j]  # later ops overwrite earlier ones
+    return prev, dep, slot, p2p, tuple(last_bwd), tuple(pos[d * n + n - 1] for d in range(pp))
+
+
+def pipeline_summary(fwd_s: list[float], bwd_s: list[float], p2p_s: list[float], schedule: str, num_microbatches: int,
+                     interleave: int = 1) -> tuple[float, list[float]]:
+    """``(makespan_s, last_backward_end_s[K])`` for equal micro-batches (the simulator's fast path).
+
+    Args:
+        fwd_s, bwd_s: ``[K]`` seconds of one micro-batch per virtual stage.
+        p2p_s: ``[K-1]`` seconds per stage boundary.
+    """
+    k_total, m, v = len(fwd_s), num_microbatches, interleave
+    pp = k_total // v
+    if 2 * m * k_total > _SCALAR_LIMIT_OPS:
+        fwd = np.repeat(np.asarray(fwd_s, dtype=float)[:, None], m, axis=1)
+        bwd = np.repeat(np.asarray(bwd_s, dtype=float)[:, None], m, axis=1)
+        timing = pipeline_timing(fwd, bwd, p2p_s, schedule, v)
+        return timing.makespan_s, timing.last_backward_end_s(k_total).tolist()
+    _check(schedule, pp, m, v)
+    prev, dep, slot, link, last_bwd, last_op = _compiled(schedule, pp, m, v)
+    durations = list(fwd_s) + list(bwd_s)
+    p2p = list(p2p_s) or [0.0]
+    end = [0.0]
+    push = end.append
+    for p, d, s, q in zip(prev, dep, slot, link):
+        t = end[p]
+        if d:
+            r = end[d] + p2p[q]
+            if r > t:
+                t = r
+        push(t + durations[s])
+    return max(end[i] for i in last_op), [end[i] for i in last_bwd]
 
 
 def pipeline_step_time_s(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> float:

@@ -17,6 +17,10 @@ One training step of a :class:`~hetpart.plan.Plan`:
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
 
 Memory per device follows :mod:`~hetpart.costmodel.memory`.
+
+:meth:`Simulator.estimate` runs the same model and returns only the step time and the memory fit
+(the planners' and the RL reward's inner loop); :meth:`Simulator.simulate` adds metrics, the
+breakdown and, on request, the timeline.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from hetpart.workload import DTYPE_BYTES, Workload
 from hetpart.costmodel.collectives import allreduce_time_s, p2p_time_s
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.efficiency import EfficiencyCurve
-from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, in_flight_microbatches, memory_capacity_gb
-from hetpart.costmodel.schedule import pipeline_timing
+from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb
+from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 
-__all__ = ["Prediction", "Simulator", "simulate", "OPTIMIZER_BYTES_PER_PARAM"]
+__all__ = ["Prediction", "Estimate", "Simulator", "simulate", "OPTIMIZER_BYTES_PER_PARAM"]
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring)."""
@@ -76,27 +80,59 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class _StageCost:
-    fwd_s: float
-    bwd_s: float
-    compute_s: float
-    """Compute of one micro-batch (fwd + bwd + recompute), without TP communication."""
-    tp_s: float
+class Estimate:
+    """The inner-loop answer: step time and whether every device fits."""
+
+    step_time_s: float
+    tokens_per_s: float
+    fits_in_memory: bool
+    memory_headroom_gb: float
+    """Smallest (capacity - predicted peak) over the plan's devices; negative when something does not fit."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What the simulator needs to know about one stage's device group."""
+
     gpu: GPUSpec
+    """The slowest device (paces the tensor-parallel group)."""
+    tp_link: tuple[float, float]
+    """(bandwidth GB/s, latency us) of the slowest hop of the group's ring."""
+    capacity_gb: float
+    hbm_gbyte_s: float
+    gpus: tuple[GPUSpec, ...]
 
 
 @dataclass
-class _Replica:
+class _Pipe:
+    """One replica's pipeline: per virtual stage costs of one micro-batch and when things finished."""
+
     pp: int
     m: int
-    costs: list[_StageCost]
-    p2p: np.ndarray
-    timing: Any
-    last_bwd: np.ndarray
+    fwd: list[float]
+    bwd: list[float]
+    compute: list[float]
+    tp: list[float]
+    p2p: list[float]
+    makespan: float
+    last_bwd: list[float]
+    timing: Any = None
+
+
+@dataclass
+class _Step:
+    pipes: list[_Pipe]
+    dp_end: float
+    dp_spent: dict[tuple[int, int], float]
+    dp_events: list[dict[str, Any]]
+    optim: dict[tuple[int, int], float]
+    memory: dict[tuple[int, int], float]
+    sync_end: float
+    step: float
 
 
 class Simulator:
-    """Simulates plans of one model on one cluster; caches per-unit costs between plans.
+    """Simulates plans of one model on one cluster; caches unit costs and links between plans.
 
     Example:
         >>> from hetpart import load_cluster, load_model
@@ -113,95 +149,87 @@ class Simulator:
         self.model = model
         self.cluster = cluster
         self._curve_of = curve_of
-        self._unit_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._link_cache: dict[tuple[str, str], Any] = {}
-        self._ar_cache: dict[tuple, float] = {}
-        self._tables = _Tables(model)
-        self._tp_link_cache: dict[tuple[str, ...], tuple[float, float]] = {}
-        self._capacity_cache: dict[str, float] = {}
-        self._gpu_cache: dict[str, GPUSpec] = {}
+        self._tables = PrefixTables(model)
+        self._units: dict[tuple, tuple[list[float], ...]] = {}
+        self._groups: dict[tuple[str, ...], _Group] = {}
+        self._p2p: dict[tuple, float] = {}
+        self._ar: dict[tuple, float] = {}
 
-    # --------------------------------------------------------------------------------- costs
-    def _unit_prefix(self, gpu: GPUSpec, tp: int, mb: int, precision: str, recompute: str, tp_link) -> tuple:
-        key = (gpu.name, gpu.tflops_bf16, gpu.tflops_fp32, tp, mb, precision, recompute, tp_link)
-        hit = self._unit_cache.get(key)
+    # --------------------------------------------------------------------------------- cached facts
+    def _group(self, devices: tuple[str, ...]) -> _Group:
+        hit = self._groups.get(devices)
         if hit is None:
-            curve = self._curve_of(gpu) if self._curve_of else None
-            fwd, bwd = unit_compute_s(self.model, gpu, tp, mb, precision, recompute, curve)
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link) if tp > 1 else (fwd * 0, bwd * 0)
-            z = np.zeros(1)
-            hit = tuple(np.concatenate([z, np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb))
-            self._unit_cache[key] = hit
+            gpus = tuple(self.cluster.device(d).gpu for d in devices)
+            bw, lat = float("inf"), 0.0
+            for i in range(len(devices)):
+                link = self.cluster.link_between(devices[i], devices[(i + 1) % len(devices)])
+                if link is not None and link.kind != "self":
+                    bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
+            hit = _Group(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_link=(bw, lat),
+                         capacity_gb=min(memory_capacity_gb(g) for g in gpus),
+                         hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus)
+            self._groups[devices] = hit
         return hit
 
-    def _link(self, a: str, b: str):
-        key = (a, b)
-        if key not in self._link_cache:
-            self._link_cache[key] = self.cluster.link_between(a, b)
-        return self._link_cache[key]
-
-    def _tp_link(self, devices: tuple[str, ...]) -> tuple[float, float]:
-        hit = self._tp_link_cache.get(devices)
+    def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str) -> tuple:
+        g = self._group(devices)
+        key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
+        hit = self._units.get(key)
         if hit is None:
-            hit = self._tp_link_cache[devices] = self._tp_link_uncached(devices)
+            curve = self._curve_of(g.gpu) if self._curve_of else None
+            fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve)
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
+            hit = tuple(np.concatenate([[0.0], np.cumsum(a)]).tolist() for a in (fwd, bwd, tpf, tpb))
+            self._units[key] = hit
         return hit
 
-    def _gpu(self, device_id: str) -> GPUSpec:
-        gpu = self._gpu_cache.get(device_id)
-        if gpu is None:
-            gpu = self._gpu_cache[device_id] = self.cluster.device(device_id).gpu
-        return gpu
+    def _p2p_s(self, src, dst, micro_batch: int) -> float:
+        key = (src.devices[0], dst.devices[0], max(src.tp, dst.tp), src.layers[1], micro_batch)
+        hit = self._p2p.get(key)
+        if hit is None:
+            hit = self._p2p[key] = self._p2p_uncached(src, dst, micro_batch)
+        return hit
 
-    def _capacity_gb(self, device_id: str) -> float:
-        gpu = self._gpu(device_id)
-        if gpu.name not in self._capacity_cache:
-            self._capacity_cache[gpu.name] = memory_capacity_gb(gpu)
-        return self._capacity_cache[gpu.name]
-
-    def _tp_link_uncached(self, devices: tuple[str, ...]) -> tuple[float, float]:
-        bw, lat = float("inf"), 0.0
-        for i in range(len(devices)):
-            link = self._link(devices[i], devices[(i + 1) % len(devices)])
-            if link is not None and link.kind != "self":
-                bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
-        return bw, lat
-
-    def _slowest_gpu(self, devices: tuple[str, ...]) -> GPUSpec:
-        return min((self._gpu(d) for d in devices), key=lambda g: g.tflops_bf16)
-
-    def _stage_cost(self, stage, plan: Plan) -> _StageCost:
-        gpu = self._slowest_gpu(stage.devices)
-        tp_link = self._tp_link(stage.devices) if stage.tp > 1 else (1.0, 0.0)
-        f, b, tf, tb = self._unit_prefix(gpu, stage.tp, plan.micro_batch, plan.precision, plan.recompute, tp_link)
-        a, z = stage.layers
-        cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
-        return _StageCost(cf + tpf, cb + tpb, cf + cb, tpf + tpb, gpu)
-
-    def _p2p_s(self, src, dst, plan: Plan) -> float:
-        link = self._link(src.devices[0], dst.devices[0])
+    def _p2p_uncached(self, src, dst, micro_batch: int) -> float:
+        link = self.cluster.link_between(src.devices[0], dst.devices[0])
         if link is None:
             raise PlanError(f"pipeline: devices {src.devices[0]} and {dst.devices[0]} sit in zones without a link; "
                             "add one under 'links'")
         tp = max(src.tp, dst.tp)
-        nbytes = self.model.units[src.layers[1] - 1].out_act_bytes * plan.micro_batch / tp
+        nbytes = self.model.units[src.layers[1] - 1].out_act_bytes * micro_batch / tp
         if link.kind in ("nic", "inter_zone"):
             share = min(self.cluster.group_of(d).node_bandwidth_gbyte_s / tp for d in (src.devices[0], dst.devices[0]))
             if share < link.bandwidth_gbyte_s:
                 link = type(link)(share, link.latency_us, link.kind)
         return p2p_time_s(nbytes, link)
 
-    # --------------------------------------------------------------------------------- pipeline
-    def _replica(self, plan: Plan, r: int) -> _Replica:
+    # --------------------------------------------------------------------------------- pipelines
+    def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict) -> _Pipe:
         rep = plan.replicas[r]
         v = plan.interleave if plan.schedule == "interleaved" else 1
-        pp = rep.pp // v
         m = plan.num_microbatches(r)
-        costs = [self._stage_cost(s, plan) for s in rep.stages]
-        p2p = np.array([self._p2p_s(rep.stages[k], rep.stages[k + 1], plan) for k in range(rep.pp - 1)])
-        fwd = np.repeat(np.array([[c.fwd_s for c in costs]]).T, m, axis=1)
-        bwd = np.repeat(np.array([[c.bwd_s for c in costs]]).T, m, axis=1)
-        timing = pipeline_timing(fwd, bwd, p2p, plan.schedule, v)
-        return _Replica(pp, m, costs, p2p, timing, timing.last_backward_end_s(rep.pp))
+        fwd, bwd, compute, tp = [], [], [], []
+        for s in rep.stages:
+            f, b, tf, tb = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+            a, z = s.layers
+            cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
+            fwd.append(cf + tpf)
+            bwd.append(cb + tpb)
+            compute.append(cf + cb)
+            tp.append(tpf + tpb)
+        p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch) for k in range(rep.pp - 1)]
+        pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [])
+        if trace:
+            timing = pipeline_timing(np.repeat(np.array(fwd)[:, None], m, axis=1),
+                                     np.repeat(np.array(bwd)[:, None], m, axis=1), p2p, plan.schedule, v)
+            pipe.timing, pipe.makespan = timing, timing.makespan_s
+            pipe.last_bwd = timing.last_backward_end_s(rep.pp).tolist()
+            return pipe
+        key = (tuple(fwd), tuple(bwd), tuple(p2p), m)  # equal replicas are simulated once
+        if key not in seen:
+            seen[key] = pipeline_summary(fwd, bwd, p2p, plan.schedule, m, v)
+        pipe.makespan, pipe.last_bwd = seen[key]
+        return pipe
 
     # --------------------------------------------------------------------------------- data parallel
     def _dp_segments(self, plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], float]]:
@@ -227,8 +255,10 @@ class Simulator:
         owner = self._tables.owner
         if owner < 0:
             return []
+
         def holders_of(u):
             return next(h for a, z, h in spans if a <= u < z)
+
         out = []
         for u in self._tables.sharers:
             hu, ho = holders_of(u), holders_of(owner)
@@ -243,18 +273,15 @@ class Simulator:
         members = tuple(sorted({s.devices[0] for s in stages}))
         concurrent = max(s.tp for s in stages)
         key = (nbytes, members, concurrent)
-        if key not in self._ar_cache:
-            self._ar_cache[key] = allreduce_time_s(nbytes, members, self.cluster, concurrent)
-        return self._ar_cache[key]
+        if key not in self._ar:
+            self._ar[key] = allreduce_time_s(nbytes, members, self.cluster, concurrent)
+        return self._ar[key]
 
-    def _dp_sync(self, plan: Plan, reps: list[_Replica]) -> tuple[float, dict[tuple[int, int], float], list]:
+    def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events)."""
-        def group(r, k):
-            return (r, k % reps[r].pp)
-
         jobs = []
         for holders, nbytes in self._dp_segments(plan):
-            ready = max(reps[r].last_bwd[k] for r, k in holders)
+            ready = max(pipes[r].last_bwd[k] for r, k in holders)
             jobs.append((ready, holders, self._allreduce_s(nbytes, holders, plan)))
         jobs.sort(key=lambda j: j[0])
         free: dict[tuple[int, int], float] = {}
@@ -262,57 +289,63 @@ class Simulator:
         events = []
         end_all = 0.0
         for ready, holders, t in jobs:
-            groups = {group(r, k) for r, k in holders}
+            groups = {(r, k % pipes[r].pp) for r, k in holders}
             start = max([ready] + [free.get(g, 0.0) for g in groups])
             for g in groups:
                 free[g] = start + t
                 spent[g] = spent.get(g, 0.0) + t
-                events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
-                               "start_s": start, "end_s": start + t})
+                if trace:
+                    events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
+                                   "start_s": start, "end_s": start + t})
             end_all = max(end_all, start + t)
         return end_all, spent, events
 
-    # --------------------------------------------------------------------------------- memory
-    def _memory(self, plan: Plan, reps: list[_Replica]) -> tuple[dict[str, float], dict[tuple[int, int], float]]:
-        per_device: dict[str, float] = {}
-        per_group: dict[tuple[int, int], float] = {}
+    # --------------------------------------------------------------------------------- memory, optimizer
+    def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:
+        memory: dict[tuple[int, int], float] = {}
+        optim: dict[tuple[int, int], float] = {}
         v = plan.interleave if plan.schedule == "interleaved" else 1
+        tables = self._tables
         for r, rep in enumerate(plan.replicas):
-            pp, m = reps[r].pp, reps[r].m
+            pp, m = pipes[r].pp, pipes[r].m
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                gb = sum(self._tables.memory_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, flight,
-                                                plan.recompute) for k in range(d, rep.pp, pp))
-                per_group[(r, d)] = gb
-                for dev in rep.stages[d].devices:
-                    per_device[dev] = gb
-        return per_device, per_group
+                gb = params = 0.0
+                for k in range(d, rep.pp, pp):
+                    s = rep.stages[k]
+                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
+                    params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
+                memory[(r, d)] = gb
+                optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / (self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9)
+        return memory, optim
 
-    def _optimizer_s(self, plan: Plan, r: int, d: int, pp: int) -> float:
-        rep = plan.replicas[r]
-        params = sum(self._tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp)
-                     for k in range(d, rep.pp, pp))
-        hbm = min(self._gpu(x).hbm_gbyte_s for x in rep.stages[d].devices)
-        return params * OPTIMIZER_BYTES_PER_PARAM / (hbm * 1e9)
+    # --------------------------------------------------------------------------------- the step
+    def _run(self, plan: Plan, trace: bool = False) -> _Step:
+        seen: dict = {}
+        pipes = [self._pipe(plan, r, trace, seen) for r in range(plan.dp)]
+        dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
+        memory, optim = self._memory_and_optimizer(plan, pipes)
+        sync_end = max(max(p.makespan for p in pipes), dp_end)
+        return _Step(pipes, dp_end, dp_spent, dp_events, optim, memory, sync_end, sync_end + max(optim.values()))
 
-    # --------------------------------------------------------------------------------- main
+    def estimate(self, plan: Plan, *, validate: bool = False) -> Estimate:
+        """Step time and memory fit only: the same model as :meth:`simulate`, without the report."""
+        self._check(plan, None, validate)
+        run = self._run(plan)
+        headroom = min(self._group(plan.replicas[r].stages[d].devices).capacity_gb - gb
+                       for (r, d), gb in run.memory.items())
+        return Estimate(run.step, plan.global_batch * plan.seq_len / run.step, headroom >= 0, headroom)
+
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
                  trace: bool = False) -> Prediction:
         """Predict one training step of ``plan`` (see :func:`simulate`)."""
         self._check(plan, workload, validate)
-        reps = [self._replica(plan, r) for r in range(plan.dp)]
-        dp_end, dp_spent, dp_events = self._dp_sync(plan, reps)
-        optim = {(r, d): self._optimizer_s(plan, r, d, reps[r].pp) for r in range(plan.dp) for d in range(reps[r].pp)}
-        pipe_end = max(rep.timing.makespan_s for rep in reps)
-        sync_end = max(pipe_end, dp_end)
-        step = sync_end + max(optim.values())
-        per_device, per_group = self._memory(plan, reps)
-        breakdown = self._breakdown(plan, reps, dp_spent, optim, per_group, sync_end)
-        metrics = self._metrics(plan, reps, step, breakdown)
-        for b in breakdown:
-            del b["gpus"]
-        timeline = self._timeline(plan, reps, dp_events, optim, sync_end) if trace else []
-        return Prediction(step_time_s=float(step), tokens_per_s=metrics["tokens_per_s"],
+        run = self._run(plan, trace)
+        breakdown = self._breakdown(plan, run)
+        metrics = self._metrics(plan, run, breakdown)
+        per_device = {dev: b["memory_gb"] for b in breakdown for dev in b["devices"]}
+        timeline = self._timeline(run) if trace else []
+        return Prediction(step_time_s=float(run.step), tokens_per_s=metrics["tokens_per_s"],
                           samples_per_s=metrics["samples_per_s"], fits_in_memory=metrics["fits_in_memory"],
                           metrics=metrics, memory_gb=per_device, breakdown=breakdown, timeline=timeline)
 
@@ -329,50 +362,48 @@ class Simulator:
             raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
                                 f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
 
-    def _breakdown(self, plan, reps, dp_spent, optim, per_group, sync_end) -> list[dict[str, Any]]:
+    # --------------------------------------------------------------------------------- report
+    def _breakdown(self, plan: Plan, run: _Step) -> list[dict[str, Any]]:
         out = []
         for r, rep in enumerate(plan.replicas):
-            info = reps[r]
-            busy = info.timing.busy_s()
-            for d in range(info.pp):
-                ks = range(d, rep.pp, info.pp)
+            pipe = run.pipes[r]
+            for d in range(pipe.pp):
+                ks = range(d, rep.pp, pipe.pp)
+                group = self._group(rep.stages[d].devices)
+                busy = sum(pipe.fwd[k] + pipe.bwd[k] for k in ks) * pipe.m
                 # activations sent down to k+1, gradients sent up to k-1
-                sends = sum((info.p2p[k] if k < rep.pp - 1 else 0.0) + (info.p2p[k - 1] if k > 0 else 0.0)
-                            for k in ks) * info.m
+                sends = sum((pipe.p2p[k] if k < rep.pp - 1 else 0.0) + (pipe.p2p[k - 1] if k > 0 else 0.0)
+                            for k in ks) * pipe.m
                 out.append({
                     "replica": r, "stage": d, "layers": [list(rep.stages[k].layers) for k in ks],
-                    "devices": list(rep.stages[d].devices), "gpu": info.costs[d].gpu.name, "tp": rep.stages[d].tp,
-                    "compute_s": sum(info.costs[k].compute_s for k in ks) * info.m,
-                    "tp_comm_s": sum(info.costs[k].tp_s for k in ks) * info.m,
+                    "devices": list(rep.stages[d].devices), "gpu": group.gpu.name, "tp": rep.stages[d].tp,
+                    "compute_s": sum(pipe.compute[k] for k in ks) * pipe.m,
+                    "tp_comm_s": sum(pipe.tp[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
-                    "dp_comm_s": dp_spent.get((r, d), 0.0),
-                    "bubble_s": float(info.timing.makespan_s - busy[d]),
-                    "sync_wait_s": float(sync_end - info.timing.makespan_s),
-                    "optimizer_s": optim[(r, d)],
-                    "memory_gb": per_group[(r, d)],
-                    "capacity_gb": min(self._capacity_gb(x) for x in rep.stages[d].devices),
-                    "gpus": [self._gpu(x) for x in rep.stages[d].devices],
+                    "dp_comm_s": run.dp_spent.get((r, d), 0.0),
+                    "bubble_s": float(pipe.makespan - busy),
+                    "sync_wait_s": float(run.sync_end - pipe.makespan),
+                    "optimizer_s": run.optim[(r, d)],
+                    "memory_gb": run.memory[(r, d)],
+                    "capacity_gb": group.capacity_gb,
                 })
         return out
 
-    def _metrics(self, plan, reps, step, breakdown) -> dict[str, Any]:
-        model = self.model
+    def _metrics(self, plan: Plan, run: _Step, breakdown: list[dict[str, Any]]) -> dict[str, Any]:
         samples = plan.global_batch
-        model_flops = model.train_flops * samples
-        recompute = sum(u.recompute_flops[plan.recompute] for u in model.units) * samples
-        peak = 0.0
+        model_flops = self.model.train_flops * samples
+        recompute = sum(u.recompute_flops[plan.recompute] for u in self.model.units) * samples
+        peak = span = bubble = 0.0
         n = 0
         peak_mem: dict[str, float] = {}
-        span = bubble = 0.0
         for b in breakdown:
-            for gpu in b["gpus"]:
+            for gpu in self._group(tuple(b["devices"])).gpus:
                 peak_mem[gpu.name] = max(peak_mem.get(gpu.name, 0.0), b["memory_gb"])
                 peak += gpu.tflops(plan.precision) * 1e12
-            n += len(b["gpus"])
-            span += reps[b["replica"]].timing.makespan_s
+            n += len(b["devices"])
+            span += run.pipes[b["replica"]].makespan
             bubble += b["bubble_s"]
-        fits = all(b["memory_gb"] <= b["capacity_gb"] for b in breakdown)
-        step = float(step)
+        step = float(run.step)
         return {
             "step_time_s": step,
             "tokens_per_s": samples * plan.seq_len / step,
@@ -382,71 +413,27 @@ class Simulator:
             "mfu": float(model_flops / step / peak),
             "bubble_fraction": float(bubble / span) if span > 0 else 0.0,
             "peak_memory_gb": {k: float(x) for k, x in peak_mem.items()},
-            "fits_in_memory": bool(fits),
+            "fits_in_memory": all(b["memory_gb"] <= b["capacity_gb"] for b in breakdown),
         }
 
-    def _timeline(self, plan, reps, dp_events, optim, sync_end) -> list[dict[str, Any]]:
+    def _timeline(self, run: _Step) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        for r, info in enumerate(reps):
-            for op in info.timing.ops():
+        for r, pipe in enumerate(run.pipes):
+            for op in pipe.timing.ops():
                 events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": op.kind,
                                "start_s": op.start_s, "end_s": op.end_s})
                 k = op.stage
-                if op.kind == "fwd" and k < len(info.p2p):
+                if op.kind == "fwd" and k < len(pipe.p2p):
                     events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": "send",
-                                   "start_s": op.end_s, "end_s": op.end_s + float(info.p2p[k])})
+                                   "start_s": op.end_s, "end_s": op.end_s + pipe.p2p[k]})
                 elif op.kind == "bwd" and k > 0:
                     events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": "send",
-                                   "start_s": op.end_s, "end_s": op.end_s + float(info.p2p[k - 1])})
-        events += dp_events
-        for (r, d), t in optim.items():
-            events.append({"replica": r, "stage": d, "microbatch": -1, "kind": "optim", "start_s": sync_end,
-                           "end_s": sync_end + t})
+                                   "start_s": op.end_s, "end_s": op.end_s + pipe.p2p[k - 1]})
+        events += run.dp_events
+        for (r, d), t in run.optim.items():
+            events.append({"replica": r, "stage": d, "microbatch": -1, "kind": "optim", "start_s": run.sync_end,
+                           "end_s": run.sync_end + t})
         return events
-
-
-class _Tables:
-    """Prefix sums over the units of a model, so any stage ``[first, last)`` costs O(1).
-
-    Same accounting as :func:`~hetpart.costmodel.memory.stage_memory_gb` (tests compare the two).
-    """
-
-    def __init__(self, model: ModelGraph) -> None:
-        def prefix(values):
-            return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))]).tolist()
-
-        units = model.units
-        sh = [1.0 if u.tp_shardable else 0.0 for u in units]
-        self._p_sh = prefix([u.params * f for u, f in zip(units, sh)])
-        self._p_rep = prefix([u.params * (1 - f) for u, f in zip(units, sh)])
-        self._s_sh = prefix([u.shared_params * f for u, f in zip(units, sh)])
-        self._s_rep = prefix([u.shared_params * (1 - f) for u, f in zip(units, sh)])
-        self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
-                            prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
-                     for mode in ("none", "selective", "full")}
-        self._none = [(u.act_bytes["none"], u.tp_shardable) for u in units]
-        names = [u.name for u in units]
-        tied = (model.arch or {}).get("tied_owner")
-        self.owner = names.index(tied) if tied in names else -1
-        self.sharers = [i for i, u in enumerate(units) if u.shared_params]
-
-    def params(self, a: int, z: int) -> tuple[float, float]:
-        """(tensor-parallel-sharded, replicated) parameters owned by units ``[a, z)``."""
-        return self._p_sh[z] - self._p_sh[a], self._p_rep[z] - self._p_rep[a]
-
-    def params_per_device(self, a: int, z: int, tp: int) -> float:
-        sharded, whole = self.params(a, z)
-        if not a <= self.owner < z:
-            sharded += self._s_sh[z] - self._s_sh[a]
-            whole += self._s_rep[z] - self._s_rep[a]
-        return sharded / tp + whole
-
-    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str) -> float:
-        sh, rep = self._act[recompute]
-        acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
-        if recompute == "full" and z > a:
-            acts += max(b / (tp if s else 1) for b, s in self._none[a:z]) * micro_batch
-        return (self.params_per_device(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,

@@ -104,3 +104,16 @@ def test_interleaved_needs_microbatches_divisible_by_pp():
 def test_unknown_schedule_is_a_plan_error():
     with pytest.raises(PlanError, match="unknown schedule 'zb'"):
         pipeline_step_time_s(np.ones((2, 2)), np.ones((2, 2)), np.zeros(1), "zb")
+
+
+def test_summary_fast_path_matches_the_reference():
+    from hetpart.costmodel.schedule import pipeline_summary
+
+    rng = np.random.default_rng(99)
+    for _ in range(40):
+        fwd, bwd, p2p, schedule, v = _random_case(rng, constant=True)
+        k, m = fwd.shape
+        ref = simulate_pipeline_events(fwd, bwd, p2p, schedule, v)
+        makespan, last_bwd = pipeline_summary(fwd[:, 0].tolist(), bwd[:, 0].tolist(), p2p.tolist(), schedule, m, v)
+        assert makespan == pytest.approx(ref.makespan_s, rel=1e-9)
+        np.testing.assert_allclose(last_bwd, ref.last_backward_end_s(k), rtol=1e-9)

@@ -186,3 +186,13 @@ def test_simulator_reuse_gives_identical_predictions(gpt2, mixed):
     sim = Simulator(gpt2, mixed)
     plan = _two_stage("0/0/0", "1/0/0")
     assert sim.simulate(plan).metrics == sim.simulate(plan).metrics == simulate(gpt2, mixed, plan).metrics
+
+
+def test_estimate_agrees_with_simulate(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    for plan in (_two_stage("0/0/0", "1/0/0"), megatron_plan(gpt2, mixed, Workload(8, S), 1, 2, 2, 1,
+                                                             schedule="interleaved", interleave=2)):
+        full, quick = sim.simulate(plan), sim.estimate(plan)
+        assert quick.step_time_s == full.step_time_s and quick.fits_in_memory == full.fits_in_memory
+        assert quick.tokens_per_s == pytest.approx(full.tokens_per_s)
+        assert quick.memory_headroom_gb == pytest.approx(min(b["capacity_gb"] - b["memory_gb"] for b in full.breakdown))

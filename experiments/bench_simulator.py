@@ -1,0 +1,125 @@
+"""Benchmark: simulator plan evaluations per second, llama2-70b on 64 GPUs, one core.
+
+A planner's inner loop evaluates many different plans of one model on one cluster with one
+:class:`~hetpart.costmodel.Simulator` (unit costs cached across plans, plans pre-validated). We time
+exactly that -- ``estimate`` (step time + memory fit), ``simulate`` (full prediction with metrics and
+breakdown) and ``simulate`` with plan validation -- on seeded random plans: random Megatron grids (tp, pp, dp, micro-batch, schedule,
+recompute) with random uneven layer cuts, on a homogeneous and on a two-type cluster, so no two
+evaluations repeat a pipeline.
+
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_simulator [--plans 600] [--global-batch 64]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from dataclasses import replace
+
+__all__ = ["random_plans", "bench", "main"]
+
+
+def _clusters():
+    from hetpart.cluster import parse_cluster
+
+    node = {"gpus_per_node": 8, "intra_node": "NVLink3", "nic": "IB-HDR", "nics_per_node": 8}
+    homo = parse_cluster({"name": "a100x64", "nodes": [{"count": 8, "gpu": "A100-80GB", **node}]})
+    mixed = parse_cluster({"name": "h100x32+a100x32", "nodes": [
+        {"count": 4, "gpu": "H100-80GB", **node, "intra_node": "NVLink4", "nic": "IB-NDR"},
+        {"count": 4, "gpu": "A100-80GB", **node}]})
+    return homo, mixed
+
+
+def _random_cuts(rng: random.Random, num_units: int, stages: int) -> list[tuple[int, int]]:
+    cuts = sorted(rng.sample(range(1, num_units), stages - 1))
+    bounds = [0] + cuts + [num_units]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def random_plans(model, cluster, global_batch: int, count: int, seed: int = 0):
+    """``count`` seeded random valid plans: Megatron grids with random layer cuts."""
+    from hetpart.costmodel.megatron import megatron_plan
+    from hetpart.errors import HetpartError
+    from hetpart.plan import Replica, Stage
+    from hetpart.workload import Workload
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        tp = rng.choice([1, 2, 4, 8])
+        pp = rng.choice([p for p in (1, 2, 4, 8, 16) if tp * p <= 64])
+        dp = rng.choice([d for d in (1, 2, 4, 8) if tp * pp * d <= 64 and global_batch % d == 0])
+        mb = rng.choice([1, 2, 4])
+        schedule = rng.choice(["1f1b", "1f1b", "gpipe", "interleaved"])
+        v = 2 if schedule == "interleaved" else 1
+        try:
+            base = megatron_plan(model, cluster, Workload(global_batch, model.seq_len), tp, pp, dp, mb, schedule, v,
+                                 rng.choice(["none", "selective", "full"]))
+        except HetpartError:
+            continue
+        reps = []
+        for r in base.replicas:
+            cuts = _random_cuts(rng, model.num_units, len(r.stages))
+            reps.append(Replica(r.batch_share, tuple(Stage(c, s.devices, s.tp) for c, s in zip(cuts, r.stages))))
+        plan = replace(base, replicas=tuple(reps))
+        try:
+            plan.check(model, cluster)
+        except HetpartError:
+            continue
+        if schedule == "interleaved" and any(plan.num_microbatches(i) % pp for i in range(dp)):
+            continue
+        out.append(plan)
+    return out
+
+
+def bench(model_name: str = "llama2-70b", seq_len: int = 4096, global_batch: int = 64, plans: int = 600,
+          repeats: int = 3) -> list[dict]:
+    """Evaluations per second (median of ``repeats`` passes over the same random plans) per cluster."""
+    from hetpart.costmodel.simulator import Simulator
+    from hetpart.graph import load_model
+
+    model = load_model(model_name, seq_len=seq_len)
+    rows = []
+    for cluster in _clusters():
+        todo = random_plans(model, cluster, global_batch, plans)
+        row = {"cluster": cluster.name, "plans": len(todo)}
+        for name, call in (("estimate", lambda s, p: s.estimate(p)),
+                           ("simulate", lambda s, p: s.simulate(p, validate=False)),
+                           ("simulate_validated", lambda s, p: s.simulate(p, validate=True))):
+            rates, cpu_rates = [], []
+            for _ in range(repeats):
+                sim = Simulator(model, cluster)  # fresh caches each pass: unit costs are computed inside the timing
+                t0, c0 = time.perf_counter(), time.process_time()
+                for plan in todo:
+                    call(sim, plan)
+                rates.append(len(todo) / (time.perf_counter() - t0))
+                cpu_rates.append(len(todo) / (time.process_time() - c0))
+            row[name] = statistics.median(rates)
+            row[name + "_cpu"] = statistics.median(cpu_rates)
+        m = [p.num_microbatches(0) for p in todo]
+        row |= {"microbatches_median": statistics.median(m), "microbatches_max": max(m)}
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", type=int, default=600)
+    parser.add_argument("--global-batch", type=int, default=64)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(f"llama2-70b, seq 4096, global batch {args.global_batch}, {args.plans} random plans per cluster")
+    print("Plans per second of wall time (and per CPU-second of this process, less sensitive to other jobs):")
+    print("| cluster | plans | micro-batches per replica (median / max) | estimate/s | simulate/s | "
+          "simulate/s (validated) |")
+    print("|---|---|---|---|---|---|")
+    for r in bench(global_batch=args.global_batch, plans=args.plans):
+        cells = " | ".join(f"{r[k]:.0f} ({r[k + '_cpu']:.0f} CPU)" for k in ("estimate", "simulate", "simulate_validated"))
+        print(f"| {r['cluster']} | {r['plans']} | {r['microbatches_median']:g} / {r['microbatches_max']} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
