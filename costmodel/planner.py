@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of, evaluate
+from hetpart.costmodel.pools import check_zones_connected
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
 
@@ -78,6 +79,7 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     if planner not in PLANNERS:
         raise PlanError(f"--planner: unknown planner {planner!r}; use one of {', '.join(PLANNERS)}")
     _check_workload(model, workload)
+    check_zones_connected(cluster)
     start = time.perf_counter()
     best = _registry()[planner](model, cluster, workload, **opts)
     wall = time.perf_counter() - start
@@ -122,7 +124,8 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     hint = (f"the weights, gradients and Adam states alone need {state_gb:.1f} GB and the cluster's devices hold "
             f"{capacity:.1f} GB usable in all")
     if state_gb >= capacity:
-        fix = "use a smaller model or a cluster with more device memory"
+        fix = (f"use a smaller model (under {capacity / 16:.1f}B parameters, less with activations) or a cluster "
+               "with more device memory")
     else:
         fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
                "a shorter --seq-len, or more devices")
