@@ -43,14 +43,18 @@ __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executo
 class Hooks(Protocol):
     """Callbacks for emulation and measurement (the emulator sleeps in them to slow a rank down)."""
 
-    def on_compute(self, stage_index: int, kind: Literal["fwd", "bwd"], seconds: float) -> None:
-        """After a stage computed one micro-batch (``seconds`` measured); the loss counts as ``fwd``."""
+    def on_compute(self, stage_index: int, kind: Literal["fwd", "bwd", "loss"], seconds: float) -> None:
+        """After a stage computed one micro-batch's forward or backward (``seconds`` measured, hook time of
+        tensor-parallel all-reduces excluded), or the last stage the loss of one micro-batch (``"loss"``)."""
 
     def on_send(self, num_bytes: int, peer_rank: int) -> None:
         """Before a pipeline send of ``num_bytes`` to global rank ``peer_rank``."""
 
     def on_collective(self, kind: str, num_bytes: int, group_ranks: tuple[int, ...]) -> None:
-        """Before a collective (``"all_reduce"`` of gradients or of the step loss) among ``group_ranks``."""
+        """A collective among the global ranks ``group_ranks``: ``"all_reduce"`` of a gradient bucket
+        (called before it), or ``"tp_all_reduce"`` of tensor parallelism (called right after it, from
+        inside the compute: the output of each row-parallel linear in the forward, the input gradient
+        of each column-parallel linear in the backward). The step-loss all-reduce is not reported."""
 
 
 class NoHooks:
@@ -75,7 +79,8 @@ class StepTiming:
     compute_s: float
     """Forward, backward and loss compute of every micro-batch (+ on_compute hook time)."""
     comm_s: float
-    """Gradient all-reduces and pipeline send issue (+ on_send/on_collective hook time)."""
+    """Gradient all-reduces, pipeline send issue and all on_send/on_collective hook time (tensor-parallel
+    all-reduces themselves run inside the compute and count there; their hook time counts here)."""
     optimizer_s: float
     """Adam step."""
     idle_s: float
@@ -120,9 +125,27 @@ class _Clock:
     fwd: float = 0.0
     bwd: float = 0.0
     comm: float = 0.0
+    tp_hooks: float = 0.0
+    """Time spent in on_collective hooks of tensor-parallel all-reduces (inside compute chunks)."""
+    in_chunk: bool = False
+    """True while a stage computes a micro-batch (the one-off shape inference of the first step is not
+    reported to the hooks)."""
 
     def reset(self) -> None:
-        self.fwd = self.bwd = self.comm = 0.0
+        self.fwd = self.bwd = self.comm = self.tp_hooks = 0.0
+
+    def chunk(self, kind: str, stage_index: int, start: float, tp_before: float, hooks: "Hooks") -> None:
+        """Book a compute chunk: TP hook time is communication, the rest is compute (+ its hook)."""
+        tp = self.tp_hooks - tp_before
+        compute = time.perf_counter() - start - tp
+        hook_start = time.perf_counter()
+        hooks.on_compute(stage_index, kind, compute)
+        compute += time.perf_counter() - hook_start
+        self.comm += tp
+        if kind in ("fwd", "loss"):
+            self.fwd += compute
+        else:
+            self.bwd += compute
 
 
 def loss_fn_for(spec: RunnableSpec, scale: float):
@@ -175,17 +198,23 @@ class _TimedStage:
 
         class TimedStage(PipelineStage):
             def forward_one_chunk(self, *args, **kwargs):
-                start = time.perf_counter()
-                out = super().forward_one_chunk(*args, **kwargs)
-                hooks.on_compute(self.stage_index, "fwd", time.perf_counter() - start)
-                clock.fwd += time.perf_counter() - start
+                start, tp = time.perf_counter(), clock.tp_hooks
+                clock.in_chunk = True
+                try:
+                    out = super().forward_one_chunk(*args, **kwargs)
+                finally:
+                    clock.in_chunk = False
+                clock.chunk("fwd", self.stage_index, start, tp, hooks)
                 return out
 
             def backward_one_chunk(self, *args, **kwargs):
-                start = time.perf_counter()
-                out = super().backward_one_chunk(*args, **kwargs)
-                hooks.on_compute(self.stage_index, "bwd", time.perf_counter() - start)
-                clock.bwd += time.perf_counter() - start
+                start, tp = time.perf_counter(), clock.tp_hooks
+                clock.in_chunk = True
+                try:
+                    out = super().backward_one_chunk(*args, **kwargs)
+                finally:
+                    clock.in_chunk = False
+                clock.chunk("bwd", self.stage_index, start, tp, hooks)
                 return out
 
             def get_fwd_send_ops(self, chunk: int):
@@ -264,7 +293,7 @@ class Executor:
                             "plan and model must match")
         self.layout: CommLayout = comm_layout(plan, self.infos)
         self.role: RankRole = self.layout.roles[rank]
-        self.groups = ProcessGroups(self.layout, _all_has_cuda(self.device))
+        self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device))
         self.stage_modules = self._build_stage_modules()
         self.params = self._canonical_params()
         self.schedule, self.schedule_used = self._build_schedule()
@@ -288,9 +317,9 @@ class Executor:
             built[j] = _StageModule(units)
         self._tie_local(built)
         if self.role.tp > 1:
-            mesh = self._tp_mesh()
+            mesh, ranks = self._tp_mesh()
             for module in built.values():
-                _parallelize(module, mesh)
+                _parallelize(module, mesh, _TPReporter(ranks, self.hooks, self.clock))
         return [built[j] for j in self.role.stages]
 
     def _tie_local(self, built: dict[int, _StageModule]) -> None:
@@ -312,7 +341,7 @@ class Executor:
         from torch.distributed.device_mesh import DeviceMesh
 
         ranks = self.layout.tp_groups[(self.replica, self.role.stages[0] % self.pp)]
-        return DeviceMesh.from_group(self.groups.group(ranks), self.device.type)
+        return DeviceMesh.from_group(self.groups.group(ranks), self.device.type), ranks
 
     def _canonical_params(self) -> dict[str, nn.Parameter]:
         out: dict[str, nn.Parameter] = {}
@@ -355,10 +384,15 @@ class Executor:
         def timed(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             start = time.perf_counter()
             value = loss(out, target)
-            self.hooks.on_compute(self.role.stages[-1], "fwd", time.perf_counter() - start)
-            self.clock.fwd += time.perf_counter() - start
+            if self._schedule_ready():  # not the one-off shape inference of the first step
+                self.clock.chunk("loss", self.role.stages[-1], start, self.clock.tp_hooks, self.hooks)
             return value
         return timed
+
+    def _schedule_ready(self) -> bool:
+        schedule = getattr(self, "schedule", None)
+        flags = [getattr(schedule, n, True) for n in ("_stage_backward_initialized", "_stages_backward_initialized")]
+        return schedule is not None and all(flags)
 
     # ------------------------------------------------------------------------------- one step
     def replica_rows(self) -> tuple[int, int]:
@@ -488,13 +522,16 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _all_has_cuda(device: torch.device) -> list[bool]:
-    flags: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(flags, device.type == "cuda")
-    return [bool(f) for f in flags]
+def _all_cuda_ids(device: torch.device) -> list[str | None]:
+    import socket
+
+    mine = f"{socket.gethostname()}:{device.index or 0}" if device.type == "cuda" else None
+    ids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, mine)
+    return ids
 
 
-def _parallelize(module: _StageModule, mesh) -> None:
+def _parallelize(module: _StageModule, mesh, reporter: "_TPReporter") -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     for unit in module.units:
@@ -505,6 +542,46 @@ def _parallelize(module: _StageModule, mesh) -> None:
             plan[f"body.{path}"] = s
         if plan:
             parallelize_module(unit, mesh, plan)
+            for path, style in unit.tp_plan.items():
+                reporter.attach(unit.get_submodule(f"body.{path}"), style)
+
+
+class _ReportGrad(torch.autograd.Function):
+    """Identity whose backward reports the input-gradient all-reduce of a column-parallel linear."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, reporter: "_TPReporter") -> torch.Tensor:
+        ctx.reporter = reporter
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.reporter.report(grad)
+        return grad, None
+
+
+class _TPReporter:
+    """Reports tensor-parallel all-reduces to the hooks: the output of every row-parallel linear in the
+    forward, the input gradient of every column-parallel linear in the backward (Megatron's g and f)."""
+
+    def __init__(self, ranks: tuple[int, ...], hooks: Hooks, clock: _Clock):
+        self.ranks, self.hooks, self.clock = tuple(sorted(ranks)), hooks, clock
+
+    def report(self, t: torch.Tensor) -> None:
+        if not self.clock.in_chunk:
+            return
+        start = time.perf_counter()
+        self.hooks.on_collective("tp_all_reduce", t.numel() * t.element_size(), self.ranks)
+        self.clock.tp_hooks += time.perf_counter() - start
+
+    def attach(self, linear: nn.Module, style: str) -> None:
+        if style == "rowwise":
+            linear.register_forward_hook(lambda _m, _inp, out: self.report(out))
+        else:
+            def pre(_m, args):
+                x = args[0]
+                return (_ReportGrad.apply(x, self), *args[1:]) if x.requires_grad else None
+            linear.register_forward_pre_hook(pre, prepend=True)
 
 
 class _MemoryProbe:

@@ -13,7 +13,7 @@ derives the same :class:`CommLayout` (no communication needed):
   gradients (each rank adds its shard in place, or its replicated copy divided by its TP degree).
 
 :class:`ProcessGroups` then creates the groups collectively, in one global order, with a backend per
-group: ``nccl`` only when every member has a CUDA device, ``gloo`` otherwise (HETHUB's unified
+group: ``nccl`` only when every member has a CUDA device of its own, ``gloo`` otherwise (HETHUB's unified
 communicator: one group per homogeneous set where possible, gloo across vendors and hosts).
 """
 
@@ -154,9 +154,16 @@ def _buckets(roles: Sequence[RankRole], units: Sequence["UnitInfo"]) -> tuple[Gr
                  for (g, full, u), keys in sorted(grouped.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])))
 
 
-def backend_for(ranks: Sequence[int], has_cuda: Sequence[bool]) -> Backend:
-    """``nccl`` only when every member has a CUDA device, ``gloo`` otherwise."""
-    return "nccl" if all(has_cuda[r] for r in ranks) else "gloo"
+def backend_for(ranks: Sequence[int], cuda_ids: Sequence[str | None]) -> Backend:
+    """``nccl`` only when every member has a CUDA device of its own, ``gloo`` otherwise.
+
+    Args:
+        ranks: the group's members.
+        cuda_ids: for every rank, ``"host:cuda_index"`` of its GPU, or None when it runs on CPU (NCCL
+            refuses two members on one GPU, so ranks sharing a GPU talk over gloo).
+    """
+    ids = [cuda_ids[r] for r in ranks]
+    return "nccl" if all(ids) and len(set(ids)) == len(ids) else "gloo"
 
 
 class ProcessGroups:
@@ -164,10 +171,10 @@ class ProcessGroups:
 
     Args:
         layout: the plan's groups.
-        has_cuda: for every rank, whether it runs on a CUDA device (all-gathered by the caller).
+        cuda_ids: for every rank, ``"host:cuda_index"`` or None (all-gathered by the caller).
     """
 
-    def __init__(self, layout: CommLayout, has_cuda: Sequence[bool]):
+    def __init__(self, layout: CommLayout, cuda_ids: Sequence[str | None]):
         import torch.distributed as dist
 
         self.layout = layout
@@ -176,7 +183,7 @@ class ProcessGroups:
         me = dist.get_rank()
         # Every rank creates every group in the same order (new_group is collective over the world).
         for ranks in layout.all_rank_sets():
-            backend = backend_for(ranks, has_cuda)
+            backend = backend_for(ranks, cuda_ids)
             group = dist.new_group(list(ranks), backend=backend)
             if me in ranks:
                 self._groups[ranks] = group

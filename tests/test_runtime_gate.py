@@ -76,15 +76,38 @@ CASES_2 = {
 TRAIN_STEPS = 4
 
 
+class _Recorder:
+    """Hooks that count calls by kind and add up bytes."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def _add(self, kind: str, num_bytes: int = 0) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        self.bytes[kind] = self.bytes.get(kind, 0) + num_bytes
+
+    def on_compute(self, stage_index: int, kind: str, seconds: float) -> None:
+        assert seconds >= 0
+        self._add(kind)
+
+    def on_send(self, num_bytes: int, peer_rank: int) -> None:
+        self._add(f"send_to_{peer_rank}", num_bytes)
+
+    def on_collective(self, kind: str, num_bytes: int, group_ranks: tuple[int, ...]) -> None:
+        self._add(kind, num_bytes)
+
+
 def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
     from hetpart.runtime.engine import Executor
 
     for name, (spec, plan) in cases.items():
-        ex = Executor(plan, spec, rank, world)
+        hooks = _Recorder()
+        ex = Executor(plan, spec, rank, world, hooks=hooks)
         loss = ex.global_loss(ex.forward_backward(0))
         ex.sync_gradients()
-        torch.save({"loss": loss, "grads": ex.local_gradients(), "schedule": ex.schedule_used},
-                   Path(out, f"{name}_{rank}.pt"))
+        torch.save({"loss": loss, "grads": ex.local_gradients(), "schedule": ex.schedule_used,
+                    "calls": hooks.calls, "bytes": hooks.bytes}, Path(out, f"{name}_{rank}.pt"))
 
 
 def _train(rank: int, world: int, out: str, spec: RunnableSpec, plan: Plan) -> None:
@@ -148,6 +171,27 @@ def test_schedules_are_the_ones_asked(out_4: Path, out_2: Path) -> None:
     assert torch.load(out_4 / "gpipe_gpt2_0.pt", weights_only=False)["schedule"] == "gpipe"
     assert torch.load(out_4 / "1f1b_llama_0.pt", weights_only=False)["schedule"] == "1f1b"
     assert torch.load(out_2 / "interleaved_gpt2_0.pt", weights_only=False)["schedule"] == "interleaved"
+
+
+def test_hooks_see_every_compute_send_and_collective(out_4: Path) -> None:
+    """1F1B, 2 stages of TP=2, 4 micro-batches of 1 x 8 tokens x 32 wide (fp32), 2 blocks per stage."""
+    act = 8 * 32 * 4
+    for rank in range(4):
+        got = torch.load(out_4 / f"1f1b_tp2_gpt_{rank}.pt", weights_only=False)
+        calls, sent = got["calls"], got["bytes"]
+        last = rank >= 2
+        assert calls["fwd"] == 4 and calls["bwd"] == 4
+        assert calls.get("loss", 0) == (4 if last else 0)
+        peer = rank - 2 if last else rank + 2  # same TP lane, other stage
+        assert calls[f"send_to_{peer}"] == 4 and sent[f"send_to_{peer}"] == 4 * act
+        # Row-parallel outputs (attn.o, mlp.proj) forward, column-parallel inputs (q, k, v, fc) backward.
+        assert calls["tp_all_reduce"] == 4 * 2 * (2 + 4)
+        assert sent["tp_all_reduce"] == 4 * 2 * (2 + 4) * act
+        # One replica: only the tied embedding/LM-head weight is summed between its two stages.
+        assert calls["all_reduce"] == 1 and sent["all_reduce"] == 64 * 32 * 4
+    for rank in range(4):
+        got = torch.load(out_4 / f"gpipe_gpt2_{rank}.pt", weights_only=False)
+        assert got["calls"]["all_reduce"] >= 1  # replicas sync their units
 
 
 def test_training_follows_reference_and_lowers_loss(out_4: Path) -> None:
