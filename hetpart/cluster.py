@@ -260,8 +260,10 @@ def _inline_or_catalog(value, catalog, kind, source, field, build):
 
 
 def _gpu(data: dict, source: str, field: str) -> GPUSpec:
-    v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb"],
-                   ["tflops_fp32", "hbm_gbyte_s", "vendor", "supports_bf16"])
+    # hbm_gbyte_s is required: the optimizer step and memory-bound kernels are priced with it, and a
+    # guessed default would be a number nobody measured.
+    v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb", "hbm_gbyte_s"],
+                   ["tflops_fp32", "vendor", "supports_bf16"])
     tflops = v.number(SpecError, data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
     vendor = data.get("vendor", "other")
     if vendor not in ("nvidia", "amd", "huawei", "intel", "other"):
@@ -271,7 +273,7 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
         tflops_bf16=tflops,
         tflops_fp32=v.number(SpecError, data.get("tflops_fp32", tflops / 8), source, f"{field}.tflops_fp32", maximum=1e5),
         memory_gb=v.number(SpecError, data["memory_gb"], source, f"{field}.memory_gb", maximum=1e5),
-        hbm_gbyte_s=v.number(SpecError, data.get("hbm_gbyte_s", 1000.0), source, f"{field}.hbm_gbyte_s", maximum=1e6),
+        hbm_gbyte_s=v.number(SpecError, data["hbm_gbyte_s"], source, f"{field}.hbm_gbyte_s", maximum=1e6),
         vendor=vendor,
         supports_bf16=v.boolean(SpecError, data.get("supports_bf16", True), source, f"{field}.supports_bf16"),
         source=f"inline in {source}",

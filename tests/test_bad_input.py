@@ -28,7 +28,7 @@ FUZZ = settings(max_examples=60, deadline=timedelta(seconds=5),
 
 VALID_CLUSTER = {"name": "ok", "nodes": [
     {"count": 2, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "a"},
-    {"count": 1, "gpus_per_node": 2, "gpu": {"name": "X", "tflops_bf16": 100, "memory_gb": 24},
+    {"count": 1, "gpus_per_node": 2, "gpu": {"name": "X", "tflops_bf16": 100, "memory_gb": 24, "hbm_gbyte_s": 900},
      "intra_node": {"bandwidth_gbyte_s": 32, "latency_us": 5}, "nic": {"bandwidth_gbit_s": 25}, "zone": "b"}],
     "links": [{"zones": ["a", "b"], "bandwidth_gbit_s": 10, "latency_us": 500}]}
 VALID_PLAN = {"global_batch": 8, "micro_batch": 2, "seq_len": 32, "schedule": "1f1b", "recompute": "none",
@@ -161,7 +161,7 @@ def test_yaml_never_executes_code(tmp_path: Path) -> None:
     ("name: x\nnodes:\n  - {count: .inf, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: IB-HDR}\n",
      r"count: expected a whole number, got inf"),
     ("name: x\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: {name: Y, tflops_bf16: " + "9" * 500
-     + ", memory_gb: 8}, intra_node: NVLink3, nic: IB-HDR}\n", r"tflops_bf16: 999.*absurdly large"),
+     + ", memory_gb: 8, hbm_gbyte_s: 900}, intra_node: NVLink3, nic: IB-HDR}\n", r"tflops_bf16: 999.*absurdly large"),
 ])
 def test_nasty_yaml_files(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "nasty.yaml"
