@@ -428,6 +428,10 @@ def _split_top_level(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _check_sequential(spec: str, module: nn.Module, units: list[tuple[str, nn.Module]], example: Any) -> None:
     args = example if isinstance(example, tuple) else (example,)
+    gen = torch.Generator().manual_seed(0)
+    # Random floats, so that a skipped residual or a reordered child shows (zeros can hide both).
+    args = tuple(torch.randn(a.shape, generator=gen, dtype=a.dtype)
+                 if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     with torch.no_grad():
         for key, p in module.named_parameters():
             p.copy_(_init_value(key, p.shape, 0))

@@ -12,6 +12,7 @@ Several plans run in one spawned job (each builds its own groups) to keep proces
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,113 @@ def test_check_runnable_refuses_unequal_tp_in_a_replica() -> None:
     assert any("tensor-parallel degrees [1, 2] differ" in p for p in check_runnable(plan, spec))
     with pytest.raises(PlanError, match=r"replicas\[0\]\.stages: tensor-parallel degrees \[1, 2\] differ"):
         rank_roles(plan)
+
+
+# ----------------------------------------------------------------------------------- units and groups
+def test_scaled_config_keeps_units_and_fits_tensor_parallelism() -> None:
+    from hetpart.catalog.models import MODEL_CATALOG
+    from hetpart.runtime.models import scaled_config, scaled_seq_len
+
+    for name, full in MODEL_CATALOG.items():
+        for scale, tp in (("tiny", 1), ("tiny", 4), ("small", 8), (96, 2)):
+            c = scaled_config(full, scale, heads_multiple_of=tp)
+            assert c.num_layers == full.num_layers and c.family == full.family, name
+            assert c.hidden_size <= max(256, int(scale) if isinstance(scale, int) else 0) + 8 * tp, name
+            assert c.num_heads % tp == 0 and c.kv_heads % tp == 0 and c.ffn % tp == 0, (name, scale, tp)
+            assert c.hidden_size % c.num_heads == 0 and c.num_heads % c.kv_heads == 0, (name, scale, tp)
+            assert c.vocab_size <= full.vocab_size and (c.num_kv_heads == 0) == (full.num_kv_heads == 0)
+    assert scaled_seq_len(2048, "tiny") == 32 and scaled_seq_len(16, "small") == 16
+
+
+def test_scale_errors_name_the_fix() -> None:
+    from hetpart.errors import ModelError
+    from hetpart.runtime.models import runnable_spec, scaled_config
+
+    with pytest.raises(ModelError, match=r"--scale: unknown scale 'huge'; use tiny, small or a hidden size"):
+        scaled_config(_gpt2(), "huge")
+    with pytest.raises(ModelError, match=r"--hidden-size: 4 is outside 8\.\.65536"):
+        scaled_config(_gpt2(), 4)
+    with pytest.raises(ModelError, match=r"--model: unknown model 'gpt5'"):
+        runnable_spec("gpt5", "tiny")
+
+
+def _not_sequential():
+    class Residual(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.b(self.a(x))
+
+    return Residual(), torch.zeros(1, 4)
+
+
+def test_python_model_must_split_into_a_sequence() -> None:
+    from hetpart.errors import ModelError
+    from hetpart.runtime.models import runnable_spec
+
+    with pytest.raises(ModelError, match=r"_not_sequential: running its units one after the other does not give"):
+        runnable_spec("python:tests.test_runtime_gate:_not_sequential")
+    with pytest.raises(ModelError, match=r"calling the model function failed: RuntimeError: weights file not found"):
+        runnable_spec("python:tests.fixtures.toy:build_fails")
+    spec = runnable_spec("python:tests.fixtures.toy:build")
+    assert spec.num_units == 4  # embedding, block_0, block_1, head: as hetpart.graph.trace splits it
+
+
+@pytest.mark.parametrize("model", ["gpt2-small", "llama3-8b"])
+def test_transformers_units_compute_the_transformers_model(model: str) -> None:
+    """The units chained give the logits of the whole transformers model with the same weights, and
+    each unit holds exactly the parameters hetpart's unit graph gives it."""
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.runtime import models as M
+
+    torch.manual_seed(0)
+    spec = M.runnable_spec(model, "tiny", max_tp=2)
+    cfg = spec.config
+    hf = M._hf_model(cfg)
+    make = M._gpt2_unit if cfg.family == "gpt2" else M._llama_unit
+    units = [make(hf, cfg, i) for i in range(spec.num_units)]
+    for u in units:
+        M._materialise(u, spec.seed, torch.device("cpu"), torch.float32)
+    hf.lm_head.weight = hf.get_input_embeddings().weight if cfg.tied_embeddings else units[-1].body["lm_head"].weight
+    if cfg.family == "llama":
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        hf.model.rotary_emb = LlamaRotaryEmbedding(hf.config)
+    x, _ = M.synthetic_batch(spec, 2, 16)
+    h = x
+    for u in units:
+        h = u(h)
+    torch.testing.assert_close(h, hf(x).logits)
+    graph = transformer_graph(cfg, model, 16)
+    for info, unit in zip(M.unit_infos(spec), graph.units):
+        own = sum(math.prod(p.shape) for p in info.params if p.key.startswith(info.name + "."))
+        tied = sum(math.prod(p.shape) for p in info.params if not p.key.startswith(info.name + "."))
+        assert (info.name, own, tied) == (unit.name, unit.params, unit.shared_params)
+
+
+def test_comm_layout_of_replicas_with_different_cuts_and_tp() -> None:
+    from hetpart.runtime.groups import backend_for, comm_layout
+    from hetpart.runtime.models import unit_infos
+
+    spec = RunnableSpec("gpt", _gpt2(), impl="hetpart")
+    plan = Plan(global_batch=6, micro_batch=1, seq_len=SEQ, replicas=(
+        Replica(1 / 2, (_st(0, 2, "0/0/0", "0/0/1"), _st(2, 6, "0/1/0", "0/1/1"))),  # ranks 0,1 | 2,3
+        Replica(1 / 2, (_st(0, 4, "1/0/0"), _st(4, 6, "1/0/1")))))  # ranks 4 | 5
+    layout = comm_layout(plan, unit_infos(spec))
+    assert layout.lanes == {(0, 0): (0, 2), (0, 1): (1, 3), (1, 0): (4, 5)}
+    assert layout.tp_groups[(0, 1)] == (2, 3) and layout.roles[5].units == (4, 5)
+    by_unit = {}
+    for b in layout.buckets:
+        by_unit.setdefault(b.unit, []).append(b)
+    # block_0 (unit 1): ranks 0,1 (TP 2) and rank 4 (TP 1) -> one full-size bucket of all three.
+    assert [(b.ranks, b.full) for b in by_unit[1]] == [((0, 1, 4), True)]
+    # block_3 (unit 4): ranks 2,3 (TP 2) and 5 -> full-size; the tied embedding spans every holder copy.
+    assert [(b.ranks, b.full) for b in by_unit[4]] == [((2, 3, 5), True)]
+    tied = [b for b in by_unit[0] if "embedding.wte.weight" in b.keys]
+    assert [b.ranks for b in tied] == [(0, 1, 2, 3, 4, 5)]
+    assert backend_for((0, 1), ["h:0", "h:1"]) == "nccl"
+    assert backend_for((0, 1), ["h:0", "h:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
+    assert backend_for((0, 1), ["h:0", None]) == "gloo"
