@@ -4,8 +4,8 @@ These are the primitives planners call in their inner loops: pure functions of n
 returning per-unit arrays that callers prefix-sum to cost any stage ``[first, last)`` in O(1).
 
 Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the fitted efficiency of
-:mod:`hetpart.costmodel.efficiency`; the backward includes the recomputed forward FLOPs of the
-recompute mode. Tensor parallelism (Megatron-LM, sequence parallelism assumed: its all-gather +
+:mod:`hetpart.costmodel.efficiency`, plus the memory-bound kernels' ``act_traffic * act_bytes / hbm``
+(twice that in the backward); the backward includes the recomputed forward of the recompute mode. Tensor parallelism (Megatron-LM, sequence parallelism assumed: its all-gather +
 reduce-scatter pair moves the same bytes as the all-reduce it replaces) costs two all-reduces of
 ``s b h`` elements per block in the forward and two in the backward, one per embedding or head, plus
 the forward's again under full recompute; they are not overlapped with compute (Megatron 2022).
@@ -34,15 +34,28 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     peak = gpu.tflops(precision) * 1e12
     curve = curve or curve_for(gpu)
     tokens = micro_batch * model.seq_len
+    hbm = gpu.hbm_gbyte_s * 1e9
     fwd = np.empty(model.num_units)
     bwd = np.empty(model.num_units)
     for i, u in enumerate(model.units):
         shard = tp if u.tp_shardable else 1
         width = unit_gemm_width(u.width, u.kind, shard, u.fwd_flops / model.seq_len)
         rate = peak * curve.efficiency(width, tokens, peak / 1e12) * shard
-        fwd[i] = u.fwd_flops * micro_batch / rate
-        bwd[i] = (u.bwd_flops + u.recompute_flops[recompute]) * micro_batch / rate
+        memory = curve.act_traffic * u.act_bytes["none"] * micro_batch / shard / hbm
+        extra = _recompute_memory_s(u, recompute, memory)
+        fwd[i] = u.fwd_flops * micro_batch / rate + memory
+        bwd[i] = (u.bwd_flops + u.recompute_flops[recompute]) * micro_batch / rate + 2 * memory + extra
     return fwd, bwd
+
+
+def _recompute_memory_s(unit, recompute: str, forward_memory_s: float) -> float:
+    """Memory-bound time of the recomputed part of the forward: all of it (full) or the attention
+    core's share (selective: the activations selective recompute does not keep)."""
+    if recompute == "full":
+        return forward_memory_s
+    if recompute == "selective" and unit.act_bytes["none"] > 0:
+        return forward_memory_s * (1 - unit.act_bytes["selective"] / unit.act_bytes["none"])
+    return 0.0
 
 
 def _allreduce_calls(kind: str) -> int:

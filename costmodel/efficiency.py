@@ -1,6 +1,8 @@
 """Achievable matrix-unit efficiency per device type, as a function of work size and TP degree.
 
-Matrix units reach their datasheet peak only on large matrix products. For a transformer unit the
+Matrix units reach their datasheet peak only on large matrix products, and a transformer also runs
+memory-bound kernels (norms, softmax, dropout, activation functions) whose cost grows with the
+activations, not the FLOPs. For a transformer unit the
 products are ``tokens x width x width/tp`` (the tensor-parallel shard), so we model the fraction of
 peak a device reaches as
 
@@ -10,11 +12,15 @@ with ``w`` the smallest matrix dimension of the unit's products on one device: t
 shard of the hidden width (``width / tp`` for a transformer block) or the tokens of one micro-batch
 (``micro_batch * seq_len``) when that is smaller -- a product is slow when any of its dimensions is. ``w0`` grows with the device's peak (a faster device
 needs bigger products to hide the same fixed costs): ``w0 = w0_ref * (peak / peak_ref) ** (1/alpha)``.
+The memory-bound kernels cost ``act_traffic * act_bytes / hbm_bandwidth`` on top (see
+:attr:`EfficiencyCurve.act_traffic`); their share shrinks as the hidden size grows, which is what
+separates small models at low TP from large ones at TP=8.
 
 Curves (``CURVES``), one per generation:
 
-* ``ampere`` -- FITTED to Korthikanti et al. 2022, Table 5 (22B..1T on A100-80GB) end to end through
-  the simulator (``hetpart.costmodel.calibration.fit_a100_curve`` reproduces the constants).
+* ``ampere`` -- FITTED end to end through the simulator to Korthikanti et al. 2022, Table 5 (22B..1T
+  on A100-80GB, 8 step times) together with Narayanan et al. 2021, Table 1 (1.7B..1T, 10 throughputs
+  at TP 1..8) -- ``hetpart.costmodel.calibration.fit_a100_curve`` reproduces the constants.
 * ``volta`` -- the Ampere shape with ``e_max`` ANCHORED to one published point: Shoeybi et al. 2019
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
   (``calibration.anchor_volta_e_max`` reproduces it).
@@ -47,6 +53,10 @@ class EfficiencyCurve:
     """Dense 16-bit peak of the reference device of the curve, TFLOPS."""
     status: str
     """``fitted``, ``anchored`` or ``assumed``, and to what."""
+    act_traffic: float = 0.0
+    """Memory-bound work (norms, softmax, dropout, activations, residuals): HBM bytes moved in a
+    forward pass per byte of activations a unit saves without recomputation (the backward moves twice
+    as much). Their time, ``act_traffic * act_bytes / hbm``, adds to the matrix products'."""
 
     def w0(self, peak_tflops: float) -> float:
         """Half-saturation dimension for a device of ``peak_tflops``."""
@@ -58,13 +68,15 @@ class EfficiencyCurve:
         return self.e_max / (1.0 + (self.w0(peak_tflops) / w) ** self.alpha)
 
 
-# Produced by hetpart.costmodel.calibration.fit_a100_curve() (tests/test_calibration.py re-fits and
-# compares). Keep the three numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.8820, w0_ref=610.8, alpha=1.0, peak_ref_tflops=312.0,
-                          status="fitted: Korthikanti et al. 2022 Table 5 (A100-80GB, 8 step times)")
+# Produced by ``python -m hetpart.costmodel.calibration`` (fit_a100_curve); tests/test_calibration.py
+# checks they are a least-squares optimum. Keep the numbers together with their provenance.
+_AMPERE = EfficiencyCurve("ampere", e_max=0.7736, w0_ref=235.5, alpha=1.0, peak_ref_tflops=312.0,
+                          status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
+                          act_traffic=2.423)
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.3680, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
-                         status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)")
+_VOLTA = EfficiencyCurve("volta", e_max=0.4354, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+                         status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
+                         act_traffic=_AMPERE.act_traffic)
 
 CURVES: dict[str, EfficiencyCurve] = {"ampere": _AMPERE, "volta": _VOLTA}
 

@@ -1,10 +1,13 @@
-"""Calibration: the fitted A100 curve reproduces Korthikanti et al. 2022 Table 5, and its constants
-are what a fresh fit gives."""
+"""Calibration: the fitted A100 model reproduces Korthikanti et al. 2022 Table 5 and Narayanan et al.
+2021 Table 1, and its constants are a least-squares optimum of the fit."""
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
-from hetpart.costmodel.calibration import KORTHIKANTI_TABLE5, anchor_volta_e_max, fit_a100_curve, \
-    mean_abs_error_pct, table5_comparison, table5_setup
+from hetpart.costmodel.calibration import KORTHIKANTI_TABLE5, _setups, _table1_setups, anchor_volta_e_max, \
+    calibration_residuals, mean_abs_error_pct, table1_validation, table5_comparison, table5_setup
 from hetpart.costmodel.efficiency import CURVES
 
 
@@ -23,10 +26,18 @@ def test_table5_setups_match_the_paper():
 
 
 def test_predicted_step_times_are_within_the_bound(rows):
-    # 10%: the spread between the paper's own runs of one model (full vs selective MFU gaps of a few
-    # points) and the run-to-run noise Megatron-LM reports leave about that much to any analytical model.
+    # 10%: Korthikanti's own MFU figures move by several points between neighbouring model sizes on
+    # the same machine, and Megatron-LM runs vary by a few percent from run to run; an analytical
+    # model that is right to within 10% on average is as close as those measurements allow.
     assert len(rows) == 8
     assert mean_abs_error_pct(rows) < 10.0
+    assert max(abs(r.error_pct) for r in rows) < 15.0
+
+
+def test_narayanan_table1_throughputs_are_within_the_bound():
+    rows = table1_validation()
+    assert len(rows) == 10
+    assert np.mean([abs(r.error_pct) for r in rows]) < 10.0
     assert max(abs(r.error_pct) for r in rows) < 15.0
 
 
@@ -38,11 +49,18 @@ def test_selective_recompute_is_predicted_faster_by_about_the_published_ratio(ro
         assert predicted == pytest.approx(published, rel=0.05)
 
 
-def test_the_ampere_constants_are_a_fresh_fit():
-    fitted = fit_a100_curve()
-    assert fitted.e_max == pytest.approx(CURVES["ampere"].e_max, rel=0.01)
-    assert fitted.w0_ref == pytest.approx(CURVES["ampere"].w0_ref, rel=0.01)
-    assert mean_abs_error_pct(table5_comparison(fitted)) <= mean_abs_error_pct(table5_comparison()) + 0.05
+def test_the_ampere_constants_are_a_least_squares_optimum():
+    setups = (_setups(), _table1_setups())
+    stored = CURVES["ampere"]
+
+    def loss(curve):
+        return float(np.sum(np.square(calibration_residuals(curve, setups))))
+
+    best = loss(stored)
+    for field in ("e_max", "w0_ref", "act_traffic"):
+        for factor in (0.97, 1.03):
+            moved = replace(stored, **{field: getattr(stored, field) * factor})
+            assert loss(moved) > best * 0.999, f"{field} x {factor} fits better; re-run the calibration"
 
 
 def test_the_volta_constant_is_anchored_to_megatron_lm():
