@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -99,9 +100,10 @@ class Heartbeat:
         self._write()
 
     def progress(self, step: int | None = None) -> None:
-        if step is not None:
-            self.step = step
         self._last_progress = time.time()
+        if step is not None and step != self.step:
+            self.step = step
+            self._write()  # the launcher should name the right step even right after a fault
 
     def busy(self, seconds: float) -> None:
         self._busy_until = max(self._busy_until, time.time() + seconds)
@@ -125,7 +127,7 @@ class Heartbeat:
         last = now if now < self._busy_until else self._last_progress
         state = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "last_progress": last,
                  "written": now, "where": where, "waiting_in_comm": waiting}
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{threading.get_ident()}.tmp")  # main and heartbeat thread both write
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.path)
 
@@ -197,12 +199,14 @@ class Watchdog:
         describe: ``rank -> str`` naming a rank's device and stage for messages.
         world_size: number of ranks.
         hang_timeout_s: seconds without progress on every rank that count as a hang.
-        startup_timeout_s: seconds a rank may take to write its first heartbeat.
+        startup_timeout_s: seconds a rank may take to reach its first step.
+        launcher_log: torchrun's log: the ranks it terminated after a failure are victims, not causes.
     """
 
     def __init__(self, run_dir: str | Path, describe, world_size: int, hang_timeout_s: float,
-                 startup_timeout_s: float) -> None:
+                 startup_timeout_s: float, launcher_log: str | Path | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.launcher_log = Path(launcher_log) if launcher_log else None
         self.describe = describe
         self.world_size = world_size
         self.hang_timeout_s = hang_timeout_s
@@ -219,25 +223,43 @@ class Watchdog:
         if failed:
             return self._blame_failure(failed)
         now = time.time()
-        missing = [s.rank for s in states if s.pid is None]
-        if missing:
-            if now - self.started > self.startup_timeout_s:
-                return RuntimeFault(f"runtime: ranks {missing} did not start within {self.startup_timeout_s:.0f} s; "
-                                    f"see the worker logs in {self.run_dir / 'logs'}")
-            return None
         running = [s for s in states if not s.finished]
+        # Until every rank reached its first step (imports, rendezvous, model building) the
+        # startup limit applies; the hang limit only measures training progress.
+        starting = [s for s in running if s.step < 0]
+        if starting:
+            if now - self.started > self.startup_timeout_s:
+                stuck = [s for s in starting if not s.waiting_in_comm] or starting
+                return RuntimeFault(f"runtime: ranks {[s.rank for s in stuck]} did not start training within "
+                                    f"{self.startup_timeout_s:.0f} s (rank {stuck[0].rank}, "
+                                    f"{self.describe(stuck[0].rank)}, is in {stuck[0].where or 'unknown code'}); all "
+                                    f"{self.world_size} ranks were stopped; see the worker logs in {self.run_dir / 'logs'}")
+            return None
         if running and now - max(s.last_progress for s in running) > self.hang_timeout_s:
             return self._blame_hang(running, now)
         return None
 
     def _blame_failure(self, failed: list[RankState]) -> RuntimeFault:
         # A rank that vanished or raised its own error is the cause; peers that lost their
-        # connection to it (comm errors) are its victims.
-        primary = [s for s in failed if not s.error_is_comm] or failed
+        # connection to it (comm errors) or that torchrun terminated after it are its victims.
+        victims = self._terminated_by_torchrun()
+        primary = ([s for s in failed if not s.error_is_comm and s.pid not in victims]
+                   or [s for s in failed if not s.error_is_comm] or failed)
         s = primary[0]
         what = f"failed: {s.error}" if s.error else "died (its process is gone without a result)"
-        return RuntimeFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) {what} at step {max(s.step, 0)}; "
+        when = f"during step {s.step}" if s.step >= 0 else "before its first step"
+        return RuntimeFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) {what} {when}; "
                             f"all {self.world_size} ranks were stopped; logs in {self.run_dir / 'logs'}")
+
+    def _terminated_by_torchrun(self) -> set[int]:
+        """Pids that torchrun's agent sent a closing signal (it logs each before sending it)."""
+        if self.launcher_log is None:
+            return set()
+        try:
+            text = self.launcher_log.read_text(errors="replace")
+        except OSError:
+            return set()
+        return {int(m) for m in re.findall(r"Sending process (\d+) closing signal", text)}
 
     def _blame_hang(self, running: list[RankState], now: float) -> RuntimeFault:
         stuck = [s for s in running if not s.waiting_in_comm] or running

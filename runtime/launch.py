@@ -228,7 +228,8 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
     job_path.write_text(json.dumps(job, indent=1))
     (run_dir / "logs").mkdir(exist_ok=True)
     describe = _describer(job)
-    watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s)
+    watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s,
+                        launcher_log=run_dir / "torchrun.log")
     with open(run_dir / "torchrun.log", "wb") as log:
         proc = subprocess.Popen(torchrun_command(job_path, world, run_dir / "logs"), stdout=log, stderr=subprocess.STDOUT,
                                 env=_worker_env(), start_new_session=True)
