@@ -314,6 +314,8 @@ class Executor:
         built = {}
         for j in self.role.stages:
             units = build_units(self.spec, range(*stages[j].layers), self.device, self.dtype)
+            for unit in units:
+                unit.set_recompute(self.plan.recompute)
             built[j] = _StageModule(units)
         self._tie_local(built)
         if self.role.tp > 1:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from hetpart.errors import ModelError
 from hetpart.graph.load import resolve_transformer
@@ -206,16 +207,41 @@ class UnitModel(nn.Module):
     """One unit: ``forward(x) -> y``; ``tied`` maps local parameter names to their owner's key."""
 
     def __init__(self, name: str, body: nn.Module, run: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-                 tp_plan: dict[str, str] | None = None, tied: dict[str, str] | None = None):
+                 tp_plan: dict[str, str] | None = None, tied: dict[str, str] | None = None,
+                 attention: str = ""):
         super().__init__()
         self.unit_name = name
         self.body = body
         self._run = run
         self.tp_plan = dict(tp_plan or {})
         self.tied = dict(tied or {})
+        self.attention = attention
+        """Path of the attention sublayer inside ``body`` ("" when the unit has none)."""
+        self._recompute_all = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._recompute_all and torch.is_grad_enabled():
+            return checkpoint(self._run, self.body, x, use_reentrant=False)
         return self._run(self.body, x)
+
+    def set_recompute(self, mode: str) -> None:
+        """Activation recomputation: ``full`` re-runs the whole unit in the backward, ``selective``
+        its attention sublayer (projections included: coarser than Korthikanti's attention core),
+        ``none`` keeps every activation. Units without attention recompute nothing."""
+        if not self.attention or mode == "none":
+            return
+        if mode == "full":
+            self._recompute_all = True
+            return
+        attn = self.body.get_submodule(self.attention)
+        plain = attn.forward
+
+        def recomputed(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                return plain(*args, **kwargs)
+            return checkpoint(plain, *args, use_reentrant=False, **kwargs)
+
+        attn.forward = recomputed
 
     def canonical_names(self) -> dict[str, str]:
         """Local parameter name -> canonical key."""
@@ -299,7 +325,7 @@ def _hetpart_unit(cfg: TransformerConfig, index: int) -> UnitModel:
                               "lm_head": nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)})
         tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
         return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
-    return UnitModel(f"block_{index - 1}", GPTBlock(cfg), lambda m, x: m(x), tp_plan=_HETPART_TP)
+    return UnitModel(f"block_{index - 1}", GPTBlock(cfg), lambda m, x: m(x), tp_plan=_HETPART_TP, attention="attn")
 
 
 # -- transformers GPT-2 and Llama -------------------------------------------------------------
@@ -337,7 +363,7 @@ def _gpt2_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
         body = nn.ModuleDict({"ln_f": t.ln_f, "lm_head": lm_head})
         tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
         return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
-    return UnitModel(f"block_{index - 1}", t.h[index - 1], lambda m, x: _first(m(x)))
+    return UnitModel(f"block_{index - 1}", t.h[index - 1], lambda m, x: _first(m(x)), attention="attn")
 
 
 class _LlamaBlock(nn.Module):
@@ -368,7 +394,8 @@ def _llama_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
         tied = {"lm_head.weight": "embedding.embed_tokens.weight"} if cfg.tied_embeddings else {}
         return UnitModel("head", body, lambda b, x: b["lm_head"](b["norm"](x)), tied=tied)
     tp = {f"layer.{k}": v for k, v in _LLAMA_TP.items()}
-    return UnitModel(f"block_{index - 1}", _LlamaBlock(m.layers[index - 1], hf.config), lambda b, x: b(x), tp_plan=tp)
+    return UnitModel(f"block_{index - 1}", _LlamaBlock(m.layers[index - 1], hf.config), lambda b, x: b(x), tp_plan=tp,
+                     attention="layer.self_attn")
 
 
 # -- python: models ----------------------------------------------------------------------------

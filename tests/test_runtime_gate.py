@@ -61,6 +61,10 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
         global_batch=6, micro_batch=1, seq_len=SEQ, schedule="gpipe", replicas=(
             Replica(1 / 2, (_st(0, 6, "0/0/0", "0/0/1"),)),
             Replica(1 / 2, (_st(0, 1, "1/0/0"), _st(1, 6, "1/0/1")))))),
+    # Activation recomputation changes memory, not gradients.
+    "1f1b_tp2_gpt_full_recompute": (RunnableSpec("gpt", _gpt2(), impl="hetpart"), Plan(
+        global_batch=4, micro_batch=2, seq_len=SEQ, schedule="1f1b", recompute="full", replicas=(
+            Replica(1 / 2, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(1 / 2, (_st(0, 6, "1/0/0", "1/0/1"),))))),
 }
 
 CASES_2 = {
@@ -69,6 +73,9 @@ CASES_2 = {
         global_batch=4, micro_batch=1, seq_len=SEQ, schedule="interleaved", interleave=2, replicas=(
             Replica(1.0, (_st(0, 2, "0/0/0"), _st(2, 3, "0/0/1"), _st(3, 4, "0/0/0"), _st(4, 6, "0/0/1"))),))),
     # A python: model (embedding, two blocks, head), two uneven replicas of one stage each.
+    "gpipe_llama_selective_recompute": (RunnableSpec("llama", _llama(), impl="transformers"), Plan(
+        global_batch=4, micro_batch=1, seq_len=SEQ, schedule="gpipe", recompute="selective", replicas=(
+            Replica(1.0, (_st(0, 3, "0/0/0"), _st(3, 6, "0/0/1"))),))),
     "python_toy_dp": (RunnableSpec("toy", python_spec="python:tests.fixtures.toy:build"), Plan(
         global_batch=3, micro_batch=1, seq_len=SEQ, schedule="gpipe", replicas=(
             Replica(2 / 3, (_st(0, 4, "0/0/0"),)), Replica(1 / 3, (_st(0, 4, "0/0/1"),))))),
@@ -331,3 +338,32 @@ def test_comm_layout_of_replicas_with_different_cuts_and_tp() -> None:
     assert backend_for((0, 1), ["h:0", "h:1"]) == "nccl"
     assert backend_for((0, 1), ["h:0", "h:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
     assert backend_for((0, 1), ["h:0", None]) == "gloo"
+
+
+@pytest.mark.parametrize("impl,cfg", [("hetpart", _gpt2(2)), ("transformers", _gpt2(2)), ("transformers", _llama(2))])
+def test_recompute_keeps_fewer_activations(impl: str, cfg: TransformerConfig) -> None:
+    from hetpart.runtime.models import build_units, synthetic_batch
+
+    spec = RunnableSpec("m", cfg, impl=impl)
+    x, _ = synthetic_batch(spec, 2, SEQ)
+
+    def saved_bytes(mode: str) -> int:
+        units = build_units(spec, range(1, 3))  # the two blocks
+        for u in units:
+            u.set_recompute(mode)
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        h = torch.randn(2, SEQ, cfg.hidden_size, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for u in units:
+                h = u(h)
+        h.sum().backward()
+        return total
+
+    none, selective, full = saved_bytes("none"), saved_bytes("selective"), saved_bytes("full")
+    assert full < selective < none, (full, selective, none)
