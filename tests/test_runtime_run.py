@@ -1,0 +1,221 @@
+"""``hetpart run``: emulation arithmetic, refusals before any process starts, a real emulated run, resume.
+
+The runs start real torchrun jobs of 2 CPU processes (about 10 s each on a shared 2-core machine);
+the rest checks pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from hetpart import load_cluster
+from hetpart.cli.app import main
+from hetpart.errors import PlanError, RuntimeFault
+from hetpart.plan import Plan, Replica, Stage
+from hetpart.runtime.emulation import ArrivalBoard, Emulator, emulated_cluster, speed_ratios
+from hetpart.runtime.launch import RunOptions, check_capacity, prepare_run, run_plan
+from hetpart.runtime.measure import summarize, warmup_tflops
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _pipeline_plan(**meta) -> Plan:
+    """gpt2-small (14 units) on tiny-mixed: units 0-7 on an A100, 8-13 on a V100 of the other node."""
+    return Plan(global_batch=4, micro_batch=1, seq_len=1024, schedule="1f1b",
+                replicas=(Replica(1.0, (Stage((0, 8), ("0/0/0",)), Stage((8, 14), ("1/0/0",)))),),
+                meta={"model": "gpt2-small", "cluster": "tiny-mixed", **meta})
+
+
+# ------------------------------------------------------------------------------------ emulation math
+def test_speed_ratios_follow_dense_peaks_of_the_real_precision():
+    cluster = load_cluster("tiny-mixed")
+    ratios = speed_ratios(_pipeline_plan(), cluster)
+    a100, v100 = cluster.device("0/0/0").gpu, cluster.device("1/0/0").gpu
+    assert ratios["0/0/0"] == 1.0
+    assert ratios["1/0/0"] == pytest.approx(a100.tflops_bf16 / v100.tflops_bf16)
+    fp32 = speed_ratios(_pipeline_plan(), cluster, precision="fp32")
+    assert fp32["1/0/0"] == pytest.approx(a100.tflops_fp32 / v100.tflops_fp32)
+
+
+def test_emulated_cluster_dilates_links_and_scales_devices():
+    real = load_cluster("tiny-mixed")
+    plan = _pipeline_plan()
+    emu = emulated_cluster(real, plan, peak_tflops=0.02, time_factor=500.0, memory_gbyte_s=5.0)
+    assert [d.id for d in emu.devices] == [d.id for d in real.devices]
+    assert emu.device("0/0/0").gpu.tflops("fp32") == pytest.approx(0.02)
+    assert emu.device("1/0/0").gpu.tflops("fp32") == pytest.approx(0.02 / speed_ratios(plan, real)["1/0/0"])
+    for a, b in (("0/0/0", "0/0/1"), ("0/0/0", "1/0/0")):
+        r, e = real.link_between(a, b), emu.link_between(a, b)
+        assert e.bandwidth_gbyte_s == pytest.approx(r.bandwidth_gbyte_s / 500.0)
+        assert e.latency_us == pytest.approx(r.latency_us * 500.0)
+
+
+def test_emulator_sleeps_scale_measured_time_and_dilated_transfers():
+    from hetpart.costmodel.collectives import p2p_time_s
+
+    real = load_cluster("tiny-mixed")
+    plan = _pipeline_plan()
+    emu = emulated_cluster(real, plan, 0.02, 500.0, 5.0)
+    devices = tuple(plan.devices)
+    slow = Emulator(emu, devices, rank=1, speed_ratio=2.5)
+    assert slow.compute_delay_s(0.01) == pytest.approx(0.015)  # runs at 1/2.5 of the measured speed
+    assert Emulator(emu, devices, rank=0, speed_ratio=1.0).compute_delay_s(0.01) == 0.0
+    # A transfer on the emulated cluster takes T times as long as on the real one.
+    real_s = p2p_time_s(8192, real.link_between("0/0/0", "1/0/0"))
+    assert slow.send_delay_s(8192, peer_rank=0) == pytest.approx(500.0 * real_s)
+    assert slow.collective_delay_s("all_reduce", 8192, [1]) == 0.0
+    assert slow.collective_delay_s("all_reduce", 8192, [0, 1]) > slow.send_delay_s(8192, 0)
+    with pytest.raises(ValueError, match="speed_ratio must be >= 1"):
+        Emulator(emu, devices, rank=0, speed_ratio=0.5)
+
+
+def test_arrival_board_is_fifo_per_pair(tmp_path):
+    sender, receiver = ArrivalBoard(tmp_path, rank=0), ArrivalBoard(tmp_path, rank=1)
+    sender.post(1, 10.0)
+    sender.post(1, 11.5)
+    assert receiver.next_arrival(0) == 10.0
+    assert receiver.next_arrival(0) == 11.5
+    with pytest.raises(TimeoutError, match="no emulated transfer posted by rank 0"):
+        receiver.next_arrival(0, timeout_s=0.01)
+    sender.close()
+    receiver.close()
+
+
+# ------------------------------------------------------------------------------------ refusals
+def test_capacity_refusal_says_what_fits():
+    with pytest.raises(RuntimeFault, match=r"needs 100000 processes .* at most \d+ \(\d+ cores x 4"):
+        check_capacity(100_000, per_process_gb=0.5)
+
+
+def test_plan_for_more_devices_than_the_machine_hosts_is_refused(tmp_path):
+    cluster = load_cluster("a100-v100-16")
+    devices = [d.id for d in cluster.devices]
+    stages = tuple(Stage((i, i + 1), (devices[i],)) for i in range(13)) + (Stage((13, 14), tuple(devices[13:14])),)
+    plan = Plan(global_batch=16, micro_batch=1, seq_len=1024, replicas=(Replica(1.0, stages),))
+    cores = len(os.sched_getaffinity(0))
+    if 14 <= cores * 4:
+        pytest.skip("this machine can host 14 processes")
+    with pytest.raises(RuntimeFault, match="needs 14 processes"):
+        prepare_run(plan, "gpt2-small", "a100-v100-16", RunOptions())
+
+
+def test_bad_plan_is_refused_before_any_process_starts(tmp_path):
+    bad = Plan(global_batch=4, micro_batch=1, seq_len=1024,
+               replicas=(Replica(1.0, (Stage((0, 8), ("0/0/0",)), Stage((8, 12), ("1/0/0",)))),))
+    run_dir = tmp_path / "run"
+    with pytest.raises(PlanError, match="every unit must be covered"):
+        run_plan(bad, "gpt2-small", "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
+    assert not run_dir.exists()
+    unnamed = Plan(global_batch=4, micro_batch=1, seq_len=1024, replicas=_pipeline_plan().replicas)
+    with pytest.raises(PlanError, match=r"meta.model: missing .* give --model"):
+        run_plan(unnamed, None, "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
+    assert main(["run", str(tmp_path / "missing.json"), "--steps", "1"]) == 2
+
+
+def test_prepare_shrinks_the_model_but_keeps_its_units():
+    prep = prepare_run(_pipeline_plan(), "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
+    assert prep.run_graph.num_units == prep.full_graph.num_units == 14
+    assert prep.run_graph.num_params < prep.full_graph.num_params / 100
+    assert prep.run_plan.replicas == prep.plan.replicas
+    assert prep.run_plan.seq_len < prep.plan.seq_len and prep.run_plan.precision == "fp32"
+    assert prep.rank_devices == ("0/0/0", "1/0/0")
+
+
+# ------------------------------------------------------------------------------------ summaries
+def _rank_result(rank, device, times, compute):
+    steps = [{"time_s": t, "compute_s": c, "measured_compute_s": c, "comm_s": 0.0, "optimizer_s": 0.0,
+              "idle_s": t - c, "slowdown_s": 0.0, "emulated_comm_s": 0.0} for t, c in zip(times, compute)]
+    return {"rank": rank, "device": device, "steps": steps, "losses": [1.0] * len(times),
+            "peak_memory_bytes": 10**6 * (rank + 1), "memory_method": "rss_peak_delta"}
+
+
+def test_summarize_takes_the_slowest_rank_per_measured_step():
+    plan = _pipeline_plan()
+    results = [_rank_result(0, "0/0/0", [9.0, 1.0, 2.0], [1, 0.5, 0.5]),
+               _rank_result(1, "1/0/0", [9.0, 1.5, 1.0], [1, 0.5, 0.5])]
+    m = summarize(results, plan, load_cluster("tiny-mixed"), seq_len=32, warmup=1)
+    assert m.step_times_s == (1.5, 2.0)
+    assert m.step_time_s == pytest.approx(1.75)
+    assert m.tokens_per_s == pytest.approx(4 * 32 / 1.75)
+    assert m.peak_memory_gb == {"A100-40GB": pytest.approx(1e-3), "V100-16GB": pytest.approx(2e-3)}
+    assert [s["stage"] for s in m.stages] == [0, 1]
+
+
+def test_warmup_rate_counts_each_ranks_units():
+    prep = prepare_run(_pipeline_plan(), "gpt2-small", "tiny-mixed", RunOptions())
+    graph, plan = prep.run_graph, prep.run_plan
+    flops0 = sum(u.fwd_flops + u.bwd_flops for u in graph.units[:8]) * 4
+    flops1 = sum(u.fwd_flops + u.bwd_flops for u in graph.units[8:]) * 4
+    results = [_rank_result(0, "0/0/0", [5.0, 1.0], [5.0, flops0 / 1e10]),
+               _rank_result(1, "1/0/0", [5.0, 1.0], [5.0, flops1 / 2e10])]
+    assert warmup_tflops(results, graph, plan, warmup=2) == pytest.approx((0.01 + 0.02) / 2)
+    assert warmup_tflops(results, graph, plan, warmup=0) is None
+
+
+# ------------------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory):
+    """One emulated run of the 2-stage plan through the CLI (2 processes)."""
+    tmp = tmp_path_factory.mktemp("run")
+    plan_path, out = tmp / "plan.json", tmp / "m.jsonl"
+    _pipeline_plan().save(plan_path)
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "hetpart.cli.app", "run", str(plan_path), "--steps", "2",
+                           "--warmup", "1", "--time-factor", "200", "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout), [json.loads(l) for l in out.read_text().splitlines()]
+
+
+def test_run_json_has_measured_and_predicted(emulated_run):
+    summary, _ = emulated_run
+    for block in ("measured", "predicted"):
+        for key in ("step_time_s", "tokens_per_s", "samples_per_s"):
+            assert math.isfinite(summary[block][key]) and summary[block][key] > 0, (block, key)
+    m = summary["measured"]
+    assert m["tokens_per_s"] == pytest.approx(4 * summary["model"]["seq_len"] / m["step_time_s"])
+    assert summary["steps"] == 2 and len(m["step_times_s"]) == 2 and len(m["losses"]) == 3
+    assert summary["model"]["shrunken"] and summary["model"]["hidden_size"] == 64
+    assert summary["model"]["num_units"] == 14
+    assert summary["emulation"]["time_factor"] == 200.0
+
+
+def test_run_emulates_the_slower_device(emulated_run):
+    summary, _ = emulated_run
+    ranks = {r["device"]: r for r in summary["measured"]["ranks"]}
+    assert ranks["0/0/0"]["emulated_slowdown_s"] == 0.0  # the fastest type runs at the machine's speed
+    assert ranks["1/0/0"]["emulated_slowdown_s"] > 0.0   # the V100 sleeps after every compute
+    assert all(r["emulated_comm_s"] > 0 for r in ranks.values())  # the cross-node link is emulated
+    assert {s["stage"] for s in summary["measured"]["stages"]} == {0, 1}
+
+
+def test_run_writes_a_complete_jsonl_record(emulated_run):
+    summary, lines = emulated_run
+    assert len(lines) == 1
+    rec = lines[0]
+    for key in ("plan", "original_plan", "cluster", "emulated_cluster", "model", "environment", "emulation",
+                "measured", "predicted"):
+        assert key in rec, key
+    assert rec["original_plan"]["seq_len"] == 1024 and rec["plan"]["seq_len"] == summary["model"]["seq_len"]
+    assert rec["model"]["graph"]["num_units"] == 14
+    assert rec["emulated_cluster"]["node_groups"][0]["gpu"] == "emu-A100-40GB"
+    assert rec["measured"]["step_time_s"] == pytest.approx(summary["measured"]["step_time_s"])
+
+
+def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):
+    summary, _ = emulated_run
+    uninterrupted = summary["measured"]["losses"]  # steps 0, 1, 2 (emulation does not change numbers)
+    plan = _pipeline_plan()
+    ckpt = tmp_path / "ckpt"
+    first = run_plan(plan, options=RunOptions(steps=1, warmup=0, emulate=False, checkpoint_dir=str(ckpt)))
+    assert (ckpt / "hetpart_checkpoint.json").exists()
+    resumed = run_plan(plan, options=RunOptions(steps=2, warmup=0, emulate=False, checkpoint_dir=str(ckpt)))
+    assert first.measured.losses == pytest.approx(uninterrupted[:1], rel=1e-6)
+    assert resumed.measured.losses == pytest.approx(uninterrupted[1:3], rel=1e-6)
+    assert json.loads((ckpt / "hetpart_checkpoint.json").read_text())["next_step"] == 3
