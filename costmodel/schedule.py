@@ -12,12 +12,13 @@ Two implementations give the same numbers:
 
 * :func:`simulate_pipeline_events` -- the reference: a discrete-event simulation, one operation at a
   time, with a heap of completion events;
-* :func:`pipeline_timing` / :func:`pipeline_step_time_s` -- the fast path, the longest paths of the
-  operation graph: for small pipelines with equal micro-batches one scalar pass in a cached
-  topological order; otherwise every device's sequence is a max-plus scan (``end_j = max(end_{j-1},
-  ready_j) + d_j`` is ``C_j + cummax(ready_i - C_{i-1})``) vectorized with numpy, swept over the
-  devices in alternating directions until the arrival times stop changing (a monotone fixed-point
-  iteration that reaches the exact longest paths).
+* :func:`pipeline_timing` / :func:`pipeline_step_time_s` / :func:`pipeline_summary` -- the fast path:
+  the longest paths of the operation graph in ONE pass over a cached topological order
+  (``end = max(end of the device's previous op, end of the input's op + p2p) + duration``); a scalar
+  loop for pipelines of a few devices, numpy over each wavefront of independent operations (one per
+  device at most) for deep pipelines. Exact, and linear in the number of operations. (An earlier
+  version swept vectorized per-device max-plus scans to a fixed point; heterogeneous stages can make
+  the critical path zigzag between devices every micro-batch, so sweeps grew with ``M``.)
 
 Shapes:
     fwd, bwd: ``[K, M]`` seconds per virtual stage and micro-batch (``K = pp * interleave``; virtual
@@ -195,8 +196,8 @@ def _as_arrays(fwd, bwd, p2p, interleave: int):
     return fwd, bwd, (p2p if p2p.size else np.zeros(1)), k_total // interleave, m
 
 
-_SCALAR_LIMIT_OPS = 3000
-"""Below this many operations one scalar pass in topological order beats numpy's per-call overhead."""
+_VECTOR_MIN_DEVICES = 16
+"""From this many devices per pipeline, numpy over each wavefront beats one scalar loop."""
 
 
 @lru_cache(maxsize=256)
@@ -230,60 +231,61 @@ def _topological(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, int
     return tuple(out)
 
 
-def _scalar_pass(dur: np.ndarray, delay_p2p: np.ndarray, schedule: str, pp: int, m: int, v: int,
-                 fwd_bwd_flat: list[float]) -> np.ndarray:
-    """End times ``[pp, n]`` by one pass over the operations in topological order (exact)."""
+@lru_cache(maxsize=64)
+def _levels(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[np.ndarray, ...], ...]:
+    """The operations grouped into wavefronts: an operation's level is one more than its predecessors'
+    highest, so each level only reads earlier ones. Per level ``(op, prev, dep, has_dep)`` flat ids
+    (``pp * n`` stands for "no predecessor")."""
+    ops = _topological(schedule, pp, m, v)
+    none = len(ops)
+    level = [0] * len(ops)
+    groups: dict[int, list[tuple[int, int, int]]] = {}
+    for i, prev, dep, _, _ in ops:
+        lv = 1 + max(level[prev] if prev >= 0 else 0, level[dep] if dep >= 0 else 0)
+        level[i] = lv
+        groups.setdefault(lv, []).append((i, prev if prev >= 0 else none, dep if dep >= 0 else none))
+    out = []
+    for lv in sorted(groups):
+        ids, prev, dep = (np.array(x, dtype=np.int64) for x in zip(*groups[lv]))
+        out.append((ids, prev, dep))
+    return tuple(out)
+
+
+def _wavefront_pass(dur: np.ndarray, delay: np.ndarray, schedule: str, pp: int, m: int, v: int) -> np.ndarray:
+    """End times ``[pp, n]``: one pass over the wavefronts, vectorized over the operations of each."""
+    end = np.zeros(dur.size + 1)  # the last cell stays 0: "no predecessor"
+    flat_dur, flat_delay = dur.ravel(), delay.ravel()
+    for ids, prev, dep in _levels(schedule, pp, m, v):
+        end[ids] = np.maximum(end[prev], end[dep] + flat_delay[ids]) + flat_dur[ids]
+    return end[:-1].reshape(dur.shape)
+
+
+def _scalar_pass(dur: np.ndarray, delay: np.ndarray, schedule: str, pp: int, m: int, v: int) -> np.ndarray:
+    """End times ``[pp, n]``: one scalar pass over the operations in topological order."""
     end = [0.0] * (dur.size + 1)  # end[-1] stays 0: "no predecessor"
-    p2p = delay_p2p.tolist()
-    for i, prev, dep, slot, pi in _topological(schedule, pp, m, v):
+    flat_dur, flat_delay = dur.ravel().tolist(), delay.ravel().tolist()
+    for i, prev, dep, _, _ in _topological(schedule, pp, m, v):
         t = end[prev]
         if dep >= 0:
-            r = end[dep] + p2p[pi]
+            r = end[dep] + flat_delay[i]
             if r > t:
                 t = r
-        end[i] = t + fwd_bwd_flat[slot]
+        end[i] = t + flat_dur[i]
     return np.array(end[:-1]).reshape(dur.shape)
-
-
-def _sweep_pass(dur: np.ndarray, delay: np.ndarray, lay: "_Layout") -> np.ndarray:
-    """End times by Gauss-Seidel sweeps of per-device max-plus scans, alternately over ascending and
-    descending devices, until nothing changes (the least fixed point = the exact longest paths)."""
-    csum = np.cumsum(dur, axis=1)
-    cprev = csum - dur
-    end = csum.copy()
-    flat = end.ravel()
-    pp = dur.shape[0]
-    for sweep in range(dur.size + 1):
-        changed = False
-        for d in (range(pp) if sweep % 2 == 0 else range(pp - 1, -1, -1)):
-            ready = flat[lay.dep[d]] + delay[d]
-            ready[~lay.has_dep[d]] = 0.0
-            ready -= cprev[d]
-            np.maximum(ready, 0.0, out=ready)
-            np.maximum.accumulate(ready, out=ready)
-            ready += csum[d]
-            if not changed and not np.array_equal(ready, end[d]):
-                changed = True
-            end[d] = ready
-        if not changed:
-            break
-    return end
 
 
 def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> PipelineTiming:
     """Exact start and end of every operation (the fast path). Shapes: see the module doc.
 
-    Below a few thousand operations a single scalar pass in topological order is fastest; above, the
-    devices' sequences are max-plus scans vectorized with numpy, swept to the fixed point.
+    One pass over the operations in topological order: a scalar loop for pipelines of a few devices,
+    numpy over each wavefront of independent operations for deep ones.
     """
     fwd, bwd, p2p, pp, m = _as_arrays(fwd, bwd, p2p, interleave)
     lay = _layout(schedule, pp, m, interleave)
     dur = np.where(lay.kind == FWD, fwd[lay.stage, lay.mb], bwd[lay.stage, lay.mb])
-    constant = m == 1 or (np.all(fwd == fwd[:, :1]) and np.all(bwd == bwd[:, :1]))
-    if dur.size <= _SCALAR_LIMIT_OPS and constant:
-        end = _scalar_pass(dur, p2p, schedule, pp, m, interleave, fwd[:, 0].tolist() + bwd[:, 0].tolist())
-    else:
-        end = _sweep_pass(dur, np.where(lay.has_dep, p2p[lay.p2p_index], 0.0), lay)
+    delay = np.where(lay.has_dep, p2p[lay.p2p_index], 0.0)
+    run = _wavefront_pass if pp >= _VECTOR_MIN_DEVICES else _scalar_pass
+    end = run(dur, delay, schedule, pp, m, interleave)
     return PipelineTiming(float(end.max()), end - dur, end, lay.kind, lay.stage, lay.mb)
 
 
@@ -317,7 +319,7 @@ def pipeline_summary(fwd_s: list[float], bwd_s: list[float], p2p_s: list[float],
     """
     k_total, m, v = len(fwd_s), num_microbatches, interleave
     pp = k_total // v
-    if 2 * m * k_total > _SCALAR_LIMIT_OPS:
+    if pp >= _VECTOR_MIN_DEVICES:
         fwd = np.repeat(np.asarray(fwd_s, dtype=float)[:, None], m, axis=1)
         bwd = np.repeat(np.asarray(bwd_s, dtype=float)[:, None], m, axis=1)
         timing = pipeline_timing(fwd, bwd, p2p_s, schedule, v)

@@ -33,14 +33,16 @@ def test_fast_path_matches_event_reference_on_seeded_random_pipelines(constant):
         assert fast.makespan_s == pytest.approx(ref.makespan_s, rel=1e-9)
 
 
-def test_vectorized_sweep_path_matches_reference_on_a_large_pipeline():
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+def test_vectorized_wavefront_path_matches_reference_on_deep_pipelines(schedule, v):
     rng = np.random.default_rng(7)
-    pp, m = 6, 300  # 3600 operations: above the scalar limit
-    fwd = np.repeat(rng.uniform(0.5, 1.5, (pp, 1)), m, axis=1)
+    pp, m = 17, 34  # at least _VECTOR_MIN_DEVICES devices: numpy over each wavefront
+    fwd = rng.uniform(0.5, 1.5, (pp * v, m))
     bwd = 2 * fwd
-    p2p = rng.uniform(0, 0.2, pp - 1)
-    fast = pipeline_step_time_s(fwd, bwd, p2p, "1f1b")
-    assert fast == pytest.approx(simulate_pipeline_events(fwd, bwd, p2p, "1f1b").makespan_s, rel=1e-9)
+    p2p = rng.uniform(0, 0.2, pp * v - 1)
+    fast = pipeline_timing(fwd, bwd, p2p, schedule, v)
+    ref = simulate_pipeline_events(fwd, bwd, p2p, schedule, v)
+    np.testing.assert_allclose(fast.end_s, ref.end_s, rtol=1e-9)
 
 
 @pytest.mark.parametrize("pp,m", [(1, 5), (4, 8), (8, 3)])
