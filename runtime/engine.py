@@ -265,13 +265,14 @@ class Executor:
         hooks: emulation/measurement callbacks (:class:`Hooks`).
         lr: Adam learning rate.
         dtype: parameter and activation dtype (fp32 by default: CPU bf16 matmuls are slow and inexact).
+        comm_timeout_s: timeout of the plan's process groups (pipeline, TP, gradient buckets).
 
     The default process group must be initialised (torchrun + ``dist.init_process_group``).
     """
 
     def __init__(self, plan: Plan, model_spec: RunnableSpec, rank: int, world_size: int, *,
                  device: torch.device | str | None = None, hooks: Hooks | None = None, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, comm_timeout_s: float = 600.0):
         if not dist.is_initialized():
             raise RuntimeFault("runtime: torch.distributed is not initialised; start the ranks with torchrun "
                                "(hetpart run) and call init_process_group first")
@@ -293,7 +294,7 @@ class Executor:
                             "plan and model must match")
         self.layout: CommLayout = comm_layout(plan, self.infos)
         self.role: RankRole = self.layout.roles[rank]
-        self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device))
+        self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device), comm_timeout_s)
         self.stage_modules = self._build_stage_modules()
         self.params = self._canonical_params()
         self.schedule, self.schedule_used = self._build_schedule()

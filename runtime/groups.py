@@ -172,9 +172,13 @@ class ProcessGroups:
     Args:
         layout: the plan's groups.
         cuda_ids: for every rank, ``"host:cuda_index"`` or None (all-gathered by the caller).
+        timeout_s: how long a collective or transfer in these groups may wait for a peer before it
+            fails (a dead or hung rank then surfaces as an error instead of a hang).
     """
 
-    def __init__(self, layout: CommLayout, cuda_ids: Sequence[str | None]):
+    def __init__(self, layout: CommLayout, cuda_ids: Sequence[str | None], timeout_s: float = 600.0):
+        from datetime import timedelta
+
         import torch.distributed as dist
 
         self.layout = layout
@@ -184,7 +188,7 @@ class ProcessGroups:
         # Every rank creates every group in the same order (new_group is collective over the world).
         for ranks in layout.all_rank_sets():
             backend = backend_for(ranks, cuda_ids)
-            group = dist.new_group(list(ranks), backend=backend)
+            group = dist.new_group(list(ranks), backend=backend, timeout=timedelta(seconds=timeout_s))
             if me in ranks:
                 self._groups[ranks] = group
                 self.backends[ranks] = backend

@@ -81,6 +81,18 @@ CASES_2 = {
             Replica(2 / 3, (_st(0, 4, "0/0/0"),)), Replica(1 / 3, (_st(0, 4, "0/0/1"),))))),
 }
 
+CASES_3 = {
+    # 1F1B where a replica has fewer micro-batches (1) than stages (2): it runs GPipe, same step.
+    "1f1b_fallback_3_ranks": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), Plan(
+        global_batch=3, micro_batch=1, seq_len=SEQ, schedule="1f1b", replicas=(
+            Replica(1 / 3, (_st(0, 3, "0/0/0"), _st(3, 6, "0/0/1"))), Replica(2 / 3, (_st(0, 6, "1/0/0"),))))),
+    # Interleaved: a 2-rank replica (4 virtual stages) next to a 1-rank replica holding both its chunks.
+    "interleaved_3_ranks": (RunnableSpec("llama", _llama(), impl="transformers"), Plan(
+        global_batch=4, micro_batch=1, seq_len=SEQ, schedule="interleaved", interleave=2, replicas=(
+            Replica(1 / 2, (_st(0, 1, "0/0/0"), _st(1, 3, "0/0/1"), _st(3, 4, "0/0/0"), _st(4, 6, "0/0/1"))),
+            Replica(1 / 2, (_st(0, 4, "1/0/0"), _st(4, 6, "1/0/0")))))),
+}
+
 TRAIN_STEPS = 4
 
 
@@ -136,6 +148,15 @@ def _job_2(rank: int, world: int, out: str) -> None:
     _one_step(rank, world, out, CASES_2)
 
 
+def _job_3(rank: int, world: int, out: str) -> None:
+    _one_step(rank, world, out, CASES_3)
+
+
+@pytest.fixture(scope="module")
+def out_3() -> Path:
+    return run_distributed(_job_3, 3, timeout_s=120)
+
+
 @pytest.fixture(scope="module")
 def out_4() -> Path:
     return run_distributed(_job_4, 4, timeout_s=150)
@@ -173,6 +194,15 @@ def test_one_step_matches_reference_4_ranks(out_4: Path, name: str) -> None:
 def test_one_step_matches_reference_2_ranks(out_2: Path, name: str) -> None:
     spec, plan = CASES_2[name]
     _check_against_reference(out_2, name, spec, plan, 2)
+
+
+@pytest.mark.parametrize("name", list(CASES_3))
+def test_one_step_matches_reference_3_ranks(out_3: Path, name: str) -> None:
+    spec, plan = CASES_3[name]
+    _check_against_reference(out_3, name, spec, plan, 3)
+    if name == "1f1b_fallback_3_ranks":
+        used = [torch.load(out_3 / f"{name}_{r}.pt", weights_only=False)["schedule"] for r in range(3)]
+        assert used == ["gpipe", "gpipe", "1f1b"]
 
 
 def test_schedules_are_the_ones_asked(out_4: Path, out_2: Path) -> None:
