@@ -21,8 +21,12 @@ def _random_case(rng, constant: bool):
     return fwd, bwd, p2p, str(schedule), v
 
 
+@pytest.mark.parametrize("vector_min_devices", [64, 2], ids=["scalar", "wavefront"])
 @pytest.mark.parametrize("constant", [True, False], ids=["equal-microbatches", "ragged-microbatches"])
-def test_fast_path_matches_event_reference_on_seeded_random_pipelines(constant):
+def test_fast_path_matches_event_reference_on_seeded_random_pipelines(constant, vector_min_devices, monkeypatch):
+    import hetpart.costmodel.schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "_VECTOR_MIN_DEVICES", vector_min_devices)
     rng = np.random.default_rng(1234 + constant)
     for _ in range(60):
         fwd, bwd, p2p, schedule, v = _random_case(rng, constant)
@@ -34,9 +38,12 @@ def test_fast_path_matches_event_reference_on_seeded_random_pipelines(constant):
 
 
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
-def test_vectorized_wavefront_path_matches_reference_on_deep_pipelines(schedule, v):
+def test_vectorized_wavefront_path_matches_reference_on_deep_pipelines(schedule, v, monkeypatch):
+    import hetpart.costmodel.schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "_VECTOR_MIN_DEVICES", 2)  # numpy over each wavefront
     rng = np.random.default_rng(7)
-    pp, m = 17, 34  # at least _VECTOR_MIN_DEVICES devices: numpy over each wavefront
+    pp, m = 17, 34
     fwd = rng.uniform(0.5, 1.5, (pp * v, m))
     bwd = 2 * fwd
     p2p = rng.uniform(0, 0.2, pp * v - 1)
@@ -108,9 +115,12 @@ def test_unknown_schedule_is_a_plan_error():
         pipeline_step_time_s(np.ones((2, 2)), np.ones((2, 2)), np.zeros(1), "zb")
 
 
-def test_summary_fast_path_matches_the_reference():
+@pytest.mark.parametrize("vector_min_devices", [64, 2], ids=["scalar", "wavefront"])
+def test_summary_fast_path_matches_the_reference(vector_min_devices, monkeypatch):
+    import hetpart.costmodel.schedule as schedule_module
     from hetpart.costmodel.schedule import pipeline_summary
 
+    monkeypatch.setattr(schedule_module, "_VECTOR_MIN_DEVICES", vector_min_devices)
     rng = np.random.default_rng(99)
     for _ in range(40):
         fwd, bwd, p2p, schedule, v = _random_case(rng, constant=True)
