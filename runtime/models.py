@@ -565,14 +565,23 @@ def synthetic_batch(spec: RunnableSpec, global_batch: int, seq_len: int, step: i
 
 
 def _python_batch(spec: RunnableSpec, global_batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    children, example = _python_children(spec.python_spec)
+    shape, dtype, high, out_shape, out_dtype = _python_io(spec.python_spec)
+    if high:
+        inputs = torch.randint(0, high, (global_batch, *shape), generator=gen, dtype=dtype)
+    else:
+        inputs = torch.randn((global_batch, *shape), generator=gen, dtype=dtype)
+    return inputs, torch.zeros((global_batch, *out_shape), dtype=out_dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _python_io(spec: str) -> tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...], torch.dtype]:
+    """Per-sample input shape, dtype, token range (0 for floats) and output shape/dtype, computed once."""
+    children, example = _python_children(spec)
     x = example[0] if isinstance(example, tuple) else example
     sample = x[:1]
-    if sample.dtype in (torch.int64, torch.int32):
-        high = int(x.max()) + 1 if x.numel() else 2
-        inputs = torch.randint(0, max(2, high), (global_batch, *sample.shape[1:]), generator=gen, dtype=sample.dtype)
-    else:
-        inputs = torch.randn((global_batch, *sample.shape[1:]), generator=gen, dtype=sample.dtype)
+    high = 0
+    if not sample.is_floating_point():
+        high = max(2, int(x.max()) + 1 if x.numel() else 2)
     with torch.no_grad():
         out = nn.Sequential(*(m for _, m in children))(sample)
-    return inputs, torch.zeros((global_batch, *out.shape[1:]), dtype=out.dtype)
+    return tuple(sample.shape[1:]), sample.dtype, high, tuple(out.shape[1:]), out.dtype
