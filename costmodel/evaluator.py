@@ -24,7 +24,7 @@ from hetpart.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
-    from hetpart.costmodel.simulator import Prediction
+    from hetpart.costmodel.simulator import Estimate, Prediction
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
@@ -36,14 +36,19 @@ _SLACK = 1.0 - 1e-9
 
 @dataclass(frozen=True)
 class Evaluated:
-    """A plan and its prediction."""
+    """A plan and the simulator's inner-loop estimate of it (:meth:`Simulator.estimate`: the same
+    step time as :func:`simulate`, without the report)."""
 
     plan: Plan
-    prediction: "Prediction"
+    estimate: "Estimate"
 
     @property
     def tokens_per_s(self) -> float:
-        return self.prediction.tokens_per_s
+        return self.estimate.tokens_per_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.estimate.step_time_s
 
 
 def best_of(candidates: Iterable[Evaluated | None]) -> Evaluated | None:
@@ -71,6 +76,7 @@ class Evaluator:
         self.simulations = 0
         self._stage_gb: dict[tuple, float] = {}
         self._prefix: dict[tuple, np.ndarray] = {}
+        self._params_cache: dict[tuple, float] = {}
 
     # ------------------------------------------------------------------------------------- filters
     def fits(self, plan: Plan) -> bool:
@@ -122,7 +128,6 @@ class Evaluator:
     def lower_bound_s(self, plan: Plan) -> float:
         """A step time no simulation of ``plan`` goes below (see the module docstring)."""
         from hetpart.costmodel.simulator import OPTIMIZER_BYTES_PER_PARAM
-        from hetpart.costmodel.memory import stage_params_per_device
 
         v = plan.interleave if plan.schedule == "interleaved" else 1
         pipe, optim = 0.0, 0.0
@@ -133,11 +138,20 @@ class Evaluator:
             for d in range(pp):
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
-                params = sum(stage_params_per_device(self.model, *rep.stages[k].layers, rep.stages[k].tp)
-                             for k in range(d, rep.pp, pp))
-                hbm = min(self.cluster.device(x).gpu.hbm_gbyte_s for x in rep.stages[d].devices)
-                optim = max(optim, params * OPTIMIZER_BYTES_PER_PARAM / (hbm * 1e9))
+                params = sum(self._params(rep.stages[k]) for k in range(d, rep.pp, pp))
+                optim = max(optim, params * OPTIMIZER_BYTES_PER_PARAM / (self._hbm(rep.stages[d].devices) * 1e9))
         return (pipe + optim) * _SLACK
+
+    def _params(self, stage) -> float:
+        from hetpart.costmodel.memory import stage_params_per_device
+
+        key = (stage.layers, stage.tp)
+        if key not in self._params_cache:
+            self._params_cache[key] = stage_params_per_device(self.model, *stage.layers, stage.tp)
+        return self._params_cache[key]
+
+    def _hbm(self, devices: tuple[str, ...]) -> float:
+        return min(self.cluster.device(x).gpu.hbm_gbyte_s for x in devices)
 
     # ------------------------------------------------------------------------------------- simulate
     def __call__(self, plan: Plan) -> Evaluated | None:
@@ -146,12 +160,16 @@ class Evaluator:
             return None
         self.simulations += 1
         try:
-            prediction = self.simulator.simulate(plan, _fixed(self.workload, plan), validate=False)
+            estimate = self.simulator.estimate(plan, validate=False)
         except PlanError:
             return None
-        if not (prediction.fits_in_memory or self.ignore_memory):
+        if not (estimate.fits_in_memory or self.ignore_memory):
             return None
-        return Evaluated(plan, prediction)
+        return Evaluated(plan, estimate)
+
+    def predict(self, plan: Plan) -> "Prediction":
+        """The full simulator report for ``plan`` (metrics, breakdown, memory)."""
+        return self.simulator.simulate(plan, _fixed(self.workload, plan), validate=False)
 
     def best(self, plans: Iterable[Plan], incumbent: Evaluated | None = None) -> Evaluated | None:
         """The fastest fitting plan of ``plans`` (or ``incumbent``), simulating in order of the lower
@@ -160,7 +178,7 @@ class Evaluator:
                        key=lambda t: (t[0], t[1]))
         best = incumbent
         for bound, _, plan in queue:
-            if best is not None and bound > best.prediction.step_time_s:
+            if best is not None and bound > best.step_time_s:
                 break
             best = best_of([best, self(plan)])
         return best

@@ -94,39 +94,64 @@ def _evaluate(costs: Sequence[np.ndarray], bounds: Sequence[int], m: int) -> Spl
     return Split(tuple(bounds), pipeline_objective_s(times, m), max(times))
 
 
-def split_layers(costs: Sequence[np.ndarray], num_microbatches: int) -> Split | None:
+def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray) -> np.ndarray:
+    """Smallest sum of stage times with every stage <= ``caps[k]``, for every cap at once. Shapes:
+    ``caps`` is ``[K]``, the result ``[K]`` (``inf`` where no split fits under the cap)."""
+    n1 = costs[0].shape[0]
+    best = np.full((len(caps), n1), math.inf)
+    best[:, 0] = 0.0
+    for c in costs:
+        capped = np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf)
+        best = (best[:, :, None] + capped).min(axis=1)
+    return best[:, -1]
+
+
+def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int = 16,
+                 give_up_above: float = math.inf) -> Split | None:
     """The split minimising ``(m - 1) * max_j t_j + sum_j t_j`` exactly (None if nothing fits).
 
-    For every candidate bottleneck ``tau`` (a value some stage can take) a min-sum dynamic program
-    over stage boundaries keeps only stages no slower than ``tau``; candidates are scanned upward
-    from the minimax bottleneck and the scan stops once ``(m - 1) * tau`` plus the unconstrained
-    smallest sum can no longer beat the best found (the bound that prunes).
+    For every candidate bottleneck ``tau`` (a value some stage can take), a min-sum dynamic program
+    over stage boundaries keeps only stages no slower than ``tau``; ``(m - 1) * tau + S(tau)`` is
+    minimal exactly at the optimum's own bottleneck. Candidates are scanned upward from the minimax
+    bottleneck, ``chunk`` at a time (vectorised), and the scan stops once ``(m - 1) * tau`` plus the
+    unconstrained smallest sum can no longer beat the best found (the bound that prunes).
 
     Args:
         costs: per stage ``j`` (in pipeline order) a matrix ``[n + 1, n + 1]`` with the time of
             units ``[a, b)`` on that stage in ``costs[j][a, b]`` (``inf`` when it does not fit).
         num_microbatches: micro-batches ``m`` per step of this pipeline.
+        give_up_above: return None as soon as no split can reach an objective below this (the
+            search passes the estimate it has to beat).
     """
     if not costs:
         return None
     unconstrained = _min_sum(costs, math.inf)
     if unconstrained is None:
         return None
-    best = _evaluate(costs, unconstrained[1], num_microbatches)
-    if num_microbatches == 1 or len(costs) == 1:
-        return best
+    m = num_microbatches
+    best = _evaluate(costs, unconstrained[1], m)
+    if m == 1 or len(costs) == 1:
+        return best if best.objective_s < give_up_above else None
     low = _minimax(costs)
+    if (m - 1) * low + unconstrained[0] >= give_up_above:
+        return None
     values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in costs]))
-    floor_sum = unconstrained[0]
-    for tau in values:
-        if (num_microbatches - 1) * tau + floor_sum >= best.objective_s:
+    values = values[(m - 1) * values + unconstrained[0] < best.objective_s]
+    best_cap, best_value = None, min(best.objective_s, give_up_above)
+    for start in range(0, len(values), chunk):
+        caps = values[start:start + chunk]
+        if (m - 1) * caps[0] + unconstrained[0] >= best_value:
             break
-        found = _min_sum(costs, float(tau))
-        if found is not None:
-            candidate = _evaluate(costs, found[1], num_microbatches)
-            if candidate.objective_s < best.objective_s:
-                best = candidate
-    return best
+        proxy = (m - 1) * caps + _min_sums(costs, caps)
+        k = int(np.argmin(proxy))
+        if proxy[k] < best_value:
+            best_cap, best_value = float(caps[k]), float(proxy[k])
+    if best_cap is not None:
+        found = _min_sum(costs, best_cap)
+        candidate = _evaluate(costs, found[1], m)
+        if candidate.objective_s < best.objective_s:
+            best = candidate
+    return best if best.objective_s < give_up_above else None
 
 
 def brute_force_split(costs: Sequence[np.ndarray], num_microbatches: int) -> Split | None:
@@ -167,17 +192,20 @@ def allocate_microbatches(per_mb_s: Sequence[float], fixed_s: Sequence[float], t
 
 def _continuous_floor(per: list[float], fixed: list[float], total: int) -> list[int]:
     """``max(1, floor((T - fixed_i) / per_i))`` at the largest level ``T`` whose sum stays <= total."""
-    def count(level: float) -> list[int]:
-        return [max(1, math.floor((level - f) / p)) if p > 0 else 1 for p, f in zip(per, fixed)]
+    p = np.maximum(np.asarray(per, dtype=float), 1e-300)
+    f = np.asarray(fixed, dtype=float)
 
-    lo, hi = 0.0, max(f + p * total for p, f in zip(per, fixed))
+    def count(level: float) -> np.ndarray:
+        return np.maximum(1, np.floor((level - f) / p)).astype(np.int64)
+
+    lo, hi = 0.0, float(np.max(f + p * total))
     for _ in range(100):
         mid = (lo + hi) / 2
-        if sum(count(mid)) <= total:
+        if int(count(mid).sum()) <= total:
             lo = mid
         else:
             hi = mid
-    counts = count(lo)
+    counts = count(lo).tolist()
     # The greedy fill is exact only from a state every optimal allocation dominates; stepping one
     # below each floored count keeps that true in the presence of ties.
     return [max(1, c - 1) for c in counts]

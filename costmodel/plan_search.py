@@ -57,7 +57,7 @@ __all__ = ["SearchOptions", "Scored", "plan_search", "search_space", "mixed_stru
 class SearchOptions:
     """Knobs of the search (defaults are what ``hetpart plan`` uses)."""
 
-    top_k: int = 12
+    top_k: int = 16
     """Structures simulated after the estimate ranks them."""
     max_micro_batch: int = 16
     """Largest micro-batch size tried."""
@@ -91,6 +91,8 @@ class _Context:
     options: SearchOptions
     pools: list[Pool]
     table: CostTable
+    sync_cache: dict = field(default_factory=dict)
+    bound_cache: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -134,14 +136,16 @@ def _mixed_groups(order, tps, dp: int, placement: str) -> list[list[tuple[str, .
     return replicas
 
 
-def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int, bounds) -> float:
+def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int) -> float:
+    """Activations forward and gradients back across every boundary, at the largest unit output
+    (every block sends the same bytes; only a boundary right after the head would send fewer)."""
     from hetpart.costmodel.collectives import p2p_time_s
 
+    out_bytes = max(u.out_act_bytes for u in ctx.model.units)
     total = 0.0
     for j in range(len(stages) - 1):
         tp = max(len(stages[j]), len(stages[j + 1]))  # sequence parallel: each rank sends its 1/tp shard
-        num_bytes = ctx.model.units[bounds[j + 1] - 1].out_act_bytes * micro_batch / tp
-        total += 2 * p2p_time_s(num_bytes, ctx.cluster.link_between(stages[j][0], stages[j + 1][0]))
+        total += 2 * p2p_time_s(out_bytes * micro_batch / tp, ctx.cluster.link_between(stages[j][0], stages[j + 1][0]))
     return total
 
 
@@ -153,19 +157,29 @@ def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float]) 
     if not grad_bytes:
         return 0.0
     j = int(np.argmax(grad_bytes))
-    return allreduce_time_s(grad_bytes[j], peer_sets[j], ctx.cluster)
+    key = (grad_bytes[j], tuple(peer_sets[j]))
+    if key not in ctx.sync_cache:
+        ctx.sync_cache[key] = allreduce_time_s(grad_bytes[j], peer_sets[j], ctx.cluster)
+    return ctx.sync_cache[key]
 
 
-def _lower_bound_s(costs: list[StageCosts], m: int) -> float:
-    """A bound no split beats: unit ``u`` costs at least ``r_j * ref(u)`` on stage ``j``."""
-    ref = costs[0].unit_time_s
-    ratios = [float(np.min(c.unit_time_s / np.maximum(ref, 1e-30))) for c in costs]
-    slowest = float(ref.sum()) / sum(1.0 / max(r, 1e-30) for r in ratios)
-    floor = float(np.min(np.stack([c.unit_time_s for c in costs]), axis=0).sum())
+def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
+    """A bound no split beats: with ``r_j = min_u c_j(u) / ref(u)``, stage ``j`` costs at least
+    ``r_j * ref(range)``, so the slowest stage takes at least ``ref(all) / sum_j (1 / r_j)``; the
+    sum of stages is at least ``sum_u min_j c_j(u)``."""
+    kinds = tuple(dict.fromkeys(costs))
+    key = (kinds, tuple(costs.count(k) for k in kinds))
+    if key not in ctx.bound_cache:
+        ref = kinds[0].unit_time_s
+        ratio = [max(float(np.min(k.unit_time_s / np.maximum(ref, 1e-30))), 1e-30) for k in kinds]
+        slowest = float(ref.sum()) / sum(n / r for n, r in zip(key[1], ratio))
+        floor = float(np.min(np.stack([k.unit_time_s for k in kinds]), axis=0).sum())
+        ctx.bound_cache[key] = (slowest, floor)
+    slowest, floor = ctx.bound_cache[key]
     return (m - 1) * slowest + floor
 
 
-def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float], Scored | None]]]:
     """Every mixed-pipeline point as ``(lower bound, key, scorer)``."""
     wl = ctx.workload
     for order, tps, dp in _mixed_shapes(ctx):
@@ -175,19 +189,21 @@ def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[],
             for rc in recompute_modes(wl):
                 costs = [ctx.table.get(p, t, mb, rc) for p, t in stage_of]
                 key = ("mixed", tuple(p.key for p in order), tps, dp, mb, rc)
-                yield _lower_bound_s(costs, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key)
+                yield _lower_bound_s(ctx, costs, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key)
 
 
-def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[], Scored | None]:
-    def score() -> Scored | None:
+def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[float], Scored | None]:
+    def score(threshold: float) -> Scored | None:
         pp = len(costs)
-        split = split_layers([c.masked(min(pp - j, m), ctx.options.ignore_memory) for j, c in enumerate(costs)], m)
+        stages = _mixed_groups(order, tps, dp, "pp")
+        p2p = _p2p_s(ctx, stages[0], mb)
+        split = split_layers([c.masked(min(pp - j, m), ctx.options.ignore_memory) for j, c in enumerate(costs)], m,
+                             give_up_above=threshold - p2p)
         if split is None:
             return None
-        stages = _mixed_groups(order, tps, dp, "pp")
         peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        estimate = split.objective_s + _p2p_s(ctx, stages[0], mb, split.bounds) + _sync_s(ctx, peers, grads)
+        estimate = split.objective_s + p2p + _sync_s(ctx, peers, grads)
 
         def build() -> list[Plan]:
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
@@ -234,7 +250,7 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
                 continue
             stages = groups[:pp]
             times = [float(costs.time_s[a, b]) for a, b in split.ranges]
-            fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb, split.bounds)
+            fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb)
             peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
             sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
             out.append(_PoolConfig(pool, tp, pp, split, fill + sync))
@@ -242,7 +258,7 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
     return out[: ctx.options.configs_per_pool]
 
 
-def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float], Scored | None]]]:
     """Every typed-replica point (per pool: best configurations or unused) as ``(bound, key, scorer)``."""
     wl = ctx.workload
     if len(ctx.pools) < 2:
@@ -260,8 +276,10 @@ def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[],
                 yield bound, key, _typed_scorer(ctx, chosen, mb, rc, total, key)
 
 
-def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, key) -> Callable[[], Scored | None]:
-    def score() -> Scored | None:
+def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, key
+                  ) -> Callable[[float], Scored | None]:
+    def score(threshold: float) -> Scored | None:
+        del threshold  # allocating is cheap; the bound already ordered this point
         per, fixed, groups, bounds = [], [], [], []
         for c in chosen:
             stage_groups = tp_groups(c.pool, c.tp)
@@ -290,7 +308,7 @@ def _max_grad(ctx: _Context, c: _PoolConfig, mb: int, rc: str) -> float:
 # --------------------------------------------------------------------------------------------- driver
 
 
-def search_space(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[], Scored | None]]]:
+def search_space(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float], Scored | None]]]:
     """Both families, unordered."""
     yield from mixed_structures(ctx)
     yield from typed_structures(ctx)
@@ -303,7 +321,7 @@ def _top_scored(ctx: _Context) -> list[Scored]:
     for i, (bound, _, scorer) in enumerate(points):
         if len(best) >= ctx.options.top_k and bound >= -best[0][0]:
             break
-        scored = scorer()
+        scored = scorer(-best[0][0] if len(best) >= ctx.options.top_k else math.inf)
         if scored is None or not math.isfinite(scored.estimate_s):
             continue
         heapq.heappush(best, (-scored.estimate_s, i, scored))

@@ -82,12 +82,13 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     check_zones_connected(cluster)
     start = time.perf_counter()
     best = _registry()[planner](model, cluster, workload, **opts)
+    prediction = Evaluator(model, cluster, workload).predict(best.plan)
     wall = time.perf_counter() - start
     chosen = replace(best.plan, meta={
         "model": spec_name(model.source, model.name), "cluster": spec_name(cluster.source, cluster.name),
         "workload": workload.to_dict(), "planner": planner,
         "predicted_tokens_per_s": best.tokens_per_s})
-    return PlanResult(chosen, best.prediction, wall, planner)
+    return PlanResult(chosen, prediction, wall, planner)
 
 
 def spec_name(source: str, fallback: str) -> str:

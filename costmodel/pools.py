@@ -18,9 +18,12 @@ __all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_conne
            "divisors"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Pool:
-    """All nodes of one node type (merged over node groups that describe the same hardware)."""
+    """All nodes of one node type (merged over node groups that describe the same hardware).
+
+    Compared and hashed by identity: planners key caches by pool, and a pool of 512 GPUs would
+    otherwise hash all its device ids on every lookup."""
 
     key: str
     """``"<gpu>@<zone>"`` (with the node group index when two groups share it)."""

@@ -29,7 +29,7 @@ from hetpart.graph.model_graph import ModelGraph
 __all__ = ["StageCosts", "CostTable"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StageCosts:
     """Costs of a stage on one pool with one (tp, micro-batch, recompute).
 
@@ -55,11 +55,16 @@ class StageCosts:
         """Time matrix with ``inf`` where a stage holding ``in_flight`` micro-batches does not fit."""
         if ignore_memory:
             return self.time_s
-        need = self.states_gb + in_flight * self.acts_gb + self.extra_gb
-        return np.where(need <= self.capacity_gb, self.time_s, np.inf)
+        return _masked(self, in_flight)
 
     def memory_gb(self, first: int, last: int, in_flight: float) -> float:
         return float(self.states_gb[first, last] + in_flight * self.acts_gb[first, last] + self.extra_gb[first, last])
+
+
+@lru_cache(maxsize=4096)
+def _masked(costs: StageCosts, in_flight: float) -> np.ndarray:
+    need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
+    return np.where(need <= costs.capacity_gb, costs.time_s, np.inf)
 
 
 def _range_sum(values: np.ndarray) -> np.ndarray:

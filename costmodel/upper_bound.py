@@ -55,7 +55,7 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     except WorkloadError:
         best, lifted = free, True
     return {"tokens_per_s": best.tokens_per_s, "devices": sub.num_devices, "memory_lifted": lifted,
-            "step_time_s": best.prediction.step_time_s, "memory_lifted_tokens_per_s": free.tokens_per_s}
+            "step_time_s": best.step_time_s, "memory_lifted_tokens_per_s": free.tokens_per_s}
 
 
 def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> dict[str, Any]:

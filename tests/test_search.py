@@ -20,6 +20,7 @@ from hetpart.costmodel.plan_search import SearchOptions, plan_search
 from hetpart.costmodel.pools import device_pools, tp_groups
 from hetpart.costmodel.search_costs import CostTable
 from hetpart.costmodel.search_reference import space_plans
+from hetpart.costmodel.simulator import simulate
 from hetpart.errors import WorkloadError
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 
@@ -116,7 +117,7 @@ def test_branch_and_bound_is_exact_and_its_bound_never_exceeds_the_simulation() 
     results = [full(p) for p in plans]
     for p, r in zip(plans, results):
         if r is not None:
-            assert full.lower_bound_s(p) <= r.prediction.step_time_s
+            assert full.lower_bound_s(p) <= r.step_time_s
     assert any(r is None for r in results) and any(r is not None for r in results)  # memory binds
     pruned = Evaluator(model, cluster, workload)
     best = pruned.best(plans)
@@ -138,7 +139,7 @@ def test_search_finds_the_simulated_optimum_of_its_space(hidden, layers, seq_len
     evaluate = Evaluator(model, cluster, workload)
     brute = best_of(evaluate(p) for p in space_plans(model, cluster, workload))
     found = plan_search(model, cluster, workload, include_baselines=False)
-    assert found.prediction.fits_in_memory
+    assert found.estimate.fits_in_memory and simulate(model, cluster, found.plan).fits_in_memory
     assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
     if recompute != "auto":
         assert found.plan.recompute == recompute
@@ -188,4 +189,4 @@ def test_search_options_and_zone_errors() -> None:
         plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), no_such_option=1)
     quick = plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), options=SearchOptions(top_k=1),
                         refine_steps=0, include_baselines=False)
-    assert quick.prediction.fits_in_memory
+    assert quick.estimate.fits_in_memory
