@@ -153,18 +153,18 @@ def _job_3(rank: int, world: int, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def out_3() -> Path:
-    return run_distributed(_job_3, 3, timeout_s=120)
+def out_3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_distributed(_job_3, 3, timeout_s=120, out_dir=str(tmp_path_factory.mktemp("gate3")))
 
 
 @pytest.fixture(scope="module")
-def out_4() -> Path:
-    return run_distributed(_job_4, 4, timeout_s=150)
+def out_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_distributed(_job_4, 4, timeout_s=150, out_dir=str(tmp_path_factory.mktemp("gate4")))
 
 
 @pytest.fixture(scope="module")
-def out_2() -> Path:
-    return run_distributed(_job_2, 2, timeout_s=120)
+def out_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_distributed(_job_2, 2, timeout_s=120, out_dir=str(tmp_path_factory.mktemp("gate2")))
 
 
 def _check_against_reference(out: Path, name: str, spec: RunnableSpec, plan: Plan, world: int) -> None:
