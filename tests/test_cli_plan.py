@@ -1,0 +1,133 @@
+"""`hetpart plan`, `predict`, `show`, `demo` and `bench`: the CONTRACT's JSON and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from hetpart.cli.app import main
+
+SMALL = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "256"]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _json(capsys, *argv: str) -> dict:
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _error(capsys, *argv: str) -> str:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("hetpart: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_plan_json_follows_the_contract_and_round_trips_through_predict_and_show(capsys, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    data = _json(capsys, "plan", *SMALL, "--out", str(out), "--json")
+    assert set(data) >= {"plan", "metrics", "upper_bound", "planner"}
+    assert data["planner"]["name"] == "search" and data["planner"]["wall_time_s"] > 0
+    for key in ("global_batch", "micro_batch", "seq_len", "schedule", "recompute", "replicas"):
+        assert key in data["plan"]
+    for key in ("step_time_s", "tokens_per_s", "samples_per_s", "hardware_tflops_per_device",
+                "model_tflops_per_device", "mfu", "bubble_fraction", "peak_memory_gb", "fits_in_memory"):
+        assert key in data["metrics"]
+    assert data["metrics"]["fits_in_memory"] is True
+    assert data["upper_bound"]["tokens_per_s"] > 0 and data["upper_bound"]["definition"]
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["model"] == "gpt2-small" and saved["meta"]["cluster"] == "tiny-mixed"
+
+    again = _json(capsys, "predict", *SMALL, "--plan", str(out), "--json")
+    assert again["metrics"]["tokens_per_s"] == pytest.approx(data["metrics"]["tokens_per_s"], rel=1e-9)
+    bare = _json(capsys, "predict", "--plan", str(out), "--json")  # model and cluster from the plan's meta
+    assert bare["metrics"]["step_time_s"] == pytest.approx(data["metrics"]["step_time_s"], rel=1e-9)
+
+    png = tmp_path / "gantt.png"
+    code, text, err = _run(capsys, "show", str(out), "--gantt", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "Gantt chart in" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("planner", ["uniform", "proportional"])
+def test_plan_with_each_baseline(capsys, planner: str) -> None:
+    data = _json(capsys, "plan", *SMALL, "--planner", planner, "--json")
+    assert data["planner"]["name"] == planner and data["metrics"]["fits_in_memory"]
+
+
+def test_predict_flag_form_is_the_megatron_grid(capsys) -> None:
+    data = _json(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "2", "--json")
+    assert data["metrics"]["tokens_per_s"] > 0 and data["predictor"] == "simulator"
+    gpus = {row["gpu"] for row in data["breakdown"]}
+    assert gpus == {"A100-40GB", "V100-16GB"}  # cluster order: replica 0 on the A100s, replica 1 on the V100s
+    err = _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "3", "--micro-batch", "1")
+    assert "--tp/--pp/--dp" in err or "not divisible" in err
+    err = _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "3")
+    assert "--global-batch: 8 is not divisible by dp x micro_batch = 2 x 3" in err
+    err = _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2")
+    assert "--dp, --micro-batch missing" in err
+
+
+def test_clear_errors_for_unbuilt_and_impossible_requests(capsys, tmp_path: Path) -> None:
+    assert "--planner: 'policy' is not built yet" in _error(capsys, "plan", *SMALL, "--planner", "policy")
+    assert "--predictor: 'learned' is not built yet" in _error(
+        capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "1", "--predictor", "learned")
+    err = _error(capsys, "plan", "--model", "llama2-13b", "--cluster", "tiny-mixed", "--global-batch", "8",
+                 "--seq-len", "512")
+    assert "no plan for llama2-13b" in err and "use a smaller model" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert "bad.json: invalid JSON" in _error(capsys, "predict", *SMALL, "--plan", str(bad))
+    assert "--model missing" in _error(capsys, "show", str(_plan_without_meta(tmp_path)))
+
+
+def _plan_without_meta(tmp_path: Path) -> Path:
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps({"global_batch": 8, "micro_batch": 1, "seq_len": 256, "replicas": [
+        {"batch_share": 1.0, "stages": [{"layers": [0, 14], "devices": ["0/0/0"], "tp": 1}]}]}))
+    return path
+
+
+def test_demo_compares_search_with_the_bound_and_megatron(capsys) -> None:
+    code, out, err = _run(capsys, "demo")
+    assert code == 0, err
+    out = " ".join(out.split())  # rich wraps long lines at the terminal width
+    assert "upper bound" in out and "x faster" in out and "tokens/s" in out
+    data = _json(capsys, "demo", "--json")
+    assert data["speedup_vs_uniform"] > 1.0
+    assert 0 < data["pct_upper_bound"] <= 100.0
+    assert data["tokens_per_s"] == pytest.approx(data["speedup_vs_uniform"] * data["uniform_tokens_per_s"])
+
+
+def test_bench_writes_results_csv_and_plots(capsys, tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    (tmp_path / "c.yaml").write_text((Path(__file__).resolve().parents[1] / "hetpart" / "catalog" / "clusters" /
+                                      "tiny-mixed.yaml").read_text())
+    suite.write_text("entries:\n"
+                     "  - {name: small, cluster: c.yaml, model: gpt2-small, global_batch: 8, seq_len: 256}\n"
+                     "  - {name: too-big, cluster: tiny-mixed, model: llama2-13b, global_batch: 8, seq_len: 256}\n")
+    out = tmp_path / "out"
+    code, text, err = _run(capsys, "bench", "--suite", str(suite), "--planners", "uniform,search", "--out", str(out))
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    for col in ("scenario", "planner", "tokens_per_s", "pct_upper_bound", "speedup_vs_uniform", "plan_time_s",
+                "fits_in_memory"):
+        assert col in rows[0]
+    small = {r["planner"]: r for r in rows if r["scenario"] == "small"}
+    assert set(small) == {"uniform", "search"}
+    assert float(small["search"]["speedup_vs_uniform"]) >= 1.0 and small["search"]["fits_in_memory"] == "True"
+    big = [r for r in rows if r["scenario"] == "too-big"]
+    assert big and all(r["tokens_per_s"] == "" and "no plan" in r["error"] for r in big)
+    assert (out / "throughput.png").stat().st_size > 0 and (out / "pct_upper_bound.png").stat().st_size > 0
+    assert "policy' is not built yet" in _error(capsys, "bench", "--suite", str(suite), "--planners", "policy",
+                                                "--out", str(out))
