@@ -34,7 +34,8 @@ from hetpart.costmodel.simulator import Simulator
 
 __all__ = ["PublishedRun", "KORTHIKANTI_TABLE5", "CalibrationRow", "dgx_a100_cluster", "table5_setup",
            "table5_comparison", "mean_abs_error_pct", "fit_a100_curve", "anchor_volta_e_max",
-           "ScalingRun", "NARAYANAN_TABLE1", "ValidationRow", "table1_validation", "calibration_residuals"]
+           "ScalingRun", "NARAYANAN_TABLE1", "ValidationRow", "table1_validation", "calibration_residuals",
+           "llama3_405b_check"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,27 @@ def table1_validation(curve: EfficiencyCurve | None = None, setups=None) -> list
     return rows
 
 
+def llama3_405b_check(interleave: int = 4) -> list[ValidationRow]:
+    """Spot check of the ASSUMED Hopper curve (not fitted): Llama 3 405B on H100-80GB (Llama Team 2024,
+    Table 4: TP=8, PP=16, seq 8192, 2048 sequences per step; 430 TFLOPS per GPU on 8192 GPUs, 400 on
+    16384). Meta's schedule details are not published; we take interleaving ``interleave`` without
+    recomputation. Meta shards optimizer states (FSDP), which hetpart does not model, so memory is
+    not checked here."""
+    from hetpart.graph import load_model
+
+    model = load_model("llama3-405b", seq_len=8192)
+    rows = []
+    for gpus, published in ((8192, 430.0), (16384, 400.0)):
+        cluster = parse_cluster({"name": f"h100-{gpus}", "nodes": [
+            {"count": gpus // 8, "gpus_per_node": 8, "gpu": "H100-80GB", "intra_node": "NVLink4", "nic": "RoCE-400",
+             "nics_per_node": 8}]}, source="Llama Team 2024")
+        plan = megatron_plan(model, cluster, Workload(2048, 8192), 8, 16, gpus // 128, 1, schedule="interleaved",
+                             interleave=interleave, recompute="none")
+        pred = Simulator(model, cluster).simulate(plan, validate=False)
+        rows.append(ValidationRow(405.0, published, pred.metrics["model_tflops_per_device"], 1))
+    return rows
+
+
 if __name__ == "__main__":  # pragma: no cover - regenerates the constants in efficiency.py
     fitted = fit_a100_curve()
     print(f"ampere: e_max={fitted.e_max:.4f} w0_ref={fitted.w0_ref:.1f} alpha={fitted.alpha:.3f} "
@@ -267,3 +289,6 @@ if __name__ == "__main__":  # pragma: no cover - regenerates the constants in ef
     for v in table1_validation(fitted):
         print(f"{v.params_b:7.1f}B published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} "
               f"(micro-batch {v.micro_batch}) error {v.error_pct:+6.1f}%")
+    print("spot check of the assumed Hopper curve, Llama 3 405B on 8192 / 16384 H100 (TFLOPS per GPU):")
+    for v in llama3_405b_check():
+        print(f"published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} error {v.error_pct:+6.1f}%")

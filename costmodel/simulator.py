@@ -135,7 +135,7 @@ class Simulator:
     """Simulates plans of one model on one cluster; caches unit costs and links between plans.
 
     Example:
-        >>> from hetpart import load_cluster, load_model
+        >>> from hetpart import Workload, load_cluster, load_model
         >>> from hetpart.costmodel import Simulator, megatron_plan
         >>> model, cluster = load_model("gpt2-small", seq_len=256), load_cluster("a100-8")
         >>> plan = megatron_plan(model, cluster, Workload(16, 256), tp=2, pp=2, dp=2, micro_batch=2)
