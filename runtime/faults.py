@@ -25,7 +25,7 @@ from typing import Literal
 
 from hetpart.errors import RuntimeFault
 
-__all__ = ["FaultSpec", "Heartbeat", "RankState", "Watchdog", "read_rank_state", "kill_pid_tree",
+__all__ = ["FaultSpec", "Heartbeat", "RankState", "Watchdog", "read_rank_state", "kill_pid_tree", "process_alive",
            "heartbeat_path", "error_path", "result_path"]
 
 _HEARTBEAT_PERIOD_S = 0.5
@@ -155,7 +155,7 @@ def read_rank_state(run_dir: str | Path, rank: int) -> RankState:
     pid = hb.get("pid")
     return RankState(rank=rank, pid=pid, step=int(hb.get("step", -1)), last_progress=float(hb.get("last_progress", 0.0)),
                      where=str(hb.get("where", "")), waiting_in_comm=bool(hb.get("waiting_in_comm", False)),
-                     alive=pid is not None and _alive(pid), finished=result_path(run_dir, rank).exists(),
+                     alive=pid is not None and process_alive(pid), finished=result_path(run_dir, rank).exists(),
                      error=err.get("message") if err else None, error_is_comm=bool(err and err.get("comm")))
 
 
@@ -166,7 +166,7 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -27,7 +27,7 @@ from hetpart.cluster import Cluster, load_cluster
 from hetpart.errors import PlanError, RuntimeFault
 from hetpart.graph import ModelGraph, load_model
 from hetpart.plan import Plan
-from hetpart.runtime.faults import FaultSpec, Watchdog, kill_pid_tree, read_rank_state, result_path
+from hetpart.runtime.faults import FaultSpec, Watchdog, kill_pid_tree, process_alive, read_rank_state, result_path
 
 __all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "host_capacity", "check_capacity", "prepare_run",
            "torchrun_command", "launch", "run_plan", "plan_sources", "PROCESSES_PER_CORE"]
@@ -258,17 +258,23 @@ def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progre
 
 
 def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:
-    """Kill every worker we started (by pid, from their heartbeats) and torchrun's own session."""
+    """Kill every worker we started (by pid, from their heartbeats) and torchrun's own session, and
+    wait until they are gone: no worker outlives the launcher."""
+    pids = []
     for rank in range(world):
         state = read_rank_state(run_dir, rank)
         if state.pid is not None and state.alive:
             kill_pid_tree(state.pid)
+            pids.append(state.pid)
     if proc.poll() is None:
         kill_pid_tree(proc.pid)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
         pass
+    deadline = time.time() + 10
+    while any(process_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.02)
 
 
 def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> list[dict[str, Any]]:
