@@ -9,6 +9,11 @@ from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memor
 from hetpart.costmodel.schedule import PipelineTiming, pipeline_step_time_s, pipeline_summary, pipeline_timing, \
     simulate_pipeline_events
 from hetpart.costmodel.simulator import Estimate, Prediction, Simulator, simulate
+from hetpart.costmodel.planner import PLANNERS, PlanResult, plan
+from hetpart.costmodel.plan_search import SearchOptions, plan_search
+from hetpart.costmodel.plan_uniform import plan_uniform
+from hetpart.costmodel.plan_proportional import plan_proportional
+from hetpart.costmodel.upper_bound import roofline_tokens_per_s, upper_bound
 
 __all__ = [
     # simulator (engineer B)
@@ -17,4 +22,7 @@ __all__ = [
     "stage_params_per_device", "in_flight_microbatches", "memory_capacity_gb", "pipeline_step_time_s",
     "pipeline_timing", "simulate_pipeline_events", "PipelineTiming", "megatron_plan", "even_layer_split",
     "matmul_efficiency", "curve_for", "CURVES", "EfficiencyCurve",
+    # planners and upper bound (engineer C)
+    "PLANNERS", "PlanResult", "plan", "SearchOptions", "plan_search", "plan_uniform", "plan_proportional",
+    "upper_bound", "roofline_tokens_per_s",
 ]
