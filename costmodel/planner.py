@@ -55,10 +55,11 @@ class PlanResult:
 
 
 def _registry() -> dict[str, Callable[..., "Evaluated"]]:
-    from hetpart.costmodel import plan_proportional, plan_search, plan_uniform
+    from hetpart.costmodel.plan_proportional import plan_proportional
+    from hetpart.costmodel.plan_search import plan_search
+    from hetpart.costmodel.plan_uniform import plan_uniform
 
-    return {"uniform": plan_uniform.plan_uniform, "proportional": plan_proportional.plan_proportional,
-            "search": plan_search.plan_search}
+    return {"uniform": plan_uniform, "proportional": plan_proportional, "search": plan_search}
 
 
 def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str = "search",
