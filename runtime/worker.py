@@ -182,8 +182,9 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     dist.barrier()
     for step in range(start, start + job["warmup"] + job["steps"]):
         hooks.begin_step(step)
+        wall = time.perf_counter()
         out = executor.step(step)
-        steps.append(_step_record(step, out, hooks.account))
+        steps.append(_step_record(step, out, hooks.account) | {"wall_s": time.perf_counter() - wall})
         losses.append(float(out.loss))
         heartbeat.progress(step)
     if ckpt:
