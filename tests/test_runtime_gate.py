@@ -241,6 +241,7 @@ def test_training_follows_reference_and_lowers_loss(out_4: Path) -> None:
     for rank in range(4):
         got = torch.load(out_4 / f"train_{rank}.pt", weights_only=False)
         assert got["losses"] == pytest.approx(ref_losses, rel=1e-4)
+        assert got["losses"][-1] < got["losses"][0] - 0.1, got["losses"]
         for t in got["timing"]:
             assert t.step_s > 0 and t.compute_s > 0 and t.idle_s >= 0
             assert t.compute_s + t.comm_s + t.optimizer_s <= t.step_s + 1e-6
