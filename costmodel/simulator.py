@@ -7,11 +7,11 @@ One training step of a :class:`~hetpart.plan.Plan`:
    all-reduces inside the stage; point-to-point transfers between stages over the actual link
    (``cluster.link_between``; with sequence parallelism each of the ``tp`` ranks sends its ``1/tp``
    shard, Megatron's scatter/gather, sharing the node's NICs);
-2. data-parallel gradient all-reduces, per group of units held by the same stages of all replicas
-   (replicas may cut the model differently and mix device types: the slowest member paces the ring).
-   A group's all-reduce starts when every holder has finished its last backward, so it overlaps with
-   the backward of earlier stages; all-reduces that share a device run one after another. Tied
-   embedding copies on different stages are all-reduced the same way;
+2. data-parallel gradient all-reduces, per unit, among the replicas holding it (replicas may cut the
+   model differently and mix device types: the slowest member paces the ring). A unit's bucket is
+   ready when every holder's last backward has passed it, so the all-reduces overlap with the rest
+   of that backward and with the backward of earlier stages; all-reduces that share a device group
+   run one after another. Tied embedding copies on different stages are all-reduced the same way;
 3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held (read 16-bit
    gradient, fp32 master and two moments; write them back and the 16-bit weight) over HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
@@ -116,7 +116,16 @@ class _Pipe:
     p2p: list[float]
     makespan: float
     last_bwd: list[float]
+    bwd_prefix: list[tuple[list[float], list[float]]] = field(default_factory=list)
+    """Per virtual stage: prefix sums over units of backward compute and backward TP communication."""
     timing: Any = None
+
+    def grad_ready_s(self, k: int, first: int, unit: int) -> float:
+        """When virtual stage ``k`` (units from ``first``) has the gradient of ``unit`` for the step:
+        its last backward runs from its last unit down, so ``unit`` is done once the units below it
+        are all that is left."""
+        b, tb = self.bwd_prefix[k]
+        return self.last_bwd[k] - (b[unit] - b[first]) - (tb[unit] - tb[first])
 
 
 @dataclass
@@ -208,7 +217,7 @@ class Simulator:
         rep = plan.replicas[r]
         v = plan.interleave if plan.schedule == "interleaved" else 1
         m = plan.num_microbatches(r)
-        fwd, bwd, compute, tp = [], [], [], []
+        fwd, bwd, compute, tp, prefix = [], [], [], [], []
         for s in rep.stages:
             f, b, tf, tb = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
             a, z = s.layers
@@ -217,8 +226,9 @@ class Simulator:
             bwd.append(cb + tpb)
             compute.append(cf + cb)
             tp.append(tpf + tpb)
+            prefix.append((b, tb))
         p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch) for k in range(rep.pp - 1)]
-        pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [])
+        pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix)
         if trace:
             timing = pipeline_timing(np.repeat(np.array(fwd)[:, None], m, axis=1),
                                      np.repeat(np.array(bwd)[:, None], m, axis=1), p2p, plan.schedule, v)
@@ -232,13 +242,14 @@ class Simulator:
         return pipe
 
     # --------------------------------------------------------------------------------- data parallel
-    def _dp_segments(self, plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], float]]:
-        """Groups of consecutive units held by the same (replica, stage) set, with their gradient bytes
-        per device (the smallest TP shard among the holders), plus tied-embedding copies."""
+    def _dp_segments(self, plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], int, int, float, float]]:
+        """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
+        bytes per device (the smallest TP shard among the holders) and those of unit ``a`` alone (the
+        last bucket the backward finishes), plus tied-embedding copies (one bucket each)."""
         grad_bytes = DTYPE_BYTES[plan.precision]
         cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
-        segments: dict[tuple, float] = {}
+        out = []
         spans: list[tuple[int, int, tuple]] = []
         for a, z in zip(cuts[:-1], cuts[1:]):
             holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
@@ -246,12 +257,13 @@ class Simulator:
             if plan.dp > 1:
                 tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
                 sharded, whole = self._tables.params(a, z)
-                segments[holders] = segments.get(holders, 0.0) + (sharded / tp_min + whole) * grad_bytes
-        for holders, nbytes in self._tied_segments(plan, spans, grad_bytes):
-            segments[holders] = segments.get(holders, 0.0) + nbytes
-        return [(h, b) for h, b in segments.items() if len(h) > 1 and b > 0]
+                first_sharded, first_whole = self._tables.params(a, a + 1)
+                out.append((holders, a, z, (sharded / tp_min + whole) * grad_bytes,
+                            (first_sharded / tp_min + first_whole) * grad_bytes))
+        out += self._tied_segments(plan, spans, grad_bytes)
+        return [seg for seg in out if len(seg[0]) > 1 and seg[3] > 0]
 
-    def _tied_segments(self, plan: Plan, spans, grad_bytes: int) -> list[tuple[tuple, float]]:
+    def _tied_segments(self, plan: Plan, spans, grad_bytes: int) -> list[tuple]:
         owner = self._tables.owner
         if owner < 0:
             return []
@@ -265,7 +277,8 @@ class Simulator:
             if hu != ho:
                 holders = tuple(sorted(set(hu) | set(ho)))
                 tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-                out.append((holders, self.model.units[u].shared_params * grad_bytes / tp_min))
+                nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
+                out.append((holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
         return out
 
     def _allreduce_s(self, nbytes: float, holders, plan: Plan) -> float:
@@ -277,27 +290,49 @@ class Simulator:
             self._ar[key] = allreduce_time_s(nbytes, members, self.cluster, concurrent)
         return self._ar[key]
 
+    def _segment_ready(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
+        """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
+        last); a tied copy (``a < 0``) is ready when its stages' last backwards are done."""
+        first = last = 0.0
+        for r, k in holders:
+            if a < 0:
+                done = pipes[r].last_bwd[k]
+                first, last = max(first, done), max(last, done)
+                continue
+            start = plan.replicas[r].stages[k].layers[0]
+            first = max(first, pipes[r].grad_ready_s(k, start, z - 1))
+            last = max(last, pipes[r].grad_ready_s(k, start, a))
+        return first, last
+
     def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
-        """(end of the last gradient all-reduce, dp seconds per (replica, device group), events)."""
+        """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
+
+        A run of units is all-reduced bucket by bucket (a unit per bucket, as DDP / Megatron buckets
+        hold about one large layer) while the last backward still runs: it ends at the later of
+        "first bucket ready + all buckets' time" and "last bucket ready + its own time" -- exact for
+        equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
+        """
         jobs = []
-        for holders, nbytes in self._dp_segments(plan):
-            ready = max(pipes[r].last_bwd[k] for r, k in holders)
-            jobs.append((ready, holders, self._allreduce_s(nbytes, holders, plan)))
+        for holders, a, z, nbytes, last_bytes in self._dp_segments(plan):
+            first, last = self._segment_ready(plan, pipes, holders, a, z)
+            jobs.append((first, last, holders, self._allreduce_s(nbytes, holders, plan),
+                         self._allreduce_s(last_bytes, holders, plan)))
         jobs.sort(key=lambda j: j[0])
         free: dict[tuple[int, int], float] = {}
         spent: dict[tuple[int, int], float] = {}
         events = []
         end_all = 0.0
-        for ready, holders, t in jobs:
+        for first, last, holders, t, t_last in jobs:
             groups = {(r, k % pipes[r].pp) for r, k in holders}
-            start = max([ready] + [free.get(g, 0.0) for g in groups])
+            start = max([first] + [free.get(g, 0.0) for g in groups])
+            end = max(start + t, last + t_last)
             for g in groups:
-                free[g] = start + t
+                free[g] = end
                 spent[g] = spent.get(g, 0.0) + t
                 if trace:
                     events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
-                                   "start_s": start, "end_s": start + t})
-            end_all = max(end_all, start + t)
+                                   "start_s": start, "end_s": end})
+            end_all = max(end_all, end)
         return end_all, spent, events
 
     # --------------------------------------------------------------------------------- memory, optimizer

@@ -196,3 +196,14 @@ def test_estimate_agrees_with_simulate(gpt2, mixed):
         assert quick.step_time_s == full.step_time_s and quick.fits_in_memory == full.fits_in_memory
         assert quick.tokens_per_s == pytest.approx(full.tokens_per_s)
         assert quick.memory_headroom_gb == pytest.approx(min(b["capacity_gb"] - b["memory_gb"] for b in full.breakdown))
+
+
+def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
+    cluster = parse_cluster({"name": "c", "nodes": [{"count": 2, "gpus_per_node": 1, "gpu": "A100-40GB",
+                                                     "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
+    plan = Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
+        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)), Replica(0.5, (Stage((0, 14), ("0/1/0",)),))))
+    pred = simulate(gpt2, cluster, plan)
+    b = pred.breakdown[0]
+    # buckets go out while the backward still runs: less than the whole all-reduce is left after it
+    assert 0 < b["sync_wait_s"] < b["dp_comm_s"]
