@@ -398,3 +398,40 @@ def test_recompute_keeps_fewer_activations(impl: str, cfg: TransformerConfig) ->
 
     none, selective, full = saved_bytes("none"), saved_bytes("selective"), saved_bytes("full")
     assert full < selective < none, (full, selective, none)
+
+
+def test_executor_refuses_what_it_cannot_run() -> None:
+    import torch.distributed as dist
+
+    from hetpart.errors import RuntimeFault
+    from hetpart.runtime.engine import Executor
+    from tests._dist import free_port
+
+    spec = RunnableSpec("gpt2", _gpt2(), impl="hetpart")
+    one = Plan(global_batch=2, micro_batch=1, seq_len=SEQ, replicas=(Replica(1.0, (_st(0, 6, "0/0/0"),)),))
+    with pytest.raises(RuntimeFault, match="torch.distributed is not initialised; start the ranks with torchrun"):
+        Executor(one, spec, 0, 1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        two = Plan(global_batch=2, micro_batch=1, seq_len=SEQ, replicas=(
+            Replica(1.0, (_st(0, 3, "0/0/0"), _st(3, 6, "0/0/1"))),))
+        with pytest.raises(RuntimeFault, match="the plan has 2 devices but the job has 1 processes"):
+            Executor(two, spec, 0, 1)
+        short = Plan(global_batch=2, micro_batch=1, seq_len=SEQ, replicas=(Replica(1.0, (_st(0, 5, "0/0/0"),)),))
+        with pytest.raises(PlanError, match="plan: covers 5 units but gpt2 has 6; plan and model must match"):
+            Executor(short, spec, 0, 1)
+        long_seq = Plan(global_batch=2, micro_batch=1, seq_len=64, replicas=(Replica(1.0, (_st(0, 6, "0/0/0"),)),))
+        with pytest.raises(PlanError, match="seq_len: 64 exceeds the 16 positions of the model that runs"):
+            Executor(long_seq, spec, 0, 1)
+        # A one-rank plan runs in this process and matches the reference.
+        from hetpart.runtime.reference import Reference
+
+        ex = Executor(one, spec, 0, 1)
+        loss = ex.global_loss(ex.forward_backward(0))
+        ref = Reference(spec, 2, SEQ)
+        assert loss == pytest.approx(ref.forward_backward(0), rel=1e-5)
+        grads = ref.gradients()
+        for key, g in ex.local_gradients().items():
+            torch.testing.assert_close(g.grad, grads[key])
+    finally:
+        dist.destroy_process_group()
