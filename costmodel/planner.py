@@ -81,6 +81,7 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
         raise PlanError(f"--planner: unknown planner {planner!r}; use one of {', '.join(PLANNERS)}")
     _check_workload(model, workload)
     check_zones_connected(cluster)
+    _check_capacity(model, cluster, workload, planner)
     start = time.perf_counter()
     best = _registry()[planner](model, cluster, workload, **opts)
     prediction = Evaluator(model, cluster, workload).predict(best.plan)
@@ -103,6 +104,15 @@ def _check_workload(model: "ModelGraph", workload: "Workload") -> None:
     if workload.seq_len != model.seq_len:
         raise WorkloadError(f"--seq-len: the model graph was built for {model.seq_len} tokens but the workload "
                             f"asks for {workload.seq_len}; load the model with seq_len={workload.seq_len}")
+
+
+def _check_capacity(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> None:
+    """Fail fast when the model states alone exceed every device's memory together."""
+    from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+
+    state_gb = model.num_params * MODEL_STATE_BYTES_PER_PARAM / 1e9
+    if state_gb > sum(memory_capacity_gb(d.gpu) for d in cluster.devices):
+        raise no_plan_error(model, cluster, workload, planner, "the model states alone exceed the cluster's memory")
 
 
 def recompute_modes(workload: "Workload") -> tuple[str, ...]:
