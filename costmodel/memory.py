@@ -113,7 +113,8 @@ class PrefixTables:
         self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
                             prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
                      for mode in ("none", "selective", "full")}
-        self._none = [(u.act_bytes["none"], u.tp_shardable) for u in units]
+        self._none_sh = [u.act_bytes["none"] * f for u, f in zip(units, sh)]
+        self._none_rep = [u.act_bytes["none"] * (1 - f) for u, f in zip(units, sh)]
         names = [u.name for u in units]
         tied = (model.arch or {}).get("tied_owner")
         self.owner = names.index(tied) if tied in names else -1
@@ -134,5 +135,5 @@ class PrefixTables:
         sh, rep = self._act[recompute]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
         if recompute == "full" and z > a:
-            acts += max(b / (tp if s else 1) for b, s in self._none[a:z]) * micro_batch
+            acts += max(max(self._none_sh[a:z]) / tp, max(self._none_rep[a:z])) * micro_batch
         return (self.params_per_device(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9

@@ -281,14 +281,18 @@ class Simulator:
                 out.append((holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
         return out
 
-    def _allreduce_s(self, nbytes: float, holders, plan: Plan) -> float:
+    def _allreduce_s(self, nbytes: float, ring: tuple[frozenset, int]) -> float:
+        """All-reduce of ``nbytes`` among ``ring = (first devices of the holding stages, concurrent rings)``."""
+        key = (nbytes, ring)
+        hit = self._ar.get(key)
+        if hit is None:
+            hit = self._ar[key] = allreduce_time_s(nbytes, tuple(ring[0]), self.cluster, ring[1])
+        return hit
+
+    @staticmethod
+    def _ring(plan: Plan, holders) -> tuple[frozenset, int]:
         stages = [plan.replicas[r].stages[k] for r, k in holders]
-        members = tuple(sorted({s.devices[0] for s in stages}))
-        concurrent = max(s.tp for s in stages)
-        key = (nbytes, members, concurrent)
-        if key not in self._ar:
-            self._ar[key] = allreduce_time_s(nbytes, members, self.cluster, concurrent)
-        return self._ar[key]
+        return frozenset(s.devices[0] for s in stages), max(s.tp for s in stages)
 
     def _segment_ready(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
         """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
@@ -315,8 +319,8 @@ class Simulator:
         jobs = []
         for holders, a, z, nbytes, last_bytes in self._dp_segments(plan):
             first, last = self._segment_ready(plan, pipes, holders, a, z)
-            jobs.append((first, last, holders, self._allreduce_s(nbytes, holders, plan),
-                         self._allreduce_s(last_bytes, holders, plan)))
+            ring = self._ring(plan, holders)
+            jobs.append((first, last, holders, self._allreduce_s(nbytes, ring), self._allreduce_s(last_bytes, ring)))
         jobs.sort(key=lambda j: j[0])
         free: dict[tuple[int, int], float] = {}
         spent: dict[tuple[int, int], float] = {}

@@ -194,6 +194,8 @@ def test_estimate_agrees_with_simulate(gpt2, mixed):
                                                              schedule="interleaved", interleave=2)):
         full, quick = sim.simulate(plan), sim.estimate(plan)
         assert quick.step_time_s == full.step_time_s and quick.fits_in_memory == full.fits_in_memory
+        # the traced run times every operation through pipeline_timing instead: same answer
+        assert sim.simulate(plan, trace=True).step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
         assert quick.tokens_per_s == pytest.approx(full.tokens_per_s)
         assert quick.memory_headroom_gb == pytest.approx(min(b["capacity_gb"] - b["memory_gb"] for b in full.breakdown))
 
