@@ -545,6 +545,7 @@ def _parallelize(module: _StageModule, mesh, reporter: "_TPReporter") -> None:
             plan[f"body.{path}"] = s
         if plan:
             parallelize_module(unit, mesh, plan)
+            unit.tensor_parallel_applied(mesh.size())
             for path, style in unit.tp_plan.items():
                 reporter.attach(unit.get_submodule(f"body.{path}"), style)
 

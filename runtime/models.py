@@ -4,11 +4,11 @@ A transformer becomes ``embedding, block_0 .. block_{L-1}, head`` (the head retu
 loss is applied by the engine), exactly the units a plan's ``layers`` ranges index. Three sources:
 
 * ``transformers`` GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``) built from a config
-  on the meta device (no weights, no network), then materialised unit by unit;
-* hetpart's own small GPT implementation (:class:`GPTBlock` ...), with separate q/k/v projections so
-  that tensor parallelism can split heads (the transformers GPT-2 fuses q/k/v in a ``Conv1D``,
-  which column-wise sharding would cut across q, k and v); it also stands in for the OPT and BERT
-  families, which are run as pre-LN causal GPTs of the same shape;
+  on the meta device (no weights, no network), then materialised unit by unit. GPT-2's ``Conv1D``
+  projections are re-expressed as ``nn.Linear`` with q, k and v apart (its fused q/k/v matrix, cut
+  column-wise, would mix q, k and v across ranks), so that torch's tensor-parallel styles apply;
+* hetpart's own small GPT implementation (:class:`GPTBlock` ...), with separate q/k/v projections; it
+  stands in for the OPT and BERT families, which are run as pre-LN causal GPTs of the same shape;
 * ``python:MODULE:FUNCTION``: a function returning ``(module, example_inputs)`` whose top-level
   children, run one after the other, compute the module (checked on the example input).
 
@@ -161,8 +161,7 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
                   impl: Impl | Literal["auto"] = "auto", seed: int = 0) -> RunnableSpec:
     """Resolve ``--model`` (catalog name, config.json, ``python:``) into what a process builds.
 
-    ``impl="auto"`` runs GPT-2 with ``transformers`` unless tensor parallelism is needed
-    (``max_tp > 1``), Llama always with ``transformers``, and OPT/BERT shapes with hetpart's GPT.
+    ``impl="auto"`` runs GPT-2 and Llama with ``transformers`` and OPT/BERT shapes with hetpart's GPT.
     """
     if model.startswith("python:"):
         _python_children(model)  # fail early with a clear message
@@ -173,7 +172,7 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
     if scale is not None:
         cfg = scaled_config(cfg, scale, heads_multiple_of=max_tp)
     if impl == "auto":
-        impl = "transformers" if cfg.family == "llama" or (cfg.family == "gpt2" and max_tp == 1) else "hetpart"
+        impl = "transformers" if cfg.family in ("gpt2", "llama") else "hetpart"
     if impl == "transformers" and cfg.family not in ("gpt2", "llama"):
         raise ModelError(f"--model: {name} ({cfg.family}) has no transformers runner here; use impl 'hetpart'")
     return RunnableSpec(name=name, config=cfg, impl=impl, seed=seed, scaled_from=str(scale or ""))
@@ -208,7 +207,7 @@ class UnitModel(nn.Module):
 
     def __init__(self, name: str, body: nn.Module, run: Callable[[nn.Module, torch.Tensor], torch.Tensor],
                  tp_plan: dict[str, str] | None = None, tied: dict[str, str] | None = None,
-                 attention: str = ""):
+                 attention: str = "", after_tp: Callable[[nn.Module, int], None] | None = None):
         super().__init__()
         self.unit_name = name
         self.body = body
@@ -218,6 +217,12 @@ class UnitModel(nn.Module):
         self.attention = attention
         """Path of the attention sublayer inside ``body`` ("" when the unit has none)."""
         self._recompute_all = False
+        self._after_tp = after_tp
+
+    def tensor_parallel_applied(self, tp: int) -> None:
+        """Tell the unit that ``tp_plan`` was applied over ``tp`` ranks (it may adjust local widths)."""
+        if self._after_tp is not None:
+            self._after_tp(self.body, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._recompute_all and torch.is_grad_enabled():
@@ -363,7 +368,42 @@ def _gpt2_unit(hf: nn.Module, cfg: TransformerConfig, index: int) -> UnitModel:
         body = nn.ModuleDict({"ln_f": t.ln_f, "lm_head": lm_head})
         tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
         return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
-    return UnitModel(f"block_{index - 1}", t.h[index - 1], lambda m, x: _first(m(x)), attention="attn")
+    block = _linear_gpt2_block(t.h[index - 1], cfg)
+    return UnitModel(f"block_{index - 1}", block, lambda m, x: _first(m(x)), tp_plan=_GPT2_TP, attention="attn",
+                     after_tp=_gpt2_after_tp)
+
+
+class _QKV(nn.Module):
+    """GPT-2's fused ``c_attn`` as three linears: ``[q | k | v]`` out, so column-parallel q, k and v
+    give each rank ``[q_t | k_t | v_t]`` of its own heads (sharding the fused matrix would not)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+
+
+def _linear_gpt2_block(block: nn.Module, cfg: TransformerConfig) -> nn.Module:
+    """Re-express a transformers GPT-2 block's ``Conv1D`` projections (``x @ W + b``) as ``nn.Linear``
+    (``x @ A.T + b``, ``A = W.T``) so that torch's tensor-parallel styles apply; the block's own
+    forward (layer norms, attention, activation, residuals) is unchanged."""
+    h, f = cfg.hidden_size, cfg.ffn
+    with torch.device("meta"):
+        block.attn.c_attn = _QKV(h)
+        block.attn.c_proj = nn.Linear(h, h)
+        block.mlp.c_fc = nn.Linear(h, f)
+        block.mlp.c_proj = nn.Linear(f, h)
+    return block
+
+
+def _gpt2_after_tp(block: nn.Module, tp: int) -> None:
+    block.attn.split_size = block.attn.embed_dim // tp  # the local width of q, k and v
+
+
+_GPT2_TP = {"attn.c_attn.q": "colwise", "attn.c_attn.k": "colwise", "attn.c_attn.v": "colwise",
+            "attn.c_proj": "rowwise", "mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
 
 
 class _LlamaBlock(nn.Module):

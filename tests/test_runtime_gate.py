@@ -62,7 +62,7 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
             Replica(1 / 2, (_st(0, 6, "0/0/0", "0/0/1"),)),
             Replica(1 / 2, (_st(0, 1, "1/0/0"), _st(1, 6, "1/0/1")))))),
     # Activation recomputation changes memory, not gradients.
-    "1f1b_tp2_gpt_full_recompute": (RunnableSpec("gpt", _gpt2(), impl="hetpart"), Plan(
+    "1f1b_tp2_gpt2_full_recompute": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), Plan(
         global_batch=4, micro_batch=2, seq_len=SEQ, schedule="1f1b", recompute="full", replicas=(
             Replica(1 / 2, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(1 / 2, (_st(0, 6, "1/0/0", "1/0/1"),))))),
 }
@@ -435,3 +435,38 @@ def test_executor_refuses_what_it_cannot_run() -> None:
             torch.testing.assert_close(g.grad, grads[key])
     finally:
         dist.destroy_process_group()
+
+
+def test_gpt2_linear_projections_compute_the_conv1d_model() -> None:
+    """The transformers GPT-2 with its Conv1D projections (x @ W + b) gives the same logits as the
+    units, whose projections are nn.Linear with q, k, v apart (weights copied across, W = A.T)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hetpart.runtime.models import build_units, synthetic_batch
+
+    cfg = _gpt2(2)
+    spec = RunnableSpec("gpt2", cfg, impl="transformers")
+    units = build_units(spec, range(spec.num_units))
+    hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                                    embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    with torch.no_grad():
+        t = hf.transformer
+        t.wte.weight.copy_(units[0].body["wte"].weight)
+        t.wpe.weight.copy_(units[0].body["wpe"].weight)
+        for block, unit in zip(t.h, units[1:-1]):
+            b = unit.body
+            qkv = b.attn.c_attn
+            block.ln_1.load_state_dict(b.ln_1.state_dict())
+            block.ln_2.load_state_dict(b.ln_2.state_dict())
+            block.attn.c_attn.weight.copy_(torch.cat([qkv.q.weight, qkv.k.weight, qkv.v.weight]).T)
+            block.attn.c_attn.bias.copy_(torch.cat([qkv.q.bias, qkv.k.bias, qkv.v.bias]))
+            for conv, lin in ((block.attn.c_proj, b.attn.c_proj), (block.mlp.c_fc, b.mlp.c_fc),
+                              (block.mlp.c_proj, b.mlp.c_proj)):
+                conv.weight.copy_(lin.weight.T)
+                conv.bias.copy_(lin.bias)
+        t.ln_f.load_state_dict(units[-1].body["ln_f"].state_dict())
+    x, _ = synthetic_batch(spec, 2, SEQ)
+    h = x
+    for u in units:
+        h = u(h)
+    torch.testing.assert_close(h, hf(x).logits)
