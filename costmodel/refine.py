@@ -17,7 +17,7 @@ from hetpart.plan import Plan, Replica
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
 
-__all__ = ["refine", "neighbours"]
+__all__ = ["refine", "neighbours", "interleaved"]
 
 
 def _classes(plan: Plan, cluster: "Cluster") -> dict[tuple, list[int]]:
@@ -76,7 +76,42 @@ def neighbours(plan: Plan, cluster: "Cluster") -> Iterator[Plan]:
     yield from _batch_moves(plan, cluster)
 
 
+def interleaved(plan: Plan, chunks: int) -> Plan | None:
+    """The same plan under Megatron's interleaved 1F1B with ``chunks`` model chunks per device:
+    every device keeps (nearly) the same number of units, cut into ``chunks`` pieces taken in
+    round-robin order. None when a device holds fewer units than ``chunks`` or the plan is not 1F1B."""
+    if plan.schedule != "1f1b" or chunks < 2:
+        return None
+    replicas = []
+    for rep in plan.replicas:
+        sizes = [s.layers[1] - s.layers[0] for s in rep.stages]
+        if rep.pp < 2 or min(sizes) < chunks:
+            return None
+        stages, first = [], 0
+        for r in range(chunks):
+            for s, size in zip(rep.stages, sizes):
+                piece = size // chunks + (1 if r < size % chunks else 0)
+                stages.append(replace(s, layers=(first, first + piece)))
+                first += piece
+        replicas.append(replace(rep, stages=tuple(stages)))
+    return replace(plan, replicas=tuple(replicas), schedule="interleaved", interleave=chunks)
+
+
 def refine(evaluate: Evaluator, start: Evaluated, budget: int) -> Evaluated:
+    """Hill-climb from ``start``, then from its interleaved (2 and 3 chunks) variants, spending at
+    most ``budget`` simulations on each."""
+    best = _climb(evaluate, start, budget)
+    for chunks in (2, 3):
+        variant = interleaved(best.plan, chunks) if best.plan.schedule == "1f1b" else None
+        found = evaluate(variant) if variant is not None else None
+        if found is not None:
+            found = _climb(evaluate, found, budget)
+            if found.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+                best = found
+    return best
+
+
+def _climb(evaluate: Evaluator, start: Evaluated, budget: int) -> Evaluated:
     """First-improvement hill-climb from ``start`` spending at most ``budget`` simulations."""
     cluster = evaluate.cluster
     best, used, improved = start, 0, True

@@ -190,3 +190,21 @@ def test_search_options_and_zone_errors() -> None:
     quick = plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), options=SearchOptions(top_k=1),
                         refine_steps=0, include_baselines=False)
     assert quick.estimate.fits_in_memory
+
+
+def test_interleaved_variant_keeps_each_devices_units_in_round_robin_chunks() -> None:
+    from hetpart.costmodel.refine import interleaved
+    from hetpart.plan import Plan, Replica, Stage
+
+    model, cluster = tiny_model(layers=8), load_cluster("tiny-mixed")  # 10 units
+    base = Plan(8, 1, 512, (Replica(1.0, (Stage((0, 3), ("1/0/0",)), Stage((3, 7), ("0/0/0",)),
+                                          Stage((7, 10), ("0/0/1",)))),))
+    two = interleaved(base, 2)
+    assert two.schedule == "interleaved" and two.interleave == 2 and not two.validate(model, cluster)
+    assert [s.layers for s in two.replicas[0].stages] == [(0, 2), (2, 4), (4, 6), (6, 7), (7, 9), (9, 10)]
+    per_device = {}
+    for s in two.replicas[0].stages:
+        per_device[s.devices] = per_device.get(s.devices, 0) + s.num_layers
+    assert per_device == {("1/0/0",): 3, ("0/0/0",): 4, ("0/0/1",): 3}
+    assert interleaved(base, 4) is None  # a device holds only 3 units
+    assert interleaved(two, 2) is None  # already interleaved
