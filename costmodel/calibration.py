@@ -35,7 +35,7 @@ from hetpart.costmodel.simulator import Simulator
 __all__ = ["PublishedRun", "KORTHIKANTI_TABLE5", "CalibrationRow", "dgx_a100_cluster", "table5_setup",
            "table5_comparison", "mean_abs_error_pct", "fit_a100_curve", "anchor_volta_e_max",
            "ScalingRun", "NARAYANAN_TABLE1", "ValidationRow", "table1_validation", "calibration_residuals",
-           "llama3_405b_check"]
+           "llama3_405b_check", "megatron_8p3b_check"]
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,21 @@ def table1_validation(curve: EfficiencyCurve | None = None, setups=None) -> list
     return rows
 
 
+def megatron_8p3b_check() -> ValidationRow:
+    """Check of the ANCHORED Volta curve on a second Shoeybi et al. 2019 figure (not used to anchor it):
+    the 8.3B model (h=3072, 72 layers, 32 heads, seq 1024) with 8-way tensor parallelism and 64-way data
+    parallelism on 512 V100-32GB (32 DGX-2H: 16 GPUs on NVSwitch, 8 x IB EDR) sustains 15.1 PFLOPS,
+    29.5 TFLOPS per GPU, counting recomputation; global batch 512, so 8 sequences per replica."""
+    cfg = TransformerConfig("gpt2", 72, 3072, 32, VOCAB, 1024)
+    model = transformer_graph(cfg, "megatron-8.3b", 1024, 2, source="Shoeybi et al. 2019")
+    cluster = parse_cluster({"name": "dgx2h-512", "nodes": [{"count": 32, "gpus_per_node": 16, "gpu": "V100-32GB",
+                                                           "intra_node": "NVLink2", "nic": "IB-EDR",
+                                                           "nics_per_node": 8}]}, source="Shoeybi et al. 2019")
+    plan = megatron_plan(model, cluster, Workload(512, 1024, precision="fp16"), 8, 1, 64, 8, recompute="full")
+    pred = Simulator(model, cluster).simulate(plan, validate=False)
+    return ValidationRow(8.3, 15.1e3 / 512, pred.metrics["hardware_tflops_per_device"], 8)
+
+
 def llama3_405b_check(interleave: int = 4) -> list[ValidationRow]:
     """Spot check of the ASSUMED Hopper curve (not fitted): Llama 3 405B on H100-80GB (Llama Team 2024,
     Table 4: TP=8, PP=16, seq 8192, 2048 sequences per step; 430 TFLOPS per GPU on 8192 GPUs, 400 on
@@ -289,6 +304,9 @@ if __name__ == "__main__":  # pragma: no cover - regenerates the constants in ef
     for v in table1_validation(fitted):
         print(f"{v.params_b:7.1f}B published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} "
               f"(micro-batch {v.micro_batch}) error {v.error_pct:+6.1f}%")
+    v = megatron_8p3b_check()
+    print(f"check of the anchored Volta curve, Megatron-LM 8.3B on 512 V100: published {v.published_tflops:.1f} "
+          f"predicted {v.predicted_tflops:.1f} TFLOPS per GPU, error {v.error_pct:+.1f}%")
     print("spot check of the assumed Hopper curve, Llama 3 405B on 8192 / 16384 H100 (TFLOPS per GPU):")
     for v in llama3_405b_check():
         print(f"published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} error {v.error_pct:+6.1f}%")
