@@ -116,6 +116,7 @@ def test_branch_and_bound_is_exact_and_its_bound_never_exceeds_the_simulation() 
     full = Evaluator(model, cluster, workload)
     results = [full(p) for p in plans]
     for p, r in zip(plans, results):
+        assert full.fits(p) == simulate(model, cluster, p).fits_in_memory  # the filter is the simulator's rule
         if r is not None:
             assert full.lower_bound_s(p) <= r.step_time_s
     assert any(r is None for r in results) and any(r is not None for r in results)  # memory binds
