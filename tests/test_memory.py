@@ -89,3 +89,23 @@ def test_a_model_too_big_for_the_device_does_not_fit():
     pred = Simulator(model, cluster).simulate(plan)
     assert not pred.fits_in_memory and not pred.metrics["fits_in_memory"]
     assert pred.memory_gb["0/0/0"] > 13e9 * 16 / 1e9
+
+
+def test_prefix_tables_match_the_reference_on_seeded_random_stages():
+    import random
+
+    from hetpart.costmodel.memory import PrefixTables
+
+    rng = random.Random(5)
+    for name in ("gpt2-small", "llama2-7b"):  # tied and untied embeddings
+        model = load_model(name, seq_len=S)
+        tables = PrefixTables(model)
+        n = model.num_units
+        for _ in range(200):
+            a = rng.randrange(n)
+            z = rng.randrange(a + 1, n + 1)
+            tp, mb, flight = rng.choice([1, 2, 4]), rng.choice([1, 3]), rng.choice([1.0, 2.5, 7.0])
+            mode = rng.choice(["none", "selective", "full"])
+            assert tables.memory_gb(a, z, tp, mb, flight, mode) == pytest.approx(
+                stage_memory_gb(model, a, z, tp, mb, flight, mode), rel=1e-12)
+            assert tables.params_per_device(a, z, tp) == pytest.approx(stage_params_per_device(model, a, z, tp), rel=1e-12)
