@@ -43,7 +43,7 @@ from hetpart.costmodel.refine import refine
 from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
 from hetpart.costmodel.search_costs import CostTable, StageCosts
 from hetpart.errors import WorkloadError
-from hetpart.plan import Plan, Replica, Stage
+from hetpart.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of, evaluate
 from hetpart.costmodel.pools import check_zones_connected
