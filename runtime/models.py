@@ -171,6 +171,9 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
     name, cfg, _ = resolved
     if scale is not None:
         cfg = scaled_config(cfg, scale, heads_multiple_of=max_tp)
+    # Every runner trains without dropout (ranks must agree with the reference bit for bit); the
+    # config says so, so that the unit graph built from it counts no dropout masks.
+    cfg = replace(cfg, dropout=False)
     if impl == "auto":
         impl = "transformers" if cfg.family in ("gpt2", "llama") else "hetpart"
     if impl == "transformers" and cfg.family not in ("gpt2", "llama"):
