@@ -209,3 +209,44 @@ def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
     b = pred.breakdown[0]
     # buckets go out while the backward still runs: less than the whole all-reduce is left after it
     assert 0 < b["sync_wait_s"] < b["dp_comm_s"]
+
+
+def test_simulator_matches_the_event_reference_on_seeded_random_plans(gpt2, monkeypatch):
+    import random
+
+    import numpy as np
+
+    import hetpart.costmodel.simulator as simulator_module
+    from hetpart.costmodel.schedule import simulate_pipeline_events
+
+    calls = []
+
+    def reference(fwd, bwd, p2p, schedule, m, v=1):
+        calls.append(schedule)
+        timing = simulate_pipeline_events(np.repeat(np.array(fwd)[:, None], m, axis=1),
+                                          np.repeat(np.array(bwd)[:, None], m, axis=1), p2p, schedule, v)
+        return timing.makespan_s, timing.last_backward_end_s(len(fwd)).tolist()
+
+    cluster = load_cluster("a100-v100-16")
+    rng = random.Random(11)
+    plans = []
+    while len(plans) < 25:
+        tp, pp, dp = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([1, 2])
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        v = 2 if schedule == "interleaved" else 1
+        plan = megatron_plan(gpt2, cluster, Workload(16, S), tp, pp, dp, rng.choice([1, 2]), schedule, v,
+                             rng.choice(["none", "selective", "full"]))
+        cuts = sorted(rng.sample(range(1, gpt2.num_units), pp * v - 1))
+        bounds = list(zip([0] + cuts, cuts + [gpt2.num_units]))
+        replicas = tuple(Replica(r.batch_share, tuple(Stage(b, s.devices, s.tp) for b, s in zip(bounds, r.stages)))
+                         for r in plan.replicas)
+        plan = Plan(plan.global_batch, plan.micro_batch, S, replicas, schedule, plan.recompute, v)
+        if v == 1 or all(plan.num_microbatches(i) % pp == 0 for i in range(dp)):
+            plans.append(plan)
+    fast = [simulate(gpt2, cluster, p) for p in plans]
+    monkeypatch.setattr(simulator_module, "pipeline_summary", reference)
+    for plan, got in zip(plans, fast):
+        ref = simulate(gpt2, cluster, plan)
+        assert got.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
+        assert got.metrics["bubble_fraction"] == pytest.approx(ref.metrics["bubble_fraction"], rel=1e-9, abs=1e-12)
+    assert set(calls) == {"gpipe", "1f1b", "interleaved"}
