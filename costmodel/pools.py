@@ -15,7 +15,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 __all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster",
-           "divisors"]
+           "divisors", "zone_components"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,9 +104,20 @@ def check_zones_connected(cluster: Cluster) -> None:
                     "or plan each zone as its own cluster")
 
 
-def type_subcluster(cluster: Cluster, gpu_name: str) -> Cluster:
-    """The cluster made of only the node groups whose devices are ``gpu_name`` (links kept)."""
-    groups = tuple(g for g in cluster.groups if g.gpu.name == gpu_name)
+def zone_components(cluster: Cluster) -> list[set[str]]:
+    """Zones grouped by reachability over the cluster's direct links."""
+    components: list[set[str]] = []
+    for zone in cluster.zones:
+        linked = [c for c in components if any(cluster.zones_connected(zone, z) for z in c)]
+        merged = {zone}.union(*linked)
+        components = [c for c in components if c not in linked] + [merged]
+    return components
+
+
+def type_subcluster(cluster: Cluster, gpu_name: str, zones: set[str] | None = None) -> Cluster:
+    """The cluster made of only the node groups whose devices are ``gpu_name`` (in ``zones`` when
+    given), with the links between their zones."""
+    groups = tuple(g for g in cluster.groups if g.gpu.name == gpu_name and (zones is None or g.zone in zones))
     if not groups:
         raise ValueError(f"no {gpu_name} in {cluster.name}")
     zones = {g.zone for g in groups}

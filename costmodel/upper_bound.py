@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hetpart.costmodel.pools import type_subcluster
+from hetpart.costmodel.pools import type_subcluster, zone_components
 from hetpart.errors import WorkloadError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,16 +46,24 @@ def roofline_tokens_per_s(model: "ModelGraph", cluster: "Cluster", precision: st
 
 
 def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workload", gpu: str) -> dict[str, Any]:
+    """The type's best throughput alone; its devices in zones that cannot reach each other (once the
+    other types' zones are gone) count as separate clusters, summed."""
     from hetpart.costmodel.plan_search import plan_search
 
-    sub = type_subcluster(cluster, gpu)
-    free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
-    try:
-        best, lifted = plan_search(model, sub, workload, include_baselines=False), False
-    except WorkloadError:
-        best, lifted = free, True
-    return {"tokens_per_s": best.tokens_per_s, "devices": sub.num_devices, "memory_lifted": lifted,
-            "step_time_s": best.step_time_s, "memory_lifted_tokens_per_s": free.tokens_per_s}
+    whole = type_subcluster(cluster, gpu)
+    out = {"tokens_per_s": 0.0, "devices": whole.num_devices, "memory_lifted": False, "step_time_s": 0.0,
+           "memory_lifted_tokens_per_s": 0.0}
+    for zones in zone_components(whole):
+        sub = type_subcluster(cluster, gpu, zones)
+        free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
+        try:
+            best = plan_search(model, sub, workload, include_baselines=False)
+        except WorkloadError:
+            best, out["memory_lifted"] = free, True
+        out["tokens_per_s"] += best.tokens_per_s
+        out["memory_lifted_tokens_per_s"] += free.tokens_per_s
+        out["step_time_s"] = max(out["step_time_s"], best.step_time_s)
+    return out
 
 
 def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> dict[str, Any]:
@@ -65,8 +73,7 @@ def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -
     memory limits were lifted, and ``memory_lifted_tokens_per_s``.
 
     Raises:
-        WorkloadError: when a type's devices cannot run the workload even without memory limits
-            (for example zones without a link, or a batch that does not split).
+        WorkloadError: when a type's devices cannot run the workload even without memory limits.
     """
     per_type = {gpu: _type_throughput(model, cluster, workload, gpu) for gpu in cluster.gpu_types}
     return {

@@ -59,3 +59,16 @@ def test_type_subcluster_keeps_only_that_type_and_its_links() -> None:
     assert sub.gpu_types == ["A100-80GB"] and sub.num_devices == 16 and sub.zone_links == ()
     with pytest.raises(ValueError, match="no T4-16GB"):
         type_subcluster(cluster, "T4-16GB")
+
+
+def test_a_type_split_over_unlinked_zones_counts_each_part() -> None:
+    chain = parse_cluster({"name": "chain", "nodes": [
+        {"count": 1, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "a"},
+        {"count": 1, "gpus_per_node": 2, "gpu": "V100-16GB", "intra_node": "NVLink2", "nic": "IB-HDR", "zone": "b"},
+        {"count": 1, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "c"}],
+        "links": [{"zones": ["a", "b"], "bandwidth_gbit_s": 100}, {"zones": ["b", "c"], "bandwidth_gbit_s": 100}]})
+    model, workload = tiny_model(2048), Workload(8, 512)
+    ub = upper_bound(model, chain, workload)  # A100s in a and c cannot talk without b's link
+    half = plan_search(model, type_subcluster(chain, "A100-40GB", {"a"}), workload, include_baselines=False)
+    assert ub["per_type"]["A100-40GB"]["tokens_per_s"] == pytest.approx(2 * half.tokens_per_s)
+    assert ub["per_type"]["A100-40GB"]["devices"] == 4
