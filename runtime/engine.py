@@ -528,7 +528,8 @@ def _default_device() -> torch.device:
 def _all_cuda_ids(device: torch.device) -> list[str | None]:
     import socket
 
-    mine = f"{socket.gethostname()}:{device.index or 0}" if device.type == "cuda" else None
+    vendor = "amd" if torch.version.hip else "nvidia"
+    mine = f"{vendor}|{socket.gethostname()}:{device.index or 0}" if device.type == "cuda" else None
     ids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ids, mine)
     return ids

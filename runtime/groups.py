@@ -13,8 +13,9 @@ derives the same :class:`CommLayout` (no communication needed):
   gradients (each rank adds its shard in place, or its replicated copy divided by its TP degree).
 
 :class:`ProcessGroups` then creates the groups collectively, in one global order, with a backend per
-group: ``nccl`` only when every member has a CUDA device of its own, ``gloo`` otherwise (HETHUB's unified
-communicator: one group per homogeneous set where possible, gloo across vendors and hosts).
+group: ``nccl`` only when every member has a GPU of its own and all are of one vendor, ``gloo``
+otherwise (HETHUB's unified communicator: the fast library inside each homogeneous set, gloo
+across vendors and for CPU ranks).
 """
 
 from __future__ import annotations
@@ -155,15 +156,18 @@ def _buckets(roles: Sequence[RankRole], units: Sequence["UnitInfo"]) -> tuple[Gr
 
 
 def backend_for(ranks: Sequence[int], cuda_ids: Sequence[str | None]) -> Backend:
-    """``nccl`` only when every member has a CUDA device of its own, ``gloo`` otherwise.
+    """``nccl`` only when every member has a GPU of its own and all are of one vendor, else ``gloo``.
 
     Args:
         ranks: the group's members.
-        cuda_ids: for every rank, ``"host:cuda_index"`` of its GPU, or None when it runs on CPU (NCCL
-            refuses two members on one GPU, so ranks sharing a GPU talk over gloo).
+        cuda_ids: for every rank, ``"vendor|host:index"`` of its GPU (vendor ``nvidia``, or ``amd`` on
+            ROCm, where the ``nccl`` backend is RCCL), or None when it runs on CPU. NCCL refuses two
+            members on one GPU, and NCCL and RCCL do not talk to each other: such groups use gloo.
     """
     ids = [cuda_ids[r] for r in ranks]
-    return "nccl" if all(ids) and len(set(ids)) == len(ids) else "gloo"
+    if not all(ids) or len(set(ids)) != len(ids):
+        return "gloo"
+    return "nccl" if len({i.partition("|")[0] for i in ids}) == 1 else "gloo"
 
 
 class ProcessGroups:
@@ -171,7 +175,7 @@ class ProcessGroups:
 
     Args:
         layout: the plan's groups.
-        cuda_ids: for every rank, ``"host:cuda_index"`` or None (all-gathered by the caller).
+        cuda_ids: for every rank, ``"vendor|host:index"`` or None (all-gathered by the caller).
         timeout_s: how long a collective or transfer in these groups may wait for a peer before it
             fails (a dead or hung rank then surfaces as an error instead of a hang).
     """

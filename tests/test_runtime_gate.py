@@ -366,9 +366,11 @@ def test_comm_layout_of_replicas_with_different_cuts_and_tp() -> None:
     assert [(b.ranks, b.full) for b in by_unit[4]] == [((2, 3, 5), True)]
     tied = [b for b in by_unit[0] if "embedding.wte.weight" in b.keys]
     assert [b.ranks for b in tied] == [(0, 1, 2, 3, 4, 5)]
-    assert backend_for((0, 1), ["h:0", "h:1"]) == "nccl"
-    assert backend_for((0, 1), ["h:0", "h:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
-    assert backend_for((0, 1), ["h:0", None]) == "gloo"
+    assert backend_for((0, 1), ["nvidia|h:0", "nvidia|h:1"]) == "nccl"
+    assert backend_for((0, 1), ["nvidia|h:0", "nvidia|h:0"]) == "gloo"  # NCCL refuses two ranks on one GPU
+    assert backend_for((0, 1), ["nvidia|h:0", None]) == "gloo"
+    assert backend_for((0, 1), ["nvidia|h:0", "amd|g:0"]) == "gloo"  # across vendors
+    assert backend_for((1, 2), ["nvidia|h:0", "amd|g:0", "amd|g:1"]) == "nccl"  # RCCL among AMD GPUs
 
 
 @pytest.mark.parametrize("impl,cfg", [("hetpart", _gpt2(2)), ("transformers", _gpt2(2)), ("transformers", _llama(2))])
@@ -433,6 +435,11 @@ def test_executor_refuses_what_it_cannot_run() -> None:
         grads = ref.gradients()
         for key, g in ex.local_gradients().items():
             torch.testing.assert_close(g.grad, grads[key])
+        # bf16 parameters and activations (the loss in fp32): a close loss, a step that trains.
+        bf16 = Executor(one, spec, 0, 1, dtype=torch.bfloat16)
+        first = bf16.step(0)
+        assert first.loss == pytest.approx(loss, rel=2e-2)
+        assert all(p.dtype == torch.bfloat16 for p in bf16.params.values())
     finally:
         dist.destroy_process_group()
 
