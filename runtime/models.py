@@ -178,6 +178,9 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
         impl = "transformers" if cfg.family in ("gpt2", "llama") else "hetpart"
     if impl == "transformers" and cfg.family not in ("gpt2", "llama"):
         raise ModelError(f"--model: {name} ({cfg.family}) has no transformers runner here; use impl 'hetpart'")
+    if impl == "hetpart" and (cfg.activation == "swiglu" or cfg.norm == "rmsnorm" or not cfg.learned_positions):
+        raise ModelError(f"--model: {name} ({cfg.family}: SwiGLU, RMSNorm, rotary positions) is not a GPT shape; "
+                         "run it with impl 'transformers'")
     return RunnableSpec(name=name, config=cfg, impl=impl, seed=seed, scaled_from=str(scale or ""))
 
 
@@ -329,8 +332,8 @@ def _hetpart_unit(cfg: TransformerConfig, index: int) -> UnitModel:
                               "wpe": nn.Embedding(cfg.max_positions, cfg.hidden_size)})
         return UnitModel("embedding", body, lambda m, x: m["wte"](x) + m["wpe"](_positions(x)))
     if index == last:
-        body = nn.ModuleDict({"ln_f": nn.LayerNorm(cfg.hidden_size),
-                              "lm_head": nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)})
+        norm = nn.LayerNorm(cfg.hidden_size) if cfg.final_norm else nn.Identity()
+        body = nn.ModuleDict({"ln_f": norm, "lm_head": nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)})
         tied = {"lm_head.weight": "embedding.wte.weight"} if cfg.tied_embeddings else {}
         return UnitModel("head", body, lambda m, x: m["lm_head"](m["ln_f"](x)), tied=tied)
     return UnitModel(f"block_{index - 1}", GPTBlock(cfg), lambda m, x: m(x), tp_plan=_HETPART_TP, attention="attn")
