@@ -19,8 +19,9 @@ plus point-to-point and gradient-sync time. For a structure, :func:`~hetpart.cos
 finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
 bottleneck values) and :func:`~hetpart.costmodel.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
-the bound cannot beat the ``top_k``-th best estimate. The ``top_k`` best structures (both device
-placements of mixed pipelines) are then simulated, the best is refined by hill-climbing its layer
+the bound can beat neither the ``top_k``-th best estimate nor the best estimate of its group (family
+and set of pools used). The ``top_k`` best structures and every group's best (both device placements
+of mixed pipelines) are then simulated, the best is refined by hill-climbing its layer
 boundaries and batch shares under the simulator, and the ``uniform`` and ``proportional`` planners'
 plans join as candidates, so ``search`` is never slower than either.
 """
@@ -314,20 +315,37 @@ def search_space(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float]
     yield from typed_structures(ctx)
 
 
+def _group(key: tuple) -> tuple:
+    """Family and set of pools of a point: every group keeps its own best estimate."""
+    pools = key[1] if key[0] == "mixed" else tuple(k[0] for k in key[1])
+    return key[0], frozenset(pools)
+
+
 def _top_scored(ctx: _Context) -> list[Scored]:
-    """The ``top_k`` best estimates, visiting points in order of their lower bound."""
+    """The ``top_k`` best estimates overall plus the best estimate of every group (family and set of
+    pools used), visiting points in order of their lower bound. A point is skipped once its bound
+    can beat neither the ``top_k``-th estimate nor its group's best: the estimate is a model, so
+    keeping each group's best lets the simulator, not the estimate, decide between groups (two
+    A100s alone can beat a mixed plan that must cross a slow network)."""
     points = sorted(search_space(ctx), key=lambda t: t[0])
     best: list[tuple[float, int, Scored]] = []  # max-heap on estimate via negation
-    for i, (bound, _, scorer) in enumerate(points):
-        if len(best) >= ctx.options.top_k and bound >= -best[0][0]:
-            break
-        scored = scorer(-best[0][0] if len(best) >= ctx.options.top_k else math.inf)
+    by_group: dict[tuple, Scored] = {}
+    for i, (bound, key, scorer) in enumerate(points):
+        kth = -best[0][0] if len(best) >= ctx.options.top_k else math.inf
+        mine = by_group[_group(key)].estimate_s if _group(key) in by_group else math.inf
+        threshold = max(kth, mine)
+        if bound >= threshold:
+            continue
+        scored = scorer(threshold)
         if scored is None or not math.isfinite(scored.estimate_s):
             continue
+        if scored.estimate_s < mine:
+            by_group[_group(key)] = scored
         heapq.heappush(best, (-scored.estimate_s, i, scored))
         if len(best) > ctx.options.top_k:
             heapq.heappop(best)
-    return sorted(s for _, _, s in best)
+    chosen = {id(s): s for _, _, s in best} | {id(s): s for s in by_group.values()}
+    return sorted(chosen.values())
 
 
 def make_context(model, cluster, workload, options: SearchOptions) -> _Context:
