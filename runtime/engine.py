@@ -310,6 +310,16 @@ class Executor:
         r = self.plan.replicas[self.replica]
         return r.pp // (self.plan.interleave if self.plan.schedule == "interleaved" else 1)
 
+    @property
+    def lane(self) -> tuple[int, ...]:
+        """Global ranks of this rank's pipeline lane, one per device group (stage ``k`` runs on
+        ``lane[k % pp]``; with the interleaved schedule a replica has ``pp * interleave`` stages)."""
+        return self.layout.lanes[(self.replica, self.role.tp_index)]
+
+    def stage_rank(self, stage_index: int) -> int:
+        """The global rank that runs stage ``stage_index`` of this rank's lane (a neighbour's rank)."""
+        return self.lane[stage_index % len(self.lane)]
+
     def _build_stage_modules(self) -> list[_StageModule]:
         stages = self.plan.replicas[self.replica].stages
         built = {}

@@ -126,8 +126,10 @@ def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
         ex = Executor(plan, spec, rank, world, hooks=hooks)
         loss = ex.global_loss(ex.forward_backward(0))
         ex.sync_gradients()
+        stage_ranks = [ex.stage_rank(k) for k in range(plan.replicas[ex.replica].pp)]
         torch.save({"loss": loss, "grads": ex.local_gradients(), "schedule": ex.schedule_used,
-                    "calls": hooks.calls, "bytes": hooks.bytes}, Path(out, f"{name}_{rank}.pt"))
+                    "calls": hooks.calls, "bytes": hooks.bytes, "stage_ranks": stage_ranks},
+                   Path(out, f"{name}_{rank}.pt"))
 
 
 def _train(rank: int, world: int, out: str, spec: RunnableSpec, plan: Plan) -> None:
@@ -203,6 +205,11 @@ def test_one_step_matches_reference_3_ranks(out_3: Path, name: str) -> None:
     if name == "1f1b_fallback_3_ranks":
         used = [torch.load(out_3 / f"{name}_{r}.pt", weights_only=False)["schedule"] for r in range(3)]
         assert used == ["gpipe", "gpipe", "1f1b"]
+
+
+def test_stage_ranks_follow_the_plan(out_2: Path, out_4: Path) -> None:
+    assert torch.load(out_2 / "interleaved_gpt2_1.pt", weights_only=False)["stage_ranks"] == [0, 1, 0, 1]
+    assert torch.load(out_4 / "1f1b_tp2_gpt_1.pt", weights_only=False)["stage_ranks"] == [1, 3]  # TP lane 1
 
 
 def test_schedules_are_the_ones_asked(out_4: Path, out_2: Path) -> None:
