@@ -164,6 +164,24 @@ def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float]) 
     return ctx.sync_cache[key]
 
 
+def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
+    """All-reduce of tied embedding gradients between the first and last stage of every replica that
+    splits the model (the head's copy and the embedding are on different devices)."""
+    from hetpart.costmodel.collectives import allreduce_time_s
+
+    shared = sum(u.shared_params for u in ctx.model.units)
+    split = [r for r in replicas if len(r) > 1]
+    if not shared or not split:
+        return 0.0
+    members = tuple(dict.fromkeys(d for r in split for d in (r[0][0], r[-1][0])))
+    tp = min(len(g) for r in split for g in (r[0], r[-1]))
+    num_bytes = shared * (4 if ctx.workload.precision == "fp32" else 2) / tp
+    key = ("tied", num_bytes, members)
+    if key not in ctx.sync_cache:
+        ctx.sync_cache[key] = allreduce_time_s(num_bytes, members, ctx.cluster)
+    return ctx.sync_cache[key]
+
+
 def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
     """A bound no split beats: with ``r_j = min_u c_j(u) / ref(u)``, stage ``j`` costs at least
     ``r_j * ref(range)``, so the slowest stage takes at least ``ref(all) / sum_j (1 / r_j)``; the
@@ -204,7 +222,7 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[float
             return None
         peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        estimate = split.objective_s + p2p + _sync_s(ctx, peers, grads)
+        estimate = split.objective_s + p2p + _sync_s(ctx, peers, grads) + _tied_s(ctx, stages)
 
         def build() -> list[Plan]:
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
@@ -292,6 +310,7 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         counts = allocate_microbatches(per, fixed, total)
         estimate = max(f + p * k for p, f, k in zip(per, fixed, counts))
         estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)])
+        estimate += _tied_s(ctx, groups)
 
         def build() -> list[Plan]:
             return [assemble(groups, bounds, counts, mb, rc, ctx.workload)]
