@@ -47,10 +47,11 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
 
     workload = workload_from(global_batch, seq_len, precision, recompute)
     graph, cl = _load(model, cluster, seq_len, precision)
-    result = plan(graph, cl, workload, planner)
+    with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
+        result = plan(graph, cl, workload, planner)
+        bound = upper_bound(graph, cl, workload)
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
-    bound = upper_bound(graph, cl, workload)
     if out is not None:
         _write_plan(chosen, out)
     payload = result.to_dict() | {"upper_bound": bound}
@@ -64,6 +65,15 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _status(quiet: bool, message: str):
+    """A spinner on stderr while planning (nothing with --json)."""
+    from contextlib import nullcontext
+
+    from rich.console import Console
+
+    return nullcontext() if quiet else Console(stderr=True).status(message)
 
 
 def _write_plan(plan, out: Path) -> None:
@@ -180,9 +190,10 @@ def demo_command(json_out: bool = JsonFlag) -> None:
 
     workload = workload_from(DEMO["global_batch"], DEMO["seq_len"], "bf16", "auto")
     graph, cl = _load(DEMO["model"], DEMO["cluster"], DEMO["seq_len"], "bf16")
-    best = plan(graph, cl, workload, "search")
-    uniform = plan(graph, cl, workload, "uniform")
-    bound = upper_bound(graph, cl, workload)
+    with _status(json_out, f"planning {DEMO['model']} on {DEMO['cluster']}"):
+        best = plan(graph, cl, workload, "search")
+        uniform = plan(graph, cl, workload, "uniform")
+        bound = upper_bound(graph, cl, workload)
     tps, base = best.prediction.tokens_per_s, uniform.prediction.tokens_per_s
     summary = {"example": DEMO, "tokens_per_s": tps, "upper_bound_tokens_per_s": bound["tokens_per_s"],
                "pct_upper_bound": tps / bound["tokens_per_s"] * 100, "uniform_tokens_per_s": base,
