@@ -20,7 +20,7 @@ from typing import Sequence
 from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError
 
-__all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s"]
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
 
 
 def p2p_time_s(num_bytes: float, path_link: PathLink | None) -> float:
@@ -45,14 +45,24 @@ def ring_allreduce_time_s(num_bytes: float, members: int, bandwidth_gbyte_s: flo
 
 
 def _ring_hops(device_ids: Sequence[str], cluster: Cluster) -> tuple[float, float]:
-    """Slowest bandwidth and largest latency over the hops of a ring in the given order."""
+    """Slowest bandwidth and largest latency over the hops of a ring in the given order.
+
+    A hop's link depends only on the two node groups and whether it stays inside a node, so each
+    kind of hop is looked up once.
+    """
     bw, lat = float("inf"), 0.0
-    n = len(device_ids)
+    devices = [cluster.device(d) for d in device_ids]
+    seen: set[tuple] = set()
+    n = len(devices)
     for i in range(n):
-        link = cluster.link_between(device_ids[i], device_ids[(i + 1) % n])
+        a, b = devices[i], devices[(i + 1) % n]
+        kind = (a.node_key == b.node_key, a.group, b.group, a.id == b.id)
+        if kind in seen:
+            continue
+        seen.add(kind)
+        link = cluster.link_between(a.id, b.id)
         if link is None:
-            a, b = cluster.device(device_ids[i]).zone, cluster.device(device_ids[(i + 1) % n]).zone
-            raise PlanError(f"all-reduce: members in zones {a!r} and {b!r} have no link; add one under 'links'")
+            raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; add one under 'links'")
         if link.kind != "self":
             bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
     return bw, lat
@@ -62,6 +72,34 @@ def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) 
     """Bandwidth one of ``flows`` concurrent inter-node flows gets from a node's NICs."""
     group = cluster.groups[node_key[0]]
     return min(group.nic.bandwidth_gbyte_s, group.node_bandwidth_gbyte_s / max(flows, 1))
+
+
+def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tuple[float, float]:
+    """``(fixed_s, per_byte_s)`` of a ring all-reduce (see :func:`ring_allreduce_time_s`)."""
+    steps = 2 * (members - 1)
+    return steps * latency_us * 1e-6, steps / members / (bandwidth_gbyte_s * 1e9)
+
+
+def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> tuple[tuple[float, float], ...]:
+    """The all-reduce among ``device_ids`` as candidate ``(fixed_s, per_byte_s)`` lines; NCCL takes the
+    fastest, so the time of ``b`` bytes is ``min(fixed + per_byte * b)`` (empty: no communication).
+
+    Raises:
+        PlanError: when two members' zones have no link.
+    """
+    ids = sorted(dict.fromkeys(device_ids), key=lambda d: cluster.device(d).index)
+    n = len(ids)
+    if n <= 1:
+        return ()
+    nodes = Counter(cluster.device(d).node_key for d in ids)
+    bw, lat = _ring_hops(ids, cluster)
+    if len(nodes) > 1:
+        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in nodes))
+    flat = _ring_cost(n, bw, lat)
+    per_node = set(nodes.values())
+    if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
+        return (flat,)
+    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent)
 
 
 def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> float:
@@ -76,29 +114,20 @@ def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Clust
     Raises:
         PlanError: when two members' zones have no link.
     """
-    ids = sorted(dict.fromkeys(device_ids), key=lambda d: cluster.device(d).index)
-    n = len(ids)
-    if n <= 1 or num_bytes <= 0:
+    if num_bytes <= 0:
         return 0.0
-    nodes = Counter(cluster.device(d).node_key for d in ids)
-    bw, lat = _ring_hops(ids, cluster)
-    if len(nodes) > 1:
-        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in nodes))
-    flat = ring_allreduce_time_s(num_bytes, n, bw, lat)
-    per_node = set(nodes.values())
-    if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
-        return flat
-    return min(flat, _hierarchical_s(num_bytes, ids, nodes, cluster, concurrent))
+    return min((fixed + per_byte * num_bytes for fixed, per_byte in allreduce_cost(device_ids, cluster, concurrent)),
+               default=0.0)
 
 
-def _hierarchical_s(num_bytes: float, ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int) -> float:
+def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int) -> tuple[float, float]:
     k = next(iter(nodes.values()))
     intra_bw = min(cluster.groups[key[0]].intra_node.bandwidth_gbyte_s for key in nodes)
     intra_lat = max(cluster.groups[key[0]].intra_node.latency_us for key in nodes)
     # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
-    inside = ring_allreduce_time_s(num_bytes, k, intra_bw, intra_lat)
+    inside = _ring_cost(k, intra_bw, intra_lat)
     leaders = [next(d for d in ids if cluster.device(d).node_key == key) for key in nodes]
     bw, lat = _ring_hops(leaders, cluster)
     bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in nodes))
-    across = ring_allreduce_time_s(num_bytes / k, len(nodes), bw, lat)
-    return inside + across
+    across = _ring_cost(len(nodes), bw, lat)  # on bytes / k
+    return inside[0] + across[0], inside[1] + across[1] / k

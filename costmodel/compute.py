@@ -5,7 +5,9 @@ returning per-unit arrays that callers prefix-sum to cost any stage ``[first, la
 
 Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the fitted efficiency of
 :mod:`hetpart.costmodel.efficiency`, plus the memory-bound kernels' ``act_traffic * act_bytes / hbm``
-(twice that in the backward); the backward includes the recomputed forward of the recompute mode. Tensor parallelism (Megatron-LM, sequence parallelism assumed: its all-gather +
+(twice that in the backward); the backward includes the recomputed forward of the recompute mode
+(its memory-bound share too: all of it under full recompute, the attention core's share of the
+activations under selective). Tensor parallelism (Megatron-LM, sequence parallelism assumed: its all-gather +
 reduce-scatter pair moves the same bytes as the all-reduce it replaces) costs two all-reduces of
 ``s b h`` elements per block in the forward and two in the backward, one per embedding or head, plus
 the forward's again under full recompute; they are not overlapped with compute (Megatron 2022).
@@ -18,10 +20,24 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-from hetpart.costmodel.collectives import ring_allreduce_time_s
 from hetpart.costmodel.efficiency import EfficiencyCurve, curve_for, unit_gemm_width
 
 __all__ = ["unit_compute_s", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s"]
+
+
+def _unit_arrays(model: ModelGraph, recompute: str) -> dict[str, np.ndarray]:
+    units = model.units
+    return {
+        "fwd": np.array([u.fwd_flops for u in units], dtype=float),
+        "bwd": np.array([u.bwd_flops + u.recompute_flops[recompute] for u in units], dtype=float),
+        "none": np.array([u.act_bytes["none"] for u in units], dtype=float),
+        "selective": np.array([u.act_bytes["selective"] for u in units], dtype=float),
+        "shardable": np.array([u.tp_shardable for u in units], dtype=bool),
+        "inner": np.array([u.kind in ("block", "module") for u in units], dtype=bool),
+        "width": np.array([unit_gemm_width(u.width, u.kind, 1, u.fwd_flops / model.seq_len) for u in units]),
+        "tp_bytes": np.array([u.tp_comm_bytes_fwd for u in units], dtype=float),
+        "calls": np.array([2.0 if u.kind == "block" else 1.0 for u in units]),
+    }
 
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
@@ -31,35 +47,25 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
     ``curve`` overrides the device's efficiency curve (calibration uses it).
     """
-    peak = gpu.tflops(precision) * 1e12
+    peak_tflops = gpu.tflops(precision)
     curve = curve or curve_for(gpu)
-    tokens = micro_batch * model.seq_len
-    hbm = gpu.hbm_gbyte_s * 1e9
-    fwd = np.empty(model.num_units)
-    bwd = np.empty(model.num_units)
-    for i, u in enumerate(model.units):
-        shard = tp if u.tp_shardable else 1
-        width = unit_gemm_width(u.width, u.kind, shard, u.fwd_flops / model.seq_len)
-        rate = peak * curve.efficiency(width, tokens, peak / 1e12) * shard
-        memory = curve.act_traffic * u.act_bytes["none"] * micro_batch / shard / hbm
-        extra = _recompute_memory_s(u, recompute, memory)
-        fwd[i] = u.fwd_flops * micro_batch / rate + memory
-        bwd[i] = (u.bwd_flops + u.recompute_flops[recompute]) * micro_batch / rate + 2 * memory + extra
-    return fwd, bwd
-
-
-def _recompute_memory_s(unit, recompute: str, forward_memory_s: float) -> float:
-    """Memory-bound time of the recomputed part of the forward: all of it (full) or the attention
-    core's share (selective: the activations selective recompute does not keep)."""
+    u = _unit_arrays(model, recompute)
+    shard = np.where(u["shardable"], tp, 1)
+    width = np.where(u["inner"], u["width"] / shard, u["width"])  # see unit_gemm_width
+    w = np.maximum(np.minimum(width, micro_batch * model.seq_len), 1.0)
+    eff = curve.e_max / (1.0 + (curve.w0(peak_tflops) / w) ** curve.alpha)
+    rate = peak_tflops * 1e12 * eff * shard
+    memory = curve.act_traffic * u["none"] * micro_batch / shard / (gpu.hbm_gbyte_s * 1e9)
     if recompute == "full":
-        return forward_memory_s
-    if recompute == "selective" and unit.act_bytes["none"] > 0:
-        return forward_memory_s * (1 - unit.act_bytes["selective"] / unit.act_bytes["none"])
-    return 0.0
-
-
-def _allreduce_calls(kind: str) -> int:
-    return 2 if kind == "block" else 1
+        extra = memory
+    elif recompute == "selective":
+        share = np.divide(u["selective"], u["none"], out=np.ones_like(memory), where=u["none"] > 0)
+        extra = memory * (1.0 - share)
+    else:
+        extra = np.zeros_like(memory)
+    fwd = u["fwd"] * micro_batch / rate + memory
+    bwd = u["bwd"] * micro_batch / rate + 2 * memory + extra
+    return fwd, bwd
 
 
 def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str, bandwidth_gbyte_s: float,
@@ -69,19 +75,15 @@ def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str,
     Args:
         bandwidth_gbyte_s, latency_us: the slowest hop of the tensor-parallel group's ring.
     """
-    fwd = np.zeros(model.num_units)
-    bwd = np.zeros(model.num_units)
     if tp <= 1:
-        return fwd, bwd
-    for i, u in enumerate(model.units):
-        if not u.tp_shardable or u.tp_comm_bytes_fwd <= 0:
-            continue
-        calls = _allreduce_calls(u.kind)
-        one = calls * ring_allreduce_time_s(u.tp_comm_bytes_fwd * micro_batch / calls, tp, bandwidth_gbyte_s,
-                                            latency_us)
-        fwd[i] = one
-        bwd[i] = one * (2 if recompute == "full" else 1)
-    return fwd, bwd
+        return np.zeros(model.num_units), np.zeros(model.num_units)
+    u = _unit_arrays(model, recompute)
+    steps = 2 * (tp - 1)
+    # each of ``calls`` all-reduces moves ``bytes / calls``: a ring all-reduce per call (ring_allreduce_time_s)
+    one = np.where(u["shardable"] & (u["tp_bytes"] > 0),
+                   u["calls"] * steps * latency_us * 1e-6
+                   + steps / tp * u["tp_bytes"] * micro_batch / (bandwidth_gbyte_s * 1e9), 0.0)
+    return one, one * (2 if recompute == "full" else 1)
 
 
 def stage_compute_s(model: ModelGraph, first: int, last: int, gpu: GPUSpec, tp: int, micro_batch: int,

@@ -31,14 +31,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetpart.cluster import Cluster
+from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES, Workload
 
-from hetpart.costmodel.collectives import allreduce_time_s, p2p_time_s
+from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb
@@ -159,10 +159,12 @@ class Simulator:
         self.cluster = cluster
         self._curve_of = curve_of
         self._tables = PrefixTables(model)
+        self._out_bytes = [u.out_act_bytes for u in model.units]
         self._units: dict[tuple, tuple[list[float], ...]] = {}
         self._groups: dict[tuple[str, ...], _Group] = {}
-        self._p2p: dict[tuple, float] = {}
-        self._ar: dict[tuple, float] = {}
+        self._p2p: dict[tuple, PathLink] = {}
+        self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
+        self._nodes: dict[str, tuple[int, int]] = {}
 
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> _Group:
@@ -193,24 +195,24 @@ class Simulator:
         return hit
 
     def _p2p_s(self, src, dst, micro_batch: int) -> float:
-        key = (src.devices[0], dst.devices[0], max(src.tp, dst.tp), src.layers[1], micro_batch)
-        hit = self._p2p.get(key)
-        if hit is None:
-            hit = self._p2p[key] = self._p2p_uncached(src, dst, micro_batch)
-        return hit
-
-    def _p2p_uncached(self, src, dst, micro_batch: int) -> float:
-        link = self.cluster.link_between(src.devices[0], dst.devices[0])
-        if link is None:
-            raise PlanError(f"pipeline: devices {src.devices[0]} and {dst.devices[0]} sit in zones without a link; "
-                            "add one under 'links'")
         tp = max(src.tp, dst.tp)
-        nbytes = self.model.units[src.layers[1] - 1].out_act_bytes * micro_batch / tp
-        if link.kind in ("nic", "inter_zone"):
-            share = min(self.cluster.group_of(d).node_bandwidth_gbyte_s / tp for d in (src.devices[0], dst.devices[0]))
-            if share < link.bandwidth_gbyte_s:
-                link = type(link)(share, link.latency_us, link.kind)
+        key = (src.devices[0], dst.devices[0], tp)
+        link = self._p2p.get(key)
+        if link is None:
+            link = self._p2p[key] = self._p2p_link(src.devices[0], dst.devices[0], tp)
+        nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
         return p2p_time_s(nbytes, link)
+
+    def _p2p_link(self, a: str, b: str, tp: int) -> PathLink:
+        """The link one of ``tp`` parallel shard transfers from ``a``'s node to ``b``'s gets."""
+        link = self.cluster.link_between(a, b)
+        if link is None:
+            raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
+        if link.kind in ("nic", "inter_zone"):
+            share = min(self.cluster.group_of(d).node_bandwidth_gbyte_s / tp for d in (a, b))
+            if share < link.bandwidth_gbyte_s:
+                link = PathLink(share, link.latency_us, link.kind)
+        return link
 
     # --------------------------------------------------------------------------------- pipelines
     def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict) -> _Pipe:
@@ -281,18 +283,29 @@ class Simulator:
                 out.append((holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
         return out
 
-    def _allreduce_s(self, nbytes: float, ring: tuple[frozenset, int]) -> float:
-        """All-reduce of ``nbytes`` among ``ring = (first devices of the holding stages, concurrent rings)``."""
-        key = (nbytes, ring)
-        hit = self._ar.get(key)
-        if hit is None:
-            hit = self._ar[key] = allreduce_time_s(nbytes, tuple(ring[0]), self.cluster, ring[1])
-        return hit
+    def _allreduce_s(self, nbytes: float, ring: tuple) -> float:
+        """All-reduce of ``nbytes`` over ``ring`` (from :meth:`_ring`)."""
+        key, members, concurrent = ring
+        lines = self._ar.get(key)
+        if lines is None:
+            lines = self._ar[key] = allreduce_cost(members, self.cluster, concurrent)
+        return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
 
-    @staticmethod
-    def _ring(plan: Plan, holders) -> tuple[frozenset, int]:
+    def _ring(self, plan: Plan, holders) -> tuple:
+        """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
+        member per stage; its ``tp`` ranks run ``tp`` such rings at once). The cost depends only on
+        which nodes the members sit on, so that is the key."""
         stages = [plan.replicas[r].stages[k] for r, k in holders]
-        return frozenset(s.devices[0] for s in stages), max(s.tp for s in stages)
+        members = tuple({s.devices[0]: None for s in stages})
+        concurrent = max(s.tp for s in stages)
+        nodes = tuple(sorted(self._node_of(d) for d in members))
+        return (nodes, concurrent), members, concurrent
+
+    def _node_of(self, device_id: str) -> tuple[int, int]:
+        node = self._nodes.get(device_id)
+        if node is None:
+            node = self._nodes[device_id] = self.cluster.device(device_id).node_key
+        return node
 
     def _segment_ready(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
         """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
