@@ -1,16 +1,19 @@
 """Per-unit compute and tensor-parallel communication times of one micro-batch on one device type.
 
-These are the primitives planners call in their inner loops: pure functions of numbers, O(units),
-returning per-unit arrays that callers prefix-sum to cost any stage ``[first, last)`` in O(1).
+These are the primitives planners call in their inner loops: pure functions of numbers, O(units)
+(vectorized), returning per-unit arrays that callers prefix-sum to cost any stage ``[first, last)``
+in O(1).
 
 Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the fitted efficiency of
 :mod:`hetpart.costmodel.efficiency`, plus the memory-bound kernels' ``act_traffic * act_bytes / hbm``
-(twice that in the backward); the backward includes the recomputed forward of the recompute mode
-(its memory-bound share too: all of it under full recompute, the attention core's share of the
-activations under selective). Tensor parallelism (Megatron-LM, sequence parallelism assumed: its all-gather +
-reduce-scatter pair moves the same bytes as the all-reduce it replaces) costs two all-reduces of
-``s b h`` elements per block in the forward and two in the backward, one per embedding or head, plus
-the forward's again under full recompute; they are not overlapped with compute (Megatron 2022).
+(twice that in the backward). The backward includes the recomputed forward of the recompute mode,
+memory-bound share too: all of it under full recompute, the attention core's share of the
+activations under selective.
+
+Tensor parallelism (Megatron-LM; sequence parallelism assumed: its all-gather + reduce-scatter pair
+moves the same bytes as the all-reduce it replaces) costs two all-reduces of ``s b h`` elements per
+block in the forward and two in the backward, one per embedding or head, plus the forward's again
+under full recompute; they are not overlapped with compute (Megatron 2022).
 """
 
 from __future__ import annotations

@@ -2,19 +2,19 @@
 
 Matrix units reach their datasheet peak only on large matrix products, and a transformer also runs
 memory-bound kernels (norms, softmax, dropout, activation functions) whose cost grows with the
-activations, not the FLOPs. For a transformer unit the
-products are ``tokens x width x width/tp`` (the tensor-parallel shard), so we model the fraction of
-peak a device reaches as
+activations, not the FLOPs. For a transformer unit the products are ``tokens x width x width/tp``
+(the tensor-parallel shard), so we model the fraction of peak a device reaches as
 
     eff(w) = e_max / (1 + (w0 / w) ** alpha),   w = min(width / tp, tokens)
 
 with ``w`` the smallest matrix dimension of the unit's products on one device: the tensor-parallel
 shard of the hidden width (``width / tp`` for a transformer block) or the tokens of one micro-batch
-(``micro_batch * seq_len``) when that is smaller -- a product is slow when any of its dimensions is. ``w0`` grows with the device's peak (a faster device
-needs bigger products to hide the same fixed costs): ``w0 = w0_ref * (peak / peak_ref) ** (1/alpha)``.
-The memory-bound kernels cost ``act_traffic * act_bytes / hbm_bandwidth`` on top (see
-:attr:`EfficiencyCurve.act_traffic`); their share shrinks as the hidden size grows, which is what
-separates small models at low TP from large ones at TP=8.
+(``micro_batch * seq_len``) when that is smaller -- a product is slow when any of its dimensions is.
+``w0`` grows with the device's peak (a faster device needs bigger products to hide the same fixed
+costs): ``w0 = w0_ref * (peak / peak_ref) ** (1/alpha)``. The memory-bound kernels cost
+``act_traffic * act_bytes / hbm_bandwidth`` on top (:attr:`EfficiencyCurve.act_traffic`); their
+share shrinks as the hidden size grows, which is what separates small models at low TP from large
+ones at TP=8.
 
 Curves (``CURVES``), one per generation:
 
@@ -23,9 +23,11 @@ Curves (``CURVES``), one per generation:
   at TP 1..8) -- ``hetpart.costmodel.calibration.fit_a100_curve`` reproduces the constants.
 * ``volta`` -- the Ampere shape with ``e_max`` ANCHORED to one published point: Shoeybi et al. 2019
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
-  (``calibration.anchor_volta_e_max`` reproduces it).
-* every other type (Hopper, Ada, AMD, Huawei, inline) -- ASSUMED: the Ampere curve scaled by its peak;
-  we found no published end-to-end figure with enough detail to fit them.
+  (``calibration.anchor_volta_e_max`` reproduces it; ``calibration.megatron_8p3b_check`` compares
+  with the paper's 512-GPU run, which was not used).
+* every other type (Hopper, Ada, AMD, Huawei, inline) -- ASSUMED: the Ampere curve scaled by its peak
+  and its own memory bandwidth; we found no published end-to-end figure with enough detail to fit
+  them (``calibration.llama3_405b_check`` compares H100 with Llama 3's published throughput).
 """
 
 from __future__ import annotations
