@@ -62,7 +62,8 @@ def _ring_hops(device_ids: Sequence[str], cluster: Cluster) -> tuple[float, floa
         seen.add(kind)
         link = cluster.link_between(a.id, b.id)
         if link is None:
-            raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; add one under 'links'")
+            raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; "
+                            "add one under 'links'")
         if link.kind != "self":
             bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
     return bw, lat

@@ -368,7 +368,8 @@ class Simulator:
                     gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
                     params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
                 memory[(r, d)] = gb
-                optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / (self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9)
+                hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
+                optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / hbm
         return memory, optim
 
     # --------------------------------------------------------------------------------- the step
@@ -409,7 +410,8 @@ class Simulator:
                             f"tokens; load the model with seq_len={plan.seq_len}")
         if DTYPE_BYTES[plan.precision] != self.model.dtype_bytes:
             raise PlanError(f"plan: precision: {plan.precision!r} but the model graph was built with "
-                            f"{self.model.dtype_bytes}-byte activations; load the model with precision={plan.precision!r}")
+                            f"{self.model.dtype_bytes}-byte activations; "
+                            f"load the model with precision={plan.precision!r}")
         if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
             raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
                                 f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")

@@ -3,9 +3,9 @@
 A planner's inner loop evaluates many different plans of one model on one cluster with one
 :class:`~hetpart.costmodel.Simulator` (unit costs cached across plans, plans pre-validated). We time
 exactly that -- ``estimate`` (step time + memory fit), ``simulate`` (full prediction with metrics and
-breakdown) and ``simulate`` with plan validation -- on seeded random plans: random Megatron grids (tp, pp, dp, micro-batch, schedule,
-recompute) with random uneven layer cuts, on a homogeneous and on a two-type cluster, so no two
-evaluations repeat a pipeline.
+breakdown) and ``simulate`` with plan validation -- on seeded random plans: random Megatron grids
+(tp, pp, dp, micro-batch, schedule, recompute) with random uneven layer cuts, on a homogeneous and on
+a two-type cluster, so that plans rarely repeat a pipeline.
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_simulator [--plans 600] [--global-batch 64]``
 """
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
           "simulate/s (validated) |")
     print("|---|---|---|---|---|---|")
     for r in bench(global_batch=args.global_batch, plans=args.plans):
-        cells = " | ".join(f"{r[k]:.0f} [{r[k + '_median']:.0f}]" for k in ("estimate", "simulate", "simulate_validated"))
+        cells = " | ".join(f"{r[k]:.0f} [{r[k + '_median']:.0f}]"
+                           for k in ("estimate", "simulate", "simulate_validated"))
         print(f"| {r['cluster']} | {r['plans']} | {r['microbatches_median']:g} / {r['microbatches_max']} | {cells} |")
 
 

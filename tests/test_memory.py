@@ -108,4 +108,5 @@ def test_prefix_tables_match_the_reference_on_seeded_random_stages():
             mode = rng.choice(["none", "selective", "full"])
             assert tables.memory_gb(a, z, tp, mb, flight, mode) == pytest.approx(
                 stage_memory_gb(model, a, z, tp, mb, flight, mode), rel=1e-12)
-            assert tables.params_per_device(a, z, tp) == pytest.approx(stage_params_per_device(model, a, z, tp), rel=1e-12)
+            assert tables.params_per_device(a, z, tp) == pytest.approx(stage_params_per_device(model, a, z, tp),
+                                                                       rel=1e-12)
