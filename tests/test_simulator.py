@@ -250,3 +250,17 @@ def test_simulator_matches_the_event_reference_on_seeded_random_plans(gpt2, monk
         assert got.step_time_s == pytest.approx(ref.step_time_s, rel=1e-9)
         assert got.metrics["bubble_fraction"] == pytest.approx(ref.metrics["bubble_fraction"], rel=1e-9, abs=1e-12)
     assert set(calls) == {"gpipe", "1f1b", "interleaved"}
+
+
+def test_allreduce_cost_lines_give_the_time_and_depend_only_on_the_nodes():
+    from hetpart.costmodel import allreduce_cost
+
+    c = load_cluster("h100-a100-two-zones")
+    ids = [f"0/{n}/{i}" for n in range(2) for i in range(8)]
+    lines = allreduce_cost(ids, c)
+    assert len(lines) == 2  # flat ring and hierarchical
+    for nbytes in (1e3, 1e6, 1e9):
+        assert allreduce_time_s(nbytes, ids, c) == pytest.approx(min(a + b * nbytes for a, b in lines))
+    # other devices on the same nodes: same cost (the simulator caches by member nodes)
+    assert allreduce_cost(["0/0/3", "0/1/5"], c) == allreduce_cost(["0/0/0", "0/1/0"], c)
+    assert allreduce_cost(["0/0/0"], c) == ()
