@@ -27,7 +27,8 @@ def even_layer_split(num_units: int, num_stages: int, has_ends: bool = True) -> 
     lo, hi = (1, num_units - 1) if has_ends else (0, num_units)
     blocks = hi - lo
     if num_stages < 1 or blocks < num_stages:
-        raise PlanError(f"pp: {num_stages} stages for {blocks} layers; use at most {blocks} stages")
+        raise PlanError(f"--pp: {num_stages} pipeline stages (pp x interleave) for {blocks} layers; "
+                        f"use at most {blocks} stages")
     base, extra = divmod(blocks, num_stages)
     bounds = [lo]
     for k in range(num_stages):

@@ -157,6 +157,8 @@ def test_megatron_plan_errors(gpt2, mixed):
         megatron_plan(gpt2, mixed, Workload(6, S), tp=1, pp=2, dp=2, micro_batch=2)
     with pytest.raises(PlanError, match="does not divide the 12 attention heads"):
         megatron_plan(gpt2, load_cluster("a100-8"), Workload(8, S), tp=8, pp=1, dp=1, micro_batch=1)
+    with pytest.raises(PlanError, match=r"16 pipeline stages \(pp x interleave\) for 12 layers; use at most 12"):
+        megatron_plan(gpt2, load_cluster("a100-8"), Workload(16, S), 1, 8, 1, 1, schedule="interleaved", interleave=2)
     odd = parse_cluster({"name": "odd", "nodes": [{"count": 2, "gpus_per_node": 3, "gpu": "A100-40GB",
                                                    "intra_node": "NVLink3", "nic": "IB-HDR"}]})
     with pytest.raises(PlanError, match="cross a node boundary"):
