@@ -2,7 +2,8 @@
 
 1. Overhead: a 2-stage pipeline plan run by hetpart (torchrun + Executor, no emulation) against the
    same stages run directly with ``torch.distributed.pipelining`` (PipelineStage + Schedule1F1B + Adam,
-   nothing else), both as 2 torchrun processes. Wall time per step, slowest rank, after warm-up.
+   nothing else), both as 2 torchrun processes, interleaved. Wall time and process CPU time per step
+   (slowest rank, after warm-up); on a shared machine the CPU time is the steadier of the two.
 2. Predicted vs measured step time for 12 plans on the emulated ``tiny-mixed`` cluster (2x A100 +
    2x V100, 2-4 processes): the simulator on the emulated cluster, calibrated (a) by the workers'
    unit timings before the run and (b) by the warm-up steps; mean and max error, rank agreement.
@@ -139,18 +140,24 @@ def overhead(steps: int, warmup: int, repeats: int) -> dict[str, Any]:
 
     plan = _overhead_plan()
     prep = prepare_run(plan, "llama2-7b", _CLUSTER, RunOptions())
-    hetpart_s, direct_s = [], []
-    for _ in range(repeats):
+    hetpart_s, direct_s, hetpart_cpu, direct_cpu = [], [], [], []
+    for _ in range(repeats):  # interleaved, so that both see the same background load
         result = run_plan(plan, options=RunOptions(steps=steps, warmup=warmup, emulate=False))
         hetpart_s.append(max(r["wall_step_time_s"] for r in result.measured.ranks))
-        direct_s.append(_direct_run(prep, steps, warmup))
-        print(f"overhead: hetpart {hetpart_s[-1]:.4f} s/step, direct pipelining {direct_s[-1]:.4f} s/step", flush=True)
+        hetpart_cpu.append(max(r["cpu_step_time_s"] for r in result.measured.ranks))
+        wall, cpu = _direct_run(prep, steps, warmup)
+        direct_s.append(wall)
+        direct_cpu.append(cpu)
+        print(f"overhead: hetpart {hetpart_s[-1]:.4f} s/step ({hetpart_cpu[-1]:.4f} s CPU), direct pipelining "
+              f"{direct_s[-1]:.4f} s/step ({direct_cpu[-1]:.4f} s CPU)", flush=True)
     h, d = statistics.median(hetpart_s), statistics.median(direct_s)
-    return {"hetpart_s": hetpart_s, "direct_s": direct_s, "hetpart_median_s": h, "direct_median_s": d,
-            "overhead_pct": 100 * (h / d - 1)}
+    hc, dc = statistics.median(hetpart_cpu), statistics.median(direct_cpu)
+    return {"hetpart_s": hetpart_s, "direct_s": direct_s, "hetpart_cpu_s": hetpart_cpu, "direct_cpu_s": direct_cpu,
+            "hetpart_median_s": h, "direct_median_s": d, "overhead_pct": 100 * (h / d - 1),
+            "hetpart_cpu_median_s": hc, "direct_cpu_median_s": dc, "cpu_overhead_pct": 100 * (hc / dc - 1)}
 
 
-def _direct_run(prep, steps: int, warmup: int) -> float:
+def _direct_run(prep, steps: int, warmup: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="hetpart-direct-") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"plan": prep.run_plan.to_dict(), "runnable": prep.runnable.to_dict(),
@@ -160,7 +167,8 @@ def _direct_run(prep, steps: int, warmup: int) -> float:
                str(prep.run_plan.num_devices), "-m", "hetpart.experiments.bench_runtime", "--direct-worker", str(job)]
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
         per_rank = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("direct*.json"))]
-    return max(statistics.fmean(r[warmup:]) for r in per_rank)
+    return (max(statistics.fmean(r["wall"][warmup:]) for r in per_rank),
+            max(statistics.fmean(r["cpu"][warmup:]) for r in per_rank))
 
 
 def _direct_worker(job_path: str) -> None:
@@ -184,10 +192,10 @@ def _direct_worker(job_path: str) -> None:
     loss = loss_fn_for(spec, plan.micro_batch / plan.global_batch)
     schedule = Schedule1F1B(stage, plan.num_microbatches(0), loss_fn=loss, scale_grads=False)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
-    times = []
+    times, cpu = [], []
     for step in range(job["warmup"] + job["steps"]):
         x, y = synthetic_batch(spec, plan.global_batch, plan.seq_len, step)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
             schedule.step(x)
@@ -197,7 +205,8 @@ def _direct_worker(job_path: str) -> None:
             schedule.step()
         optimizer.step()
         times.append(time.perf_counter() - start)
-    (Path(job["out"]) / f"direct{rank}.json").write_text(json.dumps(times))
+        cpu.append(time.process_time() - cpu_start)
+    (Path(job["out"]) / f"direct{rank}.json").write_text(json.dumps({"wall": times, "cpu": cpu}))
     dist.destroy_process_group()
 
 

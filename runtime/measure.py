@@ -137,7 +137,7 @@ def summarize(results: Sequence[dict[str, Any]], plan, cluster, seq_len: int, wa
 def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
     mean = lambda key: statistics.fmean(s.get(key, 0.0) for s in steps)  # noqa: E731
     return {"rank": result["rank"], "device": result["device"], "step_time_s": mean("time_s"),
-            "wall_step_time_s": mean("wall_s"),
+            "wall_step_time_s": mean("wall_s"), "cpu_step_time_s": mean("cpu_s"),
             "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "optimizer_s": mean("optimizer_s"),
             "idle_s": mean("idle_s"),
             "emulated_slowdown_s": mean("slowdown_s"), "emulated_comm_s": mean("emulated_comm_s"),

@@ -57,30 +57,44 @@ class WorkerHooks:
         self.step = 0
         self.account = StepAccount()
         self.lane: tuple[int, ...] = ()
+        self.tp = 1
+        self._cpu_mark = time.thread_time()
 
-    def attach(self, lane: tuple[int, ...]) -> None:
-        """The ranks of this rank's pipeline lane, one per (virtual) stage."""
+    def attach(self, lane: tuple[int, ...], tp: int = 1) -> None:
+        """The ranks of this rank's pipeline lane (one per virtual stage) and its TP degree."""
         self.lane = tuple(lane)
+        self.tp = tp
 
     def begin_step(self, step: int) -> None:
         self.step = step
         self.account = StepAccount()
         self.heartbeat.progress(step)
+        self._cpu_mark = time.thread_time()
 
     def on_compute(self, stage_index: int, kind: str, seconds: float) -> None:
         if self.fault is not None and self.step == self.fault.step:
             self.fault.fire()
+        seconds = self._work_s(seconds)
         self.account.compute_s += seconds
         if self.emulator is not None:
-            wait = self._arrival_wait(stage_index, kind, seconds, _called_from_loss())
+            wait = self._arrival_wait(stage_index, kind, seconds)
             delay = self.emulator.compute_delay_s(seconds)
             self.account.slowdown_s += delay
             self.account.arrival_wait_s += wait
             self._sleep(wait + delay)
         self.heartbeat.progress()
+        self._cpu_mark = time.thread_time()
 
-    def _arrival_wait(self, stage: int, kind: str, seconds: float, is_loss: bool) -> float:
-        if self.board is None or not self.lane or is_loss:
+    def _work_s(self, seconds: float) -> float:
+        """The compute to slow down. Under tensor parallelism the engine's compute time includes
+        waiting inside the TP all-reduces for the slowest peer; slowing that down again would count
+        the peer's slowdown twice. This thread's CPU time since the last hook excludes the waiting."""
+        if self.tp == 1:
+            return seconds
+        return min(seconds, time.thread_time() - self._cpu_mark)
+
+    def _arrival_wait(self, stage: int, kind: str, seconds: float) -> float:
+        if self.board is None or not self.lane or kind == "loss":  # the loss receives nothing
             return 0.0
         src = stage - 1 if kind == "fwd" else stage + 1
         if not 0 <= src < len(self.lane):
@@ -104,20 +118,6 @@ class WorkerHooks:
         if seconds > 0:
             self.heartbeat.busy(seconds)
             time.sleep(seconds)
-
-
-def _called_from_loss() -> bool:
-    """True when the engine reports its loss computation: it reports it as a ``fwd`` of the last
-    stage (after that stage's forward of the micro-batch), and the loss receives nothing. The hook
-    arguments cannot tell the two apart, so look for the engine's loss wrapper among the callers."""
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return False
-        if "_timed_loss" in frame.f_code.co_qualname:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _emulation(job: dict[str, Any], plan, rank: int):
@@ -169,8 +169,9 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     emulator, emulation = _emulation(job, plan, rank)
     board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None else None
     hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
-    executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks)
-    hooks.attach(executor.layout.lanes[(executor.replica, executor.role.tp_index)])
+    executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
+                        comm_timeout_s=float(job.get("comm_timeout_s", 600)))
+    hooks.attach(executor.layout.lanes[(executor.replica, executor.role.tp_index)], executor.role.tp)
     start = 0
     ckpt = job.get("checkpoint_dir")
     if ckpt:
@@ -182,9 +183,10 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     dist.barrier()
     for step in range(start, start + job["warmup"] + job["steps"]):
         hooks.begin_step(step)
-        wall = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         out = executor.step(step)
-        steps.append(_step_record(step, out, hooks.account) | {"wall_s": time.perf_counter() - wall})
+        steps.append(_step_record(step, out, hooks.account)
+                     | {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu})
         losses.append(float(out.loss))
         heartbeat.progress(step)
     if ckpt:
