@@ -216,9 +216,9 @@ class Watchdog:
     def states(self) -> list[RankState]:
         return [read_rank_state(self.run_dir, r) for r in range(self.world_size)]
 
-    def check(self) -> RuntimeFault | None:
+    def check(self, states: list[RankState] | None = None) -> RuntimeFault | None:
         """A fault when one rank died, raised or hung; None while the run is healthy."""
-        states = self.states()
+        states = self.states() if states is None else states
         failed = [s for s in states if s.error or (s.pid is not None and not s.alive and not s.finished)]
         if failed:
             return self._blame_failure(failed)

@@ -240,21 +240,26 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
     return _collect(run_dir, world, proc.returncode, describe)
 
 
+_POLL_S = 0.2
+"""How often the launcher looks at the ranks (a few small file reads: it shares the cores with them)."""
+
+
 def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progress) -> None:
     done = -1
     while True:
         rc = proc.poll()
-        fault = watchdog.check()
+        states = watchdog.states()
+        fault = watchdog.check(states)
         if fault is not None:
             raise fault
         if rc is not None:
             return
         if on_progress is not None:
-            steps = min(s.step for s in watchdog.states()) + 1
+            steps = min(s.step for s in states) + 1
             if steps != done:
                 done = steps
                 on_progress(max(0, steps))
-        time.sleep(0.1)
+        time.sleep(_POLL_S)
 
 
 def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:

@@ -167,7 +167,8 @@ def emulated_run(tmp_path_factory):
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "hetpart.cli.app", "run", str(plan_path), "--steps", "2",
-                           "--warmup", "1", "--time-factor", "200", "--out", str(out), "--json"],
+                           "--warmup", "1", "--time-factor", "200", "--out", str(out), "--json",
+                           "--run-dir", str(tmp / "ranks")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout), [json.loads(l) for l in out.read_text().splitlines()]
@@ -213,9 +214,11 @@ def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):
     uninterrupted = summary["measured"]["losses"]  # steps 0, 1, 2 (emulation does not change numbers)
     plan = _pipeline_plan()
     ckpt = tmp_path / "ckpt"
-    first = run_plan(plan, options=RunOptions(steps=1, warmup=0, emulate=False, checkpoint_dir=str(ckpt)))
+    first = run_plan(plan, options=RunOptions(steps=1, warmup=0, emulate=False, checkpoint_dir=str(ckpt)),
+                     run_dir=tmp_path / "first")
     assert (ckpt / "hetpart_checkpoint.json").exists()
-    resumed = run_plan(plan, options=RunOptions(steps=2, warmup=0, emulate=False, checkpoint_dir=str(ckpt)))
+    resumed = run_plan(plan, options=RunOptions(steps=2, warmup=0, emulate=False, checkpoint_dir=str(ckpt)),
+                       run_dir=tmp_path / "resumed")
     assert first.measured.losses == pytest.approx(uninterrupted[:1], rel=1e-6)
     assert resumed.measured.losses == pytest.approx(uninterrupted[1:3], rel=1e-6)
     assert json.loads((ckpt / "hetpart_checkpoint.json").read_text())["next_step"] == 3

@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as written by 'hetpart plan --out')."),
         steps: int = typer.Option(5, "--steps", help="Measured training steps (after the warm-up)."),
-        warmup: int = typer.Option(1, "--warmup", help="Warm-up steps, excluded from the measurements."),
+        warmup: int = typer.Option(2, "--warmup", help="Warm-up steps, excluded from the measurements (those after the first calibrate the prediction)."),
         scale: str = typer.Option("tiny", "--scale", help="Shrunken model that runs: tiny or small."),
         hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="Run a shrunken model of this width instead of --scale."),
         model: Optional[str] = typer.Option(None, "--model", "-m", help="Model of the plan (default: the plan's meta.model)."),
@@ -24,6 +24,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
+        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Directory for the ranks' logs, heartbeats and results (default: a new temporary one, kept)."),
         json_out: bool = JsonFlag) -> None:
     """Run PLAN on local CPU processes emulating its cluster; print measured vs predicted step time."""
     from hetpart.plan import load_plan
@@ -34,14 +35,14 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
                          time_factor=time_factor, emulate=not no_emulation, checkpoint_dir=checkpoint,
                          hang_timeout_s=hang_timeout)
     if json_out:
-        result = run_plan(plan, model, cluster, options, out=out)
+        result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir)
         emit_json(result.summary())
         return
-    result = _run_with_progress(plan, model, cluster, options, out)
+    result = _run_with_progress(plan, model, cluster, options, out, run_dir)
     _show(result)
 
 
-def _run_with_progress(plan, model, cluster, options, out):
+def _run_with_progress(plan, model, cluster, options, out, run_dir):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hetpart.runtime.launch import run_plan
@@ -50,7 +51,7 @@ def _run_with_progress(plan, model, cluster, options, out):
     with Progress(TextColumn("[bold]hetpart run[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TimeElapsedColumn(), console=console(), transient=True) as bar:
         task = bar.add_task("steps", total=total)
-        return run_plan(plan, model, cluster, options, out=out,
+        return run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
                         on_progress=lambda done: bar.update(task, completed=min(done, total)))
 
 
