@@ -164,9 +164,9 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     if transformer:
         seq = scaled_seq_len(plan.seq_len, options.scale)
         graph = transformer_graph(runnable.config, f"{runnable.name}@{options.scale}", seq, 4, source=full.source)
-    else:
-        seq = plan.seq_len
-        graph = load_model(model_spec, seq_len=seq, precision="fp32")
+    else:  # python: models run as given; tracing decides what a "sequence" is
+        graph = load_model(model_spec, seq_len=plan.seq_len, precision="fp32")
+        seq = graph.seq_len
     small = Plan(global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=seq, replicas=plan.replicas,
                  schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
                  allow_cross_node_tp=plan.allow_cross_node_tp, meta=dict(plan.meta))
@@ -431,7 +431,7 @@ def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluste
 
     graph = prep.run_graph
     model = {"name": prep.full_graph.name, "spec": prep.model_spec, "scale": str(options.scale),
-             "shrunken": prep.model_spec != "" and not prep.model_spec.startswith("python:"),
+             "shrunken": not prep.model_spec.startswith("python:"),
              "full_num_params": prep.full_graph.num_params, "num_params": graph.num_params,
              "num_units": graph.num_units, "seq_len": graph.seq_len, "full_seq_len": prep.plan.seq_len,
              "hidden_size": (graph.arch or {}).get("hidden_size"), "vocab_size": (graph.arch or {}).get("vocab_size"),

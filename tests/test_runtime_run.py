@@ -222,3 +222,37 @@ def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):
     assert first.measured.losses == pytest.approx(uninterrupted[:1], rel=1e-6)
     assert resumed.measured.losses == pytest.approx(uninterrupted[1:3], rel=1e-6)
     assert json.loads((ckpt / "hetpart_checkpoint.json").read_text())["next_step"] == 3
+
+
+def test_run_prints_a_readable_summary(emulated_run, capsys):
+    from hetpart.cli import run_cmd
+
+    summary, _ = emulated_run
+
+    class _Result:
+        def summary(self):
+            return summary
+
+    run_cmd._show(_Result())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "gpt2-small ran SHRUNKEN (tiny): hidden 64, 14 units" in text
+    assert "emulated 200x slower than real" in text and "predicted" in text and "error" in text
+
+
+def build_sequential_mlp():
+    """A ``python:`` model for the run test: five sequential children."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
+    return model, (torch.randn(4, 32),)
+
+
+def test_a_python_model_runs_as_given(tmp_path):
+    plan = Plan(global_batch=4, micro_batch=1, seq_len=16, schedule="gpipe",
+                replicas=(Replica(1.0, (Stage((0, 3), ("0/0/0",)), Stage((3, 5), ("1/0/0",)))),))
+    result = run_plan(plan, "python:tests.test_runtime_run:build_sequential_mlp", "tiny-mixed",
+                      RunOptions(steps=1, warmup=1, time_factor=100.0), run_dir=tmp_path / "run")
+    summary = result.summary()
+    assert not summary["model"]["shrunken"] and summary["model"]["num_units"] == 5
+    assert summary["measured"]["step_time_s"] > 0 and summary["predicted"]["step_time_s"] > 0

@@ -61,11 +61,7 @@ def _show(result) -> None:
     s = result.summary()
     m, p, model = s["measured"], s["predicted"], s["model"]
     out = console()
-    out.print(f"[bold]{model['name']}[/] ran SHRUNKEN ({model['scale']}): hidden {model['hidden_size']}, "
-              f"{model['num_units']} units, seq {model['seq_len']} (plan: {model['full_seq_len']}), "
-              f"{model['num_params']:,} of {model['full_num_params']:,} parameters; cluster {s['cluster']} emulated "
-              f"{s['emulation']['time_factor']:.0f}x slower than real" if s["emulation"]["enabled"]
-              else f"[bold]{model['name']}[/] ran shrunken ({model['scale']}), without emulation")
+    out.print(_headline(s))
     t = Table(title=f"{s['steps']} measured steps after {s['warmup']} warm-up")
     for col in ("", "step time s", "tokens/s", "samples/s"):
         t.add_column(col, justify="right")
@@ -84,6 +80,19 @@ def _show(result) -> None:
     out.print(f"losses: {', '.join(f'{x:.4f}' for x in m['losses'])}; peak memory per device type: "
               + ", ".join(f"{k} {v * 1e3:.1f} MB" for k, v in m["peak_memory_gb"].items()) + f" ({m['memory_method']})")
     out.print(f"rank files: {s['run_dir']}")
+
+
+def _headline(s: dict) -> str:
+    model, emu = s["model"], s["emulation"]
+    if model["shrunken"]:
+        what = (f"[bold]{model['name']}[/] ran SHRUNKEN ({model['scale']}): hidden {model['hidden_size']}, "
+                f"{model['num_units']} units, seq {model['seq_len']} (plan: {model['full_seq_len']}), "
+                f"{model['num_params']:,} of {model['full_num_params']:,} parameters")
+    else:
+        what = f"[bold]{model['name']}[/] ran as given: {model['num_units']} units, {model['num_params']:,} parameters"
+    if not emu["enabled"]:
+        return what + "; no emulation (every process at this machine's speed)"
+    return what + f"; cluster {s['cluster']} emulated {emu['time_factor']:.0f}x slower than real"
 
 
 def register(app: typer.Typer) -> None:
