@@ -12,6 +12,7 @@ from hetpart.runtime.faults import FaultSpec, Watchdog
 from hetpart.runtime.launch import (Capacity, RunOptions, RunResult, check_capacity, host_capacity, prepare_run,
                                     run_plan, torchrun_command)
 from hetpart.runtime.measure import Calibration, Measurement, calibrate, predict, summarize
+from hetpart.runtime.netem import NetemNetwork, netem_unavailable
 
 __all__ = [
     # engine
@@ -27,5 +28,5 @@ __all__ = [
     "RunOptions", "RunResult", "run_plan", "prepare_run", "Capacity", "host_capacity", "check_capacity",
     "torchrun_command", "Emulator", "EmulationParams", "ArrivalBoard", "emulated_cluster", "resolve_emulation",
     "speed_ratios", "Measurement", "Calibration", "calibrate", "summarize", "predict", "FaultSpec", "Watchdog",
-    "save_checkpoint", "load_checkpoint",
+    "save_checkpoint", "load_checkpoint", "NetemNetwork", "netem_unavailable",
 ]

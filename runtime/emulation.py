@@ -126,6 +126,13 @@ class Emulator:
     rank_devices: tuple[str, ...]
     rank: int
     speed_ratio: float
+    shaped: str = "none"
+    """What the network itself emulates under ``--netem``: ``"none"`` (sleeps do it all),
+    ``"bandwidth"`` (tc shapes the rate; latency still by sleeps) or ``"all"``."""
+
+    @property
+    def links_shaped(self) -> bool:
+        return self.shaped != "none"
 
     def __post_init__(self) -> None:
         if not self.speed_ratio >= 1.0:
@@ -149,15 +156,22 @@ class Emulator:
         if link is None:
             raise PlanError(f"runtime: rank {self.rank} ({self.device}) sends to rank {peer_rank} "
                             f"({self.rank_devices[peer_rank]}) but their zones have no link; add one under 'links'")
+        if self.shaped == "all":
+            return 0.0
+        if self.shaped == "bandwidth":
+            return p2p_time_s(1, link)  # the latency; the shaped link takes the bytes' time
         return p2p_time_s(num_bytes, link)
 
     def collective_delay_s(self, kind: str, num_bytes: float, group_ranks: Sequence[int]) -> float:
         """Emulated time of an all-reduce of ``num_bytes`` among ``group_ranks``."""
         from hetpart.costmodel.collectives import allreduce_time_s
 
-        if len(group_ranks) < 2 or num_bytes <= 0:
+        if len(group_ranks) < 2 or num_bytes <= 0 or self.shaped == "all":
             return 0.0
-        return allreduce_time_s(num_bytes, [self.rank_devices[r] for r in group_ranks], self.cluster)
+        members = [self.rank_devices[r] for r in group_ranks]
+        if self.shaped == "bandwidth":
+            return allreduce_time_s(1, members, self.cluster)  # the latency terms only
+        return allreduce_time_s(num_bytes, members, self.cluster)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ hung rank into one :class:`~hetpart.errors.RuntimeFault` and kills every worker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -67,6 +68,9 @@ class RunOptions:
     """A fault to inject (tests and drills)."""
     impl: str = "auto"
     """Which implementation runs a transformer (``auto``, ``transformers``, ``hetpart``)."""
+    netem: bool = False
+    """Shape real traffic between per-rank network namespaces with ``tc`` instead of sleeping
+    (:mod:`hetpart.runtime.netem`; needs root and iproute2)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup"):
@@ -186,19 +190,25 @@ def _activation_gb(graph: ModelGraph, plan: Plan) -> float:
 
 # ------------------------------------------------------------------------------------- launching
 def torchrun_command(job_path: str | Path, nproc_per_node: int, log_dir: str | Path, *, nnodes: int = 1,
-                     rdzv_endpoint: str | None = None) -> list[str]:
+                     rdzv_endpoint: str | None = None, wrapper: str | Path | None = None) -> list[str]:
     """The torchrun command line that starts the workers of ``job_path`` (one machine by default).
 
     On several machines, run the same command on each with ``nnodes`` and a shared ``rdzv_endpoint``
-    (``host:port`` of the first machine).
+    (``host:port`` of the first machine). ``wrapper``: a script that starts the worker itself
+    (``--netem`` enters the rank's network namespace first).
     """
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1 and rdzv_endpoint is None:
         cmd += ["--standalone", "--nnodes", "1"]
     else:
         cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(rdzv_endpoint)]
-    return cmd + ["--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "0.1",
-                  "--log-dir", str(log_dir), "--redirects", "3", "-m", "hetpart.runtime.worker", str(job_path)]
+        if wrapper is not None:  # the endpoint is the bridge address of this machine: host the store here
+            cmd += ["--rdzv-conf", "is_host=1"]
+    cmd += ["--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "0.1",
+            "--log-dir", str(log_dir), "--redirects", "3"]
+    if wrapper is not None:
+        return cmd + ["--no-python", str(wrapper), str(job_path)]
+    return cmd + ["-m", "hetpart.runtime.worker", str(job_path)]
 
 
 def _worker_env() -> dict[str, str]:
@@ -225,13 +235,20 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
     run_dir.mkdir(parents=True, exist_ok=True)
     world = len(job["rank_devices"])
     job_path = run_dir / "job.json"
-    job_path.write_text(json.dumps(job, indent=1))
     (run_dir / "logs").mkdir(exist_ok=True)
     describe = _describer(job)
     watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s,
                         launcher_log=run_dir / "torchrun.log")
-    with open(run_dir / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(torchrun_command(job_path, world, run_dir / "logs"), stdout=log, stderr=subprocess.STDOUT,
+    network = _netem_network(job, run_dir)
+    with _terminate_as_exit(), network or contextlib.nullcontext(), open(run_dir / "torchrun.log", "wb") as log:
+        if network is not None:
+            job["emulation"]["shaped"] = network.shaped
+        job_path.write_text(json.dumps(job, indent=1))
+        cmd = torchrun_command(job_path, world, run_dir / "logs")
+        if network is not None:
+            cmd = torchrun_command(job_path, world, run_dir / "logs", rdzv_endpoint=f"{network.host_ip}:{network.free_port()}",
+                                   wrapper=network.wrapper())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=_worker_env(), start_new_session=True)
         try:
             _supervise(proc, watchdog, world, on_progress)
@@ -242,6 +259,39 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
 
 _POLL_S = 0.2
 """How often the launcher looks at the ranks (a few small file reads: it shares the cores with them)."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """While workers run, SIGTERM unwinds the launcher (so it kills them and removes namespaces)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _netem_network(job: dict[str, Any], run_dir: Path):
+    """The shaped network of a ``--netem`` job (None otherwise)."""
+    emu = job.get("emulation") or {}
+    if not emu.get("netem"):
+        return None
+    from hetpart.runtime.emulation import EmulationParams
+    from hetpart.runtime.netem import NetemNetwork
+
+    params = EmulationParams(**emu["link_params"])
+    cluster = params.cluster(load_cluster(job["cluster"]), Plan.from_dict(job["plan"]))
+    return NetemNetwork(cluster, job["rank_devices"], run_dir)
 
 
 def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progress) -> None:
@@ -387,6 +437,8 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     # The workers calibrate the emulation themselves, all at once, under the run's own contention.
     emulation = {"precision": plan.precision, "time_factor": options.time_factor, "width": width,
                  "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units]}
+    if options.netem:
+        emulation.update(_netem_setup(prep, options, width))
     job = {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
            "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
            "emulation": emulation if options.emulate else None, "fault": options.fault.to_dict() if options.fault else None,
@@ -399,7 +451,8 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     predicted, emu = None, None
     if options.emulate:
         params = EmulationParams(**results[0]["emulation"]["params"])
-        summary.update(params.to_dict(), calibrations=results[0]["emulation"]["calibrations"], calibrated_on="units")
+        summary.update(params.to_dict(), calibrations=results[0]["emulation"]["calibrations"], calibrated_on="units",
+                       links=job["emulation"].get("shaped", "none"))
         warm = measure.warmup_tflops(results, graph, small, options.warmup)
         if warm is not None:
             # The rate the ranks really reached in the warm-up (pipeline overheads and the run's own
@@ -413,6 +466,24 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     if out is not None:
         measure.append_jsonl(out, record)
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir))
+
+
+def _netem_setup(prep: PreparedRun, options: RunOptions, width: int) -> dict[str, Any]:
+    """``--netem`` shapes the links before the workers start, so ``T`` is fixed here: from
+    ``--time-factor`` or from this process's own calibration."""
+    from hetpart.runtime import measure
+    from hetpart.runtime.emulation import resolve_emulation
+    from hetpart.runtime.netem import netem_unavailable
+
+    why = netem_unavailable()
+    if why is not None:
+        raise RuntimeFault(f"runtime: --netem: {why}; run without --netem (links are then emulated by sleeps)")
+    graph, small = prep.run_graph, prep.run_plan
+    cal = measure.calibrate(prep.runnable, [u.fwd_flops + u.bwd_flops for u in graph.units], small.seq_len,
+                            small.micro_batch)
+    params = resolve_emulation(small, prep.cluster, prep.plan.precision, cal.achieved_tflops, cal.optimizer_gbyte_s,
+                               width, options.time_factor)
+    return {"netem": True, "time_factor": params.time_factor, "link_params": params.to_dict()}
 
 
 def params_width(graph: ModelGraph) -> int:

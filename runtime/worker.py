@@ -142,7 +142,8 @@ def _emulation(job: dict[str, Any], plan, rank: int):
                                emu["width"], emu.get("time_factor"))
     devices = tuple(job["rank_devices"])
     emulator = Emulator(cluster=params.cluster(real, plan), rank_devices=devices, rank=rank,
-                        speed_ratio=speed_ratios(plan, real, params.precision)[devices[rank]])
+                        speed_ratio=speed_ratios(plan, real, params.precision)[devices[rank]],
+                        shaped=emu.get("shaped", "none"))
     return emulator, {"params": params.to_dict(), "calibrations": everyone}
 
 
@@ -167,7 +168,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     plan = Plan.from_dict(job["plan"])
     fault = FaultSpec(**job["fault"]) if job.get("fault") else None
     emulator, emulation = _emulation(job, plan, rank)
-    board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None else None
+    board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None and emulator.shaped != "all" else None
     hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
                         comm_timeout_s=float(job.get("comm_timeout_s", 600)))

@@ -47,7 +47,7 @@ def _assert_all_gone(pids: list[int]) -> None:
 ])
 def test_a_faulty_rank_stops_every_rank_and_is_named(tmp_path, kind, rank, pattern):
     run_dir = tmp_path / "run"
-    options = RunOptions(steps=3, warmup=0, emulate=False, hang_timeout_s=4.0,
+    options = RunOptions(steps=3, warmup=0, emulate=False, hang_timeout_s=2.0,
                          fault=FaultSpec(rank=rank, kind=kind, step=1))
     with pytest.raises(RuntimeFault, match=pattern):
         run_plan(_plan(), options=options, run_dir=run_dir)

@@ -256,3 +256,22 @@ def test_a_python_model_runs_as_given(tmp_path):
     summary = result.summary()
     assert not summary["model"]["shrunken"] and summary["model"]["num_units"] == 5
     assert summary["measured"]["step_time_s"] > 0 and summary["predicted"]["step_time_s"] > 0
+
+
+def test_netem_shapes_real_traffic_or_is_refused_cleanly(tmp_path):
+    from hetpart.runtime.netem import netem_unavailable
+
+    why = netem_unavailable()
+    options = RunOptions(steps=1, warmup=1, time_factor=300.0, netem=True, startup_timeout_s=120)
+    if why is not None:
+        with pytest.raises(RuntimeFault, match="--netem: .*; run without --netem"):
+            run_plan(_pipeline_plan(), options=options, run_dir=tmp_path / "run")
+        return
+    result = run_plan(_pipeline_plan(), options=options, run_dir=tmp_path / "run")
+    summary = result.summary()
+    assert summary["emulation"]["links"] in ("bandwidth", "all")
+    assert summary["measured"]["step_time_s"] > 0 and summary["predicted"]["step_time_s"] > 0
+    import subprocess
+
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"hp{os.getpid() % 100000}r0" not in namespaces  # the run removed its namespaces

@@ -22,6 +22,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Resume from / save to this directory (torch.distributed.checkpoint)."),
         time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster (default: fastest peak / calibrated CPU peak)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
+        netem: bool = typer.Option(False, "--netem", help="Shape real traffic between per-rank network namespaces with tc (root + iproute2) instead of sleeping."),
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Directory for the ranks' logs, heartbeats and results (default: a new temporary one, kept)."),
@@ -33,7 +34,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     plan = load_plan(plan_path)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
                          time_factor=time_factor, emulate=not no_emulation, checkpoint_dir=checkpoint,
-                         hang_timeout_s=hang_timeout)
+                         hang_timeout_s=hang_timeout, netem=netem)
     if json_out:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir)
         emit_json(result.summary())
