@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -368,10 +367,6 @@ def new_run_dir(parent: str | Path | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix="hetpart-run-", dir=parent))
 
 
-def remove_run_dir(path: str | Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 # ------------------------------------------------------------------------------------- a whole run
 @dataclass(frozen=True)
 class RunResult:
@@ -427,45 +422,64 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         RuntimeFault: the machine cannot host the plan, or a rank died or hung.
     """
     from hetpart.runtime import measure
-    from hetpart.runtime.emulation import EmulationParams, calibrated_peak_tflops
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
-    graph, small = prep.run_graph, prep.run_plan
-    width = params_width(graph)
-    rates = measure.measure_host_rates(width)
-    # The workers calibrate the emulation themselves, all at once, under the run's own contention.
-    emulation = {"precision": plan.precision, "time_factor": options.time_factor, "width": width,
-                 "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units]}
-    if options.netem:
-        emulation.update(_netem_setup(prep, options, width))
-    job = {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
-           "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
-           "emulation": emulation if options.emulate else None, "fault": options.fault.to_dict() if options.fault else None,
-           "checkpoint_dir": str(Path(options.checkpoint_dir).resolve()) if options.checkpoint_dir else None,
-           "comm_timeout_s": options.hang_timeout_s + 60.0}
+    rates = measure.measure_host_rates(params_width(prep.run_graph))
+    job = _job(prep, options)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
     results = launch(job, run_dir, options, on_progress)
+    small = prep.run_plan
     measured = measure.summarize(results, small, prep.cluster, small.seq_len, options.warmup)
-    summary = {"enabled": options.emulate, "host": rates.to_dict()}
+    emulation = {"enabled": options.emulate, "host": rates.to_dict()}
     predicted, emu = None, None
     if options.emulate:
-        params = EmulationParams(**results[0]["emulation"]["params"])
-        summary.update(params.to_dict(), calibrations=results[0]["emulation"]["calibrations"], calibrated_on="units",
-                       links=job["emulation"].get("shaped", "none"))
-        warm = measure.warmup_tflops(results, graph, small, options.warmup)
-        if warm is not None:
-            # The rate the ranks really reached in the warm-up (pipeline overheads and the run's own
-            # contention included) calibrates the devices; T, fixed before the run, keeps the links.
-            peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)
-            params = dataclasses.replace(params, peak_tflops=peak, achieved_tflops=warm)
-            summary.update(peak_tflops=peak, achieved_tflops=warm, calibrated_on="warm-up")
-        emu = params.cluster(prep.cluster, small)
-        predicted = measure.predict(graph, emu, small)
-    record = _record(prep, options, summary, emu, measured, predicted)
+        emulation, emu = _emulation_used(prep, options, job, results, emulation)
+        predicted = measure.predict(prep.run_graph, emu, small)
+    record = _record(prep, options, emulation, emu, measured, predicted)
     if out is not None:
         measure.append_jsonl(out, record)
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir))
+
+
+def _job(prep: PreparedRun, options: RunOptions) -> dict[str, Any]:
+    """The job file's content: what every worker needs to build and run its rank."""
+    graph, small = prep.run_graph, prep.run_plan
+    width = params_width(graph)
+    # The workers calibrate the emulation themselves, all at once, under the run's own contention.
+    emulation = {"precision": prep.plan.precision, "time_factor": options.time_factor, "width": width,
+                 "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units]}
+    if options.netem:
+        emulation.update(_netem_setup(prep, options, width))
+    return {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
+            "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
+            "emulation": emulation if options.emulate else None,
+            "fault": options.fault.to_dict() if options.fault else None,
+            "checkpoint_dir": str(Path(options.checkpoint_dir).resolve()) if options.checkpoint_dir else None,
+            "comm_timeout_s": options.hang_timeout_s + 60.0}
+
+
+def _emulation_used(prep: PreparedRun, options: RunOptions, job: dict[str, Any], results: list[dict[str, Any]],
+                    summary: dict[str, Any]) -> tuple[dict[str, Any], Cluster]:
+    """The emulated cluster the prediction uses, and its description for the record.
+
+    The ranks agreed on ``T`` and a unit-timing calibration before the first step; the rate they
+    really reached in the warm-up (pipeline overheads and the run's own contention included)
+    recalibrates the device peaks; ``T``, fixed before the run, keeps the links.
+    """
+    from hetpart.runtime.emulation import EmulationParams, calibrated_peak_tflops
+    from hetpart.runtime.measure import warmup_tflops
+
+    graph, small = prep.run_graph, prep.run_plan
+    params = EmulationParams(**results[0]["emulation"]["params"])
+    summary = dict(summary, **params.to_dict(), calibrations=results[0]["emulation"]["calibrations"],
+                   calibrated_on="units", links=job["emulation"].get("shaped", "none"))
+    warm = warmup_tflops(results, graph, small, options.warmup)
+    if warm is not None:
+        peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)
+        params = dataclasses.replace(params, peak_tflops=peak, achieved_tflops=warm)
+        summary.update(peak_tflops=peak, achieved_tflops=warm, calibrated_on="warm-up")
+    return summary, params.cluster(prep.cluster, small)
 
 
 def _netem_setup(prep: PreparedRun, options: RunOptions, width: int) -> dict[str, Any]:
