@@ -66,6 +66,8 @@ def bench_plans() -> list:
 # ------------------------------------------------------------------------------------- accuracy
 def accuracy(steps: int, warmup: int, time_factor: float | None, out: Path | None) -> list[dict[str, Any]]:
     """Run every bench plan emulated; return measured and predicted step times per plan."""
+    from hetpart.cluster import load_cluster
+    from hetpart.plan import Plan
     from hetpart.runtime.emulation import EmulationParams
     from hetpart.runtime.launch import RunOptions, run_plan
     from hetpart.runtime.measure import predict
@@ -77,9 +79,6 @@ def accuracy(steps: int, warmup: int, time_factor: float | None, out: Path | Non
         emu = result.record["emulation"]
         units = EmulationParams(precision=emu["precision"], peak_tflops=_units_peak(result), time_factor=emu["time_factor"],
                                 memory_gbyte_s=emu["memory_gbyte_s"], achieved_tflops=0.0)
-        from hetpart.cluster import load_cluster
-        from hetpart.plan import Plan
-
         small = Plan.from_dict(result.record["plan"])
         graph = _run_graph(plan, small)
         pred_units = predict(graph, units.cluster(load_cluster(_CLUSTER), small), small)["step_time_s"]
