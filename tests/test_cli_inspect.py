@@ -17,16 +17,7 @@ from hetpart.cluster import cluster_catalog
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _json(capsys, *argv: str) -> dict:
-    code, out, err = _run(capsys, *argv)
-    assert code == 0, err
-    return json.loads(out)  # exactly one JSON object, nothing else on stdout
+from tests._cli import cli_json as _json, run_cli as _run  # noqa: E402
 
 
 def test_models_lists_the_catalog(capsys) -> None:

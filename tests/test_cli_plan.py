@@ -13,16 +13,7 @@ from hetpart.cli.app import main
 SMALL = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "256"]
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _json(capsys, *argv: str) -> dict:
-    code, out, err = _run(capsys, *argv)
-    assert code == 0, err
-    return json.loads(out)
+from tests._cli import cli_json as _json, run_cli as _run  # noqa: E402
 
 
 def _error(capsys, *argv: str) -> str:

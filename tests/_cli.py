@@ -1,0 +1,19 @@
+"""Running the CLI in-process for tests: exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+
+from hetpart.cli.app import main
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys, *argv: str) -> dict:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    return json.loads(out)  # exactly one JSON object, nothing else on stdout
