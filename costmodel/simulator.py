@@ -10,8 +10,10 @@ One training step of a :class:`~hetpart.plan.Plan`:
 2. data-parallel gradient all-reduces, per unit, among the replicas holding it (replicas may cut the
    model differently and mix device types: the slowest member paces the ring). A unit's bucket is
    ready when every holder's last backward has passed it, so the all-reduces overlap with the rest
-   of that backward and with the backward of earlier stages; all-reduces that share a device group
-   run one after another. Tied embedding copies on different stages are all-reduced the same way;
+   of that backward and with the backward of earlier stages (``overlap_grad_reduce=False``: they
+   start once every holder's backward is over, Megatron's default and hetpart's runtime); all-reduces
+   that share a device group run one after another. Tied embedding copies on different stages are
+   all-reduced the same way;
 3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held (read 16-bit
    gradient, fp32 master and two moments; write them back and the 16-bit weight) over HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
@@ -153,9 +155,12 @@ class Simulator:
     """
 
     def __init__(self, model: ModelGraph, cluster: Cluster,
-                 curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None) -> None:
-        """``curve_of`` overrides the efficiency curve per device type (calibration fits through it)."""
+                 curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
+                 overlap_grad_reduce: bool = True) -> None:
+        """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
+        ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward (module docstring)."""
         self.model = model
+        self.overlap_grad_reduce = overlap_grad_reduce
         self.cluster = cluster
         self._curve_of = curve_of
         self._tables = PrefixTables(model)
@@ -328,18 +333,26 @@ class Simulator:
         hold about one large layer) while the last backward still runs: it ends at the later of
         "first bucket ready + all buckets' time" and "last bucket ready + its own time" -- exact for
         equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
+        Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
+        backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
         jobs = []
         for holders, a, z, nbytes, last_bytes in self._dp_segments(plan):
-            first, last = self._segment_ready(plan, pipes, holders, a, z)
             ring = self._ring(plan, holders)
-            jobs.append((first, last, holders, self._allreduce_s(nbytes, ring), self._allreduce_s(last_bytes, ring)))
-        jobs.sort(key=lambda j: j[0])
+            t = self._allreduce_s(nbytes, ring)
+            if self.overlap_grad_reduce:
+                first, last = self._segment_ready(plan, pipes, holders, a, z)
+                jobs.append((first, last, holders, t, self._allreduce_s(last_bytes, ring), None))
+            else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
+                done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
+                           if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
+                jobs.append((done, done, holders, t, t, (-nbytes, a)))
+        jobs.sort(key=lambda j: j[0] if self.overlap_grad_reduce else j[5])
         free: dict[tuple[int, int], float] = {}
         spent: dict[tuple[int, int], float] = {}
         events = []
         end_all = 0.0
-        for first, last, holders, t, t_last in jobs:
+        for first, last, holders, t, t_last, _ in jobs:
             groups = {(r, k % pipes[r].pp) for r, k in holders}
             start = max([first] + [free.get(g, 0.0) for g in groups])
             end = max(start + t, last + t_last)
@@ -491,7 +504,7 @@ class Simulator:
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,
-             validate: bool = True, trace: bool = False) -> Prediction:
+             validate: bool = True, trace: bool = False, overlap_grad_reduce: bool = True) -> Prediction:
     """Predict step time, throughput, memory and a breakdown for ``plan``.
 
     Args:
@@ -501,7 +514,10 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
         workload: optional; when given its global batch and sequence length must match the plan's.
         validate: check the plan first (:meth:`Plan.check` raises :class:`PlanError`).
         trace: also return the per-operation timeline (for a Gantt chart).
+        overlap_grad_reduce: gradient buckets go out while the backward runs (DDP, Megatron's
+            ``--overlap-grad-reduce``); False: after it (Megatron's default, hetpart's runtime).
 
     For many plans of one model on one cluster, reuse a :class:`Simulator` (it caches unit costs).
     """
-    return Simulator(model, cluster).simulate(plan, workload, validate=validate, trace=trace)
+    return Simulator(model, cluster, overlap_grad_reduce=overlap_grad_reduce).simulate(
+        plan, workload, validate=validate, trace=trace)

@@ -8,9 +8,10 @@ stage(s) (:mod:`hetpart.runtime.models`), splits attention and MLP across the st
 
 Exact data parallelism with uneven shares: replica ``r`` processes ``n_r`` of the ``G`` sequences in
 micro-batches of ``b``; each micro-batch's mean loss is scaled by ``b / G`` (and the schedule does not
-rescale), so a replica's gradient is ``n_r / G`` times its mean and the sum over replicas, done by
-one all-reduce per unit among the ranks holding it (:mod:`hetpart.runtime.groups`), is the gradient
-of the global mean loss. Then Adam steps.
+rescale), so a replica's gradient is ``n_r / G`` times its mean and the sum over replicas, done among
+the ranks holding each unit (:mod:`hetpart.runtime.groups`; the units a set of ranks shares go in
+one flat all-reduce of up to 25 MiB, as DDP's buckets), is the gradient of the global mean loss.
+Then Adam steps.
 
 Example (in every process of a torchrun job whose world size is ``plan.num_devices``)::
 
@@ -21,6 +22,7 @@ Example (in every process of a torchrun job whose world size is ``plan.num_devic
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -34,7 +36,7 @@ from torch.nn import functional as F
 
 from hetpart.errors import PlanError, RuntimeFault
 from hetpart.plan import Plan
-from hetpart.runtime.groups import CommLayout, ProcessGroups, RankRole, comm_layout
+from hetpart.runtime.groups import DEFAULT_BUCKET_CAP, CommLayout, ProcessGroups, RankRole, comm_layout, fuse_buckets
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
 __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "loss_fn_for"]
@@ -51,8 +53,8 @@ class Hooks(Protocol):
         """Before a pipeline send of ``num_bytes`` to global rank ``peer_rank``."""
 
     def on_collective(self, kind: str, num_bytes: int, group_ranks: tuple[int, ...]) -> None:
-        """A collective among the global ranks ``group_ranks``: ``"all_reduce"`` of a gradient bucket
-        (called before it), or ``"tp_all_reduce"`` of tensor parallelism (called right after it, from
+        """A collective among the global ranks ``group_ranks``, called right after it: ``"all_reduce"`` of a
+        gradient bucket, or ``"tp_all_reduce"`` of tensor parallelism (from
         inside the compute: the output of each row-parallel linear in the forward, the input gradient
         of each column-parallel linear in the backward). The step-loss all-reduce is not reported."""
 
@@ -266,13 +268,15 @@ class Executor:
         lr: Adam learning rate.
         dtype: parameter and activation dtype (fp32 by default: CPU bf16 matmuls are slow and inexact).
         comm_timeout_s: timeout of the plan's process groups (pipeline, TP, gradient buckets).
+        bucket_cap: the most gradient elements per data-parallel all-reduce (fused buckets).
 
     The default process group must be initialised (torchrun + ``dist.init_process_group``).
     """
 
     def __init__(self, plan: Plan, model_spec: RunnableSpec, rank: int, world_size: int, *,
                  device: torch.device | str | None = None, hooks: Hooks | None = None, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32, comm_timeout_s: float = 600.0):
+                 dtype: torch.dtype = torch.float32, comm_timeout_s: float = 600.0,
+                 bucket_cap: int = DEFAULT_BUCKET_CAP):
         if not dist.is_initialized():
             raise RuntimeFault("runtime: torch.distributed is not initialised; start the ranks with torchrun "
                                "(hetpart run) and call init_process_group first")
@@ -297,6 +301,7 @@ class Executor:
         self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device), comm_timeout_s)
         self.stage_modules = self._build_stage_modules()
         self.params = self._canonical_params()
+        self.grad_buckets = fuse_buckets(self.layout.buckets, self._sync_numel, bucket_cap)
         self.schedule, self.schedule_used = self._build_schedule()
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
 
@@ -436,16 +441,21 @@ class Executor:
             return float(sum(l.detach().float().item() for l in losses))
         return 0.0
 
+    def _sync_numel(self, key: str) -> int:
+        """Elements of ``key``'s whole gradient (what sizes the buckets: the same on every rank)."""
+        return math.prod(self._param_info[key].shape)
+
     def sync_gradients(self) -> None:
-        """All-reduce (sum) every gradient bucket this rank belongs to, in the global bucket order."""
-        for bucket in self.layout.buckets:
+        """All-reduce (sum) every fused gradient bucket this rank belongs to, in the global order."""
+        for bucket in self.grad_buckets:
             if self.rank not in bucket.ranks:
                 continue
             tensors = [self._grad_for_sync(k, bucket.full) for k in bucket.keys]
             flat = torch.cat([t.reshape(-1) for t in tensors])
             start = time.perf_counter()
-            self.hooks.on_collective("all_reduce", flat.numel() * flat.element_size(), bucket.ranks)
             dist.all_reduce(flat, group=self.groups.group(bucket.ranks))
+            # After it: every member is there, so an emulated link delay starts from the last arrival.
+            self.hooks.on_collective("all_reduce", flat.numel() * flat.element_size(), bucket.ranks)
             self.clock.comm += time.perf_counter() - start
             offset = 0
             for key, t in zip(bucket.keys, tensors):
@@ -546,18 +556,33 @@ def _all_cuda_ids(device: torch.device) -> list[str | None]:
 
 
 def _parallelize(module: _StageModule, mesh, reporter: "_TPReporter") -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
 
     for unit in module.units:
-        plan = {}
+        plan: dict[str, Any] = {}
         for path, style in unit.tp_plan.items():
+            if style.startswith("input"):
+                # One replicated DTensor feeds the column-parallel linears below: their input gradients
+                # add up as partial sums and are all-reduced once, where the DTensor was made.
+                kwarg = style.partition(":")[2]
+                plan[f"body.{path}"] = (PrepareModuleInput(input_kwarg_layouts={kwarg: Replicate()},
+                                                           desired_input_kwarg_layouts={kwarg: Replicate()})
+                                        if kwarg else
+                                        PrepareModuleInput(input_layouts=(Replicate(),),
+                                                           desired_input_layouts=(Replicate(),)))
+                continue
             s = ColwiseParallel() if style == "colwise" else RowwiseParallel()
             s.src_data_rank = None  # every rank holds the same initial weights: slice locally, no scatter
             plan[f"body.{path}"] = s
         if plan:
             parallelize_module(unit, mesh, plan)
             unit.tensor_parallel_applied(mesh.size())
+            fed = [p for p, st in unit.tp_plan.items() if st.startswith("input")]
             for path, style in unit.tp_plan.items():
+                if style == "colwise" and any(path.startswith(f + ".") for f in fed):
+                    continue  # its input gradient is all-reduced (and reported) at the feeding module
                 reporter.attach(unit.get_submodule(f"body.{path}"), style)
 
 
@@ -577,7 +602,8 @@ class _ReportGrad(torch.autograd.Function):
 
 class _TPReporter:
     """Reports tensor-parallel all-reduces to the hooks: the output of every row-parallel linear in the
-    forward, the input gradient of every column-parallel linear in the backward (Megatron's g and f)."""
+    forward, the input gradient of every column-parallel linear (or of the ``input`` module that feeds
+    several) in the backward (Megatron's g and f)."""
 
     def __init__(self, ranks: tuple[int, ...], hooks: Hooks, clock: _Clock):
         self.ranks, self.hooks, self.clock = tuple(sorted(ranks)), hooks, clock
@@ -589,14 +615,21 @@ class _TPReporter:
         self.hooks.on_collective("tp_all_reduce", t.numel() * t.element_size(), self.ranks)
         self.clock.tp_hooks += time.perf_counter() - start
 
-    def attach(self, linear: nn.Module, style: str) -> None:
+    def attach(self, module: nn.Module, style: str) -> None:
         if style == "rowwise":
-            linear.register_forward_hook(lambda _m, _inp, out: self.report(out))
-        else:
-            def pre(_m, args):
-                x = args[0]
-                return (_ReportGrad.apply(x, self), *args[1:]) if x.requires_grad else None
-            linear.register_forward_pre_hook(pre, prepend=True)
+            module.register_forward_hook(lambda _m, _inp, out: self.report(out))
+            return
+        kwarg = style.partition(":")[2]
+
+        def pre(_m, args, kwargs):
+            x = kwargs[kwarg] if kwarg else args[0]
+            if not (isinstance(x, torch.Tensor) and x.requires_grad):
+                return None
+            x = _ReportGrad.apply(x, self)
+            return (args, {**kwargs, kwarg: x}) if kwarg else ((x, *args[1:]), kwargs)
+
+        # Prepended: runs before torch's input preparation, so the backward reports after its all-reduce.
+        module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
 
 
 class _MemoryProbe:

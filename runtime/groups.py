@@ -11,6 +11,8 @@ derives the same :class:`CommLayout` (no communication needed):
   embedding and LM head) form their own bucket among every rank holding either copy. When replicas
   hold a unit with different TP degrees, the bucket spans all holders and exchanges full-size
   gradients (each rank adds its shard in place, or its replicated copy divided by its TP degree).
+  :func:`fuse_buckets` then joins the buckets of one rank set into all-reduces of up to
+  ``cap`` elements (DDP's 25 MB buckets): one latency per group of ranks instead of one per unit.
 
 :class:`ProcessGroups` then creates the groups collectively, in one global order, with a backend per
 group: ``nccl`` only when every member has a GPU of its own and all are of one vendor, ``gloo``
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from hetpart.errors import PlanError
 
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
     from hetpart.runtime.models import UnitInfo
 
-__all__ = ["RankRole", "GradBucket", "CommLayout", "ProcessGroups", "device_ranks", "rank_roles",
+__all__ = ["RankRole", "GradBucket", "FusedBucket", "CommLayout", "fuse_buckets", "ProcessGroups", "device_ranks", "rank_roles",
            "comm_layout", "backend_for"]
 
 Backend = Literal["gloo", "nccl"]
@@ -66,6 +68,56 @@ class GradBucket:
     """True when members hold the unit with different TP degrees (full-size exchange)."""
     unit: int
     """The unit the keys belong to (the owner unit for tied weights)."""
+
+
+@dataclass(frozen=True)
+class FusedBucket:
+    """Gradients of several units all-reduced as one flat tensor (same members, same ``full``)."""
+
+    ranks: tuple[int, ...]
+    keys: tuple[str, ...]
+    full: bool
+    units: tuple[int, ...]
+    """The units whose buckets it joins, in the global bucket order."""
+
+
+DEFAULT_BUCKET_CAP = 25 * 2**20 // 4
+"""Elements per fused all-reduce: DDP's default 25 MiB of fp32 gradients."""
+
+
+def fuse_buckets(buckets: Sequence[GradBucket], numel: Callable[[str], int],
+                 cap: int = DEFAULT_BUCKET_CAP) -> tuple[FusedBucket, ...]:
+    """Join the per-unit ``buckets`` that share members and ``full`` into all-reduces of at most ``cap``
+    elements (a single larger parameter gets one of its own).
+
+    Every rank derives the same list, largest first (then by first per-unit bucket): a rank that runs
+    the ones it belongs to in that order cannot deadlock with another rank (the pending all-reduce
+    that comes first globally always has all its members waiting on it), and the large all-reduces of
+    disjoint rank sets (replicas cut at different places) run at the same time, before the small ones
+    that join them, instead of one after another.
+
+    Args:
+        buckets: the per-unit buckets in global order (:attr:`CommLayout.buckets`).
+        numel: elements of the all-reduced tensor of a parameter key (full size for ``full`` buckets).
+        cap: the most elements per fused all-reduce (``>= 1``).
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1 element, got {cap!r}")
+    open_: dict[tuple[tuple[int, ...], bool], list] = {}
+    out: list[tuple[int, list]] = []  # (first bucket index, [ranks, full, keys, units, size])
+    for n, b in enumerate(buckets):
+        size = sum(numel(k) for k in b.keys)
+        cur = open_.get((b.ranks, b.full))
+        if cur is None or (cur[4] + size > cap and cur[4] > 0):
+            cur = [b.ranks, b.full, [], [], 0]
+            open_[(b.ranks, b.full)] = cur
+            out.append((n, cur))
+        cur[2].extend(b.keys)
+        if b.unit not in cur[3]:
+            cur[3].append(b.unit)
+        cur[4] += size
+    out.sort(key=lambda nc: (-nc[1][4], nc[0]))
+    return tuple(FusedBucket(ranks=c[0], keys=tuple(c[2]), full=c[1], units=tuple(c[3])) for _, c in out)
 
 
 @dataclass(frozen=True)

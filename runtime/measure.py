@@ -164,14 +164,15 @@ def predict(graph, cluster, plan) -> dict[str, Any]:
     """The simulator's prediction for ``plan`` of ``graph`` on ``cluster`` (the emulated one), as a dict.
 
     The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
-    then the simulator's other metrics and its per-stage breakdown.
+    then the simulator's other metrics and its per-stage breakdown. The runtime all-reduces gradients
+    after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``).
     """
     from hetpart.costmodel import simulate
     from hetpart.workload import Workload
 
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
                         recompute=plan.recompute)
-    pred = simulate(graph, cluster, plan, workload)
+    pred = simulate(graph, cluster, plan, workload, overlap_grad_reduce=False)
     out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
     out.update({k: v for k, v in pred.metrics.items() if k not in out})
     out["breakdown"] = pred.breakdown

@@ -204,8 +204,12 @@ class UnitInfo:
     index: int
     name: str
     params: tuple[ParamInfo, ...]
-    tp_plan: dict[str, Literal["colwise", "rowwise"]] = field(default_factory=dict)
-    """Submodule path -> style, for ``torch.distributed.tensor.parallel`` (empty: not shardable)."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """Submodule path -> style, for ``torch.distributed.tensor.parallel`` (empty: not shardable):
+    ``colwise`` and ``rowwise`` linears, and ``input`` (``input:<kwarg>`` when the input is passed by
+    name) on a module whose replicated input feeds several column-parallel linears: the input becomes
+    one replicated DTensor there, so their input gradients are summed locally and all-reduced once
+    (Megatron's fused QKV: one all-reduce for attention's backward, one for the MLP's)."""
 
 
 class UnitModel(nn.Module):
@@ -314,11 +318,11 @@ class GPTBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-_HETPART_TP = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
+_HETPART_TP = {"attn": "input", "attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
                "mlp.fc": "colwise", "mlp.proj": "rowwise"}
-_LLAMA_TP = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
-             "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
-             "mlp.down_proj": "rowwise"}
+_LLAMA_TP = {"self_attn": "input:hidden_states", "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+             "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise", "mlp": "input", "mlp.gate_proj": "colwise",
+             "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
 
 def _positions(x: torch.Tensor) -> torch.Tensor:
@@ -408,7 +412,7 @@ def _gpt2_after_tp(block: nn.Module, tp: int) -> None:
     block.attn.split_size = block.attn.embed_dim // tp  # the local width of q, k and v
 
 
-_GPT2_TP = {"attn.c_attn.q": "colwise", "attn.c_attn.k": "colwise", "attn.c_attn.v": "colwise",
+_GPT2_TP = {"attn.c_attn": "input", "attn.c_attn.q": "colwise", "attn.c_attn.k": "colwise", "attn.c_attn.v": "colwise",
             "attn.c_proj": "rowwise", "mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
 
 

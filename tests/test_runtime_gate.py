@@ -121,14 +121,33 @@ class _Recorder:
 def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
     from hetpart.runtime.engine import Executor
 
+    import torch.distributed._functional_collectives as funcol
+
+    issue = funcol.all_reduce
     for name, (spec, plan) in cases.items():
         hooks = _Recorder()
         ex = Executor(plan, spec, rank, world, hooks=hooks)
-        loss = ex.global_loss(ex.forward_backward(0))
+        issued = [0]  # the all-reduces torch's tensor parallelism really issues (DTensor -> funcol)
+
+        def counted(*args, **kwargs):
+            issued[0] += 1
+            return issue(*args, **kwargs)
+
+        if ex.role.tp > 1:
+            ex.forward_backward(0)  # the first step also infers shapes (forwards that report nothing)
+            hooks.calls.clear()
+            hooks.bytes.clear()
+        funcol.all_reduce = counted
+        try:
+            local = ex.forward_backward(0)  # grads are reset: the same step again
+        finally:
+            funcol.all_reduce = issue
+        loss = ex.global_loss(local)
         ex.sync_gradients()
         stage_ranks = [ex.stage_rank(k) for k in range(plan.replicas[ex.replica].pp)]
         torch.save({"loss": loss, "grads": ex.local_gradients(), "schedule": ex.schedule_used,
-                    "calls": hooks.calls, "bytes": hooks.bytes, "stage_ranks": stage_ranks},
+                    "calls": hooks.calls, "bytes": hooks.bytes, "stage_ranks": stage_ranks,
+                    "tp_all_reduces_issued": issued[0]},
                    Path(out, f"{name}_{rank}.pt"))
 
 
@@ -229,9 +248,12 @@ def test_hooks_see_every_compute_send_and_collective(out_4: Path) -> None:
         assert calls.get("loss", 0) == (4 if last else 0)
         peer = rank - 2 if last else rank + 2  # same TP lane, other stage
         assert calls[f"send_to_{peer}"] == 4 and sent[f"send_to_{peer}"] == 4 * act
-        # Row-parallel outputs (attn.o, mlp.proj) forward, column-parallel inputs (q, k, v, fc) backward.
-        assert calls["tp_all_reduce"] == 4 * 2 * (2 + 4)
-        assert sent["tp_all_reduce"] == 4 * 2 * (2 + 4) * act
+        # Per block, Megatron's 2 + 2: row-parallel outputs (attn.o, mlp.proj) in the forward; in the
+        # backward the input gradients of q, k and v (summed locally: one all-reduce) and of mlp.fc.
+        assert calls["tp_all_reduce"] == 4 * 2 * (2 + 2)
+        assert sent["tp_all_reduce"] == 4 * 2 * (2 + 2) * act
+        # ... and that is what torch really issued (DTensor all-reduces; 2 + 4 before QKV was fused).
+        assert got["tp_all_reduces_issued"] == 4 * 2 * (2 + 2)
         # One replica: only the tied embedding/LM-head weight is summed between its two stages.
         assert calls["all_reduce"] == 1 and sent["all_reduce"] == 64 * 32 * 4
     for rank in range(4):
@@ -381,6 +403,29 @@ def test_comm_layout_of_replicas_with_different_cuts_and_tp() -> None:
     assert backend_for((0, 1), ["nvidia|h:0", None]) == "gloo"
     assert backend_for((0, 1), ["nvidia|h:0", "amd|g:0"]) == "gloo"  # across vendors
     assert backend_for((1, 2), ["nvidia|h:0", "amd|g:0", "amd|g:1"]) == "nccl"  # RCCL among AMD GPUs
+
+
+def test_gradient_buckets_fuse_per_rank_set_in_one_global_order() -> None:
+    from hetpart.runtime.groups import GradBucket, fuse_buckets
+
+    def b(ranks, unit, *keys, full=False):
+        return GradBucket(ranks=ranks, keys=keys, full=full, unit=unit)
+
+    buckets = [b((0, 2), 0, "e"), b((0, 1, 2), 0, "tied"), b((0, 2), 1, "a", "a.b"), b((1, 3), 2, "c"),
+               b((0, 2), 2, "d"), b((1, 3), 3, "f", full=True), b((1, 3), 3, "g")]
+    sizes = {"e": 4, "tied": 8, "a": 3, "a.b": 1, "c": 5, "d": 9, "f": 2, "g": 2}
+    fused = fuse_buckets(buckets, sizes.__getitem__)
+    # Largest first (17, 8, 7, 2 elements): disjoint rank sets' big all-reduces before the small ones.
+    assert [(f.ranks, f.full, f.keys, f.units) for f in fused] == [
+        ((0, 2), False, ("e", "a", "a.b", "d"), (0, 1, 2)), ((0, 1, 2), False, ("tied",), (0,)),
+        ((1, 3), False, ("c", "g"), (2, 3)), ((1, 3), True, ("f",), (3,))]
+    assert fuse_buckets(buckets, {**sizes, "tied": 1}.__getitem__)[1].ranks == (1, 3)
+    # A cap of 8 elements: (0, 2) splits where its next unit would pass it; a 9-element key goes alone
+    # (and, larger, first).
+    capped = fuse_buckets(buckets, sizes.__getitem__, cap=8)
+    assert [f.keys for f in capped if f.ranks == (0, 2)] == [("d",), ("e", "a", "a.b")]
+    with pytest.raises(ValueError, match="cap"):
+        fuse_buckets(buckets, sizes.__getitem__, cap=0)
 
 
 @pytest.mark.parametrize("impl,cfg", [("hetpart", _gpt2(2)), ("transformers", _gpt2(2)), ("transformers", _llama(2))])

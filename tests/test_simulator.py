@@ -213,6 +213,32 @@ def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
     assert 0 < b["sync_wait_s"] < b["dp_comm_s"]
 
 
+def test_gradient_all_reduce_after_the_backward_when_not_overlapped(gpt2):
+    cluster = parse_cluster({"name": "c", "nodes": [{"count": 4, "gpus_per_node": 1, "gpu": "A100-40GB",
+                                                     "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
+    two = Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
+        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)), Replica(0.5, (Stage((0, 14), ("0/1/0",)),))))
+    overlapped = simulate(gpt2, cluster, two)
+    after = simulate(gpt2, cluster, two, overlap_grad_reduce=False)
+    b = after.breakdown[0]
+    assert b["sync_wait_s"] == pytest.approx(b["dp_comm_s"])  # the whole all-reduce comes after the backward
+    assert after.step_time_s - overlapped.step_time_s == pytest.approx(
+        b["dp_comm_s"] - overlapped.breakdown[0]["sync_wait_s"])
+    # Untied llama2-7b (34 units), replicas cut at 20 and 12: runs 0-12 (devices 0, 2), 12-20 (0, 3) and
+    # 20-34 (1, 3). Largest first: 0-12 and 20-34 share no device and run side by side, then 12-20.
+    llama = load_model("llama2-7b", seq_len=S)
+    cut = Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
+        Replica(0.5, (Stage((0, 20), ("0/0/0",)), Stage((20, 34), ("0/1/0",)))),
+        Replica(0.5, (Stage((0, 12), ("0/2/0",)), Stage((12, 34), ("0/3/0",))))))
+    sim = Simulator(llama, cluster, overlap_grad_reduce=False)
+    run = sim._run(cut)
+    t = {(a, z): sim._allreduce_s(nbytes, sim._ring(cut, h)) for h, a, z, nbytes, _ in sim._dp_segments(cut)}
+    assert set(t) == {(0, 12), (12, 20), (20, 34)}
+    done = [p.last_bwd for p in run.pipes]  # per replica, per stage
+    first_two = max(max(done[0][0], done[1][0]) + t[(0, 12)], max(done[0][1], done[1][1]) + t[(20, 34)])
+    assert run.dp_end == pytest.approx(first_two + t[(12, 20)])
+
+
 def test_simulator_matches_the_event_reference_on_seeded_random_plans(gpt2, monkeypatch):
     import random
 
