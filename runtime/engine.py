@@ -39,7 +39,8 @@ from hetpart.plan import Plan
 from hetpart.runtime.groups import DEFAULT_BUCKET_CAP, CommLayout, ProcessGroups, RankRole, comm_layout, fuse_buckets
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
-__all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "loss_fn_for"]
+__all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "require_runnable",
+           "loss_fn_for"]
 
 
 class Hooks(Protocol):
@@ -190,6 +191,14 @@ def check_runnable(plan: Plan, spec: RunnableSpec) -> list[str]:
     return out
 
 
+def require_runnable(plan: Plan, spec: RunnableSpec, source: str = "plan") -> None:
+    """Raise :class:`PlanError` with the first rule of :func:`check_runnable` that ``plan`` breaks."""
+    problems = check_runnable(plan, spec)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"{source}: {problems[0]}{more}")
+
+
 class _TimedStage:
     """Factory for a PipelineStage subclass that times compute and reports sends to the hooks."""
 
@@ -283,9 +292,7 @@ class Executor:
         if world_size != plan.num_devices or dist.get_world_size() != world_size:
             raise RuntimeFault(f"runtime: the plan has {plan.num_devices} devices but the job has "
                                f"{dist.get_world_size()} processes; start one process per device")
-        problems = check_runnable(plan, model_spec)
-        if problems:
-            raise PlanError(f"plan: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        require_runnable(plan, model_spec)
         self.plan, self.spec, self.rank, self.world_size = plan, model_spec, rank, world_size
         self.device = torch.device(device) if device is not None else _default_device()
         self.hooks: Hooks = hooks or NoHooks()

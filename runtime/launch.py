@@ -155,6 +155,7 @@ class PreparedRun:
 def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions) -> PreparedRun:
     """Check the plan, shrink the model and check this machine's capacity; starts nothing."""
     from hetpart.graph.transformer import transformer_graph
+    from hetpart.runtime.engine import require_runnable
     from hetpart.runtime.models import runnable_spec, scaled_seq_len
 
     cluster = load_cluster(cluster_spec)
@@ -174,6 +175,7 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
                  schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
                  allow_cross_node_tp=plan.allow_cross_node_tp, meta=dict(plan.meta))
     small.check(graph, cluster, source="plan (shrunken model)")
+    require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
     check_capacity(small.num_devices, per_process)
     return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,

@@ -56,14 +56,19 @@ class WorkerHooks:
         self.fault = fault if fault is not None and fault.rank == rank else None
         self.step = 0
         self.account = StepAccount()
+        self.rank = rank
         self.lane: tuple[int, ...] = ()
+        self.num_stages = 0
         self.tp = 1
         self._cpu_mark = time.thread_time()
 
-    def attach(self, lane: tuple[int, ...], tp: int = 1) -> None:
-        """The ranks of this rank's pipeline lane (one per virtual stage) and its TP degree."""
+    def attach(self, lane: tuple[int, ...], tp: int = 1, num_stages: int | None = None) -> None:
+        """The ranks of this rank's pipeline lane (one per device group), its TP degree and the number
+        of (virtual) stages of its replica: stage ``k`` runs on ``lane[k % len(lane)]`` (interleaved
+        schedules have ``len(lane) * interleave`` stages)."""
         self.lane = tuple(lane)
         self.tp = tp
+        self.num_stages = len(self.lane) if num_stages is None else num_stages
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -97,10 +102,10 @@ class WorkerHooks:
         if self.board is None or not self.lane or kind == "loss":  # the loss receives nothing
             return 0.0
         src = stage - 1 if kind == "fwd" else stage + 1
-        if not 0 <= src < len(self.lane):
+        if not 0 <= src < self.num_stages or self.lane[src % len(self.lane)] == self.rank:
             return 0.0
         started = time.time() - seconds
-        return max(0.0, self.board.next_arrival(self.lane[src]) - started)
+        return max(0.0, self.board.next_arrival(self.lane[src % len(self.lane)]) - started)
 
     def on_send(self, num_bytes: int, peer_rank: int) -> None:
         if self.emulator is not None and self.board is not None:
@@ -172,7 +177,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
                         comm_timeout_s=float(job.get("comm_timeout_s", 600)))
-    hooks.attach(executor.layout.lanes[(executor.replica, executor.role.tp_index)], executor.role.tp)
+    hooks.attach(executor.lane, executor.role.tp, executor.plan.replicas[executor.replica].pp)
     start = 0
     ckpt = job.get("checkpoint_dir")
     if ckpt:

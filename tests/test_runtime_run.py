@@ -85,6 +85,33 @@ def test_arrival_board_is_fifo_per_pair(tmp_path):
     receiver.close()
 
 
+def test_arrival_waits_follow_interleaved_virtual_stages(tmp_path):
+    from hetpart.runtime.worker import WorkerHooks
+
+    class Beat:
+        def progress(self, step=None):
+            pass
+
+        def busy(self, seconds):
+            pass
+
+    asked = []
+
+    class Board:
+        def next_arrival(self, src_rank):
+            asked.append(src_rank)
+            return 0.0  # long arrived: no wait
+
+    emu = Emulator(emulated_cluster(load_cluster("tiny-mixed"), _pipeline_plan(), 0.02, 500.0, 5.0),
+                   ("0/0/0", "1/0/0"), rank=1, speed_ratio=1.0)
+    hooks = WorkerHooks(emu, Board(), Beat(), None, rank=1)
+    hooks.attach((0, 1), tp=1, num_stages=4)  # rank 1 runs virtual stages 1 and 3 of 0/1/2/3
+    for stage, kind in ((1, "fwd"), (3, "fwd"), (3, "bwd"), (1, "bwd"), (3, "loss")):
+        hooks.on_compute(stage, kind, 0.0)
+    # stage 1 <- 0 (rank 0), stage 3 <- 2 (rank 0); backward: stage 3 is last (nothing), stage 1 <- 2.
+    assert asked == [0, 0, 0]
+
+
 # ------------------------------------------------------------------------------------ refusals
 def test_capacity_refusal_says_what_fits():
     with pytest.raises(RuntimeFault, match=r"needs 100000 processes .* at most \d+ \(\d+ cores x 4"):
@@ -114,6 +141,13 @@ def test_bad_plan_is_refused_before_any_process_starts(tmp_path):
     with pytest.raises(PlanError, match=r"meta.model: missing .* give --model"):
         run_plan(unnamed, None, "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
     assert main(["run", str(tmp_path / "missing.json"), "--steps", "1"]) == 2
+    # Valid for the simulator, not for torch's interleaved schedule: 5 micro-batches in rounds of 2.
+    A, V = "0/0/0", "1/0/0"
+    odd = Plan(global_batch=5, micro_batch=1, seq_len=1024, schedule="interleaved", interleave=2, replicas=(
+        Replica(1.0, (Stage((0, 4), (A,)), Stage((4, 7), (V,)), Stage((7, 11), (A,)), Stage((11, 14), (V,)))),))
+    with pytest.raises(PlanError, match=r"plan \(the .* that runs\): replicas\[0\]: 5 micro-batches is not a multiple"):
+        run_plan(odd, "gpt2-small", "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
+    assert not run_dir.exists()
 
 
 def test_prepare_shrinks_the_model_but_keeps_its_units():
