@@ -8,8 +8,11 @@ The emulated cluster is the plan's real cluster slowed down uniformly by a time 
 * every link keeps its shape but runs ``T`` times slower: bandwidth / T, latency * T, where
   ``T = fastest real peak TFLOPS / emulated peak TFLOPS`` (default) so that compute and
   communication are dilated by the same factor. The emulated peak is calibrated: what one process
-  of this machine MEASURABLY achieves on the model that runs, divided by the simulator's efficiency. Sends and collectives sleep the
-  simulator's own transfer time on that dilated cluster (``p2p_time_s``, ``allreduce_time_s``).
+  of this machine MEASURABLY achieves on the model that runs, divided by the simulator's efficiency. Sends and collectives take the
+  simulator's own transfer time on that dilated cluster (``p2p_time_s``, ``allreduce_time_s``): a send
+  delays its receiver until then, a collective sleeps it less the time this machine's own transport
+  measurably takes for it (:func:`hetpart.runtime.worker.transport_costs`), so the emulated link
+  replaces the loopback instead of adding to it.
 
 :func:`emulated_cluster` builds that dilated cluster as a :class:`~hetpart.cluster.Cluster`, so
 the simulator predicts exactly what the processes emulate.

@@ -475,7 +475,8 @@ def _emulation_used(prep: PreparedRun, options: RunOptions, job: dict[str, Any],
     graph, small = prep.run_graph, prep.run_plan
     params = EmulationParams(**results[0]["emulation"]["params"])
     summary = dict(summary, **params.to_dict(), calibrations=results[0]["emulation"]["calibrations"],
-                   calibrated_on="units", links=job["emulation"].get("shaped", "none"))
+                   calibrated_on="units", links=job["emulation"].get("shaped", "none"),
+                   real_transport_s={str(r["rank"]): r["emulation"].get("transport", []) for r in results})
     warm = warmup_tflops(results, graph, small, options.warmup)
     if warm is not None:
         peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)

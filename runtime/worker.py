@@ -21,7 +21,7 @@ from typing import Any
 
 from hetpart.runtime.faults import FaultSpec, Heartbeat, error_path, result_path
 
-__all__ = ["StepAccount", "WorkerHooks", "main"]
+__all__ = ["StepAccount", "WorkerHooks", "transport_costs", "main"]
 
 _COMM_ERROR_MARKERS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout",
                        "gloo", "peer", "socket", "disconnected", "distbackenderror", "distnetworkerror")
@@ -49,8 +49,12 @@ class WorkerHooks:
     difference, which ends it exactly where it would have ended had it waited for the input.
     """
 
-    def __init__(self, emulator, board, heartbeat: Heartbeat, fault: FaultSpec | None, rank: int) -> None:
+    def __init__(self, emulator, board, heartbeat: Heartbeat, fault: FaultSpec | None, rank: int,
+                 transport: dict[tuple[tuple[int, ...], int], float] | None = None) -> None:
         self.emulator = emulator
+        self.transport = dict(transport or {})
+        """``(sorted ranks, bytes) -> seconds`` this machine's own transport takes for that collective
+        (:func:`transport_costs`): the emulated delay is what it should take in all, the sleep the rest."""
         self.board = board
         self.heartbeat = heartbeat
         self.fault = fault if fault is not None and fault.rank == rank else None
@@ -115,6 +119,7 @@ class WorkerHooks:
     def on_collective(self, kind: str, num_bytes: int, group_ranks) -> None:
         if self.emulator is not None:
             delay = self.emulator.collective_delay_s(kind, num_bytes, list(group_ranks))
+            delay = max(0.0, delay - self.transport.get((tuple(sorted(group_ranks)), num_bytes), 0.0))
             self.account.emulated_comm_s += delay
             self._sleep(delay)
         self.heartbeat.progress()
@@ -152,6 +157,48 @@ def _emulation(job: dict[str, Any], plan, rank: int):
     return emulator, {"params": params.to_dict(), "calibrations": everyone}
 
 
+def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], int], float]:
+    """Seconds this machine's own transport (gloo over loopback) takes for each collective whose link
+    the emulation delays: the tensor-parallel all-reduce of one micro-batch's activations and every
+    fused gradient bucket this rank joins, at their real sizes. Each is the fastest of ``repeats``
+    back-to-back runs after a first one (the members then arrive together: transport, no waiting).
+
+    The emulated link replaces the real one instead of adding to it: after a collective the rank
+    sleeps the emulated time minus this. Every rank runs its TP group first (TP groups are disjoint),
+    then its buckets in the engine's global order, so the calibration cannot deadlock.
+    """
+    import math
+
+    import torch
+    import torch.distributed as dist
+
+    role, plan = executor.role, executor.plan
+    jobs: list[tuple[tuple[int, ...], int]] = []
+    if role.tp > 1 and executor.spec.config is not None:
+        ranks = tuple(sorted(executor.layout.tp_groups[(executor.replica, role.stages[0] % executor.pp)]))
+        jobs.append((ranks, plan.micro_batch * plan.seq_len * executor.spec.config.hidden_size))
+    for bucket in executor.grad_buckets:
+        if executor.rank in bucket.ranks:
+            numel = 0
+            for key in bucket.keys:
+                n, shard = math.prod(executor._param_info[key].shape), executor._shard(key)
+                numel += n if bucket.full or shard.tp_dim is None else n // role.tp
+            jobs.append((bucket.ranks, numel))
+    out: dict[tuple[tuple[int, ...], int], float] = {}
+    for ranks, numel in jobs:
+        t = torch.zeros(numel, dtype=executor.dtype, device=executor.device)
+        group = executor.groups.group(ranks)
+        times = []
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            dist.all_reduce(t, group=group)
+            if i:
+                times.append(time.perf_counter() - start)
+        key = (ranks, numel * t.element_size())
+        out[key] = min(times + [out.get(key, math.inf)])
+    return out
+
+
 def _is_comm_error(exc: BaseException) -> bool:
     text = f"{exc.__class__.__name__} {exc}".lower()
     return any(m in text for m in _COMM_ERROR_MARKERS)
@@ -178,6 +225,9 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
                         comm_timeout_s=float(job.get("comm_timeout_s", 600)))
     hooks.attach(executor.lane, executor.role.tp, executor.plan.replicas[executor.replica].pp)
+    if emulator is not None and emulator.shaped == "none":  # shaped links: the real transfer IS the emulation
+        hooks.transport = transport_costs(executor)
+        emulation["transport"] = [{"ranks": list(r), "bytes": b, "seconds": s} for (r, b), s in hooks.transport.items()]
     start = 0
     ckpt = job.get("checkpoint_dir")
     if ckpt:

@@ -73,6 +73,32 @@ def test_emulator_sleeps_scale_measured_time_and_dilated_transfers():
         Emulator(emu, devices, rank=0, speed_ratio=0.5)
 
 
+class _Beat:
+    """A heartbeat that records nothing (WorkerHooks outside a worker)."""
+
+    def progress(self, step=None):
+        pass
+
+    def busy(self, seconds):
+        pass
+
+
+def test_collective_sleep_is_the_emulated_time_less_the_real_transport():
+    from hetpart.runtime.worker import WorkerHooks
+
+    emu = Emulator(emulated_cluster(load_cluster("tiny-mixed"), _pipeline_plan(), 0.02, 500.0, 5.0),
+                   ("0/0/0", "1/0/0"), rank=0, speed_ratio=1.0)
+    full = emu.collective_delay_s("all_reduce", 4096, [0, 1])
+    hooks = WorkerHooks(emu, None, _Beat(), None, rank=0, transport={((0, 1), 4096): 0.25 * full})
+    hooks.on_collective("all_reduce", 4096, (1, 0))
+    assert hooks.account.emulated_comm_s == pytest.approx(0.75 * full)
+    hooks.on_collective("all_reduce", 8192, (0, 1))  # a size never timed: the whole emulated time
+    assert hooks.account.emulated_comm_s == pytest.approx(0.75 * full + emu.collective_delay_s("all_reduce", 8192, [0, 1]))
+    slow = WorkerHooks(emu, None, _Beat(), None, rank=0, transport={((0, 1), 4096): 2 * full})
+    slow.on_collective("all_reduce", 4096, (0, 1))  # the real transport was slower still: no sleep
+    assert slow.account.emulated_comm_s == 0.0
+
+
 def test_arrival_board_is_fifo_per_pair(tmp_path):
     sender, receiver = ArrivalBoard(tmp_path, rank=0), ArrivalBoard(tmp_path, rank=1)
     sender.post(1, 10.0)
@@ -88,13 +114,6 @@ def test_arrival_board_is_fifo_per_pair(tmp_path):
 def test_arrival_waits_follow_interleaved_virtual_stages(tmp_path):
     from hetpart.runtime.worker import WorkerHooks
 
-    class Beat:
-        def progress(self, step=None):
-            pass
-
-        def busy(self, seconds):
-            pass
-
     asked = []
 
     class Board:
@@ -104,7 +123,7 @@ def test_arrival_waits_follow_interleaved_virtual_stages(tmp_path):
 
     emu = Emulator(emulated_cluster(load_cluster("tiny-mixed"), _pipeline_plan(), 0.02, 500.0, 5.0),
                    ("0/0/0", "1/0/0"), rank=1, speed_ratio=1.0)
-    hooks = WorkerHooks(emu, Board(), Beat(), None, rank=1)
+    hooks = WorkerHooks(emu, Board(), _Beat(), None, rank=1)
     hooks.attach((0, 1), tp=1, num_stages=4)  # rank 1 runs virtual stages 1 and 3 of 0/1/2/3
     for stage, kind in ((1, "fwd"), (3, "fwd"), (3, "bwd"), (1, "bwd"), (3, "loss")):
         hooks.on_compute(stage, kind, 0.0)
@@ -241,6 +260,13 @@ def test_run_writes_a_complete_jsonl_record(emulated_run):
     assert rec["model"]["graph"]["num_units"] == 14
     assert rec["emulated_cluster"]["node_groups"][0]["gpu"] == "emu-A100-40GB"
     assert rec["measured"]["step_time_s"] == pytest.approx(summary["measured"]["step_time_s"])
+    # The tied embedding / LM head bucket (fp32, 1 x the tiny vocabulary x 64) crosses the emulated link:
+    # each rank timed gloo's own all-reduce of it, which the emulated delay then includes.
+    transport = rec["emulation"]["real_transport_s"]
+    assert sorted(transport) == ["0", "1"]
+    for entries in transport.values():
+        assert [(e["ranks"], e["bytes"]) for e in entries] == [([0, 1], summary["model"]["vocab_size"] * 64 * 4)]
+        assert 0 < entries[0]["seconds"] < 1.0
 
 
 def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):
