@@ -8,7 +8,7 @@
    2x V100, 2-4 processes): the simulator on the emulated cluster, calibrated (a) by the workers'
    unit timings before the run and (b) by the warm-up steps; mean and max error, rank agreement.
 
-Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_runtime [--steps 3] [--time-factor 1000]``.
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_runtime [--steps 5] [--warmup 3] [--time-factor 1000]``.
 The direct baseline's workers run as ``python -m hetpart.experiments.bench_runtime --direct-worker JOB``.
 """
 
@@ -213,8 +213,8 @@ def _direct_worker(job_path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direct-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up steps; all but the first calibrate the rate")
     parser.add_argument("--time-factor", type=float, default=1000.0,
                         help="emulation slowdown (0: the default, fastest peak / calibrated CPU peak)")
     parser.add_argument("--overhead-steps", type=int, default=10)
