@@ -202,22 +202,24 @@ def test_estimate_agrees_with_simulate(gpt2, mixed):
         assert quick.memory_headroom_gb == pytest.approx(min(b["capacity_gb"] - b["memory_gb"] for b in full.breakdown))
 
 
-def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
-    cluster = parse_cluster({"name": "c", "nodes": [{"count": 2, "gpus_per_node": 1, "gpu": "A100-40GB",
-                                                     "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
-    plan = Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
+def _ethernet_nodes(count: int):
+    return parse_cluster({"name": "c", "nodes": [{"count": count, "gpus_per_node": 1, "gpu": "A100-40GB",
+                                                  "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
+
+
+def _two_replicas() -> Plan:
+    return Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
         Replica(0.5, (Stage((0, 14), ("0/0/0",)),)), Replica(0.5, (Stage((0, 14), ("0/1/0",)),))))
-    pred = simulate(gpt2, cluster, plan)
-    b = pred.breakdown[0]
+
+
+def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
+    b = simulate(gpt2, _ethernet_nodes(2), _two_replicas()).breakdown[0]
     # buckets go out while the backward still runs: less than the whole all-reduce is left after it
     assert 0 < b["sync_wait_s"] < b["dp_comm_s"]
 
 
 def test_gradient_all_reduce_after_the_backward_when_not_overlapped(gpt2):
-    cluster = parse_cluster({"name": "c", "nodes": [{"count": 4, "gpus_per_node": 1, "gpu": "A100-40GB",
-                                                     "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
-    two = Plan(global_batch=16, micro_batch=8, seq_len=S, replicas=(
-        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)), Replica(0.5, (Stage((0, 14), ("0/1/0",)),))))
+    cluster, two = _ethernet_nodes(4), _two_replicas()
     overlapped = simulate(gpt2, cluster, two)
     after = simulate(gpt2, cluster, two, overlap_grad_reduce=False)
     b = after.breakdown[0]
