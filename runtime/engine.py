@@ -208,25 +208,21 @@ class _TimedStage:
         from torch.distributed.pipelining import PipelineStage
 
         class TimedStage(PipelineStage):
-            def forward_one_chunk(self, *args, **kwargs):
+            def _timed(self, kind: str, run, *args, **kwargs):
                 start, tp = time.perf_counter(), clock.tp_hooks
                 clock.in_chunk = True
                 try:
-                    out = super().forward_one_chunk(*args, **kwargs)
+                    out = run(*args, **kwargs)
                 finally:
                     clock.in_chunk = False
-                clock.chunk("fwd", self.stage_index, start, tp, hooks)
+                clock.chunk(kind, self.stage_index, start, tp, hooks)
                 return out
 
+            def forward_one_chunk(self, *args, **kwargs):
+                return self._timed("fwd", super().forward_one_chunk, *args, **kwargs)
+
             def backward_one_chunk(self, *args, **kwargs):
-                start, tp = time.perf_counter(), clock.tp_hooks
-                clock.in_chunk = True
-                try:
-                    out = super().backward_one_chunk(*args, **kwargs)
-                finally:
-                    clock.in_chunk = False
-                clock.chunk("bwd", self.stage_index, start, tp, hooks)
-                return out
+                return self._timed("bwd", super().backward_one_chunk, *args, **kwargs)
 
             def get_fwd_send_ops(self, chunk: int):
                 return _report_sends(super().get_fwd_send_ops(chunk), clock, hooks)

@@ -74,13 +74,16 @@ def test_emulator_sleeps_scale_measured_time_and_dilated_transfers():
 
 
 class _Beat:
-    """A heartbeat that records nothing (WorkerHooks outside a worker)."""
+    """A heartbeat that counts what WorkerHooks tell it (outside a worker)."""
+
+    def __init__(self) -> None:
+        self.beats, self.busy_s = 0, 0.0
 
     def progress(self, step=None):
-        pass
+        self.beats += 1
 
     def busy(self, seconds):
-        pass
+        self.busy_s += seconds
 
 
 def test_collective_sleep_is_the_emulated_time_less_the_real_transport():
@@ -89,9 +92,11 @@ def test_collective_sleep_is_the_emulated_time_less_the_real_transport():
     emu = Emulator(emulated_cluster(load_cluster("tiny-mixed"), _pipeline_plan(), 0.02, 500.0, 5.0),
                    ("0/0/0", "1/0/0"), rank=0, speed_ratio=1.0)
     full = emu.collective_delay_s("all_reduce", 4096, [0, 1])
-    hooks = WorkerHooks(emu, None, _Beat(), None, rank=0, transport={((0, 1), 4096): 0.25 * full})
+    beat = _Beat()
+    hooks = WorkerHooks(emu, None, beat, None, rank=0, transport={((0, 1), 4096): 0.25 * full})
     hooks.on_collective("all_reduce", 4096, (1, 0))
     assert hooks.account.emulated_comm_s == pytest.approx(0.75 * full)
+    assert beat.busy_s == pytest.approx(0.75 * full) and beat.beats == 1  # the watchdog knows it sleeps
     hooks.on_collective("all_reduce", 8192, (0, 1))  # a size never timed: the whole emulated time
     assert hooks.account.emulated_comm_s == pytest.approx(0.75 * full + emu.collective_delay_s("all_reduce", 8192, [0, 1]))
     slow = WorkerHooks(emu, None, _Beat(), None, rank=0, transport={((0, 1), 4096): 2 * full})
