@@ -4,7 +4,7 @@
    same stages run directly with ``torch.distributed.pipelining`` (PipelineStage + Schedule1F1B + Adam,
    nothing else), both as 2 torchrun processes, interleaved. Wall time and process CPU time per step
    (slowest rank, after warm-up); on a shared machine the CPU time is the steadier of the two.
-2. Predicted vs measured step time for 12 plans on the emulated ``tiny-mixed`` cluster (2x A100 +
+2. Predicted vs measured step time for 13 plans on the emulated ``tiny-mixed`` cluster (2x A100 +
    2x V100, 2-4 processes): the simulator on the emulated cluster, calibrated (a) by the workers'
    unit timings before the run and (b) by the warm-up steps; mean and max error, rank agreement.
 
@@ -33,16 +33,18 @@ _CLUSTER = "tiny-mixed"
 
 # ------------------------------------------------------------------------------------- plans
 def _plan(stages_by_replica, shares, *, global_batch=8, micro_batch=1, schedule="1f1b", name=""):
+    """A plan of gpt2-small on tiny-mixed; an interleaved replica lists its virtual stages (2 per device)."""
     from hetpart.plan import Plan, Replica, Stage
 
     replicas = tuple(Replica(share, tuple(Stage(tuple(layers), tuple(devs), len(devs)) for layers, devs in stages))
                      for share, stages in zip(shares, stages_by_replica))
     return Plan(global_batch=global_batch, micro_batch=micro_batch, seq_len=1024, replicas=replicas,
-                schedule=schedule, meta={"model": _MODEL, "cluster": _CLUSTER, "name": name})
+                schedule=schedule, interleave=2 if schedule == "interleaved" else 1,
+                meta={"model": _MODEL, "cluster": _CLUSTER, "name": name})
 
 
 def bench_plans() -> list:
-    """12 different plans for gpt2-small (14 units) on tiny-mixed (A100s 0/0/0-1, V100s 1/0/0-1)."""
+    """13 different plans for gpt2-small (14 units) on tiny-mixed (A100s 0/0/0-1, V100s 1/0/0-1)."""
     A0, A1, V0, V1 = "0/0/0", "0/0/1", "1/0/0", "1/0/1"
     P = _plan
     return [
@@ -58,6 +60,8 @@ def bench_plans() -> list:
           name="pp4 5/3/3/3 mb2"),
         P([[((0, 8), [A0]), ((8, 14), [A1])], [((0, 6), [V0]), ((6, 14), [V1])]], [0.75, 0.25],
           name="dp2xpp2 cut 8 / cut 6"),
+        P([[((0, 4), [A0]), ((4, 7), [V0]), ((7, 11), [A0]), ((11, 14), [V0])]], [1.0], global_batch=4,
+          schedule="interleaved", name="pp2x2 interleaved A100-V100"),
         P([[((0, 14), [A0, A1])]], [1.0], name="tp2 A100"),
         P([[((0, 9), [A0, A1]), ((9, 14), [V0, V1])]], [1.0], name="tp2xpp2"),
     ]
