@@ -1,0 +1,162 @@
+"""Measured per-unit profiles: forward and backward time and memory of each unit kind, on the device at hand.
+
+The analytical simulator prices a unit from its FLOPs and a fitted efficiency curve. A profile replaces
+that guess with a measurement: the unit modules the runtime executes (:mod:`hetpart.runtime.models`) are
+built at full size, one of each kind (embedding, one transformer block, head), and timed forward and
+backward at each micro-batch size: CUDA events on a GPU, ``perf_counter`` on the CPU; warm-up first,
+then the median of repeats, with the spread (min, max) kept beside it so that a reader can judge noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from hetpart.runtime.models import RunnableSpec, build_units, synthetic_batch
+
+__all__ = ["UnitTiming", "profile_units", "device_name"]
+
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class UnitTiming:
+    """One unit kind at one micro-batch size, measured."""
+
+    unit: str
+    """Unit name (``embedding``, ``block_0``, ``head``)."""
+    micro_batch: int
+    seq_len: int
+    precision: str
+    """``fp32`` (TF32 off), ``tf32`` (fp32 storage, TF32 matrix products), ``bf16`` or ``fp16`` (weights and
+    activations in that type, the matrix work of mixed-precision training)."""
+    fwd_s: float
+    """Median forward seconds."""
+    bwd_s: float
+    """Median backward seconds (input and weight gradients)."""
+    fwd_range_s: tuple[float, float]
+    bwd_range_s: tuple[float, float]
+    peak_memory_gb: float | None
+    """Peak allocated memory during forward + backward (GPU only; None on the CPU)."""
+    repeats: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_name(device: torch.device) -> str:
+    """A readable name of ``device`` (the GPU's marketing name, or the CPU model)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+class _Clock:
+    """Times one call: CUDA events on a GPU (the work is asynchronous), ``perf_counter`` on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def _unit_input(spec: RunnableSpec, index: int, micro_batch: int, seq_len: int, device: torch.device,
+                dtype: torch.dtype) -> torch.Tensor:
+    if index == 0:
+        tokens, _ = synthetic_batch(spec, micro_batch, seq_len)
+        return tokens.to(device)
+    hidden = spec.config.hidden_size
+    gen = torch.Generator().manual_seed(index)
+    x = torch.randn(micro_batch, seq_len, hidden, generator=gen).to(device=device, dtype=dtype)
+    return x.requires_grad_(True)
+
+
+def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, precision: str = "bf16",
+                  device: str | torch.device = "cpu", warmup: int = 3, repeats: int = 10,
+                  block_index: int = 1) -> list[UnitTiming]:
+    """Time the embedding, one block and the head of ``spec`` at each micro-batch size.
+
+    Args:
+        spec: a transformer (``spec.config`` set), at the size to measure (not shrunk).
+        micro_batches: sequences per micro-batch to measure.
+        seq_len: tokens per sequence.
+        precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16``.
+        device: where to run (``cuda``, ``cuda:1``, ``cpu``).
+        warmup, repeats: untimed and timed iterations per measurement; the median is reported.
+        block_index: which unit stands for every block (they have the same shape).
+
+    Returns:
+        One :class:`UnitTiming` per unit kind and micro-batch size.
+    """
+    if spec.config is None:
+        raise ValueError("profile_units: a transformer spec is needed (python: models have no unit kinds)")
+    if precision not in _DTYPES:
+        raise ValueError(f"profile_units: precision {precision!r}; use one of {', '.join(_DTYPES)}")
+    device = torch.device(device)
+    dtype = _DTYPES[precision]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    indices = [0, block_index, spec.num_units - 1]
+    units = build_units(spec, indices, device=device, dtype=dtype)
+    clock = _Clock(device)
+    out = []
+    for index, unit in zip(indices, units):
+        for b in micro_batches:
+            out.append(_time_unit(unit, spec, index, b, seq_len, device, dtype, clock, warmup, repeats))
+    return out
+
+
+def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batch: int, seq_len: int,
+               device: torch.device, dtype: torch.dtype, clock: _Clock, warmup: int, repeats: int) -> UnitTiming:
+    x = _unit_input(spec, index, micro_batch, seq_len, device, dtype)
+    with torch.no_grad():
+        grad = torch.randn_like(unit(x).float()).to(dtype) * 1e-3
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    fwd, bwd = [], []
+    for i in range(warmup + repeats):
+        unit.zero_grad(set_to_none=True)
+        holder: dict[str, torch.Tensor] = {}
+        f = clock(lambda: holder.__setitem__("y", unit(x)))
+        b = clock(lambda: holder["y"].backward(grad))
+        if x.grad is not None:
+            x.grad = None
+        if i >= warmup:
+            fwd.append(f)
+            bwd.append(b)
+    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+    return UnitTiming(unit=unit.unit_name, micro_batch=micro_batch, seq_len=seq_len,
+                      precision=_precision_name(dtype, device), fwd_s=statistics.median(fwd),
+                      bwd_s=statistics.median(bwd), fwd_range_s=(min(fwd), max(fwd)), bwd_range_s=(min(bwd), max(bwd)),
+                      peak_memory_gb=peak, repeats=repeats)
+
+
+def _precision_name(dtype: torch.dtype, device: torch.device) -> str:
+    if dtype == torch.float32:
+        tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+        return "tf32" if tf32 else "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
