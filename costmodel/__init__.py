@@ -1,4 +1,6 @@
-"""Cost models: the analytical simulator of heterogeneous training, the upper bound and the planners."""
+"""Cost models price plans: the :class:`Predictor` protocol and registry, the analytical simulator
+(the ``simulator`` predictor), the memory model and the evaluator planners price candidates with.
+Planners live in :mod:`hetpart.policies`."""
 
 from hetpart.costmodel.collectives import allreduce_cost, allreduce_time_s, p2p_time_s, ring_allreduce_time_s
 from hetpart.costmodel.compute import stage_compute_s, stage_tp_comm_s, unit_compute_s, unit_tp_comm_s
@@ -8,21 +10,21 @@ from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memor
     stage_params_per_device
 from hetpart.costmodel.schedule import PipelineTiming, pipeline_step_time_s, pipeline_summary, pipeline_timing, \
     simulate_pipeline_events
-from hetpart.costmodel.simulator import Estimate, Prediction, Simulator, simulate
-from hetpart.costmodel.planner import PLANNERS, PlanResult, plan
-from hetpart.costmodel.plan_search import SearchOptions, plan_search
-from hetpart.costmodel.plan_uniform import plan_uniform
-from hetpart.costmodel.plan_proportional import plan_proportional
-from hetpart.costmodel.upper_bound import roofline_tokens_per_s, upper_bound
+from hetpart.costmodel.simulator import Estimate, Prediction, Simulator, simulate, simulator_predictor
+from hetpart.costmodel.predictor import Predictor, available_predictors, default_predictor, get_predictor, \
+    register_predictor, set_default_predictor
+from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
+from hetpart.costmodel.roofline import roofline_tokens_per_s
 
 __all__ = [
-    # simulator (engineer B)
+    # simulator
     "simulate", "Simulator", "Prediction", "Estimate", "pipeline_summary", "PrefixTables", "stage_compute_s",
     "stage_tp_comm_s", "unit_compute_s", "unit_tp_comm_s", "p2p_time_s", "allreduce_time_s", "allreduce_cost",
     "ring_allreduce_time_s", "stage_memory_gb", "stage_params_per_device", "in_flight_microbatches", "memory_capacity_gb", "pipeline_step_time_s",
     "pipeline_timing", "simulate_pipeline_events", "PipelineTiming", "megatron_plan", "even_layer_split",
     "matmul_efficiency", "curve_for", "CURVES", "EfficiencyCurve",
-    # planners and upper bound (engineer C)
-    "PLANNERS", "PlanResult", "plan", "SearchOptions", "plan_search", "plan_uniform", "plan_proportional",
-    "upper_bound", "roofline_tokens_per_s",
+    "simulator_predictor", "roofline_tokens_per_s",
+    # the predictor interface and what prices candidates
+    "Predictor", "get_predictor", "register_predictor", "available_predictors", "default_predictor",
+    "set_default_predictor", "Evaluator", "Evaluated", "best_of",
 ]

@@ -1,15 +1,14 @@
-"""Simulating candidate plans fast: a memory filter, an exact lower bound and branch-and-bound.
+"""Pricing candidate plans fast: a memory filter, a predictor and branch-and-bound.
 
-Planners produce many candidates; :meth:`Evaluator.best` simulates them in order of a lower bound
-on their step time and stops once the bound cannot beat the best simulated plan, so it returns
-exactly what simulating every candidate would, at a fraction of the cost.
+Planners produce many candidates; :meth:`Evaluator.best` prices them with a predictor
+(:mod:`hetpart.costmodel.predictor`). When the predictor has a lower bound (the simulator's:
+:meth:`~hetpart.costmodel.simulator.Simulator.lower_bound_s`), candidates are priced in order of
+their bound and the loop stops once no bound can beat the best priced plan, so it returns exactly
+what pricing every candidate would, at a fraction of the cost. A predictor without a bound (a
+learned model bounds nothing) prices every candidate in one batch, and :attr:`Evaluator.pruning`
+says so.
 
-The bound, per pipeline device ``d`` of a replica with ``m`` micro-batches: the device computes
-``m`` forwards and backwards of its stage, and before its first forward every earlier stage ran
-one forward while after its last backward every earlier stage runs one backward, so the pipeline
-takes at least ``sum_{k<d} (f_k + b_k) + m (f_d + b_d)``; the optimizer step comes after all of
-it. Stage times are the simulator's own (:mod:`hetpart.costmodel.compute` on the stage's slowest
-device, tensor-parallel all-reduces over its slowest ring hop).
+The memory filter is the memory model of :mod:`hetpart.costmodel.memory` whatever the predictor.
 """
 
 from __future__ import annotations
@@ -17,27 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
-import numpy as np
 
 from hetpart.errors import PlanError
 from hetpart.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
+    from hetpart.costmodel.predictor import Predictor
     from hetpart.costmodel.simulator import Estimate, Prediction
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
 __all__ = ["Evaluated", "Evaluator", "evaluate", "best_of"]
 
-_SLACK = 1.0 - 1e-9
-"""The bound is scaled down by this so that rounding never prunes the optimum."""
-
-
 @dataclass(frozen=True)
 class Evaluated:
-    """A plan and the simulator's inner-loop estimate of it (:meth:`Simulator.estimate`: the same
-    step time as :func:`simulate`, without the report)."""
+    """A plan and the predictor's inner-loop estimate of it (:meth:`Predictor.estimate_batch`: the
+    same step time as the full report, without the report)."""
 
     plan: Plan
     estimate: "Estimate"
@@ -64,19 +59,37 @@ def best_of(candidates: Iterable[Evaluated | None]) -> Evaluated | None:
 
 
 class Evaluator:
-    """Simulates candidate plans of one workload, reusing one :class:`~hetpart.costmodel.simulator.Simulator`."""
+    """Prices candidate plans of one workload with one predictor (built once, caches reused).
+
+    Args:
+        predictor: a :class:`~hetpart.costmodel.predictor.Predictor` for this model and cluster
+            (default: the registry's default predictor).
+        ignore_memory: accept plans that do not fit (the upper bound lifts memory limits).
+    """
 
     def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload",
-                 ignore_memory: bool = False) -> None:
-        from hetpart.costmodel.simulator import Simulator
+                 ignore_memory: bool = False, predictor: "Predictor | None" = None) -> None:
+        from hetpart.costmodel.predictor import get_predictor, lower_bound_of
 
         self.model, self.cluster, self.workload = model, cluster, workload
         self.ignore_memory = ignore_memory
-        self.simulator = Simulator(model, cluster)
+        self.predictor = predictor if predictor is not None else get_predictor(None, model, cluster, workload)
+        self._bound = lower_bound_of(self.predictor)
         self.simulations = 0
+        """Plans priced so far (the work branch and bound saves)."""
         self._stage_gb: dict[tuple, float] = {}
-        self._prefix: dict[tuple, np.ndarray] = {}
-        self._params_cache: dict[tuple, float] = {}
+
+    @property
+    def pruning(self) -> bool:
+        """Whether :meth:`best` prunes (only with a predictor that has a lower bound)."""
+        return self._bound is not None
+
+    def describe(self) -> dict[str, object]:
+        """The predictor and whether branch and bound could prune, for a planner's result."""
+        p = self.predictor
+        note = (f"branch and bound on {p.name}'s lower bound (exact)" if self.pruning else
+                f"no pruning: predictor {p.name!r} has no lower bound, every candidate was priced")
+        return {"predictor": {"name": p.name, "version": p.version}, "pruned": self.pruning, "pruning": note}
 
     # ------------------------------------------------------------------------------------- filters
     def fits(self, plan: Plan) -> bool:
@@ -103,78 +116,45 @@ class Evaluator:
                     return False
         return True
 
-    def _stage_s(self, stage, plan: Plan) -> float:
-        """Forward + backward (+ recompute, + TP all-reduces) of one micro-batch on ``stage``."""
-        from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
-
-        gpu = min((self.cluster.device(d).gpu for d in stage.devices), key=lambda g: g.tflops_bf16)
-        link = (1.0, 0.0)
-        if stage.tp > 1:
-            hops = [self.cluster.link_between(stage.devices[i], stage.devices[(i + 1) % stage.tp])
-                    for i in range(stage.tp)]
-            hops = [h for h in hops if h is not None and h.kind != "self"]
-            link = (min(h.bandwidth_gbyte_s for h in hops), max(h.latency_us for h in hops))
-        key = (gpu, stage.tp, plan.micro_batch, plan.precision, plan.recompute, link)
-        if key not in self._prefix:
-            f, b = unit_compute_s(self.model, gpu, stage.tp, plan.micro_batch, plan.precision, plan.recompute)
-            total = f + b
-            if stage.tp > 1:
-                tf, tb = unit_tp_comm_s(self.model, stage.tp, plan.micro_batch, plan.recompute, *link)
-                total = total + tf + tb
-            self._prefix[key] = np.concatenate(([0.0], np.cumsum(total)))
-        prefix = self._prefix[key]
-        return float(prefix[stage.layers[1]] - prefix[stage.layers[0]])
-
-    def lower_bound_s(self, plan: Plan) -> float:
-        """A step time no simulation of ``plan`` goes below (see the module docstring)."""
-        from hetpart.costmodel.simulator import OPTIMIZER_BYTES_PER_PARAM
-
-        v = plan.interleave if plan.schedule == "interleaved" else 1
-        pipe, optim = 0.0, 0.0
-        for r, rep in enumerate(plan.replicas):
-            pp, m = rep.pp // v, plan.num_microbatches(r)
-            per_device = [sum(self._stage_s(rep.stages[k], plan) for k in range(d, rep.pp, pp)) for d in range(pp)]
-            before = 0.0
-            for d in range(pp):
-                pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
-                before += per_device[d]
-                params = sum(self._params(rep.stages[k]) for k in range(d, rep.pp, pp))
-                optim = max(optim, params * OPTIMIZER_BYTES_PER_PARAM / (self._hbm(rep.stages[d].devices) * 1e9))
-        return (pipe + optim) * _SLACK
-
-    def _params(self, stage) -> float:
-        from hetpart.costmodel.memory import stage_params_per_device
-
-        key = (stage.layers, stage.tp)
-        if key not in self._params_cache:
-            self._params_cache[key] = stage_params_per_device(self.model, *stage.layers, stage.tp)
-        return self._params_cache[key]
-
-    def _hbm(self, devices: tuple[str, ...]) -> float:
-        return min(self.cluster.device(x).gpu.hbm_gbyte_s for x in devices)
+    def lower_bound_s(self, plan: Plan) -> float | None:
+        """The predictor's lower bound on ``plan``'s step time; None when it has none."""
+        return self._bound(plan) if self._bound is not None else None
 
     # ------------------------------------------------------------------------------------- simulate
     def __call__(self, plan: Plan) -> Evaluated | None:
-        """The plan's prediction; None when it breaks a rule or does not fit (unless ``ignore_memory``)."""
+        """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``)."""
         if plan.validate(self.model, self.cluster) or not self.fits(plan):
             return None
-        self.simulations += 1
+        return self._priced([plan])[0]
+
+    def _priced(self, plans: list[Plan]) -> list[Evaluated | None]:
+        """Estimates of valid, memory-filtered plans in one batch (None: the predictor refused or it
+        does not fit)."""
+        if not plans:
+            return []
+        self.simulations += len(plans)
         try:
-            estimate = self.simulator.estimate(plan, validate=False)
+            estimates = self.predictor.estimate_batch(plans)
         except PlanError:
-            return None
-        if not (estimate.fits_in_memory or self.ignore_memory):
-            return None
-        return Evaluated(plan, estimate)
+            if len(plans) == 1:
+                return [None]
+            return [self._priced([p])[0] for p in plans]
+        return [Evaluated(p, e) if e.fits_in_memory or self.ignore_memory else None
+                for p, e in zip(plans, estimates)]
 
     def predict(self, plan: Plan) -> "Prediction":
-        """The full simulator report for ``plan`` (metrics, breakdown, memory)."""
-        return self.simulator.simulate(plan, _fixed(self.workload, plan), validate=False)
+        """The predictor's full report for ``plan`` (metrics, breakdown, memory)."""
+        return self.predictor.predict(plan, _fixed(self.workload, plan), validate=False)
 
     def best(self, plans: Iterable[Plan], incumbent: Evaluated | None = None) -> Evaluated | None:
-        """The fastest fitting plan of ``plans`` (or ``incumbent``), simulating in order of the lower
-        bound and stopping when no remaining plan can win (branch and bound; exact)."""
-        queue = sorted(((self.lower_bound_s(p), i, p) for i, p in enumerate(plans) if self.fits(p)),
+        """The fastest fitting plan of ``plans`` (or ``incumbent``).
+
+        With a lower bound: priced in order of the bound, stopping when no remaining plan can win
+        (branch and bound; exact). Without one: every valid fitting plan priced in one batch."""
+        if self._bound is None:
+            valid = [p for p in plans if not p.validate(self.model, self.cluster) and self.fits(p)]
+            return best_of([incumbent, *self._priced(valid)])
+        queue = sorted(((self._bound(p), i, p) for i, p in enumerate(plans) if self.fits(p)),
                        key=lambda t: (t[0], t[1]))
         best = incumbent
         for bound, _, plan in queue:
@@ -185,9 +165,9 @@ class Evaluator:
 
 
 def evaluate(model: "ModelGraph", cluster: "Cluster", plan: Plan, workload: "Workload",
-             ignore_memory: bool = False) -> Evaluated | None:
+             ignore_memory: bool = False, predictor: "Predictor | None" = None) -> Evaluated | None:
     """One-off :class:`Evaluator` call."""
-    return Evaluator(model, cluster, workload, ignore_memory)(plan)
+    return Evaluator(model, cluster, workload, ignore_memory, predictor)(plan)
 
 
 def _fixed(workload: "Workload", plan: Plan) -> "Workload":

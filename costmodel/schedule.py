@@ -128,11 +128,11 @@ def device_op_order(schedule: str, pp: int, m: int, v: int = 1) -> tuple[tuple[t
             else:
                 warm = min(2 * (pp - d - 1) + (v - 1) * pp, total)
 
-            def f(i):
+            def f(i, d=d):
                 c, mb = _interleaved_chunk(i, pp, v, True)
                 return (FWD, c * pp + d, mb)
 
-            def b(i):
+            def b(i, d=d):
                 c, mb = _interleaved_chunk(i, pp, v, False)
                 return (BWD, c * pp + d, mb)
 

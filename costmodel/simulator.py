@@ -46,10 +46,12 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 
-__all__ = ["Prediction", "Estimate", "Simulator", "simulate", "OPTIMIZER_BYTES_PER_PARAM"]
+__all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM"]
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring)."""
+_BOUND_SLACK = 1.0 - 1e-9
+""":meth:`Simulator.lower_bound_s` is scaled down by this so that rounding never prunes the optimum."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +404,56 @@ class Simulator:
                        for (r, d), gb in run.memory.items())
         return Estimate(run.step, plan.global_batch * plan.seq_len / run.step, headroom >= 0, headroom)
 
+    # --------------------------------------------------------------------------------- Predictor
+    name = "simulator"
+    """Registry name (:mod:`hetpart.costmodel.predictor`)."""
+
+    @property
+    def version(self) -> str:
+        """The code version, and the options that change its numbers."""
+        from hetpart import __version__
+
+        return (f"{__version__}" + ("" if self.overlap_grad_reduce else "+no-overlap-grad-reduce")
+                + ("" if self._curve_of is None else "+calibrated"))
+
+    def estimate_batch(self, plans) -> list[Estimate]:
+        """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
+        return [self.estimate(p) for p in plans]
+
+    def predict(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
+                trace: bool = False) -> "Prediction":
+        """The full report (:meth:`simulate`)."""
+        return self.simulate(plan, workload, validate=validate, trace=trace)
+
+    def lower_bound_s(self, plan: Plan) -> float:
+        """A step time :meth:`estimate` never goes below, from per-stage costs alone.
+
+        Per pipeline device ``d`` of a replica with ``m`` micro-batches: it computes ``m`` forwards and
+        backwards of its stages, and before its first forward every earlier device ran one forward
+        while after its last backward every earlier device runs one backward, so the pipeline takes
+        at least ``sum_{k<d} (f_k + b_k) + m (f_d + b_d)``; the optimizer step comes after all of it.
+        The costs are this simulator's own (same cache, same efficiency curve), so the bound is sound
+        for it and for nothing else; branch and bound uses it to skip plans.
+        """
+        v = plan.interleave if plan.schedule == "interleaved" else 1
+        pipe = optim = 0.0
+        for r, rep in enumerate(plan.replicas):
+            pp, m = rep.pp // v, plan.num_microbatches(r)
+            per_device = [0.0] * pp
+            params = [0.0] * pp
+            for k, s in enumerate(rep.stages):
+                f, b, tf, tb = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+                a, z = s.layers
+                per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])
+                params[k % pp] += self._tables.params_per_device(a, z, s.tp)
+            before = 0.0
+            for d in range(pp):
+                pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
+                before += per_device[d]
+                hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
+                optim = max(optim, params[d] * OPTIMIZER_BYTES_PER_PARAM / hbm)
+        return (pipe + optim) * _BOUND_SLACK
+
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
                  trace: bool = False) -> Prediction:
         """Predict one training step of ``plan`` (see :func:`simulate`)."""
@@ -521,3 +573,18 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
     """
     return Simulator(model, cluster, overlap_grad_reduce=overlap_grad_reduce).simulate(
         plan, workload, validate=validate, trace=trace)
+
+
+def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
+                        overlap_grad_reduce: bool = True,
+                        curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, **unknown: Any) -> Simulator:
+    """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
+
+    Raises:
+        PlanError: an option the simulator does not take.
+    """
+    del workload  # every plan carries its own batch, sequence length, precision and recompute mode
+    if unknown:
+        raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
+                        "overlap_grad_reduce, curve_of")
+    return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce)

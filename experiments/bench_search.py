@@ -48,8 +48,8 @@ def synthetic_cluster(gpus: int, types: int):
 def time_search(model_name: str, gpus: int, types: int, global_batch: int, seq_len: int) -> SearchTiming:
     """Plan once with ``search`` and once with ``uniform`` and report the search's wall time."""
     from hetpart import Workload, load_model
-    from hetpart.costmodel.plan_search import plan_search
-    from hetpart.costmodel.plan_uniform import plan_uniform
+    from hetpart.policies.plan_search import plan_search
+    from hetpart.policies.plan_uniform import plan_uniform
 
     model = load_model(model_name, seq_len=seq_len)
     cluster = synthetic_cluster(gpus, types)

@@ -109,7 +109,8 @@ def bench(model_name: str = "llama2-70b", seq_len: int = 4096, global_batch: int
         for name, call in (("estimate", lambda s, p: s.estimate(p)),
                            ("simulate", lambda s, p: s.simulate(p, validate=False)),
                            ("simulate_validated", lambda s, p: s.simulate(p, validate=True))):
-            row[name], row[name + "_median"] = _time_passes(lambda: Simulator(model, cluster), call, todo, repeats)
+            row[name], row[name + "_median"] = _time_passes(lambda c=cluster: Simulator(model, c), call, todo,
+                                                              repeats)
         m = [p.num_microbatches(0) for p in todo]
         row |= {"microbatches_median": statistics.median(m), "microbatches_max": max(m)}
         rows.append(row)

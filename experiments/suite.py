@@ -72,26 +72,25 @@ def load_suite(path: str | Path) -> list[SuiteEntry]:
 
 
 def check_planners(planners: Sequence[str]) -> list[str]:
-    """The planner names, checked (``policy`` gives the not-built-yet error)."""
-    from hetpart.costmodel.planner import PLANNERS
+    """The planner names, checked against the planner registry (an unregistered ``policy`` says why)."""
+    from hetpart.policies.registry import available_planners, get_planner
 
     names = [p.strip() for p in planners if p.strip()]
     for name in names:
-        if name == "policy":
-            raise PlanError("--planners: 'policy' is not built yet (the learned policy comes with the RL issue); "
-                            f"use {', '.join(PLANNERS)}")
-        if name not in PLANNERS:
-            raise PlanError(f"--planners: unknown planner {name!r}; use a comma-separated list of {', '.join(PLANNERS)}")
+        try:
+            get_planner(name)
+        except PlanError as exc:
+            raise PlanError(f"--planners: {str(exc).removeprefix('--planner: ')}") from None
     if not names:
-        raise PlanError(f"--planners: empty list; use a comma-separated list of {', '.join(PLANNERS)}")
+        raise PlanError(f"--planners: empty list; use a comma-separated list of {', '.join(available_planners())}")
     return names
 
 
 def run_entry(entry: SuiteEntry, planners: Sequence[str]) -> list[dict[str, Any]]:
     """One row per planner for ``entry`` (a planner that finds nothing gets a row with its error)."""
     from hetpart import Workload, load_cluster, load_model
-    from hetpart.costmodel.planner import plan
-    from hetpart.costmodel.upper_bound import upper_bound
+    from hetpart.policies.planner import plan
+    from hetpart.policies.upper_bound import upper_bound
 
     model = load_model(entry.model, seq_len=entry.seq_len)
     cluster = load_cluster(entry.cluster)

@@ -241,8 +241,8 @@ class Cluster:
                  "device_ids": f"{i}/0/0 .. {i}/{g.count - 1}/{g.gpus_per_node - 1}"}
                 for i, g in enumerate(self.groups)
             ],
-            "links": [{"zones": list(l.zones), "bandwidth_gbit_s": l.bandwidth_gbit_s, "latency_us": l.latency_us}
-                      for l in self.zone_links],
+            "links": [{"zones": list(z.zones), "bandwidth_gbit_s": z.bandwidth_gbit_s, "latency_us": z.latency_us}
+                      for z in self.zone_links],
             "peak_tflops_bf16": sum(g.num_devices * g.gpu.tflops_bf16 for g in self.groups),
         }
 
@@ -358,7 +358,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     links_raw = data.get("links") or []
     if not isinstance(links_raw, list):
         raise v.fail(SpecError, source, "links", "expected a list of {zones: [a, b], bandwidth_gbit_s, latency_us}")
-    links = tuple(_zone_link(l, source, f"links[{i}]", zones) for i, l in enumerate(links_raw))
+    links = tuple(_zone_link(raw, source, f"links[{i}]", zones) for i, raw in enumerate(links_raw))
     seen = set()
     for i, link in enumerate(links):
         key = frozenset(link.zones)

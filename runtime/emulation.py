@@ -97,8 +97,8 @@ def emulated_cluster(cluster: Cluster, plan: "Plan", peak_tflops: float, time_fa
     fastest = max(cluster.device(d).gpu.tflops(precision) for d in plan.devices)
     groups = tuple(_emulated_group(g, by_type.get(g.gpu.name, fastest / g.gpu.tflops(precision)),
                                    peak_tflops, time_factor, memory_gbyte_s) for g in cluster.groups)
-    links = tuple(ZoneLink(l.zones, l.bandwidth_gbit_s / time_factor, l.latency_us * time_factor)
-                  for l in cluster.zone_links)
+    links = tuple(ZoneLink(z.zones, z.bandwidth_gbit_s / time_factor, z.latency_us * time_factor)
+                  for z in cluster.zone_links)
     return Cluster(name=f"emulated-{cluster.name}", groups=groups, zone_links=links, source=cluster.source)
 
 

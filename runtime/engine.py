@@ -441,7 +441,7 @@ class Executor:
         self.schedule.step(*args, target=targets if holds_last else None, losses=losses if holds_last else None,
                            return_outputs=False)
         if holds_last and self.role.tp_index == 0:
-            return float(sum(l.detach().float().item() for l in losses))
+            return float(sum(loss.detach().float().item() for loss in losses))
         return 0.0
 
     def _sync_numel(self, key: str) -> int:

@@ -347,10 +347,10 @@ def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> lis
 
 def _log_tail(path: Path) -> str:
     try:
-        lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    errors = [l for l in lines if "Error" in l or "error" in l]
+    errors = [line for line in lines if "Error" in line or "error" in line]
     return (errors or lines or [""])[-1][:300]
 
 

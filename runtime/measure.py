@@ -167,12 +167,12 @@ def predict(graph, cluster, plan) -> dict[str, Any]:
     then the simulator's other metrics and its per-stage breakdown. The runtime all-reduces gradients
     after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``).
     """
-    from hetpart.costmodel import simulate
+    from hetpart.costmodel.predictor import get_predictor
     from hetpart.workload import Workload
 
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
                         recompute=plan.recompute)
-    pred = simulate(graph, cluster, plan, workload, overlap_grad_reduce=False)
+    pred = get_predictor("simulator", graph, cluster, workload, overlap_grad_reduce=False).predict(plan, workload)
     out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
     out.update({k: v for k, v in pred.metrics.items() if k not in out})
     out["breakdown"] = pred.breakdown

@@ -53,7 +53,7 @@ def _worker(fn: Callable, rank: int, world_size: int, port: int, out_dir: str, a
         dist.destroy_process_group()
     except BaseException:
         Path(out_dir, f"error_{rank}.txt").write_text(traceback.format_exc())
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float = 90.0,

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hetpart.cli.app import main
 
 SMALL = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "256"]
 

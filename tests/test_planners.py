@@ -9,10 +9,10 @@ import yaml
 
 from hetpart import Workload, load_cluster, load_model
 from hetpart.cluster import parse_cluster
-from hetpart.costmodel.layout import proportional_bounds, proportional_counts, unit_train_flops
 from hetpart.costmodel.memory import memory_capacity_gb
-from hetpart.costmodel.planner import PLANNERS, plan
 from hetpart.costmodel.simulator import simulate
+from hetpart.policies import PLANNERS, plan
+from hetpart.policies.layout import proportional_bounds, proportional_counts, unit_train_flops
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 
@@ -143,3 +143,49 @@ def test_search_is_at_least_as_fast_as_the_baselines_on_the_public_suite() -> No
         assert got["search"] >= got["uniform"] * (1 - 1e-12), e["name"]
         assert got["search"] >= got["proportional"] * (1 - 1e-12), e["name"]
         assert got["search"] > got["uniform"], e["name"]  # heterogeneity awareness pays on every entry
+
+
+@pytest.fixture
+def planner_registry():
+    """Leave the planner registry as it was."""
+    from hetpart.policies import registry as reg
+
+    saved = dict(reg._PLANNERS)
+    yield reg
+    reg._PLANNERS.clear()
+    reg._PLANNERS.update(saved)
+
+
+def test_unknown_options_are_refused_by_every_planner_never_dropped(tiny) -> None:
+    model, cluster, workload = tiny
+    with pytest.raises(PlanError, match=r"planner 'uniform': unknown option\(s\) top_k; it takes no options"):
+        plan(model, cluster, workload, "uniform", top_k=3)
+    with pytest.raises(PlanError, match=r"planner 'proportional': unknown option\(s\) top_k"):
+        plan(model, cluster, workload, "proportional", top_k=3)
+    with pytest.raises(PlanError, match=r"planner 'search': unknown option\(s\) topk; it takes .*top_k"):
+        plan(model, cluster, workload, "search", topk=3)
+    assert plan(model, cluster, workload, "search", top_k=1, refine_steps=0).plan.validate(model, cluster) == []
+
+
+def test_a_registered_planner_is_planned_with_like_the_built_in_ones(tiny, planner_registry) -> None:
+    from hetpart.policies import FunctionPlanner, available_planners, get_planner, register_planner
+    from hetpart.policies.plan_uniform import plan_uniform
+
+    model, cluster, workload = tiny
+    calls = []
+
+    def first_fit(model, cluster, workload, *, evaluator, note: str = ""):
+        calls.append((note, evaluator.predictor.name))
+        return plan_uniform(model, cluster, workload, evaluator=evaluator)
+
+    register_planner("first-fit", FunctionPlanner("first-fit", first_fit, frozenset({"note"})))
+    register_planner("lazy-uniform", "hetpart.policies.plan_uniform:UNIFORM")
+    assert available_planners()[:3] == ("uniform", "proportional", "search")
+    assert {"first-fit", "lazy-uniform"} <= set(available_planners())
+    result = plan(model, cluster, workload, "first-fit", note="hi")
+    assert calls == [("hi", "simulator")] and result.planner == "first-fit"
+    assert result.plan.meta["planner"] == "first-fit"
+    assert get_planner("lazy-uniform").name == "uniform"
+    register_planner("broken", "hetpart.policies.common:spec_name")
+    with pytest.raises(PlanError, match=r"planner 'broken': function is not a Planner"):
+        get_planner("broken")

@@ -129,7 +129,7 @@ def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
         ex = Executor(plan, spec, rank, world, hooks=hooks)
         issued = [0]  # the all-reduces torch's tensor parallelism really issues (DTensor -> funcol)
 
-        def counted(*args, **kwargs):
+        def counted(*args, issued=issued, **kwargs):
             issued[0] += 1
             return issue(*args, **kwargs)
 
@@ -200,7 +200,7 @@ def _check_against_reference(out: Path, name: str, spec: RunnableSpec, plan: Pla
         assert got["loss"] == pytest.approx(ref_loss, rel=1e-5), f"{name}: rank {rank} loss"
         for key, g in got["grads"].items():
             want = expected[key] if g.tp_dim is None else expected[key].chunk(g.tp, g.tp_dim)[g.tp_index]
-            torch.testing.assert_close(g.grad, want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name} rank {rank} {key}: {m}")
+            torch.testing.assert_close(g.grad, want, rtol=1e-4, atol=1e-6, msg=lambda m, where=f"{name} rank {rank} {key}": f"{where}: {m}")
             seen.add(key)
     assert seen == set(expected), f"{name}: parameters never checked: {sorted(set(expected) - seen)}"
 

@@ -229,7 +229,7 @@ def emulated_run(tmp_path_factory):
                            "--run-dir", str(tmp / "ranks")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout), [json.loads(l) for l in out.read_text().splitlines()]
+    return json.loads(proc.stdout), [json.loads(line) for line in out.read_text().splitlines()]
 
 
 def test_run_json_has_measured_and_predicted(emulated_run):

@@ -14,14 +14,14 @@ from hetpart.cluster import parse_cluster
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.evaluator import Evaluator, best_of
 from hetpart.costmodel.memory import stage_memory_gb
-from hetpart.costmodel.partition import (allocate_microbatches, brute_force_allocate, brute_force_split,
-                                         range_cost_matrix, split_layers)
-from hetpart.costmodel.plan_search import SearchOptions, plan_search
 from hetpart.costmodel.pools import device_pools, tp_groups
-from hetpart.costmodel.search_costs import CostTable
-from hetpart.costmodel.search_reference import space_plans
 from hetpart.costmodel.simulator import simulate
-from hetpart.errors import WorkloadError
+from hetpart.policies.partition import (allocate_microbatches, brute_force_allocate, brute_force_split,
+                                         range_cost_matrix, split_layers)
+from hetpart.policies.plan_search import SearchOptions, plan_search
+from hetpart.policies.search_costs import CostTable
+from hetpart.policies.search_reference import space_plans
+from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 
 
@@ -186,7 +186,7 @@ def test_search_options_and_zone_errors() -> None:
         source="cut.yaml")
     with pytest.raises(WorkloadError, match=r"cut.yaml: links: zones 'a' and 'b' have no link.*add"):
         plan_search(model, cut, Workload(8, 512))
-    with pytest.raises(TypeError):
+    with pytest.raises(PlanError, match=r"planner 'search': unknown option\(s\) no_such_option; it takes .*top_k"):
         plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), no_such_option=1)
     quick = plan_search(model, load_cluster("tiny-mixed"), Workload(8, 512), options=SearchOptions(top_k=1),
                         refine_steps=0, include_baselines=False)
@@ -194,7 +194,7 @@ def test_search_options_and_zone_errors() -> None:
 
 
 def test_interleaved_variant_keeps_each_devices_units_in_round_robin_chunks() -> None:
-    from hetpart.costmodel.refine import interleaved
+    from hetpart.policies.refine import interleaved
     from hetpart.plan import Plan, Replica, Stage
 
     model, cluster = tiny_model(layers=8), load_cluster("tiny-mixed")  # 10 units

@@ -6,10 +6,9 @@ import pytest
 
 from hetpart import Workload, load_cluster
 from hetpart.cluster import parse_cluster
-from hetpart.costmodel.planner import plan
-from hetpart.costmodel.plan_search import plan_search
 from hetpart.costmodel.pools import type_subcluster
-from hetpart.costmodel.upper_bound import roofline_tokens_per_s, upper_bound
+from hetpart.costmodel.roofline import roofline_tokens_per_s
+from hetpart.policies import plan, plan_search, upper_bound
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 
 

@@ -13,7 +13,10 @@ from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Pre
 
 __all__ = ["register"]
 
-PlannerOpt = typer.Option("search", "--planner", help="policy, search, proportional or uniform.")
+PlannerOpt = typer.Option("search", "--planner", help="A registered planner: search, proportional, uniform (policy once "
+                          "the learned policy is built).")
+PredictorOpt = typer.Option(None, "--predictor", help="What prices plans: simulator (learned once the learned cost model "
+                            "is built); default: the registry's default.")
 DEMO = {"model": "gpt2-xl", "cluster": "a100-v100-16", "global_batch": 256, "seq_len": 1024}
 """The bundled heterogeneous example of ``hetpart demo`` (one A100 node + one V100 node)."""
 
@@ -38,18 +41,18 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
                  seq_len: int = SeqLen, precision: str = Precision, recompute: str = RecomputeOpt,
-                 planner: str = PlannerOpt,
+                 planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
-    from hetpart.costmodel.planner import plan
-    from hetpart.costmodel.upper_bound import upper_bound
+    from hetpart.policies import get_planner, plan, upper_bound
 
     workload = workload_from(global_batch, seq_len, precision, recompute)
+    get_planner(planner)  # an unknown planner fails before the model loads
     graph, cl = _load(model, cluster, seq_len, precision)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
-        result = plan(graph, cl, workload, planner)
-        bound = upper_bound(graph, cl, workload)
+        result = plan(graph, cl, workload, planner, predictor=predictor)
+        bound = upper_bound(graph, cl, workload, predictor=predictor)
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
     if out is not None:
@@ -130,17 +133,12 @@ def predict_command(
         micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
         schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
         interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
-        predictor: str = typer.Option("simulator", "--predictor", help="simulator or learned."),
+        predictor: Optional[str] = PredictorOpt,
         json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
-    from hetpart.costmodel.simulator import simulate
-    from hetpart.errors import PlanError
+    from hetpart.costmodel.predictor import check_predictor_name, get_predictor
 
-    if predictor not in ("simulator", "learned"):
-        raise PlanError(f"--predictor: unknown predictor {predictor!r}; use simulator or learned")
-    if predictor == "learned":
-        raise PlanError("--predictor: 'learned' is not built yet (the learned cost model comes with its own issue); "
-                        "use --predictor simulator")
+    check_predictor_name(predictor)  # an unknown predictor fails before the model loads
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     workload = workload_from(global_batch or (plan.global_batch if plan else 512),
                              seq_len or (plan.seq_len if plan else 2048),
@@ -150,9 +148,11 @@ def predict_command(
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave)
     if plan_path is not None and recompute is None:
         workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute)
-    prediction = simulate(graph, cl, plan, workload, validate=True)
+    chosen = get_predictor(predictor, graph, cl, workload)
+    prediction = chosen.predict(plan, workload, validate=True)
     if json_out:
-        emit_json({"metrics": prediction.metrics, "predictor": predictor, "breakdown": prediction.breakdown})
+        emit_json({"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
+                   "breakdown": prediction.breakdown})
         return
     con = console()
     con.print(plan.table(cl, graph))
@@ -185,8 +185,7 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
 
 def demo_command(json_out: bool = JsonFlag) -> None:
     """Plan a bundled heterogeneous example with search; compare with the upper bound and Megatron."""
-    from hetpart.costmodel.planner import plan
-    from hetpart.costmodel.upper_bound import upper_bound
+    from hetpart.policies import plan, upper_bound
 
     workload = workload_from(DEMO["global_batch"], DEMO["seq_len"], "bf16", "auto")
     graph, cl = _load(DEMO["model"], DEMO["cluster"], DEMO["seq_len"], "bf16")

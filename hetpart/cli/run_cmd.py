@@ -60,7 +60,7 @@ def _show(result) -> None:
     from rich.table import Table
 
     s = result.summary()
-    m, p, model = s["measured"], s["predicted"], s["model"]
+    m, p = s["measured"], s["predicted"]
     out = console()
     out.print(_headline(s))
     t = Table(title=f"{s['steps']} measured steps after {s['warmup']} warm-up")

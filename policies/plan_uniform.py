@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.planner import (Evaluated, Evaluator, microbatch_options, no_plan_error,
-                                       recompute_modes)
+from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.costmodel.pools import divisors
 from hetpart.errors import HetpartError
 from hetpart.plan import Plan
+from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["plan_uniform", "uniform_grid"]
+__all__ = ["plan_uniform", "uniform_grid", "UNIFORM"]
 
 
 def uniform_grid(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[tuple[int, int, int]]:
@@ -58,7 +58,7 @@ def _plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", tp: in
 
 
 def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
-                 evaluator: Evaluator | None = None, **_: object) -> Evaluated:
+                 evaluator: Evaluator | None = None) -> Evaluated:
     """The fastest uniform Megatron plan that fits.
 
     Raises:
@@ -72,3 +72,8 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
                             f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "
                             "every device")
     return best
+
+
+UNIFORM = FunctionPlanner("uniform", plan_uniform, frozenset(),
+                          "Megatron-LM's uniform tp x pp x dp grid, heterogeneity-unaware")
+"""The registry's ``uniform`` planner (takes no options)."""

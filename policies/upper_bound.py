@@ -5,9 +5,10 @@ that type's devices alone (a homogeneous sub-cluster) on the same workload. A ty
 hold the model alone is counted with memory limits lifted, so that no feasible plan of the whole
 cluster exceeds the bound (mixing types only adds communication between them).
 
-``roofline_tokens_per_s``: every device at its dense 16-bit peak times the best matrix-unit
-efficiency it reaches on this model's products (fitted curve, largest micro-batch the planners
-try), over the model's training FLOPs per token: compute alone, no communication, no bubble.
+``roofline_tokens_per_s``: :func:`hetpart.costmodel.roofline.roofline_tokens_per_s`.
+
+It runs the ``search`` planner on each device type, so it lives with the planners; the candidates
+are priced by the predictor named (default: the registry's default).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hetpart.costmodel.pools import type_subcluster, zone_components
+from hetpart.costmodel.roofline import roofline_tokens_per_s
 from hetpart.errors import WorkloadError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["upper_bound", "roofline_tokens_per_s", "DEFINITION"]
+__all__ = ["upper_bound", "DEFINITION"]
 
 DEFINITION = ("HETHUB's theoretical upper bound: the sum over device types of the best throughput the search "
               "planner finds for that type's devices alone on the same workload (memory limits lifted for a type "
@@ -30,34 +32,23 @@ DEFINITION = ("HETHUB's theoretical upper bound: the sum over device types of th
               "achievable matrix efficiency over the model's training FLOPs per token.")
 
 
-def roofline_tokens_per_s(model: "ModelGraph", cluster: "Cluster", precision: str = "bf16",
-                          max_micro_batch: int = 16) -> float:
-    """Compute-only throughput of every device at its best achievable efficiency, tokens/s."""
-    from hetpart.costmodel.efficiency import matmul_efficiency, unit_gemm_width
-
-    widths = [unit_gemm_width(u.width, u.kind, 1, u.fwd_flops / model.seq_len)
-              for u in model.units if u.fwd_flops > 0] or [1.0]
-    tokens = model.seq_len * max_micro_batch
-    total_flops_s = 0.0
-    for d in cluster.devices:
-        eff = max(matmul_efficiency(d.gpu, w, tokens, precision) for w in widths)
-        total_flops_s += d.gpu.tflops(precision) * 1e12 * eff
-    return total_flops_s / model.flops_per_token
-
-
-def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workload", gpu: str) -> dict[str, Any]:
+def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workload", gpu: str,
+                     predictor: str | None) -> dict[str, Any]:
     """The type's best throughput alone; its devices in zones that cannot reach each other (once the
     other types' zones are gone) count as separate clusters, summed."""
-    from hetpart.costmodel.plan_search import plan_search
+    from hetpart.policies.plan_search import plan_search
+    from hetpart.policies.planner import make_evaluator
 
     whole = type_subcluster(cluster, gpu)
     out = {"tokens_per_s": 0.0, "devices": whole.num_devices, "memory_lifted": False, "step_time_s": 0.0,
            "memory_lifted_tokens_per_s": 0.0}
     for zones in zone_components(whole):
         sub = type_subcluster(cluster, gpu, zones)
-        free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True)
+        free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True,
+                           evaluator=make_evaluator(model, sub, workload, predictor, ignore_memory=True))
         try:
-            best = plan_search(model, sub, workload, include_baselines=False)
+            best = plan_search(model, sub, workload, include_baselines=False,
+                               evaluator=make_evaluator(model, sub, workload, predictor))
         except WorkloadError:
             best, out["memory_lifted"] = free, True
         out["tokens_per_s"] += best.tokens_per_s
@@ -66,7 +57,8 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     return out
 
 
-def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> dict[str, Any]:
+def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
+                predictor: str | None = None) -> dict[str, Any]:
     """``{tokens_per_s, memory_lifted_tokens_per_s, roofline_tokens_per_s, per_type, definition}`` for ``workload`` on ``cluster``.
 
     ``per_type[gpu]`` holds that type's ``tokens_per_s``, ``devices``, ``step_time_s``, whether
@@ -75,7 +67,7 @@ def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -
     Raises:
         WorkloadError: when a type's devices cannot run the workload even without memory limits.
     """
-    per_type = {gpu: _type_throughput(model, cluster, workload, gpu) for gpu in cluster.gpu_types}
+    per_type = {gpu: _type_throughput(model, cluster, workload, gpu, predictor) for gpu in cluster.gpu_types}
     return {
         "tokens_per_s": sum(t["tokens_per_s"] for t in per_type.values()),
         "memory_lifted_tokens_per_s": sum(t["memory_lifted_tokens_per_s"] for t in per_type.values()),

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.planner import Evaluated, Evaluator
+from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.plan import Plan, Replica
 
 if TYPE_CHECKING:  # pragma: no cover

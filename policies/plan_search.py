@@ -14,10 +14,10 @@ The space (what "optimum of its own space" means in ``tests/test_search.py``):
 for every micro-batch size (up to 16) and every allowed recompute mode, schedule 1F1B.
 
 Each point is scored by a cost estimate built from the simulator's primitives
-(:mod:`hetpart.costmodel.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
-plus point-to-point and gradient-sync time. For a structure, :func:`~hetpart.costmodel.partition.split_layers`
+(:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
+plus point-to-point and gradient-sync time. For a structure, :func:`~hetpart.policies.partition.split_layers`
 finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
-bottleneck values) and :func:`~hetpart.costmodel.partition.allocate_microbatches` the batch shares
+bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
 the bound can beat neither the ``top_k``-th best estimate nor the best estimate of its group (family
 and set of pools used). The ``top_k`` best structures and every group's best (both device placements
@@ -31,27 +31,27 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from hetpart.costmodel.layout import assemble
-from hetpart.costmodel.partition import Split, allocate_microbatches, split_layers
-from hetpart.costmodel.planner import (Evaluated, Evaluator, best_of, microbatch_options, no_plan_error,
-                                       recompute_modes)
-from hetpart.costmodel.refine import refine
+from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
-from hetpart.costmodel.search_costs import CostTable, StageCosts
-from hetpart.errors import WorkloadError
+from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
+from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
+from hetpart.policies.layout import assemble
+from hetpart.policies.partition import Split, allocate_microbatches, split_layers
+from hetpart.policies.refine import refine
+from hetpart.policies.search_costs import CostTable, StageCosts
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["SearchOptions", "Scored", "plan_search", "search_space", "mixed_structures", "typed_structures"]
+__all__ = ["SearchOptions", "Scored", "plan_search", "search_space", "mixed_structures", "typed_structures", "SEARCH"]
 
 
 @dataclass(frozen=True)
@@ -372,19 +372,36 @@ def make_context(model, cluster, workload, options: SearchOptions) -> _Context:
     return _Context(model, cluster, workload, options, device_pools(cluster), CostTable(model, cluster, workload.precision))
 
 
+_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))
+
+
 def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
-                options: SearchOptions | None = None, **overrides: object) -> Evaluated:
-    """The best plan of the search space (and of the baselines) under the simulator.
+                options: SearchOptions | None = None, evaluator: Evaluator | None = None,
+                **overrides: object) -> Evaluated:
+    """The best plan of the search space (and of the baselines) under the evaluator's predictor.
+
+    Structures are ranked by the analytical stage costs (:mod:`hetpart.policies.search_costs`);
+    the candidates they yield are priced, and the best chosen, by ``evaluator``'s predictor (branch
+    and bound only where the predictor has a lower bound).
 
     Args:
         options: :class:`SearchOptions`; keyword ``overrides`` replace single fields.
+        evaluator: prices candidates (default: the default predictor).
 
     Raises:
+        PlanError: an override that is no :class:`SearchOptions` field.
         WorkloadError: zones without a link, or nothing fits (why and what would fit).
     """
+    unknown = sorted(set(overrides) - _OPTION_NAMES)
+    if unknown:
+        raise PlanError(f"planner 'search': unknown option(s) {', '.join(unknown)}; it takes "
+                        f"{', '.join(sorted(_OPTION_NAMES))}")
     options = replace(options or SearchOptions(), **overrides)
     ctx = make_context(model, cluster, workload, options)
-    evaluate = Evaluator(model, cluster, workload, options.ignore_memory)
+    evaluate = evaluator
+    if evaluate is None or evaluate.ignore_memory != options.ignore_memory:
+        evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
+                             evaluator.predictor if evaluator is not None else None)
     best = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
     if best is not None and options.refine_steps:
         best = refine(evaluate, best, options.refine_steps)
@@ -398,8 +415,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
 
 
 def _baselines(model, cluster, workload, evaluate: Evaluator) -> list[Evaluated]:
-    from hetpart.costmodel.plan_proportional import plan_proportional
-    from hetpart.costmodel.plan_uniform import plan_uniform
+    from hetpart.policies.plan_proportional import plan_proportional
+    from hetpart.policies.plan_uniform import plan_uniform
 
     out = []
     for planner in (plan_uniform, plan_proportional):
@@ -408,3 +425,8 @@ def _baselines(model, cluster, workload, evaluate: Evaluator) -> list[Evaluated]
         except WorkloadError:
             continue
     return out
+
+
+SEARCH = FunctionPlanner("search", plan_search, _OPTION_NAMES | {"options"},
+                         "exact search over mixed pipelines and typed replicas, refined under the predictor")
+"""The registry's ``search`` planner (options: :class:`SearchOptions` fields, or ``options=``)."""

@@ -1,6 +1,6 @@
 """The slow reference of the search: every plan of its space, enumerated (for differential tests).
 
-:func:`space_plans` lists every plan of the space described in :mod:`hetpart.costmodel.plan_search`
+:func:`space_plans` lists every plan of the space described in :mod:`hetpart.policies.plan_search`
 -- each shape, micro-batch, recompute mode, *every* layer split and (for typed replicas) *every*
 whole-micro-batch allocation -- so that a test can simulate them all on a small cluster and check
 that the search's answer is the best of them. It grows combinatorially: small clusters only.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.layout import assemble
-from hetpart.costmodel.planner import microbatch_options, recompute_modes
-from hetpart.costmodel.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, make_context
 from hetpart.costmodel.pools import divisors, tp_groups, tp_options
 from hetpart.plan import Plan
+from hetpart.policies.common import microbatch_options, recompute_modes
+from hetpart.policies.layout import assemble
+from hetpart.policies.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, make_context
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster

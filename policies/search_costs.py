@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.cluster import Cluster
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
-from hetpart.costmodel.partition import range_cost_matrix
+from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
 from hetpart.graph.model_graph import ModelGraph
 

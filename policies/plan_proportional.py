@@ -17,18 +17,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.layout import assemble, proportional_bounds, proportional_counts
-from hetpart.costmodel.planner import (Evaluated, Evaluator, microbatch_options, no_plan_error,
-                                       recompute_modes)
+from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options
 from hetpart.plan import Plan
+from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
+from hetpart.policies.layout import assemble, proportional_bounds, proportional_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["plan_proportional", "holmes_plans", "hap_plans"]
+__all__ = ["plan_proportional", "holmes_plans", "hap_plans", "PROPORTIONAL"]
 
 
 def _zone_order(pools: list[Pool]) -> list[Pool]:
@@ -96,7 +96,7 @@ def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
 
 
 def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
-                      evaluator: Evaluator | None = None, **_: object) -> Evaluated:
+                      evaluator: Evaluator | None = None) -> Evaluated:
     """The faster fitting plan of the Holmes and HAP layouts.
 
     Raises:
@@ -111,3 +111,8 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")
     return best
+
+
+PROPORTIONAL = FunctionPlanner("proportional", plan_proportional, frozenset(),
+                               "Holmes / HAP: layers and batch in proportion to datasheet speed")
+"""The registry's ``proportional`` planner (takes no options)."""

@@ -1,0 +1,107 @@
+"""What every planner shares: the :class:`Planner` protocol, the choices a planner may make, and the
+error it raises when nothing fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from hetpart.errors import PlanError, WorkloadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.costmodel.evaluator import Evaluated, Evaluator
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["Planner", "FunctionPlanner", "recompute_modes", "microbatch_options", "no_plan_error", "spec_name",
+           "check_options"]
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """Turns a model, a cluster and a workload into the best plan it can find.
+
+    ``plan`` receives an :class:`~hetpart.costmodel.evaluator.Evaluator` (which holds the predictor
+    every planner prices its candidates with) and only the options named in ``options``; the front
+    door (:func:`hetpart.policies.plan`) refuses any other option before calling it.
+    """
+
+    name: str
+    """Registry name (``search``, ``uniform``, ...)."""
+    options: frozenset[str]
+    """Keyword options ``plan`` takes (besides ``evaluator``)."""
+
+    def plan(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: "Evaluator",
+             **options: Any) -> "Evaluated":
+        """The chosen plan and its estimate; raises :class:`~hetpart.errors.WorkloadError` when none fits."""
+        ...
+
+
+@dataclass(frozen=True)
+class FunctionPlanner:
+    """A :class:`Planner` made of a function ``f(model, cluster, workload, *, evaluator, **options)``."""
+
+    name: str
+    function: Callable[..., "Evaluated"]
+    options: frozenset[str] = frozenset()
+    description: str = ""
+    """One line for ``--help`` and the README."""
+
+    def plan(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: "Evaluator",
+             **options: Any) -> "Evaluated":
+        check_options(self, options)
+        return self.function(model, cluster, workload, evaluator=evaluator, **options)
+
+
+def check_options(planner: Planner, options: dict[str, Any]) -> None:
+    """Refuse options ``planner`` does not take (never drop them silently)."""
+    unknown = sorted(set(options) - set(planner.options))
+    if unknown:
+        takes = ", ".join(sorted(planner.options)) or "no options"
+        raise PlanError(f"planner {planner.name!r}: unknown option(s) {', '.join(unknown)}; it takes {takes}")
+
+
+def recompute_modes(workload: "Workload") -> tuple[str, ...]:
+    """Modes a planner may choose: all three for ``auto``, else the one asked for."""
+    if workload.recompute == "auto":
+        return ("none", "selective", "full")
+    return (workload.recompute,)
+
+
+def microbatch_options(samples: int, limit: int = 16) -> list[int]:
+    """Micro-batch sizes that divide ``samples`` sequences, up to ``limit``.
+
+    >>> microbatch_options(12, limit=8)
+    [1, 2, 3, 4, 6]
+    """
+    return [b for b in range(1, min(samples, limit) + 1) if samples % b == 0]
+
+
+def spec_name(source: str, fallback: str) -> str:
+    """The ``--model`` / ``--cluster`` argument that reloads an object read from ``source``.
+
+    >>> spec_name("catalog:gpt2-small", "x"), spec_name("<dict>", "mine")
+    ('gpt2-small', 'mine')
+    """
+    if source.startswith("catalog:"):
+        return source.split(":", 1)[1]
+    return source if source and not source.startswith("<") else fallback
+
+
+def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
+    """A :class:`WorkloadError` that says why nothing fits and what would."""
+    from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+
+    state_gb = model.num_params * MODEL_STATE_BYTES_PER_PARAM / 1e9
+    capacity = sum(memory_capacity_gb(d.gpu) for d in cluster.devices)
+    hint = (f"the weights, gradients and Adam states alone need {state_gb:.1f} GB and the cluster's devices hold "
+            f"{capacity:.1f} GB usable in all")
+    if state_gb >= capacity:
+        fix = (f"use a smaller model (under {capacity / MODEL_STATE_BYTES_PER_PARAM:.1f}B parameters, less with "
+               "activations) or a cluster with more device memory")
+    else:
+        fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
+               "a shorter --seq-len, or more devices")
+    return WorkloadError(f"{planner} planner: no plan for {model.name} (global batch {workload.global_batch}, seq "
+                         f"{workload.seq_len}) fits {cluster.name}: {why}; {hint}; {fix}")

@@ -1,0 +1,111 @@
+"""One front door to every planner: ``plan(model, cluster, workload, planner="search") -> PlanResult``.
+
+Built-in planners (:mod:`hetpart.policies.registry`; ``register_planner`` adds more):
+
+* ``uniform`` -- Megatron-LM without heterogeneity awareness (:mod:`hetpart.policies.plan_uniform`);
+* ``proportional`` -- Holmes / HAP: layers and batch in proportion to device speed
+  (:mod:`hetpart.policies.plan_proportional`);
+* ``search`` -- Metis / AMP / Sailor style exact search (:mod:`hetpart.policies.plan_search`).
+
+Every planner prices its candidates with one predictor from the costmodel registry
+(:func:`hetpart.costmodel.predictor.get_predictor`) and returns only plans that fit in memory; when
+none exists it raises :class:`~hetpart.errors.WorkloadError` saying why and what would fit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Union
+
+from hetpart.costmodel.evaluator import Evaluator
+from hetpart.costmodel.pools import check_zones_connected
+from hetpart.errors import WorkloadError
+from hetpart.plan import Plan
+from hetpart.policies.common import check_options, no_plan_error, spec_name
+from hetpart.policies.registry import get_planner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.costmodel.predictor import Predictor
+    from hetpart.costmodel.simulator import Prediction
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["PlanResult", "plan", "make_evaluator"]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A planner's answer."""
+
+    plan: Plan
+    """The chosen plan (its ``meta`` records model, cluster, workload and planner)."""
+    prediction: "Prediction"
+    """The predictor's full report for it (always ``fits_in_memory``)."""
+    wall_time_s: float
+    """Seconds the planner took."""
+    planner: str
+    """Planner name."""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """Which predictor priced the candidates (name, version) and whether branch and bound pruned
+    (:meth:`~hetpart.costmodel.evaluator.Evaluator.describe`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "metrics": dict(self.prediction.metrics),
+                "planner": {"name": self.planner, "wall_time_s": self.wall_time_s} | self.evaluation}
+
+
+def make_evaluator(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
+                   predictor: Union[str, "Predictor", None] = None, ignore_memory: bool = False) -> Evaluator:
+    """An :class:`Evaluator` with ``predictor`` (a registry name, an object, or None for the default)."""
+    from hetpart.costmodel.predictor import get_predictor
+
+    if predictor is None or isinstance(predictor, str):
+        predictor = get_predictor(predictor, model, cluster, workload)
+    return Evaluator(model, cluster, workload, ignore_memory, predictor)
+
+
+def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str = "search", *,
+         predictor: Union[str, "Predictor", None] = None, **options: Any) -> PlanResult:
+    """Plan ``workload`` for ``model`` on ``cluster`` with the named planner.
+
+    Args:
+        planner: a registered planner (:func:`~hetpart.policies.registry.available_planners`).
+        predictor: what prices the candidates: a registry name, a predictor, or None (the default).
+        options: the planner's options (its ``options``; anything else is refused).
+
+    Raises:
+        PlanError: unknown planner, predictor or option.
+        WorkloadError: no plan fits (the message says why and what would fit).
+    """
+    chosen_planner = get_planner(planner)
+    check_options(chosen_planner, options)
+    _check_workload(model, workload)
+    check_zones_connected(cluster)
+    _check_capacity(model, cluster, workload, planner)
+    start = time.perf_counter()
+    evaluator = make_evaluator(model, cluster, workload, predictor)
+    best = chosen_planner.plan(model, cluster, workload, evaluator=evaluator, **options)
+    prediction = evaluator.predict(best.plan)
+    wall = time.perf_counter() - start
+    chosen = replace(best.plan, meta={
+        "model": spec_name(model.source, model.name), "cluster": spec_name(cluster.source, cluster.name),
+        "workload": workload.to_dict(), "planner": planner,
+        "predicted_tokens_per_s": best.tokens_per_s})
+    return PlanResult(chosen, prediction, wall, planner, evaluator.describe())
+
+
+def _check_workload(model: "ModelGraph", workload: "Workload") -> None:
+    if workload.seq_len != model.seq_len:
+        raise WorkloadError(f"--seq-len: the model graph was built for {model.seq_len} tokens but the workload "
+                            f"asks for {workload.seq_len}; load the model with seq_len={workload.seq_len}")
+
+
+def _check_capacity(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> None:
+    """Fail fast when the model states alone exceed every device's memory together."""
+    from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+
+    state_gb = model.num_params * MODEL_STATE_BYTES_PER_PARAM / 1e9
+    if state_gb > sum(memory_capacity_gb(d.gpu) for d in cluster.devices):
+        raise no_plan_error(model, cluster, workload, planner, "the model states alone exceed the cluster's memory")
