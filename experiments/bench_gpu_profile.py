@@ -70,7 +70,7 @@ def _gemm_sweep(dev) -> list[dict]:
                 for n, k in ((4 * h, h), (h, 4 * h), (3 * h, h)):
                     a = torch.randn(tokens, k, device=dev, dtype=dtype)
                     b = torch.randn(k, n, device=dev, dtype=dtype)
-                    times = [clock(lambda: a @ b) for _ in range(13)][3:]
+                    times = [clock(lambda a=a, b=b: a @ b) for _ in range(13)][3:]
                     s = statistics.median(times)
                     rows.append({"precision": prec, "m": tokens, "n": n, "k": k, "s": s,
                                  "tflops": 2 * tokens * n * k / s / 1e12})

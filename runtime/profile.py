@@ -141,8 +141,8 @@ def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batc
     for i in range(warmup + repeats):
         unit.zero_grad(set_to_none=True)
         holder: dict[str, torch.Tensor] = {}
-        f = clock(lambda: holder.__setitem__("y", unit(x)))
-        b = clock(lambda: holder["y"].backward(grad))
+        f = clock(lambda holder=holder: holder.__setitem__("y", unit(x)))
+        b = clock(lambda holder=holder: holder["y"].backward(grad))
         if x.grad is not None:
             x.grad = None
         if i >= warmup:
