@@ -65,6 +65,8 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
         WorkloadError: the global batch does not split into ``dp`` replicas of whole micro-batches.
     """
     _check_grid(model, cluster, workload, tp, pp, dp, micro_batch)
+    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
+        raise PlanError(f"--interleave: must be a whole number >= 1, got {interleave!r}")
     v = interleave if schedule == "interleaved" else 1
     if schedule != "interleaved" and interleave != 1:
         raise PlanError(f"--interleave: {interleave} needs --schedule interleaved")

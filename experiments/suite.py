@@ -44,15 +44,10 @@ def _resolve(value: Any, base: Path, source: str, field: str) -> str:
 
 def load_suite(path: str | Path) -> list[SuiteEntry]:
     """Read and check a suite file; raises :class:`SpecError` naming the file and field."""
-    import yaml
+    from hetpart._yaml import load_yaml_file
 
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read the suite ({exc.__class__.__name__}); check the path") from None
-    except yaml.YAMLError:
-        raise SpecError(f"{path}: invalid YAML; fix the syntax") from None
+    data = load_yaml_file(SpecError, path, "the suite")
     data = v.require_mapping(SpecError, data, str(path), "")
     entries = data.get("entries")
     if not isinstance(entries, list) or not entries:

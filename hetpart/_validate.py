@@ -29,9 +29,20 @@ def fail(exc: type[HetpartError], source: str, field: str, message: str) -> Hetp
     return exc(f"{where(source, field)}: {message}")
 
 
+def kind(value: Any) -> str:
+    """What a value is, in the words of the file formats (no Python class names)."""
+    if value is None:
+        return "an empty value"
+    names = {bool: "true/false", int: "a number", float: "a number", str: "text", list: "a list", dict: "a mapping"}
+    for t, name in names.items():
+        if type(value) is t:
+            return f"{name} {show(value, 40)}" if t in (bool, int, float, str) else name
+    return "a value of another kind"
+
+
 def require_mapping(exc, value: Any, source: str, field: str) -> dict:
     if not isinstance(value, dict):
-        raise fail(exc, source, field, f"expected a mapping (key: value), got {type(value).__name__}")
+        raise fail(exc, source, field, f"expected a mapping (key: value), got {kind(value)}")
     return value
 
 
@@ -83,9 +94,16 @@ def boolean(exc, value: Any, source: str, field: str) -> bool:
     return value
 
 
-def string(exc, value: Any, source: str, field: str) -> str:
+MAX_STRING_CHARS = 256
+"""Names and ids in input files are short; a longer one is a mistake and is never echoed whole."""
+
+
+def string(exc, value: Any, source: str, field: str, max_chars: int = MAX_STRING_CHARS) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise fail(exc, source, field, f"expected a non-empty string, got {show(value)}")
+        raise fail(exc, source, field, f"expected a non-empty string, got {kind(value)}")
+    if len(value) > max_chars or not value.isprintable():
+        what = f"{len(value):,} characters, more than {max_chars}" if len(value) > max_chars else "unprintable characters"
+        raise fail(exc, source, field, f"{show(value, 40)} has {what}; use a short name")
     return value
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
-import yaml
 
 from hetpart import _validate as v
 from hetpart.catalog.hardware import GPU_CATALOG, LINK_CATALOG, NIC_CATALOG
@@ -369,18 +368,9 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
 
 
 def _read_yaml(path: Path) -> Any:
-    text = v.read_text(SpecError, path, "the cluster YAML")
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise SpecError(f"{path}: invalid YAML{at}: {problem}; fix the syntax") from None
-    except RecursionError:
-        raise SpecError(f"{path}: YAML nested too deeply; simplify the file") from None
-    except ValueError as exc:  # e.g. an integer with more digits than Python converts
-        raise SpecError(f"{path}: unreadable value in YAML ({exc}); fix the file") from None
+    from hetpart._yaml import load_yaml_file
+
+    return load_yaml_file(SpecError, path, "the cluster YAML")
 
 
 def cluster_catalog() -> dict[str, Path]:

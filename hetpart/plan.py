@@ -306,25 +306,57 @@ class Plan:
         return out
 
     # ------------------------------------------------------------------------------- rendering
-    def table(self, cluster: "Cluster | None" = None, model: "ModelGraph | None" = None) -> "Table":
-        """A rich table: one row per stage of each replica."""
+    def table(self, cluster: "Cluster | None" = None, model: "ModelGraph | None" = None, full: bool = False) -> "Table":
+        """A rich table: one row per stage of each replica; identical replicas (same share, layers, TP
+        degrees and device types) share one set of rows marked ``xN`` unless ``full``."""
         from rich.table import Table
 
         t = Table(title=f"plan: dp={self.dp}, micro_batch={self.micro_batch}, schedule={self.schedule}"
                         f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}")
         for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp"):
             t.add_column(col, justify="right" if col in ("share", "tp") else "left")
+
+        def gpus(s: Stage) -> str:
+            if cluster is None or not all(cluster.has_device(d) for d in s.devices):
+                return ""
+            return ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
+
+        groups: dict[Any, list[int]] = {}
         for i, r in enumerate(self.replicas):
+            key = i if full else (round(r.batch_share, 9), tuple((s.layers, s.tp, gpus(s)) for s in r.stages))
+            groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            r = self.replicas[members[0]]
+            label = str(members[0]) if len(members) == 1 else f"{_index_ranges(members)} (x{len(members)})"
             for j, s in enumerate(r.stages):
-                gpu = ""
-                if cluster is not None and all(cluster.has_device(d) for d in s.devices):
-                    gpu = ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
                 units = f"{s.layers[0]}-{s.layers[1] - 1}"
                 if model is not None and s.layers[0] < s.layers[1] <= model.num_units:
                     units += f" ({model.units[s.layers[0]].name}..{model.units[s.layers[1] - 1].name})"
-                t.add_row(str(i) if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
-                          compress_device_ids(s.devices), gpu, str(s.tp))
+                devices = [d for m in members for d in self.replicas[m].stages[j].devices]
+                t.add_row(label if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
+                          _devices_text(devices, len(members)), gpus(s), str(s.tp))
+        if len(groups) < len(self.replicas):
+            t.caption = (f"{len(self.replicas)} replicas in {len(groups)} group{'s' if len(groups) > 1 else ''} of "
+                         "identical ones (--full lists each)")
         return t
+
+
+def _index_ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out, start = [], indices[0]
+    for prev, cur in zip(indices, indices[1:] + [None]):
+        if cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
+
+
+def _devices_text(devices: list[str], replicas: int, limit: int = 6) -> str:
+    """Device ids of a (collapsed) stage, compressed; beyond ``limit`` runs, the first and last and a count."""
+    runs = compress_device_ids(devices).split(",")
+    if len(runs) <= limit:
+        return ",".join(runs)
+    return f"{','.join(runs[:2])},...,{runs[-1]} ({len(devices)} devices)"
 
 
 def _ranges_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:

@@ -8,7 +8,7 @@ from typing import Literal
 from hetpart._validate import show
 from hetpart.errors import WorkloadError
 
-__all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES"]
+__all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES", "default_precision", "check_precision"]
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Recompute = Literal["none", "selective", "full", "auto"]
@@ -54,3 +54,24 @@ class Workload:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def default_precision(gpus) -> str:
+    """bf16 where every device type has it, else fp16 (``gpus``: the :class:`~hetpart.hardware.GPUSpec` in use)."""
+    return "bf16" if all(g.supports_bf16 for g in gpus) else "fp16"
+
+
+def check_precision(precision: str, gpus, source: str = "--precision") -> str:
+    """``precision`` if every device type in ``gpus`` supports it; :class:`WorkloadError` naming those that do not.
+
+    Args:
+        precision: bf16, fp16 or fp32.
+        gpus: the device types the plan or cluster uses.
+        source: where the value came from (``--precision``, ``plan.json: precision``), for the message.
+    """
+    if precision == "bf16":
+        lacking = sorted({g.name for g in gpus if not g.supports_bf16})
+        if lacking:
+            raise WorkloadError(f"{source}: bf16 is not supported by {', '.join(lacking)} (fp16 matrix units only); "
+                                "use --precision fp16 (or fp32)")
+    return precision

@@ -31,7 +31,7 @@ def checkpoint_info(directory: str | Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise RuntimeFault(f"{path}: unreadable checkpoint metadata ({exc.__class__.__name__}); "
+        raise RuntimeFault(f"{path}: unreadable checkpoint metadata ({getattr(exc, 'strerror', None) or 'invalid JSON'}); "
                            "remove the directory or give another --checkpoint") from None
 
 

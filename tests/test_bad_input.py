@@ -151,13 +151,13 @@ def test_yaml_never_executes_code(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, match", [
-    ("[" * 5000 + "]" * 5000, r"(nested too deeply|invalid YAML)"),
+    ("[" * 5000 + "]" * 5000, r"(nested too deeply|invalid YAML|expected a mapping \(key: value\), got a list)"),
     ("name: x\nnodes:\n  - count: " + "9" * 5000 + "\n", r"(unreadable value|absurdly large)"),
     ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nname: *c\nnodes: *c\n", r"unknown key|name: expected"),
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nname: *c\nnodes: *c\n", r"YAML alias at line 2, column \d+: aliases"),
     ("name: x\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: IB-HDR, "
      "nics_per_node: 1e3}\n", r"nics_per_node: expected a whole number, got '1e3'"),
-    ("", r"expected a mapping \(key: value\), got NoneType"),
+    ("", r"expected a mapping \(key: value\), got an empty value"),
     ("name: x\nnodes:\n  - {count: .inf, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: IB-HDR}\n",
      r"count: expected a whole number, got inf"),
     ("name: x\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: {name: Y, tflops_bf16: " + "9" * 500

@@ -8,12 +8,22 @@ import typer
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(name="hetpart", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+app = typer.Typer(name="hetpart", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
                   help="Plan, predict and run the training of large models on heterogeneous clusters.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from hetpart import __version__
+
+        print(f"hetpart {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     """hetpart: heterogeneity-aware parallel plans for large-model training."""
 
 
@@ -22,7 +32,7 @@ def _register() -> None:
     from hetpart.cli import inspect_cmd
 
     inspect_cmd.register(app)
-    for name in ("plan_cmd", "run_cmd", "bench_cmd"):
+    for name in ("plan_cmd", "run_cmd", "bench_cmd", "export_cmd"):
         try:
             module = __import__(f"hetpart.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -9,21 +9,37 @@ from typing import Any
 import typer
 
 __all__ = ["GlobalBatch", "SeqLen", "Precision", "RecomputeOpt", "JsonFlag", "ModelArg", "ClusterArg",
-           "emit_json", "console", "workload_from"]
+           "emit_json", "console", "workload_from", "resolve_precision", "params_text"]
 
 ModelArg = typer.Option(..., "--model", "-m", help="Catalog name, path to a HF config.json, or python:MODULE:FUNCTION.")
 ClusterArg = typer.Option(..., "--cluster", "-c", help="Catalog name or path to a cluster YAML.")
 GlobalBatch = typer.Option(512, "--global-batch", help="Sequences per optimizer step.")
-SeqLen = typer.Option(2048, "--seq-len", help="Tokens per sequence.")
-Precision = typer.Option("bf16", "--precision", help="bf16, fp16 or fp32.")
+SeqLen = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's own maximum, at most 2048).")
+Precision = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: bf16 where every device has it, else fp16).")
 RecomputeOpt = typer.Option("auto", "--recompute", help="none, selective, full or auto.")
 JsonFlag = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
 
 
-def console():
-    from rich.console import Console
+_PIPE_WIDTH = 200
+"""Columns when stdout is not a terminal (rich would assume 80 and cut device and model names)."""
 
-    return Console()
+
+def console(stderr: bool = False):
+    """A rich console whose tables never cut identifiers: cells fold onto the next line instead of
+    ending in an ellipsis, and output that goes to a file or pipe is 200 columns wide."""
+    from rich.console import Console
+    from rich.table import Table
+
+    class _Folding(Console):
+        def print(self, *objects, **kwargs):
+            for obj in objects:
+                if isinstance(obj, Table):
+                    for col in obj.columns:
+                        col.overflow = "fold"
+            super().print(*objects, **kwargs)
+
+    stream = sys.stderr if stderr else sys.stdout
+    return _Folding(stderr=stderr, width=None if stream.isatty() else _PIPE_WIDTH)
 
 
 def emit_json(obj: Any) -> None:
@@ -38,6 +54,22 @@ def _default(o: Any) -> Any:
     if isinstance(o, (set, tuple)):
         return list(o)
     return str(o)
+
+
+def resolve_precision(precision: str | None, gpus, source: str = "--precision") -> str:
+    """The given precision checked against the device types ``gpus``, or their common default."""
+    from hetpart.workload import check_precision, default_precision
+
+    return default_precision(gpus) if precision is None else check_precision(precision, gpus, source)
+
+
+def params_text(n: float) -> str:
+    """A parameter count as the field writes it: 124M, 1.56B, 1.8T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.3g}{unit}" if value < 100 else f"{value:.0f}{unit}"
+    return f"{n:.0f}"
 
 
 def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str):

@@ -6,7 +6,7 @@ import typer
 
 from typing import Optional
 
-from hetpart.cli.common import JsonFlag, Precision, console, emit_json
+from hetpart.cli.common import JsonFlag, Precision, console, emit_json, params_text
 
 __all__ = ["register"]
 
@@ -37,7 +37,7 @@ def models(json_out: bool = JsonFlag) -> None:
     for col in ("name", "family", "params", "layers", "hidden", "heads", "units"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r["family"], _fmt(r["num_params"]), str(r["num_layers"]), str(r["hidden_size"]),
+        t.add_row(r["name"], r["family"], params_text(r["num_params"]), str(r["num_layers"]), str(r["hidden_size"]),
                   str(r["num_heads"]), str(r["num_units"]))
     console().print(t)
 
@@ -89,11 +89,11 @@ def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.js
 
     from hetpart.graph import load_model
 
-    g = load_model(model, seq_len=seq_len, precision=precision)
+    g = load_model(model, seq_len=seq_len, precision=precision or "bf16")
     if json_out:
         emit_json(g.summary())
         return
-    t = Table(title=f"{g.name}: {_fmt(g.num_params)} parameters, {g.num_units} units, seq_len {g.seq_len} "
+    t = Table(title=f"{g.name}: {params_text(g.num_params)} parameters, {g.num_units} units, seq_len {g.seq_len} "
                     f"({_fmt(g.flops_per_token)}FLOP/token for training)")
     for col in ("units", "kind", "fwd FLOPs/seq", "params", "out bytes/seq", "saved bytes/seq (none/sel/full)"):
         t.add_column(col)
@@ -104,7 +104,7 @@ def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.js
         while j + 1 < g.num_units and _same(g.units[j + 1], u):
             j += 1
         label = u.name if i == j else f"{u.name} .. {g.units[j].name} (x{j - i + 1})"
-        t.add_row(f"{i}" + (f"-{j}" if j > i else "") + f" {label}", u.kind, _fmt(u.fwd_flops), _fmt(u.params),
+        t.add_row(f"{i}" + (f"-{j}" if j > i else "") + f" {label}", u.kind, _fmt(u.fwd_flops), params_text(u.params),
                   _fmt(u.out_act_bytes), "/".join(_fmt(u.act_bytes[m]) for m in ("none", "selective", "full")))
         i = j + 1
     console().print(t)

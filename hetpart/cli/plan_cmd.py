@@ -9,10 +9,11 @@ from typing import Any, Optional
 import typer
 
 from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Precision, RecomputeOpt, SeqLen, console,
-                                emit_json, workload_from)
+                                emit_json, resolve_precision, workload_from)
 
 __all__ = ["register"]
 
+FullOpt = typer.Option(False, "--full", help="List every replica (identical ones are collapsed into one 'xN' row set).")
 PlannerOpt = typer.Option("search", "--planner", help="A registered planner: search, proportional, uniform (policy once "
                           "the learned policy is built).")
 PredictorOpt = typer.Option(None, "--predictor", help="What prices plans: simulator (learned once the learned cost model "
@@ -27,10 +28,16 @@ def _spec(arg: str) -> str:
     return str(path.resolve()) if not arg.startswith("python:") and path.exists() else arg
 
 
-def _load(model: str, cluster: str, seq_len: int, precision: str):
+def _load(model: str, cluster: str, seq_len: int | None, precision: str | None, devices=None,
+          precision_source: str = "--precision", seq_len_source: str = "--seq-len"):
+    """The model and cluster; ``seq_len`` None takes the model's own (at most 2048), ``precision`` None
+    the best that every device in use (``devices``, default the whole cluster) supports."""
     from hetpart import load_cluster, load_model
 
-    return load_model(model, seq_len=seq_len, precision=precision), load_cluster(cluster)
+    cl = load_cluster(cluster)
+    used = [cl.device(d) for d in devices if cl.has_device(d)] if devices is not None else cl.devices
+    precision = resolve_precision(precision, {d.gpu for d in used}, precision_source)
+    return load_model(model, seq_len=seq_len, precision=precision, seq_len_source=seq_len_source), cl, precision
 
 
 def _metrics_line(metrics: dict[str, Any]) -> str:
@@ -40,16 +47,17 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
-                 seq_len: int = SeqLen, precision: str = Precision, recompute: str = RecomputeOpt,
+                 seq_len: Optional[int] = SeqLen, precision: Optional[str] = Precision, recompute: str = RecomputeOpt,
                  planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
-                 json_out: bool = JsonFlag) -> None:
+                 full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
 
-    workload = workload_from(global_batch, seq_len, precision, recompute)
     get_planner(planner)  # an unknown planner fails before the model loads
-    graph, cl = _load(model, cluster, seq_len, precision)
+    precision_given = precision is not None
+    graph, cl, precision = _load(model, cluster, seq_len, precision)
+    workload = workload_from(global_batch, graph.seq_len, precision, recompute)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         result = plan(graph, cl, workload, planner, predictor=predictor)
         bound = upper_bound(graph, cl, workload, predictor=predictor)
@@ -62,12 +70,25 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         emit_json(payload)
         return
     con = console()
-    con.print(chosen.table(cl, graph))
+    con.print(_workload_line(workload, graph, cl, seq_len is None, precision_given))
+    con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
     pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
     con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _workload_line(workload, graph, cl, seq_default: bool, precision_given: bool) -> str:
+    """The workload with where each default came from (the model's positions, the devices' precisions)."""
+    seq = f"seq {workload.seq_len}"
+    if seq_default:
+        seq += f" ({graph.name}'s own maximum, at most 2048; --seq-len to change)"
+    prec = workload.precision
+    if not precision_given:
+        lacking = sorted({g.name for g in (d.gpu for d in cl.devices) if not g.supports_bf16})
+        prec += f" ({', '.join(lacking)} lack bf16)" if lacking else " (every device has bf16)"
+    return f"workload: global batch {workload.global_batch} x {seq}, {prec}, recompute {workload.recompute}"
 
 
 def _status(quiet: bool, message: str):
@@ -85,7 +106,7 @@ def _write_plan(plan, out: Path) -> None:
     try:
         plan.save(out)
     except OSError as exc:
-        raise PlanError(f"--out: cannot write {out} ({exc.__class__.__name__}); check the directory") from None
+        raise PlanError(f"--out: cannot write {out} ({exc.strerror or exc}); check the directory") from None
 
 
 def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave):
@@ -134,17 +155,20 @@ def predict_command(
         schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
         interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
         predictor: Optional[str] = PredictorOpt,
-        json_out: bool = JsonFlag) -> None:
+        full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
 
     check_predictor_name(predictor)  # an unknown predictor fails before the model loads
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
-    workload = workload_from(global_batch or (plan.global_batch if plan else 512),
-                             seq_len or (plan.seq_len if plan else 2048),
-                             precision or (plan.precision if plan else "bf16"),
+    where = f"{plan_path}: " if plan is not None else ""
+    graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),
+                                 precision or (plan.precision if plan else None),
+                                 devices=plan.devices if plan else None,
+                                 precision_source="--precision" if precision or not plan else f"{where}precision",
+                                 seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
+    workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
                              recompute or (plan.recompute if plan else "selective"))
-    graph, cl = _load(model, cluster, workload.seq_len, workload.precision)
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave)
     if plan_path is not None and recompute is None:
         workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute)
@@ -155,7 +179,7 @@ def predict_command(
                    "breakdown": prediction.breakdown})
         return
     con = console()
-    con.print(plan.table(cl, graph))
+    con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
 
 
@@ -164,12 +188,13 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                  cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
                  gantt: Optional[Path] = typer.Option(None, "--gantt", help="Draw the simulated schedule to this PNG."),
                  max_replicas: int = typer.Option(4, "--max-replicas", help="Replicas drawn in the Gantt chart."),
-                 json_out: bool = JsonFlag) -> None:
+                 full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Show a plan as a table and (with --gantt) its simulated schedule as a Gantt chart."""
     from hetpart.costmodel.simulator import simulate
 
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
-    graph, cl = _load(model, cluster, plan.seq_len, plan.precision)
+    graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
+                         precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None)
     if gantt is not None:
         from hetpart.cli.gantt import draw_gantt
@@ -179,7 +204,7 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
         emit_json({"plan": plan.to_dict(), "metrics": prediction.metrics, "gantt": str(gantt) if gantt else None})
         return
     con = console()
-    con.print(plan.table(cl, graph))
+    con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else ""))
 
 
@@ -187,8 +212,8 @@ def demo_command(json_out: bool = JsonFlag) -> None:
     """Plan a bundled heterogeneous example with search; compare with the upper bound and Megatron."""
     from hetpart.policies import plan, upper_bound
 
-    workload = workload_from(DEMO["global_batch"], DEMO["seq_len"], "bf16", "auto")
-    graph, cl = _load(DEMO["model"], DEMO["cluster"], DEMO["seq_len"], "bf16")
+    graph, cl, precision = _load(DEMO["model"], DEMO["cluster"], DEMO["seq_len"], None)
+    workload = workload_from(DEMO["global_batch"], DEMO["seq_len"], precision, "auto")
     with _status(json_out, f"planning {DEMO['model']} on {DEMO['cluster']}"):
         best = plan(graph, cl, workload, "search")
         uniform = plan(graph, cl, workload, "uniform")

@@ -60,9 +60,18 @@ def _check_head_dim(data: dict, source: str, hidden: int, heads: int) -> None:
                      "hetpart models head_dim = hidden_size / num_attention_heads only (use python:MODULE:FUNCTION)")
 
 
+_SUPPORTED = "gpt2, llama, " + ", ".join(sorted(_LLAMA_LIKE - {"llama"})) + ", opt, bert"
+_NOT_TRANSFORMER_KEYS = ("state_size", "ssm_cfg", "d_state", "conv_kernel", "time_step_rank")
+"""Keys of state-space models (Mamba, Mamba-2): their configs also carry hidden_size and num_hidden_layers."""
+
+
 def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
     data = v.require_mapping(ModelError, data, source, "")
-    model_type = str(data.get("model_type", "")).lower()
+    model_type = data.get("model_type") or ""
+    if not isinstance(model_type, str):
+        raise v.fail(ModelError, source, "model_type", f"expected text such as \"llama\", got {v.kind(model_type)}")
+    model_type = model_type.lower()
+    _refuse_unsupported(data, model_type, source)
     try:
         if "n_embd" in data or model_type == "gpt2":
             return _gpt2(data, source)
@@ -77,6 +86,19 @@ def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
     raise ModelError(f"{source}: model_type {model_type or '(missing)'!r} is not a GPT-2, Llama, OPT or BERT "
                      "config; give n_embd/n_layer/n_head (GPT-2) or hidden_size/num_hidden_layers/"
                      "num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+
+
+def _refuse_unsupported(data: dict, model_type: str, source: str) -> None:
+    """A config of another architecture must not be modelled as a Llama because it shares two key names."""
+    arch = data.get("architectures")
+    named = f" ({', '.join(map(str, arch))})" if isinstance(arch, list) and arch and len(str(arch)) < 200 else ""
+    if model_type and model_type not in _LLAMA_LIKE | {"gpt2", "opt", "bert"}:
+        raise ModelError(f"{source}: model_type: {v.show(model_type)}{named} is not supported; supported model "
+                         f"types: {_SUPPORTED} (or describe the model with python:MODULE:FUNCTION)")
+    odd = [k for k in _NOT_TRANSFORMER_KEYS if k in data]
+    if not model_type and odd:
+        raise ModelError(f"{source}: {odd[0]}: a state-space model config{named} is not supported; supported "
+                         f"model types: {_SUPPORTED} (or use python:MODULE:FUNCTION)")
 
 
 def _gpt2(data: dict, source: str) -> TransformerConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from hetpart import _validate as v
@@ -26,21 +28,58 @@ def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
             return path.parent.name or path.stem, read_hf_config(path), str(path)
         if (path / "config.json").is_file():
             return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
+    if spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelError(f"--model: {v.show(spec, 200)}: no such file; give the path of a Hugging Face config.json "
+                         "(or of its directory), a catalog name or python:MODULE:FUNCTION")
+    if _HUB_ID.fullmatch(spec):
+        cached = _cached_hub_config(spec)
+        if cached is not None:
+            return spec, read_hf_config(cached), str(cached)
+        raise ModelError(f"--model: {spec!r} looks like a Hugging Face hub id, and hetpart does not download (it "
+                         "is not in the local Hugging Face cache either); fetch its config.json "
+                         f"(huggingface-cli download {spec} config.json) and give --model path/to/config.json")
     raise v.unknown_name(ModelError, "model", spec, MODEL_CATALOG, "--model", "",
                          extra=" (or a path to a Hugging Face config.json, or python:MODULE:FUNCTION)")
 
 
-def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16") -> ModelGraph:
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+
+
+def _cached_hub_config(repo_id: str) -> Path | None:
+    """``config.json`` of ``repo_id`` in the local Hugging Face cache (newest snapshot), if it is there.
+
+    The cache layout is ``$HF_HUB_CACHE`` (default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``)
+    ``/models--{org}--{name}/snapshots/{revision}/config.json``; ``refs/main`` names the current revision.
+    """
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    root = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub"))
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    try:
+        main = (repo / "refs" / "main").read_text().strip()
+        if (repo / "snapshots" / main / "config.json").is_file():
+            return repo / "snapshots" / main / "config.json"
+    except OSError:
+        pass
+    try:
+        configs = sorted(repo.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return None
+    return configs[-1] if configs else None
+
+
+def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16",
+               seq_len_source: str = "--seq-len") -> ModelGraph:
     """The unit graph of the model ``spec`` for sequences of ``seq_len`` tokens.
 
     ``python:MODULE:FUNCTION`` imports user code (an explicit opt-in) and traces the returned module
-    on the meta device. ``seq_len=None`` takes ``min(2048, max_positions)``.
+    on the meta device. ``seq_len=None`` takes ``min(2048, max_positions)``. ``seq_len_source`` names
+    where ``seq_len`` came from (a flag, or a plan file's field) in error messages.
     """
     resolved = None if not isinstance(spec, str) or spec.startswith("python:") else resolve_transformer(spec)
     if seq_len is None:
         seq_len = min(2048, resolved[1].max_positions) if resolved else 2048
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 10**7:
-        raise ModelError(f"--seq-len: must be a whole number between 1 and 1e7, got {v.show(seq_len)}")
+        raise ModelError(f"{seq_len_source}: must be a whole number between 1 and 1e7, got {v.show(seq_len)}")
     if precision not in ("bf16", "fp16", "fp32"):
         raise ModelError(f"--precision: unknown precision {v.show(precision)}; use bf16, fp16 or fp32")
     dtype_bytes = 4 if precision == "fp32" else 2
@@ -52,6 +91,6 @@ def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16") -
         return trace_python_spec(spec, seq_len=seq_len, precision=precision)
     name, cfg, source = resolved
     if cfg.learned_positions and seq_len > cfg.max_positions:
-        raise ModelError(f"--seq-len: {seq_len} exceeds the {cfg.max_positions} learned positions of {name}; "
-                         f"use --seq-len {cfg.max_positions} or less")
+        raise ModelError(f"{seq_len_source}: {seq_len} exceeds the {cfg.max_positions} learned positions of {name}; "
+                         f"use {'--seq-len ' if seq_len_source.startswith('--') else ''}{cfg.max_positions} or less")
     return transformer_graph(cfg, name, seq_len, dtype_bytes, source=source)

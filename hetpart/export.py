@@ -1,0 +1,306 @@
+"""A plan in the terms of the training engines people run: Megatron-LM, torchtitan and DeepSpeed.
+
+Each target gets what it can express of the plan (parallel degrees, the pipeline partition,
+batches, recomputation, precision) and a list of what it cannot (uneven replicas, per-stage tensor
+parallelism, ...), never a silent approximation. The names are the engines' own:
+
+* Megatron-LM (``megatron/training/arguments.py``): ``--tensor-model-parallel-size``,
+  ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, or the general
+  ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L`` loss, ``|`` between
+  stages), ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``.
+* torchtitan (``torchtitan/config/job_config.py``): ``[parallelism]`` degrees, ``pipeline_parallel_schedule``,
+  ``module_fqns_per_model_part`` (the split, per model chunk) and the older ``pipeline_parallel_split_points``.
+* DeepSpeed: the JSON config (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
+  ``gradient_accumulation_steps``, ``zero_optimization.stage``, ``bf16``/``fp16``) and the
+  ``PipelineModule(num_stages=..., partition_method=...)`` arguments.
+
+Units of a hetpart transformer are ``embedding, block_0 .. block_{L-1}, head``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hetpart.errors import PlanError
+
+__all__ = ["TARGETS", "Export", "export_plan"]
+
+TARGETS = ("megatron", "torchtitan", "deepspeed")
+Target = Literal["megatron", "torchtitan", "deepspeed"]
+
+
+@dataclass(frozen=True)
+class Export:
+    """A plan in one engine's terms."""
+
+    target: str
+    text: str
+    """The artifact: Megatron-LM command-line arguments, a torchtitan TOML fragment, or a DeepSpeed JSON config."""
+    data: dict[str, Any]
+    """The same as data (argument -> value, or the config mapping)."""
+    cannot_express: tuple[str, ...] = ()
+    """What of the plan the target cannot express (the artifact then describes replica 0 / the first stage's TP)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """What the user must do besides (rank order, a custom partition)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "text": self.text, "data": self.data,
+                "cannot_express": list(self.cannot_express), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What every engine needs: the plan reduced to one homogeneous grid, and where it is not one."""
+
+    dp: int
+    pp: int
+    """Physical pipeline depth (device groups per replica)."""
+    vpp: int
+    """Model chunks per device group (1 unless interleaved)."""
+    tp: int
+    blocks: tuple[int, ...]
+    """Decoder layers per (virtual) stage of replica 0, in stage order."""
+    stage_units: tuple[tuple[int, int], ...]
+    """Unit ranges per (virtual) stage of replica 0."""
+    num_layers: int
+    problems: tuple[str, ...]
+
+
+def export_plan(plan, graph, target: str) -> Export:
+    """Express ``plan`` (made for ``graph``) for ``target`` (``megatron``, ``torchtitan`` or ``deepspeed``).
+
+    Raises:
+        PlanError: an unknown target, or a model that is not a hetpart transformer (embedding, blocks, head).
+    """
+    if target not in TARGETS:
+        raise PlanError(f"--to: unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    shape = _shape(plan, graph)
+    return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[target](plan, graph, shape)
+
+
+def _shape(plan, graph) -> _Shape:
+    arch = graph.arch or {}
+    kinds = [u.kind for u in graph.units]
+    if not arch.get("num_layers") or kinds[0] != "embedding" or kinds[-1] != "head":
+        raise PlanError(f"export: model {graph.name} is not a transformer of embedding, blocks and head (a "
+                        "python: model?); the engines' arguments describe transformer layers only")
+    first = plan.replicas[0]
+    vpp = plan.interleave if plan.schedule == "interleaved" else 1
+    problems = []
+    shares = {round(r.batch_share, 9) for r in plan.replicas}
+    if len(shares) > 1:
+        problems.append("uneven data-parallel replicas (batch shares "
+                        + ", ".join(f"{r.batch_share:.3f}" for r in plan.replicas) + "): every replica gets "
+                        "global_batch / dp there")
+    splits = {tuple(s.layers for s in r.stages) for r in plan.replicas}
+    if len(splits) > 1:
+        problems.append(f"replicas with different pipelines ({len(splits)} distinct stage splits or depths): one "
+                        "split for all replicas there; shown: replica 0's")
+    tps = sorted({s.tp for r in plan.replicas for s in r.stages})
+    if len(tps) > 1:
+        problems.append(f"per-stage tensor parallelism (tp {', '.join(map(str, tps))}): one TP degree for all "
+                        f"stages there; shown: tp {first.stages[0].tp}")
+    n = graph.num_units
+    blocks = tuple(max(0, min(b, n - 1) - max(a, 1)) for a, b in (s.layers for s in first.stages))
+    return _Shape(dp=plan.dp, pp=first.pp // vpp, vpp=vpp, tp=first.stages[0].tp, blocks=blocks,
+                  stage_units=tuple(s.layers for s in first.stages), num_layers=int(arch["num_layers"]),
+                  problems=tuple(problems))
+
+
+# --------------------------------------------------------------------------------------- Megatron-LM
+def _megatron(plan, graph, shape: _Shape) -> Export:
+    arch = graph.arch or {}
+    args: dict[str, Any] = {
+        "--tensor-model-parallel-size": shape.tp,
+        "--pipeline-model-parallel-size": shape.pp,
+    }
+    problems = list(shape.problems)
+    args.update(_megatron_partition(shape))
+    args.update({
+        "--micro-batch-size": plan.micro_batch,
+        "--global-batch-size": plan.global_batch,
+        "--seq-length": plan.seq_len,
+        "--num-layers": shape.num_layers,
+        "--hidden-size": arch.get("hidden_size"),
+        "--num-attention-heads": arch.get("num_heads"),
+        "--ffn-hidden-size": arch.get("ffn_hidden_size") or 4 * int(arch.get("hidden_size", 0)),
+        "--max-position-embeddings": arch.get("max_positions"),
+    })
+    kv = arch.get("num_kv_heads") or arch.get("num_heads")
+    if kv and kv != arch.get("num_heads"):
+        args.update({"--group-query-attention": True, "--num-query-groups": kv})
+    args.update(_megatron_recompute(plan.recompute))
+    if plan.precision in ("bf16", "fp16"):
+        args[f"--{plan.precision}"] = True
+    if getattr(plan, "zero", 0) >= 1:
+        args["--use-distributed-optimizer"] = True
+        if plan.zero >= 2:
+            problems.append(f"ZeRO stage {plan.zero}: Megatron-LM's distributed optimizer shards optimizer states "
+                            "(ZeRO-1) only; gradients and parameters stay replicated")
+    args = {k: v for k, v in args.items() if v is not None}
+    lines = [k if v is True else f"{k} {v}" for k, v in args.items()]
+    text = " \\\n".join(lines) + "\n"
+    return Export("megatron", text, args, tuple(problems), _rank_note(plan, shape, "Megatron-LM"))
+
+
+def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
+    """Which device each rank must run on, in the engine's rank order (TP innermost, then DP, then PP)."""
+    if shape.problems:
+        return ()
+    order = [r.stages[k].devices[t] for k in range(shape.pp) for r in plan.replicas for t in range(shape.tp)]
+    from hetpart.plan import compress_device_ids
+
+    return (f"{engine} orders ranks TP innermost, then DP, then PP: start rank r on device r of "
+            f"[{compress_device_ids(order)}] (hetpart ids group/node/gpu)",)
+
+
+def _megatron_partition(shape: _Shape) -> dict[str, Any]:
+    """The split of decoder layers over (virtual) stages in the simplest arguments that say it exactly."""
+    blocks, pp, vpp = shape.blocks, shape.pp, shape.vpp
+    even = len(set(blocks)) == 1
+    if vpp > 1:
+        if even:
+            return {"--num-layers-per-virtual-pipeline-stage": blocks[0]}
+        return {"--pipeline-model-parallel-layout": _layout(blocks)}
+    if even or pp == 1:
+        return {}
+    middle = blocks[1:-1]
+    if len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+        out: dict[str, Any] = {}
+        mid = middle[0] if middle else None
+        if mid is None or blocks[0] != mid:
+            out["--decoder-first-pipeline-num-layers"] = blocks[0]
+        if mid is None or blocks[-1] != mid:
+            out["--decoder-last-pipeline-num-layers"] = blocks[-1]
+        return out
+    return {"--pipeline-model-parallel-layout": _layout(blocks)}
+
+
+def _layout(blocks: tuple[int, ...]) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout``: ``E`` embedding, ``t`` per decoder layer, ``L`` loss."""
+    stages = ["t" * b for b in blocks]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return '"' + "|".join(stages) + '"'
+
+
+def _megatron_recompute(mode: str) -> dict[str, Any]:
+    if mode == "selective":
+        return {"--recompute-granularity": "selective"}
+    if mode == "full":
+        return {"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 1}
+    return {}
+
+
+# --------------------------------------------------------------------------------------- torchtitan
+_TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+
+
+def _torchtitan(plan, graph, shape: _Shape) -> Export:
+    problems = list(shape.problems)
+    chunks = [_titan_fqns(a, b, graph.num_units) for a, b in shape.stage_units]
+    split_points = [c[0] for c in chunks[1:] if c and c[0].startswith("layers.")]
+    zero = getattr(plan, "zero", 0)
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": shape.dp if zero < 3 else 1,
+        "data_parallel_shard_degree": shape.dp if zero >= 3 else 1,
+        "tensor_parallel_degree": shape.tp,
+        "pipeline_parallel_degree": shape.pp,
+        "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule],
+        "pipeline_parallel_microbatch_size": plan.micro_batch,
+        "module_fqns_per_model_part": chunks,
+    }
+    if zero in (1, 2):
+        problems.append(f"ZeRO stage {zero}: torchtitan shards with FSDP (ZeRO-3, data_parallel_shard_degree) or "
+                        "replicates (data_parallel_replicate_degree); shown: replicated")
+    training: dict[str, Any] = {"local_batch_size": plan.global_batch // max(1, shape.dp),
+                                "global_batch_size": plan.global_batch, "seq_len": plan.seq_len}
+    if plan.precision == "bf16":
+        training["mixed_precision_param"] = "bfloat16"
+    elif plan.precision == "fp32":
+        training["mixed_precision_param"] = "float32"
+    else:
+        problems.append("precision fp16: torchtitan's training.mixed_precision_param takes bfloat16 or float32")
+    config = {"training": training, "parallelism": parallelism,
+              "activation_checkpoint": {"mode": plan.recompute}}
+    text = _toml(config)
+    if split_points and shape.vpp == 1:
+        text += f"# older torchtitan: pipeline_parallel_split_points = {json.dumps(split_points)}\n"
+    return Export("torchtitan", text, config, tuple(problems), _rank_note(plan, shape, "torchtitan"))
+
+
+def _titan_fqns(first: int, last: int, num_units: int) -> list[str]:
+    """torchtitan's module names (Llama 3: tok_embeddings, layers.i, norm, output) of units ``[first, last)``."""
+    names = []
+    for u in range(first, last):
+        if u == 0:
+            names.append("tok_embeddings")
+        elif u == num_units - 1:
+            names += ["norm", "output"]
+        else:
+            names.append(f"layers.{u - 1}")
+    return names
+
+
+def _toml(config: dict[str, dict[str, Any]]) -> str:
+    out = []
+    for section, values in config.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------- DeepSpeed
+def _deepspeed(plan, graph, shape: _Shape) -> Export:
+    problems = list(shape.problems)
+    zero = getattr(plan, "zero", 0)
+    micro = plan.micro_batch
+    accumulation = plan.global_batch // max(1, micro * shape.dp)
+    config: dict[str, Any] = {"train_batch_size": plan.global_batch, "train_micro_batch_size_per_gpu": micro,
+                              "gradient_accumulation_steps": accumulation, "zero_optimization": {"stage": zero}}
+    if plan.precision in ("bf16", "fp16"):
+        config[plan.precision] = {"enabled": True}
+    if shape.tp > 1:
+        problems.append(f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own "
+                        "(Megatron-DeepSpeed adds it)")
+    if shape.vpp > 1:
+        problems.append(f"interleaved schedule ({shape.vpp} chunks per device): DeepSpeed pipelines run 1F1B "
+                        "with one chunk per stage")
+    if plan.schedule == "gpipe":
+        problems.append("schedule gpipe: DeepSpeed's pipeline engine runs 1F1B")
+    if zero >= 2 and shape.pp > 1:
+        problems.append(f"ZeRO stage {zero} with pipeline parallelism: DeepSpeed supports ZeRO-1 with pipelines")
+    if plan.recompute == "selective":
+        problems.append("selective recomputation: PipelineModule checkpoints whole layers "
+                        "(activation_checkpoint_interval)")
+    parts = [a for a, _ in shape.stage_units] + [graph.num_units]
+    pipe: dict[str, Any] = {"num_stages": shape.pp}
+    if parts == _ds_partition_uniform(graph.num_units, len(parts) - 1):
+        pipe["partition_method"] = "uniform"
+    elif shape.vpp == 1:
+        problems.append(f"the pipeline partition (layer boundaries {parts} over the {graph.num_units} "
+                        "embedding, block and head layers): PipelineModule's partition_method takes uniform, "
+                        "parameters or type:REGEX; set these boundaries as self.parts in a PipelineModule "
+                        "subclass's _partition_layers")
+    if plan.recompute == "full":
+        pipe["activation_checkpoint_interval"] = 1
+    text = json.dumps(config, indent=2) + "\n"
+    args = ", ".join(f"{k}={v!r}" for k, v in pipe.items())
+    notes = (f"PipelineModule(layers=..., {args})",)
+    return Export("deepspeed", text, {"config": config, "pipeline_module": pipe}, tuple(problems), notes)
+
+
+def _ds_partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """``deepspeed.runtime.utils.partition_uniform``: equal chunks, the first ``residual`` parts one larger."""
+    if num_items <= num_parts:
+        return [min(i, num_items) for i in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    parts = [i * chunk for i in range(num_parts + 1)]
+    for i in range(residual):
+        for j in range(i + 1, num_parts + 1):
+            parts[j] += 1
+    return parts
