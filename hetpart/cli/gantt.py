@@ -65,7 +65,7 @@ def draw_gantt(prediction: "Prediction", plan: "Plan", cluster: "Cluster", path:
     try:
         fig.savefig(path, dpi=110)
     except OSError as exc:
-        raise PlanError(f"--gantt: cannot write {path} ({exc.strerror or exc}); check the directory") from None
+        raise PlanError(f"--gantt: cannot write {path} ({exc.__class__.__name__}); check the directory") from None
     finally:
         plt.close(fig)
     return Path(path)
