@@ -11,7 +11,6 @@ Names checked against the engines' sources: Megatron-LM ``megatron/training/argu
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,6 +36,9 @@ TITAN_KEYS = {"training": {"local_batch_size", "global_batch_size", "seq_len", "
               "activation_checkpoint": {"mode"}}
 DS_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
            "bf16", "fp16"}
+
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 
 def _graph():
