@@ -76,12 +76,14 @@ def divisors(n: int) -> list[int]:
 
 
 def tp_options(pool: Pool, model: ModelGraph) -> list[int]:
-    """Tensor-parallel degrees a stage on this pool may use: inside one node, dividing the heads."""
-    heads = (model.arch or {}).get("num_heads")
+    """Tensor-parallel degrees a stage on this pool may use: the runtime's rules
+    (:func:`hetpart.rules.allowed_tp_degrees`: inside one node, dividing heads, key/value heads and MLP)."""
+    from hetpart.rules import allowed_tp_degrees
+
     shardable = any(u.tp_shardable and u.kind == "block" for u in model.units) and model.arch is not None
     if not shardable:
         return [1]
-    return [t for t in divisors(pool.gpus_per_node) if not heads or heads % t == 0]
+    return list(allowed_tp_degrees(model, pool.gpus_per_node))
 
 
 def tp_groups(pool: Pool, tp: int) -> list[tuple[str, ...]]:

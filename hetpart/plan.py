@@ -179,12 +179,15 @@ class Plan:
 
     # ------------------------------------------------------------------------------- rules
     def validate(self, model: "ModelGraph", cluster: "Cluster") -> list[str]:
-        """Every rule the plan breaks for ``model`` on ``cluster`` (empty when valid)."""
+        """Every rule the plan breaks for ``model`` on ``cluster`` (empty when valid): its structure and
+        the runtime's rules (:mod:`hetpart.rules`), so a valid plan is one that ``hetpart run`` executes."""
+        from hetpart import rules
+
         problems: list[str] = []
         problems += self._check_batch()
         problems += self._check_layers(model)
         problems += self._check_devices(cluster)
-        problems += self._check_tp(model, cluster)  # both skip unknown devices, reported above
+        problems += rules.check(self, model, cluster)  # both skip unknown devices, reported above
         problems += self._check_zones(cluster)
         return problems
 
@@ -263,19 +266,6 @@ class Plan:
         twice = [d for d, c in uses.items() if c > 1]
         if twice:
             out.append(f"devices {compress_device_ids(sorted(twice))} are used more than once; a device serves one stage of one replica")
-        return out
-
-    def _check_tp(self, model: "ModelGraph", cluster: "Cluster") -> list[str]:
-        out = []
-        heads = (model.arch or {}).get("num_heads")
-        for i, r in enumerate(self.replicas):
-            for j, s in enumerate(r.stages):
-                nodes = {cluster.device(d).node_key for d in s.devices if cluster.has_device(d)}
-                if len(nodes) > 1 and not self.allow_cross_node_tp:
-                    out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
-                               "keep it inside one node or set allow_cross_node_tp")
-                if heads and heads % s.tp:
-                    out.append(f"replicas[{i}].stages[{j}].tp: {s.tp} does not divide the {heads} attention heads")
         return out
 
     def _check_zones(self, cluster: "Cluster") -> list[str]:

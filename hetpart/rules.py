@@ -1,0 +1,149 @@
+"""Which plans the runtime executes: its rules as plain data, and one check that reads them.
+
+The runtime (:mod:`hetpart.runtime`) is not the only reader. :meth:`hetpart.plan.Plan.validate`
+appends :func:`check` to its structural checks, so every planner that filters candidates through
+``validate`` (the costmodel's ``Evaluator``) cannot emit a plan the runtime refuses; the search's
+tensor-parallel options come from :func:`allowed_tp_degrees`; a planning environment builds its
+action masks from :func:`allowed_tp_degrees` and :meth:`RuntimeRules.stages_may_differ_in_tp`.
+
+Example:
+    >>> from hetpart import load_cluster, load_model
+    >>> model, cluster = load_model("gpt2-small", seq_len=128), load_cluster("a100-v100-16")
+    >>> allowed_tp_degrees(model, cluster.groups[0].gpus_per_node)
+    (1, 2, 4)
+    >>> RULES.stages_may_differ_in_tp("1f1b"), RULES.stages_may_differ_in_tp("interleaved")
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.plan import Plan, Replica
+
+__all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_problems", "schedule_problems", "check"]
+
+TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
+_DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
+
+
+@dataclass(frozen=True)
+class RuntimeRules:
+    """What the runtime can execute, beyond a plan's structural validity (covered units, devices that
+    exist, whole micro-batches, connected zones)."""
+
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+    """Pipeline schedules the runtime runs (torch.distributed.pipelining's GPipe, 1F1B, interleaved 1F1B)."""
+    mixed_tp_schedules: tuple[str, ...] = ("gpipe", "1f1b")
+    """Schedules under which the stages of one replica may have different TP degrees (the activation is
+    resharded at the boundary: every receiving TP rank gets the full, replicated activation)."""
+    replicas_may_differ_in_tp: bool = True
+    """Replicas may use different TP degrees (their gradients are exchanged at full size)."""
+    tp_divides: tuple[TPDivisor, ...] = ("num_heads", "kv_heads", "ffn")
+    """Transformer sizes that every TP degree must divide (Megatron's column/row-parallel split)."""
+    tp_within_node: bool = True
+    """A TP group stays inside one node unless the plan sets ``allow_cross_node_tp``."""
+    max_tp_without_transformer: int = 1
+    """Models without a transformer config (``python:`` modules) run without tensor parallelism."""
+    interleaved_whole_rounds: bool = True
+    """Interleaved 1F1B: a replica's micro-batches are a whole number of rounds of ``pp`` (torch's
+    ``ScheduleInterleaved1F1B`` runs ``max(1, m // pp)`` rounds and needs ``m`` divisible by them)."""
+
+    def stages_may_differ_in_tp(self, schedule: str) -> bool:
+        """Whether the stages of one replica may use different TP degrees under ``schedule``."""
+        return schedule in self.mixed_tp_schedules
+
+
+RULES = RuntimeRules()
+"""The rules of this version of the runtime."""
+
+
+def tp_divisors(model: "ModelGraph", rules: RuntimeRules = RULES) -> dict[str, int] | None:
+    """``{"attention heads": 12, ...}``: the sizes a TP degree must divide; None when the model has no
+    transformer config (then only ``rules.max_tp_without_transformer`` is allowed)."""
+    arch = model.arch or {}
+    heads = arch.get("num_heads")
+    if not heads:
+        return None
+    kv = arch.get("num_kv_heads") or heads
+    sizes = {"num_heads": heads, "kv_heads": kv if kv != heads else 0,  # no GQA: the heads rule says it
+             "ffn": arch.get("ffn_hidden_size") or 4 * arch.get("hidden_size", 0)}
+    return {_DIVISOR_NAMES[k]: int(sizes[k]) for k in rules.tp_divides if sizes.get(k)}
+
+
+def tp_problems(model: "ModelGraph", tp: int, rules: RuntimeRules = RULES) -> list[str]:
+    """Why a stage of ``model`` cannot run with TP degree ``tp`` (empty when it can)."""
+    sizes = tp_divisors(model, rules)
+    if sizes is None:
+        if tp > rules.max_tp_without_transformer:
+            return [f"{tp} needs a transformer config; {model.name} (no transformer config) runs with tp "
+                    f"{rules.max_tp_without_transformer}"]
+        return []
+    return [f"{tp} does not divide the {n} {what}" for what, n in sizes.items() if n % tp]
+
+
+def allowed_tp_degrees(model: "ModelGraph", gpus_per_node: int, *, allow_cross_node_tp: bool = False,
+                       max_devices: int | None = None, rules: RuntimeRules = RULES) -> tuple[int, ...]:
+    """TP degrees a stage of ``model`` may use on nodes of ``gpus_per_node`` devices (an action mask).
+
+    Inside one node (``rules.tp_within_node``) the degree must divide ``gpus_per_node`` (groups of
+    consecutive GPUs); with ``allow_cross_node_tp`` any degree up to ``max_devices`` is allowed.
+    """
+    if rules.tp_within_node and not allow_cross_node_tp:
+        degrees = [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0]
+    else:
+        degrees = list(range(1, (max_devices or gpus_per_node) + 1))
+    return tuple(t for t in degrees if not tp_problems(model, t, rules))
+
+
+def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeRules = RULES) -> list[str]:
+    """Every runtime rule ``plan`` breaks for ``model`` on ``cluster`` (empty when the runtime can run it).
+
+    Structural rules (covered units, existing devices, batch shares) are :meth:`Plan.validate`'s; this
+    checks what the runtime adds. Devices missing from ``cluster`` are skipped (validate names them).
+    """
+    out = schedule_problems(plan, rules)
+    seen: set[int] = set()
+    for i, r in enumerate(plan.replicas):
+        for j, s in enumerate(r.stages):
+            if s.tp not in seen:
+                seen.add(s.tp)
+                for why in tp_problems(model, s.tp, rules):
+                    out.append(f"replicas[{i}].stages[{j}].tp: {why}")
+            nodes = {cluster.device(d).node_key for d in s.devices if cluster.has_device(d)}
+            if rules.tp_within_node and len(nodes) > 1 and not plan.allow_cross_node_tp:
+                out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
+                           "keep it inside one node or set allow_cross_node_tp")
+    if not rules.replicas_may_differ_in_tp and len({s.tp for r in plan.replicas for s in r.stages}) > 1:
+        out.append("replicas: tensor-parallel degrees differ between replicas; use one tp everywhere")
+    return out
+
+
+def schedule_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
+    """The rules that depend on the plan alone, not on the model: the schedule, TP degrees that differ
+    between the stages of a replica, interleaved rounds. (The runtime checks them on what runs too.)"""
+    out: list[str] = []
+    if plan.schedule not in rules.schedules:
+        out.append(f"schedule: {plan.schedule!r} does not run; use one of {', '.join(rules.schedules)}")
+    for i, r in enumerate(plan.replicas):
+        out += _replica_rules(plan, i, r, rules)
+    return out
+
+
+def _replica_rules(plan: "Plan", i: int, r: "Replica", rules: RuntimeRules) -> list[str]:
+    out = []
+    tps = sorted({s.tp for s in r.stages})
+    if len(tps) > 1 and not rules.stages_may_differ_in_tp(plan.schedule):
+        out.append(f"replicas[{i}].stages: tensor-parallel degrees {tps} differ, which schedule {plan.schedule!r} "
+                   f"does not run; use {' or '.join(rules.mixed_tp_schedules)}, or one tp for every stage")
+    if plan.schedule == "interleaved" and rules.interleaved_whole_rounds and plan.interleave > 0:
+        pp, m = max(1, r.pp // plan.interleave), plan.num_microbatches(i)
+        rounds = max(1, m // pp)
+        if m and m % rounds:
+            out.append(f"replicas[{i}]: {m} micro-batches is not a multiple of {rounds} rounds of {pp} "
+                       "(interleaved 1F1B); change micro_batch or the share")
+    return out
