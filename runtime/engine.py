@@ -22,6 +22,7 @@ Example (in every process of a torchrun job whose world size is ``plan.num_devic
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -36,7 +37,8 @@ from torch.nn import functional as F
 
 from hetpart.errors import PlanError, RuntimeFault
 from hetpart.plan import Plan
-from hetpart.runtime.groups import DEFAULT_BUCKET_CAP, CommLayout, ProcessGroups, RankRole, comm_layout, fuse_buckets
+from hetpart.runtime.groups import (DEFAULT_BUCKET_CAP, CommLayout, FanOut, ProcessGroups, RankRole, comm_layout,
+                                    fuse_buckets)
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
 __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "require_runnable",
@@ -163,31 +165,30 @@ def loss_fn_for(spec: RunnableSpec, scale: float):
 
 
 def check_runnable(plan: Plan, spec: RunnableSpec) -> list[str]:
-    """Rules the runtime adds to :meth:`Plan.validate` (empty when the plan can run)."""
+    """The runtime's rules (:mod:`hetpart.rules`) for the model that RUNS (empty when the plan can run).
+
+    :meth:`Plan.validate` checks them against the full-size model; the shrunken model that runs has
+    its own sizes (heads raised to a multiple of the plan's TP degrees) and positions."""
+    from hetpart.rules import RULES, schedule_problems
+
     out = []
     if plan.seq_len > (spec.config.max_positions if spec.config and spec.config.learned_positions else 10**9):
         out.append(f"seq_len: {plan.seq_len} exceeds the {spec.config.max_positions} positions of the model that "
                    "runs; shrink the sequence (scaled_seq_len) or the plan")
+    sizes = None
+    if spec.config is not None:
+        cfg = spec.config
+        sizes = {"attention heads": cfg.num_heads, "MLP width": cfg.ffn}
+        if cfg.kv_heads != cfg.num_heads:
+            sizes["key/value heads"] = cfg.kv_heads
+    out += schedule_problems(plan)
     for i, r in enumerate(plan.replicas):
-        tps = {s.tp for s in r.stages}
-        if len(tps) > 1:
-            out.append(f"replicas[{i}].stages: tensor-parallel degrees {sorted(tps)} differ; give every stage of a "
-                       "replica the same tp")
-        tp = max(tps)
-        if tp > 1 and spec.config is None:
-            out.append(f"replicas[{i}]: tp {tp} needs a transformer; python: models run with tp 1")
-        elif tp > 1:
-            cfg = spec.config
-            for what, n in (("attention heads", cfg.num_heads), ("key/value heads", cfg.kv_heads),
-                            ("MLP width", cfg.ffn)):
-                if n % tp:
+        for tp in sorted({s.tp for s in r.stages}):
+            if tp > RULES.max_tp_without_transformer and sizes is None:
+                out.append(f"replicas[{i}]: tp {tp} needs a transformer; python: models run with tp 1")
+            for what, n in (sizes or {}).items():
+                if tp > 1 and n % tp:
                     out.append(f"replicas[{i}]: tp {tp} does not divide the {n} {what} of the model that runs")
-        if plan.schedule == "interleaved":
-            pp, m = r.pp // plan.interleave, plan.num_microbatches(i)
-            rounds = max(1, m // pp)
-            if m % rounds:
-                out.append(f"replicas[{i}]: {m} micro-batches is not a multiple of {rounds} rounds of {pp} "
-                           "(ScheduleInterleaved1F1B); change micro_batch or the share")
     return out
 
 
@@ -200,14 +201,48 @@ def require_runnable(plan: Plan, spec: RunnableSpec, source: str = "plan") -> No
 
 
 class _TimedStage:
-    """Factory for a PipelineStage subclass that times compute and reports sends to the hooks."""
+    """Factory for a PipelineStage subclass that times compute and reports sends to the hooks.
+
+    With a :class:`~hetpart.runtime.groups.FanOut` (the replica's stages differ in TP degree), the
+    stage sends its activation to every rank of the next stage that receives from it, and its input
+    gradient to every rank of the previous stage that does (instead of torch's one peer per stage):
+    the sends of each step, of the shape inference (``_send_meta``) and of the warm-up vote. Receives
+    stay torch's, from ``stage_index_to_group_rank`` (this rank's path).
+    """
 
     @staticmethod
     def make(module: nn.Module, stage_index: int, num_stages: int, device: torch.device, group: Any,
-             clock: _Clock, hooks: Hooks):
+             clock: _Clock, hooks: Hooks, fanout: FanOut | None = None, own_group: Any = None):
         from torch.distributed.pipelining import PipelineStage
 
         class TimedStage(PipelineStage):
+            def _targets(self, dst_stage: int) -> tuple[int, ...]:
+                assert fanout is not None
+                return fanout.forward if dst_stage > self.stage_index else fanout.backward
+
+            def _send_meta(self, meta: Any, dst_stage: int) -> None:
+                if fanout is None:
+                    return super()._send_meta(meta, dst_stage)
+                for peer in self._targets(dst_stage):
+                    dist.send_object_list([meta], dst=peer, group=self.group, device=self.device, use_batch=True)
+
+            def _warmup_forward_vote(self, has_backward: bool, received_acc: torch.Tensor | None = None):
+                if fanout is None or self.is_last:
+                    return super()._warmup_forward_vote(has_backward, received_acc)
+                with _mapped_to_self(self, self.stage_index + 1):  # torch sends nothing; we fan out
+                    acc = super()._warmup_forward_vote(has_backward, received_acc)
+                for peer in fanout.forward:
+                    dist.send(acc, dst=peer, group=self.group)
+                return acc
+
+            def _warmup_backward_result(self, received_result: torch.Tensor | None = None):
+                if fanout is None or self.is_first:
+                    return super()._warmup_backward_result(received_result)
+                with _mapped_to_self(self, self.stage_index - 1):
+                    result = super()._warmup_backward_result(received_result)
+                for peer in fanout.backward:
+                    dist.send(result, dst=peer, group=self.group)
+                return result
             def _timed(self, kind: str, run, *args, **kwargs):
                 start, tp = time.perf_counter(), clock.tp_hooks
                 clock.in_chunk = True
@@ -225,12 +260,38 @@ class _TimedStage:
                 return self._timed("bwd", super().backward_one_chunk, *args, **kwargs)
 
             def get_fwd_send_ops(self, chunk: int):
-                return _report_sends(super().get_fwd_send_ops(chunk), clock, hooks)
+                ops = super().get_fwd_send_ops(chunk)
+                return _report_sends(_retarget(ops, fanout.forward) if fanout else ops, clock, hooks)
 
             def get_bwd_send_ops(self, chunk: int):
-                return _report_sends(super().get_bwd_send_ops(chunk), clock, hooks)
+                ops = super().get_bwd_send_ops(chunk)
+                return _report_sends(_retarget(ops, fanout.backward) if fanout else ops, clock, hooks)
 
-        return TimedStage(module, stage_index, num_stages, device, group=group)
+        if fanout is None:
+            return TimedStage(module, stage_index, num_stages, device, group=group)
+        # torch refuses a pipeline group larger than the number of stages (it maps stage i to group
+        # rank i % size by default). A replica whose stages differ in TP has more ranks than stages and
+        # an explicit map (set by the executor): build the stage on this rank alone, then hand it the group.
+        stage = TimedStage(module, stage_index, num_stages, device, group=own_group)
+        stage.group, stage.group_rank, stage.group_size = group, dist.get_rank(group), dist.get_world_size(group)
+        return stage
+
+
+@contextlib.contextmanager
+def _mapped_to_self(stage: Any, stage_index: int):
+    """Map ``stage_index`` to this rank for a moment, so that torch treats it as local and sends nothing."""
+    mapping = stage.stage_index_to_group_rank
+    saved = mapping.get(stage_index)
+    mapping[stage_index] = stage.group_rank
+    try:
+        yield
+    finally:
+        mapping[stage_index] = saved
+
+
+def _retarget(ops: list, peers: tuple[int, ...]) -> list:
+    """Torch's send ops (to its one peer) as the same sends to each of ``peers`` (global ranks)."""
+    return [dist.P2POp(op.op, op.tensor, peer, op.group, op.tag) for op in ops for peer in peers]
 
 
 def _report_sends(ops: list, clock: _Clock, hooks: Hooks) -> list:
@@ -321,8 +382,9 @@ class Executor:
     @property
     def lane(self) -> tuple[int, ...]:
         """Global ranks of this rank's pipeline lane, one per device group (stage ``k`` runs on
-        ``lane[k % pp]``; with the interleaved schedule a replica has ``pp * interleave`` stages)."""
-        return self.layout.lanes[(self.replica, self.role.tp_index)]
+        ``lane[k % pp]``; with the interleaved schedule a replica has ``pp * interleave`` stages).
+        Where stages differ in TP degree: the rank it receives from at each stage (its path)."""
+        return self.layout.paths[self.rank]
 
     def stage_rank(self, stage_index: int) -> int:
         """The global rank that runs stage ``stage_index`` of this rank's lane (a neighbour's rank)."""
@@ -375,13 +437,15 @@ class Executor:
     def _build_schedule(self):
         from torch.distributed.pipelining import ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
 
-        lane = self.layout.lanes[(self.replica, self.role.tp_index)]
-        group = self.groups.group(lane)
-        order = sorted(lane)
+        lane = self.lane
+        order = list(self.layout.p2p_groups[self.rank])
+        group = self.groups.group(order)
         num_stages = self.plan.replicas[self.replica].pp
+        fanout = self.layout.fanouts.get(self.rank)
         stages = []
         for j, module in zip(self.role.stages, self.stage_modules):
-            stage = _TimedStage.make(module, j, num_stages, self.device, group, self.clock, self.hooks)
+            stage = _TimedStage.make(module, j, num_stages, self.device, group, self.clock, self.hooks, fanout,
+                                     self.groups.group((self.rank,)) if fanout is not None else None)
             stages.append(stage)
         m = self.plan.num_microbatches(self.replica)
         loss = self._timed_loss(loss_fn_for(self.spec, self.plan.micro_batch / self.plan.global_batch))
@@ -389,6 +453,9 @@ class Executor:
         if kind == "1f1b" and m < num_stages:
             kind = "gpipe"  # torch's 1F1B needs >= pp micro-batches; GPipe computes the same step
         if kind == "interleaved" and num_stages > 1:
+            if fanout is not None:
+                raise RuntimeFault("runtime: the interleaved schedule needs one TP degree for every stage of a "
+                                   "replica (hetpart.rules); use gpipe or 1f1b")
             if order != list(lane):
                 raise RuntimeFault("runtime: interleaved lanes must run on increasing ranks; order plan devices by stage")
             schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss, scale_grads=False)

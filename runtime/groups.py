@@ -6,6 +6,12 @@ derives the same :class:`CommLayout` (no communication needed):
 * the tensor-parallel group of each stage (its devices);
 * the pipeline *lanes* of each replica: lane ``t`` links the ``t``-th device of every stage, so that
   each TP rank sends its (replicated) activations to its counterpart in the next stage;
+* where the stages of a replica have different TP degrees, the activation is resharded at the
+  boundary (as Megatron-style heterogeneous systems do): every TP rank holds the whole, replicated
+  activation, and rank ``u`` of a stage of degree ``t'`` receives it from rank ``u mod t`` of the
+  previous stage of degree ``t`` (which thus sends to every ``u`` with ``u mod t`` equal to its index),
+  and its gradient back from rank ``u mod t'`` of the next one (:class:`FanOut`). Such a replica's
+  pipeline sends go through one group of all its ranks instead of per-lane groups;
 * the gradient buckets: one per unit and set of ranks holding the same piece of it (the same TP
   shard) in any replica, also when replicas cut the model at different places. Tied weights (GPT-2's
   embedding and LM head) form their own bucket among every rank holding either copy. When replicas
@@ -23,16 +29,15 @@ across vendors and for CPU ranks).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-from hetpart.errors import PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
     from hetpart.runtime.models import UnitInfo
 
-__all__ = ["RankRole", "GradBucket", "FusedBucket", "CommLayout", "fuse_buckets", "ProcessGroups", "device_ranks", "rank_roles",
+__all__ = ["RankRole", "GradBucket", "FusedBucket", "FanOut", "CommLayout", "fuse_buckets", "ProcessGroups", "device_ranks", "rank_roles",
            "comm_layout", "backend_for"]
 
 Backend = Literal["gloo", "nccl"]
@@ -121,6 +126,16 @@ def fuse_buckets(buckets: Sequence[GradBucket], numel: Callable[[str], int],
 
 
 @dataclass(frozen=True)
+class FanOut:
+    """Where one rank of a replica whose stages differ in TP degree sends (global ranks)."""
+
+    forward: tuple[int, ...]
+    """Ranks of the next stage that receive this rank's activation (empty: another rank sends it)."""
+    backward: tuple[int, ...]
+    """Ranks of the previous stage that receive this rank's input gradient."""
+
+
+@dataclass(frozen=True)
 class CommLayout:
     """Every group a plan needs, derived identically on every rank."""
 
@@ -128,14 +143,24 @@ class CommLayout:
     tp_groups: dict[tuple[int, int], tuple[int, ...]]
     """``(replica, stage % pp)`` -> ranks of the stage's TP group, in TP order."""
     lanes: dict[tuple[int, int], tuple[int, ...]]
-    """``(replica, tp_index)`` -> ranks of the pipeline lane, in stage order."""
+    """``(replica, tp_index)`` -> ranks of the pipeline lane, in stage order (replicas whose stages all
+    have one TP degree; the others are in ``paths``)."""
     buckets: tuple[GradBucket, ...]
     """Gradient buckets in the global order every rank follows."""
+    paths: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """rank -> for each device group (stage ``% pp``) of its replica, the rank it receives activations
+    or gradients from on its way there (itself at its own stages); its lane when TP degrees agree."""
+    p2p_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """rank -> the sorted ranks of the group its pipeline sends and receives go through."""
+    fanouts: dict[int, FanOut] = field(default_factory=dict)
+    """rank -> its sends, for ranks of replicas whose stages differ in TP degree."""
 
     def all_rank_sets(self) -> list[tuple[int, ...]]:
-        """Distinct sorted rank sets to create: lanes (even of one rank: a pipeline stage needs a
-        group), TP groups of two or more ranks, gradient buckets."""
+        """Distinct sorted rank sets to create: pipeline groups (even of one rank: a pipeline stage
+        needs a group), TP groups of two or more ranks, gradient buckets."""
         sets = {tuple(sorted(r)) for r in self.lanes.values()}
+        sets |= set(self.p2p_groups.values())
+        sets |= {(rank,) for rank in self.fanouts}  # a stage is built on one, then given its replica's group
         sets |= {tuple(sorted(r)) for r in self.tp_groups.values() if len(r) > 1}
         sets |= {b.ranks for b in self.buckets}
         return sorted(sets, key=lambda s: (len(s), s))
@@ -155,10 +180,6 @@ def rank_roles(plan: "Plan") -> tuple[RankRole, ...]:
     ranks = device_ranks(plan)
     found: dict[int, dict] = {}
     for i, r in enumerate(plan.replicas):
-        tps = {s.tp for s in r.stages}
-        if len(tps) > 1:
-            raise PlanError(f"plan: replicas[{i}].stages: tensor-parallel degrees {sorted(tps)} differ; the runtime "
-                            "pairs TP ranks stage to stage, so give every stage of a replica the same tp")
         for j, s in enumerate(r.stages):
             for t, d in enumerate(s.devices):
                 role = found.setdefault(ranks[d], {"replica": i, "stages": [], "tp": s.tp, "tp_index": t, "units": []})
@@ -175,13 +196,44 @@ def comm_layout(plan: "Plan", units: Sequence["UnitInfo"]) -> CommLayout:
     ranks = device_ranks(plan)
     tp_groups: dict[tuple[int, int], tuple[int, ...]] = {}
     lanes: dict[tuple[int, int], tuple[int, ...]] = {}
+    paths: dict[int, tuple[int, ...]] = {}
+    p2p: dict[int, tuple[int, ...]] = {}
+    fanouts: dict[int, FanOut] = {}
     for i, r in enumerate(plan.replicas):
         pp = _pp(plan, i)
+        groups = [tuple(ranks[d] for d in r.stages[j].devices) for j in range(pp)]
         for j in range(pp):
-            tp_groups[(i, j)] = tuple(ranks[d] for d in r.stages[j].devices)
-        for t in range(r.stages[0].tp):
-            lanes[(i, t)] = tuple(ranks[r.stages[j].devices[t]] for j in range(pp))
-    return CommLayout(roles=roles, tp_groups=tp_groups, lanes=lanes, buckets=_buckets(roles, units))
+            tp_groups[(i, j)] = groups[j]
+        if len({len(g) for g in groups}) == 1:
+            for t in range(len(groups[0])):
+                lanes[(i, t)] = tuple(g[t] for g in groups)
+                for rank in lanes[(i, t)]:
+                    paths[rank], p2p[rank] = lanes[(i, t)], tuple(sorted(lanes[(i, t)]))
+            continue
+        everyone = tuple(sorted(k for g in groups for k in g))
+        for k, group in enumerate(groups):
+            for t, rank in enumerate(group):
+                paths[rank], p2p[rank] = _path(groups, k, t), everyone
+        for k, group in enumerate(groups):
+            for t, rank in enumerate(group):
+                fwd = tuple(u for u in groups[k + 1] if paths[u][k] == rank) if k + 1 < pp else ()
+                bwd = tuple(u for u in groups[k - 1] if paths[u][k] == rank) if k > 0 else ()
+                fanouts[rank] = FanOut(forward=fwd, backward=bwd)
+    return CommLayout(roles=roles, tp_groups=tp_groups, lanes=lanes, buckets=_buckets(roles, units), paths=paths,
+                      p2p_groups=p2p, fanouts=fanouts)
+
+
+def _path(groups: Sequence[tuple[int, ...]], k: int, t: int) -> tuple[int, ...]:
+    """The ranks rank ``t`` of stage ``k`` exchanges with at every stage: its index modulo each
+    neighbour's TP degree, stage by stage outwards (activations come from ``t mod tp`` of the stage
+    before, gradients from ``t mod tp`` of the stage after)."""
+    index = [0] * len(groups)
+    index[k] = t
+    for j in range(k - 1, -1, -1):
+        index[j] = index[j + 1] % len(groups[j])
+    for j in range(k + 1, len(groups)):
+        index[j] = index[j - 1] % len(groups[j])
+    return tuple(g[x] for g, x in zip(groups, index))
 
 
 def _buckets(roles: Sequence[RankRole], units: Sequence["UnitInfo"]) -> tuple[GradBucket, ...]:

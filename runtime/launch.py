@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -161,9 +162,10 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     cluster = load_cluster(cluster_spec)
     full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
     plan.check(full, cluster, source="plan")
-    max_tp = max(s.tp for r in plan.replicas for s in r.stages)
+    # Heads a multiple of every TP degree of the plan (stages and replicas may differ: 2 and 3 -> 6).
+    tp_multiple = math.lcm(*(s.tp for r in plan.replicas for s in r.stages))
     transformer = not model_spec.startswith("python:")
-    runnable = runnable_spec(model_spec, options.scale if transformer else None, max_tp=max_tp,
+    runnable = runnable_spec(model_spec, options.scale if transformer else None, max_tp=tp_multiple,
                              impl=options.impl, seed=options.seed)  # type: ignore[arg-type]
     if transformer:
         seq = scaled_seq_len(plan.seq_len, options.scale)

@@ -1,7 +1,8 @@
 """The runtime's correctness gate: a partitioned run equals the single-process reference.
 
 For GPipe, 1F1B and interleaved 1F1B, uneven pipeline stages, uneven data-parallel shares, replicas
-cutting the model at different places, TP=2 (also mixed with TP=1 replicas), tied embeddings split
+cutting the model at different places, TP=2 (also mixed with TP=1 replicas, and pipelines whose stages
+differ in TP: TP2 -> TP1, TP1 -> TP2, TP1 -> TP2 -> TP1), tied embeddings split
 across stages, and the transformers GPT-2 and Llama as well as hetpart's own GPT and a ``python:``
 model: after one step, the loss and every parameter's gradient (each rank's shard) equal those of
 :class:`hetpart.runtime.reference.Reference` (``torch.testing.assert_close``, fp32, gloo on CPU). A few
@@ -52,6 +53,10 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
     # transformers GPT-2, tied embedding and LM head on different stages of each replica.
     "gpipe_gpt2": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), _two_cuts("gpipe")),
     "1f1b_llama": (RunnableSpec("llama", _llama(), impl="transformers"), _two_cuts("1f1b", 12, 2)),
+    # Three stages TP1 -> TP2 -> TP1: the middle stage receives from one rank and sends to it from two.
+    "1f1b_tp1_tp2_tp1_llama": (RunnableSpec("llama", _llama(), impl="transformers"), Plan(
+        global_batch=6, micro_batch=1, seq_len=SEQ, schedule="1f1b", replicas=(
+            Replica(1.0, (_st(0, 2, "0/0/0"), _st(2, 4, "0/0/1", "0/0/2"), _st(4, 6, "1/0/0"))),))),
     # One replica, two stages of TP=2 (hetpart GPT: column/row-wise attention and MLP).
     "1f1b_tp2_gpt": (RunnableSpec("gpt", _gpt2(), impl="hetpart"), Plan(
         global_batch=4, micro_batch=1, seq_len=SEQ, schedule="1f1b", replicas=(
@@ -81,7 +86,22 @@ CASES_2 = {
             Replica(2 / 3, (_st(0, 4, "0/0/0"),)), Replica(1 / 3, (_st(0, 4, "0/0/1"),))))),
 }
 
+def _mixed_tp(schedule: str, first_tp: int, cut: int = 3, global_batch: int = 4, micro_batch: int = 1) -> Plan:
+    """One replica, two stages: ``first_tp`` ranks then ``3 - first_tp`` (TP2 -> TP1 or TP1 -> TP2)."""
+    a = [f"0/0/{i}" for i in range(first_tp)]
+    b = [f"1/0/{i}" for i in range(3 - first_tp)]
+    return Plan(global_batch=global_batch, micro_batch=micro_batch, seq_len=SEQ, schedule=schedule, replicas=(
+        Replica(1.0, (_st(0, cut, *a), _st(cut, 6, *b))),))
+
+
 CASES_3 = {
+    # Stages of different TP degrees: the activation is resharded at the boundary (every receiving TP
+    # rank gets the whole activation; gradients come back from one rank of the next stage each).
+    "1f1b_tp2_to_tp1_gpt2": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), _mixed_tp("1f1b", 2)),
+    "gpipe_tp2_to_tp1_llama": (RunnableSpec("llama", _llama(), impl="transformers"), _mixed_tp("gpipe", 2, cut=2)),
+    "1f1b_tp1_to_tp2_gpt": (RunnableSpec("gpt", _gpt2(), impl="hetpart"), _mixed_tp("1f1b", 1, global_batch=8,
+                                                                                    micro_batch=2)),
+    "gpipe_tp1_to_tp2_gpt2": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), _mixed_tp("gpipe", 1, cut=4)),
     # 1F1B where a replica has fewer micro-batches (1) than stages (2): it runs GPipe, same step.
     "1f1b_fallback_3_ranks": (RunnableSpec("gpt2", _gpt2(), impl="transformers"), Plan(
         global_batch=3, micro_batch=1, seq_len=SEQ, schedule="1f1b", replicas=(
@@ -133,7 +153,7 @@ def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
             issued[0] += 1
             return issue(*args, **kwargs)
 
-        if ex.role.tp > 1:
+        if max(s.tp for s in plan.replicas[ex.replica].stages) > 1:
             ex.forward_backward(0)  # the first step also infers shapes (forwards that report nothing)
             hooks.calls.clear()
             hooks.bytes.clear()
@@ -175,12 +195,12 @@ def _job_3(rank: int, world: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def out_3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_distributed(_job_3, 3, timeout_s=120, out_dir=str(tmp_path_factory.mktemp("gate3")))
+    return run_distributed(_job_3, 3, timeout_s=300, out_dir=str(tmp_path_factory.mktemp("gate3")))
 
 
 @pytest.fixture(scope="module")
 def out_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_distributed(_job_4, 4, timeout_s=150, out_dir=str(tmp_path_factory.mktemp("gate4")))
+    return run_distributed(_job_4, 4, timeout_s=240, out_dir=str(tmp_path_factory.mktemp("gate4")))
 
 
 @pytest.fixture(scope="module")
@@ -278,16 +298,38 @@ def test_training_follows_reference_and_lowers_loss(out_4: Path) -> None:
     assert ref_losses[-1] < ref_losses[0] - 0.1, ref_losses
 
 
-def test_check_runnable_refuses_unequal_tp_in_a_replica() -> None:
-    from hetpart.runtime.engine import check_runnable
-    from hetpart.runtime.groups import rank_roles
+def test_check_runnable_refuses_unequal_tp_only_where_the_schedule_cannot_run_it() -> None:
+    from hetpart.runtime.engine import check_runnable, require_runnable
 
     spec = RunnableSpec("gpt", _gpt2(), impl="hetpart")
-    plan = Plan(global_batch=2, micro_batch=1, seq_len=SEQ, replicas=(
-        Replica(1.0, (_st(0, 3, "0/0/0", "0/0/1"), _st(3, 6, "1/0/0"))),))
-    assert any("tensor-parallel degrees [1, 2] differ" in p for p in check_runnable(plan, spec))
-    with pytest.raises(PlanError, match=r"replicas\[0\]\.stages: tensor-parallel degrees \[1, 2\] differ"):
-        rank_roles(plan)
+    for schedule in ("gpipe", "1f1b"):
+        assert check_runnable(_mixed_tp(schedule, 2), spec) == []
+    interleaved = Plan(global_batch=2, micro_batch=1, seq_len=SEQ, schedule="interleaved", interleave=2, replicas=(
+        Replica(1.0, (_st(0, 2, "0/0/0", "0/0/1"), _st(2, 3, "1/0/0"), _st(3, 4, "0/0/0", "0/0/1"),
+                      _st(4, 6, "1/0/0"))),))
+    with pytest.raises(PlanError, match=r"replicas\[0\]\.stages: tensor-parallel degrees \[1, 2\] differ, which "
+                                        "schedule 'interleaved' does not run"):
+        require_runnable(interleaved, spec)
+
+
+def test_mixed_tp_boundaries_fan_out_to_every_receiving_rank(out_3: Path, out_4: Path) -> None:
+    """TP1 -> TP2 (4 micro-batches of 2): rank 0 sends each activation to both TP ranks of stage 1; only
+    TP rank 0 of stage 1 sends the gradient back. TP2 -> TP1: only TP rank 0 sends forward, and rank 2
+    sends each gradient to both. Bytes: 2 x 8 tokens x 32 wide (fp32) per micro-batch."""
+    act = 2 * 8 * 32 * 4
+    calls = [torch.load(out_3 / f"1f1b_tp1_to_tp2_gpt_{r}.pt", weights_only=False)["calls"] for r in range(3)]
+    assert calls[0]["send_to_1"] == calls[0]["send_to_2"] == 4
+    assert calls[1]["send_to_0"] == 4 and "send_to_0" not in calls[2]
+    sent = torch.load(out_3 / "1f1b_tp1_to_tp2_gpt_0.pt", weights_only=False)["bytes"]
+    assert sent["send_to_1"] == sent["send_to_2"] == 4 * act
+    calls = [torch.load(out_3 / f"1f1b_tp2_to_tp1_gpt2_{r}.pt", weights_only=False)["calls"] for r in range(3)]
+    assert calls[0]["send_to_2"] == 4 and "send_to_2" not in calls[1]
+    assert calls[2]["send_to_0"] == calls[2]["send_to_1"] == 4
+    # The middle stage (TP2) of TP1 -> TP2 -> TP1: its rank 1 (TP index 0) sends on and back, rank 2 neither.
+    calls = [torch.load(out_4 / f"1f1b_tp1_tp2_tp1_llama_{r}.pt", weights_only=False)["calls"] for r in range(4)]
+    assert calls[1]["send_to_3"] == calls[1]["send_to_0"] == 6
+    assert not any(k.startswith("send_to") for k in calls[2])
+    assert calls[3]["send_to_1"] == calls[3]["send_to_2"] == 6
 
 
 # ----------------------------------------------------------------------------------- units and groups
