@@ -80,16 +80,16 @@ def accuracy(steps: int, warmup: int, time_factor: float | None, out: Path | Non
     for plan in bench_plans():
         start = time.perf_counter()
         result = run_plan(plan, options=RunOptions(steps=steps, warmup=warmup, time_factor=time_factor), out=out)
-        emu = result.record["emulation"]
-        units = EmulationParams(precision=emu["precision"], peak_tflops=_units_peak(result), time_factor=emu["time_factor"],
-                                memory_gbyte_s=emu["memory_gbyte_s"], achieved_tflops=0.0)
-        small = Plan.from_dict(result.record["plan"])
+        emu = result.record.emulation
+        units = EmulationParams(precision=emu.precision, peak_tflops=_units_peak(result), time_factor=emu.time_factor,
+                                memory_gbyte_s=emu.memory_gbyte_s, achieved_tflops=0.0)
+        small = Plan.from_dict(result.record.plan)
         graph = _run_graph(plan, small)
         pred_units = predict(graph, units.cluster(load_cluster(_CLUSTER), small), small)["step_time_s"]
         rows.append({"plan": plan.meta["name"], "devices": plan.num_devices,
                      "measured_s": result.measured.step_time_s, "std_s": result.measured.step_time_std_s,
                      "predicted_s": result.predicted["step_time_s"], "predicted_units_s": pred_units,
-                     "time_factor": emu["time_factor"], "wall_s": time.perf_counter() - start})
+                     "time_factor": emu.time_factor, "wall_s": time.perf_counter() - start})
         r = rows[-1]
         print(f"{r['plan']:<28} measured {r['measured_s']:.3f} s  predicted {r['predicted_s']:.3f} s "
               f"({100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f}%)  units-calibrated {r['predicted_units_s']:.3f} s",
@@ -100,10 +100,10 @@ def accuracy(steps: int, warmup: int, time_factor: float | None, out: Path | Non
 def _units_peak(result) -> float:
     from hetpart.runtime.emulation import calibrated_peak_tflops
 
-    emu = result.record["emulation"]
-    achieved = statistics.fmean(c["achieved_tflops"] for c in emu["calibrations"])
-    plan = result.record["plan"]
-    return calibrated_peak_tflops(achieved, result.record["model"]["hidden_size"], plan["micro_batch"] * plan["seq_len"])
+    record = result.record
+    achieved = statistics.fmean(c["achieved_tflops"] for c in record.emulation.details["calibrations"])
+    plan = record.plan
+    return calibrated_peak_tflops(achieved, record.model.run_config["hidden_size"], plan["micro_batch"] * plan["seq_len"])
 
 
 def _run_graph(plan, small):

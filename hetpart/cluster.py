@@ -28,7 +28,7 @@ from hetpart.errors import SpecError
 from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
 
 __all__ = ["NodeGroup", "ZoneLink", "Device", "PathLink", "Cluster", "load_cluster", "parse_cluster",
-           "cluster_catalog"]
+           "cluster_to_dict", "cluster_catalog"]
 
 MAX_DEVICES = 1_000_000
 
@@ -246,6 +246,39 @@ class Cluster:
         }
 
 
+# --------------------------------------------------------------------------------------------- writing
+def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
+    """``cluster`` in the cluster YAML schema (shared/CONTRACT.md), losslessly:
+    ``parse_cluster(cluster_to_dict(c)) == c``. Catalog parts are written by name; anything else (an
+    inline or emulated GPU, link or NIC) inline with every field, its provenance included.
+
+    Example:
+        >>> c = load_cluster("a100-v100-16")
+        >>> parse_cluster(cluster_to_dict(c)) == c
+        True
+    """
+    out: dict[str, Any] = {"name": cluster.name, "nodes": [_group_to_dict(g) for g in cluster.groups]}
+    if cluster.zone_links:
+        out["links"] = [{"zones": list(l.zones), "bandwidth_gbit_s": l.bandwidth_gbit_s, "latency_us": l.latency_us}
+                        for l in cluster.zone_links]
+    return out
+
+
+def _group_to_dict(g: NodeGroup) -> dict[str, Any]:
+    gpu = _named_or_inline(g.gpu, GPU_CATALOG, ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s",
+                                                "vendor", "supports_bf16", "source"))
+    intra = _named_or_inline(g.intra_node, LINK_CATALOG, ("name", "bandwidth_gbyte_s", "latency_us", "source"))
+    nic = _named_or_inline(g.nic, NIC_CATALOG, ("name", "bandwidth_gbit_s", "latency_us", "rdma", "source"))
+    return {"count": g.count, "gpus_per_node": g.gpus_per_node, "gpu": gpu, "intra_node": intra, "nic": nic,
+            "nics_per_node": g.nics_per_node, "zone": g.zone}
+
+
+def _named_or_inline(spec: Any, catalog: dict[str, Any], fields: tuple[str, ...]) -> str | dict[str, Any]:
+    if catalog.get(spec.name) == spec:
+        return spec.name
+    return {f: getattr(spec, f) for f in fields}
+
+
 # --------------------------------------------------------------------------------------------- loading
 
 
@@ -262,7 +295,7 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
     # hbm_gbyte_s is required: the optimizer step and memory-bound kernels are priced with it, and a
     # guessed default would be a number nobody measured.
     v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb", "hbm_gbyte_s"],
-                   ["tflops_fp32", "vendor", "supports_bf16"])
+                   ["tflops_fp32", "vendor", "supports_bf16", "source"])
     tflops = v.number(SpecError, data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
     vendor = data.get("vendor", "other")
     if vendor not in ("nvidia", "amd", "huawei", "intel", "other"):
@@ -275,29 +308,36 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
         hbm_gbyte_s=v.number(SpecError, data["hbm_gbyte_s"], source, f"{field}.hbm_gbyte_s", maximum=1e6),
         vendor=vendor,
         supports_bf16=v.boolean(SpecError, data.get("supports_bf16", True), source, f"{field}.supports_bf16"),
-        source=f"inline in {source}",
+        source=_provenance(data, source, field),
     )
 
 
 def _link(data: dict, source: str, field: str) -> LinkSpec:
-    v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name"])
+    v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name", "source"])
     return LinkSpec(
         name=str(data.get("name", "inline")),
         bandwidth_gbyte_s=v.number(SpecError, data["bandwidth_gbyte_s"], source, f"{field}.bandwidth_gbyte_s", maximum=1e5),
         latency_us=v.number(SpecError, data.get("latency_us", 2.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
-        source=f"inline in {source}",
+        source=_provenance(data, source, field),
     )
 
 
 def _nic(data: dict, source: str, field: str) -> NICSpec:
-    v.require_keys(SpecError, data, source, field, ["bandwidth_gbit_s"], ["latency_us", "name", "rdma"])
+    v.require_keys(SpecError, data, source, field, ["bandwidth_gbit_s"], ["latency_us", "name", "rdma", "source"])
     return NICSpec(
         name=str(data.get("name", "inline")),
         bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
         latency_us=v.number(SpecError, data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
         rdma=v.boolean(SpecError, data.get("rdma", False), source, f"{field}.rdma"),
-        source=f"inline in {source}",
+        source=_provenance(data, source, field),
     )
+
+
+def _provenance(data: dict, source: str, field: str) -> str:
+    """Where an inline spec's figures come from: its optional ``source`` key, else the file."""
+    if "source" in data:
+        return v.string(SpecError, data["source"], source, f"{field}.source")
+    return f"inline in {source}"
 
 
 def _zone(value: Any, source: str, field: str) -> str:

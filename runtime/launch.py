@@ -374,15 +374,19 @@ def new_run_dir(parent: str | Path | None = None) -> Path:
 # ------------------------------------------------------------------------------------- a whole run
 @dataclass(frozen=True)
 class RunResult:
-    """A finished run: what was measured, what the simulator predicted for it, and the JSON line."""
+    """A finished run: what was measured, what the simulator predicted for it, and its record."""
 
     measured: Any
     """:class:`hetpart.runtime.measure.Measurement`."""
     predicted: dict[str, Any] | None
     """The simulator on the emulated cluster (None when emulation was off)."""
-    record: dict[str, Any]
-    """The JSON line (plan, cluster, model, environment, emulation, measured, predicted)."""
+    record: Any
+    """:class:`hetpart.records.RunRecord`: the JSON line (``--out``)."""
     run_dir: str
+    model: dict[str, Any] = field(default_factory=dict)
+    """What ran, for people: name, scale, sizes (the ``model`` of ``hetpart run --json``)."""
+    emulation: dict[str, Any] = field(default_factory=dict)
+    """How the cluster was emulated, for people (the ``emulation`` of ``hetpart run --json``)."""
 
     def summary(self) -> dict[str, Any]:
         """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
@@ -390,9 +394,9 @@ class RunResult:
         predicted = None
         if self.predicted is not None:
             predicted = {k: v for k, v in self.predicted.items() if k != "breakdown"}
-        return {"measured": measured, "predicted": predicted, "model": self.record["model"],
+        return {"measured": measured, "predicted": predicted, "model": self.model,
                 "steps": self.measured.steps, "warmup": self.measured.warmup,
-                "emulation": self.record["emulation"], "cluster": self.record["cluster"]["name"],
+                "emulation": self.emulation, "cluster": self.record.cluster["name"],
                 "run_dir": self.run_dir}
 
 
@@ -440,10 +444,14 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     if options.emulate:
         emulation, emu = _emulation_used(prep, options, job, results, emulation)
         predicted = measure.predict(prep.run_graph, emu, small)
-    record = _record(prep, options, emulation, emu, measured, predicted)
+    from hetpart.records import append_record
+    from hetpart.runtime.record import model_summary, run_record
+
+    record = run_record(prep, options, emulation, emu, measured, predicted)
     if out is not None:
-        measure.append_jsonl(out, record)
-    return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir))
+        append_record(out, record)
+    return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir),
+                     model=model_summary(prep, options), emulation=emulation)
 
 
 def _job(prep: PreparedRun, options: RunOptions) -> dict[str, Any]:
@@ -514,21 +522,3 @@ def _absolute(cluster_spec: str) -> str:
     """Workers may start elsewhere: a cluster file path becomes absolute (catalog names stay)."""
     path = Path(cluster_spec)
     return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else cluster_spec
-
-
-def _record(prep: PreparedRun, options: RunOptions, emulation: dict, emu: Cluster | None, measured, predicted) -> dict:
-    from hetpart.runtime.measure import RECORD_VERSION, environment
-
-    graph = prep.run_graph
-    model = {"name": prep.full_graph.name, "spec": prep.model_spec, "scale": str(options.scale),
-             "shrunken": not prep.model_spec.startswith("python:"),
-             "full_num_params": prep.full_graph.num_params, "num_params": graph.num_params,
-             "num_units": graph.num_units, "seq_len": graph.seq_len, "full_seq_len": prep.plan.seq_len,
-             "hidden_size": (graph.arch or {}).get("hidden_size"), "vocab_size": (graph.arch or {}).get("vocab_size"),
-             "num_heads": (graph.arch or {}).get("num_heads"), "impl": prep.runnable.impl,
-             "graph": graph.summary()}
-    return {"version": RECORD_VERSION, "kind": "hetpart.run", "plan": prep.run_plan.to_dict(),
-            "original_plan": prep.plan.to_dict(), "cluster": prep.cluster.summary(),
-            "emulated_cluster": emu.summary() if emu is not None else None, "model": model, "options": options.to_dict(),
-            "emulation": emulation, "environment": environment(), "measured": measured.to_dict(),
-            "predicted": predicted}

@@ -1,29 +1,21 @@
-"""Measurements of a run: host rates, the per-step record, the prediction for what ran, JSON lines.
+"""Measurements of a run: host rates, the per-step summary, and the prediction for what ran.
 
-The record (one JSON line per run, ``--out measurements.jsonl``) holds the plan, the cluster, the
-model graph that ran (shrunken), the environment, what was ``measured`` and what the simulator
-``predicted`` for exactly that: the shrunken model on the emulated cluster
+The prediction is the simulator's for exactly what ran: the shrunken model on the emulated cluster
 (:func:`hetpart.runtime.emulation.emulated_cluster`), whose device rates come from this machine's
-measured matmul rate. ``costmodel`` trains on these lines.
+measured rates. Both go into the run record (:mod:`hetpart.runtime.record`, ``--out``).
 
 Step time is the mean over measured steps (warm-up excluded) of the slowest rank's step.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["HostRates", "measure_host_rates", "matmul_tflops", "memory_gbyte_s", "Measurement", "summarize",
-           "predict", "Calibration", "calibrate", "warmup_tflops", "environment", "append_jsonl", "RECORD_VERSION"]
-
-RECORD_VERSION = 1
+           "predict", "Calibration", "calibrate", "warmup_tflops"]
 
 
 @dataclass(frozen=True)
@@ -164,7 +156,8 @@ def predict(graph, cluster, plan) -> dict[str, Any]:
     """The simulator's prediction for ``plan`` of ``graph`` on ``cluster`` (the emulated one), as a dict.
 
     The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
-    then the simulator's other metrics and its per-stage breakdown. The runtime all-reduces gradients
+    then the simulator's other metrics, ``predictor`` (name, version and options, for the run record)
+    and its per-stage breakdown. The runtime all-reduces gradients
     after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``).
     """
     from hetpart.costmodel.predictor import get_predictor
@@ -172,40 +165,14 @@ def predict(graph, cluster, plan) -> dict[str, Any]:
 
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
                         recompute=plan.recompute)
-    pred = get_predictor("simulator", graph, cluster, workload, overlap_grad_reduce=False).predict(plan, workload)
+    options = {"overlap_grad_reduce": False}
+    chosen = get_predictor("simulator", graph, cluster, workload, **options)
+    pred = chosen.predict(plan, workload)
     out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
     out.update({k: v for k, v in pred.metrics.items() if k not in out})
+    out["predictor"] = {"name": chosen.name, "version": chosen.version, "options": options}
     out["breakdown"] = pred.breakdown
     return out
-
-
-def environment() -> dict[str, Any]:
-    """Where the run happened (for the JSON line)."""
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "cores": cores, "cuda": torch.cuda.is_available(),
-            "backend": "gloo", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
-def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one record as a JSON line."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record, default=_default) + "\n")
-
-
-def _default(o: Any) -> Any:
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
 
 
 @dataclass(frozen=True)

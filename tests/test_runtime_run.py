@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -165,11 +167,12 @@ def test_bad_plan_is_refused_before_any_process_starts(tmp_path):
     with pytest.raises(PlanError, match=r"meta.model: missing .* give --model"):
         run_plan(unnamed, None, "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
     assert main(["run", str(tmp_path / "missing.json"), "--steps", "1"]) == 2
-    # Valid for the simulator, not for torch's interleaved schedule: 5 micro-batches in rounds of 2.
+    # torch's interleaved schedule cannot run 5 micro-batches in rounds of 2: a rule of hetpart.rules, so
+    # Plan.check refuses it before anything starts.
     A, V = "0/0/0", "1/0/0"
     odd = Plan(global_batch=5, micro_batch=1, seq_len=1024, schedule="interleaved", interleave=2, replicas=(
         Replica(1.0, (Stage((0, 4), (A,)), Stage((4, 7), (V,)), Stage((7, 11), (A,)), Stage((11, 14), (V,)))),))
-    with pytest.raises(PlanError, match=r"plan \(the .* that runs\): replicas\[0\]: 5 micro-batches is not a multiple"):
+    with pytest.raises(PlanError, match=r"plan: replicas\[0\]: 5 micro-batches is not a multiple"):
         run_plan(odd, "gpt2-small", "tiny-mixed", RunOptions(steps=1), run_dir=run_dir)
     assert not run_dir.exists()
 
@@ -221,8 +224,6 @@ def emulated_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
     plan_path, out = tmp / "plan.json", tmp / "m.jsonl"
     _pipeline_plan().save(plan_path)
-    import subprocess
-    import sys
 
     proc = subprocess.run([sys.executable, "-m", "hetpart.cli.app", "run", str(plan_path), "--steps", "2",
                            "--warmup", "1", "--time-factor", "200", "--out", str(out), "--json",
@@ -255,23 +256,47 @@ def test_run_emulates_the_slower_device(emulated_run):
 
 
 def test_run_writes_a_complete_jsonl_record(emulated_run):
+    from hetpart.cluster import load_cluster, parse_cluster
+    from hetpart.records import RunRecord
+
     summary, lines = emulated_run
     assert len(lines) == 1
-    rec = lines[0]
-    for key in ("plan", "original_plan", "cluster", "emulated_cluster", "model", "environment", "emulation",
-                "measured", "predicted"):
-        assert key in rec, key
-    assert rec["original_plan"]["seq_len"] == 1024 and rec["plan"]["seq_len"] == summary["model"]["seq_len"]
-    assert rec["model"]["graph"]["num_units"] == 14
-    assert rec["emulated_cluster"]["node_groups"][0]["gpu"] == "emu-A100-40GB"
-    assert rec["measured"]["step_time_s"] == pytest.approx(summary["measured"]["step_time_s"])
+    rec = RunRecord.from_dict(lines[0], "m.jsonl:1")
+    assert rec.original_plan["seq_len"] == 1024 and rec.plan["seq_len"] == summary["model"]["seq_len"]
+    assert rec.model.graph["num_units"] == 14 and rec.model.spec == "gpt2-small" and rec.model.scale == "tiny"
+    assert rec.model.run_config["hidden_size"] == 64 and rec.model.config["hidden_size"] == 768
+    assert parse_cluster(rec.cluster) == load_cluster("tiny-mixed")  # lossless, catalog parts by name
+    assert rec.emulated and rec.emulation.time_factor == 200.0
+    assert rec.emulation.cluster["nodes"][0]["gpu"]["name"] == "emu-A100-40GB"
+    assert rec.emulation.gpu_names == {"emu-A100-40GB": "A100-40GB", "emu-V100-16GB": "V100-16GB"}
+    assert rec.measured.step_time_s == pytest.approx(summary["measured"]["step_time_s"])
+    assert [r.device for r in rec.measured.ranks] == ["0/0/0", "1/0/0"] and len(rec.measured.stages) == 2
+    assert rec.predicted.predictor == "simulator" and rec.predicted.options == {"overlap_grad_reduce": False}
+    assert rec.predicted.step_time_s == summary["predicted"]["step_time_s"]
+    assert rec.workload == {"global_batch": 4, "seq_len": rec.plan["seq_len"], "precision": "fp32",
+                            "recompute": "none", "optimizer": "adam"}
+    assert rec.environment.devices == ("cpu", "cpu") and rec.environment.torch.startswith("2.")
     # The tied embedding / LM head bucket (fp32, 1 x the tiny vocabulary x 64) crosses the emulated link:
     # each rank timed gloo's own all-reduce of it, which the emulated delay then includes.
-    transport = rec["emulation"]["real_transport_s"]
+    transport = rec.emulation.details["real_transport_s"]
     assert sorted(transport) == ["0", "1"]
     for entries in transport.values():
         assert [(e["ranks"], e["bytes"]) for e in entries] == [([0, 1], summary["model"]["vocab_size"] * 64 * 4)]
         assert 0 < entries[0]["seconds"] < 1.0
+
+
+def test_a_record_reloads_and_repredicts_to_the_recorded_step_time(emulated_run, tmp_path):
+    summary, lines = emulated_run
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines * 2))
+    proc = subprocess.run([sys.executable, "-m", "hetpart.cli.app", "predict", "--records", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [o["record"] for o in out] == [1, 2]
+    for o in out:
+        assert o["metrics"]["step_time_s"] == summary["predicted"]["step_time_s"]  # exactly
+        assert o["graph_matches_record"] and o["recorded"]["step_time_s"] == summary["predicted"]["step_time_s"]
 
 
 def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):

@@ -155,11 +155,17 @@ def predict_command(
         schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
         interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
         predictor: Optional[str] = PredictorOpt,
+        records: Optional[Path] = typer.Option(None, "--records", help="Re-predict every run record of this file "
+                                               "('hetpart run --out'); one JSON line each with --json."),
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
 
     check_predictor_name(predictor)  # an unknown predictor fails before the model loads
+    if records is not None:
+        from hetpart.cli.records_cmd import predict_records
+
+        return predict_records(records, predictor, json_out)
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
     graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),

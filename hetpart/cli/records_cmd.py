@@ -1,0 +1,44 @@
+"""``hetpart predict --records FILE``: re-predict every run record of a ``hetpart run --out`` file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hetpart.cli.common import console
+
+__all__ = ["predict_records"]
+
+
+def predict_records(path: Path, predictor: str | None, json_out: bool) -> None:
+    """One line per record, in file order: the re-predicted ``metrics`` beside the recorded prediction and
+    the measurement. The whole file is read first: a bad line stops everything with its line number."""
+    from hetpart.costmodel.replay import repredict
+    from hetpart.errors import HetpartError
+    from hetpart.records import iter_records
+
+    records = list(iter_records(path))
+    con = None if json_out else console()
+    for line, record in records:
+        where = f"{path}:{line}"
+        try:
+            out = repredict(record, predictor, where)
+        except HetpartError as exc:
+            out = {"error": " ".join(str(exc).split())}
+        recorded = record.predicted
+        out |= {"record": line, "recorded": {"predictor": recorded.predictor, "version": recorded.version,
+                                             "step_time_s": recorded.step_time_s} if recorded else None,
+                "measured": {"step_time_s": record.measured.step_time_s, "tokens_per_s": record.measured.tokens_per_s}}
+        if con is None:
+            print(json.dumps(out), flush=True)
+        else:
+            con.print(_line(where, out))
+
+
+def _line(where: str, out: dict) -> str:
+    if "error" in out:
+        return f"{where}: [red]{out['error']}[/]"
+    now, rec, meas = out["metrics"]["step_time_s"], out["recorded"], out["measured"]["step_time_s"]
+    was = f"recorded {rec['step_time_s']:.4f} s ({rec['predictor']} {rec['version']})" if rec else "no recorded prediction"
+    graph = "" if out["graph_matches_record"] else " [yellow](model graph differs from the recorded one)[/]"
+    return f"{where}: predicted {now:.4f} s, {was}, measured {meas:.4f} s ({100 * (now / meas - 1):+.1f}%){graph}"
