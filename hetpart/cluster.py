@@ -259,8 +259,8 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"name": cluster.name, "nodes": [_group_to_dict(g) for g in cluster.groups]}
     if cluster.zone_links:
-        out["links"] = [{"zones": list(l.zones), "bandwidth_gbit_s": l.bandwidth_gbit_s, "latency_us": l.latency_us}
-                        for l in cluster.zone_links]
+        out["links"] = [{"zones": list(z.zones), "bandwidth_gbit_s": z.bandwidth_gbit_s, "latency_us": z.latency_us}
+                        for z in cluster.zone_links]
     return out
 
 

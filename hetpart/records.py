@@ -327,8 +327,10 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, RunRecord]]:
     name = str(path)
     try:
         if not path.is_file():
-            reason = "is a directory" if path.is_dir() else "is not a regular file" if v.path_exists(path) else "no such file"
-            raise RecordError(f"{name}: cannot read the run records: {reason}; give a file written by 'hetpart run --out'")
+            reason = ("is a directory" if path.is_dir() else "is not a regular file" if v.path_exists(path)
+                      else "no such file")
+            raise RecordError(f"{name}: cannot read the run records: {reason}; give a file written by "
+                              "'hetpart run --out'")
         handle = path.open("rb")
     except OSError as err:
         raise RecordError(f"{name}: cannot read the run records: {err.strerror or err}; check the path") from None
@@ -347,7 +349,8 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, RunRecord]]:
                 raise RecordError(f"{where}: invalid JSON at column {exc.colno}: {exc.msg}; each line must be one "
                                   "record written by 'hetpart run --out'") from None
             except (RecursionError, ValueError) as exc:
-                raise RecordError(f"{where}: unreadable JSON ({exc.__class__.__name__}); fix or drop the line") from None
+                raise RecordError(f"{where}: unreadable JSON ({exc.__class__.__name__}); fix or drop the line") \
+                    from None
             yield number, RunRecord.from_dict(data, where)
 
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.plan import Plan, Replica
 
-__all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_problems", "schedule_problems", "check"]
+__all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_problems", "schedule_problems",
+           "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}

@@ -87,6 +87,8 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     start = time.perf_counter()
     evaluator = make_evaluator(model, cluster, workload, predictor)
     best = chosen_planner.plan(model, cluster, workload, evaluator=evaluator, **options)
+    # Whatever a planner does inside, what leaves here is a plan the runtime runs (hetpart.rules).
+    best.plan.check(model, cluster, source=f"{planner} planner: emitted plan")
     prediction = evaluator.predict(best.plan)
     wall = time.perf_counter() - start
     chosen = replace(best.plan, meta={

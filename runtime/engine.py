@@ -457,7 +457,8 @@ class Executor:
                 raise RuntimeFault("runtime: the interleaved schedule needs one TP degree for every stage of a "
                                    "replica (hetpart.rules); use gpipe or 1f1b")
             if order != list(lane):
-                raise RuntimeFault("runtime: interleaved lanes must run on increasing ranks; order plan devices by stage")
+                raise RuntimeFault("runtime: interleaved lanes must run on increasing ranks; order plan devices by "
+                                   "stage")
             schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss, scale_grads=False)
         else:
             kind = "gpipe" if kind == "interleaved" else kind

@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
     from hetpart.runtime.models import UnitInfo
 
-__all__ = ["RankRole", "GradBucket", "FusedBucket", "FanOut", "CommLayout", "fuse_buckets", "ProcessGroups", "device_ranks", "rank_roles",
-           "comm_layout", "backend_for"]
+__all__ = ["RankRole", "GradBucket", "FusedBucket", "FanOut", "CommLayout", "fuse_buckets", "ProcessGroups",
+           "device_ranks", "rank_roles", "comm_layout", "backend_for"]
 
 Backend = Literal["gloo", "nccl"]
 
@@ -215,7 +215,7 @@ def comm_layout(plan: "Plan", units: Sequence["UnitInfo"]) -> CommLayout:
             for t, rank in enumerate(group):
                 paths[rank], p2p[rank] = _path(groups, k, t), everyone
         for k, group in enumerate(groups):
-            for t, rank in enumerate(group):
+            for rank in group:
                 fwd = tuple(u for u in groups[k + 1] if paths[u][k] == rank) if k + 1 < pp else ()
                 bwd = tuple(u for u in groups[k - 1] if paths[u][k] == rank) if k > 0 else ()
                 fanouts[rank] = FanOut(forward=fwd, backward=bwd)

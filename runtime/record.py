@@ -105,8 +105,9 @@ def environment_record(world: int) -> Environment:
         devices = tuple(torch.cuda.get_device_name(r % count) for r in range(world))
     else:
         devices = ("cpu",) * world
+    backend = "nccl where every member has its own GPU, else gloo" if torch.cuda.is_available() else "gloo"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Environment(torch=torch.__version__, python=platform.python_version(), host=platform.node(),
                        platform=platform.platform(), devices=devices, cores=cores,
-                       backend="nccl where every member has its own GPU, else gloo" if torch.cuda.is_available() else "gloo",
+                       backend=backend,
                        time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -99,7 +99,8 @@ def test_load_records_reads_every_line_and_skips_blank_ones(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda d: d["measured"].update(step_time_s="x"), r"runs\.jsonl:2: measured\.step_time_s: expected a number, got 'x'"),
+    (lambda d: d["measured"].update(step_time_s="x"),
+     r"runs\.jsonl:2: measured\.step_time_s: expected a number, got 'x'"),
     (lambda d: d["measured"].pop("losses"), r"runs\.jsonl:2: measured\.losses: missing required field"),
     (lambda d: d.update(schema="hetpart.run/1"), r"runs\.jsonl:2: schema: 'hetpart.run/1' is not 'hetpart.run/2'"),
     (lambda d: d["measured"]["ranks"].append({"rank": 0}), r"runs\.jsonl:2: measured\.ranks\[0\]\.device: missing"),

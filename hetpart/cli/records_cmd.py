@@ -39,6 +39,7 @@ def _line(where: str, out: dict) -> str:
     if "error" in out:
         return f"{where}: [red]{out['error']}[/]"
     now, rec, meas = out["metrics"]["step_time_s"], out["recorded"], out["measured"]["step_time_s"]
-    was = f"recorded {rec['step_time_s']:.4f} s ({rec['predictor']} {rec['version']})" if rec else "no recorded prediction"
+    was = (f"recorded {rec['step_time_s']:.4f} s ({rec['predictor']} {rec['version']})" if rec
+           else "no recorded prediction")
     graph = "" if out["graph_matches_record"] else " [yellow](model graph differs from the recorded one)[/]"
     return f"{where}: predicted {now:.4f} s, {was}, measured {meas:.4f} s ({100 * (now / meas - 1):+.1f}%){graph}"
