@@ -8,7 +8,6 @@ writes ``results.csv`` (one row per scenario and planner) and two bar charts.
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -16,11 +15,14 @@ from typing import Any, Callable, Sequence
 from hetpart import _validate as v
 from hetpart.errors import HetpartError, PlanError, SpecError
 
-__all__ = ["SuiteEntry", "load_suite", "run_entry", "run_suite", "COLUMNS", "write_plots"]
+__all__ = ["SuiteEntry", "EntryResult", "load_suite", "check_planners", "run_entry", "solve_entry", "run_suite",
+           "COLUMNS", "write_csv", "write_plots", "make_out_dir"]
 
 COLUMNS = ("scenario", "planner", "tokens_per_s", "pct_upper_bound", "speedup_vs_uniform", "plan_time_s",
-           "fits_in_memory", "upper_bound_tokens_per_s", "memory_lifted_upper_bound_tokens_per_s", "num_devices",
-           "model", "cluster", "global_batch", "seq_len", "error")
+           "fits_in_memory", "pct_memory_lifted", "pct_of_search", "peak_memory_gb", "peak_memory_capacity_gb",
+           "peak_memory_gpu", "step_time_s", "mfu", "upper_bound_tokens_per_s",
+           "memory_lifted_upper_bound_tokens_per_s", "num_devices", "model", "cluster", "global_batch", "seq_len",
+           "error")
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,26 @@ def check_planners(planners: Sequence[str]) -> list[str]:
     return names
 
 
-def run_entry(entry: SuiteEntry, planners: Sequence[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class EntryResult:
+    """One entry's rows and the best plan found for it (for the Gantt chart)."""
+
+    rows: list[dict[str, Any]]
+    best: Any | None
+    """The fastest planner's ``PlanResult`` (``None`` when no planner found a plan)."""
+    model: Any
+    cluster: Any
+
+
+def run_entry(entry: SuiteEntry, planners: Sequence[str],
+              on_planner: Callable[[SuiteEntry, str], None] | None = None) -> list[dict[str, Any]]:
     """One row per planner for ``entry`` (a planner that finds nothing gets a row with its error)."""
+    return solve_entry(entry, planners, on_planner).rows
+
+
+def solve_entry(entry: SuiteEntry, planners: Sequence[str],
+                on_planner: Callable[[SuiteEntry, str], None] | None = None) -> EntryResult:
+    """Every planner on ``entry`` (``uniform`` always, as the baseline): rows and the best plan."""
     from hetpart import Workload, load_cluster, load_model
     from hetpart.policies.planner import plan
     from hetpart.policies.upper_bound import upper_bound
@@ -93,91 +113,79 @@ def run_entry(entry: SuiteEntry, planners: Sequence[str]) -> list[dict[str, Any]
     bound = upper_bound(model, cluster, workload)
     results: dict[str, Any] = {}
     for name in dict.fromkeys([*planners, "uniform"]):
+        if on_planner is not None:
+            on_planner(entry, name)
         try:
             results[name] = plan(model, cluster, workload, name)
         except HetpartError as exc:
             results[name] = exc
-    uniform = results["uniform"]
-    base = None if isinstance(uniform, HetpartError) else uniform.prediction.tokens_per_s
-    rows = []
-    for name in planners:
-        r = results[name]
-        row = {"scenario": entry.name, "planner": name, "upper_bound_tokens_per_s": bound["tokens_per_s"],
-               "memory_lifted_upper_bound_tokens_per_s": bound["memory_lifted_tokens_per_s"],
-               "num_devices": cluster.num_devices, "model": entry.model, "cluster": entry.cluster,
-               "global_batch": entry.global_batch, "seq_len": entry.seq_len}
-        if isinstance(r, HetpartError):
-            row |= {"tokens_per_s": "", "pct_upper_bound": "", "speedup_vs_uniform": "", "plan_time_s": "",
-                    "fits_in_memory": False, "error": " ".join(str(r).split())}
-        else:
-            tps = r.prediction.tokens_per_s
-            row |= {"tokens_per_s": tps, "pct_upper_bound": tps / bound["tokens_per_s"] * 100,
-                    "speedup_vs_uniform": tps / base if base else "", "plan_time_s": r.wall_time_s,
-                    "fits_in_memory": r.prediction.fits_in_memory, "error": ""}
-        rows.append(row)
-    return rows
+    found = {k: r for k, r in results.items() if not isinstance(r, HetpartError)}
+    base = found["uniform"].prediction.tokens_per_s if "uniform" in found else None
+    search = found["search"].prediction.tokens_per_s if "search" in found else None
+    rows = [_row(entry, name, results[name], bound, cluster.num_devices, base, search) for name in planners]
+    best = max((found[n] for n in planners if n in found), key=lambda r: r.prediction.tokens_per_s, default=None)
+    return EntryResult(rows, best, model, cluster)
+
+
+def _row(entry: SuiteEntry, name: str, r: Any, bound: dict[str, Any], devices: int, base: float | None,
+         search: float | None) -> dict[str, Any]:
+    row = {"scenario": entry.name, "planner": name, "upper_bound_tokens_per_s": bound["tokens_per_s"],
+           "memory_lifted_upper_bound_tokens_per_s": bound["memory_lifted_tokens_per_s"],
+           "num_devices": devices, "model": entry.model, "cluster": entry.cluster,
+           "global_batch": entry.global_batch, "seq_len": entry.seq_len}
+    if isinstance(r, HetpartError):
+        return row | {c: "" for c in COLUMNS if c not in row} | {"fits_in_memory": False,
+                                                                  "error": " ".join(str(r).split())}
+    tps = r.prediction.tokens_per_s
+    worst = max(r.prediction.breakdown, key=lambda b: b["memory_gb"] / b["capacity_gb"])
+    return row | {"tokens_per_s": tps, "pct_upper_bound": tps / bound["tokens_per_s"] * 100,
+                  "pct_memory_lifted": tps / bound["memory_lifted_tokens_per_s"] * 100,
+                  "speedup_vs_uniform": tps / base if base else "", "pct_of_search": tps / search * 100 if search else "",
+                  "plan_time_s": r.wall_time_s, "fits_in_memory": r.prediction.fits_in_memory,
+                  "peak_memory_gb": worst["memory_gb"], "peak_memory_capacity_gb": worst["capacity_gb"],
+                  "peak_memory_gpu": worst["gpu"], "step_time_s": r.prediction.step_time_s,
+                  "mfu": r.prediction.metrics["mfu"], "error": ""}
 
 
 def run_suite(suite: str | Path, planners: Sequence[str], out_dir: str | Path,
               on_entry: Callable[[SuiteEntry], None] | None = None) -> list[dict[str, Any]]:
-    """Run every planner on every entry; write ``results.csv`` and the plots to ``out_dir``."""
+    """Run every planner on every entry; write ``results.csv`` and the bar charts to ``out_dir``."""
     names = check_planners(planners)
     entries = load_suite(suite)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"--out: cannot create {out} ({exc.__class__.__name__}); choose another directory") from None
+    out = make_out_dir(out_dir)
     rows = []
     for entry in entries:
         if on_entry is not None:
             on_entry(entry)
         rows += run_entry(entry, names)
-    with open(out / "results.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, out / "results.csv")
     write_plots(rows, names, out)
     return rows
 
 
+def make_out_dir(out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--out: cannot create {out} ({exc.__class__.__name__}); choose another directory") from None
+    return out
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """``results.csv``: the CONTRACT columns first, then the rest of :data:`COLUMNS`."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def write_plots(rows: list[dict[str, Any]], planners: Sequence[str], out: Path) -> list[Path]:
     """``throughput.png`` (tokens/s per scenario and planner, upper bound marked) and ``pct_upper_bound.png``."""
-    import matplotlib
+    from hetpart import plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    width = 0.8 / max(len(planners), 1)
-    paths = []
-    for column, label, fname in (("tokens_per_s", "tokens/s (predicted)", "throughput.png"),
-                                 ("pct_upper_bound", "% of the upper bound", "pct_upper_bound.png")):
-        fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(scenarios)), 4.8))
-        for k, name in enumerate(planners):
-            values = [next((_num(r[column]) for r in rows if r["scenario"] == s and r["planner"] == name), 0.0)
-                      for s in scenarios]
-            ax.bar([i + k * width for i in range(len(scenarios))], values, width, label=name)
-        if column == "tokens_per_s":
-            bounds = [next(r["upper_bound_tokens_per_s"] for r in rows if r["scenario"] == s) for s in scenarios]
-            ax.scatter([i + 0.4 - width / 2 for i in range(len(scenarios))], bounds, marker="_", s=900, color="black",
-                       label="upper bound", zorder=3)
-            ax.set_yscale("log")
-        else:
-            ax.axhline(100, color="black", linewidth=0.8)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scenarios))], scenarios, rotation=20, ha="right")
-        ax.set_ylabel(label)
-        ax.legend(frameon=False, fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        paths.append(out / fname)
-    return paths
-
-
-def _num(x: Any) -> float:
-    try:
-        value = float(x)
-    except (TypeError, ValueError):
-        return 0.0
-    return value if math.isfinite(value) else 0.0
+    throughput = plotting.planner_bars(rows, planners, "tokens_per_s", "tokens/s (predicted)",
+                                       bound_column="upper_bound_tokens_per_s", log=True)
+    pct = plotting.planner_bars(rows, planners, "pct_upper_bound", "% of HETHUB's upper bound", reference=100)
+    return [plotting.save_png(throughput, out / "throughput.png"), plotting.save_png(pct, out / "pct_upper_bound.png")]

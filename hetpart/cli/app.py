@@ -32,7 +32,7 @@ def _register() -> None:
     from hetpart.cli import inspect_cmd
 
     inspect_cmd.register(app)
-    for name in ("plan_cmd", "run_cmd", "bench_cmd", "export_cmd"):
+    for name in ("plan_cmd", "run_cmd", "bench_cmd", "export_cmd", "report_cmd"):
         try:
             module = __import__(f"hetpart.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     if debug:  # --debug belongs to the root command; accept it anywhere on the line
         argv = ["--debug"] + [a for a in argv if a != "--debug"]
     try:
-        app(args=argv, prog_name="hetpart", standalone_mode=False)
+        result = app(args=argv, prog_name="hetpart", standalone_mode=False)
+        if isinstance(result, int) and not isinstance(result, bool):  # typer returns Exit codes (130 on Ctrl-C)
+            return result
     except HetpartError as exc:
         if debug:
             raise

@@ -193,25 +193,48 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                  model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
                  cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
                  gantt: Optional[Path] = typer.Option(None, "--gantt", help="Draw the simulated schedule to this PNG."),
-                 max_replicas: int = typer.Option(4, "--max-replicas", help="Replicas drawn in the Gantt chart."),
+                 html_out: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
+                 compare: str = typer.Option("", "--compare",
+                                             help="Planners to compare with in the HTML report (e.g. uniform,proportional)."),
+                 max_replicas: int = typer.Option(24, "--max-rows", "--max-replicas",
+                                                  help="Rows drawn at most in the Gantt chart (identical replicas share rows)."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
-    """Show a plan as a table and (with --gantt) its simulated schedule as a Gantt chart."""
+    """Show a plan as a table, its simulated schedule as a Gantt chart (--gantt) and an HTML report (--html)."""
     from hetpart.costmodel.simulator import simulate
 
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
                          precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
-    prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None)
+    prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None or html_out is not None)
     if gantt is not None:
-        from hetpart.cli.gantt import draw_gantt
+        from hetpart import plotting
 
-        draw_gantt(prediction, plan, cl, gantt, title=f"{graph.name} on {cl.name}", max_replicas=max_replicas)
+        fig = plotting.gantt_figure(prediction.timeline, plan, cl, title=f"{graph.name} on {cl.name}",
+                                    step_time_s=prediction.step_time_s, tokens_per_s=prediction.tokens_per_s,
+                                    max_rows=max_replicas)
+        _write(lambda: plotting.save_png(fig, gantt), "--gantt", gantt)
+    if html_out is not None:
+        from hetpart.cli.report_cmd import plan_html
+
+        page = plan_html(plan_path, plan, graph, cl, prediction, compare)
+        _write(lambda: html_out.write_text(page), "--html", html_out)
     if json_out:
-        emit_json({"plan": plan.to_dict(), "metrics": prediction.metrics, "gantt": str(gantt) if gantt else None})
+        emit_json({"plan": plan.to_dict(), "metrics": prediction.metrics, "gantt": str(gantt) if gantt else None,
+                   "html": str(html_out) if html_out else None})
         return
     con = console()
     con.print(plan.table(cl, graph, full=full))
-    con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else ""))
+    con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else "")
+              + (f"; HTML report in {html_out}" if html_out else ""))
+
+
+def _write(action, option: str, path: Path) -> None:
+    from hetpart.errors import PlanError
+
+    try:
+        action()
+    except OSError as exc:
+        raise PlanError(f"{option}: cannot write {path} ({exc.__class__.__name__}); check the directory") from None
 
 
 def demo_command(json_out: bool = JsonFlag) -> None:

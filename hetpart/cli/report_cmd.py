@@ -1,0 +1,87 @@
+"""``hetpart show --html`` (the plan report) and ``hetpart dashboard`` (TensorBoard over the runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["register", "plan_html"]
+
+
+def plan_html(plan_path: Path, plan, graph, cluster, prediction, compare: str) -> str:
+    """The HTML report of ``plan``: upper bound, provenance and, for ``compare``, other planners' results."""
+    from hetpart import __version__, report
+    from hetpart.costmodel.upper_bound import upper_bound
+
+    workload = _workload(plan)
+    bound = upper_bound(graph, cluster, workload)
+    comparison = _compare(graph, cluster, workload, plan, prediction, compare)
+    provenance = {"predictor": "simulator (hetpart.costmodel.simulate, analytical; see docs/BENCHMARKS.md#simulator)",
+                  "plan file": str(plan_path), "model": str(plan.meta.get("model", graph.name)),
+                  "cluster": str(plan.meta.get("cluster", cluster.name)), "hetpart": __version__}
+    return report.plan_report(plan, cluster, graph, prediction, upper_bound=bound, comparison=comparison,
+                              provenance=provenance)
+
+
+def _workload(plan):
+    from hetpart.workload import Workload
+
+    saved = plan.meta.get("workload") if isinstance(plan.meta.get("workload"), dict) else {}
+    recompute = saved.get("recompute", plan.recompute)
+    return Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
+                    recompute=recompute if recompute in ("none", "selective", "full", "auto") else plan.recompute)
+
+
+def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[dict[str, Any]]:
+    from hetpart.costmodel.planner import plan as run_planner
+    from hetpart.errors import HetpartError
+
+    names = [n.strip() for n in compare.split(",") if n.strip()]
+    if not names:
+        return []
+    chosen = str(plan.meta.get("planner", "this plan"))
+    rows = [{"planner": chosen, "tokens_per_s": prediction.tokens_per_s, "step_time_s": prediction.step_time_s,
+             "fits_in_memory": prediction.fits_in_memory, "plan_time_s": None}]
+    for name in dict.fromkeys(names):
+        if name == chosen:
+            continue
+        try:
+            result = run_planner(graph, cluster, workload, name)
+        except HetpartError as exc:
+            if "unknown planner" in str(exc):
+                raise
+            rows.append({"planner": name, "tokens_per_s": None, "error": " ".join(str(exc).split())})
+            continue
+        rows.append({"planner": name, "tokens_per_s": result.prediction.tokens_per_s,
+                     "step_time_s": result.prediction.step_time_s, "fits_in_memory": result.prediction.fits_in_memory,
+                     "plan_time_s": result.wall_time_s})
+    return rows
+
+
+def dashboard_command(logdir: Path = typer.Option(Path("runs"), "--logdir", help="The runs folder to serve."),
+                      port: int = typer.Option(6006, "--port", help="TCP port on 127.0.0.1 (0: a free one).")) -> None:
+    """Serve the tracked runs (training curves, cost-model errors, benchmark scalars) with TensorBoard on 127.0.0.1."""
+    from hetpart.experiments.dashboard import Dashboard
+
+    board = Dashboard(logdir, port=port)
+    board.start()
+    print(f"hetpart dashboard: {board.url} (TensorBoard over {logdir.resolve()}); Ctrl-C stops it", flush=True)
+    try:
+        code = board.wait()
+    except KeyboardInterrupt:  # the way to end it: stop TensorBoard and exit 130 (interrupted)
+        board.stop()
+        print("hetpart dashboard: stopped", file=sys.stderr)
+        raise typer.Exit(130) from None
+    finally:
+        board.stop()
+    if code:
+        from hetpart.errors import RuntimeFault
+
+        raise RuntimeFault(f"dashboard: TensorBoard exited with code {code}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dashboard")(dashboard_command)
