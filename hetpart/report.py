@@ -106,7 +106,7 @@ def plan_report(plan: "Plan", cluster: "Cluster", model: "ModelGraph", predictio
 
     Args:
         prediction: a ``Prediction`` made with ``trace=True`` (its metrics, breakdown and timeline).
-        upper_bound: ``hetpart.costmodel.upper_bound(...)`` for the same workload, if known.
+        upper_bound: ``hetpart.policies.upper_bound(...)`` for the same workload, if known.
         comparison: rows ``{planner, tokens_per_s, step_time_s, fits_in_memory, plan_time_s, error}``
             of other planners on the same input (shown as a table and bars).
         provenance: where the numbers come from (predictor, plan file, hetpart version, ...).

@@ -14,7 +14,7 @@ __all__ = ["register", "plan_html"]
 def plan_html(plan_path: Path, plan, graph, cluster, prediction, compare: str) -> str:
     """The HTML report of ``plan``: upper bound, provenance and, for ``compare``, other planners' results."""
     from hetpart import __version__, report
-    from hetpart.costmodel.upper_bound import upper_bound
+    from hetpart.policies import upper_bound
 
     workload = _workload(plan)
     bound = upper_bound(graph, cluster, workload)
@@ -36,7 +36,7 @@ def _workload(plan):
 
 
 def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[dict[str, Any]]:
-    from hetpart.costmodel.planner import plan as run_planner
+    from hetpart.policies import plan as run_planner
     from hetpart.errors import HetpartError
 
     names = [n.strip() for n in compare.split(",") if n.strip()]
