@@ -38,8 +38,10 @@ lint: $(STAMP) links
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# Rerun benchmarks and rewrite their blocks of docs/BENCHMARKS.md: the quick ones by default,
+# or the named ones (make bench BENCH="planners scaling"; run_all --list names them all).
 bench: $(STAMP)
-	$(BIN)/python -m hetpart.experiments.run_all
+	OMP_NUM_THREADS=1 $(BIN)/python -m hetpart.experiments.run_all $(BENCH)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

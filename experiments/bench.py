@@ -174,3 +174,74 @@ def _html_report(rows: list[dict[str, Any]], planners: Sequence[str], suite: str
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+PUBLIC_SUITE = Path(__file__).resolve().parent / "suites" / "public" / "suite.yaml"
+DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+def suite_section(suite: Path = PUBLIC_SUITE, planners: Sequence[str] = ("uniform", "proportional", "search"),
+                  out: str | Path = "out/bench-public", runs_dir: str | Path = "runs"):
+    """Run the public suite and return docs/BENCHMARKS.md's Planners section (its plots go to docs/benchmarks/)."""
+    from hetpart.experiments.benchdoc import Section, load, machine
+
+    where = machine()
+    result = run_bench(suite, planners, out, runs_dir=runs_dir)
+    DOC_IMAGES.mkdir(parents=True, exist_ok=True)
+    for name in ("throughput.png", "pct_upper_bound.png"):
+        shutil.copy(Path(out) / name, DOC_IMAGES / f"planners_{name}")
+    body = _suite_body(result.rows, list(planners), suite, result.run_dir)
+    rel = suite.relative_to(PUBLIC_SUITE.parents[2]) if suite.is_relative_to(PUBLIC_SUITE.parents[2]) else suite
+    return Section("planners", "Planners", body, f"OMP_NUM_THREADS=1 hetpart bench --suite {rel} "
+                   f"--planners {','.join(planners)} --out {out}", where, load_after=load())
+
+
+def _suite_body(rows: list[dict[str, Any]], planners: list[str], suite: Path, run_dir: Path | None) -> str:
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    by = {(r["scenario"], r["planner"]): r for r in rows}
+    head = ("| scenario | GPUs | upper bound tok/s | " + " | ".join(f"{p} tok/s (% UB)" for p in planners)
+            + " | search / uniform | search % of ceiling | plan time s (" + " / ".join(planners) + ") |")
+    lines = [head, "|---|" + "---:|" * (len(planners) + 5)]
+    for s in scenarios:
+        first = by[(s, planners[0])]
+        cells = [f"{by[(s, p)]['tokens_per_s']:,.0f} ({by[(s, p)]['pct_upper_bound']:.1f}%)"
+                 if not by[(s, p)]["error"] else "no plan" for p in planners]
+        search = by.get((s, "search"))
+        ok = search is not None and not search["error"]
+        times = " / ".join(_f(by[(s, p)]["plan_time_s"], ".2f") or "-" for p in planners)
+        lines.append(f"| {s} | {first['num_devices']} | {first['upper_bound_tokens_per_s']:,.0f} | "
+                     + " | ".join(cells) + f" | {_f(search['speedup_vs_uniform'], '.2f') if ok else ''} | "
+                     f"{_f(search['pct_memory_lifted'], '.1f') if ok else ''} | {times} |")
+    facts = _suite_facts(rows, scenarios, by)
+    run = f" The run is tracked as `runs/{run_dir.name}` (`hetpart dashboard`)." if run_dir else ""
+    return (f"The planners (`hetpart plan --planner {'|'.join(planners)}`) and HETHUB's upper bound on the public "
+            f"suite (`experiments/suites/public/`, a copy of `shared/scenarios/`). Numbers are the simulator's "
+            f"predictions; planning times are wall-clock seconds of one thread on the machine above while other "
+            f"jobs ran, so they are upper estimates. \"% UB\": share of HETHUB's upper bound (sum over device types "
+            f"of the best throughput each type reaches alone); \"ceiling\": the same with memory limits lifted for "
+            f"every type, which no feasible plan exceeds.{run}\n\n### The public suite\n\n" + "\n".join(lines)
+            + "\n\n" + facts + "\n\n![tokens/s per scenario and planner](benchmarks/planners_throughput.png)\n")
+
+
+def _suite_facts(rows, scenarios, by) -> str:
+    out = []
+    if all((s, p) in by for s in scenarios for p in ("search", "uniform", "proportional")):
+        never = [s for s in scenarios if not by[(s, "search")]["error"] and all(
+            by[(s, "search")]["tokens_per_s"] >= (by[(s, p)]["tokens_per_s"] or 0) * (1 - 1e-9)
+            for p in ("uniform", "proportional") if not by[(s, p)]["error"])]
+        out.append(f"The search is at least as fast as uniform and proportional on {len(never)} of "
+                   f"{len(scenarios)} scenarios (their plans are among its candidates).")
+    over = [(r["scenario"], r["pct_upper_bound"]) for r in rows if r["planner"] == "search" and not r["error"]
+            and r["pct_upper_bound"] > 100]
+    if over:
+        out.append("**The upper bound is exceeded** by the search on " + ", ".join(f"{s} ({p:.1f}%)" for s, p in over)
+                   + ": HETHUB's definition counts each type at its best throughput alone, with memory limits lifted "
+                   "only where a type cannot hold the model at all, so a type that just fits alone is charged deep "
+                   "pipelines or recomputation that a mixed plan spares it.")
+    ceiling = [r["pct_memory_lifted"] for r in rows if not r["error"]]
+    if ceiling:
+        search = [r["pct_memory_lifted"] for r in rows if r["planner"] == "search" and not r["error"]]
+        span = f"the search reaches {min(search):.1f}-{max(search):.1f}% of it; " if search else ""
+        out.append(f"Against the memory-lifted ceiling {span}the highest share of any plan is {max(ceiling):.1f}%"
+                   + (" (no plan exceeds it)." if max(ceiling) <= 100 + 1e-9 else " (ABOVE the ceiling: a bug)."))
+    return "\n\n".join(out)

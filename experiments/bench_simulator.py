@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import replace
 
-__all__ = ["random_plans", "bench", "main"]
+__all__ = ["random_plans", "bench", "section", "main"]
 
 
 def _clusters():
@@ -117,6 +117,35 @@ def bench(model_name: str = "llama2-70b", seq_len: int = 4096, global_batch: int
     return rows
 
 
+def _table(rows: list[dict]) -> str:
+    lines = ["| cluster | plans | micro-batches per replica (median / max) | estimate/s | simulate/s | "
+             "simulate/s (validated) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = " | ".join(f"{r[k]:.0f} [{r[k + '_median']:.0f}]"
+                           for k in ("estimate", "simulate", "simulate_validated"))
+        lines.append(f"| {r['cluster']} | {r['plans']} | {r['microbatches_median']:g} / {r['microbatches_max']} | "
+                     f"{cells} |")
+    return "\n".join(lines)
+
+
+def section(plans: int = 600, global_batch: int = 64):
+    """docs/BENCHMARKS.md's simulator speed block (``make bench BENCH=simulator-speed``)."""
+    from hetpart.experiments.benchdoc import Section, load, machine
+
+    where = machine()
+    rows = bench(global_batch=global_batch, plans=plans)
+    body = (f"{plans} seeded random valid plans per cluster (random tp/pp/dp/micro-batch/schedule/recompute grids "
+            f"with random uneven layer cuts), llama2-70b, global batch {global_batch}, seq 4096. Each of 5 passes "
+            "starts from a fresh `Simulator` (unit-cost caches are filled inside the timing); a plan's time is its "
+            "fastest pass, which filters out the time other jobs took from us; in brackets the median whole pass. "
+            "`estimate` returns step time + memory fit (the planners' and the RL reward's inner loop); `simulate` "
+            "the full `Prediction` (metrics, breakdown); \"validated\" adds `Plan.check`. One thread; the rates "
+            "move with the machine's load (above).\n\n" + _table(rows))
+    return Section("simulator-speed", "Speed: plan evaluations per second, llama2-70b on 64 GPUs, one core", body,
+                   f"OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_simulator --plans "
+                   f"{plans} --global-batch {global_batch}", where, load_after=load(), level=3)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=600)
@@ -125,13 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"llama2-70b, seq 4096, global batch {args.global_batch}, {args.plans} random plans per cluster")
     print("Plans per second from each plan's fastest of 5 passes [median whole pass in brackets]:")
-    print("| cluster | plans | micro-batches per replica (median / max) | estimate/s | simulate/s | "
-          "simulate/s (validated) |")
-    print("|---|---|---|---|---|---|")
-    for r in bench(global_batch=args.global_batch, plans=args.plans):
-        cells = " | ".join(f"{r[k]:.0f} [{r[k + '_median']:.0f}]"
-                           for k in ("estimate", "simulate", "simulate_validated"))
-        print(f"| {r['cluster']} | {r['plans']} | {r['microbatches_median']:g} / {r['microbatches_max']} | {cells} |")
+    print(_table(bench(global_batch=args.global_batch, plans=args.plans)))
 
 
 if __name__ == "__main__":
