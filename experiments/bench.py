@@ -108,12 +108,8 @@ def _plan_time_plot(rows: list[dict[str, Any]], out: Path) -> Path:
 
     points = [{"planner": r["planner"], "gpus": r["num_devices"], "types": 1, "plan_time_s": r["plan_time_s"]}
               for r in rows if r.get("plan_time_s") not in ("", None)]
-    fig = plotting.scaling_figure(points, "plan_time_s", "planning time (s)")
-    fig.axes[0].set_title("planning time against cluster size (suite entries)", fontsize="medium")
-    for line in fig.axes[0].get_lines():
-        line.set_linestyle("none")
-        line.set_label(line.get_label().split(",")[0])
-    fig.axes[0].legend(frameon=False, fontsize="small")
+    fig = plotting.scaling_figure(points, "plan_time_s", "planning time (s)", lines=False,
+                                  title="planning time against cluster size (suite entries)")
     return plotting.save_png(fig, out / "plan_time_vs_gpus.png")
 
 
@@ -191,7 +187,8 @@ def suite_section(suite: Path = PUBLIC_SUITE, planners: Sequence[str] = ("unifor
     for name in ("throughput.png", "pct_upper_bound.png"):
         shutil.copy(Path(out) / name, DOC_IMAGES / f"planners_{name}")
     body = _suite_body(result.rows, list(planners), suite, result.run_dir)
-    rel = suite.relative_to(PUBLIC_SUITE.parents[2]) if suite.is_relative_to(PUBLIC_SUITE.parents[2]) else suite
+    root = DOC_IMAGES.parents[1]
+    rel = suite.relative_to(root) if suite.is_relative_to(root) else suite
     return Section("planners", "Planners", body, f"OMP_NUM_THREADS=1 hetpart bench --suite {rel} "
                    f"--planners {','.join(planners)} --out {out}", where, load_after=load())
 
@@ -242,6 +239,6 @@ def _suite_facts(rows, scenarios, by) -> str:
     if ceiling:
         search = [r["pct_memory_lifted"] for r in rows if r["planner"] == "search" and not r["error"]]
         span = f"the search reaches {min(search):.1f}-{max(search):.1f}% of it; " if search else ""
-        out.append(f"Against the memory-lifted ceiling {span}the highest share of any plan is {max(ceiling):.1f}%"
+        out.append(f"Against the memory-lifted ceiling: {span}the highest share of any plan is {max(ceiling):.1f}%"
                    + (" (no plan exceeds it)." if max(ceiling) <= 100 + 1e-9 else " (ABOVE the ceiling: a bug)."))
     return "\n\n".join(out)

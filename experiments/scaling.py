@@ -142,10 +142,10 @@ def write_plots(points: Sequence[ScalingPoint], out: Path) -> list[Path]:
     from hetpart import plotting
 
     rows = [asdict(p) for p in points if p.tokens_per_s]
-    time_fig = plotting.scaling_figure(rows, "plan_time_s", "planning time (s), one thread")
-    time_fig.axes[0].set_title("planning time as the cluster grows", fontsize="medium")
-    quality = plotting.scaling_figure(rows, "pct_upper_bound", "% of HETHUB's upper bound", log_y=False)
-    quality.axes[0].set_title("plan quality as the cluster grows", fontsize="medium")
+    time_fig = plotting.scaling_figure(rows, "plan_time_s", "planning time (s), one thread",
+                                       title="planning time as the cluster grows")
+    quality = plotting.scaling_figure(rows, "pct_upper_bound", "% of HETHUB's upper bound", log_y=False,
+                                      title="plan quality as the cluster grows")
     return [plotting.save_png(time_fig, out / "scaling_plan_time.png"),
             plotting.save_png(quality, out / "scaling_quality.png")]
 

@@ -269,8 +269,12 @@ def planner_bars(rows: Sequence[Mapping[str, Any]], planners: Sequence[str], col
     return fig
 
 
-def scaling_figure(points: Sequence[Mapping[str, Any]], y: str, ylabel: str, *, log_y: bool = True) -> "Figure":
-    """``y`` against GPUs, one line per (planner, device types): points need planner, gpus, types and ``y``."""
+def scaling_figure(points: Sequence[Mapping[str, Any]], y: str, ylabel: str, *, log_y: bool = True,
+                   title: str = "", lines: bool = True) -> "Figure":
+    """``y`` against GPUs, one line per (planner, device types): points need planner, gpus, types and ``y``.
+
+    With ``lines=False`` only markers are drawn, one legend entry per planner (unrelated clusters).
+    """
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -284,15 +288,23 @@ def scaling_figure(points: Sequence[Mapping[str, Any]], y: str, ylabel: str, *, 
     for (name, types), xy in sorted(series.items()):
         xy.sort()
         colour = f"C{planners.index(name) % 10}"
-        ax.plot([a for a, _ in xy], [b for _, b in xy], styles[(types - 1) % 4], marker="o", color=colour,
-                label=f"{name}, {types} type{'s' if types > 1 else ''}")
+        label = f"{name}, {types} type{'s' if types > 1 else ''}" if lines else name
+        ax.plot([a for a, _ in xy], [b for _, b in xy], styles[(types - 1) % 4] if lines else "none", marker="o",
+                color=colour, label=label)
     ax.set_xscale("log", base=2)
+    gpus = sorted({x for xy in series.values() for x, _ in xy})
+    if gpus:
+        ax.set_xticks(gpus, [f"{g:,.0f}" for g in gpus])
     if log_y:
         ax.set_yscale("log")
+    if title:
+        ax.set_title(title, fontsize="medium")
     ax.set_xlabel("GPUs in the cluster")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(frameon=False, fontsize="x-small", ncol=2)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), frameon=False, fontsize="x-small", ncol=2)
     fig.tight_layout()
     return fig
 

@@ -68,7 +68,11 @@ def html_page(title: str, subtitle: str, sections: Sequence[str], data: Mapping[
 
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, table_id: str = "",
                numeric: Sequence[bool] | None = None) -> str:
-    """A sortable table; cells are escaped; numbers right-aligned where ``numeric`` says so."""
+    """A sortable table (click a header); cells are escaped; numbers right-aligned where ``numeric`` says so.
+
+    A cell given as ``(shown, sort_value)`` displays ``shown`` and sorts by ``sort_value``
+    (``("1,234", 1234)``), so formatted numbers still sort numerically.
+    """
     numeric = list(numeric) if numeric is not None else [False] * len(headers)
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = []

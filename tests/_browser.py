@@ -54,7 +54,9 @@ def chromium() -> str:
 def _run(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="hetpart-chromium-") as profile:
         # a private profile: several Chromiums (other test runs on this machine) do not share a lock
+        # software WebGL (SwiftShader) so that TensorBoard's line charts draw without a GPU
         cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+               "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
                "--disable-extensions", f"--user-data-dir={profile}", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
 

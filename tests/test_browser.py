@@ -16,7 +16,8 @@ import pytest
 from tests._browser import colour_bins, dump_dom, screenshot
 from tests._cli import run_cli
 
-SMALL = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "256"]
+# the README's example (16 GPUs of two types): a heterogeneous plan is what the report is for
+DEMO = ["--model", "gpt2-xl", "--cluster", "a100-v100-16", "--global-batch", "256", "--seq-len", "1024"]
 
 
 def _attr(dom: str, name: str) -> str:
@@ -33,7 +34,7 @@ def plan_report(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("report")
     plan, page = tmp / "plan.json", tmp / "report.html"
 
-    assert main(["plan", *SMALL, "--out", str(plan), "--json"]) == 0
+    assert main(["plan", *DEMO, "--out", str(plan), "--json"]) == 0
     assert main(["show", str(plan), "--html", str(page), "--compare", "uniform,proportional", "--json"]) == 0
     return page
 
@@ -70,9 +71,10 @@ def test_dashboard_shows_a_runs_scalars(tmp_path: Path) -> None:
     from hetpart.experiments.dashboard import Dashboard
     from hetpart.experiments.tracking import make_tracker
 
-    with make_tracker("tensorboard", "costmodel/train", seed=3, config={"lr": 0.01}, root=tmp_path) as run:
-        for step, err in enumerate((40.0, 22.5, 12.25, 8.5)):
-            run.log({"costmodel/val_mape": err}, step=step)
+    for seed, scale in ((3, 1.0), (4, 1.3)):
+        with make_tracker("tensorboard", "costmodel/train", seed=seed, config={"lr": 0.01}, root=tmp_path) as run:
+            for step, err in enumerate((40.0, 22.5, 12.25, 8.5, 7.0, 6.25)):
+                run.log({"costmodel/val_mape": err * scale, "costmodel/train_loss": err / 40 * scale}, step=step)
     with Dashboard(tmp_path, port=0) as board:
         assert board.url.startswith("http://127.0.0.1:")
         dom = dump_dom(board.url + "#timeseries", budget_ms=12000)
