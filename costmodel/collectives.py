@@ -44,14 +44,14 @@ def ring_allreduce_time_s(num_bytes: float, members: int, bandwidth_gbyte_s: flo
     return steps * latency_us * 1e-6 + steps / members * num_bytes / (bandwidth_gbyte_s * 1e9)
 
 
-def _ring_hops(device_ids: Sequence[str], cluster: Cluster) -> tuple[float, float]:
+def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | None = None) -> tuple[float, float]:
     """Slowest bandwidth and largest latency over the hops of a ring in the given order.
 
     A hop's link depends only on the two node groups and whether it stays inside a node, so each
-    kind of hop is looked up once.
+    kind of hop is looked up once. ``devices``: the members' :class:`Device` objects, if at hand.
     """
     bw, lat = float("inf"), 0.0
-    devices = [cluster.device(d) for d in device_ids]
+    devices = devices if devices is not None else [cluster.device(d) for d in device_ids]
     seen: set[tuple] = set()
     n = len(devices)
     for i in range(n):
@@ -88,19 +88,24 @@ def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int 
     Raises:
         PlanError: when two members' zones have no link.
     """
-    ids = sorted(dict.fromkeys(device_ids), key=lambda d: cluster.device(d).index)
-    n = len(ids)
+    devices = sorted({d: cluster.device(d) for d in device_ids}.values(), key=lambda x: x.index)
+    n = len(devices)
     if n <= 1:
         return ()
-    nodes = Counter(cluster.device(d).node_key for d in ids)
-    bw, lat = _ring_hops(ids, cluster)
-    if len(nodes) > 1:
-        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in nodes))
+    ids = [d.id for d in devices]
+    nodes = Counter(d.node_key for d in devices)
+    bw, lat = _ring_hops(ids, cluster, devices)
+    if len(nodes) > 1:  # the NIC share depends on the node's group only
+        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in _one_node_per_group(nodes)))
     flat = _ring_cost(n, bw, lat)
     per_node = set(nodes.values())
     if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
         return (flat,)
-    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent)
+    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent, devices)
+
+
+def _one_node_per_group(nodes: Counter) -> list[tuple[int, int]]:
+    return list({key[0]: key for key in nodes}.values())
 
 
 def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> float:
@@ -121,14 +126,19 @@ def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Clust
                default=0.0)
 
 
-def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int) -> tuple[float, float]:
+def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int,
+                       devices: Sequence) -> tuple[float, float]:
     k = next(iter(nodes.values()))
-    intra_bw = min(cluster.groups[key[0]].intra_node.bandwidth_gbyte_s for key in nodes)
-    intra_lat = max(cluster.groups[key[0]].intra_node.latency_us for key in nodes)
+    groups = {key[0] for key in nodes}
+    intra_bw = min(cluster.groups[g].intra_node.bandwidth_gbyte_s for g in groups)
+    intra_lat = max(cluster.groups[g].intra_node.latency_us for g in groups)
     # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
     inside = _ring_cost(k, intra_bw, intra_lat)
-    leaders = [next(d for d in ids if cluster.device(d).node_key == key) for key in nodes]
-    bw, lat = _ring_hops(leaders, cluster)
-    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in nodes))
+    first_on: dict[tuple[int, int], object] = {}
+    for d in devices:  # the first member on each node, in ring order
+        first_on.setdefault(d.node_key, d)
+    leaders = [first_on[key] for key in nodes]
+    bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders)
+    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)))
     across = _ring_cost(len(nodes), bw, lat)  # on bytes / k
     return inside[0] + across[0], inside[1] + across[1] / k

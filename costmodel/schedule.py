@@ -294,6 +294,8 @@ def pipeline_timing(fwd, bwd, p2p, schedule: str, interleave: int = 1) -> Pipeli
 def _compiled(schedule: str, pp: int, m: int, v: int) -> tuple:
     """The operation graph renumbered in topological order, 1-based (0 = "no predecessor"):
     ``(prev, dep, slot, p2p, last_backward_position[K], last_op_position[pp])``."""
+    if v == 1 and schedule in ("1f1b", "gpipe"):
+        return _compiled_flat(schedule, pp, m)
     ops = _topological(schedule, pp, m, v)
     pos = {op[0]: j + 1 for j, op in enumerate(ops)}
     prev = tuple(pos[o[1]] if o[1] >= 0 else 0 for o in ops)
@@ -308,6 +310,57 @@ def _compiled(schedule: str, pp: int, m: int, v: int) -> tuple:
             if lay.kind[d, j] == BWD:
                 last_bwd[int(lay.stage[d, j])] = pos[d * n + j]  # later ops overwrite earlier ones
     return prev, dep, slot, p2p, tuple(last_bwd), tuple(pos[d * n + n - 1] for d in range(pp))
+
+
+def _forward_position(b: np.ndarray, warm: np.ndarray) -> np.ndarray:
+    """Where a device with ``warm`` warm-up forwards runs the forward of micro-batch ``b``."""
+    return np.where(b < warm, b, 2 * b - warm)
+
+
+def _backward_position(b: np.ndarray, warm: np.ndarray, m: int) -> np.ndarray:
+    """Where it runs the backward of ``b``: one-forward-one-backward, then the cool-down backwards."""
+    return np.where(b < m - warm, warm + 2 * b + 1, m + b)
+
+
+def _compiled_flat(schedule: str, pp: int, m: int) -> tuple:
+    """:func:`_compiled` for GPipe and 1F1B without interleaving, in closed form (numpy).
+
+    Device ``d`` warms up with ``w_d`` forwards (``m`` for GPipe, ``min(pp - d - 1, m)`` for 1F1B),
+    then alternates forward and backward, then cools down; so forward ``b`` runs at position
+    ``b`` (``b < w``) or ``2b - w``, backward ``b`` at ``w + 2b + 1`` (``b < m - w``) or ``m + b``. Both
+    positions fall as ``w`` grows and ``w_d`` falls with ``d``, so a forward's predecessor (device
+    ``d - 1``) and a backward's (device ``d + 1``) never run at a later position: ordering operations by
+    position, forwards by ascending and backwards by descending device, is topological.
+    """
+    _check(schedule, pp, m, 1)
+    n = 2 * m
+    d = np.arange(pp)[:, None]
+    warm = np.full((pp, 1), m) if schedule == "gpipe" else np.minimum(pp - d - 1, m)
+    j = np.arange(n)[None, :]
+    steady = (j >= warm) & (j < 2 * m - warm)
+    is_bwd = np.where(j < warm, False, np.where(steady, (j - warm) % 2 == 1, True))
+    mb = np.where(j < warm, j, np.where(steady, np.where(is_bwd, (j - warm) // 2, warm + (j - warm) // 2), j - m))
+    dev = np.broadcast_to(d, (pp, n))
+    order = np.lexsort(((np.where(is_bwd, -dev, dev)).ravel(), is_bwd.ravel(), np.broadcast_to(j, (pp, n)).ravel()))
+    pos = np.empty(pp * n, dtype=np.int64)
+    pos[order] = np.arange(1, pp * n + 1)
+    flat = (d * n + j)
+    prev = np.where(j > 0, flat - 1, -1)
+    up = np.maximum(d - 1, 0)  # forward's predecessor device, backward's is d + 1
+    down = np.minimum(d + 1, pp - 1)
+    dep_fwd = up * n + _forward_position(mb, np.minimum(warm[up[:, 0]], m) if schedule == "gpipe"
+                                         else np.minimum(pp - up - 1, m))
+    dep_bwd = down * n + _backward_position(mb, np.full((pp, 1), m)[down[:, 0]] if schedule == "gpipe"
+                                            else np.minimum(pp - down - 1, m), m)
+    dep = np.where(is_bwd, np.where(d < pp - 1, dep_bwd, -1), np.where(d > 0, dep_fwd, -1))
+    with_pos = np.concatenate(([0], pos))  # index -1 + 1 = 0: "no predecessor"
+    prev_p = with_pos[(prev + 1).ravel()[order]]
+    dep_p = with_pos[(dep + 1).ravel()[order]]
+    slot = (is_bwd * pp + dev).ravel()[order]
+    p2p = np.where(is_bwd, np.where(d < pp - 1, d, 0), np.where(d > 0, d - 1, 0)).ravel()[order]
+    last = pos[(np.arange(pp) * n + n - 1)]  # every device ends with its last backward
+    return (tuple(prev_p.tolist()), tuple(dep_p.tolist()), tuple(slot.tolist()), tuple(p2p.tolist()),
+            tuple(last.tolist()), tuple(last.tolist()))
 
 
 def pipeline_summary(fwd_s: list[float], bwd_s: list[float], p2p_s: list[float], schedule: str, num_microbatches: int,

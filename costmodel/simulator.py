@@ -27,9 +27,8 @@ breakdown and, on request, the timeline.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -107,6 +106,19 @@ class _Group:
     gpus: tuple[GPUSpec, ...]
 
 
+class _UnitPrefix(NamedTuple):
+    """Prefix sums over the units of one stage configuration (``[n + 1]`` each, seconds per micro-batch)."""
+
+    fwd: list[float]
+    bwd: list[float]
+    tp_fwd: list[float]
+    """Tensor-parallel all-reduces of the forward."""
+    tp_bwd: list[float]
+    bwd_np: np.ndarray
+    """``bwd`` as an array (gradient readiness of many replicas at once)."""
+    tp_bwd_np: np.ndarray
+
+
 @dataclass
 class _Pipe:
     """One replica's pipeline: per virtual stage costs of one micro-batch and when things finished."""
@@ -120,16 +132,57 @@ class _Pipe:
     p2p: list[float]
     makespan: float
     last_bwd: list[float]
-    bwd_prefix: list[tuple[list[float], list[float]]] = field(default_factory=list)
-    """Per virtual stage: prefix sums over units of backward compute and backward TP communication."""
+    bwd_prefix: list[_UnitPrefix] = field(default_factory=list)
+    """Per virtual stage: its units' prefix sums (backward compute and backward TP communication)."""
     timing: Any = None
 
     def grad_ready_s(self, k: int, first: int, unit: int) -> float:
         """When virtual stage ``k`` (units from ``first``) has the gradient of ``unit`` for the step:
         its last backward runs from its last unit down, so ``unit`` is done once the units below it
         are all that is left."""
-        b, tb = self.bwd_prefix[k]
+        b, tb = self.bwd_prefix[k].bwd, self.bwd_prefix[k].tp_bwd
         return self.last_bwd[k] - (b[unit] - b[first]) - (tb[unit] - tb[first])
+
+
+class _StageTable(NamedTuple):
+    """Every (replica, virtual stage) of a plan, numbered flat (``offsets[r] + k``)."""
+
+    offsets: np.ndarray
+    first_device: list[str]
+    node: np.ndarray
+    """Node number of the stage's first device (all-reduce cost depends on nodes only)."""
+    tp: np.ndarray
+    group: np.ndarray
+    """Pipeline device group (replica, device stage) numbered flat: interleaved chunks share their device's."""
+    last_bwd: np.ndarray
+    """When the stage's last backward ends (with pipes)."""
+    device_done: np.ndarray
+    """When the stage's device finishes its whole backward (with pipes)."""
+
+
+class _Segment(NamedTuple):
+    """One gradient all-reduce: units ``[a, z)`` (``-1, -1``: a tied copy) among ``holders``."""
+
+    holders: np.ndarray
+    """``[h, 2]``: (replica, virtual stage) of each holder."""
+    a: int
+    z: int
+    nbytes: float
+    last_bytes: float
+    """Bytes of the last bucket the backward finishes (unit ``a``)."""
+
+
+class _Job(NamedTuple):
+    first: float
+    """When the first bucket is ready."""
+    last: float
+    """When the last bucket is ready."""
+    groups: np.ndarray
+    """Device groups (flat numbers) the all-reduce occupies."""
+    time_s: float
+    last_time_s: float
+    order: Any
+    """Sort key without overlap (largest first)."""
 
 
 @dataclass
@@ -171,7 +224,8 @@ class Simulator:
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._p2p: dict[tuple, PathLink] = {}
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._nodes: dict[str, tuple[int, int]] = {}
+        self._nodes: dict[str, int] = {}
+        self._node_numbers: dict[tuple[int, int], int] = {}
 
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> _Group:
@@ -189,7 +243,7 @@ class Simulator:
             self._groups[devices] = hit
         return hit
 
-    def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str) -> tuple:
+    def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str) -> _UnitPrefix:
         g = self._group(devices)
         key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
         hit = self._units.get(key)
@@ -197,7 +251,8 @@ class Simulator:
             curve = self._curve_of(g.gpu) if self._curve_of else None
             fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve)
             tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
-            hit = tuple(np.concatenate([[0.0], np.cumsum(a)]).tolist() for a in (fwd, bwd, tpf, tpb))
+            arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
+            hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
             self._units[key] = hit
         return hit
 
@@ -228,14 +283,15 @@ class Simulator:
         m = plan.num_microbatches(r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
         for s in rep.stages:
-            f, b, tf, tb = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+            f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
             fwd.append(cf + tpf)
             bwd.append(cb + tpb)
             compute.append(cf + cb)
             tp.append(tpf + tpb)
-            prefix.append((b, tb))
+            prefix.append(units)
         p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch) for k in range(rep.pp - 1)]
         pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix)
         if trace:
@@ -251,43 +307,69 @@ class Simulator:
         return pipe
 
     # --------------------------------------------------------------------------------- data parallel
-    def _dp_segments(self, plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], int, int, float, float]]:
+    def _stage_table(self, plan: Plan, pipes: list[_Pipe] | None = None) -> _StageTable:
+        """Every (replica, virtual stage) of ``plan`` numbered flat, with what the all-reduces need."""
+        offsets, first_device, node, tp, group, last_bwd, device_done = [], [], [], [], [], [], []
+        group_count = 0
+        for r, rep in enumerate(plan.replicas):
+            offsets.append(len(first_device))
+            pp = rep.pp // (plan.interleave if plan.schedule == "interleaved" else 1)
+            for k, stage in enumerate(rep.stages):
+                first_device.append(stage.devices[0])
+                node.append(self._node_id(stage.devices[0]))
+                tp.append(stage.tp)
+                group.append(group_count + k % pp)
+                if pipes is not None:
+                    ends = pipes[r].last_bwd
+                    last_bwd.append(ends[k])
+                    device_done.append(max(e for j, e in enumerate(ends) if j % pp == k % pp))
+            group_count += pp
+        return _StageTable(np.array(offsets), first_device, np.array(node), np.array(tp), np.array(group),
+                           np.array(last_bwd), np.array(device_done))
+
+    def _dp_segments(self, plan: Plan, table: _StageTable | None = None) -> list[_Segment]:
         """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
         bytes per device (the smallest TP shard among the holders) and those of unit ``a`` alone (the
-        last bucket the backward finishes), plus tied-embedding copies (one bucket each)."""
+        last bucket the backward finishes), plus tied-embedding copies (one bucket each, ``a = z = -1``)."""
+        table = table or self._stage_table(plan)
         grad_bytes = DTYPE_BYTES[plan.precision]
-        cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
-        starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
+        cuts = np.array(sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units}))
+        starts = [np.array([s.layers[0] for s in rep.stages]) for rep in plan.replicas]
+        # stage of each replica holding each run: [runs, dp]
+        held = np.stack([np.searchsorted(st, cuts[:-1], side="right") - 1 for st in starts], axis=1)
+        flat = held + table.offsets[None, :]
+        replicas = np.arange(plan.dp)
         out = []
-        spans: list[tuple[int, int, tuple]] = []
-        for a, z in zip(cuts[:-1], cuts[1:]):
-            holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
-            spans.append((a, z, holders))
-            if plan.dp > 1:
-                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+        if plan.dp > 1:
+            tp_min = table.tp[flat].min(axis=1)
+            for i, (a, z) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
                 sharded, whole = self._tables.params(a, z)
                 first_sharded, first_whole = self._tables.params(a, a + 1)
-                out.append((holders, a, z, (sharded / tp_min + whole) * grad_bytes,
-                            (first_sharded / tp_min + first_whole) * grad_bytes))
-        out += self._tied_segments(plan, spans, grad_bytes)
-        return [seg for seg in out if len(seg[0]) > 1 and seg[3] > 0]
+                nbytes = (sharded / tp_min[i] + whole) * grad_bytes
+                if nbytes > 0:
+                    out.append(_Segment(np.column_stack((replicas, held[i])), a, z, nbytes,
+                                        (first_sharded / tp_min[i] + first_whole) * grad_bytes))
+        return out + self._tied_segments(plan, cuts, held, table, grad_bytes)
 
-    def _tied_segments(self, plan: Plan, spans, grad_bytes: int) -> list[tuple]:
+    def _tied_segments(self, plan: Plan, cuts: np.ndarray, held: np.ndarray, table: _StageTable,
+                       grad_bytes: int) -> list[_Segment]:
         owner = self._tables.owner
         if owner < 0:
             return []
 
         def holders_of(u):
-            return next(h for a, z, h in spans if a <= u < z)
+            run = int(np.searchsorted(cuts, u, side="right")) - 1
+            return {(r, int(k)) for r, k in enumerate(held[run])}
 
         out = []
         for u in self._tables.sharers:
             hu, ho = holders_of(u), holders_of(owner)
             if hu != ho:
-                holders = tuple(sorted(set(hu) | set(ho)))
-                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                holders = np.array(sorted(hu | ho))
+                tp_min = int(table.tp[holders[:, 1] + table.offsets[holders[:, 0]]].min())
                 nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
-                out.append((holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
+                if len(holders) > 1 and nbytes > 0:  # ready when both copies' units are done
+                    out.append(_Segment(holders, -1, -1, nbytes, nbytes))
         return out
 
     def _allreduce_s(self, nbytes: float, ring: tuple) -> float:
@@ -295,38 +377,42 @@ class Simulator:
         key, members, concurrent = ring
         lines = self._ar.get(key)
         if lines is None:
-            lines = self._ar[key] = allreduce_cost(members, self.cluster, concurrent)
+            lines = self._ar[key] = allreduce_cost(members(), self.cluster, concurrent)
         return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
 
-    def _ring(self, plan: Plan, holders) -> tuple:
+    def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None) -> tuple:
         """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
         member per stage; its ``tp`` ranks run ``tp`` such rings at once). The cost depends only on
-        which nodes the members sit on, so that is the key."""
-        stages = [plan.replicas[r].stages[k] for r, k in holders]
-        members = tuple({s.devices[0]: None for s in stages})
-        concurrent = max(s.tp for s in stages)
-        nodes = tuple(sorted(self._node_of(d) for d in members))
-        return (nodes, concurrent), members, concurrent
+        which nodes the members sit on, so that is the key; ``members()`` lists them when needed."""
+        table = table or self._stage_table(plan)
+        flat = table.offsets[holders[:, 0]] + holders[:, 1]
+        concurrent = int(table.tp[flat].max())
 
-    def _node_of(self, device_id: str) -> tuple[int, int]:
+        def members() -> tuple[str, ...]:
+            return tuple(dict.fromkeys(table.first_device[i] for i in flat.tolist()))
+
+        return (np.sort(table.node[flat]).tobytes(), concurrent), members, concurrent
+
+    def _node_id(self, device_id: str) -> int:
         node = self._nodes.get(device_id)
         if node is None:
-            node = self._nodes[device_id] = self.cluster.device(device_id).node_key
+            key = self.cluster.device(device_id).node_key
+            node = self._nodes[device_id] = self._node_numbers.setdefault(key, len(self._node_numbers))
         return node
 
-    def _segment_ready(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
-        """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
-        last); a tied copy (``a < 0``) is ready when its stages' last backwards are done."""
-        first = last = 0.0
-        for r, k in holders:
-            if a < 0:
-                done = pipes[r].last_bwd[k]
-                first, last = max(first, done), max(last, done)
-                continue
-            start = plan.replicas[r].stages[k].layers[0]
-            first = max(first, pipes[r].grad_ready_s(k, start, z - 1))
-            last = max(last, pipes[r].grad_ready_s(k, start, a))
-        return first, last
+    def _ready(self, plan: Plan, pipes: list[_Pipe], alike: list[int]) -> np.ndarray:
+        """``[dp, units]``: when each replica has the gradient of each unit (its stage's last backward
+        runs from its last unit down, so a unit is done once only the units below it are left)."""
+        rows: dict[int, np.ndarray] = {}
+        for r in dict.fromkeys(alike):
+            pipe, pieces = pipes[r], []
+            for k in np.argsort([s.layers[0] for s in plan.replicas[r].stages], kind="stable").tolist():
+                a, z = plan.replicas[r].stages[k].layers
+                units = pipe.bwd_prefix[k]
+                b, tb = units.bwd_np, units.tp_bwd_np
+                pieces.append((pipe.last_bwd[k] - (b[a:z] - b[a])) - (tb[a:z] - tb[a]))
+            rows[r] = np.concatenate(pieces)
+        return np.stack([rows[a] for a in alike])
 
     def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
@@ -338,34 +424,45 @@ class Simulator:
         Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
+        table = self._stage_table(plan, pipes)
+        segments = self._dp_segments(plan, table)
+        if not segments:
+            return 0.0, {}, []
+        ready = self._ready(plan, pipes, _alike(plan, pipes)) if self.overlap_grad_reduce else None
         jobs = []
-        for holders, a, z, nbytes, last_bytes in self._dp_segments(plan):
-            ring = self._ring(plan, holders)
-            t = self._allreduce_s(nbytes, ring)
-            if self.overlap_grad_reduce:
-                first, last = self._segment_ready(plan, pipes, holders, a, z)
-                jobs.append((first, last, holders, t, self._allreduce_s(last_bytes, ring), None))
-            else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
-                done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
-                           if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
-                jobs.append((done, done, holders, t, t, (-nbytes, a)))
-        jobs.sort(key=lambda j: j[0] if self.overlap_grad_reduce else j[5])
-        free: dict[tuple[int, int], float] = {}
-        spent: dict[tuple[int, int], float] = {}
+        for seg in segments:
+            ring = self._ring(plan, seg.holders, table)
+            t = self._allreduce_s(seg.nbytes, ring)
+            flat = table.offsets[seg.holders[:, 0]] + seg.holders[:, 1]
+            groups = np.unique(table.group[flat])
+            if not self.overlap_grad_reduce:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
+                done = float(table.device_done[flat].max())  # the devices' whole backward
+                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a)))
+            elif seg.a < 0:
+                done = float(table.last_bwd[flat].max())
+                jobs.append(_Job(done, done, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+            else:
+                first, last = float(ready[:, seg.z - 1].max()), float(ready[:, seg.a].max())
+                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+        jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
+        free = np.zeros(int(table.group.max()) + 1)
+        spent = np.zeros_like(free)
+        used = np.zeros(free.shape, dtype=bool)
         events = []
         end_all = 0.0
-        for first, last, holders, t, t_last, _ in jobs:
-            groups = {(r, k % pipes[r].pp) for r, k in holders}
-            start = max([first] + [free.get(g, 0.0) for g in groups])
-            end = max(start + t, last + t_last)
-            for g in groups:
-                free[g] = end
-                spent[g] = spent.get(g, 0.0) + t
-                if trace:
-                    events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
-                                   "start_s": start, "end_s": end})
+        keys = [(r, d) for r, pipe in enumerate(pipes) for d in range(pipe.pp)]  # flat group -> (replica, device)
+        for job in jobs:
+            start = max(job.first, float(free[job.groups].max()))
+            end = max(start + job.time_s, job.last + job.last_time_s)
+            free[job.groups] = end
+            spent[job.groups] += job.time_s
+            used[job.groups] = True
             end_all = max(end_all, end)
-        return end_all, spent, events
+            if trace:
+                events += [{"replica": r, "stage": d, "microbatch": -1, "kind": "dp_sync", "start_s": start,
+                            "end_s": end} for r, d in (keys[g] for g in job.groups.tolist())]
+        per_group = {keys[g]: float(spent[g]) for g in np.flatnonzero(used).tolist()}
+        return end_all, per_group, events
 
     # --------------------------------------------------------------------------------- memory, optimizer
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:
@@ -442,7 +539,8 @@ class Simulator:
             per_device = [0.0] * pp
             params = [0.0] * pp
             for k, s in enumerate(rep.stages):
-                f, b, tf, tb = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+                f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
                 a, z = s.layers
                 per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])
                 params[k % pp] += self._tables.params_per_device(a, z, s.tp)
@@ -553,6 +651,18 @@ class Simulator:
             events.append({"replica": r, "stage": d, "microbatch": -1, "kind": "optim", "start_s": run.sync_end,
                            "end_s": run.sync_end + t})
         return events
+
+
+def _alike(plan: Plan, pipes: list[_Pipe]) -> list[int]:
+    """Per replica, the first replica with the same stage cuts and the same timing objects (the
+    simulator shares them between equal replicas), whose gradients are therefore ready at the same times."""
+    first: dict[tuple, int] = {}
+    out = []
+    for r, pipe in enumerate(pipes):
+        key = (id(pipe.last_bwd), tuple(id(u) for u in pipe.bwd_prefix),
+               tuple(s.layers[0] for s in plan.replicas[r].stages))
+        out.append(first.setdefault(key, r))
+    return out
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,

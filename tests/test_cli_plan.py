@@ -121,3 +121,28 @@ def test_bench_writes_results_csv_and_plots(capsys, tmp_path: Path) -> None:
     assert (out / "throughput.png").stat().st_size > 0 and (out / "pct_upper_bound.png").stat().st_size > 0
     assert "policy' is not built yet" in _error(capsys, "bench", "--suite", str(suite), "--planners", "policy",
                                                 "--out", str(out))
+
+
+def test_predict_plans_answers_every_line_in_order_in_one_process(capsys, tmp_path: Path) -> None:
+    """`--plans`: one JSON line per plan, metrics as `--plan` gives them, an error line for a bad plan."""
+    out = tmp_path / "p.json"
+    _json(capsys, "plan", *SMALL, "--planner", "uniform", "--out", str(out), "--json")
+    good = json.loads(out.read_text())
+    missing = json.loads(out.read_text())
+    missing["replicas"][0]["stages"][0]["devices"] = ["7/0/0"]
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text("\n".join([json.dumps(good), "{not json", json.dumps(missing), "", json.dumps(good)]) + "\n")
+    code, stdout, err = _run(capsys, "predict", *SMALL, "--plans", str(plans), "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert len(lines) == 4  # the blank line is no plan
+    one = _json(capsys, "predict", *SMALL, "--plan", str(out), "--json")
+    assert lines[0] == {"metrics": one["metrics"]} and lines[3] == lines[0]
+    assert lines[1]["error"].startswith(f"{plans}:2: invalid JSON")
+    assert "'7/0/0' does not exist" in lines[2]["error"] and set(lines[2]) == {"error"}
+    code, stdout, err = _run(capsys, "predict", *SMALL, "--plans", str(plans))
+    assert code == 0 and stdout.count("tokens/s") == 2 and "2: " in stdout
+    assert "give --plan or --plans, not both" in _error(capsys, "predict", *SMALL, "--plans", str(plans),
+                                                         "--plan", str(out))
+    assert f"--plans: cannot read {tmp_path / 'none.jsonl'}" in _error(capsys, "predict", *SMALL, "--plans",
+                                                                      str(tmp_path / "none.jsonl"))

@@ -234,7 +234,7 @@ def test_gradient_all_reduce_after_the_backward_when_not_overlapped(gpt2):
         Replica(0.5, (Stage((0, 12), ("0/2/0",)), Stage((12, 34), ("0/3/0",))))))
     sim = Simulator(llama, cluster, overlap_grad_reduce=False)
     run = sim._run(cut)
-    t = {(a, z): sim._allreduce_s(nbytes, sim._ring(cut, h)) for h, a, z, nbytes, _ in sim._dp_segments(cut)}
+    t = {(seg.a, seg.z): sim._allreduce_s(seg.nbytes, sim._ring(cut, seg.holders)) for seg in sim._dp_segments(cut)}
     assert set(t) == {(0, 12), (12, 20), (20, 34)}
     done = [p.last_bwd for p in run.pipes]  # per replica, per stage
     first_two = max(max(done[0][0], done[1][0]) + t[(0, 12)], max(done[0][1], done[1][1]) + t[(20, 34)])

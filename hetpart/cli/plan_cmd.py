@@ -157,6 +157,8 @@ def predict_command(
         predictor: Optional[str] = PredictorOpt,
         records: Optional[Path] = typer.Option(None, "--records", help="Re-predict every run record of this file "
                                                "('hetpart run --out'); one JSON line each with --json."),
+        plans_path: Optional[Path] = typer.Option(None, "--plans", help="Score many plans: a JSONL file, one plan "
+                                                  "per line; prints one JSON line per plan (with --json)."),
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
@@ -166,6 +168,9 @@ def predict_command(
         from hetpart.cli.records_cmd import predict_records
 
         return predict_records(records, predictor, json_out)
+    if plans_path is not None:
+        _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out)
+        return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
     graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),
@@ -187,6 +192,53 @@ def predict_command(
     con = console()
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
+
+
+def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[str], cluster: Optional[str],
+                   global_batch: Optional[int], seq_len: Optional[int], precision: Optional[str],
+                   predictor: Optional[str], json_out: bool) -> None:
+    """``predict --plans``: one process, one model, cluster and predictor, one answer line per plan."""
+    import json
+    import sys
+
+    from hetpart.costmodel.batch import predict_lines
+    from hetpart.costmodel.predictor import get_predictor
+    from hetpart.errors import PlanError
+    from hetpart.plan import Plan
+
+    if plan_path is not None:
+        raise PlanError("predict: give --plan or --plans, not both")
+    try:
+        lines = plans_path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"--plans: cannot read {plans_path} ({exc.__class__.__name__}); give a JSONL file with one "
+                        "plan per line") from None
+    first = None
+    for number, line in enumerate(lines, 1):  # the first readable plan fills in what the options leave out
+        if line.strip():
+            try:
+                first = Plan.from_json(line, f"{plans_path}:{number}")
+                break
+            except PlanError:
+                continue
+    meta = first.meta if first is not None else {}
+    model, cluster = model or meta.get("model"), cluster or meta.get("cluster")
+    if not model or not cluster:
+        what = "--model" if not model else "--cluster"
+        raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
+    explicit = global_batch is not None or seq_len is not None
+    graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
+                                 precision or (first.precision if first else None))
+    workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
+    chosen = get_predictor(predictor, graph, cl, workload)
+    answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path))
+    if json_out:
+        for answer in answers:
+            sys.stdout.write(json.dumps(answer) + "\n")
+        return
+    con = console()
+    for number, answer in enumerate(answers, 1):
+        con.print(f"{number}: " + (_metrics_line(answer["metrics"]) if "metrics" in answer else answer["error"]))
 
 
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),

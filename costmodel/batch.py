@@ -1,0 +1,41 @@
+"""Scoring many plans in one process: one answer per plan, in order, an error where a plan is invalid.
+
+``hetpart predict --plans plans.jsonl`` reads one plan JSON per line and prints one JSON line each,
+``{"metrics": {...}}`` (what ``--plan`` gives) or ``{"error": "..."}``; the model, the cluster and
+the predictor's caches are built once for the whole file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from hetpart.errors import HetpartError
+from hetpart.plan import Plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.costmodel.predictor import Predictor
+    from hetpart.workload import Workload
+
+__all__ = ["predict_lines"]
+
+
+def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workload | None" = None,
+                  source: str = "plans.jsonl") -> Iterator[dict[str, Any]]:
+    """One answer per non-blank line: ``{"metrics": ...}``, or ``{"error": ...}`` naming the line.
+
+    Args:
+        lines: plan JSON, one per line (blank lines are skipped, not answered).
+        predictor: prices every plan (validated against its model and cluster first).
+        workload: when given, a plan whose global batch or sequence length differs is an error.
+    """
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            plan = Plan.from_json(line, f"{source}:{number}")
+            metrics = predictor.predict(plan, workload, validate=True).metrics
+        except HetpartError as exc:
+            message = " ".join(str(exc).split())
+            yield {"error": message if message.startswith(source) else f"{source}:{number}: {message}"}
+            continue
+        yield {"metrics": metrics}
