@@ -27,6 +27,7 @@ breakdown and, on request, the timeline.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -49,6 +50,9 @@ __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predict
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring)."""
+_VECTOR_MIN_REPLICAS = 16
+"""From this many data-parallel replicas the all-reduces run over numpy stage tables; below it, scalar
+Python has less overhead (``tests/test_simulator.py`` checks that both give the same step)."""
 _BOUND_SLACK = 1.0 - 1e-9
 """:meth:`Simulator.lower_bound_s` is scaled down by this so that rounding never prunes the optimum."""
 
@@ -163,8 +167,8 @@ class _StageTable(NamedTuple):
 class _Segment(NamedTuple):
     """One gradient all-reduce: units ``[a, z)`` (``-1, -1``: a tied copy) among ``holders``."""
 
-    holders: np.ndarray
-    """``[h, 2]``: (replica, virtual stage) of each holder."""
+    holders: Any
+    """(replica, virtual stage) of each holder: an ``[h, 2]`` array, or a tuple of pairs for few replicas."""
     a: int
     z: int
     nbytes: float
@@ -177,8 +181,8 @@ class _Job(NamedTuple):
     """When the first bucket is ready."""
     last: float
     """When the last bucket is ready."""
-    groups: np.ndarray
-    """Device groups (flat numbers) the all-reduce occupies."""
+    groups: Any
+    """Device groups the all-reduce occupies: flat numbers (array), or (replica, device stage) pairs."""
     time_s: float
     last_time_s: float
     order: Any
@@ -424,6 +428,8 @@ class Simulator:
         Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
+        if plan.dp < _VECTOR_MIN_REPLICAS:
+            return self._dp_sync_small(plan, pipes, trace)
         table = self._stage_table(plan, pipes)
         segments = self._dp_segments(plan, table)
         if not segments:
@@ -463,6 +469,106 @@ class Simulator:
                             "end_s": end} for r, d in (keys[g] for g in job.groups.tolist())]
         per_group = {keys[g]: float(spent[g]) for g in np.flatnonzero(used).tolist()}
         return end_all, per_group, events
+
+    # --------------------------------------------------------------------------------- data parallel, few replicas
+    def _dp_segments_small(self, plan: Plan) -> list[_Segment]:
+        """:meth:`_dp_segments` with holders as tuples of (replica, stage) pairs."""
+        grad_bytes = DTYPE_BYTES[plan.precision]
+        cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
+        starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
+        out = []
+        spans: list[tuple[int, int, tuple]] = []
+        for a, z in zip(cuts[:-1], cuts[1:]):
+            holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
+            spans.append((a, z, holders))
+            if plan.dp > 1:
+                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                sharded, whole = self._tables.params(a, z)
+                first_sharded, first_whole = self._tables.params(a, a + 1)
+                out.append(_Segment(holders, a, z, (sharded / tp_min + whole) * grad_bytes,
+                                    (first_sharded / tp_min + first_whole) * grad_bytes))
+        out += self._tied_segments_small(plan, spans, grad_bytes)
+        return [seg for seg in out if len(seg.holders) > 1 and seg.nbytes > 0]
+
+    def _tied_segments_small(self, plan: Plan, spans, grad_bytes: int) -> list[_Segment]:
+        owner = self._tables.owner
+        if owner < 0:
+            return []
+
+        def holders_of(u):
+            return next(h for a, z, h in spans if a <= u < z)
+
+        out = []
+        for u in self._tables.sharers:
+            hu, ho = holders_of(u), holders_of(owner)
+            if hu != ho:
+                holders = tuple(sorted(set(hu) | set(ho)))
+                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
+                out.append(_Segment(holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
+        return out
+
+    def _ring_small(self, plan: Plan, holders) -> tuple:
+        """:meth:`_ring` of holders given as (replica, stage) pairs."""
+        stages = [plan.replicas[r].stages[k] for r, k in holders]
+        members = tuple({s.devices[0]: None for s in stages})
+        concurrent = max(s.tp for s in stages)
+        nodes = tuple(sorted(self._node_id(d) for d in members))
+        return (nodes, concurrent), lambda: members, concurrent
+
+    def _segment_ready_small(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
+        """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
+        last); a tied copy (``a < 0``) is ready when its stages' last backwards are done."""
+        first = last = 0.0
+        for r, k in holders:
+            if a < 0:
+                done = pipes[r].last_bwd[k]
+                first, last = max(first, done), max(last, done)
+                continue
+            start = plan.replicas[r].stages[k].layers[0]
+            first = max(first, pipes[r].grad_ready_s(k, start, z - 1))
+            last = max(last, pipes[r].grad_ready_s(k, start, a))
+        return first, last
+
+    def _dp_sync_small(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
+        """:meth:`_dp_sync` for plans of few replicas: the same model in scalar Python (less overhead).
+
+        A run of units is all-reduced bucket by bucket (a unit per bucket, as DDP / Megatron buckets
+        hold about one large layer) while the last backward still runs: it ends at the later of
+        "first bucket ready + all buckets' time" and "last bucket ready + its own time" -- exact for
+        equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
+        Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
+        backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
+        """
+        jobs = []
+        for seg in self._dp_segments_small(plan):
+            holders = seg.holders
+            ring = self._ring_small(plan, holders)
+            t = self._allreduce_s(seg.nbytes, ring)
+            groups = {(r, k % pipes[r].pp) for r, k in holders}
+            if self.overlap_grad_reduce:
+                first, last = self._segment_ready_small(plan, pipes, holders, seg.a, seg.z)
+                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+            else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
+                done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
+                           if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
+                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a)))
+        jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
+        free: dict[tuple[int, int], float] = {}
+        spent: dict[tuple[int, int], float] = {}
+        events = []
+        end_all = 0.0
+        for job in jobs:
+            start = max([job.first] + [free.get(g, 0.0) for g in job.groups])
+            end = max(start + job.time_s, job.last + job.last_time_s)
+            for g in job.groups:
+                free[g] = end
+                spent[g] = spent.get(g, 0.0) + job.time_s
+                if trace:
+                    events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
+                                   "start_s": start, "end_s": end})
+            end_all = max(end_all, end)
+        return end_all, spent, events
 
     # --------------------------------------------------------------------------------- memory, optimizer
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:

@@ -294,3 +294,35 @@ def test_allreduce_cost_lines_give_the_time_and_depend_only_on_the_nodes():
     # other devices on the same nodes: same cost (the simulator caches by member nodes)
     assert allreduce_cost(["0/0/3", "0/1/5"], c) == allreduce_cost(["0/0/0", "0/1/0"], c)
     assert allreduce_cost(["0/0/0"], c) == ()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_all_reduces_over_stage_tables_equal_the_scalar_path(gpt2, monkeypatch, overlap):
+    """Many replicas take the numpy path, few the scalar one: both must give the same step, to the bit."""
+    import random
+
+    import hetpart.costmodel.simulator as simulator_module
+
+    cluster = load_cluster("a100-v100-16")
+    rng = random.Random(5)
+    plans = []
+    for _ in range(12):  # uneven cuts and batch shares over mixed device types, interleaved too
+        tp, pp = rng.choice([1, 2]), rng.choice([1, 2, 4])
+        dp = 16 // (tp * pp)
+        schedule = rng.choice(["1f1b", "gpipe", "interleaved"])
+        v = 2 if schedule == "interleaved" else 1
+        base = megatron_plan(gpt2, cluster, Workload(64, S), tp, pp, dp, 1, schedule, v, rng.choice(["none", "full"]))
+        replicas = []
+        for r in base.replicas:
+            cuts = sorted(rng.sample(range(1, gpt2.num_units), pp * v - 1))
+            bounds = list(zip([0] + cuts, cuts + [gpt2.num_units]))
+            replicas.append(Replica(r.batch_share, tuple(Stage(b, s.devices, s.tp) for b, s in zip(bounds, r.stages))))
+        plans.append(Plan(64, 1, S, tuple(replicas), schedule, base.recompute, v))
+    assert max(p.dp for p in plans) >= simulator_module._VECTOR_MIN_REPLICAS  # some take the numpy path
+    vector = [Simulator(gpt2, cluster, overlap_grad_reduce=overlap).simulate(p, trace=True) for p in plans]
+    monkeypatch.setattr(simulator_module, "_VECTOR_MIN_REPLICAS", 10**9)
+    for plan, got in zip(plans, vector):
+        ref = Simulator(gpt2, cluster, overlap_grad_reduce=overlap).simulate(plan, trace=True)
+        assert got.step_time_s == ref.step_time_s and got.breakdown == ref.breakdown
+        key = lambda e: (e["replica"], e["stage"], e["start_s"], e["kind"], e["microbatch"])  # noqa: E731
+        assert sorted(got.timeline, key=key) == sorted(ref.timeline, key=key)
