@@ -207,7 +207,8 @@ class RunRecord:
         return _plain(dataclasses.asdict(self))
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False)
+        """One line; a diverged run's NaN loss is kept (as Python's json writes and reads it)."""
+        return json.dumps(self.to_dict())
 
     def prediction_cluster(self, source: str = "<record>") -> "Cluster":
         """The cluster the prediction is for: the emulated one when emulated, else the plan's."""

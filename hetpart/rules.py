@@ -4,7 +4,8 @@ The runtime (:mod:`hetpart.runtime`) is not the only reader. :meth:`hetpart.plan
 appends :func:`check` to its structural checks, so every planner that filters candidates through
 ``validate`` (the costmodel's ``Evaluator``) cannot emit a plan the runtime refuses; the search's
 tensor-parallel options come from :func:`allowed_tp_degrees`; a planning environment builds its
-action masks from :func:`allowed_tp_degrees` and :meth:`RuntimeRules.stages_may_differ_in_tp`.
+action masks from :func:`tp_mask` (:func:`allowed_tp_degrees` per node group) and
+:meth:`RuntimeRules.stages_may_differ_in_tp`.
 
 Example:
     >>> from hetpart import load_cluster, load_model
@@ -25,8 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.plan import Plan, Replica
 
-__all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_problems", "schedule_problems",
-           "check"]
+__all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
+           "schedule_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -99,6 +100,20 @@ def allowed_tp_degrees(model: "ModelGraph", gpus_per_node: int, *, allow_cross_n
     else:
         degrees = list(range(1, (max_devices or gpus_per_node) + 1))
     return tuple(t for t in degrees if not tp_problems(model, t, rules))
+
+
+def tp_mask(model: "ModelGraph", cluster: "Cluster", *, allow_cross_node_tp: bool = False,
+            rules: RuntimeRules = RULES) -> dict[int, tuple[int, ...]]:
+    """Node group index -> the TP degrees a stage on that group's devices may use (an action mask).
+
+    Example:
+        >>> from hetpart import load_cluster, load_model
+        >>> tp_mask(load_model("llama2-7b", seq_len=128), load_cluster("a100-v100-16"))
+        {0: (1, 2, 4, 8), 1: (1, 2, 4, 8)}
+    """
+    return {i: allowed_tp_degrees(model, g.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp,
+                                  max_devices=cluster.num_devices, rules=rules)
+            for i, g in enumerate(cluster.groups)}
 
 
 def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeRules = RULES) -> list[str]:

@@ -128,3 +128,45 @@ def test_unreadable_record_files_give_one_clear_line(tmp_path: Path, capsys) -> 
         load_records(tmp_path)
     code, out, err = run_cli(capsys, "predict", "--records", str(path), "--json")
     assert code == 2 and "runs.jsonl:2: invalid JSON" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------------- properties
+from hypothesis import given  # noqa: E402
+
+from tests.test_bad_input import FUZZ, VALID_CLUSTER, _one_line, mutated  # noqa: E402
+
+
+@FUZZ
+@given(mutated(VALID_CLUSTER))
+def test_every_cluster_the_loader_accepts_round_trips(data) -> None:
+    from hetpart.errors import SpecError
+
+    try:
+        cluster = parse_cluster(data, "<fuzz>")
+    except SpecError as err:
+        _one_line(err)
+        return
+    _roundtrip(cluster)
+
+
+@FUZZ
+@given(mutated(json.loads(EXAMPLE_LINE)))
+def test_a_mutated_record_loads_or_names_its_field(data) -> None:
+    try:
+        rec = RunRecord.from_dict(data, "runs.jsonl:1")
+    except RecordError as err:
+        _one_line(err)
+        assert str(err).startswith("runs.jsonl:1")
+        return
+    text = rec.to_json()
+    again = RunRecord.from_dict(json.loads(text))
+    assert again == rec or "NaN" in text  # NaN != NaN: such a record round-trips, but compares unequal
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import hetpart.records
+
+    result = doctest.testmod(hetpart.records)
+    assert result.attempted >= 2 and result.failed == 0

@@ -104,3 +104,12 @@ def test_every_planner_on_every_public_scenario_emits_a_plan_the_runtime_runs() 
             assert check_runnable(small, runnable) == [], where
             checked += 1
     assert checked >= len(available_planners()) * 5, checked
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import hetpart.rules
+
+    result = doctest.testmod(hetpart.rules)
+    assert result.attempted >= 3 and result.failed == 0
