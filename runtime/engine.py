@@ -316,9 +316,9 @@ class _StageModule(nn.Module):
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    from hetpart._torch_compat import local_tensor
 
-    return t._local_tensor if isinstance(t, DTensor) else t
+    return local_tensor(t)
 
 
 class Executor:

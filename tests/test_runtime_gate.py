@@ -141,7 +141,9 @@ class _Recorder:
 def _one_step(rank: int, world: int, out: str, cases: dict) -> None:
     from hetpart.runtime.engine import Executor
 
-    import torch.distributed._functional_collectives as funcol
+    from hetpart._torch_compat import functional_collectives
+
+    funcol = functional_collectives()
 
     issue = funcol.all_reduce
     for name, (spec, plan) in cases.items():

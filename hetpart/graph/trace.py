@@ -1,6 +1,6 @@
 """Model graphs from any ``torch.nn.Module``, measured by tracing one training step on fake tensors.
 
-The module runs forward and backward once under :class:`~torch._subclasses.fake_tensor.FakeTensorMode`
+The module runs forward and backward once under torch's ``FakeTensorMode`` (via :mod:`hetpart._torch_compat`)
 (CPU fake tensors: shapes and dtypes, no data, no memory), so that PyTorch picks the kernels it would
 pick on a real CPU run (``scaled_dot_product_attention`` becomes the CPU flash kernel, whose FLOP
 formulas we register because torch 2.13 has none). While it runs:
@@ -35,12 +35,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from hetpart._torch_compat import FakeTensorMode, TorchDispatchMode, current_autograd_node, in_backward, pytree, \
+    storage_key
 from hetpart.errors import ModelError
 from hetpart.graph.model_graph import ModelGraph, Unit
 
@@ -122,7 +121,7 @@ class _Tracker:
             stack.extend(nxt for nxt, _ in n.next_functions)
 
     def backward_unit(self) -> int:
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         if node is not None and _TAG in node.metadata:
             self.current = node.metadata[_TAG]
         return self.current
@@ -183,7 +182,7 @@ class _Tracker:
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+    return storage_key(t)
 
 
 class _Recorder(TorchDispatchMode):
@@ -197,8 +196,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        backward = torch._C._current_graph_task_id() != -1
+        packet = func.overloadpacket
+        backward = in_backward()
         scores = not backward and self.tracker.mark_scores(packet, args, out)
         if packet in self.registry:
             flops = self.registry[packet](*args, **kwargs, out_val=out)
