@@ -16,6 +16,8 @@ import dataclasses
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,13 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hetpart.cluster import Cluster, load_cluster
-from hetpart.errors import PlanError, RuntimeFault
+from hetpart.errors import Interrupted, PlanError, RuntimeFault, WorkerFault
 from hetpart.graph import ModelGraph, load_model
 from hetpart.plan import Plan
-from hetpart.runtime.faults import FaultSpec, Watchdog, kill_pid_tree, process_alive, read_rank_state, result_path
+from hetpart.runtime.faults import (LAUNCHER_PID_ENV, PHASES, FaultSpec, Watchdog, die_with_parent, kill_pid_tree,
+                                    process_alive, read_rank_state, result_path)
 
-__all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "host_capacity", "check_capacity", "prepare_run",
-           "torchrun_command", "launch", "run_plan", "plan_sources", "PROCESSES_PER_CORE"]
+__all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "RunProgress", "host_capacity", "check_capacity",
+           "prepare_run", "torchrun_command", "launch", "run_plan", "plan_sources", "link_balance", "PROCESSES_PER_CORE"]
 
 PROCESSES_PER_CORE = 4
 """Most worker processes per CPU core: emulated devices mostly sleep, but each still computes."""
@@ -55,11 +58,19 @@ class RunOptions:
     seed: int = 0
     """Seed of the weights and of the synthetic data."""
     time_factor: float | None = None
-    """How much slower than the real cluster the emulation runs; None: fastest peak / CPU rate."""
+    """How much slower than the real cluster the emulated links run; None: fastest peak / CPU rate
+    (the compute's own slowdown), times the link balance below when ``balance_links``."""
+    balance_links: bool = False
+    """Dilate links less than compute, so that the shrunken run keeps the full plan's ratio of gradient
+    synchronisation to compute (:func:`link_balance`); ignored with an explicit ``time_factor``."""
     emulate: bool = True
     """Emulate the plan's device speeds and links (False: every process runs at this machine's speed)."""
     checkpoint_dir: str | None = None
     """Save with torch.distributed.checkpoint after the last step; resume from it when it holds one."""
+    checkpoint_every: int = 0
+    """Also save every this many steps (0: only after the last one)."""
+    max_restarts: int = 0
+    """Restart a failed or hung run this many times, from the last checkpoint (from the start without one)."""
     hang_timeout_s: float = 120.0
     """Seconds without progress on any rank after which the run counts as hung."""
     startup_timeout_s: float = 300.0
@@ -73,10 +84,14 @@ class RunOptions:
     (:mod:`hetpart.runtime.netem`; needs root and iproute2)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "warmup"):
+        for name in ("steps", "warmup", "checkpoint_every", "max_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
-                raise PlanError(f"--{name}: must be a whole number >= {1 if name == 'steps' else 0}, got {value!r}")
+                flag = "--" + name.replace("_", "-")
+                raise PlanError(f"{flag}: must be a whole number >= {1 if name == 'steps' else 0}, got {value!r}")
+        if self.checkpoint_every and not self.checkpoint_dir and not self.max_restarts:
+            raise PlanError("--checkpoint-every: needs --checkpoint DIR (or --max-restarts, which keeps them in the run "
+                            "directory)")
         if self.time_factor is not None and not self.time_factor > 0:
             raise PlanError(f"--time-factor: must be > 0, got {self.time_factor!r}")
 
@@ -153,6 +168,35 @@ class PreparedRun:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RunProgress:
+    """Where a run is, for progress output (``hetpart run`` prints it on stderr and logs it to a tracker)."""
+
+    phase: str
+    """The phase of the slowest rank (:data:`hetpart.runtime.faults.PHASES`), or ``restart``."""
+    done: int
+    """Steps every rank finished, warm-up included, out of ``total`` (a resumed run counts from its start)."""
+    total: int
+    step: int | None = None
+    """Index of the last step every rank finished (None before the first)."""
+    warmup: bool = False
+    """Whether that step was a warm-up step (excluded from the measurement)."""
+    loss: float | None = None
+    """Its loss (the global mean, as every rank reports it)."""
+    step_time_s: float | None = None
+    """Its wall time on the slowest rank."""
+    tokens_per_s: float | None = None
+    """Tokens of the model that runs (the shrunken one) per second at that step time."""
+    eta_s: float | None = None
+    """Seconds left at the mean step time so far."""
+    resumed_from: int | None = None
+    """The step this attempt resumed from (a checkpoint), if any."""
+    attempt: int = 0
+    """0 for the first attempt, then one more per restart."""
+    message: str = ""
+    """Why a restart happened."""
+
+
 def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions) -> PreparedRun:
     """Check the plan, shrink the model and check this machine's capacity; starts nothing."""
     from hetpart.graph.transformer import transformer_graph
@@ -180,9 +224,36 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
     check_capacity(small.num_devices, per_process)
+    if options.checkpoint_dir:
+        _check_checkpoint_dir(Path(options.checkpoint_dir), graph.num_units)
     return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,
                        runnable=runnable, run_graph=graph, run_plan=small, rank_devices=tuple(small.devices),
                        per_process_gb=per_process)
+
+
+def _check_checkpoint_dir(path: Path, num_units: int) -> None:
+    """Refuse a ``--checkpoint`` that cannot work before any process starts (it was found after training)."""
+    from hetpart.runtime.checkpoint import checkpoint_info
+
+    if v_exists(path) and not path.is_dir():
+        raise PlanError(f"--checkpoint: {path} is a file; give a directory (created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanError(f"--checkpoint: cannot create {path} ({exc.strerror or exc}); give a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PlanError(f"--checkpoint: {path} is not writable; give a writable directory")
+    info = checkpoint_info(path)
+    if info is not None and info.get("num_units") != num_units:
+        raise PlanError(f"--checkpoint: {path} holds a checkpoint of {info.get('model')} with {info.get('num_units')} "
+                        f"units, but this run's model has {num_units}; give another directory")
+
+
+def v_exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _activation_gb(graph: ModelGraph, plan: Plan) -> float:
@@ -218,21 +289,24 @@ def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
     # Workers share the machine's cores: one intra-op thread each keeps them from fighting.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_SHOW_CPP_STACKTRACES="0")
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # a worker whose launcher is gone kills itself
     return env
 
 
 def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
-           on_progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+           on_progress: Callable[[RunProgress], None] | None = None, attempt: int = 0) -> list[dict[str, Any]]:
     """Run the workers of ``job`` and return every rank's result.
 
     Args:
         job: the job (written to ``run_dir/job.json``); ``job["rank_devices"]`` sets the world size.
         run_dir: directory for the job file, heartbeats, results and logs.
         options: timeouts and the fault to inject.
-        on_progress: called with the number of steps every rank has finished.
+        on_progress: called with a :class:`RunProgress` whenever a phase starts or every rank finished a step.
+        attempt: 0, or the number of the restart (for the progress reports).
 
     Raises:
-        RuntimeFault: a rank died, raised or hung (every worker is killed first).
+        WorkerFault: a rank died, raised or hung (every worker is killed first).
+        Interrupted: SIGINT or SIGTERM (every worker is killed first).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -242,8 +316,9 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
     describe = _describer(job)
     watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s,
                         launcher_log=run_dir / "torchrun.log")
+    tracker = _ProgressTracker(job, attempt, on_progress)
     network = _netem_network(job, run_dir)
-    with _terminate_as_exit(), network or contextlib.nullcontext(), open(run_dir / "torchrun.log", "wb") as log:
+    with _signals_interrupt(), network or contextlib.nullcontext(), open(run_dir / "torchrun.log", "wb") as log:
         if network is not None:
             job["emulation"]["shaped"] = network.shaped
         job_path.write_text(json.dumps(job, indent=1))
@@ -251,37 +326,106 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
         if network is not None:
             cmd = torchrun_command(job_path, world, run_dir / "logs", rdzv_endpoint=f"{network.host_ip}:{network.free_port()}",
                                    wrapper=network.wrapper())
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=_worker_env(), start_new_session=True)
+        # torchrun dies with the launcher (kill -9 included), and its workers with it (they set the same).
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(),
+                                start_new_session=True, preexec_fn=die_with_parent)
         try:
-            _supervise(proc, watchdog, world, on_progress)
+            _supervise(proc, watchdog, tracker)
+        except Interrupted as exc:
+            raise Interrupted(f"runtime: {exc} {tracker.where()}; all {world} ranks were stopped",
+                              exc.exit_code) from None
         finally:
-            _kill_all(proc, run_dir, world)
+            with _signals_ignored():  # a second Ctrl-C must not leave workers behind
+                _kill_all(proc, run_dir, world)
     return _collect(run_dir, world, proc.returncode, describe)
 
 
-_POLL_S = 0.2
-"""How often the launcher looks at the ranks (a few small file reads: it shares the cores with them)."""
+class _ProgressTracker:
+    """Turns the ranks' heartbeats into :class:`RunProgress` reports (one per phase and per finished step)."""
+
+    def __init__(self, job: dict[str, Any], attempt: int, callback) -> None:
+        plan = job["plan"]
+        self.callback = callback
+        self.attempt = attempt
+        self.first = int(job.get("first_step", 0))
+        self.end = int(job.get("end_step") or self.first + job["warmup"] + job["steps"])
+        self.measure_from = int(job.get("measure_from", self.first + job["warmup"]))
+        self.tokens = plan["global_batch"] * plan["seq_len"]
+        self.times: list[float] = []
+        self.last: tuple[str, int] | None = None
+        self._last_step = -1
+        self.report = RunProgress(phase="start", done=0, total=self.end - self.first, attempt=attempt)
+
+    def update(self, states) -> None:
+        phase = PHASES[min(PHASES.index(s.phase) if s.phase in PHASES else 0 for s in states)]
+        step = min(s.done_step for s in states)
+        if (phase, step) == self.last:
+            return
+        back = self.last is not None and self.last[1] == step and phase == "steps"  # back from a checkpoint
+        self.last = (phase, step)
+        if back:
+            return
+        resumed = next((s.resumed_from for s in states if s.resumed_from), None)
+        if step < 0 or step < self.first:
+            self.report = RunProgress(phase=phase, done=0, total=self.end - self.first, resumed_from=resumed,
+                                      attempt=self.attempt)
+        else:
+            step_s = max((s.step_s or 0.0) for s in states) or None
+            if step_s and (not self.times or step != self._last_step):
+                self.times.append(step_s)
+            self._last_step = step
+            left = self.end - step - 1
+            eta = left * sum(self.times) / len(self.times) if self.times else None
+            self.report = RunProgress(phase=phase, done=step + 1 - self.first, total=self.end - self.first, step=step,
+                                      warmup=step < self.measure_from, loss=states[0].loss, step_time_s=step_s,
+                                      tokens_per_s=self.tokens / step_s if step_s else None, eta_s=eta,
+                                      resumed_from=resumed, attempt=self.attempt)
+        if self.callback is not None:
+            self.callback(self.report)
+
+    def where(self) -> str:
+        r = self.report
+        return f"at step {r.done} of {r.total}" if r.done else f"in phase {r.phase} (before the first step)"
 
 
 @contextlib.contextmanager
-def _terminate_as_exit():
-    """While workers run, SIGTERM unwinds the launcher (so it kills them and removes namespaces)."""
-    import signal
+def _signals_interrupt():
+    """While workers run, SIGINT (Ctrl-C) and SIGTERM unwind the launcher as :class:`Interrupted`, so that
+    it kills every worker and removes namespaces and folders on the way out."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
+    def _interrupt(signum, frame):
+        raise Interrupted("interrupted (Ctrl-C)" if signum == signal.SIGINT else "terminated (SIGTERM)", 128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, _exit)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_POLL_S = 0.2
+"""How often the launcher looks at the ranks (a few small file reads: it shares the cores with them)."""
 
 
 def _netem_network(job: dict[str, Any], run_dir: Path):
@@ -297,8 +441,7 @@ def _netem_network(job: dict[str, Any], run_dir: Path):
     return NetemNetwork(cluster, job["rank_devices"], run_dir)
 
 
-def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progress) -> None:
-    done = -1
+def _supervise(proc: subprocess.Popen, watchdog: Watchdog, tracker: _ProgressTracker) -> None:
     while True:
         rc = proc.poll()
         states = watchdog.states()
@@ -307,11 +450,7 @@ def _supervise(proc: subprocess.Popen, watchdog: Watchdog, world: int, on_progre
             raise fault
         if rc is not None:
             return
-        if on_progress is not None:
-            steps = min(s.step for s in states) + 1
-            if steps != done:
-                done = steps
-                on_progress(max(0, steps))
+        tracker.update(states)
         time.sleep(_POLL_S)
 
 
@@ -341,8 +480,8 @@ def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> lis
         path = result_path(run_dir, rank)
         if not path.exists():
             tail = _log_tail(run_dir / "torchrun.log")
-            raise RuntimeFault(f"runtime: rank {rank} ({describe(rank)}) ended without a result (torchrun exit code "
-                               f"{returncode}); {tail or 'see ' + str(run_dir / 'logs')}")
+            raise WorkerFault(f"runtime: rank {rank} ({describe(rank)}) ended without a result (torchrun exit code "
+                              f"{returncode}); {tail or 'see ' + str(run_dir / 'logs')}")
         results.append(json.loads(path.read_text()))
     return results
 
@@ -382,11 +521,14 @@ class RunResult:
     """The simulator on the emulated cluster (None when emulation was off)."""
     record: Any
     """:class:`hetpart.records.RunRecord`: the JSON line (``--out``)."""
-    run_dir: str
+    run_dir: str | None
+    """The ranks' files (None: a temporary directory, removed after the run)."""
     model: dict[str, Any] = field(default_factory=dict)
     """What ran, for people: name, scale, sizes (the ``model`` of ``hetpart run --json``)."""
     emulation: dict[str, Any] = field(default_factory=dict)
     """How the cluster was emulated, for people (the ``emulation`` of ``hetpart run --json``)."""
+    resumed_from: int | None = None
+    """The step the measured attempt started from (a checkpoint), None when it started at 0."""
 
     def summary(self) -> dict[str, Any]:
         """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
@@ -397,7 +539,7 @@ class RunResult:
         return {"measured": measured, "predicted": predicted, "model": self.model,
                 "steps": self.measured.steps, "warmup": self.measured.warmup,
                 "emulation": self.emulation, "cluster": self.record.cluster["name"],
-                "run_dir": self.run_dir}
+                "run_dir": self.run_dir, "resumed_from": self.resumed_from}
 
 
 def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
@@ -414,35 +556,44 @@ def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[st
 
 def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, options: RunOptions = RunOptions(), *,
              out: str | Path | None = None, run_dir: str | Path | None = None,
-             on_progress: Callable[[int], None] | None = None) -> RunResult:
+             on_progress: Callable[[RunProgress], None] | None = None) -> RunResult:
     """Run ``plan`` on this machine (emulating its cluster), measure it and predict it.
 
     Args:
         plan: the plan (made for the full-size model).
         model, cluster: ``--model``/``--cluster``; default to the plan's ``meta``.
-        options: steps, scale, emulation, checkpoint, timeouts.
+        options: steps, scale, emulation, checkpoint, restarts, timeouts.
         out: append the JSON line to this ``.jsonl`` file.
-        run_dir: where the ranks' files go (a fresh temporary directory by default, kept).
-        on_progress: called with the number of finished steps (warm-up included).
+        run_dir: where the ranks' files go; by default a fresh temporary directory, removed after a
+            successful or interrupted run and kept after a failed one (its logs are named in the error).
+        on_progress: called with a :class:`RunProgress` per phase and per finished step (and restart).
 
     Raises:
-        PlanError: the plan does not fit the model or the cluster (nothing was started).
-        RuntimeFault: the machine cannot host the plan, or a rank died or hung.
+        PlanError: the plan does not fit the model or the cluster, or ``--checkpoint`` cannot work
+            (nothing was started).
+        RuntimeFault: the machine cannot host the plan.
+        WorkerFault: a rank died, raised or hung (after ``options.max_restarts`` restarts).
+        Interrupted: SIGINT or SIGTERM.
     """
     from hetpart.runtime import measure
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
-    job = _job(prep, options)
+    temporary = run_dir is None
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
-    results = launch(job, run_dir, options, on_progress)
+    try:
+        job, results, warmup = _run_attempts(prep, options, run_dir, on_progress)
+    except Interrupted:
+        if temporary:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     small = prep.run_plan
-    measured = measure.summarize(results, small, prep.cluster, small.seq_len, options.warmup)
+    measured = measure.summarize(results, small, prep.cluster, small.seq_len, warmup)
     emulation = {"enabled": options.emulate, "host": rates.to_dict()}
     predicted, emu = None, None
     if options.emulate:
-        emulation, emu = _emulation_used(prep, options, job, results, emulation)
+        emulation, emu = _emulation_used(prep, warmup, job, results, emulation)
         predicted = measure.predict(prep.run_graph, emu, small)
     from hetpart.records import append_record
     from hetpart.runtime.record import model_summary, run_record
@@ -450,28 +601,91 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     record = run_record(prep, options, emulation, emu, measured, predicted)
     if out is not None:
         append_record(out, record)
-    return RunResult(measured=measured, predicted=predicted, record=record, run_dir=str(run_dir),
-                     model=model_summary(prep, options), emulation=emulation)
+    if temporary:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return RunResult(measured=measured, predicted=predicted, record=record, run_dir=None if temporary else str(run_dir),
+                     model=model_summary(prep, options), emulation=emulation,
+                     resumed_from=min(r["first_step"] for r in results) or None)
 
 
-def _job(prep: PreparedRun, options: RunOptions) -> dict[str, Any]:
+def _run_attempts(prep: PreparedRun, options: RunOptions, run_dir: Path,
+                  on_progress) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """Launch, and relaunch from the last checkpoint after a failure up to ``options.max_restarts`` times.
+
+    Returns the last attempt's job, its ranks' results and how many of its steps were warm-up.
+    """
+    ckpt = options.checkpoint_dir
+    if ckpt is None and options.max_restarts and options.checkpoint_every:
+        ckpt = str(run_dir / "checkpoint")
+    first = _next_step(ckpt)
+    end, measure_from = first + options.warmup + options.steps, first + options.warmup
+    job = _job(prep, options, ckpt, first, end, measure_from)
+    attempt, directory = 0, run_dir
+    while True:
+        try:
+            results = launch(job, directory, options, on_progress, attempt)
+            return job, results, max(0, measure_from - min(r["first_step"] for r in results))
+        except WorkerFault as exc:
+            resume = _next_step(ckpt) if ckpt else first
+            if attempt >= options.max_restarts or resume >= end:
+                if attempt:
+                    raise WorkerFault(f"{exc} (after {attempt} restart{'s' if attempt > 1 else ''})") from None
+                raise
+            attempt += 1
+            if on_progress is not None:
+                on_progress(RunProgress(phase="restart", done=resume - first, total=end - first,
+                                        resumed_from=resume if ckpt else None, attempt=attempt, message=str(exc)))
+            job = dict(job, fault=None)  # an injected fault happens once
+            directory = run_dir / f"restart{attempt}"
+
+
+def link_balance(prep: PreparedRun) -> float:
+    """How much less than compute the links of a shrunken run are dilated to keep the plan's balance.
+
+    A step computes ``~6 x params x tokens`` FLOPs and all-reduces ``params x bytes`` of gradients. The
+    shrunken run has the plan's batch but ``seq_small / seq_full`` of its tokens, in fp32 instead of
+    16-bit: at the compute's time factor ``T`` its gradient all-reduce weighs ``(seq_full / seq_small) x
+    (4 / 2)`` times more against its compute than the plan's does on the real cluster (64x for a GPT-2
+    plan at 1024 tokens run at 32). Dilating links by ``T`` times this factor restores the ratio.
+    ``python:`` models run as given (factor 1).
+    """
+    if prep.model_spec.startswith("python:"):
+        return 1.0
+    return min(1.0, (prep.run_plan.seq_len / prep.plan.seq_len)
+               * (prep.full_graph.dtype_bytes / prep.run_graph.dtype_bytes))
+
+
+def _next_step(checkpoint_dir: str | None) -> int:
+    """The step a run with this ``--checkpoint`` starts from (0 without one)."""
+    from hetpart.runtime.checkpoint import checkpoint_info
+
+    info = checkpoint_info(checkpoint_dir) if checkpoint_dir else None
+    return int(info["next_step"]) if info else 0
+
+
+def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, first: int, end: int,
+         measure_from: int) -> dict[str, Any]:
     """The job file's content: what every worker needs to build and run its rank."""
     graph, small = prep.run_graph, prep.run_plan
     width = params_width(graph)
     # The workers calibrate the emulation themselves, all at once, under the run's own contention.
     emulation = {"precision": prep.plan.precision, "time_factor": options.time_factor, "width": width,
-                 "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units]}
+                 "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units],
+                 "link_balance": link_balance(prep) if options.balance_links else None}
     if options.netem:
         emulation.update(_netem_setup(prep, options, width))
     return {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
             "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
+            "first_step": first, "end_step": end, "measure_from": measure_from,
             "emulation": emulation if options.emulate else None,
             "fault": options.fault.to_dict() if options.fault else None,
-            "checkpoint_dir": str(Path(options.checkpoint_dir).resolve()) if options.checkpoint_dir else None,
-            "comm_timeout_s": options.hang_timeout_s + 60.0}
+            "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+            "checkpoint_every": options.checkpoint_every,
+            # hetpart's watchdog must see a hang before gloo's own timeout turns it into a peer's error
+            "comm_timeout_s": max(options.hang_timeout_s, options.startup_timeout_s) + 60.0}
 
 
-def _emulation_used(prep: PreparedRun, options: RunOptions, job: dict[str, Any], results: list[dict[str, Any]],
+def _emulation_used(prep: PreparedRun, warmup: int, job: dict[str, Any], results: list[dict[str, Any]],
                     summary: dict[str, Any]) -> tuple[dict[str, Any], Cluster]:
     """The emulated cluster the prediction uses, and its description for the record.
 
@@ -485,9 +699,11 @@ def _emulation_used(prep: PreparedRun, options: RunOptions, job: dict[str, Any],
     graph, small = prep.run_graph, prep.run_plan
     params = EmulationParams(**results[0]["emulation"]["params"])
     summary = dict(summary, **params.to_dict(), calibrations=results[0]["emulation"]["calibrations"],
+                   compute_time_factor=results[0]["emulation"].get("compute_time_factor", params.time_factor),
+                   link_balance=job["emulation"].get("link_balance"),
                    calibrated_on="units", links=job["emulation"].get("shaped", "none"),
                    real_transport_s={str(r["rank"]): r["emulation"].get("transport", []) for r in results})
-    warm = warmup_tflops(results, graph, small, options.warmup)
+    warm = warmup_tflops(results, graph, small, warmup)
     if warm is not None:
         peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)
         params = dataclasses.replace(params, peak_tflops=peak, achieved_tflops=warm)

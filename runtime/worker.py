@@ -9,6 +9,7 @@ is a lost connection to a peer) before the process exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,7 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hetpart.runtime.faults import FaultSpec, Heartbeat, error_path, result_path
+from hetpart.runtime.faults import (LAUNCHER_PID_ENV, FaultSpec, Heartbeat, die_with_parent, error_path,
+                                    process_alive, result_path)
 
 __all__ = ["StepAccount", "WorkerHooks", "transport_costs", "main"]
 
@@ -57,7 +59,7 @@ class WorkerHooks:
         (:func:`transport_costs`): the emulated delay is what it should take in all, the sleep the rest."""
         self.board = board
         self.heartbeat = heartbeat
-        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.fault = fault if fault is not None and fault.rank == rank and fault.phase == "steps" else None
         self.step = 0
         self.account = StepAccount()
         self.rank = rank
@@ -150,11 +152,14 @@ def _emulation(job: dict[str, Any], plan, rank: int):
     real = load_cluster(job["cluster"])
     params = resolve_emulation(plan, real, emu["precision"], mean("achieved_tflops"), mean("optimizer_gbyte_s"),
                                emu["width"], emu.get("time_factor"))
+    compute_factor = params.time_factor
+    if emu.get("link_balance") and not emu.get("time_factor"):
+        params = dataclasses.replace(params, time_factor=params.time_factor * emu["link_balance"])
     devices = tuple(job["rank_devices"])
     emulator = Emulator(cluster=params.cluster(real, plan), rank_devices=devices, rank=rank,
                         speed_ratio=speed_ratios(plan, real, params.precision)[devices[rank]],
                         shaped=emu.get("shaped", "none"))
-    return emulator, {"params": params.to_dict(), "calibrations": everyone}
+    return emulator, {"params": params.to_dict(), "calibrations": everyone, "compute_time_factor": compute_factor}
 
 
 def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], int], float]:
@@ -215,16 +220,29 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     from hetpart.runtime.models import RunnableSpec
 
     torch.set_num_threads(1)
+    fault = FaultSpec(**job["fault"]) if job.get("fault") else None
+    if fault is not None:
+        fault.fire_in("start", rank)
+    heartbeat.enter("rendezvous")
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=float(job.get("comm_timeout_s", 600))))
+    # Building the model (imports of its library included) takes long without progress: it counts as
+    # start-up; from calibration on, the hang limit applies.
+    heartbeat.enter("build")
+    if job.get("checkpoint_dir"):
+        import torch.distributed.checkpoint  # noqa: F401 - a slow first import, not a hang in the checkpoint phase
     plan = Plan.from_dict(job["plan"])
-    fault = FaultSpec(**job["fault"]) if job.get("fault") else None
-    emulator, emulation = _emulation(job, plan, rank)
-    board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None and emulator.shaped != "all" else None
-    hooks = WorkerHooks(emulator, board, heartbeat, fault, rank)
+    hooks = WorkerHooks(None, None, heartbeat, fault, rank)
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
                         comm_timeout_s=float(job.get("comm_timeout_s", 600)))
     hooks.attach(executor.lane, executor.role.tp, executor.plan.replicas[executor.replica].pp)
+    heartbeat.enter("calibrate")
+    if fault is not None:
+        fault.fire_in("calibrate", rank)
+    emulator, emulation = _emulation(job, plan, rank)
+    heartbeat.progress()
+    hooks.emulator = emulator
+    hooks.board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None and emulator.shaped != "all" else None
     if emulator is not None and emulator.shaped == "none":  # shaped links: the real transfer IS the emulation
         hooks.transport = transport_costs(executor)
         emulation["transport"] = [{"ranks": list(r), "bytes": b, "seconds": s} for (r, b), s in hooks.transport.items()]
@@ -234,25 +252,39 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         from hetpart.runtime.checkpoint import load_checkpoint
 
         start = load_checkpoint(ckpt, executor)
+        heartbeat.resumed_from = start if start else None
+    end = job.get("end_step") or start + job["warmup"] + job["steps"]
+    every = int(job.get("checkpoint_every") or 0)
     steps = []
     losses = []
     dist.barrier()
-    for step in range(start, start + job["warmup"] + job["steps"]):
+    heartbeat.enter("steps")
+    for step in range(start, end):
         hooks.begin_step(step)
         wall, cpu = time.perf_counter(), time.process_time()
         out = executor.step(step)
         steps.append(_step_record(step, out, hooks.account)
                      | {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu})
         losses.append(float(out.loss))
-        heartbeat.progress(step)
-    if ckpt:
-        from hetpart.runtime.checkpoint import save_checkpoint
-
-        save_checkpoint(ckpt, executor, next_step=start + job["warmup"] + job["steps"])
+        heartbeat.finished_step(step, float(out.loss), steps[-1]["wall_s"])
+        if ckpt and (step + 1 == end or (every and (step + 1 - start) % every == 0)):
+            _checkpoint(ckpt, executor, step + 1, heartbeat, fault, rank)
     peak = max(s["peak_memory_bytes"] for s in steps)
+    heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
             "schedule_used": getattr(executor, "schedule_used", plan.schedule), "emulation": emulation}
+
+
+def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,
+                rank: int) -> None:
+    from hetpart.runtime.checkpoint import save_checkpoint
+
+    heartbeat.enter("checkpoint")
+    if fault is not None:
+        fault.fire_in("checkpoint", rank)
+    save_checkpoint(directory, executor, next_step=next_step)
+    heartbeat.enter("steps")
 
 
 def _step_record(step: int, out: Any, acc: StepAccount) -> dict[str, Any]:
@@ -267,12 +299,16 @@ def _step_record(step: int, out: Any, acc: StepAccount) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # torchrun's death (kill -9 of the launcher takes it) takes this worker too
+    launcher = int(os.environ[LAUNCHER_PID_ENV]) if os.environ.get(LAUNCHER_PID_ENV, "").isdigit() else None
+    if launcher is not None and not process_alive(launcher):
+        return 1  # the launcher died while this process started
     argv = sys.argv[1:] if argv is None else argv
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     run_dir = job_path.parent
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    heartbeat = Heartbeat(run_dir, rank).start()
+    heartbeat = Heartbeat(run_dir, rank, launcher).start()
     try:
         result = run_worker(job, run_dir, rank, world, heartbeat)
         tmp = result_path(run_dir, rank).with_suffix(".tmp")

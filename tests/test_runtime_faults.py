@@ -115,5 +115,5 @@ def test_startup_is_not_a_hang(tmp_path):
     assert _watchdog(tmp_path, hang=1).check() is None
     late = Watchdog(tmp_path, str, 3, hang_timeout_s=1, startup_timeout_s=0.0)
     time.sleep(0.01)
-    assert "did not start training within 0 s" in str(late.check())
+    assert "did not join the run within 0 s" in str(late.check())
     assert read_rank_state(tmp_path, 0).alive

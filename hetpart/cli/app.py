@@ -46,46 +46,61 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (2 for bad input)."""
+    """Run the CLI; returns the exit code (:mod:`hetpart.errors`: 0 ok, 2 bad input, 3 failed run, 130
+    interrupted). Every failure is one line on stderr and, under ``--json``, one JSON object on stdout."""
     from typer._click.exceptions import ClickException  # typer vendors click since 0.20
 
-    from hetpart.errors import HetpartError
+    from hetpart.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, HetpartError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     if debug:  # --debug belongs to the root command; accept it anywhere on the line
         argv = ["--debug"] + [a for a in argv if a != "--debug"]
+    fail = _Failure("--json" in argv)
     try:
-        result = app(args=argv, prog_name="hetpart", standalone_mode=False)
-        if isinstance(result, int) and not isinstance(result, bool):  # typer returns Exit codes (130 on Ctrl-C)
-            return result
+        code = app(args=argv, prog_name="hetpart", standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # typer turns KeyboardInterrupt into this return value (it exited 0 before)
+            raise KeyboardInterrupt
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            return code
     except HetpartError as exc:
         if debug:
             raise
-        print(f"hetpart: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except typer.Abort:
-        print("hetpart: aborted", file=sys.stderr)
-        return 130
+        return fail(exc.exit_code, exc.kind, str(exc), "interrupted" if exc.kind == "interrupted" else "error")
+    except (typer.Abort, KeyboardInterrupt):
+        return fail(EXIT_INTERRUPTED, "interrupted", "interrupted (Ctrl-C)", "interrupted")
     except ClickException as exc:
         msg = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
         cmd = ctx.command_path if ctx is not None else "hetpart"
-        if msg:  # an empty message: a group called without a command, its help is already printed
-            print(f"hetpart: error: {cmd}: {msg} (see '{cmd} --help')", file=sys.stderr)
-        return exc.exit_code if exc.exit_code else 2
+        if not msg:  # an empty message: a group called without a command, its help is already printed
+            return exc.exit_code if exc.exit_code else 2
+        return fail(exc.exit_code if exc.exit_code else 2, "usage", f"{cmd}: {msg} (see '{cmd} --help')")
     except typer.Exit as exc:
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("hetpart: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # a bug, not bad input: still one line, the traceback under --debug
         if debug:
             raise
-        print(f"hetpart: internal error: {exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}; "
-              "rerun with --debug for the traceback and report it", file=sys.stderr)
-        return 1
+        return fail(EXIT_INTERNAL, "internal", f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}; "
+                    "rerun with --debug for the traceback and report it", "internal error")
     return 0
+
+
+class _Failure:
+    """Reports a failure: one line on stderr, and one ``{"error", "kind"}`` object on stdout under ``--json``."""
+
+    def __init__(self, json_mode: bool) -> None:
+        self.json_mode = json_mode
+
+    def __call__(self, code: int, kind: str, message: str, label: str = "error") -> int:
+        message = " ".join(message.split())
+        print(f"hetpart: {label}: {message}", file=sys.stderr)
+        if self.json_mode:
+            import json
+
+            sys.stdout.write(json.dumps({"error": message, "kind": kind, "exit_code": code}) + "\n")
+            sys.stdout.flush()
+        return code
 
 
 def _entry() -> None:

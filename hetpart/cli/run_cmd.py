@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from hetpart.cli.common import JsonFlag, console, emit_json
+from hetpart.cli.common import JsonFlag, console, emit_json, params_text
 
 __all__ = ["register"]
 
@@ -20,40 +20,106 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster of the plan (default: the plan's meta.cluster)."),
         out: Optional[str] = typer.Option(None, "--out", help="Append the measurement record to this JSON lines file."),
         checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Resume from / save to this directory (torch.distributed.checkpoint)."),
-        time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster (default: fastest peak / calibrated CPU peak)."),
+        checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Also save a checkpoint every N steps (0: after the last step only)."),
+        max_restarts: int = typer.Option(0, "--max-restarts", help="Restart a failed or hung run up to N times, from its last checkpoint."),
+        log_every: int = typer.Option(1, "--log-every", help="Print progress (step, loss, step time, tokens/s, ETA) on stderr every N steps; 0: never."),
+        tracker: str = typer.Option("null", "--tracker", help="Also log the progress to tensorboard, wandb (offline) or both (tensorboard,wandb)."),
+        logdir: str = typer.Option("runs", "--logdir", help="Folder of the tracked runs (hetpart dashboard --logdir serves it)."),
+        time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster's links (default: fastest peak / calibrated CPU peak, see --links)."),
+        links: str = typer.Option("balanced", "--links", help="balanced: links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
         netem: bool = typer.Option(False, "--netem", help="Shape real traffic between per-rank network namespaces with tc (root + iproute2) instead of sleeping."),
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
-        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Directory for the ranks' logs, heartbeats and results (default: a new temporary one, kept)."),
+        run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Directory for the ranks' logs, heartbeats and results (default: a temporary one, removed unless the run fails)."),
         json_out: bool = JsonFlag) -> None:
     """Run PLAN on local CPU processes emulating its cluster; print measured vs predicted step time."""
+    from hetpart.errors import PlanError
     from hetpart.plan import load_plan
     from hetpart.runtime.launch import RunOptions, run_plan
 
+    if log_every < 0:
+        raise PlanError(f"--log-every: must be a whole number >= 0, got {log_every}")
+    if links not in ("balanced", "compute"):
+        raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
     plan = load_plan(plan_path)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
-                         time_factor=time_factor, emulate=not no_emulation, checkpoint_dir=checkpoint,
+                         time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
+                         checkpoint_dir=checkpoint,
+                         checkpoint_every=checkpoint_every, max_restarts=max_restarts,
                          hang_timeout_s=hang_timeout, netem=netem)
+    track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
+    try:
+        result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
+                          on_progress=_Progress(log_every, track))
+    finally:
+        track.finish()
     if json_out:
-        result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir)
         emit_json(result.summary())
         return
-    result = _run_with_progress(plan, model, cluster, options, out, run_dir)
     _show(result)
+    if track.run_dir is not None:
+        console().print(f"tracked run: {track.run_dir}")
 
 
-def _run_with_progress(plan, model, cluster, options, out, run_dir):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _tracker(kinds: str, logdir: str, seed: int, config: dict):
+    """The experiments tracker for ``--tracker`` (the runtime only sees its ``log``: it cannot import experiments)."""
+    from hetpart.experiments.tracking import make_tracker
 
-    from hetpart.runtime.launch import run_plan
+    return make_tracker(kinds, "run", seed, config=config, root=logdir, rank=0)
 
-    total = options.warmup + options.steps
-    with Progress(TextColumn("[bold]hetpart run[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                  TimeElapsedColumn(), console=console(), transient=True) as bar:
-        task = bar.add_task("steps", total=total)
-        return run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
-                        on_progress=lambda done: bar.update(task, completed=min(done, total)))
+
+class _Progress:
+    """Prints a run's progress on stderr every ``every`` steps and logs every step to the tracker."""
+
+    def __init__(self, every: int, tracker) -> None:
+        import sys
+
+        self.every, self.tracker, self.err = every, tracker, sys.stderr
+
+    def __call__(self, p) -> None:
+        if p.phase == "restart":
+            self._say(f"restart {p.attempt} after: {p.message}")
+            if p.resumed_from is not None:
+                self._say(f"resuming from the checkpoint of step {p.resumed_from}")
+            return
+        if p.step is None:
+            what = {"start": "starting the ranks", "rendezvous": "ranks joining", "build": "building the model",
+                    "calibrate": "calibrating the emulation", "steps": "running the first step"}.get(p.phase, p.phase)
+            self._say(what + (f" (resumed from step {p.resumed_from})" if p.resumed_from else ""))
+            return
+        if p.phase == "checkpoint":
+            self._say(f"saving a checkpoint after step {p.done}")
+            return
+        metrics = {"run/loss": p.loss, "run/step_time_s": p.step_time_s, "run/tokens_per_s": p.tokens_per_s}
+        self.tracker.log({k: float(v) for k, v in metrics.items() if v is not None and v == v}, step=p.step)
+        if self.every and (p.done % self.every == 0 or p.done == p.total):
+            self._say(_progress_line(p))
+
+    def _say(self, text: str) -> None:
+        if self.every:
+            print(f"hetpart run: {text}", file=self.err, flush=True)
+
+
+def _progress_line(p) -> str:
+    parts = [f"step {p.done}/{p.total}" + (" (warm-up)" if p.warmup else "")]
+    if p.resumed_from:
+        parts[0] += f" (resumed from step {p.resumed_from})"
+    if p.loss is not None and p.loss == p.loss:
+        parts.append(f"loss {p.loss:.4f}")
+    if p.step_time_s:
+        parts.append(f"{p.step_time_s:.2f} s/step")
+    if p.tokens_per_s:
+        parts.append(f"{p.tokens_per_s:,.0f} tokens/s")
+    if p.eta_s is not None and p.done < p.total:
+        parts.append(f"ETA {_duration(p.eta_s)}")
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else (
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s")
 
 
 def _show(result) -> None:
@@ -63,6 +129,8 @@ def _show(result) -> None:
     m, p = s["measured"], s["predicted"]
     out = console()
     out.print(_headline(s))
+    if s.get("resumed_from"):
+        out.print(f"resumed from step {s['resumed_from']} (the checkpoint's); the measured steps follow it")
     t = Table(title=f"{s['steps']} measured steps after {s['warmup']} warm-up")
     for col in ("", "step time s", "tokens/s", "samples/s"):
         t.add_column(col, justify="right")
@@ -80,7 +148,8 @@ def _show(result) -> None:
     out.print(st)
     out.print(f"losses: {', '.join(f'{x:.4f}' for x in m['losses'])}; peak memory per device type: "
               + ", ".join(f"{k} {v * 1e3:.1f} MB" for k, v in m["peak_memory_gb"].items()) + f" ({m['memory_method']})")
-    out.print(f"rank files: {s['run_dir']}")
+    if s["run_dir"]:
+        out.print(f"rank files: {s['run_dir']}")
 
 
 def _headline(s: dict) -> str:
@@ -88,11 +157,15 @@ def _headline(s: dict) -> str:
     if model["shrunken"]:
         what = (f"[bold]{model['name']}[/] ran SHRUNKEN ({model['scale']}): hidden {model['hidden_size']}, "
                 f"{model['num_units']} units, seq {model['seq_len']} (plan: {model['full_seq_len']}), "
-                f"{model['num_params']:,} of {model['full_num_params']:,} parameters")
+                f"{params_text(model['num_params'])} of {params_text(model['full_num_params'])} parameters")
     else:
-        what = f"[bold]{model['name']}[/] ran as given: {model['num_units']} units, {model['num_params']:,} parameters"
+        what = f"[bold]{model['name']}[/] ran as given: {model['num_units']} units, {params_text(model['num_params'])} parameters"
     if not emu["enabled"]:
         return what + "; no emulation (every process at this machine's speed)"
+    compute = emu.get("compute_time_factor") or emu["time_factor"]
+    if abs(compute - emu["time_factor"]) > 1e-6 * compute:
+        return what + (f"; cluster {s['cluster']} emulated {compute:.0f}x slower than real, its links "
+                       f"{emu['time_factor']:.0f}x (--links balanced)")
     return what + f"; cluster {s['cluster']} emulated {emu['time_factor']:.0f}x slower than real"
 
 
