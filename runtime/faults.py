@@ -52,6 +52,8 @@ def die_with_parent() -> None:
         pass
 
 _HEARTBEAT_PERIOD_S = 0.5
+HISTORY_STEPS = 64
+"""Finished steps a heartbeat file remembers (the launcher reports each, even between two polls)."""
 _COMM_MARKERS = (os.sep + "torch" + os.sep + "distributed" + os.sep,)
 
 
@@ -122,6 +124,8 @@ class Heartbeat:
         self.loss: float | None = None
         self.step_s: float | None = None
         self.resumed_from: int | None = None
+        self.history: list[list[float]] = []
+        """``[step, loss, seconds]`` of the last finished steps."""
         self.launcher_pid = launcher_pid
         self._last_progress = time.time()
         self._busy_until = 0.0
@@ -152,8 +156,10 @@ class Heartbeat:
         self._write()
 
     def finished_step(self, step: int, loss: float, seconds: float) -> None:
-        """Step ``step`` is done: its loss and wall time go to the launcher at once (progress output)."""
+        """Step ``step`` is done: its loss and wall time go to the launcher at once (progress output);
+        the last few stay in the file, so that a launcher polling slower than the steps misses none."""
         self.done_step, self.loss, self.step_s = step, loss, seconds
+        self.history = (self.history + [[step, loss, seconds]])[-HISTORY_STEPS:]
         self._last_progress = time.time()
         self._write()
 
@@ -182,7 +188,7 @@ class Heartbeat:
         state = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "last_progress": last,
                  "written": now, "where": where, "waiting_in_comm": waiting, "phase": self.phase,
                  "done_step": self.done_step, "loss": self.loss, "step_s": self.step_s,
-                 "resumed_from": self.resumed_from}
+                 "resumed_from": self.resumed_from, "history": self.history}
         tmp = self.path.with_suffix(f".{threading.get_ident()}.tmp")  # main and heartbeat thread both write
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.path)
@@ -207,6 +213,8 @@ class RankState:
     loss: float | None = None
     step_s: float | None = None
     resumed_from: int | None = None
+    history: tuple = ()
+    """``(step, loss, seconds)`` of the rank's last finished steps."""
 
 
 def read_rank_state(run_dir: str | Path, rank: int) -> RankState:
@@ -219,7 +227,8 @@ def read_rank_state(run_dir: str | Path, rank: int) -> RankState:
                      alive=pid is not None and process_alive(pid), finished=result_path(run_dir, rank).exists(),
                      error=err.get("message") if err else None, error_is_comm=bool(err and err.get("comm")),
                      phase=str(hb.get("phase") or ("steps" if int(hb.get("step", -1)) >= 0 else "start")), done_step=int(hb.get("done_step", -1)),
-                     loss=hb.get("loss"), step_s=hb.get("step_s"), resumed_from=hb.get("resumed_from"))
+                     loss=hb.get("loss"), step_s=hb.get("step_s"), resumed_from=hb.get("resumed_from"),
+                     history=tuple(tuple(h) for h in hb.get("history") or ()))
 
 
 def _read_json(path: Path) -> dict | None:

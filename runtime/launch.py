@@ -30,8 +30,8 @@ from hetpart.cluster import Cluster, load_cluster
 from hetpart.errors import Interrupted, PlanError, RuntimeFault, WorkerFault
 from hetpart.graph import ModelGraph, load_model
 from hetpart.plan import Plan
-from hetpart.runtime.faults import (LAUNCHER_PID_ENV, PHASES, FaultSpec, Watchdog, die_with_parent, kill_pid_tree,
-                                    process_alive, read_rank_state, result_path)
+from hetpart.runtime.faults import (HISTORY_STEPS, LAUNCHER_PID_ENV, PHASES, FaultSpec, Watchdog, die_with_parent,
+                                    kill_pid_tree, process_alive, read_rank_state, result_path)
 
 __all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "RunProgress", "host_capacity", "check_capacity",
            "prepare_run", "torchrun_command", "launch", "run_plan", "plan_sources", "link_balance", "PROCESSES_PER_CORE"]
@@ -361,27 +361,37 @@ class _ProgressTracker:
         step = min(s.done_step for s in states)
         if (phase, step) == self.last:
             return
-        back = self.last is not None and self.last[1] == step and phase == "steps"  # back from a checkpoint
         self.last = (phase, step)
-        if back:
-            return
         resumed = next((s.resumed_from for s in states if s.resumed_from), None)
         if step < 0 or step < self.first:
-            self.report = RunProgress(phase=phase, done=0, total=self.end - self.first, resumed_from=resumed,
-                                      attempt=self.attempt)
-        else:
-            step_s = max((s.step_s or 0.0) for s in states) or None
-            if step_s and (not self.times or step != self._last_step):
-                self.times.append(step_s)
-            self._last_step = step
-            left = self.end - step - 1
-            eta = left * sum(self.times) / len(self.times) if self.times else None
-            self.report = RunProgress(phase=phase, done=step + 1 - self.first, total=self.end - self.first, step=step,
-                                      warmup=step < self.measure_from, loss=states[0].loss, step_time_s=step_s,
-                                      tokens_per_s=self.tokens / step_s if step_s else None, eta_s=eta,
-                                      resumed_from=resumed, attempt=self.attempt)
+            self._emit(RunProgress(phase=phase, done=0, total=self.end - self.first, resumed_from=resumed,
+                                   attempt=self.attempt))
+            return
+        start = max(self._last_step + 1, resumed or self.first, step - HISTORY_STEPS + 1)
+        for k in range(start, step + 1):  # every step, also those finished between two polls
+            self._emit(self._step_report(k, states, resumed))
+        self._last_step = max(self._last_step, step)
+        if phase == "checkpoint":
+            self._emit(RunProgress(phase=phase, done=step + 1 - self.first, total=self.end - self.first, step=step,
+                                   resumed_from=resumed, attempt=self.attempt))
+
+    def _step_report(self, step: int, states, resumed: int | None) -> RunProgress:
+        seen = [dict((int(h[0]), (h[1], h[2])) for h in s.history).get(step) for s in states]
+        loss = seen[0][0] if seen[0] else None
+        step_s = max((x[1] for x in seen if x), default=0.0) or None
+        if step_s:
+            self.times.append(step_s)
+        left = self.end - step - 1
+        eta = left * sum(self.times) / len(self.times) if self.times else None
+        return RunProgress(phase="steps", done=step + 1 - self.first, total=self.end - self.first, step=step,
+                           warmup=step < self.measure_from, loss=loss, step_time_s=step_s,
+                           tokens_per_s=self.tokens / step_s if step_s else None, eta_s=eta,
+                           resumed_from=resumed, attempt=self.attempt)
+
+    def _emit(self, report: RunProgress) -> None:
+        self.report = report
         if self.callback is not None:
-            self.callback(self.report)
+            self.callback(report)
 
     def where(self) -> str:
         r = self.report
