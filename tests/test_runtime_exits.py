@@ -208,7 +208,14 @@ def test_the_run_cli_prints_progress_lines_on_stderr(capsys) -> None:
     from hetpart.experiments.tracking import NullTracker
     from hetpart.runtime.launch import RunProgress
 
-    progress = _Progress(2, NullTracker())
+    class Recording(NullTracker):
+        logged: list = []
+
+        def log(self, metrics, step):
+            self.logged.append((step, dict(metrics)))
+
+    tracker = Recording()
+    progress = _Progress(2, tracker)
     progress(RunProgress(phase="calibrate", done=0, total=4))
     for done in (1, 2):
         progress(RunProgress(phase="steps", done=done, total=4, step=done - 1, warmup=done == 1, loss=5.5, step_time_s=1.5,
@@ -217,6 +224,7 @@ def test_the_run_cli_prints_progress_lines_on_stderr(capsys) -> None:
     assert out == ""
     assert err.splitlines() == ["hetpart run: calibrating the emulation",
                                 "hetpart run: step 2/4, loss 5.5000, 1.50 s/step, 1,234 tokens/s, ETA 6s"]
+    assert tracker.logged == [(s, {"run/loss": 5.5, "run/step_time_s": 1.5, "run/tokens_per_s": 1234.0}) for s in (0, 1)]
 
 
 def test_a_hang_before_the_rendezvous_blames_the_rank_that_did_not_join(tmp_path: Path) -> None:
@@ -233,3 +241,15 @@ def test_a_hang_before_the_rendezvous_blames_the_rank_that_did_not_join(tmp_path
     fault = Watchdog(tmp_path, lambda r: f"device {r}", 3, hang_timeout_s=1, startup_timeout_s=0.0).check()
     assert isinstance(fault, WorkerFault) and fault.exit_code == 3
     assert "ranks [1] did not join the run within 0 s (rank 1, device 1, is in phase start at spin.py:3" in str(fault)
+
+
+def test_run_tracks_to_tensorboard_through_the_experiments_tracker(tmp_path: Path) -> None:
+    from hetpart.cli.run_cmd import _Progress, _tracker
+    from hetpart.runtime.launch import RunProgress
+
+    tracker = _tracker("tensorboard", str(tmp_path / "runs"), 0, {"plan": "p.json"})
+    _Progress(0, tracker)(RunProgress(phase="steps", done=1, total=2, step=0, loss=5.0, step_time_s=2.0,
+                                      tokens_per_s=100.0))
+    tracker.finish()
+    assert tracker.run_dir is not None and tracker.run_dir.name.startswith("run__0__")
+    assert list(tracker.run_dir.glob("events.out.tfevents.*"))
