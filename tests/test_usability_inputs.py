@@ -146,3 +146,18 @@ def test_version_and_completion(capsys) -> None:
     assert code == 0 and out.strip() == f"hetpart {__version__}"
     code, out, _ = run_cli(capsys, "--help")
     assert code == 0 and "--install-completion" in out
+
+
+def test_tables_collapse_identical_replicas_and_never_cut_identifiers(capsys) -> None:
+    code, out, err = run_cli(capsys, "predict", "-m", "gpt2-small", "-c", "a100-8", "--global-batch", "64", "--tp", "1",
+                             "--pp", "1", "--dp", "8", "--micro-batch", "1")
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "embedding..head" in line]
+    assert len(rows) == 1 and "0-7 (x8)" in rows[0] and "0/0/0-7" in rows[0]  # was 8 rows, one per replica
+    assert "8 replicas in 1 group of identical ones (--full lists each)" in out
+    code, out, _ = run_cli(capsys, "predict", "-m", "gpt2-small", "-c", "a100-8", "--global-batch", "64", "--tp", "1",
+                           "--pp", "1", "--dp", "8", "--micro-batch", "1", "--full")
+    assert code == 0 and len([line for line in out.splitlines() if "embedding..head" in line]) == 8
+    # Piped output was 80 columns wide and cut names with an ellipsis ("…").
+    code, out, _ = run_cli(capsys, "inspect", "model", "llama3-405b")
+    assert code == 0 and "…" not in out and "saved bytes/seq (none/sel/full)" in out and "block_0 .. block_125" in out
