@@ -104,3 +104,22 @@ def test_dashboard_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     code, _, err = run_cli(capsys, "dashboard", "--logdir", str(tmp_path / "f"))
     assert code == 2 and "is a file; give the runs folder" in err
+
+
+def test_scaling_study_skips_a_planner_over_its_budget_and_tracks_the_points(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hetpart.experiments.scaling import markdown, run_study, synthetic_cluster
+    from hetpart.experiments.tracking import make_tracker
+
+    assert [g.gpus_per_node for g in synthetic_cluster(16, 4).groups] == [4, 4, 4, 4]
+    with make_tracker("tensorboard", "plan/scaling", seed=0, root=tmp_path) as run:
+        points = run_study("gpt2-small", [16, 64], [2], ["uniform", "proportional"], tracker=run, budget_s=0.0,
+                           seq_len=256)
+    assert [(p.gpus, p.planner, p.error.split(":")[0]) for p in points] == [
+        (16, "uniform", ""), (16, "proportional", ""), (64, "uniform", "skipped"), (64, "proportional", "skipped")]
+    assert all(p.tokens_per_s > 0 and p.pct_upper_bound > 0 for p in points[:2])
+    assert "| 64 | 2 | 128 | skipped |" in markdown(points, ["uniform", "proportional"])
+    acc = EventAccumulator(str(run.run_dir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("plan/pct_upper_bound/uniform/2types")] == [16]
