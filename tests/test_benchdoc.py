@@ -44,7 +44,7 @@ def test_a_new_section_is_appended_and_a_block_can_be_a_subsection(tmp_path: Pat
 def test_run_all_lists_sections_and_refuses_unknown_ones(capsys) -> None:
     assert run_all.main(["--list"]) == 0
     listed = capsys.readouterr().out
-    for key in ("planners", "scaling", "simulator-speed", "runtime"):
+    for key in ("planners", "scaling", "simulator-calibration", "simulator-speed", "engine", "runtime"):
         assert key in listed
     assert run_all.main(["nonsense"]) == 2
     assert "unknown section 'nonsense'" in capsys.readouterr().err
