@@ -196,13 +196,17 @@ def _facts(points: Sequence[ScalingPoint], planners: Sequence[str]) -> str:
         slow = max(mine, key=lambda p: p.plan_time_s)
         bounded = [p for p in mine if p.upper_bound_tokens_per_s] or mine
         low = min(bounded, key=lambda p: p.pct_upper_bound)
-        out.append(f"- `{name}`: slowest {slow.plan_time_s:.1f} s ({slow.gpus} GPUs, {slow.types} types); "
+        out.append(f"- `{name}`: slowest {slow.plan_time_s:.1f} s ({slow.gpus} GPUs, {_types(slow.types)}); "
                    f"quality {low.pct_upper_bound:.1f}-{max(p.pct_upper_bound for p in bounded):.1f}% of the upper "
-                   f"bound (lowest at {low.gpus} GPUs, {low.types} types); no plan on "
+                   f"bound (lowest at {low.gpus} GPUs, {_types(low.types)}); no plan on "
                    f"{sum(1 for p in points if p.planner == name and not p.tokens_per_s and not p.error.startswith('skipped'))}"
                    f" of {sum(1 for p in points if p.planner == name)} clusters; skipped (over the time budget at a "
                    f"smaller size) on {sum(1 for p in points if p.planner == name and p.error.startswith('skipped'))}.")
     return "\n".join(out)
+
+
+def _types(n: int) -> str:
+    return f"{n} type{'s' if n > 1 else ''}"
 
 
 def main(argv: list[str] | None = None) -> list[ScalingPoint]:
