@@ -297,6 +297,7 @@ def test_a_record_reloads_and_repredicts_to_the_recorded_step_time(emulated_run,
     for o in out:
         assert o["metrics"]["step_time_s"] == summary["predicted"]["step_time_s"]  # exactly
         assert o["graph_matches_record"] and o["recorded"]["step_time_s"] == summary["predicted"]["step_time_s"]
+        assert o["comparable_with_measured"] and o["measured"]["step_time_s"] == summary["measured"]["step_time_s"]
 
 
 def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):

@@ -26,7 +26,8 @@ def predict_records(path: Path, predictor: str | None, json_out: bool) -> None:
         except HetpartError as exc:
             out = {"error": " ".join(str(exc).split())}
         recorded = record.predicted
-        out |= {"record": line, "recorded": {"predictor": recorded.predictor, "version": recorded.version,
+        # A run that did not emulate its cluster ran at this machine's speed: nothing predicts that.
+        out |= {"record": line, "comparable_with_measured": record.emulated, "recorded": {"predictor": recorded.predictor, "version": recorded.version,
                                              "step_time_s": recorded.step_time_s} if recorded else None,
                 "measured": {"step_time_s": record.measured.step_time_s, "tokens_per_s": record.measured.tokens_per_s}}
         if con is None:
@@ -42,4 +43,6 @@ def _line(where: str, out: dict) -> str:
     was = (f"recorded {rec['step_time_s']:.4f} s ({rec['predictor']} {rec['version']})" if rec
            else "no recorded prediction")
     graph = "" if out["graph_matches_record"] else " [yellow](model graph differs from the recorded one)[/]"
-    return f"{where}: predicted {now:.4f} s, {was}, measured {meas:.4f} s ({100 * (now / meas - 1):+.1f}%){graph}"
+    error = (f"{100 * (now / meas - 1):+.1f}%" if out["comparable_with_measured"]
+             else "not emulated: ran at this machine's speed, not comparable")
+    return f"{where}: predicted {now:.4f} s, {was}, measured {meas:.4f} s ({error}){graph}"
