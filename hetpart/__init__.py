@@ -5,7 +5,8 @@ the plan. ``hetpart.costmodel`` predicts, ``hetpart.runtime`` executes, ``hetpar
 ``hetpart.policies`` learn to plan, ``hetpart.experiments`` compares.
 """
 
-from hetpart.errors import HetpartError, ModelError, PlanError, RuntimeFault, SpecError, WorkloadError
+from hetpart.errors import (HetpartError, Interrupted, ModelError, PlanError, RuntimeFault, SpecError, WorkerFault,
+                            WorkloadError)
 from hetpart.cluster import Cluster, load_cluster
 from hetpart.graph import ModelGraph, Unit, load_model
 from hetpart.workload import Workload
@@ -13,6 +14,7 @@ from hetpart.plan import Plan, Replica, Stage, load_plan
 
 __version__ = "0.1.0"
 
-__all__ = ["HetpartError", "ModelError", "PlanError", "RuntimeFault", "SpecError", "WorkloadError",
+__all__ = ["HetpartError", "ModelError", "PlanError", "RuntimeFault", "WorkerFault", "Interrupted", "SpecError",
+           "WorkloadError",
            "Cluster", "load_cluster", "ModelGraph", "Unit", "load_model", "Workload", "Plan", "Replica",
            "Stage", "load_plan"]

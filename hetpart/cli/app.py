@@ -14,9 +14,15 @@ app = typer.Typer(name="hetpart", no_args_is_help=True, pretty_exceptions_enable
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import PackageNotFoundError, version
+
         from hetpart import __version__
 
-        print(f"hetpart {__version__}")
+        try:
+            installed = version("hetpart")
+        except PackageNotFoundError:  # run from a source tree without installing
+            installed = __version__
+        print(f"hetpart {installed}")
         raise typer.Exit(0)
 
 
