@@ -196,8 +196,8 @@ def cluster_figure(plan: "Plan", cluster: "Cluster", *, title: str = "", max_nod
                         fontsize=6)
         if len(keys) <= 64 or row % 4 == 0:
             dev = nodes[key][0]
-            ax.text(x0 - 0.15, row + 0.43, f"{key[0]}/{key[1]} {dev.gpu.name}", ha="right", va="center",
-                    fontsize="x-small")
+            label = f"{key[0]}/{key[1]}" if cols > 2 else f"{key[0]}/{key[1]} {dev.gpu.name}"  # room between columns
+            ax.text(x0 - 0.15, row + 0.43, label, ha="right", va="center", fontsize="x-small")
     ax.set_xlim(-3.2, cols * (width + 3.2) - 2.8)
     ax.set_ylim(rows + 0.1, -0.1)
     ax.axis("off")
@@ -207,8 +207,10 @@ def cluster_figure(plan: "Plan", cluster: "Cluster", *, title: str = "", max_nod
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 6),
               frameon=False, fontsize="small")
     more = f" (first {len(keys)} of {len(nodes)} nodes)" if len(nodes) > len(keys) else ""
+    groups = "" if cols <= 2 else "\nnode groups: " + ", ".join(f"{g} = {grp.gpu.name}"
+                                                               for g, grp in enumerate(cluster.groups))
     ax.set_title(f"{title or cluster.name}: {cluster.num_devices} devices, {plan.dp} replicas; "
-                 f"shade = replica{more}", fontsize="medium")
+                 f"shade = replica{more}{groups}", fontsize="medium")
     fig.tight_layout()
     return fig
 
