@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "current_autograd_node", "in_backward",
-           "storage_key", "local_tensor", "functional_collectives"]
+           "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group"]
 
 
 def current_autograd_node() -> Any:
@@ -53,3 +53,71 @@ def functional_collectives() -> Any:
     import torch.distributed._functional_collectives as funcol
 
     return funcol
+
+
+# ----------------------------------------------------------------------------------- pipelining
+class PipelineFanOut:
+    """Mixin for a ``torch.distributed.pipelining.PipelineStage`` subclass (put it first in the bases)
+    whose one-off sends go to several peers: the shape inference's metadata (``_send_meta``) and the
+    warm-up vote (``_warmup_forward_vote``, ``_warmup_backward_result``), to ``fan_forward`` (the next
+    stage's ranks) and ``fan_backward`` (the previous stage's), global ranks. None (the default) keeps
+    torch's one peer per stage. Receives stay torch's (from ``stage_index_to_group_rank``); the
+    sends of each step are public P2P ops, retargeted by the caller."""
+
+    fan_forward: tuple[int, ...] | None = None
+    fan_backward: tuple[int, ...] | None = None
+
+    def _send_meta(self, meta: Any, dst_stage: int) -> None:
+        import torch.distributed as dist
+
+        if self.fan_forward is None:
+            return super()._send_meta(meta, dst_stage)  # type: ignore[misc]
+        peers = self.fan_forward if dst_stage > self.stage_index else self.fan_backward
+        for peer in peers or ():
+            dist.send_object_list([meta], dst=peer, group=self.group, device=self.device, use_batch=True)
+
+    def _warmup_forward_vote(self, has_backward: bool, received_acc: torch.Tensor | None = None):
+        import torch.distributed as dist
+
+        if self.fan_forward is None or self.is_last:
+            return super()._warmup_forward_vote(has_backward, received_acc)  # type: ignore[misc]
+        with _mapped_to_self(self, self.stage_index + 1):  # torch sends nothing; we fan out
+            acc = super()._warmup_forward_vote(has_backward, received_acc)  # type: ignore[misc]
+        for peer in self.fan_forward:
+            dist.send(acc, dst=peer, group=self.group)
+        return acc
+
+    def _warmup_backward_result(self, received_result: torch.Tensor | None = None):
+        import torch.distributed as dist
+
+        if self.fan_backward is None or self.is_first:
+            return super()._warmup_backward_result(received_result)  # type: ignore[misc]
+        with _mapped_to_self(self, self.stage_index - 1):
+            result = super()._warmup_backward_result(received_result)  # type: ignore[misc]
+        for peer in self.fan_backward:
+            dist.send(result, dst=peer, group=self.group)
+        return result
+
+
+class _mapped_to_self:
+    """Map ``stage_index`` to this rank for a moment, so that torch treats it as local and sends nothing."""
+
+    def __init__(self, stage: Any, stage_index: int) -> None:
+        self.mapping, self.index, self.rank = stage.stage_index_to_group_rank, stage_index, stage.group_rank
+
+    def __enter__(self) -> None:
+        self.saved = self.mapping.get(self.index)
+        self.mapping[self.index] = self.rank
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mapping[self.index] = self.saved
+
+
+def adopt_pipeline_group(stage: Any, group: Any) -> None:
+    """Give a built ``PipelineStage`` the process group ``group``. torch refuses, at construction, a
+    group larger than the number of stages (it maps stage ``i`` to group rank ``i % size`` by
+    default); a stage with an explicit ``stage_index_to_group_rank`` is built on a smaller group
+    holding its rank, then handed the larger one here."""
+    import torch.distributed as dist
+
+    stage.group, stage.group_rank, stage.group_size = group, dist.get_rank(group), dist.get_world_size(group)

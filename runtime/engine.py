@@ -22,7 +22,6 @@ Example (in every process of a torchrun job whose world size is ``plan.num_devic
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import resource
@@ -206,8 +205,9 @@ class _TimedStage:
     With a :class:`~hetpart.runtime.groups.FanOut` (the replica's stages differ in TP degree), the
     stage sends its activation to every rank of the next stage that receives from it, and its input
     gradient to every rank of the previous stage that does (instead of torch's one peer per stage):
-    the sends of each step, of the shape inference (``_send_meta``) and of the warm-up vote. Receives
-    stay torch's, from ``stage_index_to_group_rank`` (this rank's path).
+    the sends of each step (retargeted here) and the one-off ones of the shape inference and the
+    warm-up vote (:class:`hetpart._torch_compat.PipelineFanOut`). Receives stay torch's, from
+    ``stage_index_to_group_rank`` (this rank's path).
     """
 
     @staticmethod
@@ -215,34 +215,9 @@ class _TimedStage:
              clock: _Clock, hooks: Hooks, fanout: FanOut | None = None, own_group: Any = None):
         from torch.distributed.pipelining import PipelineStage
 
-        class TimedStage(PipelineStage):
-            def _targets(self, dst_stage: int) -> tuple[int, ...]:
-                assert fanout is not None
-                return fanout.forward if dst_stage > self.stage_index else fanout.backward
+        from hetpart._torch_compat import PipelineFanOut, adopt_pipeline_group
 
-            def _send_meta(self, meta: Any, dst_stage: int) -> None:
-                if fanout is None:
-                    return super()._send_meta(meta, dst_stage)
-                for peer in self._targets(dst_stage):
-                    dist.send_object_list([meta], dst=peer, group=self.group, device=self.device, use_batch=True)
-
-            def _warmup_forward_vote(self, has_backward: bool, received_acc: torch.Tensor | None = None):
-                if fanout is None or self.is_last:
-                    return super()._warmup_forward_vote(has_backward, received_acc)
-                with _mapped_to_self(self, self.stage_index + 1):  # torch sends nothing; we fan out
-                    acc = super()._warmup_forward_vote(has_backward, received_acc)
-                for peer in fanout.forward:
-                    dist.send(acc, dst=peer, group=self.group)
-                return acc
-
-            def _warmup_backward_result(self, received_result: torch.Tensor | None = None):
-                if fanout is None or self.is_first:
-                    return super()._warmup_backward_result(received_result)
-                with _mapped_to_self(self, self.stage_index - 1):
-                    result = super()._warmup_backward_result(received_result)
-                for peer in fanout.backward:
-                    dist.send(result, dst=peer, group=self.group)
-                return result
+        class TimedStage(PipelineFanOut, PipelineStage):
             def _timed(self, kind: str, run, *args, **kwargs):
                 start, tp = time.perf_counter(), clock.tp_hooks
                 clock.in_chunk = True
@@ -269,24 +244,12 @@ class _TimedStage:
 
         if fanout is None:
             return TimedStage(module, stage_index, num_stages, device, group=group)
-        # torch refuses a pipeline group larger than the number of stages (it maps stage i to group
-        # rank i % size by default). A replica whose stages differ in TP has more ranks than stages and
-        # an explicit map (set by the executor): build the stage on this rank alone, then hand it the group.
+        # A replica whose stages differ in TP has more ranks than stages, and an explicit map (set by
+        # the executor): build the stage on this rank alone, then hand it the replica's group.
         stage = TimedStage(module, stage_index, num_stages, device, group=own_group)
-        stage.group, stage.group_rank, stage.group_size = group, dist.get_rank(group), dist.get_world_size(group)
+        adopt_pipeline_group(stage, group)
+        stage.fan_forward, stage.fan_backward = fanout.forward, fanout.backward
         return stage
-
-
-@contextlib.contextmanager
-def _mapped_to_self(stage: Any, stage_index: int):
-    """Map ``stage_index`` to this rank for a moment, so that torch treats it as local and sends nothing."""
-    mapping = stage.stage_index_to_group_rank
-    saved = mapping.get(stage_index)
-    mapping[stage_index] = stage.group_rank
-    try:
-        yield
-    finally:
-        mapping[stage_index] = saved
 
 
 def _retarget(ops: list, peers: tuple[int, ...]) -> list:

@@ -102,3 +102,28 @@ def test_local_tensor_is_the_shard_itself(tmp_path) -> None:
 def test_functional_collectives_is_what_tensor_parallelism_issues_through() -> None:
     funcol = compat.functional_collectives()
     assert callable(funcol.all_reduce)
+
+
+@pytest.mark.parametrize("method,params", [("_send_meta", ["self", "meta", "dst_stage"]),
+                                           ("_warmup_forward_vote", ["self", "has_backward", "received_acc"]),
+                                           ("_warmup_backward_result", ["self", "received_result"])])
+def test_the_pipeline_stage_methods_fan_out_overrides(method: str, params: list[str]) -> None:
+    """PipelineFanOut overrides these PipelineStage internals (the mixed-TP gate cases run them)."""
+    import inspect
+
+    from torch.distributed.pipelining import PipelineStage
+
+    assert list(inspect.signature(getattr(PipelineStage, method)).parameters) == params
+    assert getattr(compat.PipelineFanOut, method).__qualname__.startswith("PipelineFanOut.")
+
+
+def test_a_pipeline_stage_refuses_a_group_larger_than_its_stages_and_maps_stages_explicitly() -> None:
+    """Why adopt_pipeline_group exists: the check, and the attributes it sets, as torch has them."""
+    import inspect
+
+    from torch.distributed.pipelining import stage as stage_module
+
+    source = inspect.getsource(stage_module._PipelineStageBase.__init__)
+    assert "self.group_size > self.num_stages" in source
+    for attribute in ("self.group_rank =", "self.group_size =", "self.stage_index_to_group_rank"):
+        assert attribute in source, attribute
