@@ -99,7 +99,7 @@ class Evaluator:
 
         if self.ignore_memory:
             return True
-        v = plan.interleave if plan.schedule == "interleaved" else 1
+        v = plan.chunks_per_device
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, plan.num_microbatches(r)
             for d in range(pp):

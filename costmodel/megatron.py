@@ -13,6 +13,7 @@ from hetpart.cluster import Cluster
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan, Replica, Stage
+from hetpart.vocabulary import chunks_per_device
 from hetpart.workload import Workload
 
 __all__ = ["megatron_plan", "even_layer_split"]
@@ -49,7 +50,7 @@ def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int
     if workload.global_batch % (dp * micro_batch):
         raise WorkloadError(f"--global-batch: {workload.global_batch} is not divisible by dp x micro_batch = "
                             f"{dp} x {micro_batch}; use a multiple of {dp * micro_batch}")
-    heads = (model.arch or {}).get("num_heads")
+    heads = model.num_heads
     if heads and heads % tp:
         raise PlanError(f"--tp: {tp} does not divide the {heads} attention heads of {model.name}")
 
@@ -67,7 +68,7 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
     _check_grid(model, cluster, workload, tp, pp, dp, micro_batch)
     if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
         raise PlanError(f"--interleave: must be a whole number >= 1, got {interleave!r}")
-    v = interleave if schedule == "interleaved" else 1
+    v = chunks_per_device(schedule, interleave)
     if schedule != "interleaved" and interleave != 1:
         raise PlanError(f"--interleave: {interleave} needs --schedule interleaved")
     devices = cluster.devices
@@ -78,7 +79,7 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
             raise PlanError(f"--tp: {tp} devices from {members[0].id} cross a node boundary; use a tp that divides "
                             f"the GPUs per node ({cluster.groups[members[0].group].gpus_per_node})")
         groups.append(tuple(d.id for d in members))
-    has_ends = bool(model.arch) and model.num_units >= 3
+    has_ends = (not model.traced or model.tied_owner is not None) and model.num_units >= 3
     ranges = even_layer_split(model.num_units, pp * v, has_ends)
     replicas = []
     for r in range(dp):

@@ -64,7 +64,7 @@ def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -
     """Parameters one device of a ``tp``-way stage holding units ``[first, last)`` keeps."""
     total = 0.0
     held = {u.name for u in model.units[first:last]}
-    owner = (model.arch or {}).get("tied_owner")
+    owner = model.tied_owner
     for u in model.units[first:last]:
         p = u.params + (u.shared_params if u.shared_params and owner not in held else 0)
         total += p / tp if u.tp_shardable else p
@@ -115,9 +115,7 @@ class PrefixTables:
                      for mode in ("none", "selective", "full")}
         self._none_sh = [u.act_bytes["none"] * f for u, f in zip(units, sh)]
         self._none_rep = [u.act_bytes["none"] * (1 - f) for u, f in zip(units, sh)]
-        names = [u.name for u in units]
-        tied = (model.arch or {}).get("tied_owner")
-        self.owner = names.index(tied) if tied in names else -1
+        self.owner = model.tied_owner_index
         self.sharers = [i for i, u in enumerate(units) if u.shared_params]
 
     def params(self, a: int, z: int) -> tuple[float, float]:

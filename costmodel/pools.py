@@ -80,7 +80,7 @@ def tp_options(pool: Pool, model: ModelGraph) -> list[int]:
     (:func:`hetpart.rules.allowed_tp_degrees`: inside one node, dividing heads, key/value heads and MLP)."""
     from hetpart.rules import allowed_tp_degrees
 
-    shardable = any(u.tp_shardable and u.kind == "block" for u in model.units) and model.arch is not None
+    shardable = any(u.tp_shardable and u.kind == "block" for u in model.units) and not model.traced
     if not shardable:
         return [1]
     return list(allowed_tp_degrees(model, pool.gpus_per_node))

@@ -34,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from hetpart.errors import PlanError
+from hetpart.vocabulary import SCHEDULES
 
 __all__ = ["PipelineOp", "PipelineTiming", "device_op_order", "pipeline_timing", "pipeline_step_time_s",
            "pipeline_summary", "simulate_pipeline_events"]
@@ -95,7 +96,7 @@ class PipelineTiming:
 
 
 def _check(schedule: str, pp: int, m: int, v: int) -> None:
-    if schedule not in ("gpipe", "1f1b", "interleaved"):
+    if schedule not in SCHEDULES:
         raise PlanError(f"schedule: unknown schedule {schedule!r}; use gpipe, 1f1b or interleaved")
     if pp < 1 or m < 1 or v < 1:
         raise PlanError(f"schedule: need pp, micro-batches and interleave >= 1, got {pp}, {m}, {v}")

@@ -283,7 +283,7 @@ class Simulator:
     # --------------------------------------------------------------------------------- pipelines
     def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict) -> _Pipe:
         rep = plan.replicas[r]
-        v = plan.interleave if plan.schedule == "interleaved" else 1
+        v = plan.chunks_per_device
         m = plan.num_microbatches(r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
         for s in rep.stages:
@@ -317,7 +317,7 @@ class Simulator:
         group_count = 0
         for r, rep in enumerate(plan.replicas):
             offsets.append(len(first_device))
-            pp = rep.pp // (plan.interleave if plan.schedule == "interleaved" else 1)
+            pp = plan.pipeline_devices(r)
             for k, stage in enumerate(rep.stages):
                 first_device.append(stage.devices[0])
                 node.append(self._node_id(stage.devices[0]))
@@ -574,7 +574,7 @@ class Simulator:
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:
         memory: dict[tuple[int, int], float] = {}
         optim: dict[tuple[int, int], float] = {}
-        v = plan.interleave if plan.schedule == "interleaved" else 1
+        v = plan.chunks_per_device
         tables = self._tables
         for r, rep in enumerate(plan.replicas):
             pp, m = pipes[r].pp, pipes[r].m
@@ -638,7 +638,7 @@ class Simulator:
         The costs are this simulator's own (same cache, same efficiency curve), so the bound is sound
         for it and for nothing else; branch and bound uses it to skip plans.
         """
-        v = plan.interleave if plan.schedule == "interleaved" else 1
+        v = plan.chunks_per_device
         pipe = optim = 0.0
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, plan.num_microbatches(r)

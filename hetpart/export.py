@@ -88,7 +88,7 @@ def _shape(plan, graph) -> _Shape:
         raise PlanError(f"export: model {graph.name} is not a transformer of embedding, blocks and head (a "
                         "python: model?); the engines' arguments describe transformer layers only")
     first = plan.replicas[0]
-    vpp = plan.interleave if plan.schedule == "interleaved" else 1
+    vpp = plan.chunks_per_device
     problems = []
     shares = {round(r.batch_share, 9) for r in plan.replicas}
     if len(shares) > 1:

@@ -16,10 +16,12 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from hetpart import _validate as v
 from hetpart.errors import PlanError
+from hetpart.vocabulary import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Precision, RecomputeMode, Schedule, \
+    chunks_per_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -29,9 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Schedule", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids"]
 
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE_MODES = ("none", "selective", "full")
 _SHARE_TOL = 1e-6
 _MAX_UNITS = 10**6
 
@@ -82,10 +81,10 @@ class Plan:
     seq_len: int
     replicas: tuple[Replica, ...]
     schedule: Schedule = "1f1b"
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: RecomputeMode = "none"
     interleave: int = 1
     """Virtual stages per device group for the interleaved schedule (1 otherwise)."""
-    precision: str = "bf16"
+    precision: Precision = "bf16"
     allow_cross_node_tp: bool = False
     """Allow a tensor-parallel group to span nodes (slow; off unless asked)."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -106,6 +105,15 @@ class Plan:
 
     def replica_samples(self) -> list[int]:
         return [r.num_samples(self.global_batch) for r in self.replicas]
+
+    @property
+    def chunks_per_device(self) -> int:
+        """Model chunks each pipeline device runs (``interleave`` under the interleaved schedule, else 1)."""
+        return chunks_per_device(self.schedule, self.interleave)
+
+    def pipeline_devices(self, replica: int) -> int:
+        """Device groups of a replica's pipeline (its stages over the chunks each group runs)."""
+        return self.replicas[replica].pp // self.chunks_per_device
 
     def num_microbatches(self, replica: int) -> int:
         return self.replicas[replica].num_samples(self.global_batch) // self.micro_batch
@@ -145,8 +153,8 @@ class Plan:
         if recompute not in RECOMPUTE_MODES:
             raise v.fail(PlanError, source, "recompute", f"unknown mode {v.show(recompute)}; use none, selective or full")
         precision = data.get("precision", "bf16")
-        if precision not in ("bf16", "fp16", "fp32"):
-            raise v.fail(PlanError, source, "precision", f"unknown precision {v.show(precision)}; use bf16, fp16 or fp32")
+        if not isinstance(precision, str) or precision not in PRECISIONS:
+            raise v.fail(PlanError, source, "precision", f"unknown precision {v.show(precision)}; use {', '.join(PRECISIONS)}")
         replicas = data["replicas"]
         if not isinstance(replicas, list) or not replicas:
             raise v.fail(PlanError, source, "replicas", "expected a non-empty list of replicas")

@@ -80,7 +80,7 @@ def replica_groups(plan: "Plan", cluster: "Cluster") -> list[ReplicaGroup]:
 
 def _device_groups(plan: "Plan") -> int:
     """Pipeline device groups per replica's schedule row (virtual stages folded)."""
-    return plan.interleave if plan.schedule == "interleaved" else 1
+    return plan.chunks_per_device
 
 
 def _rows(plan: "Plan", cluster: "Cluster") -> list[tuple[tuple[int, int], str]]:

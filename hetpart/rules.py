@@ -67,13 +67,13 @@ RULES = RuntimeRules()
 def tp_divisors(model: "ModelGraph", rules: RuntimeRules = RULES) -> dict[str, int] | None:
     """``{"attention heads": 12, ...}``: the sizes a TP degree must divide; None when the model has no
     transformer config (then only ``rules.max_tp_without_transformer`` is allowed)."""
-    arch = model.arch or {}
-    heads = arch.get("num_heads")
-    if not heads:
+    cfg = model.config
+    if cfg is None:
         return None
-    kv = arch.get("num_kv_heads") or heads
+    heads = cfg.num_heads
+    kv = cfg.num_kv_heads or heads
     sizes = {"num_heads": heads, "kv_heads": kv if kv != heads else 0,  # no GQA: the heads rule says it
-             "ffn": arch.get("ffn_hidden_size") or 4 * arch.get("hidden_size", 0)}
+             "ffn": cfg.ffn_hidden_size or 4 * cfg.hidden_size}
     return {_DIVISOR_NAMES[k]: int(sizes[k]) for k in rules.tp_divides if sizes.get(k)}
 
 

@@ -7,13 +7,9 @@ from typing import Literal
 
 from hetpart._validate import show
 from hetpart.errors import WorkloadError
+from hetpart.vocabulary import DTYPE_BYTES, PRECISIONS, RECOMPUTE_CHOICES, Precision, Recompute
 
 __all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES", "default_precision", "check_precision"]
-
-Precision = Literal["bf16", "fp16", "fp32"]
-Recompute = Literal["none", "selective", "full", "auto"]
-
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -37,9 +33,9 @@ class Workload:
                 raise WorkloadError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {show(value)}")
             if value > limit:
                 raise WorkloadError(f"--{name.replace('_', '-')}: {value} is absurdly large (limit {limit})")
-        if not isinstance(self.precision, str) or self.precision not in DTYPE_BYTES:  # a list is unhashable
-            raise WorkloadError(f"--precision: unknown precision {show(self.precision)}; use bf16, fp16 or fp32")
-        if self.recompute not in ("none", "selective", "full", "auto"):
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:  # a list is unhashable
+            raise WorkloadError(f"--precision: unknown precision {show(self.precision)}; use {', '.join(PRECISIONS)}")
+        if not isinstance(self.recompute, str) or self.recompute not in RECOMPUTE_CHOICES:
             raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
         if self.optimizer != "adam":
             raise WorkloadError(f"optimizer: {show(self.optimizer)} is not supported; use adam")

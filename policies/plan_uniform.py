@@ -29,9 +29,9 @@ def uniform_grid(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
     """Every ``(tp, pp, dp)`` with ``tp * pp * dp`` = all devices that Megatron could run."""
     n = cluster.num_devices
     per_node = min(g.gpus_per_node for g in cluster.groups)
-    heads = (model.arch or {}).get("num_heads") or 1
+    heads = model.num_heads or 1
     for tp in divisors(per_node):
-        if heads % tp or (tp > 1 and model.arch is None):
+        if heads % tp or (tp > 1 and model.traced):
             continue
         for pp in divisors(n // tp):
             dp = n // (tp * pp)

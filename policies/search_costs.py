@@ -98,8 +98,7 @@ class CostTable:
         states = _range_sum(own) * MODEL_STATE_BYTES_PER_PARAM / 1e9
         grads = _range_sum(own) * (4 if self.precision == "fp32" else 2)
         shared = np.array([u.shared_params for u in model.units], dtype=float) / div
-        owner_name = (model.arch or {}).get("tied_owner")
-        owner = next((i for i, u in enumerate(model.units) if u.name == owner_name), None)
+        owner = model.tied_owner_index if model.tied_owner_index >= 0 else None
         if shared.any():
             held = _range_sum(shared)
             if owner is not None:

@@ -340,7 +340,7 @@ class Executor:
     @property
     def pp(self) -> int:
         r = self.plan.replicas[self.replica]
-        return r.pp // (self.plan.interleave if self.plan.schedule == "interleaved" else 1)
+        return r.pp // self.plan.chunks_per_device
 
     @property
     def lane(self) -> tuple[int, ...]:

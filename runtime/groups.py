@@ -172,7 +172,7 @@ def device_ranks(plan: "Plan") -> dict[str, int]:
 
 
 def _pp(plan: "Plan", replica: int) -> int:
-    return plan.replicas[replica].pp // max(1, plan.interleave if plan.schedule == "interleaved" else 1)
+    return plan.pipeline_devices(replica)
 
 
 def rank_roles(plan: "Plan") -> tuple[RankRole, ...]:

@@ -741,7 +741,7 @@ def _netem_setup(prep: PreparedRun, options: RunOptions, width: int) -> dict[str
 
 def params_width(graph: ModelGraph) -> int:
     """The matrix width that sizes a model's products (hidden size, else the widest unit)."""
-    return int((graph.arch or {}).get("hidden_size") or max(u.width for u in graph.units) or 64)
+    return int((graph.config.hidden_size if graph.config else 0) or max(u.width for u in graph.units) or 64)
 
 
 def _absolute(cluster_spec: str) -> str:

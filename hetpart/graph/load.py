@@ -12,6 +12,7 @@ from hetpart.errors import ModelError
 from hetpart.graph.hf_config import read_hf_config
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
+from hetpart.vocabulary import DTYPE_BYTES, PRECISIONS
 
 __all__ = ["load_model", "resolve_transformer"]
 
@@ -80,9 +81,9 @@ def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16",
         seq_len = min(2048, resolved[1].max_positions) if resolved else 2048
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 10**7:
         raise ModelError(f"{seq_len_source}: must be a whole number between 1 and 1e7, got {v.show(seq_len)}")
-    if precision not in ("bf16", "fp16", "fp32"):
-        raise ModelError(f"--precision: unknown precision {v.show(precision)}; use bf16, fp16 or fp32")
-    dtype_bytes = 4 if precision == "fp32" else 2
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ModelError(f"--precision: unknown precision {v.show(precision)}; use {', '.join(PRECISIONS)}")
+    dtype_bytes = DTYPE_BYTES[precision]
     if not isinstance(spec, str) or not spec.strip():
         raise ModelError(f"--model: expected a catalog name, a config.json path or python:MODULE:FUNCTION, got {v.show(spec)}")
     if spec.startswith("python:"):

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-__all__ = ["RecomputeMode", "Unit", "ModelGraph"]
+from hetpart.vocabulary import RECOMPUTE_MODES, UNIT_KINDS, RecomputeMode, UnitKind
 
-RecomputeMode = Literal["none", "selective", "full"]
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.graph.transformer import TransformerConfig
+
+__all__ = ["RecomputeMode", "UnitKind", "Unit", "ModelGraph"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class Unit:
     """One partitionable unit (an embedding, a transformer block, the output head, a module)."""
 
     name: str
-    kind: str
+    kind: UnitKind
     """``embedding``, ``block``, ``head`` or ``module`` (traced)."""
     fwd_flops: float
     """Forward FLOPs for one sequence (matrix products and attention; 2 FLOPs per multiply-add)."""
@@ -49,7 +52,9 @@ class Unit:
     """Hidden width of the unit's matrix products (sizes the efficiency of matrix units)."""
 
     def __post_init__(self) -> None:
-        for mode in ("none", "selective", "full"):
+        if self.kind not in UNIT_KINDS:
+            raise ValueError(f"unit {self.name}: kind {self.kind!r}; use one of {', '.join(UNIT_KINDS)}")
+        for mode in RECOMPUTE_MODES:
             if mode not in self.act_bytes or mode not in self.recompute_flops:
                 raise ValueError(f"unit {self.name}: act_bytes and recompute_flops need none/selective/full")
 
@@ -67,10 +72,38 @@ class ModelGraph:
     dtype_bytes: int
     edges: tuple[tuple[int, int], ...] = ()
     """Data dependencies between units (defaults to the chain 0 -> 1 -> ... -> n-1)."""
-    arch: dict[str, Any] | None = field(default=None, compare=False)
-    """Architecture numbers (hidden size, heads, ...) when known; None for traced modules."""
+    config: "TransformerConfig | None" = field(default=None, compare=False)
+    """The transformer's shape when the graph was built from one (catalog, config.json); None when the
+    graph was traced from a module (:attr:`traced`)."""
+    tied_owner: str | None = field(default=None, compare=False)
+    """Name of the unit that owns tied weights (the embedding of tied-embedding models); None without ties."""
     source: str = field(default="", compare=False)
     """Where the model came from: catalog, config.json, or python:MODULE:FUNCTION."""
+
+    @property
+    def traced(self) -> bool:
+        """Whether the graph was traced from a module (no transformer config: no tensor parallelism)."""
+        return self.config is None
+
+    @property
+    def num_heads(self) -> int | None:
+        """Attention heads of the transformer (None when traced)."""
+        return self.config.num_heads if self.config is not None else None
+
+    @cached_property
+    def tied_owner_index(self) -> int:
+        """Index of :attr:`tied_owner` among the units, -1 without ties."""
+        names = [u.name for u in self.units]
+        return names.index(self.tied_owner) if self.tied_owner in names else -1
+
+    @property
+    def arch(self) -> dict[str, Any] | None:
+        """A plain-dict view of :attr:`config` and :attr:`tied_owner` (the JSON summary's ``arch``); code
+        reads the typed fields."""
+        if self.config is None and self.tied_owner is None:
+            return None
+        return (self.config.to_dict() if self.config is not None else {}) | (
+            {"tied_owner": self.tied_owner} if self.tied_owner else {})
 
     @property
     def num_units(self) -> int:
@@ -114,7 +147,7 @@ class ModelGraph:
         return own + shared
 
     def _owner_in(self, unit: Unit, names: set[str]) -> bool:
-        return unit.shared_params == 0 or (self.arch or {}).get("tied_owner") in names
+        return unit.shared_params == 0 or self.tied_owner in names
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready description (``hetpart inspect model --json``)."""

@@ -466,10 +466,8 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
     if abs(measured - trace.counter_flops) > 1e-6 * max(1.0, trace.counter_flops):
         raise ModelError(f"{where}: per-unit FLOPs ({measured:.4g}) differ from FlopCounterMode's total "
                          f"({trace.counter_flops:.4g}); an op ran outside the trace")
-    # ModelGraph.range_params reads the owner of tied weights from arch; traced graphs have no other arch.
-    arch = {"tied_owner": tied_owner} if tied_owner else None
-    return ModelGraph(name=name, units=tuple(graph_units), seq_len=seq_len, dtype_bytes=dtype_bytes, arch=arch,
-                      source=source or f"trace:{name}")
+    return ModelGraph(name=name, units=tuple(graph_units), seq_len=seq_len, dtype_bytes=dtype_bytes,
+                      tied_owner=tied_owner or None, source=source or f"trace:{name}")
 
 
 def _import(module_name: str, spec: str) -> Any:

@@ -173,6 +173,5 @@ def transformer_graph(cfg: TransformerConfig, name: str, seq_len: int, dtype_byt
     units = [_embedding_unit(cfg, seq_len, dtype_bytes)]
     units += [_block_unit(cfg, i, seq_len, dtype_bytes) for i in range(cfg.num_layers)]
     units.append(_head_unit(cfg, seq_len, dtype_bytes))
-    arch = cfg.to_dict() | {"tied_owner": "embedding"}
-    return ModelGraph(name=name, units=tuple(units), seq_len=seq_len, dtype_bytes=dtype_bytes, arch=arch,
-                      source=source)
+    return ModelGraph(name=name, units=tuple(units), seq_len=seq_len, dtype_bytes=dtype_bytes, config=cfg,
+                      tied_owner="embedding" if cfg.tied_embeddings else None, source=source)
