@@ -409,7 +409,7 @@ def _signals_interrupt():
         return
 
     def _interrupt(signum, frame):
-        raise Interrupted("interrupted (Ctrl-C)" if signum == signal.SIGINT else "terminated (SIGTERM)", 128 + signum)
+        raise Interrupted("stopped by Ctrl-C (SIGINT)" if signum == signal.SIGINT else "stopped by SIGTERM", 128 + signum)
 
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return fail(exc.exit_code, exc.kind, str(exc), "interrupted" if exc.kind == "interrupted" else "error")
     except (typer.Abort, KeyboardInterrupt):
-        return fail(EXIT_INTERRUPTED, "interrupted", "interrupted (Ctrl-C)", "interrupted")
+        return fail(EXIT_INTERRUPTED, "interrupted", "stopped by Ctrl-C", "interrupted")
     except ClickException as exc:
         msg = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
