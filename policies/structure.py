@@ -1,0 +1,392 @@
+"""The structural decisions of a plan, made one at a time, with exact masks and an exact completion.
+
+The policy decides the *structure* of a plan, the same space the ``search`` planner walks:
+
+* **mixed pipelines**: which device pools form the pipeline and in which order (a pointer over the
+  pools, zones kept contiguous), each pool's tensor-parallel degree, the number of identical
+  data-parallel replicas, the micro-batch size and the recompute mode;
+* **typed replicas**: the micro-batch size, the recompute mode, then per pool either "unused" or its
+  tensor-parallel degree and pipeline depth (each pool then runs its own replicas of that pipeline).
+
+The numbers are filled in exactly by the search's own building blocks: the layer split
+(dynamic program, memory as a mask) and the integer batch shares. So every finished structure is
+one point of the search space, and :meth:`StructureState.complete` returns the plans search would
+build for it.
+
+Actions are one flat index space: ``MAX_POOLS`` pointer slots (pools, padded) followed by
+``NUM_OPTIONS`` option slots whose meaning depends on the phase (``option_values`` says what each
+slot stands for). :meth:`StructureState.action_mask` rules out every choice after which no plan of
+the finished structure could fit in memory (a choice is kept only when a completion that fits
+exists), every invalid one (tensor parallelism across nodes or heads, more stages than units, a
+batch that does not divide), and zone-splitting pipeline orders. Memory feasibility of a pipeline
+is decided by a greedy farthest-reach split, exact because a stage that holds units ``[a, b)``
+also holds any sub-range (memory only grows with the range); it agrees with the dynamic program's
+memory mask at a fraction of its cost. The simulator's memory check runs on the finished plans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from hetpart.costmodel.planner import Evaluator, microbatch_options, recompute_modes
+from hetpart.costmodel.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
+                                           _PoolConfig, _sync_s, _typed_scorer, make_context)
+from hetpart.costmodel.partition import split_layers
+from hetpart.costmodel.pools import Pool, divisors, tp_groups, tp_options
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.costmodel.evaluator import Evaluated
+    from hetpart.costmodel.search_costs import StageCosts
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["MAX_POOLS", "NUM_OPTIONS", "NUM_ACTIONS", "PHASES", "Scenario", "StructureState", "Phase",
+           "greedy_fits"]
+
+MAX_POOLS = 16
+"""Pointer slots: the most device pools (node types) a cluster may have."""
+NUM_OPTIONS = 16
+"""Option slots: the most choices of one non-pointer decision."""
+NUM_ACTIONS = MAX_POOLS + NUM_OPTIONS
+STOP = MAX_POOLS  # option slot 0 in the pick phase: the pipeline is complete
+
+Phase = Literal["family", "pick", "tp", "dp", "mb", "rc", "ttp", "tpp", "done"]
+PHASES: tuple[str, ...] = ("family", "pick", "tp", "dp", "mb", "rc", "ttp", "tpp", "done")
+RECOMPUTE = ("none", "selective", "full")
+
+
+def greedy_fits(costs: "list[StageCosts]", num_microbatches: int) -> bool:
+    """Whether the chain of units splits into ``len(costs)`` non-empty stages that each fit in memory,
+    stage ``j`` holding ``min(pp - j, m)`` micro-batches in flight (1F1B), as the layer split's mask says.
+
+    Farthest reach is optimal: memory of ``[a, b)`` grows with ``b`` and shrinks with ``a``, so a
+    stage that ends later never leaves the next stages a harder problem.
+    """
+    pp, a = len(costs), 0
+    n = costs[0].states_gb.shape[0] - 1
+    if pp > n:
+        return False
+    for j, c in enumerate(costs):
+        last = n - (pp - 1 - j)  # leave one unit to every later stage
+        flight = min(pp - j, num_microbatches)
+        need = c.states_gb[a, a + 1:last + 1] + flight * c.acts_gb[a, a + 1:last + 1] + c.extra_gb[a, a + 1:last + 1]
+        ok = need <= c.capacity_gb
+        if not ok[0]:
+            return False
+        bad = np.flatnonzero(~ok)
+        a = a + (int(bad[0]) if len(bad) else len(ok))
+    return a == n
+
+
+class Scenario:
+    """One planning problem and the search context its decisions are priced in (built once).
+
+    Args:
+        model, cluster, workload: what to plan.
+    """
+
+    def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> None:
+        self.model, self.cluster, self.workload = model, cluster, workload
+        self.ctx = make_context(model, cluster, workload, SearchOptions())
+        self.pools: list[Pool] = self.ctx.pools
+        if len(self.pools) > MAX_POOLS:
+            from hetpart.errors import PlanError
+
+            raise PlanError(f"{cluster.source or cluster.name}: {len(self.pools)} node types; the policy handles "
+                            f"at most {MAX_POOLS} (use --planner search)")
+        self.tps = [tp_options(p, model)[:NUM_OPTIONS - 1] for p in self.pools]
+        self.modes = recompute_modes(workload)
+        self.lenient = "full" if "full" in self.modes else self.modes[0]
+        self.evaluator = Evaluator(model, cluster, workload)
+        self._cache: dict[tuple, object] = {}
+
+    def _memo(self, key: tuple, compute):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    # --------------------------------------------------------------------------------- mixed pipelines
+    def groups(self, order: tuple[int, ...], tps: tuple[int, ...]) -> list[int]:
+        return [self.pools[p].num_devices // t for p, t in zip(order, tps)]
+
+    def dp_options(self, order: tuple[int, ...], tps: tuple[int, ...]) -> list[int]:
+        """Valid replica counts of a mixed pipeline (before memory)."""
+        groups = self.groups(order, tps)
+        out = [dp for dp in divisors(math.gcd(*groups))
+               if self.workload.global_batch % dp == 0 and sum(g // dp for g in groups) <= self.model.num_units]
+        return out[:NUM_OPTIONS]
+
+    def mb_options(self, dp: int) -> list[int]:
+        return microbatch_options(self.workload.global_batch // dp, 16)[:NUM_OPTIONS]
+
+    def _mixed_costs(self, order, tps, dp: int, mb: int, rc: str) -> list:
+        return [self.ctx.table.get(self.pools[p], t, mb, rc)
+                for p, t in zip(order, tps) for _ in range((self.pools[p].num_devices // t) // dp)]
+
+    def mixed_scored(self, order, tps, dp: int, mb: int, rc: str, threshold: float = math.inf) -> Scored | None:
+        """The search's point for this mixed structure (exact layer split), None when nothing fits
+        or (with ``threshold``) when its estimate cannot go below it."""
+        pools = tuple(self.pools[p] for p in order)
+        costs = self._mixed_costs(order, tps, dp, mb, rc)
+        m = self.workload.global_batch // (dp * mb)
+        key = ("mixed", tuple(p.key for p in pools), tuple(tps), dp, mb, rc)
+        return _mixed_scorer(self.ctx, pools, tuple(tps), dp, mb, rc, costs, m, key)(threshold)
+
+    def mixed_bound_s(self, order, tps, dp: int, mb: int, rc: str) -> float:
+        """The search's lower bound on this mixed structure's estimate."""
+        return _lower_bound_s(self.ctx, self._mixed_costs(order, tps, dp, mb, rc),
+                              self.workload.global_batch // (dp * mb))
+
+    def mixed_fits(self, order, tps, dp: int, mb: int, rc: str) -> bool:
+        return self._memo(("fit", order, tps, dp, mb, rc), lambda: greedy_fits(
+            self._mixed_costs(order, tps, dp, mb, rc), self.workload.global_batch // (dp * mb)))
+
+    def stop_ok(self, order, tps) -> bool:
+        """Some replica count fits with the most lenient micro-batch (1) and recompute mode."""
+        return any(self.mixed_fits(order, tps, dp, 1, self.lenient) for dp in self.dp_options(order, tps))
+
+    def can_finish(self, order: tuple[int, ...], tps: tuple[int, ...]) -> bool:
+        """Whether some completion of this partial pipeline (stop now, or add pools) fits."""
+        def compute() -> bool:
+            if order and self.stop_ok(order, tps):
+                return True
+            return any(self.can_finish(order + (p,), tps + (t,)) for p in self.pickable(order) for t in self.tps[p])
+
+        return self._memo(("finish", order, tps), compute)
+
+    def pickable(self, order: tuple[int, ...]) -> list[int]:
+        """Pools that may come next: unused, and not in a zone the pipeline already left."""
+        if not order:
+            return list(range(len(self.pools)))
+        left = {self.pools[p].zone for p in order[:-1]} - {self.pools[order[-1]].zone}
+        return [p for p in range(len(self.pools)) if p not in order and self.pools[p].zone not in left]
+
+    # --------------------------------------------------------------------------------- typed replicas
+    def total_microbatches(self, mb: int) -> int:
+        return self.workload.global_batch // mb
+
+    def pp_options(self, pool: int, tp: int) -> list[int]:
+        groups = self.pools[pool].num_devices // tp
+        return [pp for pp in divisors(groups) if pp <= self.model.num_units][:NUM_OPTIONS]
+
+    def _m_est(self, pool: int, tp: int, pp: int, mb: int) -> int:
+        dp = self.pools[pool].num_devices // (tp * pp)
+        return max(1, self.total_microbatches(mb) // (dp * len(self.pools)))  # as the search estimates it
+
+    def pool_fits(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> bool:
+        def compute() -> bool:
+            costs = self.ctx.table.get(self.pools[pool], tp, mb, rc)
+            return greedy_fits([costs] * pp, self._m_est(pool, tp, pp, mb))
+
+        return self._memo(("pool", pool, tp, pp, mb, rc), compute)
+
+    def pool_ok(self, pool: int, mb: int, rc: str, tp: int | None = None) -> bool:
+        """Some (tp, pp) of the pool (with ``tp`` given: some pp) fits."""
+        tps = self.tps[pool] if tp is None else [tp]
+        return any(self.pool_fits(pool, t, pp, mb, rc) for t in tps for pp in self.pp_options(pool, t))
+
+    def typed_ok(self, mb: int, rc: str) -> bool:
+        return len(self.pools) >= 2 and sum(self.pool_ok(p, mb, rc) for p in range(len(self.pools))) >= 2
+
+    def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> _PoolConfig | None:
+        """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them."""
+        def compute():
+            p = self.pools[pool]
+            costs = self.ctx.table.get(p, tp, mb, rc)
+            split = split_layers([costs.masked(pp - j) for j in range(pp)], self._m_est(pool, tp, pp, mb))
+            if split is None:
+                return None
+            groups = tp_groups(p, tp)
+            dp = len(groups) // pp
+            times = [float(costs.time_s[a, b]) for a, b in split.ranges]
+            fill = sum(times) - max(times) + _p2p_s(self.ctx, groups[:pp], mb)
+            peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
+            sync = _sync_s(self.ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
+            return _PoolConfig(p, tp, pp, split, fill + sync)
+
+        return self._memo(("config", pool, tp, pp, mb, rc), compute)
+
+    def typed_scored(self, chosen: list[tuple[int, int, int]], mb: int, rc: str) -> Scored | None:
+        configs = [self.pool_config(p, tp, pp, mb, rc) for p, tp, pp in chosen]
+        if any(c is None for c in configs) or sum(c.dp for c in configs) > self.total_microbatches(mb):
+            return None
+        key = ("typed", tuple((c.pool.key, c.tp, c.pp) for c in configs), mb, rc)
+        return _typed_scorer(self.ctx, configs, mb, rc, self.total_microbatches(mb), key)(math.inf)
+
+    # --------------------------------------------------------------------------------- families
+    @property
+    def mixed_ok(self) -> bool:
+        return self.can_finish((), ())
+
+    @property
+    def any_typed_ok(self) -> bool:
+        return self.typed_ok(1, self.lenient)
+
+    @property
+    def feasible(self) -> bool:
+        """Whether any structure fits (a scenario without one cannot be planned in search's space)."""
+        return self.mixed_ok or self.any_typed_ok
+
+
+@dataclass
+class StructureState:
+    """The decisions made so far for one scenario, and the rules for the next one."""
+
+    scenario: Scenario
+    phase: str = "family"
+    family: str | None = None
+    order: tuple[int, ...] = ()
+    tps: tuple[int, ...] = ()
+    dp: int | None = None
+    mb: int | None = None
+    rc: str | None = None
+    pool: int = 0
+    """Typed replicas: the pool being decided."""
+    typed: list = field(default_factory=list)
+    """Typed replicas: ``(pool, tp, pp)`` of every pool chosen so far."""
+    pending_tp: int | None = None
+
+    # ------------------------------------------------------------------------------------- options
+    def option_values(self) -> list:
+        """What each option slot of the current phase stands for (the slot's index is the action)."""
+        s = self.scenario
+        if self.phase == "family":
+            return ["mixed", "typed"]
+        if self.phase == "pick":
+            return ["stop"]
+        if self.phase == "tp":
+            return list(s.tps[self.order[-1]])
+        if self.phase == "dp":
+            return s.dp_options(self.order, self.tps)
+        if self.phase == "mb":
+            return s.mb_options(self.dp or 1)
+        if self.phase == "rc":
+            return list(s.modes)
+        if self.phase == "ttp":
+            return [0] + list(s.tps[self.pool])  # 0: the pool stays unused
+        if self.phase == "tpp":
+            return s.pp_options(self.pool, self.pending_tp)
+        return []
+
+    def action_mask(self) -> np.ndarray:
+        """``[NUM_ACTIONS]`` booleans: the choices that keep a fitting, valid plan reachable."""
+        mask = np.zeros(NUM_ACTIONS, dtype=bool)
+        s = self.scenario
+        values = self.option_values()
+        opt = mask[MAX_POOLS:]
+        if self.phase == "family":
+            opt[0], opt[1] = s.mixed_ok, s.any_typed_ok
+        elif self.phase == "pick":
+            for p in s.pickable(self.order):
+                mask[p] = any(s.can_finish(self.order + (p,), self.tps + (t,)) for t in s.tps[p])
+            opt[0] = bool(self.order) and s.stop_ok(self.order, self.tps)
+        elif self.phase == "tp":
+            for i, t in enumerate(values):
+                opt[i] = s.can_finish(self.order, self.tps + (t,))
+        elif self.phase == "dp":
+            for i, dp in enumerate(values):
+                opt[i] = s.mixed_fits(self.order, self.tps, dp, 1, s.lenient)
+        elif self.phase == "mb":
+            for i, mb in enumerate(values):
+                opt[i] = (s.mixed_fits(self.order, self.tps, self.dp, mb, s.lenient) if self.family == "mixed"
+                          else s.typed_ok(mb, s.lenient))
+        elif self.phase == "rc":
+            for i, rc in enumerate(values):
+                opt[i] = (s.mixed_fits(self.order, self.tps, self.dp, self.mb, rc) if self.family == "mixed"
+                          else s.typed_ok(self.mb, rc))
+        elif self.phase == "ttp":
+            need = 2 - len(self.typed)  # pools still to choose
+            later = sum(s.pool_ok(p, self.mb, self.rc) for p in range(self.pool + 1, len(s.pools)))
+            opt[0] = later >= need
+            for i, t in enumerate(values[1:], start=1):
+                opt[i] = later >= need - 1 and any(self._pp_ok(t, pp) for pp in s.pp_options(self.pool, t))
+        elif self.phase == "tpp":
+            for i, pp in enumerate(values):
+                opt[i] = self._pp_ok(self.pending_tp, pp)
+        return mask
+
+    def _pp_ok(self, tp: int, pp: int) -> bool:
+        """The pool's replicas fit and every replica keeps at least one micro-batch."""
+        s = self.scenario
+        used = sum(s.pools[p].num_devices // (t * q) for p, t, q in self.typed)
+        dp = s.pools[self.pool].num_devices // (tp * pp)
+        return used + dp <= s.total_microbatches(self.mb) and s.pool_fits(self.pool, tp, pp, self.mb, self.rc)
+
+    # ------------------------------------------------------------------------------------- stepping
+    def step(self, action: int) -> None:
+        """Apply a choice that :meth:`action_mask` allows (raises ``ValueError`` otherwise)."""
+        if self.phase == "done" or not 0 <= action < NUM_ACTIONS or not self.action_mask()[action]:
+            raise ValueError(f"action {action} is not allowed in phase {self.phase}")
+        value = None if action < MAX_POOLS else self.option_values()[action - MAX_POOLS]
+        phase = self.phase
+        if phase == "family":
+            self.family = value
+            self.phase = "pick" if value == "mixed" else "mb"
+        elif phase == "pick":
+            if action == STOP:
+                self.phase = "dp"
+            else:
+                self.order += (action,)
+                self.phase = "tp"
+        elif phase == "tp":
+            self.tps += (value,)
+            self.phase = "pick"
+        elif phase == "dp":
+            self.dp, self.phase = value, "mb"
+        elif phase == "mb":
+            self.mb, self.phase = value, "rc"
+        elif phase == "rc":
+            self.rc = value
+            self.phase = "done" if self.family == "mixed" else "ttp"
+        elif phase == "ttp":
+            if value == 0:
+                self.pool += 1
+            else:
+                self.pending_tp, self.phase = value, "tpp"
+        elif phase == "tpp":
+            self.typed.append((self.pool, self.pending_tp, value))
+            self.pool, self.pending_tp, self.phase = self.pool + 1, None, "ttp"
+        if self.phase == "ttp":
+            self._skip_pools()
+
+    def _skip_pools(self) -> None:
+        """Pools with no fitting configuration have nothing to decide: they stay unused."""
+        s = self.scenario
+        while self.pool < len(s.pools) and not s.pool_ok(self.pool, self.mb, self.rc):
+            self.pool += 1
+        if self.pool >= len(s.pools):
+            self.phase = "done"
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    # ------------------------------------------------------------------------------------- completion
+    def bound_s(self) -> float:
+        """A lower bound on the finished structure's estimate (orders candidates; 0 for typed replicas)."""
+        if self.family == "mixed":
+            return self.scenario.mixed_bound_s(self.order, self.tps, self.dp, self.mb, self.rc)
+        return 0.0
+
+    def scored(self, threshold: float = math.inf) -> Scored | None:
+        """The finished structure as a point of the search space (exact layer split and batch shares)."""
+        if not self.done:
+            raise ValueError("the structure is not finished")
+        s = self.scenario
+        if self.family == "mixed":
+            return s.mixed_scored(self.order, self.tps, self.dp, self.mb, self.rc, threshold)
+        return s.typed_scored(self.typed, self.mb, self.rc)
+
+    def complete(self) -> "Evaluated | None":
+        """The best simulated plan of the finished structure (None when the simulator says none fits)."""
+        scored = self.scored()
+        return None if scored is None else self.scenario.evaluator.best(scored.build())
+
+    def key(self) -> tuple:
+        """What the finished structure is (equal keys build equal plans)."""
+        return (self.family, self.order, self.tps, self.dp, self.mb, self.rc, tuple(self.typed))
