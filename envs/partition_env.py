@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from hetpart.envs.observation import StaticFeatures, observation_space, observe
+from hetpart.policies.observation import StaticFeatures, observation_space, observe
 from hetpart.envs.scenarios import ScenarioDistribution, sample_scenario
 from hetpart.errors import SpecError, WorkloadError
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState

@@ -185,13 +185,24 @@ class Scenario:
 
         return self._memo(("pool", pool, tp, pp, mb, rc), compute)
 
-    def pool_ok(self, pool: int, mb: int, rc: str, tp: int | None = None) -> bool:
-        """Some (tp, pp) of the pool (with ``tp`` given: some pp) fits."""
-        tps = self.tps[pool] if tp is None else [tp]
-        return any(self.pool_fits(pool, t, pp, mb, rc) for t in tps for pp in self.pp_options(pool, t))
+    def min_dp(self, pool: int, mb: int, rc: str) -> int | None:
+        """The fewest replicas of any fitting (tp, pp) of the pool (None: nothing fits)."""
+        def compute():
+            dps = [self.pools[pool].num_devices // (t * pp) for t in self.tps[pool] for pp in self.pp_options(pool, t)
+                   if self.pool_fits(pool, t, pp, mb, rc)]
+            return min(dps, default=None)
+
+        return self._memo(("min_dp", pool, mb, rc), compute)
+
+    def typed_can_finish(self, used: int, chosen: int, first: int, mb: int, rc: str) -> bool:
+        """Whether pools ``first..`` can complete typed replicas already holding ``used`` replicas over
+        ``chosen`` pools: at least two pools in all, every replica with at least one micro-batch."""
+        later = sorted(d for p in range(first, len(self.pools)) if (d := self.min_dp(p, mb, rc)) is not None)
+        need = max(0, 2 - chosen)
+        return len(later) >= need and used + sum(later[:need]) <= self.total_microbatches(mb)
 
     def typed_ok(self, mb: int, rc: str) -> bool:
-        return len(self.pools) >= 2 and sum(self.pool_ok(p, mb, rc) for p in range(len(self.pools))) >= 2
+        return len(self.pools) >= 2 and self.typed_can_finish(0, 0, 0, mb, rc)
 
     def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> _PoolConfig | None:
         """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them."""
@@ -300,22 +311,25 @@ class StructureState:
                 opt[i] = (s.mixed_fits(self.order, self.tps, self.dp, self.mb, rc) if self.family == "mixed"
                           else s.typed_ok(self.mb, rc))
         elif self.phase == "ttp":
-            need = 2 - len(self.typed)  # pools still to choose
-            later = sum(s.pool_ok(p, self.mb, self.rc) for p in range(self.pool + 1, len(s.pools)))
-            opt[0] = later >= need
+            opt[0] = self._typed_next_ok(0)
             for i, t in enumerate(values[1:], start=1):
-                opt[i] = later >= need - 1 and any(self._pp_ok(t, pp) for pp in s.pp_options(self.pool, t))
+                opt[i] = any(self._pp_ok(t, pp) for pp in s.pp_options(self.pool, t))
         elif self.phase == "tpp":
             for i, pp in enumerate(values):
                 opt[i] = self._pp_ok(self.pending_tp, pp)
         return mask
 
-    def _pp_ok(self, tp: int, pp: int) -> bool:
-        """The pool's replicas fit and every replica keeps at least one micro-batch."""
+    def _typed_next_ok(self, dp: int) -> bool:
+        """After this pool takes ``dp`` replicas (0: unused), the later pools can still finish."""
         s = self.scenario
         used = sum(s.pools[p].num_devices // (t * q) for p, t, q in self.typed)
+        return s.typed_can_finish(used + dp, len(self.typed) + (dp > 0), self.pool + 1, self.mb, self.rc)
+
+    def _pp_ok(self, tp: int, pp: int) -> bool:
+        """The pool's replicas fit and the typed replicas can still be completed."""
+        s = self.scenario
         dp = s.pools[self.pool].num_devices // (tp * pp)
-        return used + dp <= s.total_microbatches(self.mb) and s.pool_fits(self.pool, tp, pp, self.mb, self.rc)
+        return s.pool_fits(self.pool, tp, pp, self.mb, self.rc) and self._typed_next_ok(dp)
 
     # ------------------------------------------------------------------------------------- stepping
     def step(self, action: int) -> None:
@@ -357,7 +371,7 @@ class StructureState:
     def _skip_pools(self) -> None:
         """Pools with no fitting configuration have nothing to decide: they stay unused."""
         s = self.scenario
-        while self.pool < len(s.pools) and not s.pool_ok(self.pool, self.mb, self.rc):
+        while self.pool < len(s.pools) and s.min_dp(self.pool, self.mb, self.rc) is None:
             self.pool += 1
         if self.pool >= len(s.pools):
             self.phase = "done"
