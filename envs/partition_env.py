@@ -76,6 +76,8 @@ class PartitionEnv(gym.Env):
         self.observation_space = observation_space()
         self.action_space = gym.spaces.Discrete(NUM_ACTIONS)
         self._fixed_built: tuple | None = None
+        self._completed: dict[tuple, float] = {}
+        """Fixed scenario: throughput per finished structure (the same structure always completes the same)."""
         self.state: StructureState | None = None
 
     # ----------------------------------------------------------------------------------------- episode
@@ -122,10 +124,17 @@ class PartitionEnv(gym.Env):
         return observe(self.state, self.static), float(reward), self.state.done, False, info
 
     def _tokens_per_s(self) -> float:
+        key = self.state.key()
+        if self.fixed is not None and key in self._completed:
+            return self._completed[key]
         if self.reward_kind == "learned":
-            return _learned_tokens_per_s(self.state)
-        found = self.state.complete()
-        return 0.0 if found is None else float(found.tokens_per_s)
+            value = _learned_tokens_per_s(self.state)
+        else:
+            found = self.state.complete()
+            value = 0.0 if found is None else float(found.tokens_per_s)
+        if self.fixed is not None:
+            self._completed[key] = value
+        return value
 
     def action_masks(self) -> np.ndarray:
         """``[NUM_ACTIONS]`` booleans for sb3-contrib's MaskablePPO (all False once the episode is over)."""

@@ -1,0 +1,122 @@
+"""The policy planner against exact search: quality on public and held-out scenarios, time at scale.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --out runs/bench-policy
+
+* **public**: every entry of ``shared/scenarios/suite.yaml`` (given with ``--suite``);
+* **held out** (never in training, :data:`hetpart.envs.scenarios.HELD_OUT`): Llama-family models
+  (catalog and random shapes) on random clusters; GPT models on 4-type clusters; GPT and Llama
+  models on 160 to 512 GPUs; drawn with a fixed seed;
+* **scale**: planning time of policy and search against cluster size (up to 1,024 GPUs with an
+  80-layer model, and 4,096 GPUs of 4 types).
+
+Each scenario reports search's tokens/s and, as ratios of it, the policy's greedy decode alone, the
+best of K sampled decodes, and that after refinement, plus proportional. Writes ``results.csv`` and
+``policy_scaling.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+__all__ = ["held_out_scenarios", "compare", "main"]
+
+
+def held_out_scenarios(seed: int = 7, per_kind: int = 3):
+    """``(name, model, cluster, workload)`` of the held-out kinds, drawn reproducibly."""
+    import numpy as np
+
+    from hetpart.envs.scenarios import ScenarioDistribution, sample_scenario
+    from hetpart.policies.structure import Scenario
+
+    kinds = {
+        "llama-family": ScenarioDistribution(catalog_models=("llama2-7b", "llama3-8b", "llama2-13b"),
+                                             families=("llama",), max_layers=40, max_devices=128),
+        "four-types": ScenarioDistribution(min_types=4, max_types=4, min_devices=32, max_devices=128),
+        "160-512-gpus": ScenarioDistribution(catalog_models=("gpt3-6.7b", "llama2-13b", "gpt3-13b"),
+                                             families=("gpt2", "llama"), min_devices=160, max_devices=512),
+    }
+    rng = np.random.default_rng(seed)
+    out = []
+    for kind, dist in kinds.items():
+        found = 0
+        while found < per_kind:
+            model, cluster, workload = sample_scenario(rng, dist)
+            if cluster.num_devices < dist.min_devices or not Scenario(model, cluster, workload).feasible:
+                continue
+            found += 1
+            out.append((f"{kind}-{found}:{model.name}@{cluster.num_devices}", model, cluster, workload))
+    return out
+
+
+def compare(name: str, model, cluster, workload, samples: int = 16) -> dict:
+    """Search, proportional and the policy (greedy, best of K, refined) on one scenario."""
+    from hetpart.costmodel.planner import plan
+    from hetpart.policies.policy_planner import decode
+
+    row = {"scenario": name, "devices": cluster.num_devices, "units": model.num_units}
+    start = time.perf_counter()
+    found = decode(model, cluster, workload, samples=samples)
+    row["policy_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    search = plan(model, cluster, workload, "search")
+    row["search_s"] = time.perf_counter() - start
+    row["search_tokens_per_s"] = search.prediction.tokens_per_s
+    proportional = plan(model, cluster, workload, "proportional")
+    for key, value in (("greedy", found.greedy), ("sampled", found.sampled), ("refined", found.refined)):
+        row[f"{key}_ratio"] = value.tokens_per_s / row["search_tokens_per_s"] if value else 0.0
+    row["proportional_ratio"] = proportional.prediction.tokens_per_s / row["search_tokens_per_s"]
+    row["structures"] = found.structures
+    return row
+
+
+def _suite(path: str):
+    from hetpart import load_cluster, load_model
+    from hetpart.experiments.suite import load_suite
+    from hetpart.workload import Workload
+
+    for e in load_suite(Path(path)):
+        yield (e.name, load_model(e.model, seq_len=e.seq_len), load_cluster(e.cluster), Workload(e.global_batch,
+                                                                                                   e.seq_len))
+
+
+def _geo(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="../shared/scenarios/suite.yaml")
+    ap.add_argument("--out", default="runs/bench-policy")
+    ap.add_argument("--held-out", type=int, default=3, help="scenarios per held-out kind (0: none)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    groups = [("public", list(_suite(args.suite)) if args.suite else [])]
+    if args.held_out:
+        groups.append(("held-out", held_out_scenarios(per_kind=args.held_out)))
+    for group, scenarios in groups:
+        for name, model, cluster, workload in scenarios:
+            row = compare(name, model, cluster, workload) | {"group": group}
+            rows.append(row)
+            print(f"{group:8s} {name:45s} greedy {row['greedy_ratio']:.3f} best-of-K {row['sampled_ratio']:.3f} "
+                  f"refined {row['refined_ratio']:.3f} proportional {row['proportional_ratio']:.3f} "
+                  f"policy {row['policy_s']:.2f} s search {row['search_s']:.2f} s", flush=True)
+        sel = [r for r in rows if r["group"] == group]
+        if sel:
+            print(f"{group}: geo-mean greedy {_geo(r['greedy_ratio'] for r in sel):.3f}, best-of-K "
+                  f"{_geo(r['sampled_ratio'] for r in sel):.3f}, refined {_geo(r['refined_ratio'] for r in sel):.3f}"
+                  f" (min {min(r['refined_ratio'] for r in sel):.3f})", flush=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

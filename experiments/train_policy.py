@@ -1,0 +1,209 @@
+"""``hetpart train-policy --config FILE``: imitation warm start from search, then MaskablePPO.
+
+1. **Imitation** (optional, ``imitation_scenarios > 0``): scenarios drawn from the training
+   distribution (small clusters, so search is quick), the search's best structure replayed as
+   actions (:mod:`hetpart.policies.imitation`), behaviour cloning of the policy on them.
+2. **RL**: sb3-contrib's MaskablePPO with :class:`~hetpart.policies.gnn.PointerPolicy` on vectorised
+   ``hetpart/Partition-v0`` environments (reward: throughput over the scenario's ceiling), SB3's
+   logger keys plus ``plan/...`` (mean reward ratio, share of mixed pipelines), checkpoints every
+   ``checkpoint_every`` steps and at the end, ``resume`` from a checkpoint.
+
+Logging goes through :mod:`hetpart.experiments.tracking` (wandb offline and/or TensorBoard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetpart.errors import SpecError
+
+__all__ = ["PolicyTrainConfig", "load_config", "train_policy"]
+
+
+@dataclass(frozen=True)
+class PolicyTrainConfig:
+    """Everything a policy training run depends on (YAML keys are these field names)."""
+
+    experiment: str = "policy/ppo"
+    """Run name prefix (runs are ``{experiment}__{seed}__{time}``)."""
+    seed: int = 0
+    """Seeds scenarios, imitation, PPO and torch."""
+    out: str = "policies/checkpoints/policy.zip"
+    """Where the final checkpoint goes (relative to the working directory)."""
+    tracker: str = "wandb,tensorboard"
+    """``wandb`` (offline), ``tensorboard``, ``null``, or several joined by commas."""
+    runs_dir: str = "runs"
+    """Folder of tracked runs and intermediate checkpoints."""
+    imitation_scenarios: int = 60
+    """Scenarios the search demonstrates (0: no imitation)."""
+    imitation_epochs: int = 40
+    """Behaviour-cloning epochs over the demonstrations."""
+    imitation_max_devices: int = 64
+    """Largest cluster of a demonstration scenario (search time grows with it)."""
+    timesteps: int = 20000
+    """PPO environment steps (decisions)."""
+    n_envs: int = 4
+    """Vectorised environments (in one process: this machine has 2 cores)."""
+    n_steps: int = 128
+    """Steps per environment per rollout."""
+    batch_size: int = 128
+    n_epochs: int = 4
+    learning_rate: float = 3e-4
+    ent_coef: float = 0.01
+    gamma: float = 1.0
+    """No discount: the only reward is the finished plan's."""
+    hidden: int = 64
+    """GNN embedding width."""
+    layers: int = 2
+    """Message-passing rounds."""
+    max_devices: int = 128
+    """Largest cluster drawn for RL episodes."""
+    checkpoint_every: int = 5000
+    """Steps between intermediate checkpoints (under the run folder)."""
+    resume: str = ""
+    """A MaskablePPO checkpoint to continue from (skips imitation)."""
+    progress_bar: bool = True
+    distribution: dict = field(default_factory=dict)
+    """Overrides of :class:`hetpart.envs.scenarios.ScenarioDistribution` fields."""
+
+
+def load_config(path: str | Path) -> PolicyTrainConfig:
+    """Read a YAML config; unknown keys and wrong types are refused with the file and key named."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read the config ({err.strerror}); give an existing YAML file") from err
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML ({' '.join(str(err).split())[:120]})") from err
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(PolicyTrainConfig)}
+    for key, value in data.items():
+        if key not in fields:
+            raise SpecError(f"{path}: {key}: unknown key; known: {', '.join(fields)}")
+        want = type(getattr(PolicyTrainConfig(), key))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            data[key] = float(value)
+        elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise SpecError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
+    from hetpart.envs.scenarios import ScenarioDistribution
+
+    known = {f.name for f in dataclasses.fields(ScenarioDistribution)}
+    for key in data.get("distribution", {}):
+        if key not in known:
+            raise SpecError(f"{path}: distribution.{key}: unknown key; known: {', '.join(sorted(known))}")
+    return PolicyTrainConfig(**data)
+
+
+def _distribution(cfg: PolicyTrainConfig, max_devices: int):
+    from hetpart.envs.scenarios import ScenarioDistribution
+
+    over = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.distribution.items()}
+    return ScenarioDistribution(**(over | {"max_devices": max_devices}))
+
+
+def _demonstrations(cfg: PolicyTrainConfig, progress) -> list:
+    import numpy as np
+
+    from hetpart.envs.scenarios import sample_scenario
+    from hetpart.policies.imitation import demonstrate
+    from hetpart.policies.structure import Scenario
+
+    rng = np.random.default_rng(cfg.seed + 1)
+    dist = _distribution(cfg, cfg.imitation_max_devices)
+    demos = []
+    task = progress.add_task("imitation: search demonstrates", total=cfg.imitation_scenarios)
+    done = 0
+    while done < cfg.imitation_scenarios:
+        scenario = Scenario(*sample_scenario(rng, dist))
+        if not scenario.feasible:
+            continue
+        demos += demonstrate(scenario)
+        done += 1
+        progress.advance(task)
+    return demos
+
+
+def _plan_callback():
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PlanMetrics(BaseCallback):
+        """``plan/ratio_mean`` (throughput over ceiling of finished plans) and ``plan/mixed_share``."""
+
+        def _on_rollout_start(self) -> None:
+            self.ratios, self.mixed = [], []
+
+        def _on_step(self) -> bool:
+            for info, done, reward in zip(self.locals["infos"], self.locals["dones"], self.locals["rewards"]):
+                if done and "structure" in info:
+                    self.ratios.append(float(reward))
+                    self.mixed.append(info["structure"][0] == "mixed")
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if self.ratios:
+                self.logger.record("plan/ratio_mean", sum(self.ratios) / len(self.ratios))
+                self.logger.record("plan/mixed_share", sum(self.mixed) / len(self.mixed))
+                self.logger.record("plan/episodes", len(self.ratios))
+
+    return PlanMetrics()
+
+
+def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
+    """Run the training described by ``cfg``; returns a summary (paths, accuracy, timings)."""
+    import torch
+    from rich.progress import Progress
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import CheckpointCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from hetpart.envs import PartitionEnv
+    from hetpart.experiments.tracking import make_tracker, sb3_logger, seed_everything
+    from hetpart.policies.gnn import PointerPolicy
+
+    seed_everything(cfg.seed)
+    torch.set_num_threads(1)
+    start = time.time()
+    tracker = make_tracker(cfg.tracker, cfg.experiment, cfg.seed, cfg, root=cfg.runs_dir)
+    dist = _distribution(cfg, cfg.max_devices)
+    env = DummyVecEnv([lambda: PartitionEnv(distribution=dist) for _ in range(cfg.n_envs)])
+    env.seed(cfg.seed)
+    summary: dict[str, Any] = {"run": tracker.name}
+    if cfg.resume:
+        model = MaskablePPO.load(cfg.resume, env=env, device="cpu", custom_objects={"policy_class": PointerPolicy})
+    else:
+        model = MaskablePPO(PointerPolicy, env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+                            learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, gamma=cfg.gamma, seed=cfg.seed,
+                            device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(hidden=cfg.hidden,
+                                                                                           layers=cfg.layers)))
+        if cfg.imitation_scenarios:
+            from hetpart.policies.imitation import behaviour_clone
+
+            with Progress(transient=True) as progress:
+                demos = _demonstrations(cfg, progress)
+            summary["imitation_decisions"] = len(demos)
+            summary["imitation_accuracy"] = behaviour_clone(model.policy, demos, epochs=cfg.imitation_epochs,
+                                                            seed=cfg.seed, log=tracker.log)
+            summary["imitation_s"] = time.time() - start
+    run_dir = Path(tracker.run_dir) if tracker.run_dir else Path(cfg.runs_dir) / tracker.name
+    if not cfg.resume and cfg.imitation_scenarios:
+        model.save(run_dir / "checkpoints" / "imitation.zip")  # the warm start alone, for comparison
+    model.set_logger(sb3_logger(tracker))
+    callbacks = [_plan_callback(), CheckpointCallback(max(cfg.checkpoint_every // cfg.n_envs, 1),
+                                                      str(run_dir / "checkpoints"), name_prefix="policy")]
+    if cfg.timesteps:
+        model.learn(cfg.timesteps, callback=callbacks, progress_bar=cfg.progress_bar,
+                    reset_num_timesteps=not cfg.resume)
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(out)
+    tracker.finish()
+    summary |= {"checkpoint": str(out), "timesteps": int(model.num_timesteps), "wall_s": time.time() - start}
+    return summary

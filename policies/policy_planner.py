@@ -1,0 +1,178 @@
+"""The ``policy`` planner: the trained GNN decodes plan structures; exact completion fills in the numbers.
+
+One pass of the network per decision, batched over ``1 + samples`` decodes (the greedy one and
+``samples`` sampled ones, all masked). Every distinct finished structure is completed exactly (the
+search's layer split and batch shares), the completions are ordered by the search's estimate and
+the best few are simulated together (branch and bound, :meth:`Evaluator.best`). Optionally the
+winner is refined as ``search`` refines its own (:func:`hetpart.costmodel.refine.refine`: layer
+boundaries, micro-batches, interleaving), under a time budget.
+
+:func:`decode` returns what each stage contributes (greedy alone, best of K, refined), so benchmarks
+can say what the network itself is worth.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hetpart.costmodel.planner import Evaluated, Evaluator, no_plan_error
+from hetpart.errors import SpecError
+from hetpart.policies.observation import StaticFeatures, observe
+from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+__all__ = ["DEFAULT_CHECKPOINT", "Decoded", "decode", "plan_policy", "load_policy"]
+
+DEFAULT_CHECKPOINT = Path(__file__).with_name("checkpoints") / "policy.zip"
+"""The shipped checkpoint (``hetpart train-policy --config experiments/configs/policy.yaml``)."""
+
+
+@dataclass
+class Decoded:
+    """What the policy planner found, stage by stage."""
+
+    greedy: Evaluated | None
+    """The greedy decode, completed exactly (the network alone)."""
+    sampled: Evaluated | None
+    """The best of the greedy and sampled decodes."""
+    refined: Evaluated | None
+    """``sampled`` after the search's refinement (None when refinement is off)."""
+    structures: int
+    """Distinct structures decoded."""
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Evaluated | None:
+        return self.refined or self.sampled
+
+
+@lru_cache(maxsize=4)
+def load_policy(path: str):
+    """The trained :class:`~hetpart.policies.gnn.PointerPolicy` of a MaskablePPO checkpoint (cached)."""
+    from hetpart.policies.gnn import PlanGNNExtractor, PointerPolicy
+
+    if not Path(path).is_file():
+        raise SpecError(f"policy checkpoint: {path} does not exist; train one with "
+                        "'hetpart train-policy --config experiments/configs/policy.yaml' or use --planner search")
+    from sb3_contrib import MaskablePPO
+
+    model = MaskablePPO.load(path, device="cpu", custom_objects={"policy_class": PointerPolicy})
+    policy = model.policy.eval()
+    if not isinstance(policy.features_extractor, PlanGNNExtractor):
+        raise SpecError(f"policy checkpoint: {path} was not trained with the GNN policy (PlanGNNExtractor)")
+    return policy
+
+
+class _Deadline(Evaluator):
+    """An evaluator that stops simulating (returns None) once its deadline has passed."""
+
+    deadline = math.inf
+
+    def __call__(self, plan):
+        if time.perf_counter() > self.deadline:
+            return None
+        return super().__call__(plan)
+
+
+def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator) -> None:
+    """Advance every unfinished state by one decision (state 0 greedy, the others sampled)."""
+    import torch
+
+    active = [i for i, s in enumerate(states) if not s.done]
+    obs = [observe(states[i], static) for i in active]
+    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
+    masks = np.stack([states[i].action_mask() for i in active])
+    with torch.no_grad():
+        features = policy.extract_features(batch, policy.pi_features_extractor)
+        logits = policy.action_net(policy.mlp_extractor.forward_actor(features)).numpy().astype(float)
+    logits = np.where(masks, logits, -np.inf)
+    for row, i in enumerate(active):
+        if i == 0:
+            action = int(np.argmax(logits[row]))
+        else:
+            p = np.exp(logits[row] - logits[row].max())
+            action = int(rng.choice(NUM_ACTIONS, p=p / p.sum()))
+        states[i].step(action)
+
+
+def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
+           simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 0.8,
+           seed: int = 0, checkpoint: str | Path | None = None) -> Decoded:
+    """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
+
+    Args:
+        samples: sampled decodes beside the greedy one.
+        simulate_top: structures (best estimates first) whose plans are simulated.
+        refine: hill-climb the winner as ``search`` does (within the time budget).
+        time_budget_s: completion and refinement stop starting new work past this many seconds
+            (the greedy structure is always completed).
+    """
+    start = time.perf_counter()
+    policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
+    scenario = Scenario(model, cluster, workload)
+    evaluator = _Deadline(model, cluster, workload)
+    scenario.evaluator = evaluator
+    timings = {"load_s": time.perf_counter() - start}
+    if not scenario.feasible:
+        raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
+    static = StaticFeatures(scenario)
+    states = [StructureState(scenario) for _ in range(1 + samples)]
+    rng = np.random.default_rng(seed)
+    while not all(s.done for s in states):
+        _run_network(policy, states, static, rng)
+    timings["decode_s"] = time.perf_counter() - start
+    distinct: dict[tuple, StructureState] = {}
+    for s in states:
+        distinct.setdefault(s.key(), s)
+    greedy = _complete(evaluator, states[0])
+    deadline = start + time_budget_s
+    scored = [greedy_scored] if (greedy_scored := states[0].scored()) is not None else []
+    best_estimate = scored[0].estimate_s if scored else math.inf
+    for key, s in sorted(distinct.items(), key=lambda kv: kv[1].bound_s()):
+        if s is states[0] or time.perf_counter() > deadline:
+            continue
+        found = s.scored(threshold=best_estimate * 1.25)  # the estimate is a model: keep near misses
+        if found is not None:
+            scored.append(found)
+            best_estimate = min(best_estimate, found.estimate_s)
+    scored.sort()
+    evaluator.deadline = deadline
+    sampled = evaluator.best([p for sc in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
+    timings["sample_s"] = time.perf_counter() - start
+    refined = None
+    if refine and sampled is not None:
+        from hetpart.costmodel.refine import refine as hill_climb
+
+        refined = hill_climb(evaluator, sampled, refine_steps)
+    timings["total_s"] = time.perf_counter() - start
+    return Decoded(greedy, sampled, refined, len(distinct), timings)
+
+
+def _complete(evaluator: Evaluator, state: StructureState) -> Evaluated | None:
+    scored = state.scored()
+    return None if scored is None else evaluator.best(scored.build())
+
+
+def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: Evaluator | None = None,
+                **options: Any) -> Evaluated:
+    """The ``policy`` planner (the signature every planner has): the best plan :func:`decode` finds.
+
+    Raises:
+        WorkloadError: no structure fits in memory.
+    """
+    del evaluator  # the policy prices with its own deadline-aware evaluator
+    found = decode(model, cluster, workload, **options).best
+    if found is None:
+        raise no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
+    return found
