@@ -29,9 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["PartitionEnv", "Reward", "Normalise", "ceiling_tokens_per_s"]
+__all__ = ["PartitionEnv", "Normalise", "ceiling_tokens_per_s"]
 
-Reward = Literal["simulator", "learned"]
 Normalise = Literal["roofline", "memory_lifted"]
 
 
@@ -39,11 +38,11 @@ def ceiling_tokens_per_s(model, cluster, workload, normalise: str) -> float:
     """The per-scenario ceiling a reward divides by: the compute roofline (every device at its best
     matrix efficiency) or the memory-lifted upper bound (search per device type, memory lifted)."""
     if normalise == "roofline":
-        from hetpart.costmodel.upper_bound import roofline_tokens_per_s
+        from hetpart.costmodel.roofline import roofline_tokens_per_s
 
         return roofline_tokens_per_s(model, cluster, workload.precision)
     if normalise == "memory_lifted":
-        from hetpart.costmodel.upper_bound import upper_bound
+        from hetpart.policies.upper_bound import upper_bound
 
         return upper_bound(model, cluster, workload)["memory_lifted_tokens_per_s"]
     raise SpecError(f"normalise: unknown ceiling {normalise!r}; use roofline or memory_lifted")
@@ -56,18 +55,21 @@ class PartitionEnv(gym.Env):
         scenario: a fixed ``(model, cluster, workload)``; None draws one per episode from ``distribution``.
         distribution: what to draw (default: the training distribution, which holds out
             :data:`hetpart.envs.scenarios.HELD_OUT`).
-        reward: ``simulator`` (the analytical simulator's estimate) or ``learned`` (the learned cost
-            model, through the predictor registry).
+        reward: the predictor (registry name, :mod:`hetpart.costmodel.predictor`) that prices the
+            finished plan: ``simulator`` (the analytical simulator) or ``learned`` (the learned cost
+            model, once registered).
         normalise: the ceiling the throughput is divided by (:func:`ceiling_tokens_per_s`).
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: "tuple[ModelGraph, Cluster, Workload] | None" = None,
-                 distribution: ScenarioDistribution | None = None, reward: Reward = "simulator",
+                 distribution: ScenarioDistribution | None = None, reward: str = "simulator",
                  normalise: Normalise = "roofline") -> None:
-        if reward not in ("simulator", "learned"):
-            raise SpecError(f"reward: unknown reward {reward!r}; use simulator or learned")
+        from hetpart.costmodel.predictor import available_predictors
+
+        if reward not in available_predictors():
+            raise SpecError(f"reward: unknown predictor {reward!r}; use one of {', '.join(available_predictors())}")
         if normalise not in ("roofline", "memory_lifted"):
             raise SpecError(f"normalise: unknown ceiling {normalise!r}; use roofline or memory_lifted")
         self.fixed = scenario
@@ -90,7 +92,7 @@ class PartitionEnv(gym.Env):
     def _scenario(self) -> tuple[Scenario, StaticFeatures, float]:
         if self.fixed is not None:
             if self._fixed_built is None:
-                scenario = Scenario(*self.fixed)
+                scenario = Scenario(*self.fixed, evaluator=self._evaluator(*self.fixed))
                 if not scenario.feasible:
                     raise WorkloadError(f"{scenario.model.name} on {scenario.cluster.name}: no structure of the "
                                         "search space fits in memory; the environment has nothing to learn")
@@ -101,7 +103,7 @@ class PartitionEnv(gym.Env):
             return scenario, static, ceiling
         for _ in range(100):
             model, cluster, workload = sample_scenario(self.np_random, self.distribution)
-            scenario = Scenario(model, cluster, workload)
+            scenario = Scenario(model, cluster, workload, evaluator=self._evaluator(model, cluster, workload))
             if scenario.feasible:
                 return scenario, StaticFeatures(scenario), ceiling_tokens_per_s(model, cluster, workload,
                                                                                 self.normalise)
@@ -127,34 +129,20 @@ class PartitionEnv(gym.Env):
         key = self.state.key()
         if self.fixed is not None and key in self._completed:
             return self._completed[key]
-        if self.reward_kind == "learned":
-            value = _learned_tokens_per_s(self.state)
-        else:
-            found = self.state.complete()
-            value = 0.0 if found is None else float(found.tokens_per_s)
+        found = self.state.complete()
+        value = 0.0 if found is None else float(found.tokens_per_s)
         if self.fixed is not None:
             self._completed[key] = value
         return value
+
+    def _evaluator(self, model, cluster, workload):
+        from hetpart.costmodel.evaluator import Evaluator
+        from hetpart.costmodel.predictor import get_predictor
+
+        return Evaluator(model, cluster, workload, predictor=get_predictor(self.reward_kind, model, cluster, workload))
 
     def action_masks(self) -> np.ndarray:
         """``[NUM_ACTIONS]`` booleans for sb3-contrib's MaskablePPO (all False once the episode is over)."""
         if self.state is None or self.state.done:
             return np.zeros(NUM_ACTIONS, dtype=bool) | (np.arange(NUM_ACTIONS) == 0)
         return self.state.action_mask()
-
-
-def _learned_tokens_per_s(state: StructureState) -> float:
-    """The learned cost model's throughput for the best-estimated plan of the finished structure."""
-    try:
-        from hetpart.costmodel.predictor import get_predictor
-    except ImportError as err:
-        raise SpecError("reward: 'learned' needs the learned cost model's predictor registry "
-                        "(hetpart.costmodel.predictor), which this installation lacks; use reward: simulator") from err
-    scored = state.scored()
-    if scored is None:
-        return 0.0
-    s = state.scenario
-    predictor = get_predictor("learned")
-    plans = scored.build()
-    estimates = predictor.estimate_many(s.model, s.cluster, s.workload, plans)
-    return max((e.tokens_per_s for e in estimates if e.fits_in_memory), default=0.0)

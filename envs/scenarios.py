@@ -7,9 +7,9 @@ device types (node groups of one type may differ in NIC and zone), ``min_devices
 ``max_devices`` GPUs, NIC mixes and zones joined by links; workloads draw batch and sequence length.
 
 Held out of the default training distribution (:data:`HELD_OUT`), so that the benchmark can judge
-the policy on what it never saw: the Llama model family (SwiGLU, grouped-query attention, untied
-embeddings: every ``llama*`` catalog entry and every random Llama shape), clusters of more than
-128 GPUs, and clusters of 4 device types.
+the policy on what it never saw: every ``llama*`` and ``gpt3-13b``/``gpt3-175b`` catalog model (random
+GPT-2- and Llama-style shapes of at most 48 blocks are drawn instead), models of more than 48 blocks,
+clusters of more than 128 GPUs, and clusters of 4 device types.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ScenarioDistribution", "sample_scenario", "HELD_OUT", "GPU_TYPES"]
 
-HELD_OUT = ("model family llama (catalog llama2-*/llama3-* and random Llama shapes)",
+HELD_OUT = ("catalog models llama2-*, llama3-*, gpt3-13b, gpt3-175b", "models of more than 48 blocks",
             "clusters of more than 128 GPUs", "clusters of 4 device types")
 
 GPU_TYPES: dict[str, tuple[str, tuple[str, ...], int]] = {
@@ -48,7 +48,7 @@ GPU_TYPES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "Ascend910B-64GB": ("HCCS", ("RoCE-200",), 8),
 }
 _TRAIN_MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b",
-                 "gpt3-13b", "opt-350m", "bert-large")
+                 "opt-350m", "bert-large")
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,11 @@ class ScenarioDistribution:
     """What :func:`sample_scenario` may draw (defaults: the training distribution)."""
 
     catalog_models: tuple[str, ...] = _TRAIN_MODELS
-    """Catalog models drawn half of the time."""
-    families: tuple[str, ...] = ("gpt2",)
-    """Families of the random transformer shapes drawn the other half (``gpt2``, ``llama``)."""
+    """Catalog models, drawn ``catalog_share`` of the time."""
+    catalog_share: float = 0.5
+    """Chance of a catalog model rather than a random shape."""
+    families: tuple[str, ...] = ("gpt2", "llama")
+    """Families of the random transformer shapes drawn otherwise (``gpt2``, ``llama``)."""
     max_layers: int = 48
     """Largest number of blocks of a random shape."""
     gpu_types: tuple[str, ...] = tuple(GPU_TYPES)
@@ -129,7 +131,7 @@ def sample_scenario(rng: np.random.Generator, dist: ScenarioDistribution
     from hetpart.workload import Workload
 
     seq_len = int(rng.choice(dist.seq_lens))
-    if dist.catalog_models and rng.random() < 0.5:
+    if dist.catalog_models and rng.random() < dist.catalog_share:
         name = str(rng.choice(dist.catalog_models))
         seq_len = min(seq_len, MODEL_CATALOG[name].max_positions)
         model = load_model(name, seq_len=seq_len)

@@ -3,9 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --out runs/bench-policy
 
 * **public**: every entry of ``shared/scenarios/suite.yaml`` (given with ``--suite``);
-* **held out** (never in training, :data:`hetpart.envs.scenarios.HELD_OUT`): Llama-family models
-  (catalog and random shapes) on random clusters; GPT models on 4-type clusters; GPT and Llama
-  models on 160 to 512 GPUs; drawn with a fixed seed;
+* **held out** (never in training, :data:`hetpart.envs.scenarios.HELD_OUT`): held-out catalog models
+  (llama2-7b, llama3-8b, llama2-13b, gpt3-13b) on random clusters; models on 4-type clusters; models
+  on 160 to 512 GPUs; drawn with a fixed seed;
 * **scale**: planning time of policy and search against cluster size (up to 1,024 GPUs with an
   80-layer model, and 4,096 GPUs of 4 types).
 
@@ -32,12 +32,11 @@ def held_out_scenarios(seed: int = 7, per_kind: int = 3):
     from hetpart.envs.scenarios import ScenarioDistribution, sample_scenario
     from hetpart.policies.structure import Scenario
 
+    held_models = ("llama2-7b", "llama3-8b", "llama2-13b", "gpt3-13b")
     kinds = {
-        "llama-family": ScenarioDistribution(catalog_models=("llama2-7b", "llama3-8b", "llama2-13b"),
-                                             families=("llama",), max_layers=40, max_devices=128),
+        "held-out-models": ScenarioDistribution(catalog_models=held_models, catalog_share=1.0, max_devices=128),
         "four-types": ScenarioDistribution(min_types=4, max_types=4, min_devices=32, max_devices=128),
-        "160-512-gpus": ScenarioDistribution(catalog_models=("gpt3-6.7b", "llama2-13b", "gpt3-13b"),
-                                             families=("gpt2", "llama"), min_devices=160, max_devices=512),
+        "160-512-gpus": ScenarioDistribution(catalog_models=held_models, min_devices=160, max_devices=512),
     }
     rng = np.random.default_rng(seed)
     out = []
@@ -54,7 +53,7 @@ def held_out_scenarios(seed: int = 7, per_kind: int = 3):
 
 def compare(name: str, model, cluster, workload, samples: int = 16) -> dict:
     """Search, proportional and the policy (greedy, best of K, refined) on one scenario."""
-    from hetpart.costmodel.planner import plan
+    from hetpart.policies import plan
     from hetpart.policies.policy_planner import decode
 
     row = {"scenario": name, "devices": cluster.num_devices, "units": model.num_units}

@@ -46,6 +46,8 @@ class PolicyTrainConfig:
     """Behaviour-cloning epochs over the demonstrations."""
     imitation_max_devices: int = 64
     """Largest cluster of a demonstration scenario (search time grows with it)."""
+    imitation_workers: int = 1
+    """Processes computing demonstrations (each scenario is seeded, so the set does not depend on it)."""
     timesteps: int = 20000
     """PPO environment steps (decisions)."""
     n_envs: int = 4
@@ -109,24 +111,37 @@ def _distribution(cfg: PolicyTrainConfig, max_devices: int):
     return ScenarioDistribution(**(over | {"max_devices": max_devices}))
 
 
-def _demonstrations(cfg: PolicyTrainConfig, progress) -> list:
+def _demonstrate_seed(args) -> list:
+    """The search's decisions on the first feasible scenario drawn from ``seed``."""
     import numpy as np
 
     from hetpart.envs.scenarios import sample_scenario
     from hetpart.policies.imitation import demonstrate
     from hetpart.policies.structure import Scenario
 
-    rng = np.random.default_rng(cfg.seed + 1)
-    dist = _distribution(cfg, cfg.imitation_max_devices)
-    demos = []
-    task = progress.add_task("imitation: search demonstrates", total=cfg.imitation_scenarios)
-    done = 0
-    while done < cfg.imitation_scenarios:
+    seed, dist = args
+    rng = np.random.default_rng(seed)
+    while True:
         scenario = Scenario(*sample_scenario(rng, dist))
-        if not scenario.feasible:
-            continue
-        demos += demonstrate(scenario)
-        done += 1
+        if scenario.feasible:
+            return demonstrate(scenario)
+
+
+def _demonstrations(cfg: PolicyTrainConfig, progress) -> list:
+    import multiprocessing
+
+    dist = _distribution(cfg, cfg.imitation_max_devices)
+    jobs = [(cfg.seed * 100_003 + i, dist) for i in range(cfg.imitation_scenarios)]
+    task = progress.add_task("imitation: search demonstrates", total=len(jobs))
+    demos = []
+    if cfg.imitation_workers > 1:
+        with multiprocessing.get_context("fork").Pool(cfg.imitation_workers) as pool:
+            for found in pool.imap(_demonstrate_seed, jobs):
+                demos += found
+                progress.advance(task)
+        return demos
+    for job in jobs:
+        demos += _demonstrate_seed(job)
         progress.advance(task)
     return demos
 
@@ -162,6 +177,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     from rich.progress import Progress
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CheckpointCallback
+    from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from hetpart.envs import PartitionEnv
@@ -173,7 +189,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     start = time.time()
     tracker = make_tracker(cfg.tracker, cfg.experiment, cfg.seed, cfg, root=cfg.runs_dir)
     dist = _distribution(cfg, cfg.max_devices)
-    env = DummyVecEnv([lambda: PartitionEnv(distribution=dist) for _ in range(cfg.n_envs)])
+    env = DummyVecEnv([lambda: Monitor(PartitionEnv(distribution=dist)) for _ in range(cfg.n_envs)])
     env.seed(cfg.seed)
     summary: dict[str, Any] = {"run": tracker.name}
     if cfg.resume:

@@ -24,7 +24,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from hetpart.policies.observation import SHAPES
-from hetpart.policies.structure import MAX_POOLS, NUM_ACTIONS, NUM_OPTIONS
+from hetpart.policies.structure import NUM_ACTIONS, NUM_OPTIONS
 
 __all__ = ["PlanGNNExtractor", "PointerPolicy", "logits_and_context"]
 

@@ -34,7 +34,7 @@ class Demonstration:
 
 def expert_key(scenario: Scenario) -> tuple | None:
     """The search-space key of the structure whose plan the simulator finds fastest (no refinement)."""
-    from hetpart.costmodel.plan_search import _top_scored
+    from hetpart.policies.plan_search import _top_scored
 
     best, key = None, None
     for scored in _top_scored(scenario.ctx):

@@ -4,7 +4,7 @@ One pass of the network per decision, batched over ``1 + samples`` decodes (the 
 ``samples`` sampled ones, all masked). Every distinct finished structure is completed exactly (the
 search's layer split and batch shares), the completions are ordered by the search's estimate and
 the best few are simulated together (branch and bound, :meth:`Evaluator.best`). Optionally the
-winner is refined as ``search`` refines its own (:func:`hetpart.costmodel.refine.refine`: layer
+winner is refined as ``search`` refines its own (:func:`hetpart.policies.refine.refine`: layer
 boundaries, micro-batches, interleaving), under a time budget.
 
 :func:`decode` returns what each stage contributes (greedy alone, best of K, refined), so benchmarks
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetpart.costmodel.planner import Evaluated, Evaluator, no_plan_error
+from hetpart.costmodel.evaluator import Evaluated, Evaluator
+from hetpart.policies.common import no_plan_error
 from hetpart.errors import SpecError
 from hetpart.policies.observation import StaticFeatures, observe
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState
@@ -32,7 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["DEFAULT_CHECKPOINT", "Decoded", "decode", "plan_policy", "load_policy"]
+__all__ = ["DEFAULT_CHECKPOINT", "Decoded", "decode", "plan_policy", "load_policy", "PolicyPlanner", "POLICY",
+           "OPTIONS"]
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("checkpoints") / "policy.zip"
 """The shipped checkpoint (``hetpart train-policy --config experiments/configs/policy.yaml``)."""
@@ -108,7 +110,7 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
            simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 0.8,
-           seed: int = 0, checkpoint: str | Path | None = None) -> Decoded:
+           seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None) -> Decoded:
     """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
 
     Args:
@@ -117,13 +119,14 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         refine: hill-climb the winner as ``search`` does (within the time budget).
         time_budget_s: completion and refinement stop starting new work past this many seconds
             (the greedy structure is always completed).
+        evaluator: its predictor prices the plans (default: the default predictor).
     """
-    start = time.perf_counter()
+    loading = time.perf_counter()
     policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
-    scenario = Scenario(model, cluster, workload)
-    evaluator = _Deadline(model, cluster, workload)
-    scenario.evaluator = evaluator
-    timings = {"load_s": time.perf_counter() - start}
+    start = time.perf_counter()  # the budget is for planning; loading the network happens once per process
+    evaluator = _Deadline(model, cluster, workload, predictor=evaluator.predictor if evaluator else None)
+    scenario = Scenario(model, cluster, workload, evaluator=evaluator)
+    timings = {"load_s": start - loading}
     if not scenario.feasible:
         raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
     static = StaticFeatures(scenario)
@@ -136,10 +139,10 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     for s in states:
         distinct.setdefault(s.key(), s)
     greedy = _complete(evaluator, states[0])
-    deadline = start + time_budget_s
+    deadline = start + time_budget_s / 2  # half for completing samples, the rest for refinement
     scored = [greedy_scored] if (greedy_scored := states[0].scored()) is not None else []
     best_estimate = scored[0].estimate_s if scored else math.inf
-    for key, s in sorted(distinct.items(), key=lambda kv: kv[1].bound_s()):
+    for s in sorted(distinct.values(), key=StructureState.bound_s):
         if s is states[0] or time.perf_counter() > deadline:
             continue
         found = s.scored(threshold=best_estimate * 1.25)  # the estimate is a model: keep near misses
@@ -147,12 +150,12 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
             scored.append(found)
             best_estimate = min(best_estimate, found.estimate_s)
     scored.sort()
-    evaluator.deadline = deadline
+    evaluator.deadline = start + time_budget_s
     sampled = evaluator.best([p for sc in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
     timings["sample_s"] = time.perf_counter() - start
     refined = None
     if refine and sampled is not None:
-        from hetpart.costmodel.refine import refine as hill_climb
+        from hetpart.policies.refine import refine as hill_climb
 
         refined = hill_climb(evaluator, sampled, refine_steps)
     timings["total_s"] = time.perf_counter() - start
@@ -171,8 +174,31 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: no structure fits in memory.
     """
-    del evaluator  # the policy prices with its own deadline-aware evaluator
-    found = decode(model, cluster, workload, **options).best
+    found = decode(model, cluster, workload, evaluator=evaluator, **options).best
     if found is None:
         raise no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found
+
+
+OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "time_budget_s", "seed", "checkpoint"})
+
+
+@dataclass(frozen=True)
+class PolicyPlanner:
+    """The registry's ``policy`` planner (a :class:`~hetpart.policies.common.Planner`)."""
+
+    name: str = "policy"
+    options: frozenset = OPTIONS
+    description: str = "the trained GNN policy: greedy + best-of-K structures, exact completion, search's refinement"
+
+    def prepare(self, checkpoint: str | Path | None = None) -> None:
+        """Load the network once (``plan`` times planning, not reading the checkpoint)."""
+        load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
+
+    def plan(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: Evaluator,
+             **options: Any) -> Evaluated:
+        return plan_policy(model, cluster, workload, evaluator=evaluator, **options)
+
+
+POLICY = PolicyPlanner()
+"""The registry's ``policy`` planner."""

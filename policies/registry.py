@@ -28,8 +28,9 @@ _PLANNERS: dict[str, Union[Planner, str]] = {
     "uniform": "hetpart.policies.plan_uniform:UNIFORM",
     "proportional": "hetpart.policies.plan_proportional:PROPORTIONAL",
     "search": "hetpart.policies.plan_search:SEARCH",
+    "policy": "hetpart.policies.policy_planner:POLICY",
 }
-_PLACEHOLDERS = {"policy": "the learned GNN policy registers itself here once it is trained"}
+_PLACEHOLDERS: dict[str, str] = {}
 """Names the CONTRACT promises that no planner answers yet: asked for, they say why."""
 
 

@@ -32,16 +32,17 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from hetpart.costmodel.planner import Evaluator, microbatch_options, recompute_modes
-from hetpart.costmodel.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
-                                           _PoolConfig, _sync_s, _typed_scorer, make_context)
-from hetpart.costmodel.partition import split_layers
+from hetpart.costmodel.evaluator import Evaluator
 from hetpart.costmodel.pools import Pool, divisors, tp_groups, tp_options
+from hetpart.policies.common import microbatch_options, recompute_modes
+from hetpart.policies.partition import split_layers
+from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
+                                          _PoolConfig, _sync_s, _typed_scorer, make_context)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.costmodel.evaluator import Evaluated
-    from hetpart.costmodel.search_costs import StageCosts
+    from hetpart.policies.search_costs import StageCosts
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
@@ -88,9 +89,11 @@ class Scenario:
 
     Args:
         model, cluster, workload: what to plan.
+        evaluator: prices finished plans (default: the default predictor's :class:`Evaluator`).
     """
 
-    def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> None:
+    def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload",
+                 evaluator: Evaluator | None = None) -> None:
         self.model, self.cluster, self.workload = model, cluster, workload
         self.ctx = make_context(model, cluster, workload, SearchOptions())
         self.pools: list[Pool] = self.ctx.pools
@@ -102,7 +105,7 @@ class Scenario:
         self.tps = [tp_options(p, model)[:NUM_OPTIONS - 1] for p in self.pools]
         self.modes = recompute_modes(workload)
         self.lenient = "full" if "full" in self.modes else self.modes[0]
-        self.evaluator = Evaluator(model, cluster, workload)
+        self.evaluator = evaluator or Evaluator(model, cluster, workload)
         self._cache: dict[tuple, object] = {}
 
     def _memo(self, key: tuple, compute):

@@ -69,7 +69,7 @@ def test_predict_flag_form_is_the_megatron_grid(capsys) -> None:
 
 
 def test_clear_errors_for_unbuilt_and_impossible_requests(capsys, tmp_path: Path) -> None:
-    assert "--planner: 'policy' is not built yet" in _error(capsys, "plan", *SMALL, "--planner", "policy")
+    assert "--planner: unknown planner 'oracle'" in _error(capsys, "plan", *SMALL, "--planner", "oracle")
     assert "--predictor: 'learned' is not built yet" in _error(
         capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "1", "--predictor", "learned")
     err = _error(capsys, "plan", "--model", "llama2-13b", "--cluster", "tiny-mixed", "--global-batch", "8",
@@ -119,7 +119,7 @@ def test_bench_writes_results_csv_and_plots(capsys, tmp_path: Path) -> None:
     big = [r for r in rows if r["scenario"] == "too-big"]
     assert big and all(r["tokens_per_s"] == "" and "no plan" in r["error"] for r in big)
     assert (out / "throughput.png").stat().st_size > 0 and (out / "pct_upper_bound.png").stat().st_size > 0
-    assert "policy' is not built yet" in _error(capsys, "bench", "--suite", str(suite), "--planners", "policy",
+    assert "unknown planner 'oracle'" in _error(capsys, "bench", "--suite", str(suite), "--planners", "oracle",
                                                 "--out", str(out))
 
 

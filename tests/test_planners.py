@@ -93,10 +93,10 @@ def test_fixed_recompute_is_obeyed_and_auto_may_choose(tiny) -> None:
         "none", "selective", "full")
 
 
-def test_policy_and_unknown_planners_are_clear_errors(tiny) -> None:
+def test_unknown_planners_are_clear_errors(tiny) -> None:
     model, cluster, workload = tiny
-    with pytest.raises(PlanError, match=r"--planner: 'policy' is not built yet.*use one of uniform, proportional, search"):
-        plan(model, cluster, workload, "policy")
+    with pytest.raises(PlanError, match=r"--planner: unknown planner 'fastest'.*use one of uniform, proportional, search"):
+        plan(model, cluster, workload, "fastest")
     with pytest.raises(PlanError, match=r"--planner: unknown planner 'fastest'"):
         plan(model, cluster, workload, "fastest")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetpart import Workload, load_cluster, load_model
-from hetpart.costmodel.partition import split_layers
+from hetpart.policies.partition import split_layers
 from hetpart.envs import ENV_ID, PartitionEnv, ScenarioDistribution, sample_scenario
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState, greedy_fits
 
@@ -129,5 +129,5 @@ def test_reward_is_throughput_over_roofline():
 def test_bad_reward_name_is_refused():
     from hetpart.errors import SpecError
 
-    with pytest.raises(SpecError, match="reward: unknown reward 'oracle'"):
+    with pytest.raises(SpecError, match="reward: unknown predictor 'oracle'"):
         PartitionEnv(reward="oracle")

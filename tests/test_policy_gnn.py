@@ -1,0 +1,80 @@
+"""The GNN policy: permutation invariance over pools, one network for every cluster size, the planner."""
+
+import numpy as np
+import pytest
+import torch
+
+from hetpart import Workload, load_cluster, load_model
+from hetpart.envs import PartitionEnv
+from hetpart.policies.observation import SHAPES
+from hetpart.policies.structure import MAX_POOLS
+
+
+def _extractor():
+    from hetpart.policies.gnn import PlanGNNExtractor
+
+    torch.manual_seed(0)
+    return PlanGNNExtractor(PartitionEnv().observation_space, hidden=16).eval()
+
+
+def _obs(cluster: str):
+    env = PartitionEnv(scenario=(load_model("gpt2-small", seq_len=256), load_cluster(cluster), Workload(16, 256)))
+    env.reset(seed=0)
+    obs, *_ = env.step(MAX_POOLS)  # mixed pipelines: the next decision is a pointer over the pools
+    assert env.state.phase == "pick"
+    return obs
+
+
+def _permuted(obs, perm):
+    out = {k: v.copy() for k, v in obs.items()}
+    pools = obs["pools"].reshape(SHAPES["pools"]).copy()
+    adj = obs["pool_adj"].reshape(SHAPES["pool_adj"]).copy()
+    full = np.arange(MAX_POOLS)
+    full[: len(perm)] = perm
+    out["pools"] = pools[full].ravel()
+    out["pool_mask"] = obs["pool_mask"][full]
+    out["pool_adj"] = adj[np.ix_(full, full)].ravel()
+    return out, full
+
+
+def test_pointer_logits_follow_a_permutation_of_the_pools():
+    net = _extractor()
+    obs = _obs("three-generations")
+    perm = np.array([2, 0, 1])
+    moved, full = _permuted(obs, perm)
+    batch = lambda o: {k: torch.as_tensor(v)[None] for k, v in o.items()}  # noqa: E731
+    with torch.no_grad():
+        a, b = net(batch(obs))[0], net(batch(moved))[0]
+    torch.testing.assert_close(b[:MAX_POOLS][: len(perm)], a[:MAX_POOLS][torch.as_tensor(perm)])
+    torch.testing.assert_close(b[MAX_POOLS:], a[MAX_POOLS:])  # options and context do not move
+
+
+def test_one_network_serves_clusters_of_any_size():
+    net = _extractor()
+    with torch.no_grad():
+        for cluster in ("a100-8", "tiny-mixed", "three-generations"):
+            out = net({k: torch.as_tensor(v)[None] for k, v in _obs(cluster).items()})
+            assert out.shape[-1] == net.features_dim and torch.isfinite(out).all()
+
+
+@pytest.mark.slow
+def test_policy_planner_plans_that_fit_and_pass_the_runtime_rules():
+    from hetpart.policies import plan
+
+    model, cluster = load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed")
+    result = plan(model, cluster, Workload(16, 256), "policy")
+    assert result.prediction.fits_in_memory and result.planner == "policy"
+    assert result.plan.validate(model, cluster) == []
+    from hetpart.policies.policy_planner import decode
+
+    found = decode(model, cluster, Workload(16, 256), samples=4)
+    assert found.greedy is not None and found.sampled.tokens_per_s >= found.greedy.tokens_per_s
+
+
+def test_policy_planner_refuses_unknown_options():
+    from hetpart.errors import PlanError
+    from hetpart.policies import plan
+
+    with pytest.raises(PlanError, match="temperature"):
+        plan(load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256), "policy",
+             temperature=2.0)
