@@ -117,7 +117,7 @@ class PartitionEnv(gym.Env):
         action = int(action)
         if not (0 <= action < NUM_ACTIONS and mask[action]):
             action = int(np.flatnonzero(mask)[0])
-        self.state.step(action)
+        self.state.step(action, mask)
         reward, info = 0.0, {}
         if self.state.done:
             tokens_per_s = self._tokens_per_s()

@@ -105,7 +105,7 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
         else:
             p = np.exp(logits[row] - logits[row].max())
             action = int(rng.choice(NUM_ACTIONS, p=p / p.sum()))
-        states[i].step(action)
+        states[i].step(action, masks[row])
 
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,

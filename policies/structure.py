@@ -335,9 +335,11 @@ class StructureState:
         return s.pool_fits(self.pool, tp, pp, self.mb, self.rc) and self._typed_next_ok(dp)
 
     # ------------------------------------------------------------------------------------- stepping
-    def step(self, action: int) -> None:
-        """Apply a choice that :meth:`action_mask` allows (raises ``ValueError`` otherwise)."""
-        if self.phase == "done" or not 0 <= action < NUM_ACTIONS or not self.action_mask()[action]:
+    def step(self, action: int, mask: np.ndarray | None = None) -> None:
+        """Apply a choice that :meth:`action_mask` allows (raises ``ValueError`` otherwise); ``mask`` is
+        the state's current mask when the caller has it already."""
+        mask = self.action_mask() if mask is None else mask
+        if self.phase == "done" or not 0 <= action < NUM_ACTIONS or not mask[action]:
             raise ValueError(f"action {action} is not allowed in phase {self.phase}")
         value = None if action < MAX_POOLS else self.option_values()[action - MAX_POOLS]
         phase = self.phase
