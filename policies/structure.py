@@ -17,8 +17,10 @@ Actions are one flat index space: ``MAX_POOLS`` pointer slots (pools, padded) fo
 ``NUM_OPTIONS`` option slots whose meaning depends on the phase (``option_values`` says what each
 slot stands for). :meth:`StructureState.action_mask` rules out every choice after which no plan of
 the finished structure could fit in memory (a choice is kept only when a completion that fits
-exists), every invalid one (tensor parallelism across nodes or heads, more stages than units, a
-batch that does not divide), and zone-splitting pipeline orders. Memory feasibility of a pipeline
+exists), every invalid one (more stages than units, a batch that does not divide), zone-splitting
+pipeline orders, and whatever the runtime's rules (:mod:`hetpart.rules`) refuse: tensor-parallel
+degrees come from :func:`~hetpart.costmodel.pools.tp_options` (``allowed_tp_degrees``), and stages of
+one pipeline, or replicas, may differ in TP only where ``RULES`` says so. Memory feasibility of a pipeline
 is decided by a greedy farthest-reach split, exact because a stage that holds units ``[a, b)``
 also holds any sub-range (memory only grows with the range); it agrees with the dynamic program's
 memory mask at a fraction of its cost. The simulator's memory check runs on the finished plans.
@@ -36,6 +38,7 @@ from hetpart.costmodel.evaluator import Evaluator
 from hetpart.costmodel.pools import Pool, divisors, tp_groups, tp_options
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.partition import split_layers
+from hetpart.rules import RULES
 from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
                                           _PoolConfig, _sync_s, _typed_scorer, make_context)
 
@@ -158,9 +161,16 @@ class Scenario:
         def compute() -> bool:
             if order and self.stop_ok(order, tps):
                 return True
-            return any(self.can_finish(order + (p,), tps + (t,)) for p in self.pickable(order) for t in self.tps[p])
+            return any(self.can_finish(order + (p,), tps + (t,)) for p in self.pickable(order)
+                       for t in self.tp_choices(p, tps))
 
         return self._memo(("finish", order, tps), compute)
+
+    def tp_choices(self, pool: int, chosen: tuple[int, ...]) -> list[int]:
+        """TP degrees the pool may take next to the degrees already ``chosen`` (the runtime's rules)."""
+        if chosen and not RULES.stages_may_differ_in_tp("1f1b"):
+            return [t for t in self.tps[pool] if t == chosen[0]]
+        return list(self.tps[pool])
 
     def pickable(self, order: tuple[int, ...]) -> list[int]:
         """Pools that may come next: unused, and not in a zone the pipeline already left."""
@@ -274,7 +284,7 @@ class StructureState:
         if self.phase == "pick":
             return ["stop"]
         if self.phase == "tp":
-            return list(s.tps[self.order[-1]])
+            return s.tp_choices(self.order[-1], self.tps)
         if self.phase == "dp":
             return s.dp_options(self.order, self.tps)
         if self.phase == "mb":
@@ -282,7 +292,8 @@ class StructureState:
         if self.phase == "rc":
             return list(s.modes)
         if self.phase == "ttp":
-            return [0] + list(s.tps[self.pool])  # 0: the pool stays unused
+            first = (self.typed[0][1],) if self.typed and not RULES.replicas_may_differ_in_tp else ()
+            return [0] + s.tp_choices(self.pool, first)  # 0: the pool stays unused
         if self.phase == "tpp":
             return s.pp_options(self.pool, self.pending_tp)
         return []
@@ -297,7 +308,7 @@ class StructureState:
             opt[0], opt[1] = s.mixed_ok, s.any_typed_ok
         elif self.phase == "pick":
             for p in s.pickable(self.order):
-                mask[p] = any(s.can_finish(self.order + (p,), self.tps + (t,)) for t in s.tps[p])
+                mask[p] = any(s.can_finish(self.order + (p,), self.tps + (t,)) for t in s.tp_choices(p, self.tps))
             opt[0] = bool(self.order) and s.stop_ok(self.order, self.tps)
         elif self.phase == "tp":
             for i, t in enumerate(values):
