@@ -132,8 +132,15 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     static = StaticFeatures(scenario)
     states = [StructureState(scenario) for _ in range(1 + samples)]
     rng = np.random.default_rng(seed)
-    while not all(s.done for s in states):
-        _run_network(policy, states, static, rng)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # batches of a few dozen rows: more threads only spin on a busy machine
+    try:
+        while not all(s.done for s in states):
+            _run_network(policy, states, static, rng)
+    finally:
+        torch.set_num_threads(threads)
     timings["decode_s"] = time.perf_counter() - start
     distinct: dict[tuple, StructureState] = {}
     for s in states:

@@ -30,11 +30,21 @@ def _optimum(scenario: Scenario) -> float:
 @pytest.mark.slow
 def test_ppo_reaches_the_known_optimum_on_a_toy_scenario():
     import torch
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread only spins on a busy 2-core machine
+    try:
+        _learn_and_check()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _learn_and_check():
     from sb3_contrib import MaskablePPO
 
     from hetpart.policies.gnn import PointerPolicy
 
-    torch.manual_seed(0)
     problem = (load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256))
     optimum = _optimum(Scenario(*problem))
     env = PartitionEnv(scenario=problem)
