@@ -92,9 +92,14 @@ def test_wandb_offline_run_beside_tensorboard(tmp_path, monkeypatch):
     with make_tracker("tensorboard,wandb", "bench/suite", seed=2, config={"a": 1}, root=tmp_path) as t:
         assert isinstance(t, MultiTracker)
         t.log({"bench/tokens_per_s": 1000.0}, step=0)
+        logger = sb3_logger(t)  # SB3's records reach wandb too (a forwarding writer beside TensorBoard and CSV)
+        assert any(type(f).__name__ == "_ForwardToTracker" for f in logger.output_formats)
+        logger.record("rollout/ep_rew_mean", 2.0)
+        logger.dump(step=8)
     import os
 
     assert os.environ["WANDB_MODE"] == "offline"
     offline = list((t.run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
-    assert _scalars(t.run_dir)["bench/tokens_per_s"] == [(0, 1000.0)]
+    scalars = _scalars(t.run_dir)
+    assert scalars["bench/tokens_per_s"] == [(0, 1000.0)] and scalars["rollout/ep_rew_mean"] == [(8, 2.0)]
