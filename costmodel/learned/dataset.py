@@ -1,0 +1,110 @@
+"""The surrogate's data set: random scenarios, random valid plans, simulator labels (seeded).
+
+Each scenario is split by what it holds: scenarios whose model family is in ``heldout_families`` or
+whose cluster shape (device types x zones, :attr:`Scenario.shape`) is in ``heldout_shapes`` go to the
+``test`` split and are never trained on; the others are split ``train`` / ``val`` at random.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hetpart.errors import HetpartError, SpecError
+
+from hetpart.costmodel.learned.encode import ScenarioContext, teacher_labels
+from hetpart.costmodel.learned.sampling import random_plan, random_scenario
+
+__all__ = ["DatasetConfig", "build_dataset", "save_dataset", "load_dataset"]
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """What `hetpart costmodel dataset` samples."""
+
+    seed: int = 0
+    """Seed of every random draw."""
+    scenarios: int = 300
+    """Scenarios (model, cluster, workload) to sample."""
+    plans_per_scenario: int = 48
+    """Random valid plans drawn per scenario (invalid draws are skipped)."""
+    max_devices: int = 1024
+    """Largest cluster drawn (the sampler's budget is log-uniform from 2 devices up to this)."""
+    max_replicas: int = 32
+    """Largest data-parallel degree of a random plan."""
+    heldout_families: tuple[str, ...] = ("llama3", "opt", "bert")
+    """Model families kept out of training (test split only)."""
+    heldout_shapes: tuple[str, ...] = ("4t2z", "4t3z")
+    """Cluster shapes kept out of training (test split only)."""
+    val_share: float = 0.1
+    """Share of the remaining scenarios kept for validation."""
+
+    def __post_init__(self) -> None:
+        for name in ("scenarios", "plans_per_scenario", "max_devices", "max_replicas"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise SpecError(f"dataset config: {name}: expected a whole number >= 1, got {value!r}")
+
+
+def _split(rng: random.Random, cfg: DatasetConfig, family: str, shape: str) -> str:
+    if family in cfg.heldout_families or shape in cfg.heldout_shapes:
+        return "test"
+    return "val" if rng.random() < cfg.val_share else "train"
+
+
+def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Sample and label ``cfg.scenarios`` scenarios; one record per scenario.
+
+    A record holds the specs (``model_spec``, ``cluster_spec``, ``global_batch``), the plans (dicts),
+    ``log_step_s`` (the simulator's log step time per plan), the encoded :class:`PlanBatch` with the
+    teacher's leaf labels, the ``split``, ``family`` and ``shape``.
+    """
+    from hetpart.costmodel.simulator import Simulator
+
+    rng = random.Random(cfg.seed)
+    out = []
+    for i in range(cfg.scenarios):
+        sc = random_scenario(rng, max_devices=cfg.max_devices)
+        sim = Simulator(sc.model, sc.cluster)
+        plans, ys = [], []
+        for _ in range(cfg.plans_per_scenario):
+            plan = random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
+            if plan is None or plan.validate(sc.model, sc.cluster):
+                continue
+            try:
+                ys.append(math.log(sim.estimate(plan).step_time_s))
+            except HetpartError:
+                continue
+            plans.append(plan)
+        if progress:
+            progress(i + 1, cfg.scenarios)
+        if len(plans) < 4:
+            continue
+        batch = teacher_labels(ScenarioContext(sc.model, sc.cluster), plans)
+        out.append({"name": sc.name, "family": sc.family, "shape": sc.shape, "split": _split(rng, cfg, sc.family,
+                                                                                             sc.shape),
+                    "model_spec": sc.model_spec, "cluster_spec": sc.cluster_spec, "global_batch": sc.global_batch,
+                    "plans": [p.to_dict() for p in plans], "log_step_s": ys, "batch": batch})
+    return out
+
+
+def save_dataset(records: list[dict[str, Any]], cfg: DatasetConfig, path: str | Path) -> None:
+    """Write records and their config (``torch.save``)."""
+    import torch
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": asdict(cfg), "records": records}, path)
+
+
+def load_dataset(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(config dict, records)`` of a file written by :func:`save_dataset`."""
+    import torch
+
+    if not Path(path).is_file():
+        raise SpecError(f"{path}: no such data set; build one with 'hetpart costmodel dataset --out {path}'")
+    data = torch.load(path, weights_only=False)
+    return data["config"], data["records"]
+

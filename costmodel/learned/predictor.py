@@ -1,0 +1,240 @@
+"""The learned predictor: the surrogate behind the Predictor protocol (``--predictor learned``).
+
+It prices plans without running the simulator: the shipped checkpoint
+(``costmodel/learned/checkpoints/surrogate.pt``, or ``checkpoint=`` / ``HETPART_SURROGATE``) maps a
+batch of plans to log step times in one forward pass. Memory is analytic (the simulator's
+accounting), never learned.
+
+Every answer carries its uncertainty (``metrics["uncertainty"]``): the variance head's relative
+standard deviation, and ``out_of_distribution`` when some input lies outside what the model was
+trained on (then the relative standard deviation is at least ``OOD_RELATIVE_STD``). It never refuses
+an input the simulator accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetpart.cluster import Cluster
+from hetpart.errors import PlanError, WorkloadError
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.plan import Plan
+from hetpart.workload import DTYPE_BYTES, Workload
+
+from hetpart.costmodel.learned.encode import ScenarioContext, encode_plans
+
+__all__ = ["LearnedPredictor", "LearnedEstimate", "learned_predictor", "default_checkpoint", "OOD_RELATIVE_STD"]
+
+OOD_RELATIVE_STD = 0.5
+"""Relative standard deviation reported, at least, for an input outside the training ranges."""
+_OOD_MARGIN = 0.25
+"""How far (in normalised feature units) outside the training range an input may go unflagged."""
+
+
+def default_checkpoint() -> Path:
+    """``$HETPART_SURROGATE`` or the checkpoint shipped with the package."""
+    env = os.environ.get("HETPART_SURROGATE")
+    return Path(env) if env else Path(__file__).parent / "checkpoints" / "surrogate.pt"
+
+
+@dataclass(frozen=True)
+class LearnedEstimate:
+    """:class:`~hetpart.costmodel.simulator.Estimate`'s fields plus the uncertainty."""
+
+    step_time_s: float
+    tokens_per_s: float
+    fits_in_memory: bool
+    memory_headroom_gb: float
+    relative_std: float
+    """Standard deviation of the step time over the step time (the variance head, OOD-inflated)."""
+    out_of_distribution: bool
+    """Some input lies outside the training data's range."""
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+def _load(path: Path):
+    key = str(path.resolve())
+    if key not in _MODELS:
+        if not path.is_file():
+            raise PlanError(f"--predictor learned: no surrogate checkpoint at {path}; train one with "
+                            "'hetpart costmodel train' or set HETPART_SURROGATE")
+        from hetpart.costmodel.learned.train import load_checkpoint
+
+        _MODELS[key] = load_checkpoint(path)
+    return _MODELS[key]
+
+
+class LearnedPredictor:
+    """Predictor protocol (``name``, ``version``, ``estimate_batch``, ``predict``); no lower bound."""
+
+    name = "learned"
+
+    def __init__(self, model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
+                 checkpoint: str | Path | None = None, precision: str | None = None) -> None:
+        import torch
+
+        self.model, self.cluster, self.workload = model, cluster, workload
+        path = Path(checkpoint) if checkpoint else default_checkpoint()
+        self.net, meta = _load(path)
+        self.version = f"surrogate:{path.name}:epoch{meta.get('epoch', '?')}"
+        self._ranges = {k: (np.asarray(lo), np.asarray(hi)) for k, (lo, hi) in meta.get("input_ranges", {}).items()}
+        self._torch = torch
+        self._ctx: dict[str, ScenarioContext] = {}
+        self._precision = precision
+
+    def _context(self, precision: str) -> ScenarioContext:
+        if precision not in self._ctx:
+            self._ctx[precision] = ScenarioContext(self.model, self.cluster, precision)
+        return self._ctx[precision]
+
+    def _check(self, plan: Plan) -> None:
+        if plan.seq_len != self.model.seq_len:
+            raise PlanError(f"plan: seq_len: {plan.seq_len} but the model graph was built for {self.model.seq_len} "
+                            f"tokens; load the model with seq_len={plan.seq_len}")
+        if DTYPE_BYTES[plan.precision] != self.model.dtype_bytes:
+            raise PlanError(f"plan: precision: {plan.precision!r} but the model graph was built with "
+                            f"{self.model.dtype_bytes}-byte activations")
+
+    def _ood(self, batch) -> np.ndarray:
+        """Per encoded plan: whether an input lies outside the training ranges."""
+        flags = np.zeros(batch.num_plans, bool)
+        if not self._ranges:
+            return flags
+
+        def outside(key, x):
+            lo, hi = self._ranges[key]
+            return ((x < lo - _OOD_MARGIN) | (x > hi + _OOD_MARGIN)).any(-1)
+
+        if batch.unit_x.size and outside("unit_x", batch.unit_x).any():
+            bad_cfg = set(np.nonzero(outside("unit_x", batch.unit_x).any(-1))[0].tolist())
+            for r, ids in enumerate(batch.rep_stages):
+                if any(batch.stage_cfg[s] in bad_cfg for s in ids if s >= 0):
+                    flags[batch.rep_plan[r]] = True
+        flags |= outside("plan_x", batch.plan_x)
+        if batch.seg_x.size:
+            np.logical_or.at(flags, batch.seg_plan, outside("seg_x", batch.seg_x))
+        p2p = outside("p2p_x", batch.p2p_x).any(-1)
+        np.logical_or.at(flags, batch.rep_plan, p2p)
+        return flags
+
+    def _run(self, plans: Sequence[Plan]) -> tuple[list, Any]:
+        """Per plan ``(log step, log var, ood)`` or an error string; plans grouped by precision."""
+        from hetpart.costmodel.learned.surrogate import to_tensors
+
+        out: list = [None] * len(plans)
+        by_precision: dict[str, list[int]] = {}
+        for i, plan in enumerate(plans):
+            try:
+                self._check(plan)
+            except PlanError as exc:
+                out[i] = str(exc)
+                continue
+            by_precision.setdefault(plan.precision, []).append(i)
+        batches = {}
+        for precision, idx in by_precision.items():
+            batch = encode_plans(self._context(precision), [plans[i] for i in idx])
+            for j, msg in batch.errors.items():
+                out[idx[j]] = msg
+            if batch.num_plans:
+                with self._torch.no_grad():
+                    mu, log_var = self.net(to_tensors(batch))
+                ood = self._ood(batch)
+                for row, j in enumerate(batch.rows):
+                    out[idx[j]] = (float(mu[row]), float(log_var[row]), bool(ood[row]), batch, row)
+            batches[precision] = batch
+        return out, batches
+
+    def estimate_batch(self, plans: Sequence[Plan]) -> list[LearnedEstimate]:
+        """Step time, memory fit and uncertainty of each plan, in one forward pass per precision.
+
+        Raises:
+            PlanError: for the first plan that cannot be priced (use :meth:`estimate_many` to get
+                one answer or error per plan).
+        """
+        out = []
+        for res in self.estimate_many(plans):
+            if isinstance(res, str):
+                raise PlanError(res)
+            out.append(res)
+        return out
+
+    def estimate_many(self, plans: Sequence[Plan]) -> list[LearnedEstimate | str]:
+        """Like :meth:`estimate_batch`, with an error message in place of each plan it cannot price."""
+        results, _ = self._run(plans)
+        out: list[LearnedEstimate | str] = []
+        for plan, res in zip(plans, results):
+            if isinstance(res, str):
+                out.append(res)
+                continue
+            mu, log_var, ood, batch, row = res
+            step = math.exp(mu)
+            std = math.sqrt(math.exp(log_var))
+            if ood:
+                std = max(std, OOD_RELATIVE_STD)
+            headroom = self._headroom(plan, batch.memory_gb[row])
+            out.append(LearnedEstimate(step, plan.global_batch * plan.seq_len / step, bool(batch.fits[row]),
+                                       headroom, std, ood))
+        return out
+
+    def _headroom(self, plan: Plan, memory: dict[str, float]) -> float:
+        from hetpart.costmodel.memory import memory_capacity_gb
+
+        caps = {}
+        for d in plan.devices:
+            gpu = self.cluster.device(d).gpu
+            caps[gpu.name] = min(caps.get(gpu.name, math.inf), memory_capacity_gb(gpu))
+        return min((caps[k] - v for k, v in memory.items() if k in caps), default=0.0)
+
+    def predict(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
+                trace: bool = False):
+        """The CONTRACT metrics of one plan (the step time learned, memory analytic), with
+        ``metrics["uncertainty"]``. ``trace`` is not supported by a learned model (no timeline)."""
+        from hetpart.costmodel.simulator import Prediction
+
+        if validate:
+            plan.check(self.model, self.cluster)
+        if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
+            raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
+                                f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
+        est = self.estimate_batch([plan])[0]
+        results, _ = self._run([plan])
+        _, _, _, batch, row = results[0]
+        metrics = self.metrics(plan, est, batch.memory_gb[row])
+        return Prediction(step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
+                          samples_per_s=plan.global_batch / est.step_time_s, fits_in_memory=est.fits_in_memory,
+                          metrics=metrics, memory_gb={}, breakdown=[], timeline=[])
+
+    def metrics(self, plan: Plan, est: LearnedEstimate, memory: dict[str, float]) -> dict[str, Any]:
+        """The CONTRACT ``metrics`` of a plan from its estimate and analytic memory."""
+        step = est.step_time_s
+        samples = plan.global_batch
+        model_flops = self.model.train_flops * samples
+        recompute = sum(u.recompute_flops[plan.recompute] for u in self.model.units) * samples
+        n = plan.num_devices
+        peak = sum(self.cluster.device(d).gpu.tflops(plan.precision) * 1e12 for d in plan.devices)
+        return {
+            "step_time_s": step, "tokens_per_s": est.tokens_per_s, "samples_per_s": samples / step,
+            "hardware_tflops_per_device": float((model_flops + recompute) / step / n / 1e12),
+            "model_tflops_per_device": float(model_flops / step / n / 1e12),
+            "mfu": float(model_flops / step / peak),
+            "bubble_fraction": None,
+            "peak_memory_gb": {k: float(v) for k, v in memory.items()},
+            "fits_in_memory": est.fits_in_memory,
+            "uncertainty": {"relative_std": est.relative_std, "out_of_distribution": est.out_of_distribution,
+                            "step_time_s_low": step * math.exp(-est.relative_std),
+                            "step_time_s_high": step * math.exp(est.relative_std)},
+        }
+
+
+def learned_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
+                      checkpoint: str | Path | None = None) -> LearnedPredictor:
+    """Registry factory for ``learned`` (``hetpart.costmodel.predictor``)."""
+    return LearnedPredictor(model, cluster, workload, checkpoint=checkpoint)

@@ -1,0 +1,211 @@
+"""The surrogate: a decomposed graph network that prices a plan from unit, device and link inputs.
+
+It does not read the simulator's step time or stage totals. It predicts the pieces and adds them up
+(the decomposition that NeuSight and Lumos use), with a structure every pipeline shares:
+
+1. **Unit x configuration messages** (unit node + device-pool node + the stage's tensor-parallel,
+   micro-batch and recompute settings): an MLP predicts per unit the multipliers of its roofline
+   terms, so the forward and backward seconds of a unit on that device are learned, as are its
+   tensor-parallel all-reduce seconds. A stage aggregates its units by a sum (prefix sums: O(1) per
+   stage).
+2. **Stage -> stage messages**: an MLP prices the activation transfer between consecutive stages
+   from its bytes and the link between their nodes.
+3. **Pipeline composition**, differentiable: per replica, ``m * period + (sum of stage times - period
+   + 2 * transfers) / v`` with the period the slowest device's work or, for 1F1B, the slowest cycle
+   through the stages below (in-flight micro-batches over the round trip); the last backward of each
+   stage follows from it.
+4. **Gradient rings**: an MLP prices each data-parallel all-reduce from its bytes and its ring
+   (members, nodes, the links between them); a ring starts once every holder's backward has passed
+   its units and rings of one device group run one after another.
+5. The optimizer moves a learned number of bytes per parameter held over HBM bandwidth.
+6. A **plan-level head** reads the plan's shape and the composed terms and adds a log correction
+   and a log variance: the schedule effects the closed form misses, and the model's uncertainty.
+
+Output: log step time (seconds) and its log variance per plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hetpart.costmodel.features import POOL_FEATURES, UNIT_FEATURES
+from hetpart.costmodel.learned.encode import CONFIG_FEATURES, DP_FEATURES, P2P_FEATURES, PLAN_FEATURES, PlanBatch
+
+__all__ = ["Surrogate", "SurrogateConfig", "TensorBatch", "to_tensors"]
+
+_COMPOSED = 6
+"""Composed terms the plan-level head reads besides PLAN_FEATURES."""
+
+
+@dataclass(frozen=True)
+class SurrogateConfig:
+    """Sizes of the surrogate's networks."""
+
+    hidden: int = 64
+    """Width of the unit network and the plan-level head."""
+    edge_hidden: int = 32
+    """Width of the link and ring networks."""
+
+
+def _mlp(inp: int, hidden: int, out: int, init_bias: list[float] | None = None) -> nn.Sequential:
+    last = nn.Linear(hidden, out)
+    nn.init.zeros_(last.weight)
+    with torch.no_grad():
+        last.bias.copy_(torch.tensor(init_bias or [0.0] * out))
+    return nn.Sequential(nn.Linear(inp, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), last)
+
+
+class TensorBatch(dict):
+    """A :class:`PlanBatch` as torch tensors (attribute access)."""
+
+    __getattr__ = dict.__getitem__
+
+
+def to_tensors(b: PlanBatch) -> TensorBatch:
+    """Convert a :class:`PlanBatch` (numpy) to tensors."""
+    out = TensorBatch()
+    for name, value in vars(b).items():
+        if hasattr(value, "dtype"):
+            t = torch.from_numpy(value)
+            out[name] = t.float() if t.is_floating_point() else t
+        else:
+            out[name] = value
+    return out
+
+
+def _scatter_max(values: torch.Tensor, index: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
+    base = torch.full((size,), fill, dtype=values.dtype)
+    if values.numel() == 0:
+        return base
+    return base.scatter_reduce(0, index, values, "amax", include_self=True)
+
+
+class Surrogate(nn.Module):
+    """Predicts ``(log step seconds, log variance)`` for every plan of a :class:`TensorBatch`."""
+
+    def __init__(self, config: SurrogateConfig = SurrogateConfig()) -> None:
+        super().__init__()
+        self.config = config
+        fu = len(UNIT_FEATURES) + len(POOL_FEATURES) + len(CONFIG_FEATURES)
+        # multipliers of: flop_f, mem_f, flop_b, mem_b, tp_bytes_f, tp_latency_f, tp_bytes_b, tp_latency_b
+        self.unit = _mlp(fu, config.hidden, 8, [0.3, 1.0, 0.3, 1.6, 0.0, 0.0, 0.0, 0.0])
+        self.p2p = _mlp(len(P2P_FEATURES), config.edge_hidden, 2)
+        self.ring = _mlp(len(DP_FEATURES), config.edge_hidden, 2)
+        self.log_optimizer_bytes = nn.Parameter(torch.tensor(math.log(20.0)))
+        self.head = _mlp(len(PLAN_FEATURES) + _COMPOSED, config.hidden, 2, [0.0, -6.0])
+
+    # ------------------------------------------------------------------ pieces
+    def unit_times(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefix sums ``[C, U+1]`` of forward and backward seconds per unit and configuration."""
+        mult = torch.exp(self.unit(b.unit_x).clamp(-8, 8))
+        base = b.unit_base
+        fwd = mult[..., 0] * base[..., 0] + mult[..., 1] * base[..., 2] + mult[..., 4] * base[..., 3] \
+            + mult[..., 5] * base[..., 4]
+        bwd = mult[..., 2] * base[..., 1] + mult[..., 3] * base[..., 2] + mult[..., 6] * base[..., 3] \
+            + mult[..., 7] * base[..., 4]
+        zero = torch.zeros(fwd.shape[0], 1)
+        return torch.cat([zero, fwd.cumsum(1)], 1), torch.cat([zero, bwd.cumsum(1)], 1)
+
+    def _pipelines(self, b: TensorBatch, pf: torch.Tensor, pb: torch.Tensor):
+        cfg, a, z = b.stage_cfg, b.stage_a, b.stage_z
+        f = pf[cfg, z] - pf[cfg, a]
+        bw = pb[cfg, z] - pb[cfg, a]
+        mask = b.rep_stages >= 0
+        idx = b.rep_stages.clamp(min=0)
+        F = f[idx] * mask
+        B = bw[idx] * mask
+        T = F + B
+        mult = torch.exp(self.p2p(b.p2p_x).clamp(-8, 8))
+        C = (mult * b.p2p_base).sum(-1)  # [R, K-1]
+        C = torch.cat([C, torch.zeros(C.shape[0], 1)], 1)[:, :T.shape[1]]
+        pp = mask.sum(1)
+        v = b.rep_v
+        m = b.rep_m
+        K = T.shape[1]
+        # period: the slowest pipeline device's work per micro-batch
+        dev = (torch.arange(K)[None, :] % (pp / v).long().clamp(min=1)[:, None])
+        per_dev = torch.zeros_like(T).scatter_add(1, dev, T)
+        period = per_dev.max(1).values
+        gpipe = F.max(1).values + B.max(1).values
+        period = torch.where(b.rep_gpipe, torch.maximum(period, gpipe), period)
+        # 1F1B: micro-batches in flight (pp - k) bound the round trip through the stages below k
+        suffix_T = T.flip(1).cumsum(1).flip(1)
+        suffix_C = C.flip(1).cumsum(1).flip(1)
+        k = torch.arange(K)[None, :].float()
+        flight = (pp[:, None] - k).clamp(min=1)
+        cycle = (suffix_T + 2 * suffix_C) / flight
+        limits = mask & (m[:, None] > flight) & ~b.rep_gpipe[:, None] & (v[:, None] == 1)
+        period = torch.maximum(period, torch.where(limits, cycle, torch.zeros_like(cycle)).max(1).values)
+        makespan = m * period + (T.sum(1) - period + 2 * C.sum(1)) / v
+        before = torch.cat([torch.zeros(T.shape[0], 1), (B + C).cumsum(1)[:, :-1]], 1)
+        last_bwd = makespan[:, None] - before
+        return makespan, last_bwd, period, T
+
+    def ring_times(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Seconds of each gradient all-reduce ``[G]`` and of its last bucket alone ``[G]``."""
+        mult = torch.exp(self.ring(b.seg_x).clamp(-8, 8))
+        t = mult[:, 0] * b.seg_base[:, 0] + mult[:, 1] * b.seg_base[:, 1]
+        return t, mult[:, 0] * b.seg_base[:, 0] * b.seg_base[:, 2] + mult[:, 1] * b.seg_base[:, 1]
+
+    def _rings(self, b: TensorBatch, pb: torch.Tensor, last_bwd: torch.Tensor, num_plans: int) -> torch.Tensor:
+        if b.seg_x.shape[0] == 0:
+            return torch.zeros(num_plans)
+        t, t_last = self.ring_times(b)
+        done = last_bwd[b.hold_rep, b.hold_k]
+        c = b.hold_cfg
+        whole = b.hold_hi < 0
+        hi, lo = b.hold_hi.clamp(min=0), b.hold_lo.clamp(min=0)
+        start = pb[c, b.hold_first]
+        first = torch.where(whole, done, done - (pb[c, hi] - start))
+        last = torch.where(whole, done, done - (pb[c, lo] - start))
+        G = b.seg_x.shape[0]
+        seg_first = _scatter_max(first, b.hold_seg, G)
+        seg_last = _scatter_max(last, b.hold_seg, G)
+        # rings start in order of readiness; rings sharing a device group run one after another
+        order = torch.argsort(seg_first.detach(), stable=True)
+        order = order[torch.argsort(b.seg_plan[order], stable=True)]
+        plan_of = b.seg_plan[order]
+        counts = torch.bincount(plan_of, minlength=num_plans)
+        offsets = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(G) - offsets[plan_of]
+        slots = torch.full((num_plans, int(counts.max())), -1, dtype=torch.long)
+        slots[plan_of, rank] = order
+        free = torch.zeros(b.num_groups + 1)
+        dp_end = torch.zeros(num_plans)
+        for j in range(slots.shape[1]):
+            seg = slots[:, j]
+            live = seg >= 0
+            seg = seg[live]
+            groups = b.seg_groups[seg]
+            start = torch.maximum(seg_first[seg], free[groups].max(1).values)
+            end = torch.maximum(start + t[seg], seg_last[seg] + t_last[seg])
+            pad = groups == b.num_groups
+            free = free.scatter(0, groups[~pad], end[:, None].expand_as(groups)[~pad])
+            dp_end = dp_end.index_put((torch.nonzero(live).squeeze(1),), torch.maximum(dp_end[live], end))
+        return dp_end
+
+    # ------------------------------------------------------------------ the plan
+    def forward(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log_step_s [N], log_variance [N])``."""
+        n = b.num_plans
+        pf, pb = self.unit_times(b)
+        makespan, last_bwd, period, T = self._pipelines(b, pf, pb)
+        pipe_end = _scatter_max(makespan, b.rep_plan, n)
+        dp_end = self._rings(b, pb, last_bwd, n)
+        sync = torch.maximum(pipe_end, dp_end)
+        opt = (b.opt_base * torch.exp(self.log_optimizer_bytes)).max(1).values
+        opt = _scatter_max(opt, b.rep_plan, n)
+        step = sync + opt
+        busy = _scatter_max(b.rep_m * period, b.rep_plan, n)
+        fill = _scatter_max(T.sum(1), b.rep_plan, n)
+        eps = 1e-12
+        composed = torch.stack([
+            torch.log((dp_end + eps) / (pipe_end + eps)).clamp(-5, 5), torch.log((busy + eps) / (pipe_end + eps)),
+            torch.log((fill + eps) / (pipe_end + eps)), torch.log((opt + eps) / (step + eps)) / 5,
+            torch.log(step + eps) / 10, (dp_end > pipe_end).float()], 1)
+        out = self.head(torch.cat([b.plan_x, composed.detach()], 1))
+        return torch.log(step + eps) + out[:, 0], out[:, 1].clamp(-12, 4)

@@ -1,0 +1,240 @@
+"""Training and evaluating the surrogate: typed YAML config, ranking term, checkpoints and resume.
+
+The loss per scenario batch (all plans of one scenario):
+
+* squared error of the log step time (the simulator's);
+* a pairwise ranking term: logistic loss on every ordered pair of the scenario's plans (TpuGraphs'
+  pairwise loss), so plans are ordered as the simulator orders them;
+* leaf terms: squared log error of the unit and ring seconds against the simulator's own unit costs
+  and all-reduce times (the decomposition is supervised where it is cheap to, as NeuSight trains on
+  kernels);
+* Gaussian negative log likelihood of the variance head (with the mean held fixed).
+
+Metrics go to a ``log(metrics, step)`` callback that the CLI connects to the experiment tracker
+(this package imports no tracker).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hetpart.errors import SpecError
+
+from hetpart.costmodel.learned.surrogate import Surrogate, SurrogateConfig, to_tensors
+
+__all__ = ["TrainConfig", "load_train_config", "train", "evaluate_records", "kendall_tau", "save_checkpoint",
+           "load_checkpoint"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`hetpart costmodel train --config FILE` (YAML keys, all optional)."""
+
+    dataset: str = "runs/costmodel/dataset.pt"
+    """Data set written by `hetpart costmodel dataset`."""
+    out: str = "runs/costmodel/surrogate.pt"
+    """Checkpoint written at the end (and every epoch, for resume)."""
+    epochs: int = 12
+    """Passes over the training scenarios."""
+    lr: float = 3e-3
+    """Adam learning rate (cosine decay to 5% over the epochs)."""
+    rank_weight: float = 0.1
+    """Weight of the pairwise ranking term."""
+    leaf_weight: float = 0.5
+    """Weight of the leaf (unit and ring seconds) terms."""
+    rank_temperature: float = 0.03
+    """Log-time difference at which a pair counts as clearly ordered."""
+    hidden: int = 64
+    edge_hidden: int = 32
+    seed: int = 0
+    threads: int = 2
+    """torch CPU threads."""
+    time_budget_s: float = 1500.0
+    """Stop (and save) when training has run this long."""
+    resume: bool = True
+    """Continue from ``out`` when it holds an unfinished run of the same config."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "threads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise SpecError(f"train config: {name}: expected a whole number >= 1, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise SpecError(f"train config: lr: expected a positive number, got {self.lr!r}")
+
+
+def load_train_config(path: str | Path | None) -> TrainConfig:
+    """Read a YAML file of :class:`TrainConfig` keys; unknown keys are refused."""
+    if path is None:
+        return TrainConfig()
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such config file; give a YAML file of {', '.join(f.name for f in fields(TrainConfig))}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of training settings")
+    known = {f.name: f for f in fields(TrainConfig)}
+    for key in data:
+        if key not in known:
+            raise SpecError(f"{path}: {key}: unknown setting; known: {', '.join(known)}")
+    try:
+        return TrainConfig(**data)
+    except TypeError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
+def kendall_tau(a, b) -> float:
+    """Kendall's tau-a between two sequences (ties count as neither)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    s = np.sign(a[:, None] - a[None, :]) * np.sign(b[:, None] - b[None, :])
+    iu = np.triu_indices(len(a), 1)
+    c, d = (s[iu] > 0).sum(), (s[iu] < 0).sum()
+    return float((c - d) / max(1, c + d))
+
+
+def _loss(model: Surrogate, tb, y: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    mu, log_var = model(tb)
+    mse = ((mu - y) ** 2).mean()
+    diff = y[:, None] - y[None, :]
+    clear = diff.abs() > 1e-3
+    pair = torch.nn.functional.softplus(-torch.sign(diff) * (mu[:, None] - mu[None, :]) / cfg.rank_temperature)
+    rank = (pair * clear).sum() / clear.sum().clamp(min=1)
+    nll = 0.5 * (torch.exp(-log_var) * (mu.detach() - y) ** 2 + log_var).mean()
+    pf, pb = model.unit_times(tb)
+    unit = torch.stack([pf.diff(dim=1), pb.diff(dim=1)], -1)
+    label = tb.unit_label
+    ok = label > 0
+    leaf = ((torch.log(unit.clamp(min=1e-15)) - torch.log(label.clamp(min=1e-15))) ** 2)[ok].mean()
+    if tb.seg_x.shape[0]:
+        t, _ = model.ring_times(tb)
+        leaf = leaf + ((torch.log(t.clamp(min=1e-15)) - torch.log(tb.seg_label.clamp(min=1e-15))) ** 2).mean()
+    total = mse + cfg.rank_weight * rank + cfg.leaf_weight * leaf + 0.05 * nll
+    return total, {"mse": mse.item(), "rank": rank.item(), "leaf": leaf.item(), "nll": nll.item()}
+
+
+def _prepare(records: list[dict[str, Any]]) -> list[tuple]:
+    out = []
+    for rec in records:
+        tb = to_tensors(rec["batch"])
+        tb["unit_label"] = torch.from_numpy(np.asarray(rec["batch"].unit_label)).float()
+        tb["seg_label"] = torch.from_numpy(np.asarray(rec["batch"].seg_label)).float()
+        out.append((rec, tb, torch.tensor(rec["log_step_s"], dtype=torch.float32)))
+    return out
+
+
+def evaluate_records(model: Surrogate, records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean step-time error (%), mean and spread of Kendall tau per scenario, top-1 regret (%)."""
+    errs, taus, regret = [], [], []
+    model.eval()
+    with torch.no_grad():
+        for rec, tb, y in _prepare(records):
+            mu, _ = model(tb)
+            e = (torch.exp(mu - y) - 1).abs()
+            errs.append(e)
+            if len(y) >= 5:
+                taus.append(kendall_tau(mu.numpy(), y.numpy()))
+            regret.append(float(torch.exp(y[int(mu.argmin())] - y.min()) - 1))
+    e = torch.cat(errs) if errs else torch.zeros(1)
+    return {"error_pct_mean": float(e.mean() * 100), "error_pct_p90": float(e.quantile(0.9) * 100),
+            "tau_mean": float(np.mean(taus)) if taus else float("nan"),
+            "tau_std": float(np.std(taus)) if taus else float("nan"),
+            "top1_regret_pct": float(np.mean(regret) * 100) if regret else float("nan"),
+            "scenarios": len(records), "plans": int(e.numel())}
+
+
+def save_checkpoint(path: str | Path, model: Surrogate, extra: dict[str, Any]) -> None:
+    """Write the model weights (float32), its config and ``extra`` (training state, metrics, ranges)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": "hetpart-surrogate/1", "model_config": asdict(model.config),
+                "state_dict": model.state_dict(), **extra}, path)
+
+
+def load_checkpoint(path: str | Path) -> tuple[Surrogate, dict[str, Any]]:
+    """The surrogate and the checkpoint's other entries."""
+    data = torch.load(path, weights_only=False, map_location="cpu")
+    if data.get("format") != "hetpart-surrogate/1":
+        raise SpecError(f"{path}: not a hetpart surrogate checkpoint; train one with 'hetpart costmodel train'")
+    model = Surrogate(SurrogateConfig(**data["model_config"]))
+    model.load_state_dict(data["state_dict"])
+    model.eval()
+    return model, data
+
+
+def input_ranges(records: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
+    """Per input block, the per-feature [min, max] seen in training (the OOD check's reference)."""
+    keys = {"unit_x": 2, "p2p_x": 2, "seg_x": 1, "plan_x": 1}
+    out = {}
+    for key, dims in keys.items():
+        arrays = [getattr(r["batch"], key).reshape(-1, getattr(r["batch"], key).shape[-1]) for r in records
+                  if getattr(r["batch"], key).size]
+        stacked = np.concatenate(arrays, 0)
+        out[key] = [stacked.min(0).tolist(), stacked.max(0).tolist()]
+    return out
+
+
+def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[str, float], int], None] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> tuple[Surrogate, dict[str, Any]]:
+    """Train on the ``train`` split, report on ``val`` and ``test``; checkpoints to ``cfg.out`` each epoch."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    train_recs = [r for r in records if r["split"] == "train"]
+    if not train_recs:
+        raise SpecError(f"{cfg.dataset}: no training scenarios; build a larger data set")
+    data = _prepare(train_recs)
+    model = Surrogate(SurrogateConfig(cfg.hidden, cfg.edge_hidden))
+    opt = torch.optim.Adam(model.parameters(), cfg.lr)
+    total = cfg.epochs * len(data)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    start_epoch, step = 0, 0
+    out = Path(cfg.out)
+    if cfg.resume and out.is_file():
+        saved = torch.load(out, weights_only=False)
+        if saved.get("train_config") == asdict(cfg) and saved.get("epoch", cfg.epochs) < cfg.epochs:
+            model.load_state_dict(saved["state_dict"])
+            opt.load_state_dict(saved["optimizer"])
+            sched.load_state_dict(saved["scheduler"])
+            start_epoch, step = saved["epoch"], saved["step"]
+    ranges = input_ranges(train_recs)
+    began = time.time()
+    epoch = start_epoch
+    for epoch in range(start_epoch, cfg.epochs):
+        model.train()
+        rng.shuffle(data)
+        for _, tb, y in data:
+            loss, parts = _loss(model, tb, y, cfg)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if log and step % 20 == 0:
+                log({f"costmodel/train/{k}": v for k, v in parts.items()}, step)
+            if progress:
+                progress(step, total)
+        val = evaluate_records(model, [r for r in records if r["split"] == "val"])
+        if log:
+            log({f"costmodel/val/{k}": v for k, v in val.items()}, step)
+        save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": epoch + 1, "step": step,
+                                     "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                     "input_ranges": ranges})
+        if time.time() - began > cfg.time_budget_s:
+            break
+    report = {split: evaluate_records(model, [r for r in records if r["split"] == split])
+              for split in ("train", "val", "test")}
+    save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": cfg.epochs, "step": step,
+                                 "input_ranges": ranges, "report": report,
+                                 "heldout": {"families": sorted({r["family"] for r in records if r["split"] == "test"}),
+                                             "shapes": sorted({r["shape"] for r in records if r["split"] == "test"})},
+                                 "trained_s": time.time() - began})
+    return model, report
