@@ -67,8 +67,9 @@ PredictorFactory = Callable[..., Predictor]
 
 _FACTORIES: dict[str, Union[PredictorFactory, str]] = {
     "simulator": "hetpart.costmodel.simulator:simulator_predictor",
+    "learned": "hetpart.costmodel.learned.predictor:learned_predictor",
 }
-_PLACEHOLDERS = {"learned": "the learned cost model registers itself here once it is trained"}
+_PLACEHOLDERS: dict[str, str] = {}
 """Names the CONTRACT promises that no factory answers yet: asked for, they say why."""
 _DEFAULT = ["simulator"]
 

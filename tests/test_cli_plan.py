@@ -70,8 +70,8 @@ def test_predict_flag_form_is_the_megatron_grid(capsys) -> None:
 
 def test_clear_errors_for_unbuilt_and_impossible_requests(capsys, tmp_path: Path) -> None:
     assert "--planner: unknown planner 'oracle'" in _error(capsys, "plan", *SMALL, "--planner", "oracle")
-    assert "--predictor: 'learned' is not built yet" in _error(
-        capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "1", "--predictor", "learned")
+    assert "--predictor: unknown predictor 'oracle'" in _error(
+        capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "1", "--predictor", "oracle")
     err = _error(capsys, "plan", "--model", "llama2-13b", "--cluster", "tiny-mixed", "--global-batch", "8",
                  "--seq-len", "512")
     assert "no plan for llama2-13b" in err and "use a smaller model" in err

@@ -67,8 +67,6 @@ def test_the_simulator_is_a_registered_predictor_with_the_simulators_numbers() -
 
 def test_unknown_placeholder_and_bad_options_are_clear_errors() -> None:
     model, cluster = tiny_model(), load_cluster("tiny-mixed")
-    with pytest.raises(PlanError, match=r"--predictor: 'learned' is not built yet.*use one of simulator"):
-        get_predictor("learned", model, cluster)
     with pytest.raises(PlanError, match=r"--predictor: unknown predictor 'oracle'; use one of simulator"):
         get_predictor("oracle", model, cluster)
     with pytest.raises(PlanError, match=r"predictor 'simulator': unknown option\(s\) temperature"):

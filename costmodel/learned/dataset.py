@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hetpart.errors import HetpartError, SpecError
+from hetpart.plan import Plan
 
 from hetpart.costmodel.learned.encode import ScenarioContext, teacher_labels
-from hetpart.costmodel.learned.sampling import random_plan, random_scenario
+from hetpart.costmodel.learned.sampling import Scenario, neighbour, random_plan, random_scenario
 
 __all__ = ["DatasetConfig", "build_dataset", "save_dataset", "load_dataset"]
 
@@ -41,6 +42,8 @@ class DatasetConfig:
     """Cluster shapes kept out of training (test split only)."""
     val_share: float = 0.1
     """Share of the remaining scenarios kept for validation."""
+    neighbour_share: float = 0.25
+    """Share of plans that also get a neighbour (a boundary moved, micro-batch or recompute changed)."""
 
     def __post_init__(self) -> None:
         for name in ("scenarios", "plans_per_scenario", "max_devices", "max_replicas"):
@@ -55,8 +58,12 @@ def _split(rng: random.Random, cfg: DatasetConfig, family: str, shape: str) -> s
     return "val" if rng.random() < cfg.val_share else "train"
 
 
-def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | None = None,
+                  extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None) -> list[dict[str, Any]]:
     """Sample and label ``cfg.scenarios`` scenarios; one record per scenario.
+
+    ``extra_plans(scenario, rng)`` adds plans from above (the CLI passes the planners' outputs: this
+    package imports no planner). A share of the plans gets a neighbour (one move away) as well.
 
     A record holds the specs (``model_spec``, ``cluster_spec``, ``global_batch``), the plans (dicts),
     ``log_step_s`` (the simulator's log step time per plan), the encoded :class:`PlanBatch` with the
@@ -70,8 +77,14 @@ def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | Non
         sc = random_scenario(rng, max_devices=cfg.max_devices)
         sim = Simulator(sc.model, sc.cluster)
         plans, ys = [], []
-        for _ in range(cfg.plans_per_scenario):
-            plan = random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
+        candidates = [random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
+                      for _ in range(cfg.plans_per_scenario)]
+        if extra_plans is not None:
+            candidates += extra_plans(sc, rng)
+        for plan in candidates:
+            if plan is not None and rng.random() < cfg.neighbour_share:
+                candidates.append(neighbour(rng, plan, sc.model.num_units))
+        for plan in candidates:
             if plan is None or plan.validate(sc.model, sc.cluster):
                 continue
             try:

@@ -351,7 +351,7 @@ class _Encoder:
     def _segments(self, i: int, plan: Plan, rep_ids: list[int], s0: int) -> None:
         """Gradient all-reduce segments: runs of units with one holder set (the simulator's data-parallel
         structure, as plan structure only), plus tied-embedding copies."""
-        ctx, L = self.ctx, self.lists
+        ctx = self.ctx
         n = ctx.model.num_units
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         cuts = sorted({a for st in starts for a in st} | {n})

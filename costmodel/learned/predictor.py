@@ -145,10 +145,12 @@ class LearnedPredictor:
                 out[idx[j]] = msg
             if batch.num_plans:
                 with self._torch.no_grad():
-                    mu, log_var = self.net(to_tensors(batch))
+                    res = self.net.details(to_tensors(batch))
+                batch.bubble = res["bubble_fraction"].tolist()
+                mu, log_var = res["log_step_s"].tolist(), res["log_variance"].tolist()
                 ood = self._ood(batch)
                 for row, j in enumerate(batch.rows):
-                    out[idx[j]] = (float(mu[row]), float(log_var[row]), bool(ood[row]), batch, row)
+                    out[idx[j]] = (mu[row], log_var[row], bool(ood[row]), batch, row)
             batches[precision] = batch
         return out, batches
 
@@ -174,15 +176,17 @@ class LearnedPredictor:
             if isinstance(res, str):
                 out.append(res)
                 continue
-            mu, log_var, ood, batch, row = res
-            step = math.exp(mu)
-            std = math.sqrt(math.exp(log_var))
-            if ood:
-                std = max(std, OOD_RELATIVE_STD)
-            headroom = self._headroom(plan, batch.memory_gb[row])
-            out.append(LearnedEstimate(step, plan.global_batch * plan.seq_len / step, bool(batch.fits[row]),
-                                       headroom, std, ood))
+            out.append(self._estimate(plan, *res))
         return out
+
+    def _estimate(self, plan: Plan, mu: float, log_var: float, ood: bool, batch, row: int) -> LearnedEstimate:
+        step = math.exp(mu)
+        std = math.sqrt(math.exp(log_var))
+        if ood:
+            std = max(std, OOD_RELATIVE_STD)
+        headroom = self._headroom(plan, batch.memory_gb[row])
+        return LearnedEstimate(step, plan.global_batch * plan.seq_len / step, bool(batch.fits[row]), headroom, std,
+                               ood)
 
     def _headroom(self, plan: Plan, memory: dict[str, float]) -> float:
         from hetpart.costmodel.memory import memory_capacity_gb
@@ -197,20 +201,36 @@ class LearnedPredictor:
                 trace: bool = False):
         """The CONTRACT metrics of one plan (the step time learned, memory analytic), with
         ``metrics["uncertainty"]``. ``trace`` is not supported by a learned model (no timeline)."""
-        from hetpart.costmodel.simulator import Prediction
-
         if validate:
             plan.check(self.model, self.cluster)
         if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
             raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
                                 f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
-        est = self.estimate_batch([plan])[0]
-        results, _ = self._run([plan])
-        _, _, _, batch, row = results[0]
-        metrics = self.metrics(plan, est, batch.memory_gb[row])
-        return Prediction(step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
-                          samples_per_s=plan.global_batch / est.step_time_s, fits_in_memory=est.fits_in_memory,
-                          metrics=metrics, memory_gb={}, breakdown=[], timeline=[])
+        answer = self.predict_many([plan], workload)[0]
+        if isinstance(answer, str):
+            raise PlanError(answer)
+        return answer
+
+    def predict_many(self, plans: Sequence[Plan], workload: Workload | None = None) -> list:
+        """:meth:`predict`'s report for many (already validated) plans in one forward pass; an error
+        message in place of each plan it cannot price."""
+        from hetpart.costmodel.simulator import Prediction
+
+        results, _ = self._run(plans)
+        out: list = []
+        for plan, res in zip(plans, results):
+            if isinstance(res, str):
+                out.append(res)
+                continue
+            mu, log_var, ood, batch, row = res
+            est = self._estimate(plan, mu, log_var, ood, batch, row)
+            metrics = self.metrics(plan, est, batch.memory_gb[row])
+            metrics["bubble_fraction"] = float(batch.bubble[row])
+            out.append(Prediction(step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
+                                  samples_per_s=plan.global_batch / est.step_time_s,
+                                  fits_in_memory=est.fits_in_memory, metrics=metrics, memory_gb={}, breakdown=[],
+                                  timeline=[]))
+        return out
 
     def metrics(self, plan: Plan, est: LearnedEstimate, memory: dict[str, float]) -> dict[str, Any]:
         """The CONTRACT ``metrics`` of a plan from its estimate and analytic memory."""

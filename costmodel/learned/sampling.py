@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from dataclasses import dataclass
 
 from hetpart.catalog.hardware import GPU_CATALOG, NIC_CATALOG
@@ -23,7 +23,8 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.plan import Plan, Replica, Stage
 
-__all__ = ["Scenario", "random_transformer", "random_cluster", "random_scenario", "random_plan", "model_family"]
+__all__ = ["Scenario", "random_transformer", "random_cluster", "random_scenario", "random_plan", "neighbour",
+           "model_family"]
 
 _INTRA_BY_VENDOR = {"nvidia": ("PCIe4", "NVLink2", "NVLink3", "NVLink4", "PCIe5"), "amd": ("xGMI", "PCIe4"),
                     "huawei": ("HCCS",), "intel": ("PCIe4",), "other": ("PCIe4",)}
@@ -193,13 +194,48 @@ def random_plan(rng: random.Random, model: ModelGraph, cluster: Cluster, global_
     counts[max(range(dp), key=lambda i: speeds[i])] += total_mb - sum(counts)
     if min(counts) < 1:
         return None
-    schedule = rng.choice(["1f1b", "1f1b", "1f1b", "gpipe"])
+    schedule = rng.choice(["1f1b", "1f1b", "1f1b", "gpipe", "interleaved"])
+    v = 1
+    if schedule == "interleaved":
+        vs = [x for x in (2, 3, 4) if pp > 1 and pp * x <= units and all(c % pp == 0 for c in counts)]
+        if not vs:
+            schedule = "1f1b"
+        else:
+            v = rng.choice(vs)
     same_cuts = rng.random() < 0.5
-    shared = _cuts(rng, units, [s for _, s in groups[0]])
+    shared = _cuts(rng, units, [s for _, s in groups[0]] * v)
     replicas = []
     for st, c in zip(groups, counts):
-        b = shared if same_cuts else _cuts(rng, units, [s for _, s in st])
-        stages = tuple(Stage((b[i], b[i + 1]), st[i][0], tp) for i in range(pp))
+        b = shared if same_cuts else _cuts(rng, units, [s for _, s in st] * v)
+        stages = tuple(Stage((b[i], b[i + 1]), st[i % pp][0], tp) for i in range(pp * v))
         replicas.append(Replica(c * mb / global_batch, stages))
     return Plan(global_batch=global_batch, micro_batch=mb, seq_len=model.seq_len, replicas=tuple(replicas),
-                schedule=schedule, recompute=rng.choice(["none", "selective", "full"]))
+                schedule=schedule, interleave=v, recompute=rng.choice(["none", "selective", "full"]))
+
+
+def neighbour(rng: random.Random, plan: Plan, num_units: int) -> Plan | None:
+    """A plan one move away: a stage boundary shifted, the micro-batch halved or doubled, or another
+    recompute mode (what a local search tries next)."""
+    move = rng.random()
+    if move < 0.5:
+        r = rng.randrange(plan.dp)
+        rep = plan.replicas[r]
+        if rep.pp < 2:
+            return None
+        k = rng.randrange(rep.pp - 1)
+        a, z = rep.stages[k].layers[0], rep.stages[k + 1].layers[1]
+        cut = rep.stages[k].layers[1] + rng.choice([-2, -1, 1, 2])
+        if not a < cut < z:
+            return None
+        stages = list(rep.stages)
+        stages[k] = Stage((a, cut), stages[k].devices, stages[k].tp)
+        stages[k + 1] = Stage((cut, z), stages[k + 1].devices, stages[k + 1].tp)
+        reps = list(plan.replicas)
+        reps[r] = Replica(rep.batch_share, tuple(stages))
+        return replace(plan, replicas=tuple(reps))
+    if move < 0.8:
+        mb = plan.micro_batch * 2 if rng.random() < 0.5 else plan.micro_batch // 2
+        if mb < 1 or any(s % mb for s in plan.replica_samples()):
+            return None
+        return replace(plan, micro_batch=mb)
+    return replace(plan, recompute=rng.choice([m for m in ("none", "selective", "full") if m != plan.recompute]))

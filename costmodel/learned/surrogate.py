@@ -37,7 +37,7 @@ from hetpart.costmodel.learned.encode import CONFIG_FEATURES, DP_FEATURES, P2P_F
 
 __all__ = ["Surrogate", "SurrogateConfig", "TensorBatch", "to_tensors"]
 
-_COMPOSED = 6
+_COMPOSED = 8
 """Composed terms the plan-level head reads besides PLAN_FEATURES."""
 
 
@@ -143,7 +143,10 @@ class Surrogate(nn.Module):
         makespan = m * period + (T.sum(1) - period + 2 * C.sum(1)) / v
         before = torch.cat([torch.zeros(T.shape[0], 1), (B + C).cumsum(1)[:, :-1]], 1)
         last_bwd = makespan[:, None] - before
-        return makespan, last_bwd, period, T
+        devices = (pp / v).clamp(min=1)
+        shape = torch.stack([torch.log(period * devices / T.sum(1).clamp(min=1e-12)),
+                             torch.log1p(2 * C.sum(1) / T.sum(1).clamp(min=1e-12))], 1)
+        return makespan, last_bwd, period, T, shape
 
     def ring_times(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Seconds of each gradient all-reduce ``[G]`` and of its last bucket alone ``[G]``."""
@@ -191,9 +194,15 @@ class Surrogate(nn.Module):
     # ------------------------------------------------------------------ the plan
     def forward(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log_step_s [N], log_variance [N])``."""
+        out = self.details(b)
+        return out["log_step_s"], out["log_variance"]
+
+    def details(self, b: TensorBatch) -> dict[str, torch.Tensor]:
+        """``log_step_s``, ``log_variance`` and the composed ``bubble_fraction`` (idle share of the
+        pipelines' makespan, averaged over replicas) per plan."""
         n = b.num_plans
         pf, pb = self.unit_times(b)
-        makespan, last_bwd, period, T = self._pipelines(b, pf, pb)
+        makespan, last_bwd, period, T, shape = self._pipelines(b, pf, pb)
         pipe_end = _scatter_max(makespan, b.rep_plan, n)
         dp_end = self._rings(b, pb, last_bwd, n)
         sync = torch.maximum(pipe_end, dp_end)
@@ -206,6 +215,11 @@ class Surrogate(nn.Module):
         composed = torch.stack([
             torch.log((dp_end + eps) / (pipe_end + eps)).clamp(-5, 5), torch.log((busy + eps) / (pipe_end + eps)),
             torch.log((fill + eps) / (pipe_end + eps)), torch.log((opt + eps) / (step + eps)) / 5,
-            torch.log(step + eps) / 10, (dp_end > pipe_end).float()], 1)
+            torch.log(step + eps) / 10, (dp_end > pipe_end).float(),
+            _scatter_max(shape[:, 0], b.rep_plan, n), _scatter_max(shape[:, 1], b.rep_plan, n)], 1)
         out = self.head(torch.cat([b.plan_x, composed.detach()], 1))
-        return torch.log(step + eps) + out[:, 0], out[:, 1].clamp(-12, 4)
+        devices = ((b.rep_stages >= 0).sum(1) / b.rep_v).clamp(min=1)
+        idle = 1 - (b.rep_m * T.sum(1) / devices / (makespan + eps)).clamp(0, 1)
+        bubble = torch.zeros(n).index_add(0, b.rep_plan, idle) / torch.bincount(b.rep_plan, minlength=n).clamp(min=1)
+        return {"log_step_s": torch.log(step + eps) + out[:, 0], "log_variance": out[:, 1].clamp(-12, 4),
+                "bubble_fraction": bubble}

@@ -136,7 +136,7 @@ def evaluate_records(model: Surrogate, records: list[dict[str, Any]]) -> dict[st
     errs, taus, regret = [], [], []
     model.eval()
     with torch.no_grad():
-        for rec, tb, y in _prepare(records):
+        for _, tb, y in _prepare(records):
             mu, _ = model(tb)
             e = (torch.exp(mu - y) - 1).abs()
             errs.append(e)
@@ -171,9 +171,8 @@ def load_checkpoint(path: str | Path) -> tuple[Surrogate, dict[str, Any]]:
 
 def input_ranges(records: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
     """Per input block, the per-feature [min, max] seen in training (the OOD check's reference)."""
-    keys = {"unit_x": 2, "p2p_x": 2, "seg_x": 1, "plan_x": 1}
     out = {}
-    for key, dims in keys.items():
+    for key in ("unit_x", "p2p_x", "seg_x", "plan_x"):
         arrays = [getattr(r["batch"], key).reshape(-1, getattr(r["batch"], key).shape[-1]) for r in records
                   if getattr(r["batch"], key).size]
         stacked = np.concatenate(arrays, 0)

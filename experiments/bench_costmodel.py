@@ -1,0 +1,143 @@
+"""Benchmark: the learned surrogate's batched speed and its agreement with the simulator.
+
+* ``speed``: plan predictions per second of :meth:`LearnedPredictor.estimate_batch` (encoding and the
+  forward pass, one call per batch) on seeded random valid plans, for clusters of 8 to 512 devices
+  and models of 14 to 130 units; the simulator's ``estimate`` on the same plans beside it.
+* ``accuracy``: per suite entry (the public scenarios), step-time error and Kendall tau of the
+  learned predictor against the simulator on seeded random valid plans, and the simulator's own
+  value of the plan the surrogate ranks first against the best one (top-1 regret), over seeds.
+
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_costmodel speed``
+     ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_costmodel accuracy --suite SUITE.yaml [...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["speed", "accuracy", "main"]
+
+
+def _cluster(devices: int):
+    from hetpart.cluster import parse_cluster
+
+    nodes = max(1, devices // 16)
+    node = {"gpus_per_node": 8, "nic": "IB-HDR", "nics_per_node": 4}
+    return parse_cluster({"name": f"mixed-{devices}", "nodes": [
+        {"count": nodes, "gpu": "H100-80GB", "intra_node": "NVLink4", **node},
+        {"count": nodes, "gpu": "A100-80GB", "intra_node": "NVLink3", **node}]})
+
+
+def _plans(model, cluster, n: int, seed: int, batch: int = 512):
+    from hetpart.costmodel.learned.sampling import random_plan
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        p = random_plan(rng, model, cluster, batch)
+        if p is not None and p.num_devices == cluster.num_devices and not p.validate(model, cluster):
+            out.append(p)
+    return out
+
+
+def speed(devices=(16, 64, 256), models=("gpt2-small", "llama2-7b", "llama2-70b"), plans: int = 1000,
+          batch: int = 1000) -> list[dict]:
+    """Predictions per second, learned (batched) and simulator, per (devices, model)."""
+    import torch
+
+    from hetpart import load_model
+    from hetpart.costmodel.learned.predictor import LearnedPredictor
+    from hetpart.costmodel.simulator import Simulator
+
+    torch.set_num_threads(1)
+    rows = []
+    for d in devices:
+        cluster = _cluster(d)
+        for name in models:
+            model = load_model(name, seq_len=2048)
+            ps = _plans(model, cluster, plans, seed=d)
+            pred = LearnedPredictor(model, cluster)
+            pred.estimate_batch(ps[:8])  # warm the caches (unit features) as a planner's loop would
+            t = time.perf_counter()
+            for i in range(0, len(ps), batch):
+                pred.estimate_batch(ps[i:i + batch])
+            learned = len(ps) / (time.perf_counter() - t)
+            sim = Simulator(model, cluster)
+            some = ps[:200]
+            t = time.perf_counter()
+            for p in some:
+                sim.estimate(p)
+            simulated = len(some) / (time.perf_counter() - t)
+            rows.append({"devices": d, "model": name, "units": model.num_units, "learned_plans_per_s": learned,
+                         "simulator_plans_per_s": simulated})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def accuracy(suites: list[str], plans: int = 200, seeds: int = 5) -> list[dict]:
+    """Per suite entry: error and Kendall tau of the learned predictor against the simulator."""
+    import yaml
+
+    from hetpart import load_cluster, load_model
+    from hetpart.costmodel.learned.predictor import LearnedPredictor
+    from hetpart.costmodel.learned.train import kendall_tau
+    from hetpart.costmodel.simulator import Simulator
+
+    rows = []
+    for suite in suites:
+        base = Path(suite).parent
+        for e in yaml.safe_load(Path(suite).read_text())["entries"]:
+            if e["name"].startswith("scale"):
+                continue
+            cl = e["cluster"] if not str(e["cluster"]).endswith(".yaml") else str(base / e["cluster"])
+            mdl = e["model"] if not str(e["model"]).endswith(".json") else str(base / e["model"])
+            model, cluster = load_model(mdl, seq_len=e["seq_len"]), load_cluster(cl)
+            sim, pred = Simulator(model, cluster), LearnedPredictor(model, cluster)
+            errs, taus, regrets = [], [], []
+            for seed in range(seeds):
+                ps = _any_plans(model, cluster, plans, seed, e["global_batch"])
+                y = np.array([sim.estimate(p).step_time_s for p in ps])
+                yh = np.array([x.step_time_s for x in pred.estimate_batch(ps)])
+                errs.append(float(np.mean(np.abs(yh / y - 1)) * 100))
+                taus.append(kendall_tau(yh, y))
+                regrets.append(float(y[int(np.argmin(yh))] / y.min() - 1) * 100)
+            rows.append({"entry": e["name"], "error_pct": statistics.mean(errs), "tau_mean": statistics.mean(taus),
+                         "tau_std": statistics.pstdev(taus), "top1_regret_pct": statistics.mean(regrets)})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _any_plans(model, cluster, n: int, seed: int, batch: int):
+    """Random valid plans (any number of devices)."""
+    from hetpart.costmodel.learned.sampling import random_plan
+
+    rng = random.Random(1000 + seed)
+    out = []
+    while len(out) < n:
+        p = random_plan(rng, model, cluster, batch)
+        if p is not None and not p.validate(model, cluster):
+            out.append(p)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["speed", "accuracy"])
+    ap.add_argument("--suite", action="append", default=[])
+    ap.add_argument("--plans", type=int, default=None)
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args(argv)
+    if args.what == "speed":
+        speed(plans=args.plans or 1000)
+    else:
+        accuracy(args.suite, plans=args.plans or 200, seeds=args.seeds)
+
+
+if __name__ == "__main__":
+    main()

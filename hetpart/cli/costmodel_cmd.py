@@ -1,0 +1,169 @@
+"""``hetpart costmodel dataset|train|evaluate``: build, train and score the learned cost model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hetpart.cli.common import JsonFlag, console, emit_json
+
+__all__ = ["register"]
+
+costmodel_app = typer.Typer(name="costmodel", no_args_is_help=True,
+                            help="Build, train and evaluate the learned cost model.")
+
+
+def _progress(quiet: bool, what: str):
+    """A rich progress bar as a ``(done, total)`` callback, and the context to run it in."""
+    from contextlib import nullcontext
+
+    if quiet:
+        return None, nullcontext()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+    task = bar.add_task(what, total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update, bar
+
+
+@costmodel_app.command("dataset")
+def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), "--out", help="Where to write it."),
+                    scenarios: int = typer.Option(300, "--scenarios", help="Scenarios to sample."),
+                    plans_per_scenario: int = typer.Option(48, "--plans-per-scenario", help="Random plans per scenario."),
+                    max_devices: int = typer.Option(1024, "--max-devices", help="Largest cluster (2 .. 4096)."),
+                    seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
+                    planners: str = typer.Option("uniform,proportional", "--planners",
+                                                 help="Planners whose plans join each scenario's ('' for none)."),
+                    json_out: bool = JsonFlag) -> None:
+    """Sample scenarios, random valid plans, planner plans and neighbours; label them with the simulator (seeded)."""
+    import time
+
+    from hetpart.costmodel.learned.dataset import DatasetConfig, build_dataset, save_dataset
+    from hetpart.errors import SpecError
+
+    if not 2 <= max_devices <= 4096:
+        raise SpecError(f"--max-devices: {max_devices} is outside 2 .. 4096")
+    cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
+                        max_devices=max_devices)
+    began = time.time()
+    update, bar = _progress(json_out, "labelling scenarios")
+    with bar:
+        records = build_dataset(cfg, update, _planner_plans([p for p in planners.split(",") if p.strip()]))
+    save_dataset(records, cfg, out)
+    summary = {"out": str(out), "scenarios": len(records), "plans": sum(len(r["plans"]) for r in records),
+               "splits": {s: sum(r["split"] == s for r in records) for s in ("train", "val", "test")},
+               "heldout_families": list(cfg.heldout_families), "heldout_shapes": list(cfg.heldout_shapes),
+               "wall_time_s": time.time() - began}
+    if json_out:
+        emit_json(summary)
+        return
+    console().print(f"{summary['scenarios']} scenarios, {summary['plans']} labelled plans "
+                    f"(train/val/test {summary['splits']}) in {summary['wall_time_s']:.0f} s -> {out}")
+
+
+def _planner_plans(names: list[str]):
+    """``extra_plans`` for the data set: each planner's plan of the scenario (skipped where it finds none)."""
+    if not names:
+        return None
+    from hetpart.errors import HetpartError
+    from hetpart.policies import plan
+    from hetpart.workload import Workload
+
+    def extra(scenario, rng):
+        workload = Workload(scenario.global_batch, scenario.model.seq_len)
+        out = []
+        for name in names:
+            try:
+                out.append(plan(scenario.model, scenario.cluster, workload, name.strip()).plan)
+            except HetpartError:
+                continue
+        return out
+
+    return extra
+
+
+@costmodel_app.command("train")
+def train_command(config: Optional[Path] = typer.Option(None, "--config", help="YAML of training settings."),
+                  dataset: Optional[Path] = typer.Option(None, "--dataset", help="Overrides the config's dataset."),
+                  out: Optional[Path] = typer.Option(None, "--out", help="Overrides the config's checkpoint path."),
+                  tracker: str = typer.Option("tensorboard", "--tracker", help="tensorboard, wandb (offline), null."),
+                  json_out: bool = JsonFlag) -> None:
+    """Train the surrogate on a data set (resumes an unfinished run of the same config)."""
+    from dataclasses import replace
+
+    from hetpart.costmodel.learned.dataset import load_dataset
+    from hetpart.costmodel.learned.train import load_train_config, train
+
+    cfg = load_train_config(config)
+    cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
+    _, records = load_dataset(cfg.dataset)
+    run = _tracker(tracker, cfg)
+    update, bar = _progress(json_out, "training")
+    try:
+        with bar:
+            _, report = train(cfg, records, log=run.log if run else None, progress=update)
+    finally:
+        if run:
+            run.finish()
+    if json_out:
+        emit_json({"checkpoint": cfg.out, "report": report})
+        return
+    _print_report(report, f"checkpoint {cfg.out}")
+
+
+def _tracker(kind: str, cfg):
+    """The experiment tracker when the experiments layer is installed (the costmodel never imports it)."""
+    try:
+        from hetpart.experiments.tracking import make_tracker
+    except ImportError:
+        return None
+    return make_tracker(kind, "costmodel/train", cfg.seed, cfg)
+
+
+def _print_report(report: dict, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("split", "scenarios", "plans", "error % mean", "error % p90", "tau mean", "tau std", "top-1 regret %"):
+        table.add_column(col)
+    for split, r in report.items():
+        table.add_row(split, str(r["scenarios"]), str(r["plans"]), f"{r['error_pct_mean']:.2f}",
+                      f"{r['error_pct_p90']:.2f}", f"{r['tau_mean']:.3f}", f"{r['tau_std']:.3f}",
+                      f"{r['top1_regret_pct']:.2f}")
+    console().print(table)
+
+
+@costmodel_app.command("evaluate")
+def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.pt"), "--dataset",
+                                                  help="A data set from 'hetpart costmodel dataset'."),
+                     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint",
+                                                               help="Surrogate checkpoint (default: the shipped one)."),
+                     json_out: bool = JsonFlag) -> None:
+    """Score a surrogate against the simulator on every split of a data set."""
+    from hetpart.costmodel.learned.dataset import load_dataset
+    from hetpart.costmodel.learned.predictor import default_checkpoint
+    from hetpart.costmodel.learned.train import evaluate_records, load_checkpoint
+
+    path = checkpoint or default_checkpoint()
+    if not Path(path).is_file():
+        from hetpart.errors import SpecError
+
+        raise SpecError(f"--checkpoint: {path}: no such file; train one with 'hetpart costmodel train'")
+    model, _ = load_checkpoint(path)
+    _, records = load_dataset(dataset)
+    report = {split: evaluate_records(model, [r for r in records if r["split"] == split])
+              for split in ("train", "val", "test")}
+    if json_out:
+        emit_json({"checkpoint": str(path), "dataset": str(dataset), "report": report})
+        return
+    _print_report(report, f"{path} on {dataset}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(costmodel_app, name="costmodel")
