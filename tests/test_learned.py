@@ -168,3 +168,25 @@ def test_pyg_graph_has_units_pools_stages_and_no_device_nodes():
                                                "1/0/2")))
     for kind in ("unit", "pool", "stage"):
         torch.testing.assert_close(data[kind].x, relabelled[kind].x)
+
+
+def test_corrected_model_follows_measurements_near_them_and_the_simulator_far_away():
+    from hetpart.costmodel.learned.corrected import CorrectedPredictor, correction_features, fit_correction
+    from hetpart.costmodel.simulator import simulate
+
+    model, cluster = _setup()
+    ids = ("0/0/0", "0/0/1", "0/1/0", "0/1/1", "1/0/0", "1/0/1", "1/1/0", "1/1/1")
+    plan = _plan(ids)
+    x = correction_features(simulate(model, cluster, plan), plan)
+    rng = np.random.default_rng(0)
+    near = [x + rng.normal(0, 0.01, x.shape) for _ in range(20)]  # 20 runs like this one, 40% slower
+    correction = fit_correction(near, [math.log(1.4)] * 20)
+    c, std, ood = correction.apply(x)
+    assert c == pytest.approx(math.log(1.4) * 20 / 21, rel=0.05) and not ood
+    far, _, far_ood = correction.apply(x + 3.0)
+    assert far == pytest.approx(0.0, abs=1e-6) and far_ood
+    pred = CorrectedPredictor(model, cluster, correction=correction)
+    sim = simulate(model, cluster, plan).step_time_s
+    got = pred.predict(plan).metrics
+    assert got["step_time_s"] == pytest.approx(sim * math.exp(c), rel=1e-6)
+    assert got["uncertainty"]["out_of_distribution"] is False
