@@ -89,11 +89,21 @@ class ScenarioContext:
         self.node_gbyte_s = [g.node_bandwidth_gbyte_s for g in groups]
         self._p2p: dict = {}
         self._ring: dict = {}
+        self._cache: dict = {}
 
     def slowest(self, devices) -> tuple[int, set]:
         """(pool of the slowest device, set of nodes) of a device group."""
-        pools = {self.dev[d][0] for d in devices}
-        return min(pools, key=lambda p: self.peak[p]), {self.dev[d][1] for d in devices}
+        hit = self._cache.get(devices)
+        if hit is None:
+            pools = {self.dev[d][0] for d in devices}
+            hit = self._cache[devices] = (min(pools, key=lambda p: self.peak[p]), {self.dev[d][1] for d in devices},
+                                          tuple(sorted(pools)))
+        return hit[0], hit[1]
+
+    def pools_of(self, devices) -> tuple[int, ...]:
+        """The pools a device group's devices sit in."""
+        self.slowest(devices)
+        return self._cache[devices][2]
 
 
 @dataclass
@@ -136,6 +146,11 @@ class PlanBatch:
     rows: list = field(default_factory=list)            # input plan index of each encoded plan
     unit_label: np.ndarray | None = None  # [C, U, 2] teacher forward/backward seconds per unit (training only)
     seg_label: np.ndarray | None = None   # [G] teacher all-reduce seconds per segment (training only)
+
+
+def _ls(x: float, centre: float, spread: float) -> float:
+    """:func:`~hetpart.costmodel.features.log_scale` of one number (no numpy: the encoder's hot path)."""
+    return (math.log10(max(x, 10.0 ** (centre - 2.0 * spread))) - centre) / spread
 
 
 def _config_rows(ctx: ScenarioContext, configs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
@@ -182,6 +197,10 @@ def _tp_link(ctx: ScenarioContext, devices, nodes) -> tuple[float, float]:
 def _p2p(ctx: ScenarioContext, src, dst, mb: int) -> tuple[list, list]:
     tp = max(src.tp, dst.tp)
     a, b = src.devices[0], dst.devices[0]
+    full = (a, b, tp, src.layers[1], mb)
+    done = ctx._p2p.get(full)
+    if done is not None:
+        return done
     key = (ctx.dev[a][1], ctx.dev[b][1], a == b, tp)
     hit = ctx._p2p.get(key)
     if hit is None:
@@ -195,11 +214,13 @@ def _p2p(ctx: ScenarioContext, src, dst, mb: int) -> tuple[list, list]:
     kind, bw, lat = hit
     nbytes = ctx.out_bytes[src.layers[1] - 1] * mb / tp
     if kind == "self":
-        return [0.0] * len(P2P_FEATURES), [0.0, 0.0]
-    base = nbytes / (bw * 1e9)
-    x = [float(log_scale(nbytes, 6.0, 2.0)), float(log_scale(bw, 1.5, 1.0)), float(log_scale(lat, 0.5, 1.0)),
-         kind == "intra_node", kind == "nic", kind == "inter_zone", math.log2(tp) / 3, float(log_scale(base, -3.0, 2.0))]
-    return x, [base, lat * 1e-6]
+        done = ([0.0] * len(P2P_FEATURES), [0.0, 0.0])
+    else:
+        base = nbytes / (bw * 1e9)
+        done = ([_ls(nbytes, 6.0, 2.0), _ls(bw, 1.5, 1.0), _ls(lat, 0.5, 1.0), kind == "intra_node", kind == "nic",
+                 kind == "inter_zone", math.log2(tp) / 3, _ls(base, -3.0, 2.0)], [base, lat * 1e-6])
+    ctx._p2p[full] = done
+    return done
 
 
 def _ring(ctx: ScenarioContext, members: tuple, concurrent: int) -> tuple:
@@ -239,6 +260,10 @@ def _ring(ctx: ScenarioContext, members: tuple, concurrent: int) -> tuple:
 
 
 def _segment(ctx: ScenarioContext, members: tuple, concurrent: int, nbytes: float, last_bytes: float) -> tuple:
+    key = (members, concurrent, nbytes, last_bytes)
+    hit = ctx._cache.get(key)
+    if hit is not None:
+        return hit
     n, nodes, k, even, hop, share, intra, lat, cross = _ring(ctx, members, concurrent)
     bw = min(hop, share) if nodes > 1 else hop
     flat = 2 * (n - 1) / n * nbytes / (bw * 1e9)
@@ -246,11 +271,11 @@ def _segment(ctx: ScenarioContext, members: tuple, concurrent: int, nbytes: floa
     if even:
         across = min(hop, share * concurrent / (k * concurrent)) if nodes > 1 else hop
         hier = 2 * (k - 1) / k * nbytes / (intra * 1e9) + 2 * (nodes - 1) / nodes * nbytes / k / (across * 1e9)
-    x = [float(log_scale(nbytes, 8.0, 2.0)), math.log2(n) / 6, math.log2(nodes) / 6, math.log2(k) / 3, even,
-         float(log_scale(hop, 1.5, 1.0)), float(log_scale(share, 1.5, 1.0)), float(log_scale(intra, 2.0, 1.0)),
-         float(log_scale(lat, 0.5, 1.0)), cross, math.log2(concurrent) / 3, float(log_scale(flat, -2.0, 2.0)),
-         math.log10(max(hier, 1e-12) / max(flat, 1e-12))]
-    return x, [flat, 2 * (n - 1) * lat * 1e-6, last_bytes / nbytes if nbytes > 0 else 0.0]
+    x = [_ls(nbytes, 8.0, 2.0), math.log2(n) / 6, math.log2(nodes) / 6, math.log2(k) / 3, even, _ls(hop, 1.5, 1.0),
+         _ls(share, 1.5, 1.0), _ls(intra, 2.0, 1.0), _ls(lat, 0.5, 1.0), cross, math.log2(concurrent) / 3,
+         _ls(flat, -2.0, 2.0), math.log10(max(hier, 1e-12) / max(flat, 1e-12))]
+    hit = ctx._cache[key] = (x, [flat, 2 * (n - 1) * lat * 1e-6, last_bytes / nbytes if nbytes > 0 else 0.0])
+    return hit
 
 
 def encode_plans(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
@@ -333,19 +358,22 @@ class _Encoder:
         opt = []
         for d in range(pp):
             flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-            gb = params = 0.0
-            for k in range(d, rep.pp, pp):
-                s = rep.stages[k]
-                gb += ctx.tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
-                params += ctx.tables.params_per_device(s.layers[0], s.layers[1], s.tp)
+            chunks = tuple((s.layers, s.tp) for s in rep.stages[d::pp])
+            key = (chunks, flight, plan.micro_batch, plan.recompute)
+            hit = ctx._cache.get(key)
+            if hit is None:
+                gb = sum(ctx.tables.memory_gb(a, z, tp, plan.micro_batch, flight, plan.recompute) for (a, z), tp in chunks)
+                params = sum(ctx.tables.params_per_device(a, z, tp) for (a, z), tp in chunks)
+                hit = ctx._cache[key] = (gb, params)
+            gb, params = hit
             devices = rep.stages[d].devices
-            pools = {ctx.dev[x][0] for x in devices}
+            pools = ctx.pools_of(devices)
             for p in pools:
                 name = ctx.gpus[p].name
-                mem[name] = max(mem.get(name, 0.0), gb)
+                if mem.get(name, -1.0) < gb:
+                    mem[name] = gb
             fits = fits and gb <= min(ctx.capacity[p] for p in pools)
-            hbm = min(ctx.gpus[p].hbm_gbyte_s for p in pools) * 1e9
-            opt.append(params / hbm)
+            opt.append(params / (min(ctx.gpus[p].hbm_gbyte_s for p in pools) * 1e9))
         return opt, fits
 
     def _segments(self, i: int, plan: Plan, rep_ids: list[int], s0: int) -> None:
