@@ -28,6 +28,10 @@ def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workl
         predictor: prices every plan (validated against its model and cluster first).
         workload: when given, a plan whose global batch or sequence length differs is an error.
     """
+    many = getattr(predictor, "predict_many", None)
+    if many is not None:  # a predictor that prices a whole batch in one pass (the learned one)
+        yield from _predict_batched(lines, many, workload, source)
+        return
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -39,3 +43,28 @@ def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workl
             yield {"error": message if message.startswith(source) else f"{source}:{number}: {message}"}
             continue
         yield {"metrics": metrics}
+
+
+def _error(message: str, source: str, number: int) -> dict[str, Any]:
+    message = " ".join(message.split())
+    return {"error": message if message.startswith(source) else f"{source}:{number}: {message}"}
+
+
+def _predict_batched(lines: Iterable[str], many, workload: "Workload | None", source: str) -> Iterator[dict[str, Any]]:
+    """:func:`predict_lines` through ``predict_many(plans, workload, validate=True)``, which answers a
+    prediction or an error message per plan."""
+    answers: list[Any] = []
+    plans, where = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            plans.append(Plan.from_json(line, f"{source}:{number}"))
+            where.append(len(answers))
+            answers.append(number)
+        except HetpartError as exc:
+            answers.append(_error(str(exc), source, number))
+    for slot, result in zip(where, many(plans, workload, validate=True)):
+        number = answers[slot]
+        answers[slot] = _error(result, source, number) if isinstance(result, str) else {"metrics": result.metrics}
+    yield from answers

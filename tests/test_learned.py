@@ -190,3 +190,28 @@ def test_corrected_model_follows_measurements_near_them_and_the_simulator_far_aw
     got = pred.predict(plan).metrics
     assert got["step_time_s"] == pytest.approx(sim * math.exp(c), rel=1e-6)
     assert got["uncertainty"]["out_of_distribution"] is False
+
+
+def test_cli_predict_learned_one_plan_and_a_batch_with_a_bad_line(capsys, tmp_path, checkpoint, monkeypatch):
+    import json
+
+    from tests._cli import cli_json, run_cli
+
+    monkeypatch.setenv("HETPART_SURROGATE", str(checkpoint))
+    small = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "128"]
+    out = tmp_path / "p.json"
+    cli_json(capsys, "plan", *small, "--planner", "uniform", "--out", str(out), "--json")
+    one = cli_json(capsys, "predict", *small, "--plan", str(out), "--predictor", "learned", "--json")
+    assert one["predictor"] == "learned" and one["metrics"]["step_time_s"] > 0
+    assert "out_of_distribution" in one["metrics"]["uncertainty"]
+    good = json.loads(out.read_text())
+    bad = json.loads(out.read_text())
+    bad["replicas"][0]["stages"][0]["devices"] = ["7/0/0"]
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text("\n".join([json.dumps(good), json.dumps(bad), json.dumps(good)]) + "\n")
+    code, stdout, err = run_cli(capsys, "predict", *small, "--plans", str(plans), "--predictor", "learned", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert len(lines) == 3 and "'7/0/0' does not exist" in lines[1]["error"]
+    assert lines[0]["metrics"]["step_time_s"] == pytest.approx(one["metrics"]["step_time_s"], rel=1e-6)
+    assert lines[2] == lines[0]

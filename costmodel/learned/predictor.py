@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.errors import PlanError, WorkloadError
+from hetpart.errors import HetpartError, PlanError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES, Workload
@@ -197,25 +197,40 @@ class LearnedPredictor:
             caps[gpu.name] = min(caps.get(gpu.name, math.inf), memory_capacity_gb(gpu))
         return min((caps[k] - v for k, v in memory.items() if k in caps), default=0.0)
 
+    def _validate(self, plan: Plan, workload: Workload | None) -> None:
+        plan.check(self.model, self.cluster)
+        if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
+            raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
+                                f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
+
     def predict(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
                 trace: bool = False):
         """The CONTRACT metrics of one plan (the step time learned, memory analytic), with
         ``metrics["uncertainty"]``. ``trace`` is not supported by a learned model (no timeline)."""
         if validate:
-            plan.check(self.model, self.cluster)
-        if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
-            raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
-                                f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
+            self._validate(plan, workload)
         answer = self.predict_many([plan], workload)[0]
         if isinstance(answer, str):
             raise PlanError(answer)
         return answer
 
-    def predict_many(self, plans: Sequence[Plan], workload: Workload | None = None) -> list:
-        """:meth:`predict`'s report for many (already validated) plans in one forward pass; an error
-        message in place of each plan it cannot price."""
+    def predict_many(self, plans: Sequence[Plan], workload: Workload | None = None, *,
+                     validate: bool = False) -> list:
+        """:meth:`predict`'s report for many plans in one forward pass; an error message in place of
+        each plan it cannot price (or, with ``validate``, that breaks a rule)."""
         from hetpart.costmodel.simulator import Prediction
 
+        if validate:
+            checked: list = []
+            for plan in plans:
+                try:
+                    self._validate(plan, workload)
+                    checked.append(plan)
+                except HetpartError as exc:
+                    checked.append(str(exc))
+            good = [p for p in checked if not isinstance(p, str)]
+            priced = iter(self.predict_many(good, workload))
+            return [p if isinstance(p, str) else next(priced) for p in checked]
         results, _ = self._run(plans)
         out: list = []
         for plan, res in zip(plans, results):
