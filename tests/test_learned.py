@@ -215,3 +215,19 @@ def test_cli_predict_learned_one_plan_and_a_batch_with_a_bad_line(capsys, tmp_pa
     assert len(lines) == 3 and "'7/0/0' does not exist" in lines[1]["error"]
     assert lines[0]["metrics"]["step_time_s"] == pytest.approx(one["metrics"]["step_time_s"], rel=1e-6)
     assert lines[2] == lines[0]
+
+
+def test_shipped_checkpoint_loads_and_agrees_with_the_simulator_on_a_small_plan(monkeypatch):
+    from hetpart import load_cluster
+    from hetpart.costmodel.learned.predictor import default_checkpoint
+    from hetpart.costmodel.simulator import simulate
+
+    monkeypatch.delenv("HETPART_SURROGATE", raising=False)
+    assert default_checkpoint().is_file() and default_checkpoint().stat().st_size < 5e6
+    model, cluster = load_model("gpt2-medium", seq_len=1024), load_cluster("a100-v100-16")
+    ids = tuple(f"0/0/{i}" for i in range(4)) + tuple(f"1/0/{i}" for i in range(4))
+    plan = Plan(global_batch=32, micro_batch=2, seq_len=1024, recompute="selective", replicas=(
+        Replica(0.5, (Stage((0, 14), ids[0:2], 2), Stage((14, 26), ids[4:6], 2))),
+        Replica(0.5, (Stage((0, 14), ids[2:4], 2), Stage((14, 26), ids[6:8], 2)))))
+    got = get_predictor("learned", model, cluster).predict(plan).metrics["step_time_s"]
+    assert got == pytest.approx(simulate(model, cluster, plan).step_time_s, rel=0.15)

@@ -84,7 +84,7 @@ class LearnedPredictor:
         self.model, self.cluster, self.workload = model, cluster, workload
         path = Path(checkpoint) if checkpoint else default_checkpoint()
         self.net, meta = _load(path)
-        self.version = f"surrogate:{path.name}:epoch{meta.get('epoch', '?')}"
+        self.version = f"surrogate:{path.name}:epochs{meta.get('epochs_done', meta.get('epoch', '?'))}:step{meta.get('step', '?')}"
         self._ranges = {k: (np.asarray(lo), np.asarray(hi)) for k, (lo, hi) in meta.get("input_ranges", {}).items()}
         self._torch = torch
         self._ctx: dict[str, ScenarioContext] = {}

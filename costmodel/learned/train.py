@@ -181,8 +181,11 @@ def input_ranges(records: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
 
 
 def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[str, float], int], None] | None = None,
-          progress: Callable[[int, int], None] | None = None) -> tuple[Surrogate, dict[str, Any]]:
-    """Train on the ``train`` split, report on ``val`` and ``test``; checkpoints to ``cfg.out`` each epoch."""
+          progress: Callable[[int, int], None] | None = None,
+          heldout: dict[str, Any] | None = None) -> tuple[Surrogate, dict[str, Any]]:
+    """Train on the ``train`` split, report on ``val`` and ``test``; checkpoints to ``cfg.out`` each epoch.
+
+    ``heldout`` (the data set's held-out families and shapes) is stored in the checkpoint as it is."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -228,12 +231,10 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
                                      "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                                      "input_ranges": ranges})
         if time.time() - began > cfg.time_budget_s:
-            break
+            break  # the time budget is spent: the final checkpoint below ends the run (no resume)
     report = {split: evaluate_records(model, [r for r in records if r["split"] == split])
               for split in ("train", "val", "test")}
-    save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": cfg.epochs, "step": step,
-                                 "input_ranges": ranges, "report": report,
-                                 "heldout": {"families": sorted({r["family"] for r in records if r["split"] == "test"}),
-                                             "shapes": sorted({r["shape"] for r in records if r["split"] == "test"})},
+    save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": cfg.epochs, "epochs_done": epoch + 1,
+                                 "step": step, "input_ranges": ranges, "report": report, "heldout": heldout or {},
                                  "trained_s": time.time() - began})
     return model, report

@@ -102,12 +102,13 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
 
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
-    _, records = load_dataset(cfg.dataset)
+    data_cfg, records = load_dataset(cfg.dataset)
+    heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
     run = _tracker(tracker, cfg)
     update, bar = _progress(json_out, "training")
     try:
         with bar:
-            _, report = train(cfg, records, log=run.log if run else None, progress=update)
+            _, report = train(cfg, records, log=run.log if run else None, progress=update, heldout=heldout)
     finally:
         if run:
             run.finish()
