@@ -146,3 +146,18 @@ def test_predict_plans_answers_every_line_in_order_in_one_process(capsys, tmp_pa
                                                          "--plan", str(out))
     assert f"--plans: cannot read {tmp_path / 'none.jsonl'}" in _error(capsys, "predict", *SMALL, "--plans",
                                                                       str(tmp_path / "none.jsonl"))
+
+
+def test_predict_plans_without_a_precision_follow_the_devices(capsys, tmp_path: Path) -> None:
+    """A plan that states no precision (as the contract's minimal plan) is priced on a V100 cluster, as
+    `--precision` left out is: the devices choose (fp16 there), not a bf16 refusal."""
+    small = ["--model", "gpt2-small", "--cluster", "a100-v100-16", "--global-batch", "8", "--seq-len", "128"]
+    out = tmp_path / "p.json"
+    _json(capsys, "plan", *small, "--planner", "uniform", "--out", str(out), "--json")
+    plan = json.loads(out.read_text())
+    plan.pop("precision", None)
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text(json.dumps(plan) + "\n")
+    code, stdout, err = _run(capsys, "predict", *small, "--plans", str(plans), "--json")
+    assert code == 0, err
+    assert "metrics" in json.loads(stdout.splitlines()[0])

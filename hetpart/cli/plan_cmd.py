@@ -213,11 +213,12 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"--plans: cannot read {plans_path} ({exc.__class__.__name__}); give a JSONL file with one "
                         "plan per line") from None
-    first = None
+    first, stated = None, None
     for number, line in enumerate(lines, 1):  # the first readable plan fills in what the options leave out
         if line.strip():
             try:
                 first = Plan.from_json(line, f"{plans_path}:{number}")
+                stated = json.loads(line).get("precision")  # absent: the devices choose, as for --precision
                 break
             except PlanError:
                 continue
@@ -228,7 +229,7 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
         raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
     explicit = global_batch is not None or seq_len is not None
     graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
-                                 precision or (first.precision if first else None))
+                                 precision or stated)
     workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
     chosen = get_predictor(predictor, graph, cl, workload)
     answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path))
