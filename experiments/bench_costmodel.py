@@ -2,7 +2,7 @@
 
 * ``speed``: plan predictions per second of :meth:`LearnedPredictor.estimate_batch` (encoding and the
   forward pass, one call per batch) on seeded random valid plans, for clusters of 8 to 512 devices
-  and models of 14 to 130 units; the simulator's ``estimate`` on the same plans beside it.
+  and models of 26 to 82 units; the simulator's ``estimate`` on the same plans beside it.
 * ``accuracy``: per suite entry (the public scenarios), step-time error and Kendall tau of the
   learned predictor against the simulator on seeded random valid plans, and the simulator's own
   value of the plan the surrogate ranks first against the best one (top-1 regret), over seeds.
@@ -46,7 +46,7 @@ def _plans(model, cluster, n: int, seed: int, batch: int = 512):
     return out
 
 
-def speed(devices=(16, 64, 256), models=("gpt2-small", "llama2-7b", "llama2-70b"), plans: int = 1000,
+def speed(devices=(16, 64, 256), models=("gpt3-1.3b", "llama2-7b", "llama2-70b"), plans: int = 1000,
           batch: int = 1000) -> list[dict]:
     """Predictions per second, learned (batched) and simulator, per (devices, model)."""
     import torch
