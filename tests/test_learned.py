@@ -231,3 +231,22 @@ def test_shipped_checkpoint_loads_and_agrees_with_the_simulator_on_a_small_plan(
         Replica(0.5, (Stage((0, 14), ids[2:4], 2), Stage((14, 26), ids[6:8], 2)))))
     got = get_predictor("learned", model, cluster).predict(plan).metrics["step_time_s"]
     assert got == pytest.approx(simulate(model, cluster, plan).step_time_s, rel=0.15)
+
+
+def test_costmodel_cli_dataset_train_evaluate(capsys, tmp_path):
+    from tests._cli import cli_json, run_cli
+
+    data = tmp_path / "d.pt"
+    built = cli_json(capsys, "costmodel", "dataset", "--out", str(data), "--scenarios", "3", "--plans-per-scenario",
+                     "6", "--max-devices", "8", "--seed", "1", "--planners", "uniform", "--json")
+    assert built["scenarios"] >= 1 and built["plans"] >= 4 and data.is_file()
+    config = tmp_path / "train.yaml"
+    config.write_text(f"dataset: {data}\nout: {tmp_path / 's.pt'}\nepochs: 1\nthreads: 1\n")
+    trained = cli_json(capsys, "costmodel", "train", "--config", str(config), "--tracker", "null", "--json")
+    assert trained["report"]["train"]["plans"] + trained["report"]["val"]["plans"] >= 0
+    scored = cli_json(capsys, "costmodel", "evaluate", "--dataset", str(data), "--checkpoint", str(tmp_path / "s.pt"),
+                      "--json")
+    assert set(scored["report"]) == {"train", "val", "test"}
+    code, _, err = run_cli(capsys, "costmodel", "evaluate", "--dataset", str(tmp_path / "none.pt"), "--checkpoint",
+                           str(tmp_path / "s.pt"))
+    assert code == 2 and "no such data set" in err
