@@ -282,7 +282,28 @@ def torchrun_command(job_path: str | Path, nproc_per_node: int, log_dir: str | P
             "--log-dir", str(log_dir), "--redirects", "3"]
     if wrapper is not None:
         return cmd + ["--no-python", str(wrapper), str(job_path)]
-    return cmd + ["-m", "hetpart.runtime.worker", str(job_path)]
+    return cmd + ["--no-python", sys.executable, "-c", _WORKER_BOOTSTRAP, str(job_path)]
+
+
+_WORKER_BOOTSTRAP = f"""\
+import ctypes, os, signal, sys
+try:  # die with torchrun before the long imports: a launcher killed meanwhile must not leave this process behind
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+launcher = os.environ.get("{LAUNCHER_PID_ENV}", "")
+if launcher.isdigit():
+    try:
+        state = open(f"/proc/{{launcher}}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        state = "X"
+    if state in ("Z", "X"):
+        sys.exit(1)
+import runpy
+sys.argv = ["hetpart.runtime.worker"] + sys.argv[1:]
+runpy.run_module("hetpart.runtime.worker", run_name="__main__", alter_sys=True)
+"""
+"""What torchrun starts per rank: the parent-death signal first, then ``python -m hetpart.runtime.worker JOB``."""
 
 
 def _worker_env() -> dict[str, str]:
@@ -465,14 +486,15 @@ def _supervise(proc: subprocess.Popen, watchdog: Watchdog, tracker: _ProgressTra
 
 
 def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:
-    """Kill every worker we started (by pid, from their heartbeats) and torchrun's own session, and
-    wait until they are gone: no worker outlives the launcher."""
-    pids = []
+    """Kill every worker we started (by pid, from their heartbeats and from torchrun's descendants: a rank
+    still importing has no heartbeat yet) and torchrun itself, and wait until they are gone."""
+    pids = set(_descendants(proc.pid))
     for rank in range(world):
         state = read_rank_state(run_dir, rank)
         if state.pid is not None and state.alive:
-            kill_pid_tree(state.pid)
-            pids.append(state.pid)
+            pids.add(state.pid)
+    for pid in pids:
+        kill_pid_tree(pid)
     if proc.poll() is None:
         kill_pid_tree(proc.pid)
     try:
@@ -482,6 +504,28 @@ def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:
     deadline = time.time() + 10
     while any(process_alive(pid) for pid in pids) and time.time() < deadline:
         time.sleep(0.02)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> list[dict[str, Any]]:
