@@ -15,6 +15,7 @@ from hetpart.costmodel.predictor import Predictor, available_predictors, default
     register_predictor, set_default_predictor
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.roofline import roofline_tokens_per_s
+from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 
 __all__ = [
     # simulator
@@ -26,5 +27,5 @@ __all__ = [
     "simulator_predictor", "roofline_tokens_per_s",
     # the predictor interface and what prices candidates
     "Predictor", "get_predictor", "register_predictor", "available_predictors", "default_predictor",
-    "set_default_predictor", "Evaluator", "Evaluated", "best_of",
+    "set_default_predictor", "Evaluator", "Evaluated", "best_of", "DeviceGroupFacts", "device_group_facts",
 ]

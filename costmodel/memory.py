@@ -61,14 +61,9 @@ def in_flight_microbatches(schedule: str, stage_index: int, pp: int, num_microba
 
 
 def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -> float:
-    """Parameters one device of a ``tp``-way stage holding units ``[first, last)`` keeps."""
-    total = 0.0
-    held = {u.name for u in model.units[first:last]}
-    owner = model.tied_owner
-    for u in model.units[first:last]:
-        p = u.params + (u.shared_params if u.shared_params and owner not in held else 0)
-        total += p / tp if u.tp_shardable else p
-    return total
+    """Parameters one device of a ``tp``-way stage holding units ``[first, last)`` keeps
+    (:meth:`ModelGraph.range_params`)."""
+    return model.range_params(first, last, tp)
 
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,

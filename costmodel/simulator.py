@@ -42,8 +42,9 @@ from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
-from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb
+from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 
 __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM"]
@@ -95,19 +96,6 @@ class Estimate:
     fits_in_memory: bool
     memory_headroom_gb: float
     """Smallest (capacity - predicted peak) over the plan's devices; negative when something does not fit."""
-
-
-@dataclass(frozen=True)
-class _Group:
-    """What the simulator needs to know about one stage's device group."""
-
-    gpu: GPUSpec
-    """The slowest device (paces the tensor-parallel group)."""
-    tp_link: tuple[float, float]
-    """(bandwidth GB/s, latency us) of the slowest hop of the group's ring."""
-    capacity_gb: float
-    hbm_gbyte_s: float
-    gpus: tuple[GPUSpec, ...]
 
 
 class _UnitPrefix(NamedTuple):
@@ -225,26 +213,17 @@ class Simulator:
         self._tables = PrefixTables(model)
         self._out_bytes = [u.out_act_bytes for u in model.units]
         self._units: dict[tuple, tuple[list[float], ...]] = {}
-        self._groups: dict[tuple[str, ...], _Group] = {}
+        self._groups: dict[tuple[str, ...], DeviceGroupFacts] = {}
         self._p2p: dict[tuple, PathLink] = {}
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._nodes: dict[str, int] = {}
         self._node_numbers: dict[tuple[int, int], int] = {}
 
     # --------------------------------------------------------------------------------- cached facts
-    def _group(self, devices: tuple[str, ...]) -> _Group:
+    def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
         hit = self._groups.get(devices)
         if hit is None:
-            gpus = tuple(self.cluster.device(d).gpu for d in devices)
-            bw, lat = float("inf"), 0.0
-            for i in range(len(devices)):
-                link = self.cluster.link_between(devices[i], devices[(i + 1) % len(devices)])
-                if link is not None and link.kind != "self":
-                    bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
-            hit = _Group(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_link=(bw, lat),
-                         capacity_gb=min(memory_capacity_gb(g) for g in gpus),
-                         hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus)
-            self._groups[devices] = hit
+            hit = self._groups[devices] = device_group_facts(self.cluster, devices)
         return hit
 
     def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str) -> _UnitPrefix:

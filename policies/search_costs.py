@@ -21,6 +21,7 @@ import numpy as np
 
 from hetpart.cluster import Cluster
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
 from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
@@ -116,7 +117,6 @@ class CostTable:
         fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute)
         if tp == 1:
             return fwd + bwd
-        group = tp_groups(pool, tp)[0]
-        link = self.cluster.link_between(group[0], group[1])
-        tpf, tpb = unit_tp_comm_s(self.model, tp, micro_batch, recompute, link.bandwidth_gbyte_s, link.latency_us)
+        facts = device_group_facts(self.cluster, tp_groups(pool, tp)[0])  # a pool's groups are alike
+        tpf, tpb = unit_tp_comm_s(self.model, tp, micro_batch, recompute, *facts.tp_link)
         return fwd + bwd + tpf + tpb

@@ -138,16 +138,17 @@ class ModelGraph:
     def flops_per_token(self) -> float:
         return self.train_flops / self.seq_len
 
-    def range_params(self, first: int, last: int) -> int:
-        """Parameters a stage holding units ``[first, last)`` keeps, tied copies included."""
+    def range_params(self, first: int, last: int, tp: int = 1) -> float:
+        """Parameters one device of a ``tp``-way stage holding units ``[first, last)`` keeps, tied copies
+        included (a unit using tied weights keeps a copy unless the stage holds their owner). The one
+        definition: model-state memory and the prefix tables of the cost model follow it."""
         units = self.units[first:last]
-        own = sum(u.params for u in units)
-        names = {u.name for u in units}
-        shared = sum(u.shared_params for u in units if not self._owner_in(u, names))
-        return own + shared
-
-    def _owner_in(self, unit: Unit, names: set[str]) -> bool:
-        return unit.shared_params == 0 or self.tied_owner in names
+        keeps_copy = not any(u.name == self.tied_owner for u in units)
+        total = 0.0
+        for u in units:
+            p = u.params + (u.shared_params if u.shared_params and keeps_copy else 0)
+            total += p / tp if u.tp_shardable else p
+        return total
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready description (``hetpart inspect model --json``)."""

@@ -1,0 +1,60 @@
+"""The facts of a device group that every cost derivation needs, derived in one place.
+
+A stage's tensor-parallel group runs at the pace of its slowest GPU over the slowest hop of its ring;
+it holds what its smallest memory holds and streams its optimizer step at its slowest HBM. The
+simulator, the search's stage costs and the featurizer of the learned parts all read these facts
+from :func:`device_group_facts`.
+
+Example:
+    >>> from hetpart import load_cluster
+    >>> facts = device_group_facts(load_cluster("tiny-mixed"), ("0/0/0", "0/0/1"))
+    >>> facts.gpu.name, facts.tp_bandwidth_gbyte_s > 0
+    ('A100-40GB', True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from hetpart.cluster import Cluster
+from hetpart.costmodel.memory import memory_capacity_gb
+from hetpart.hardware import GPUSpec
+
+__all__ = ["DeviceGroupFacts", "device_group_facts"]
+
+
+@dataclass(frozen=True)
+class DeviceGroupFacts:
+    """What the cost model needs to know about one stage's device group."""
+
+    gpu: GPUSpec
+    """The slowest device (dense 16-bit peak): it paces the tensor-parallel group."""
+    tp_bandwidth_gbyte_s: float
+    """Bandwidth of the slowest hop of the group's ring (``inf`` for one device)."""
+    tp_latency_us: float
+    """Latency of the slowest hop of the group's ring (0 for one device)."""
+    capacity_gb: float
+    """Usable memory of the smallest device (:func:`~hetpart.costmodel.memory.memory_capacity_gb`)."""
+    hbm_gbyte_s: float
+    """HBM bandwidth of the slowest device's memory (paces the optimizer step)."""
+    gpus: tuple[GPUSpec, ...]
+    """Every device's GPU, in the group's order."""
+
+    @property
+    def tp_link(self) -> tuple[float, float]:
+        """``(bandwidth GB/s, latency us)`` of the slowest hop."""
+        return self.tp_bandwidth_gbyte_s, self.tp_latency_us
+
+
+def device_group_facts(cluster: Cluster, devices: Sequence[str]) -> DeviceGroupFacts:
+    """The facts of the group ``devices`` (device ids ``g/n/i``) on ``cluster``."""
+    gpus = tuple(cluster.device(d).gpu for d in devices)
+    bandwidth, latency = float("inf"), 0.0
+    for i in range(len(devices)):
+        link = cluster.link_between(devices[i], devices[(i + 1) % len(devices)])
+        if link is not None and link.kind != "self":
+            bandwidth, latency = min(bandwidth, link.bandwidth_gbyte_s), max(latency, link.latency_us)
+    return DeviceGroupFacts(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_bandwidth_gbyte_s=bandwidth,
+                            tp_latency_us=latency, capacity_gb=min(memory_capacity_gb(g) for g in gpus),
+                            hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus)
