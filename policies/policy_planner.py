@@ -3,9 +3,11 @@
 One pass of the network per decision, batched over ``1 + samples`` decodes (the greedy one and
 ``samples`` sampled ones, all masked). Every distinct finished structure is completed exactly (the
 search's layer split and batch shares), the completions are ordered by the search's estimate and
-the best few are simulated together (branch and bound, :meth:`Evaluator.best`). Optionally the
-winner is refined as ``search`` refines its own (:func:`hetpart.policies.refine.refine`: layer
-boundaries, micro-batches, interleaving), under a time budget.
+the best few are simulated together (branch and bound, :meth:`Evaluator.best`): that is the
+policy alone. Optionally (on by default) a refinement follows, under a time budget: for the best
+few structures, replicas, micro-batch and recompute are re-decided exactly with their pools, order
+and TP kept (:mod:`hetpart.policies.renumber`), and the winner is hill-climbed as ``search`` refines
+its own (:func:`hetpart.policies.refine.refine`: layer boundaries, micro-batches, interleaving).
 
 :func:`decode` returns what each stage contributes (greedy alone, best of K, refined), so benchmarks
 can say what the network itself is worth.
@@ -109,16 +111,19 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
 
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
-           simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 0.8,
-           seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None) -> Decoded:
+           simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 1.5,
+           seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None,
+           renumber_top: int = 3) -> Decoded:
     """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
 
     Args:
         samples: sampled decodes beside the greedy one.
         simulate_top: structures (best estimates first) whose plans are simulated.
-        refine: hill-climb the winner as ``search`` does (within the time budget).
-        time_budget_s: completion and refinement stop starting new work past this many seconds
-            (the greedy structure is always completed).
+        refine: re-decide replicas, micro-batch and recompute exactly for the ``renumber_top`` best
+            structures (their pools, order and TP kept), then hill-climb the winner as ``search``
+            does (within the time budget).
+        time_budget_s: completion and refinement stop starting new work this many seconds after
+            decoding ends (the greedy structure is always completed).
         evaluator: its predictor prices the plans (default: the default predictor).
     """
     loading = time.perf_counter()
@@ -142,31 +147,43 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     finally:
         torch.set_num_threads(threads)
     timings["decode_s"] = time.perf_counter() - start
+    start = time.perf_counter()  # the budget below is for completion and refinement
     distinct: dict[tuple, StructureState] = {}
     for s in states:
         distinct.setdefault(s.key(), s)
     greedy = _complete(evaluator, states[0])
-    deadline = start + time_budget_s / 2  # half for completing samples, the rest for refinement
-    scored = [greedy_scored] if (greedy_scored := states[0].scored()) is not None else []
-    best_estimate = scored[0].estimate_s if scored else math.inf
+    deadline = start + time_budget_s / 3  # a third for completing samples, the rest for refinement
+    scored = [(greedy_scored, states[0])] if (greedy_scored := states[0].scored()) is not None else []
+    best_estimate = scored[0][0].estimate_s if scored else math.inf
     for s in sorted(distinct.values(), key=StructureState.bound_s):
         if s is states[0] or time.perf_counter() > deadline:
             continue
         found = s.scored(threshold=best_estimate * 1.25)  # the estimate is a model: keep near misses
         if found is not None:
-            scored.append(found)
+            scored.append((found, s))
             best_estimate = min(best_estimate, found.estimate_s)
-    scored.sort()
+    scored.sort(key=lambda pair: pair[0])
     evaluator.deadline = start + time_budget_s
-    sampled = evaluator.best([p for sc in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
+    sampled = evaluator.best([p for sc, _ in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
     timings["sample_s"] = time.perf_counter() - start
     refined = None
     if refine and sampled is not None:
-        from hetpart.policies.refine import refine as hill_climb
-
-        refined = hill_climb(evaluator, sampled, refine_steps)
+        refined = _refine(evaluator, sampled, [s for _, s in scored[:renumber_top]], start + 2 * time_budget_s / 3,
+                          refine_steps, simulate_top)
     timings["total_s"] = time.perf_counter() - start
     return Decoded(greedy, sampled, refined, len(distinct), timings)
+
+
+def _refine(evaluator: Evaluator, sampled: Evaluated, states: list[StructureState], deadline: float,
+            refine_steps: int, simulate_top: int) -> Evaluated:
+    """Re-decide replicas, micro-batch and recompute of the best structures exactly
+    (:func:`~hetpart.policies.renumber.renumber`), then hill-climb the winner as ``search`` does."""
+    from hetpart.policies.refine import refine as hill_climb
+    from hetpart.policies.renumber import renumber
+
+    points = sorted(p for s in states for p in renumber(s, deadline))
+    best = evaluator.best([plan for p in points[:simulate_top] for plan in p.build()], incumbent=sampled)
+    return hill_climb(evaluator, best, refine_steps)
 
 
 def _complete(evaluator: Evaluator, state: StructureState) -> Evaluated | None:
@@ -187,7 +204,8 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     return found
 
 
-OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "time_budget_s", "seed", "checkpoint"})
+OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "time_budget_s", "seed", "checkpoint",
+                     "renumber_top"})
 
 
 @dataclass(frozen=True)
