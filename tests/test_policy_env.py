@@ -131,3 +131,12 @@ def test_bad_reward_name_is_refused():
 
     with pytest.raises(SpecError, match="reward: unknown predictor 'oracle'"):
         PartitionEnv(reward="oracle")
+
+
+def test_reward_from_the_learned_cost_model_through_the_predictor_registry():
+    env = PartitionEnv(scenario=_tiny(), reward="learned")
+    env.reset(seed=0)
+    done, reward, info = False, 0.0, {}
+    while not done:
+        _, reward, done, _, info = env.step(int(np.flatnonzero(env.action_masks())[0]))
+    assert reward > 0 and info["tokens_per_s"] > 0
