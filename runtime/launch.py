@@ -353,6 +353,8 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
         try:
             _supervise(proc, watchdog, tracker)
         except Interrupted as exc:
+            with _signals_ignored(), contextlib.suppress(Exception):  # report what the ranks finished by now
+                tracker.update(watchdog.states())
             raise Interrupted(f"runtime: {exc} {tracker.where()}; all {world} ranks were stopped",
                               exc.exit_code) from None
         finally:
