@@ -1,6 +1,7 @@
 """The facts of a device group that every cost derivation needs, derived in one place.
 
-A stage's tensor-parallel group runs at the pace of its slowest GPU over the slowest hop of its ring;
+A stage's tensor-parallel group split evenly runs at the pace of its slowest GPU (speed factor
+included) over the slowest hop of its ring;
 it holds what its smallest memory holds and streams its optimizer step at its slowest HBM. The
 simulator, the search's stage costs and the featurizer of the learned parts all read these facts
 from :func:`device_group_facts`.
@@ -40,6 +41,14 @@ class DeviceGroupFacts:
     """HBM bandwidth of the slowest device's memory (paces the optimizer step)."""
     gpus: tuple[GPUSpec, ...]
     """Every device's GPU, in the group's order."""
+    speeds: tuple[float, ...] = ()
+    """Every device's measured speed factor (``slow:`` in the cluster file; 1.0 for most)."""
+
+    @property
+    def alike(self) -> bool:
+        """True when every device is the same type at full speed: an even split is then the best one,
+        and the simulator prices the group as one device type (the fast path)."""
+        return all(g == self.gpus[0] for g in self.gpus) and all(s == 1.0 for s in self.speeds)
 
     @property
     def tp_link(self) -> tuple[float, float]:
@@ -50,6 +59,7 @@ class DeviceGroupFacts:
 def device_group_facts(cluster: Cluster, devices: Sequence[str]) -> DeviceGroupFacts:
     """The facts of the group ``devices`` (device ids ``g/n/i``) on ``cluster``."""
     gpus = tuple(cluster.device(d).gpu for d in devices)
+    speeds = tuple(cluster.device(d).speed for d in devices)
     bandwidth, latency = float("inf"), 0.0
     for i in range(len(devices)):
         link = cluster.link_between(devices[i], devices[(i + 1) % len(devices)])
@@ -57,4 +67,4 @@ def device_group_facts(cluster: Cluster, devices: Sequence[str]) -> DeviceGroupF
             bandwidth, latency = min(bandwidth, link.bandwidth_gbyte_s), max(latency, link.latency_us)
     return DeviceGroupFacts(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_bandwidth_gbyte_s=bandwidth,
                             tp_latency_us=latency, capacity_gb=min(memory_capacity_gb(g) for g in gpus),
-                            hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus)
+                            hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus, speeds=speeds)

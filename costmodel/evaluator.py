@@ -9,6 +9,11 @@ learned model bounds nothing) prices every candidate in one batch, and :attr:`Ev
 says so.
 
 The memory filter is the memory model of :mod:`hetpart.costmodel.memory` whatever the predictor.
+
+Every candidate whose tensor-parallel groups mix unlike devices (two types, or a measured speed
+factor) gets the uneven split an LP picks (:func:`~hetpart.costmodel.tp_split.fill_tp_splits`) before
+it is priced; the even version is priced too and the faster kept, so rounding never costs. Groups of
+alike devices are left even at the cost of one check.
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ class Evaluator:
         self.simulations = 0
         """Plans priced so far (the work branch and bound saves)."""
         self._stage_gb: dict[tuple, float] = {}
+        self.split_tp = True
+        """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
+        self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
 
     @property
     def pruning(self) -> bool:
@@ -96,6 +104,7 @@ class Evaluator:
         """Whether every device of ``plan`` holds its stages (the simulator's memory rule, without
         simulating the schedule)."""
         from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
+        from hetpart.costmodel.tp_split import param_shares
 
         if self.ignore_memory:
             return True
@@ -107,9 +116,11 @@ class Evaluator:
                 need = 0.0
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
-                    key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute)
+                    key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split)
                     if key not in self._stage_gb:
-                        self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, s.tp, plan.micro_batch, flight,
+                        tp = s.tp if s.tp_split is None else 1.0 / float(
+                            param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
+                        self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight,
                                                               plan.recompute, plan.precision)
                     need += self._stage_gb[key]
                 if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
@@ -122,10 +133,25 @@ class Evaluator:
 
     # ------------------------------------------------------------------------------------- simulate
     def __call__(self, plan: Plan) -> Evaluated | None:
-        """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``)."""
+        """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``).
+        With unlike tensor-parallel groups, the better of the plan and its LP-split version."""
+        split = self.with_splits(plan)
+        if split is not plan:
+            return best_of([self._one(plan), self._one(split)])
+        return self._one(plan)
+
+    def _one(self, plan: Plan) -> Evaluated | None:
         if plan.validate(self.model, self.cluster) or not self.fits(plan):
             return None
         return self._priced([plan])[0]
+
+    def with_splits(self, plan: Plan) -> Plan:
+        """``plan`` with uneven splits for its unlike tensor-parallel groups (the same object when none)."""
+        if not (self.split_tp and self._unlike):
+            return plan
+        from hetpart.costmodel.tp_split import fill_tp_splits
+
+        return fill_tp_splits(plan, self.model, self.cluster)
 
     def _priced(self, plans: list[Plan]) -> list[Evaluated | None]:
         """Estimates of valid, memory-filtered plans in one batch (None: the predictor refused or it
@@ -151,6 +177,8 @@ class Evaluator:
 
         With a lower bound: priced in order of the bound, stopping when no remaining plan can win
         (branch and bound; exact). Without one: every valid fitting plan priced in one batch."""
+        if self.split_tp and self._unlike:
+            plans = [q for p in plans for q in dict.fromkeys([p, self.with_splits(p)])]
         if self._bound is None:
             valid = [p for p in plans if not p.validate(self.model, self.cluster) and self.fits(p)]
             return best_of([incumbent, *self._priced(valid)])
@@ -160,7 +188,7 @@ class Evaluator:
         for bound, _, plan in queue:
             if best is not None and bound > best.step_time_s:
                 break
-            best = best_of([best, self(plan)])
+            best = best_of([best, self._one(plan)])
         return best
 
 

@@ -3,6 +3,12 @@
 A *pool* is every node of one node type: the same device type, node size, intra-node link, NIC
 and zone. Planners reason about pools (how many stages of which tensor-parallel degree a pool
 contributes) and only at the end hand out concrete device ids.
+
+A node holding several device types (``gpus: [{gpu: A, count: 2}, {gpu: B, count: 2}]``) gives each
+type's run of GPUs to that type's pool as a node of its own (its "nodes" are then slices of one real
+node; links between them are still intra-node, as ``cluster.link_between`` says). Speed factors
+(``slow:``) do not split pools: the simulator prices each device at its own speed, and the search
+gives unlike tensor-parallel groups an uneven split (:mod:`hetpart.costmodel.tp_split`).
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ class Pool:
         return tuple(d for node in self.nodes for d in node)
 
 
-def _hardware_key(group: NodeGroup) -> tuple:
-    return (group.gpu, group.gpus_per_node, group.intra_node, group.nic, group.nics_per_node, group.zone)
+def _hardware_key(group: NodeGroup, gpu: GPUSpec, per_node: int) -> tuple:
+    return (gpu, per_node, group.intra_node, group.nic, group.nics_per_node, group.zone, bool(group.mixed))
 
 
 def device_pools(cluster: Cluster) -> list[Pool]:
@@ -54,11 +60,14 @@ def device_pools(cluster: Cluster) -> list[Pool]:
     merged: dict[tuple, list[tuple[str, ...]]] = {}
     first_group: dict[tuple, int] = {}
     for gi, group in enumerate(cluster.groups):
-        key = _hardware_key(group)
-        first_group.setdefault(key, gi)
-        nodes = merged.setdefault(key, [])
-        for n in range(group.count):
-            nodes.append(tuple(f"{gi}/{n}/{i}" for i in range(group.gpus_per_node)))
+        lo = 0
+        for gpu, count in group.gpu_counts:
+            key = _hardware_key(group, gpu, count)
+            first_group.setdefault(key, gi)
+            nodes = merged.setdefault(key, [])
+            for n in range(group.count):
+                nodes.append(tuple(f"{gi}/{n}/{i}" for i in range(lo, lo + count)))
+            lo += count
     names = [f"{k[0].name}@{k[5]}" for k in merged]
     pools = []
     for key, nodes in merged.items():
@@ -117,11 +126,25 @@ def zone_components(cluster: Cluster) -> list[set[str]]:
 
 
 def type_subcluster(cluster: Cluster, gpu_name: str, zones: set[str] | None = None) -> Cluster:
-    """The cluster made of only the node groups whose devices are ``gpu_name`` (in ``zones`` when
-    given), with the links between their zones."""
-    groups = tuple(g for g in cluster.groups if g.gpu.name == gpu_name and (zones is None or g.zone in zones))
+    """The cluster made of only the devices of type ``gpu_name`` (in ``zones`` when given), with the
+    links between their zones: whole node groups, and from mixed nodes that type's GPUs as nodes of
+    their own kind. Speed factors follow their devices (renumbered)."""
+    groups, slow = [], []
+    speed = dict(cluster.slow)
+    for gi, g in enumerate(cluster.groups):
+        if zones is not None and g.zone not in zones:
+            continue
+        lo = 0
+        for gpu, count in g.gpu_counts:
+            if gpu.name == gpu_name:
+                new = len(groups)
+                groups.append(replace(g, gpu=gpu, gpus_per_node=count, mixed=()))
+                slow += [(f"{new}/{n}/{i}", speed[f"{gi}/{n}/{lo + i}"]) for n in range(g.count)
+                         for i in range(count) if f"{gi}/{n}/{lo + i}" in speed]
+            lo += count
     if not groups:
         raise ValueError(f"no {gpu_name} in {cluster.name}")
     zones = {g.zone for g in groups}
     links = tuple(link for link in cluster.zone_links if set(link.zones) <= zones)
-    return replace(cluster, name=f"{cluster.name}[{gpu_name}]", groups=groups, zone_links=links)
+    return replace(cluster, name=f"{cluster.name}[{gpu_name}]", groups=tuple(groups), zone_links=links,
+                   slow=tuple(slow))

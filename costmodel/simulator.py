@@ -37,7 +37,7 @@ from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
-from hetpart.plan import Plan
+from hetpart.plan import Plan, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
@@ -46,6 +46,7 @@ from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
+from hetpart.costmodel.tp_split import param_shares, unit_shares
 
 __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM"]
 
@@ -150,6 +151,8 @@ class _StageTable(NamedTuple):
     """When the stage's last backward ends (with pipes)."""
     device_done: np.ndarray
     """When the stage's device finishes its whole backward (with pipes)."""
+    shard_tp: np.ndarray
+    """``tp``, or for an uneven split 1 / the largest device share (what a gradient exchange is padded to)."""
 
 
 class _Segment(NamedTuple):
@@ -226,8 +229,11 @@ class Simulator:
             hit = self._groups[devices] = device_group_facts(self.cluster, devices)
         return hit
 
-    def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str) -> _UnitPrefix:
+    def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str,
+                     split: TPSplit | None = None) -> _UnitPrefix:
         g = self._group(devices)
+        if split is not None or not g.alike:
+            return self._uneven_prefix(g, tp, mb, precision, recompute, split)
         key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
         hit = self._units.get(key)
         if hit is None:
@@ -238,6 +244,50 @@ class Simulator:
             hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
             self._units[key] = hit
         return hit
+
+    def _uneven_prefix(self, g: DeviceGroupFacts, tp: int, mb: int, precision: str, recompute: str,
+                       split: TPSplit | None) -> _UnitPrefix:
+        """Unlike devices or an uneven split: per unit, the slowest device's time for its share of the
+        split work (at its local width) plus the work every rank repeats, over its speed factor. The
+        Megatron all-reduces keep their full size (each rank adds a full-width partial sum)."""
+        key = ("uneven", g.gpus, g.speeds, split, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
+        hit = self._units.get(key)
+        if hit is None:
+            shares = unit_shares(self.model, tp, split)
+            fwd = bwd = None
+            for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
+                curve = self._curve_of(gpu) if self._curve_of else None
+                f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve)
+                f, b = f / speed, b / speed
+                fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
+            arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
+            hit = self._units[key] = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
+        return hit
+
+    def _device_params(self, stage, a: int, z: int) -> list[float]:
+        """Parameters each device of ``stage`` holds for units ``[a, z)`` (its share of the split ones)."""
+        if stage.tp_split is None:
+            return [self._tables.params_per_device(a, z, stage.tp)] * stage.tp
+        return [self._tables.params_per_device(a, z, 1.0 / f) for f in param_shares(self.model, stage.tp, stage.tp_split)]
+
+    def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str) -> list[float]:
+        a, z = stage.layers
+        if stage.tp_split is None:
+            return [self._tables.memory_gb(a, z, stage.tp, micro_batch, flight, recompute)] * stage.tp
+        return [self._tables.memory_gb(a, z, 1.0 / f, micro_batch, flight, recompute)
+                for f in param_shares(self.model, stage.tp, stage.tp_split)]
+
+    def _shard_tp(self, stage) -> float:
+        """``tp``, or for an uneven split 1 / the largest fraction of a split gradient one device holds.
+
+        Replicas split differently exchange gradients either padded to the largest shard (every rank
+        all-reduces a buffer of that size: ``1 / _shard_tp`` of the split part) or exactly, as the full
+        tensor (``all_to_all_single`` + all-reduce of the whole); padded moves fewer bytes whenever a
+        shard is under the whole, so it is the one priced."""
+        if stage.tp_split is None:
+            return stage.tp
+        return 1.0 / float(param_shares(self.model, stage.tp, stage.tp_split).max())
 
     def _p2p_s(self, src, dst, micro_batch: int) -> float:
         tp = max(src.tp, dst.tp)
@@ -266,7 +316,7 @@ class Simulator:
         m = plan.num_microbatches(r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
         for s in rep.stages:
-            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split)
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
@@ -292,7 +342,7 @@ class Simulator:
     # --------------------------------------------------------------------------------- data parallel
     def _stage_table(self, plan: Plan, pipes: list[_Pipe] | None = None) -> _StageTable:
         """Every (replica, virtual stage) of ``plan`` numbered flat, with what the all-reduces need."""
-        offsets, first_device, node, tp, group, last_bwd, device_done = [], [], [], [], [], [], []
+        offsets, first_device, node, tp, group, last_bwd, device_done, shard_tp = [], [], [], [], [], [], [], []
         group_count = 0
         for r, rep in enumerate(plan.replicas):
             offsets.append(len(first_device))
@@ -301,6 +351,7 @@ class Simulator:
                 first_device.append(stage.devices[0])
                 node.append(self._node_id(stage.devices[0]))
                 tp.append(stage.tp)
+                shard_tp.append(self._shard_tp(stage))
                 group.append(group_count + k % pp)
                 if pipes is not None:
                     ends = pipes[r].last_bwd
@@ -308,7 +359,7 @@ class Simulator:
                     device_done.append(max(e for j, e in enumerate(ends) if j % pp == k % pp))
             group_count += pp
         return _StageTable(np.array(offsets), first_device, np.array(node), np.array(tp), np.array(group),
-                           np.array(last_bwd), np.array(device_done))
+                           np.array(last_bwd), np.array(device_done), np.array(shard_tp, dtype=float))
 
     def _dp_segments(self, plan: Plan, table: _StageTable | None = None) -> list[_Segment]:
         """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
@@ -324,7 +375,7 @@ class Simulator:
         replicas = np.arange(plan.dp)
         out = []
         if plan.dp > 1:
-            tp_min = table.tp[flat].min(axis=1)
+            tp_min = table.shard_tp[flat].min(axis=1)
             for i, (a, z) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
                 sharded, whole = self._tables.params(a, z)
                 first_sharded, first_whole = self._tables.params(a, a + 1)
@@ -349,7 +400,7 @@ class Simulator:
             hu, ho = holders_of(u), holders_of(owner)
             if hu != ho:
                 holders = np.array(sorted(hu | ho))
-                tp_min = int(table.tp[holders[:, 1] + table.offsets[holders[:, 0]]].min())
+                tp_min = float(table.shard_tp[holders[:, 1] + table.offsets[holders[:, 0]]].min())
                 nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
                 if len(holders) > 1 and nbytes > 0:  # ready when both copies' units are done
                     out.append(_Segment(holders, -1, -1, nbytes, nbytes))
@@ -461,7 +512,7 @@ class Simulator:
             holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
             spans.append((a, z, holders))
             if plan.dp > 1:
-                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in holders)
                 sharded, whole = self._tables.params(a, z)
                 first_sharded, first_whole = self._tables.params(a, a + 1)
                 out.append(_Segment(holders, a, z, (sharded / tp_min + whole) * grad_bytes,
@@ -482,7 +533,7 @@ class Simulator:
             hu, ho = holders_of(u), holders_of(owner)
             if hu != ho:
                 holders = tuple(sorted(set(hu) | set(ho)))
-                tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
+                tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in holders)
                 nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
                 out.append(_Segment(holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
         return out
@@ -559,14 +610,25 @@ class Simulator:
             pp, m = pipes[r].pp, pipes[r].m
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                gb = params = 0.0
+                group = self._group(rep.stages[d].devices)
+                if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
+                    gb = params = 0.0
+                    for k in range(d, rep.pp, pp):
+                        s = rep.stages[k]
+                        gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
+                        params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
+                    memory[(r, d)] = gb
+                    optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / (group.hbm_gbyte_s * 1e9)
+                    continue
+                gbs = np.zeros(len(group.gpus))
+                held = np.zeros(len(group.gpus))
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
-                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
-                    params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
-                memory[(r, d)] = gb
-                hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
-                optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / hbm
+                    gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute)
+                    held += self._device_params(s, *s.layers)
+                memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
+                optim[(r, d)] = max(n * OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
+                                    for n, gpu in zip(held, group.gpus))
         return memory, optim
 
     # --------------------------------------------------------------------------------- the step
@@ -624,7 +686,7 @@ class Simulator:
             per_device = [0.0] * pp
             params = [0.0] * pp
             for k, s in enumerate(rep.stages):
-                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split)
                 f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
                 a, z = s.layers
                 per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])

@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -51,6 +51,27 @@ class NodeGroup:
     """Number of NICs per node; the node's network bandwidth is ``nics_per_node * nic``."""
     zone: str = "default"
     """Zone (data centre, region) of the nodes."""
+    mixed: tuple[tuple[GPUSpec, int], ...] = ()
+    """Nodes holding several device types: ``(type, count)`` runs in local GPU order (``gpu`` is then
+    the first run's type and ``gpus_per_node`` their total); empty when every device is ``gpu``."""
+
+    def __post_init__(self) -> None:
+        if self.mixed and sum(n for _, n in self.mixed) != self.gpus_per_node:
+            raise ValueError(f"mixed node: {sum(n for _, n in self.mixed)} GPUs listed but gpus_per_node is "
+                             f"{self.gpus_per_node}")
+
+    @property
+    def gpu_counts(self) -> tuple[tuple[GPUSpec, int], ...]:
+        """``(type, count)`` runs of one node in local GPU order (one run unless the node is mixed)."""
+        return self.mixed or ((self.gpu, self.gpus_per_node),)
+
+    def gpu_at(self, local: int) -> GPUSpec:
+        """The device type of local GPU ``local`` of a node."""
+        for gpu, n in self.gpu_counts:
+            if local < n:
+                return gpu
+            local -= n
+        raise IndexError(f"local GPU {local} beyond the node's {self.gpus_per_node}")
 
     @property
     def node_bandwidth_gbyte_s(self) -> float:
@@ -90,6 +111,9 @@ class Device:
     local: int
     gpu: GPUSpec
     zone: str
+    speed: float = 1.0
+    """Measured speed factor of this device against its type's figures (``slow:`` in the cluster
+    file; 0.6: a throttled card that computes at 60%)."""
 
     @property
     def node_key(self) -> tuple[int, int]:
@@ -123,14 +147,19 @@ class Cluster:
     zone_links: tuple[ZoneLink, ...] = ()
     source: str = field(default="<memory>", compare=False)
     """Where it was read from (for error messages)."""
+    slow: tuple[tuple[str, float], ...] = ()
+    """``(device id, speed factor)`` of devices that run slower (or faster) than their type's figures."""
 
     @cached_property
     def devices(self) -> tuple[Device, ...]:
+        speed = dict(self.slow)
         out = []
         for g, group in enumerate(self.groups):
+            types = [group.gpu_at(i) for i in range(group.gpus_per_node)]
             for n in range(group.count):
                 for i in range(group.gpus_per_node):
-                    out.append(Device(f"{g}/{n}/{i}", len(out), g, n, i, group.gpu, group.zone))
+                    did = f"{g}/{n}/{i}"
+                    out.append(Device(did, len(out), g, n, i, types[i], group.zone, speed.get(did, 1.0)))
         return tuple(out)
 
     @cached_property
@@ -148,7 +177,12 @@ class Cluster:
     @property
     def gpu_types(self) -> list[str]:
         """Device type names in order of first appearance."""
-        return list(dict.fromkeys(g.gpu.name for g in self.groups))
+        return list(dict.fromkeys(gpu.name for g in self.groups for gpu, _ in g.gpu_counts))
+
+    @property
+    def uniform_speed(self) -> bool:
+        """True when no device carries a speed factor other than 1."""
+        return all(f == 1.0 for _, f in self.slow)
 
     def has_device(self, device_id: str) -> bool:
         return device_id in self._by_id
@@ -215,7 +249,7 @@ class Cluster:
                            bandwidth_gbyte_s=group.node_bandwidth_gbyte_s)
         for d in self.devices:
             group = self.groups[d.group]
-            g.add_node(d.id, kind="device", gpu=d.gpu.name, zone=d.zone)
+            g.add_node(d.id, kind="device", gpu=d.gpu.name, zone=d.zone, speed=d.speed)
             g.add_edge(d.id, f"node:{d.group}/{d.node}", kind="intra_node",
                        bandwidth_gbyte_s=group.intra_node.bandwidth_gbyte_s, latency_us=group.intra_node.latency_us)
         for link in self.zone_links:
@@ -232,18 +266,31 @@ class Cluster:
             "num_devices": self.num_devices,
             "zones": self.zones,
             "node_groups": [
-                {"index": i, "count": g.count, "gpus_per_node": g.gpus_per_node, "gpu": g.gpu.name,
+                {"index": i, "count": g.count, "gpus_per_node": g.gpus_per_node,
+                 "gpu": "+".join(gpu.name for gpu, _ in g.gpu_counts),
                  "vendor": g.gpu.vendor, "tflops_bf16": g.gpu.tflops_bf16, "memory_gb": g.gpu.memory_gb,
+                 "gpus": [{"gpu": gpu.name, "count": n, "local_ids": f"{lo}..{lo + n - 1}", "vendor": gpu.vendor,
+                           "tflops_bf16": gpu.tflops_bf16, "memory_gb": gpu.memory_gb}
+                          for (gpu, n), lo in zip(g.gpu_counts, _starts(g.gpu_counts))],
                  "intra_node": g.intra_node.name, "intra_node_gbyte_s": g.intra_node.bandwidth_gbyte_s,
                  "nic": g.nic.name, "nics_per_node": g.nics_per_node,
                  "node_bandwidth_gbit_s": g.nics_per_node * g.nic.bandwidth_gbit_s, "zone": g.zone,
                  "device_ids": f"{i}/0/0 .. {i}/{g.count - 1}/{g.gpus_per_node - 1}"}
                 for i, g in enumerate(self.groups)
             ],
+            "slow": dict(self.slow),
             "links": [{"zones": list(z.zones), "bandwidth_gbit_s": z.bandwidth_gbit_s, "latency_us": z.latency_us}
                       for z in self.zone_links],
-            "peak_tflops_bf16": sum(g.num_devices * g.gpu.tflops_bf16 for g in self.groups),
+            "peak_tflops_bf16": sum(d.gpu.tflops_bf16 for d in self.devices),
         }
+
+
+def _starts(counts: tuple[tuple[GPUSpec, int], ...]) -> list[int]:
+    out, lo = [], 0
+    for _, n in counts:
+        out.append(lo)
+        lo += n
+    return out
 
 
 # --------------------------------------------------------------------------------------------- writing
@@ -261,16 +308,24 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     if cluster.zone_links:
         out["links"] = [{"zones": list(z.zones), "bandwidth_gbit_s": z.bandwidth_gbit_s, "latency_us": z.latency_us}
                         for z in cluster.zone_links]
+    if cluster.slow:
+        out["slow"] = dict(cluster.slow)
     return out
 
 
+_GPU_FIELDS = ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s", "vendor", "supports_bf16", "source")
+
+
 def _group_to_dict(g: NodeGroup) -> dict[str, Any]:
-    gpu = _named_or_inline(g.gpu, GPU_CATALOG, ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s",
-                                                "vendor", "supports_bf16", "source"))
     intra = _named_or_inline(g.intra_node, LINK_CATALOG, ("name", "bandwidth_gbyte_s", "latency_us", "source"))
     nic = _named_or_inline(g.nic, NIC_CATALOG, ("name", "bandwidth_gbit_s", "latency_us", "rdma", "source"))
-    return {"count": g.count, "gpus_per_node": g.gpus_per_node, "gpu": gpu, "intra_node": intra, "nic": nic,
-            "nics_per_node": g.nics_per_node, "zone": g.zone}
+    if g.mixed:
+        gpus: dict[str, Any] = {"gpus": [{"gpu": _named_or_inline(gpu, GPU_CATALOG, _GPU_FIELDS), "count": n}
+                                         for gpu, n in g.mixed]}
+    else:
+        gpus = {"gpus_per_node": g.gpus_per_node, "gpu": _named_or_inline(g.gpu, GPU_CATALOG, _GPU_FIELDS)}
+    return {"count": g.count, **gpus, "intra_node": intra, "nic": nic, "nics_per_node": g.nics_per_node,
+            "zone": g.zone}
 
 
 def _named_or_inline(spec: Any, catalog: dict[str, Any], fields: tuple[str, ...]) -> str | dict[str, Any]:
@@ -346,14 +401,52 @@ def _zone(value: Any, source: str, field: str) -> str:
     return str(value)
 
 
+def _gpu_runs(data: dict, source: str, field: str) -> tuple[int, GPUSpec, tuple[tuple[GPUSpec, int], ...]]:
+    """``(gpus_per_node, first type, mixed runs)`` from ``gpu`` + ``gpus_per_node`` or from ``gpus``."""
+    if "gpus" not in data:
+        for key in ("gpus_per_node", "gpu"):
+            if key not in data:
+                raise v.fail(SpecError, source, f"{field}.{key}", "missing required field; add it (or list the "
+                             "node's devices as gpus: [{gpu: NAME, count: N}, ...])")
+        return (v.integer(SpecError, data["gpus_per_node"], source, f"{field}.gpus_per_node", maximum=64),
+                _inline_or_catalog(data["gpu"], GPU_CATALOG, "GPU", source, f"{field}.gpu", _gpu), ())
+    if "gpu" in data:
+        raise v.fail(SpecError, source, f"{field}.gpu", "give either gpu (one type) or gpus (a list), not both")
+    runs_raw = data["gpus"]
+    if not isinstance(runs_raw, list) or not runs_raw:
+        raise v.fail(SpecError, source, f"{field}.gpus", "expected a non-empty list of {gpu: NAME, count: N}")
+    runs = []
+    for i, raw in enumerate(runs_raw):
+        where = f"{field}.gpus[{i}]"
+        raw = v.require_mapping(SpecError, raw, source, where)
+        v.require_keys(SpecError, raw, source, where, ["gpu", "count"], [])
+        runs.append((_inline_or_catalog(raw["gpu"], GPU_CATALOG, "GPU", source, f"{where}.gpu", _gpu),
+                     v.integer(SpecError, raw["count"], source, f"{where}.count", maximum=64)))
+    total = sum(n for _, n in runs)
+    if total > 64:
+        raise v.fail(SpecError, source, f"{field}.gpus", f"{total} GPUs in one node is absurdly many (limit 64)")
+    if "gpus_per_node" in data and data["gpus_per_node"] != total:
+        raise v.fail(SpecError, source, f"{field}.gpus_per_node", f"{v.show(data['gpus_per_node'])} but gpus lists "
+                     f"{total}; drop gpus_per_node or make them agree")
+    merged: list[tuple[GPUSpec, int]] = []
+    for gpu, n in runs:  # adjacent runs of one type are one run
+        if merged and merged[-1][0] == gpu:
+            merged[-1] = (gpu, merged[-1][1] + n)
+        else:
+            merged.append((gpu, n))
+    return total, merged[0][0], (tuple(merged) if len(merged) > 1 else ())
+
+
 def _node_group(data: Any, source: str, field: str) -> NodeGroup:
     data = v.require_mapping(SpecError, data, source, field)
-    v.require_keys(SpecError, data, source, field, ["count", "gpus_per_node", "gpu", "intra_node", "nic"],
-                   ["nics_per_node", "zone"])
+    v.require_keys(SpecError, data, source, field, ["count", "intra_node", "nic"],
+                   ["gpus_per_node", "gpu", "gpus", "nics_per_node", "zone"])
+    gpus_per_node, gpu, mixed = _gpu_runs(data, source, field)
     return NodeGroup(
         count=v.integer(SpecError, data["count"], source, f"{field}.count", maximum=100_000),
-        gpus_per_node=v.integer(SpecError, data["gpus_per_node"], source, f"{field}.gpus_per_node", maximum=64),
-        gpu=_inline_or_catalog(data["gpu"], GPU_CATALOG, "GPU", source, f"{field}.gpu", _gpu),
+        gpus_per_node=gpus_per_node,
+        gpu=gpu,
+        mixed=mixed,
         intra_node=_inline_or_catalog(data["intra_node"], LINK_CATALOG, "intra-node link", source,
                                       f"{field}.intra_node", _link),
         nic=_inline_or_catalog(data["nic"], NIC_CATALOG, "NIC", source, f"{field}.nic", _nic),
@@ -384,7 +477,7 @@ def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink
 def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     """Validate a parsed YAML mapping into a :class:`Cluster`; raises :class:`SpecError` with one line."""
     data = v.require_mapping(SpecError, data, source, "")
-    v.require_keys(SpecError, data, source, "", ["name", "nodes"], ["links", "description"])
+    v.require_keys(SpecError, data, source, "", ["name", "nodes"], ["links", "description", "slow"])
     name = v.string(SpecError, data["name"], source, "name")
     nodes = data["nodes"]
     if not isinstance(nodes, list) or not nodes:
@@ -404,7 +497,30 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
         if key in seen:
             raise v.fail(SpecError, source, f"links[{i}]", f"zones {list(link.zones)} are linked twice; keep one entry")
         seen.add(key)
-    return Cluster(name=name, groups=groups, zone_links=links, source=source)
+    cluster = Cluster(name=name, groups=groups, zone_links=links, source=source)
+    slow = _slow(data.get("slow"), cluster, source)
+    return replace(cluster, slow=slow) if slow else cluster
+
+
+MAX_SPEED_FACTOR = 4.0
+"""A measured speed factor above this is a typo (a factor, not a percentage)."""
+
+
+def _slow(raw: Any, cluster: Cluster, source: str) -> tuple[tuple[str, float], ...]:
+    """``slow: {"g/n/i": factor}``: devices measured slower (or faster) than their type's figures."""
+    if raw is None:
+        return ()
+    raw = v.require_mapping(SpecError, raw, source, "slow")
+    out = []
+    for key, value in raw.items():
+        where = f"slow.{key}" if isinstance(key, str) and key.isprintable() and len(key) < 40 else "slow"
+        if not isinstance(key, str) or not cluster.has_device(key):
+            raise v.fail(SpecError, source, where, f"device {v.show(key)} does not exist ({cluster.num_devices} "
+                         "devices, ids 'group/node/gpu' from 0/0/0; quote them in YAML: \"0/3/5\": 0.6)")
+        factor = v.number(SpecError, value, source, where, maximum=MAX_SPEED_FACTOR)
+        if factor != 1.0:
+            out.append((key, factor))
+    return tuple(sorted(out, key=lambda kv: cluster.device(kv[0]).index))
 
 
 def _read_yaml(path: Path) -> Any:

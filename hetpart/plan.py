@@ -29,10 +29,34 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
 
-__all__ = ["Schedule", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids"]
+__all__ = ["Schedule", "TPSplit", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids"]
 
 _SHARE_TOL = 1e-6
 _MAX_UNITS = 10**6
+
+
+_SPLIT_DIMS = ("heads", "ffn", "vocab")
+
+
+@dataclass(frozen=True)
+class TPSplit:
+    """An uneven tensor-parallel split (HAP): how many whole units of each split dimension each device
+    of the group holds, in the order of the stage's ``devices``. An empty tuple means an even split of
+    that dimension. The sizes must add up to the model's (:func:`hetpart.rules.tp_split_problems`)."""
+
+    heads: tuple[int, ...] = ()
+    """Attention heads per device (whole key/value groups under grouped-query attention)."""
+    ffn: tuple[int, ...] = ()
+    """Feed-forward (MLP) columns per device, in multiples of 64 where the width allows."""
+    vocab: tuple[int, ...] = ()
+    """Vocabulary rows of the embedding and output head per device."""
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {k: list(getattr(self, k)) for k in _SPLIT_DIMS if getattr(self, k)}
+
+    @property
+    def empty(self) -> bool:
+        return not (self.heads or self.ffn or self.vocab)
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,8 @@ class Stage:
     """Device ids of the tensor-parallel group, ``"<node-group>/<node>/<gpu>"``."""
     tp: int = 1
     """Tensor-parallel degree (``len(devices)``)."""
+    tp_split: TPSplit | None = None
+    """Uneven split of the group's work (None: even, Megatron's ``1/tp`` each)."""
 
     @property
     def num_layers(self) -> int:
@@ -131,7 +157,7 @@ class Plan:
             "allow_cross_node_tp": self.allow_cross_node_tp,
             "replicas": [
                 {"batch_share": r.batch_share,
-                 "stages": [{"layers": list(s.layers), "devices": list(s.devices), "tp": s.tp} for s in r.stages]}
+                 "stages": [_stage_dict(s) for s in r.stages]}
                 for r in self.replicas
             ],
             "meta": dict(self.meta),
@@ -321,8 +347,10 @@ class Plan:
 
         groups: dict[Any, list[int]] = {}
         for i, r in enumerate(self.replicas):
-            key = i if full else (round(r.batch_share, 9), tuple((s.layers, s.tp, gpus(s)) for s in r.stages))
+            key = i if full else (round(r.batch_share, 9), tuple((s.layers, s.tp, gpus(s), s.tp_split) for s in r.stages))
             groups.setdefault(key, []).append(i)
+        if any(s.tp_split is not None for r in self.replicas for s in r.stages):
+            t.caption = "tp (heads h / columns c): an uneven split, in the order of the devices"
         for members in groups.values():
             r = self.replicas[members[0]]
             label = str(members[0]) if len(members) == 1 else f"{_index_ranges(members)} (x{len(members)})"
@@ -331,12 +359,24 @@ class Plan:
                 if model is not None and s.layers[0] < s.layers[1] <= model.num_units:
                     units += f" ({model.units[s.layers[0]].name}..{model.units[s.layers[1] - 1].name})"
                 devices = [d for m in members for d in self.replicas[m].stages[j].devices]
+                tp = str(s.tp) if s.tp_split is None else f"{s.tp} ({_split_text(s.tp_split)})"
                 t.add_row(label if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
-                          _devices_text(devices, len(members)), gpus(s), str(s.tp))
+                          _devices_text(devices, len(members)), gpus(s), tp)
         if len(groups) < len(self.replicas):
-            t.caption = (f"{len(self.replicas)} replicas in {len(groups)} group{'s' if len(groups) > 1 else ''} of "
+            t.caption = (f"{t.caption}; " if t.caption else "") + (f"{len(self.replicas)} replicas in {len(groups)} group{'s' if len(groups) > 1 else ''} of "
                          "identical ones (--full lists each)")
         return t
+
+
+def _split_text(split: TPSplit) -> str:
+    parts = []
+    if split.heads:
+        parts.append("h " + ":".join(map(str, split.heads)))
+    if split.ffn:
+        parts.append("c " + ":".join(map(str, split.ffn)))
+    if split.vocab:
+        parts.append("v " + ":".join(map(str, split.vocab)))
+    return ", ".join(parts)
 
 
 def _index_ranges(indices: list[int]) -> str:
@@ -371,9 +411,30 @@ def _ranges_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
     return False
 
 
+def _stage_dict(s: Stage) -> dict[str, Any]:
+    out: dict[str, Any] = {"layers": list(s.layers), "devices": list(s.devices), "tp": s.tp}
+    if s.tp_split is not None:
+        out["tp_split"] = s.tp_split.to_dict()
+    return out
+
+
+def _tp_split(data: Any, source: str, field: str) -> TPSplit | None:
+    data = v.require_mapping(PlanError, data, source, field)
+    v.require_keys(PlanError, data, source, field, [], list(_SPLIT_DIMS))
+    out = {}
+    for key, value in data.items():
+        if (not isinstance(value, list) or not value or len(value) > 1024
+                or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 10**9 for x in value)):
+            raise v.fail(PlanError, source, f"{field}.{key}",
+                         f"expected a list of whole numbers, one per device of the group, got {v.show(value)}")
+        out[key] = tuple(value)
+    split = TPSplit(**out)
+    return None if split.empty else split
+
+
 def _stage(data: Any, source: str, field: str) -> Stage:
     data = v.require_mapping(PlanError, data, source, field)
-    v.require_keys(PlanError, data, source, field, ["layers", "devices"], ["tp"])
+    v.require_keys(PlanError, data, source, field, ["layers", "devices"], ["tp", "tp_split"])
     layers = data["layers"]
     if (not isinstance(layers, list) or len(layers) != 2
             or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= _MAX_UNITS for x in layers)):
@@ -383,7 +444,8 @@ def _stage(data: Any, source: str, field: str) -> Stage:
     if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
         raise v.fail(PlanError, source, f"{field}.devices", f"expected a non-empty list of device ids 'g/n/i', got {v.show(devices)}")
     tp = v.integer(PlanError, data.get("tp", len(devices)), source, f"{field}.tp", maximum=1024)
-    return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp)
+    split = _tp_split(data["tp_split"], source, f"{field}.tp_split") if "tp_split" in data else None
+    return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp, tp_split=split)
 
 
 def _replica(data: Any, source: str, field: str) -> Replica:

@@ -207,7 +207,7 @@ def cluster_figure(plan: "Plan", cluster: "Cluster", *, title: str = "", max_nod
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 6),
               frameon=False, fontsize="small")
     more = f" (first {len(keys)} of {len(nodes)} nodes)" if len(nodes) > len(keys) else ""
-    groups = "" if cols <= 2 else "\nnode groups: " + ", ".join(f"{g} = {grp.gpu.name}"
+    groups = "" if cols <= 2 else "\nnode groups: " + ", ".join(f"{g} = {'+'.join(t.name for t, _ in grp.gpu_counts)}"
                                                                for g, grp in enumerate(cluster.groups))
     ax.set_title(f"{title or cluster.name}: {cluster.num_devices} devices, {plan.dp} replicas; "
                  f"shade = replica{more}{groups}", fontsize="medium")

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan, Replica
 
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
-           "schedule_problems", "check"]
+           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -88,6 +89,69 @@ def tp_problems(model: "ModelGraph", tp: int, rules: RuntimeRules = RULES) -> li
     return [f"{tp} does not divide the {n} {what}" for what, n in sizes.items() if n % tp]
 
 
+FFN_SPLIT_MULTIPLE = 64
+"""Feed-forward columns of an uneven split come in multiples of this (GEMM tile granularity) where the
+width allows (:func:`split_granularity`)."""
+
+
+MIN_TILED_FFN = 1024
+"""Feed-forward widths from this size split in :data:`FFN_SPLIT_MULTIPLE` units; smaller (shrunken) ones
+in single columns."""
+
+
+def split_sizes(model: "ModelGraph") -> dict[str, int] | None:
+    """``{"heads": H, "ffn": F, "vocab": V}``: the totals an uneven split adds up to (None without a
+    transformer config)."""
+    cfg = model.config
+    if cfg is None:
+        return None
+    return {"heads": cfg.num_heads, "ffn": cfg.ffn_hidden_size or 4 * cfg.hidden_size, "vocab": cfg.vocab_size}
+
+
+def split_granularity(model: "ModelGraph", dim: str) -> int:
+    """The unit each device's entry of ``dim`` must be a multiple of: whole key/value groups of heads
+    (``heads / kv_heads``), 64 feed-forward columns (or the largest power of two dividing the width
+    when 64 does not; one column below :data:`MIN_TILED_FFN`), one vocabulary row."""
+    cfg = model.config
+    if cfg is None:
+        return 1
+    if dim == "heads":
+        return cfg.num_heads // (cfg.num_kv_heads or cfg.num_heads)
+    if dim == "ffn":
+        ffn = cfg.ffn_hidden_size or 4 * cfg.hidden_size
+        # Shrunken models (emulated runs) are far below GEMM tiles: any whole column.
+        return math.gcd(ffn, FFN_SPLIT_MULTIPLE) if ffn >= MIN_TILED_FFN else 1
+    return 1
+
+
+def tp_split_problems(model: "ModelGraph", stage, where: str = "stage") -> list[str]:
+    """Why ``stage``'s ``tp_split`` does not fit ``model`` (empty when it does, or when there is none)."""
+    split = stage.tp_split
+    if split is None:
+        return []
+    sizes = split_sizes(model)
+    if sizes is None:
+        return [f"{where}.tp_split: {model.name} has no transformer config; an uneven split needs heads and "
+                "feed-forward sizes (drop tp_split)"]
+    out = []
+    for dim, total in sizes.items():
+        parts = getattr(split, dim)
+        if not parts:
+            continue
+        unit = split_granularity(model, dim)
+        what = {"heads": "attention heads", "ffn": "feed-forward columns", "vocab": "vocabulary rows"}[dim]
+        if len(parts) != stage.tp:
+            out.append(f"{where}.tp_split.{dim}: {len(parts)} entries for {stage.tp} devices; give one per device")
+        elif sum(parts) != total:
+            out.append(f"{where}.tp_split.{dim}: {list(parts)} adds up to {sum(parts)}, not the model's {total} "
+                       f"{what}")
+        elif any(p <= 0 or p % unit for p in parts):
+            whole = {"heads": f"whole key/value groups of {unit} heads", "ffn": f"multiples of {unit} columns",
+                     "vocab": "at least one row"}[dim]
+            out.append(f"{where}.tp_split.{dim}: {list(parts)}: every device needs a positive share in {whole}")
+    return out
+
+
 def allowed_tp_degrees(model: "ModelGraph", gpus_per_node: int, *, allow_cross_node_tp: bool = False,
                        max_devices: int | None = None, rules: RuntimeRules = RULES) -> tuple[int, ...]:
     """TP degrees a stage of ``model`` may use on nodes of ``gpus_per_node`` devices (an action mask).
@@ -126,7 +190,11 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
     seen: set[int] = set()
     for i, r in enumerate(plan.replicas):
         for j, s in enumerate(r.stages):
-            if s.tp not in seen:
+            if s.tp_split is not None:
+                out += tp_split_problems(model, s, f"replicas[{i}].stages[{j}]")
+                problems = [why for why in tp_problems(model, s.tp, rules) if not _split_covers(s.tp_split, why)]
+                out += [f"replicas[{i}].stages[{j}].tp: {why}" for why in problems]
+            elif s.tp not in seen:
                 seen.add(s.tp)
                 for why in tp_problems(model, s.tp, rules):
                     out.append(f"replicas[{i}].stages[{j}].tp: {why}")
@@ -137,6 +205,13 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
     if not rules.replicas_may_differ_in_tp and len({s.tp for r in plan.replicas for s in r.stages}) > 1:
         out.append("replicas: tensor-parallel degrees differ between replicas; use one tp everywhere")
     return out
+
+
+def _split_covers(split, why: str) -> bool:
+    """Whether an uneven split gives the dimension that ``tp`` does not divide (``why``) explicitly."""
+    if "heads" in why:
+        return bool(split.heads)
+    return "MLP" in why and bool(split.ffn)
 
 
 def schedule_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:

@@ -45,9 +45,15 @@ def speed_ratios(plan: "Plan", cluster: Cluster, precision: str | None = None) -
     would train in, not the fp32 that the emulating CPU processes use.
     """
     precision = precision or plan.precision
-    peak = {d: cluster.device(d).gpu.tflops(precision) for d in plan.devices}
+    peak = {d: _effective_tflops(cluster, d, precision) for d in plan.devices}
     fastest = max(peak.values())
     return {d: fastest / p for d, p in peak.items()}
+
+
+def _effective_tflops(cluster: Cluster, device: str, precision: str) -> float:
+    """A device's dense peak times its measured speed factor (``slow:`` in the cluster file)."""
+    d = cluster.device(device)
+    return d.gpu.tflops(precision) * d.speed
 
 
 def calibrated_peak_tflops(achieved_tflops: float, width: float, tokens: float) -> float:
@@ -72,7 +78,7 @@ def default_time_factor(plan: "Plan", cluster: Cluster, emulated_peak_tflops: fl
     """``T``: how much slower than the real cluster the emulation runs (fastest real peak / emulated peak)."""
     if not emulated_peak_tflops > 0:
         raise ValueError(f"emulated_peak_tflops must be > 0, got {emulated_peak_tflops!r}")
-    fastest = max(cluster.device(d).gpu.tflops(precision or plan.precision) for d in plan.devices)
+    fastest = max(_effective_tflops(cluster, d, precision or plan.precision) for d in plan.devices)
     return fastest / emulated_peak_tflops
 
 
@@ -92,26 +98,34 @@ def emulated_cluster(cluster: Cluster, plan: "Plan", peak_tflops: float, time_fa
     ``emu-<type>``; the plan's device ids stay valid.
     """
     precision = precision or plan.precision
-    ratios = speed_ratios(plan, cluster, precision)
-    by_type = {cluster.device(d).gpu.name: r for d, r in ratios.items()}
-    fastest = max(cluster.device(d).gpu.tflops(precision) for d in plan.devices)
-    groups = tuple(_emulated_group(g, by_type.get(g.gpu.name, fastest / g.gpu.tflops(precision)),
-                                   peak_tflops, time_factor, memory_gbyte_s) for g in cluster.groups)
+    # Per type: the fastest device of the plan (speed factor included) over the type's peak; the emulated
+    # cluster keeps the speed factors, so a device's emulated rate is peak_tflops / speed_ratios[device].
+    fastest = max(_effective_tflops(cluster, d, precision) for d in plan.devices)
+    groups = tuple(_emulated_group(g, fastest, precision, peak_tflops, time_factor, memory_gbyte_s)
+                   for g in cluster.groups)
     links = tuple(ZoneLink(z.zones, z.bandwidth_gbit_s / time_factor, z.latency_us * time_factor)
                   for z in cluster.zone_links)
-    return Cluster(name=f"emulated-{cluster.name}", groups=groups, zone_links=links, source=cluster.source)
+    return Cluster(name=f"emulated-{cluster.name}", groups=groups, zone_links=links, source=cluster.source,
+                   slow=cluster.slow)
 
 
-def _emulated_group(group: NodeGroup, ratio: float, peak_tflops: float, t: float, memory_gbyte_s: float) -> NodeGroup:
+def _emulated_gpu(real: GPUSpec, ratio: float, peak_tflops: float, memory_gbyte_s: float) -> GPUSpec:
     rate = peak_tflops / ratio
-    gpu = GPUSpec(name=f"emu-{group.gpu.name}", tflops_bf16=rate, tflops_fp32=rate, memory_gb=group.gpu.memory_gb,
-                  hbm_gbyte_s=memory_gbyte_s, vendor=group.gpu.vendor, supports_bf16=True,
-                  source=f"emulated {group.gpu.name}: calibrated CPU peak / {ratio:.3g}")
+    return GPUSpec(name=f"emu-{real.name}", tflops_bf16=rate, tflops_fp32=rate, memory_gb=real.memory_gb,
+                   hbm_gbyte_s=memory_gbyte_s, vendor=real.vendor, supports_bf16=True,
+                   source=f"emulated {real.name}: calibrated CPU peak / {ratio:.3g}")
+
+
+def _emulated_group(group: NodeGroup, fastest: float, precision: str, peak_tflops: float, t: float,
+                    memory_gbyte_s: float) -> NodeGroup:
+    runs = tuple((_emulated_gpu(g, fastest / g.tflops(precision), peak_tflops, memory_gbyte_s), n)
+                 for g, n in group.gpu_counts)
+    gpu = runs[0][0]
     intra = LinkSpec(name=f"emu-{group.intra_node.name}", bandwidth_gbyte_s=group.intra_node.bandwidth_gbyte_s / t,
                      latency_us=group.intra_node.latency_us * t, source="emulated")
     nic = NICSpec(name=f"emu-{group.nic.name}", bandwidth_gbit_s=group.nic.bandwidth_gbit_s / t,
                   latency_us=group.nic.latency_us * t, rdma=group.nic.rdma, source="emulated")
-    return dataclasses.replace(group, gpu=gpu, intra_node=intra, nic=nic)
+    return dataclasses.replace(group, gpu=gpu, intra_node=intra, nic=nic, mixed=runs if group.mixed else ())
 
 
 @dataclass(frozen=True)

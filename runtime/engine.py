@@ -122,6 +122,16 @@ class LocalGrad:
     tp_index: int
     tp_dim: int | None
     """Dimension split across the TP group, None when the rank holds the whole tensor."""
+    offset: int | None = None
+    """Where this rank's slice starts along ``tp_dim`` under an uneven split (None: ``torch.chunk``'s)."""
+
+    def of(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the whole tensor ``full`` (the reference's gradient, say)."""
+        if self.tp_dim is None:
+            return full
+        if self.offset is None:
+            return full.chunk(self.tp, self.tp_dim)[self.tp_index]
+        return full.narrow(self.tp_dim, self.offset, self.grad.shape[self.tp_dim])
 
 
 @dataclass
@@ -185,9 +195,27 @@ def check_runnable(plan: Plan, spec: RunnableSpec) -> list[str]:
         for tp in sorted({s.tp for s in r.stages}):
             if tp > RULES.max_tp_without_transformer and sizes is None:
                 out.append(f"replicas[{i}]: tp {tp} needs a transformer; python: models run with tp 1")
+            split = [s.tp_split for s in r.stages if s.tp == tp and s.tp_split is not None]
             for what, n in (sizes or {}).items():
-                if tp > 1 and n % tp:
+                given = split and ((what != "MLP width" and split[0].heads) or (what == "MLP width" and split[0].ffn))
+                if tp > 1 and n % tp and not given:
                     out.append(f"replicas[{i}]: tp {tp} does not divide the {n} {what} of the model that runs")
+        for j, s in enumerate(r.stages):
+            if s.tp_split is not None and spec.config is not None:
+                out += _split_problems(s, spec.config, f"replicas[{i}].stages[{j}]")
+    return out
+
+
+def _split_problems(stage, cfg, where: str) -> list[str]:
+    """An uneven split must add up to the sizes of the model that runs, in whole key/value groups."""
+    out = []
+    group = cfg.num_heads // cfg.kv_heads
+    for dim, total in (("heads", cfg.num_heads), ("ffn", cfg.ffn)):
+        parts = getattr(stage.tp_split, dim)
+        if parts and (len(parts) != stage.tp or sum(parts) != total or min(parts) <= 0
+                      or (dim == "heads" and any(p % group for p in parts))):
+            out.append(f"{where}.tp_split.{dim}: {list(parts)} does not split the {total} {dim} of the model that "
+                       f"runs into {stage.tp} positive shares" + (f" of whole groups of {group}" if dim == "heads" else ""))
     return out
 
 
@@ -362,10 +390,25 @@ class Executor:
                 unit.set_recompute(self.plan.recompute)
             built[j] = _StageModule(units)
         self._tie_local(built)
+        self._slices: dict[str, tuple[int, int, int]] = {}
+        """Canonical key -> (dim, offset, length) of this rank's slice under an uneven split."""
         if self.role.tp > 1:
-            mesh, ranks = self._tp_mesh()
-            for module in built.values():
-                _parallelize(module, mesh, _TPReporter(ranks, self.hooks, self.clock))
+            uneven = {j for j in built if stages[j].tp_split is not None}
+            ranks = self.layout.tp_groups[(self.replica, self.role.stages[0] % self.pp)]
+            reporter = _TPReporter(ranks, self.hooks, self.clock)
+            if len(uneven) < len(built):
+                mesh, _ = self._tp_mesh()
+                for j, module in built.items():
+                    if j not in uneven:
+                        _parallelize(module, mesh, reporter)
+            if uneven:
+                from hetpart.runtime.uneven_tp import parallelize_uneven, runtime_split
+
+                group = self.groups.group(ranks)
+                for j in sorted(uneven):
+                    split = runtime_split(stages[j].tp_split, self.spec.config, self.role.tp)
+                    self._slices.update(parallelize_uneven(built[j].units, split, self.role.tp_index,
+                                                           self.spec.config, group, reporter))
         return [built[j] for j in self.role.stages]
 
     def _tie_local(self, built: dict[int, _StageModule]) -> None:
@@ -508,15 +551,22 @@ class Executor:
         if info.tp_dim is None:
             whole.copy_(g / self.role.tp)
         else:
-            whole.narrow(info.tp_dim, self.role.tp_index * g.shape[info.tp_dim], g.shape[info.tp_dim]).copy_(g)
+            whole.narrow(info.tp_dim, self._offset(key, g, info.tp_dim), g.shape[info.tp_dim]).copy_(g)
         return whole
+
+    def _offset(self, key: str, local: torch.Tensor, dim: int) -> int:
+        """Where this rank's slice of ``key`` starts along ``dim``: the prefix sum of the ranks before
+        it under an uneven split, else ``torch.chunk``'s ``tp_index * size``."""
+        if key in self._slices:
+            return self._slices[key][1]
+        return self.role.tp_index * local.shape[dim]
 
     def _store_synced(self, key: str, value: torch.Tensor, full: bool) -> None:
         g = _local(self.params[key].grad)
         if full:
             info = self._shard(key)
             if info.tp_dim is not None:
-                value = value.narrow(info.tp_dim, self.role.tp_index * g.shape[info.tp_dim], g.shape[info.tp_dim])
+                value = value.narrow(info.tp_dim, self._offset(key, g, info.tp_dim), g.shape[info.tp_dim])
         g.copy_(value)
 
     def _shard(self, key: str) -> ParamInfo:
@@ -554,14 +604,20 @@ class Executor:
         out = {}
         for key, p in self.params.items():
             info = self._shard(key)
-            out[key] = LocalGrad(_local(p.grad).detach().clone(), self.role.tp, self.role.tp_index, info.tp_dim)
+            offset = self._slices[key][1] if key in self._slices else None
+            out[key] = LocalGrad(_local(p.grad).detach().clone(), self.role.tp, self.role.tp_index, info.tp_dim, offset)
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Parameters by canonical key (DTensor shards under TP) and the optimizer state, for checkpoints."""
-        return {"model": dict(self.params), "optimizer": self.optimizer.state_dict()}
+        """Parameters by canonical key (DTensor shards under TP, local slices under an uneven split, whose
+        ``(dim, offset, length)`` in the whole tensor ``tp_slices`` gives) and the optimizer state."""
+        return {"model": dict(self.params), "optimizer": self.optimizer.state_dict(), "tp_slices": dict(self._slices)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("tp_slices", {}) != self._slices:
+            raise RuntimeFault("runtime: the checkpoint was written under another tensor-parallel split "
+                               f"({len(state.get('tp_slices', {}))} sliced parameters, this run has "
+                               f"{len(self._slices)}); resume with the plan that wrote it")
         with torch.no_grad():
             for key, value in state["model"].items():
                 _local(self.params[key]).copy_(_local(value))

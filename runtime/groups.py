@@ -59,6 +59,9 @@ class RankRole:
     """Position of this rank in its TP group (its shard and its pipeline lane)."""
     units: tuple[int, ...]
     """Every unit this rank holds, in order."""
+    splits: tuple = ()
+    """The ``tp_split`` of each of its stages (None where even): ranks whose splits differ hold shards
+    of different sizes and exchange gradients at full size."""
 
 
 @dataclass(frozen=True)
@@ -182,11 +185,14 @@ def rank_roles(plan: "Plan") -> tuple[RankRole, ...]:
     for i, r in enumerate(plan.replicas):
         for j, s in enumerate(r.stages):
             for t, d in enumerate(s.devices):
-                role = found.setdefault(ranks[d], {"replica": i, "stages": [], "tp": s.tp, "tp_index": t, "units": []})
+                role = found.setdefault(ranks[d], {"replica": i, "stages": [], "tp": s.tp, "tp_index": t, "units": [],
+                                                   "splits": []})
                 role["stages"].append(j)
+                role["splits"].append(s.tp_split)
                 role["units"].extend(range(*s.layers))
     return tuple(RankRole(rank=k, device=d, replica=found[k]["replica"], stages=tuple(found[k]["stages"]),
-                          tp=found[k]["tp"], tp_index=found[k]["tp_index"], units=tuple(found[k]["units"]))
+                          tp=found[k]["tp"], tp_index=found[k]["tp_index"], units=tuple(found[k]["units"]),
+                          splits=tuple(found[k]["splits"]))
                  for d, k in ranks.items())
 
 
@@ -247,9 +253,9 @@ def _buckets(roles: Sequence[RankRole], units: Sequence["UnitInfo"]) -> tuple[Gr
     order = {p.key: n for n, p in enumerate(p for u in units for p in u.params)}
     for key in sorted(holders, key=order.__getitem__):
         held = holders[key]
-        tps = {role.tp for role in held.values()}
+        tps = {(role.tp, role.splits if any(role.splits) else ()) for role in held.values()}
         if len(tps) == 1:
-            for t in range(tps.pop()):
+            for t in range(tps.pop()[0]):
                 group = tuple(sorted(k for k, role in held.items() if role.tp_index == t))
                 if len(group) > 1:
                     grouped[(group, False, owner.get(key, 0))].append(key)

@@ -207,7 +207,10 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
     plan.check(full, cluster, source="plan")
     # Heads a multiple of every TP degree of the plan (stages and replicas may differ: 2 and 3 -> 6).
-    tp_multiple = math.lcm(*(s.tp for r in plan.replicas for s in r.stages))
+    from hetpart.runtime.uneven_tp import scale_plan_splits, split_heads_multiple
+
+    # Uneven head splits keep their ratio where the head count allows ([5, 5, 3, 3] -> 16 heads).
+    tp_multiple = math.lcm(*(s.tp for r in plan.replicas for s in r.stages), split_heads_multiple(plan))
     transformer = not model_spec.startswith("python:")
     runnable = runnable_spec(model_spec, options.scale if transformer else None, max_tp=tp_multiple,
                              impl=options.impl, seed=options.seed)  # type: ignore[arg-type]
@@ -217,7 +220,11 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     else:  # python: models run as given; tracing decides what a "sequence" is
         graph = load_model(model_spec, seq_len=plan.seq_len, precision="fp32")
         seq = graph.seq_len
-    small = Plan(global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=seq, replicas=plan.replicas,
+    replicas, notes = plan.replicas, []
+    if transformer:  # splits in the shrunken model's sizes (the vocabulary stays whole)
+        scaled, notes = scale_plan_splits(plan, runnable.config)
+        replicas = scaled.replicas
+    small = Plan(global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=seq, replicas=replicas,
                  schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
                  allow_cross_node_tp=plan.allow_cross_node_tp, meta=dict(plan.meta))
     small.check(graph, cluster, source="plan (shrunken model)")
@@ -228,7 +235,7 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
         _check_checkpoint_dir(Path(options.checkpoint_dir), graph.num_units)
     return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,
                        runnable=runnable, run_graph=graph, run_plan=small, rank_devices=tuple(small.devices),
-                       per_process_gb=per_process)
+                       per_process_gb=per_process, meta={"tp_split_notes": notes} if notes else {})
 
 
 def _check_checkpoint_dir(path: Path, num_units: int) -> None:

@@ -88,7 +88,8 @@ def predicted_record(predicted: dict[str, Any] | None) -> Predicted | None:
 def _emulation(summary: dict[str, Any], real: Cluster, emu: Cluster | None) -> Emulation | None:
     if emu is None:
         return None
-    names = {e.gpu.name: r.gpu.name for e, r in zip(emu.groups, real.groups)}
+    names = {e.name: r.name for eg, rg in zip(emu.groups, real.groups)
+             for (e, _), (r, _) in zip(eg.gpu_counts, rg.gpu_counts)}
     keys = ("time_factor", "peak_tflops", "achieved_tflops", "memory_gbyte_s", "precision")
     details = {k: v for k, v in summary.items() if k not in keys and k != "enabled"}
     return Emulation(time_factor=summary["time_factor"], peak_tflops=summary["peak_tflops"],

@@ -131,7 +131,8 @@ def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or clu
     for col in ("group", "nodes x gpus", "gpu", "intra-node", "network per node", "zone", "device ids"):
         t.add_column(col)
     for g in s["node_groups"]:
-        t.add_row(str(g["index"]), f"{g['count']} x {g['gpus_per_node']}", g["gpu"],
+        gpu = g["gpu"] if len(g["gpus"]) == 1 else " + ".join(f"{x['count']}x {x['gpu']}" for x in g["gpus"])
+        t.add_row(str(g["index"]), f"{g['count']} x {g['gpus_per_node']}", gpu,
                   f"{g['intra_node']} ({g['intra_node_gbyte_s']:g} GB/s)",
                   f"{g['nics_per_node']} x {g['nic']} ({g['node_bandwidth_gbit_s']:g} Gbit/s)", g["zone"], g["device_ids"])
     out = console()
@@ -139,6 +140,8 @@ def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or clu
     for link in s["links"]:
         out.print(f"link {link['zones'][0]} <-> {link['zones'][1]}: {link['bandwidth_gbit_s']:g} Gbit/s, "
                   f"{link['latency_us']:g} us")
+    if s["slow"]:
+        out.print("measured speed factors: " + ", ".join(f"{d} x{f:g}" for d, f in s["slow"].items()))
 
 
 def register(app: typer.Typer) -> None:

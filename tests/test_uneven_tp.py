@@ -1,0 +1,179 @@
+"""Issue 17: mixed-card nodes, measured speed factors, uneven tensor-parallel splits (schema, simulator, LP)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hetpart import SpecError, load_model
+from hetpart.cluster import cluster_to_dict, parse_cluster
+from hetpart.costmodel import Simulator
+from hetpart.costmodel.pools import device_pools, type_subcluster
+from hetpart.costmodel.tp_split import largest_remainder, lp_split, unit_shares
+from hetpart.errors import PlanError
+from hetpart.plan import Plan, Replica, Stage, TPSplit
+
+from tests._cli import run_cli
+
+WORKSTATION = {"name": "ws", "nodes": [{"count": 1, "gpus": [{"gpu": "RTX4090-24GB", "count": 2},
+                                                              {"gpu": "RTX3090-24GB", "count": 2}],
+                                        "intra_node": "PCIe4", "nic": "Ethernet-10"}]}
+ONE_SLOW = {"name": "slow", "nodes": [{"count": 2, "gpus_per_node": 4, "gpu": "A100-80GB", "intra_node": "NVLink3",
+                                       "nic": "IB-HDR"}], "slow": {"0/1/2": 0.5}}
+
+
+@pytest.fixture(scope="module")
+def workstation():
+    return parse_cluster(WORKSTATION, "ws.yaml")
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return load_model("gpt2-small", seq_len=128)
+
+
+# ------------------------------------------------------------------------------- cluster
+def test_mixed_node_devices_pools_and_round_trip(workstation) -> None:
+    assert [d.gpu.name for d in workstation.devices] == ["RTX4090-24GB"] * 2 + ["RTX3090-24GB"] * 2
+    assert workstation.gpu_types == ["RTX4090-24GB", "RTX3090-24GB"]
+    assert parse_cluster(cluster_to_dict(workstation)) == workstation
+    pools = device_pools(workstation)
+    assert [(p.gpu.name, p.nodes) for p in pools] == [("RTX4090-24GB", (("0/0/0", "0/0/1"),)),
+                                                      ("RTX3090-24GB", (("0/0/2", "0/0/3"),))]
+    assert workstation.link_between("0/0/1", "0/0/2").kind == "intra_node"
+    assert type_subcluster(workstation, "RTX3090-24GB").num_devices == 2
+    summary = workstation.summary()["node_groups"][0]
+    assert [g["count"] for g in summary["gpus"]] == [2, 2]
+
+
+def test_slow_devices_carry_their_factor_everywhere() -> None:
+    c = parse_cluster(ONE_SLOW, "slow.yaml")
+    assert c.device("0/1/2").speed == 0.5 and c.device("0/1/1").speed == 1.0
+    assert parse_cluster(cluster_to_dict(c)) == c
+    assert type_subcluster(c, "A100-80GB").slow == (("0/1/2", 0.5),)
+    assert c.summary()["slow"] == {"0/1/2": 0.5}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"slow": {"0/9/0": 0.5}}, r"slow\.0/9/0: device '0/9/0' does not exist"),
+    ({"slow": {"0/0/0": 0}}, r"slow\.0/0/0: must be > 0"),
+    ({"slow": {"0/0/0": 60}}, r"slow\.0/0/0: 60 is absurdly large"),
+])
+def test_bad_speed_factor_is_one_clear_line(change, match) -> None:
+    with pytest.raises(SpecError, match=match):
+        parse_cluster({**ONE_SLOW, **change}, "slow.yaml")
+
+
+def test_bad_mixed_node_is_one_clear_line() -> None:
+    node = dict(WORKSTATION["nodes"][0], gpu="A100-80GB")
+    with pytest.raises(SpecError, match=r"nodes\[0\]\.gpu: give either gpu .* or gpus"):
+        parse_cluster({**WORKSTATION, "nodes": [node]}, "ws.yaml")
+    node = dict(WORKSTATION["nodes"][0], gpus_per_node=8)
+    with pytest.raises(SpecError, match=r"nodes\[0\]\.gpus_per_node: 8 but gpus lists 4"):
+        parse_cluster({**WORKSTATION, "nodes": [node]}, "ws.yaml")
+    node = {k: x for k, x in WORKSTATION["nodes"][0].items() if k != "gpus"}
+    with pytest.raises(SpecError, match=r"nodes\[0\]\.gpus_per_node: missing required field"):
+        parse_cluster({**WORKSTATION, "nodes": [node]}, "ws.yaml")
+
+
+# ------------------------------------------------------------------------------- plan
+def _plan(split: TPSplit | None, devices=("0/0/0", "0/0/1", "0/0/2", "0/0/3"), units: int = 14) -> Plan:
+    stage = Stage((0, units), tuple(devices), len(devices), split)
+    return Plan(global_batch=8, micro_batch=2, seq_len=128, replicas=(Replica(1.0, (stage,)),))
+
+
+def test_tp_split_round_trips_and_absent_means_even() -> None:
+    plan = _plan(TPSplit(heads=(4, 4, 2, 2), ffn=(1024, 1024, 512, 512)))
+    data = plan.to_dict()
+    assert data["replicas"][0]["stages"][0]["tp_split"] == {"heads": [4, 4, 2, 2], "ffn": [1024, 1024, 512, 512]}
+    assert Plan.from_dict(data) == plan
+    assert "tp_split" not in _plan(None).to_dict()["replicas"][0]["stages"][0]
+
+
+@pytest.mark.parametrize("split, match", [
+    (TPSplit(heads=(4, 4, 2)), r"replicas\[0\]\.stages\[0\]\.tp_split\.heads: 3 entries for 4 devices"),
+    (TPSplit(heads=(4, 4, 2, 1)), r"tp_split\.heads: \[4, 4, 2, 1\] adds up to 11, not the model's 12 attention"),
+    (TPSplit(ffn=(1000, 1048, 512, 512)), r"tp_split\.ffn: .* multiples of 64 columns"),
+    (TPSplit(heads=(6, 6, 0, 0)), r"every device needs a positive share"),
+])
+def test_tp_split_validation_names_the_stage_and_the_sum(workstation, gpt, split, match) -> None:
+    with pytest.raises(PlanError, match=match):
+        _plan(split).check(gpt, workstation)
+
+
+def test_gqa_split_needs_whole_key_value_groups(workstation) -> None:
+    llama = load_model("llama3-8b", seq_len=128)  # 32 heads, 8 key/value groups of 4
+    ok = _plan(TPSplit(heads=(12, 8, 8, 4)), units=llama.num_units)
+    assert not ok.validate(llama, workstation)
+    bad = _plan(TPSplit(heads=(10, 10, 8, 4)), units=llama.num_units)
+    with pytest.raises(PlanError, match="whole key/value groups of 4 heads"):
+        bad.check(llama, workstation)
+
+
+def test_predict_refuses_a_bad_split_with_exit_2(tmp_path, capsys) -> None:
+    import yaml
+
+    (tmp_path / "ws.yaml").write_text(yaml.safe_dump(WORKSTATION))
+    (tmp_path / "p.json").write_text(_plan(TPSplit(heads=(4, 4, 2, 1))).to_json())
+    code, _, err = run_cli(capsys, "predict", "--model", "gpt2-small", "--cluster", str(tmp_path / "ws.yaml"),
+                           "--global-batch", "8", "--seq-len", "128", "--plan", str(tmp_path / "p.json"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "adds up to 11" in err
+
+
+# ------------------------------------------------------------------------------- simulator and LP
+def test_shares_add_up_and_follow_the_split(gpt) -> None:
+    shares = unit_shares(gpt, 2, TPSplit(heads=(8, 4), ffn=(2048, 1024)))
+    assert shares.sum(axis=0) == pytest.approx(1.0)
+    assert shares[0, 1] == pytest.approx(2 / 3)
+
+
+def test_even_split_written_out_prices_like_no_split_on_alike_devices(gpt) -> None:
+    from hetpart import load_cluster
+
+    cluster = load_cluster("a100-8")
+    sim = Simulator(gpt, cluster)
+    none = sim.simulate(_plan(None)).step_time_s
+    even = sim.simulate(_plan(TPSplit(heads=(3, 3, 3, 3), ffn=(768,) * 4))).step_time_s
+    assert even == pytest.approx(none, rel=1e-9)
+    assert lp_split(gpt, cluster, _plan(None).replicas[0].stages[0], 2, "bf16", "none") is None
+
+
+def test_split_by_speed_beats_even_on_mixed_cards_and_the_lp_finds_one(workstation, gpt) -> None:
+    sim = Simulator(gpt, workstation)
+    even = sim.simulate(_plan(None))
+    uneven = sim.simulate(_plan(TPSplit(heads=(4, 4, 2, 2), ffn=(1024, 1024, 512, 512))))
+    assert uneven.step_time_s < even.step_time_s
+    split = lp_split(gpt, workstation, _plan(None).replicas[0].stages[0], 2, "bf16", "none")
+    assert split is not None and split.heads[0] > split.heads[-1] and sum(split.ffn) == 3072
+    assert all(f % 64 == 0 for f in split.ffn)
+    found = sim.simulate(_plan(split))
+    assert found.step_time_s < even.step_time_s
+
+
+def test_slow_device_slows_its_group_and_gets_less_work(gpt) -> None:
+    c = parse_cluster(ONE_SLOW, "slow.yaml")
+    fast = replace(c, slow=())
+    devices = ("0/1/0", "0/1/1", "0/1/2", "0/1/3")
+    plan = _plan(None, devices)
+    assert Simulator(gpt, c).simulate(plan).step_time_s > Simulator(gpt, fast).simulate(plan).step_time_s
+    split = lp_split(gpt, c, plan.replicas[0].stages[0], 2, "bf16", "none")
+    assert split is not None and split.heads[2] == min(split.heads)
+
+
+@pytest.mark.parametrize("shares, units", [([0.5, 0.3, 0.2], 12), ([1.0, 0.0], 5), ([0.34, 0.33, 0.33], 3)])
+def test_largest_remainder_hands_out_every_unit_at_least_one_each(shares, units) -> None:
+    out = largest_remainder(shares, units)
+    assert sum(out) == units and min(out) >= 1
+    assert largest_remainder([0.5, 0.5], 1) is None
+
+
+def test_planner_splits_a_mixed_workstation_group(workstation, gpt) -> None:
+    from hetpart import Workload
+    from hetpart.costmodel.evaluator import Evaluator
+
+    evaluate = Evaluator(gpt, workstation, Workload(8, 128))
+    plan = _plan(None)
+    split = evaluate.with_splits(plan)
+    assert split.replicas[0].stages[0].tp_split is not None
+    assert evaluate(plan).tokens_per_s >= evaluate._one(plan).tokens_per_s
