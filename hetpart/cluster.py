@@ -396,8 +396,9 @@ def _provenance(data: dict, source: str, field: str) -> str:
 
 
 def _zone(value: Any, source: str, field: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
-        raise v.fail(SpecError, source, field, f"expected a zone name, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip()
+            or not str(value).isprintable() or len(str(value)) > v.MAX_STRING_CHARS):
+        raise v.fail(SpecError, source, field, f"expected a zone name (printable, one line), got {v.show(value)}")
     return str(value)
 
 

@@ -1,0 +1,163 @@
+"""Benchmark: uneven tensor parallelism (issue 17) measured and predicted.
+
+1. An emulated pair: two A100 in one node, one of them measured at half speed (``slow: {"0/0/1": 0.5}``),
+   one tensor-parallel stage of one transformer block of width 768 (12 heads, MLP 3072, a 256-token
+   vocabulary so that the embedding and head, which every rank runs whole, stay small). The even split
+   (6:6 heads) against the split by speed (8:4 heads, 2048:1024 columns), each run with ``hetpart run``
+   (local CPU processes; the slow rank sleeps for the compute it would lose), repeats interleaved
+   (even, uneven, even, ...): measured step time (median of the repeats' medians), the simulator's
+   prediction on the emulated cluster, and the speed-up. The ceiling is 1.5x (the split removes the
+   slow rank's wait but not the all-reduces).
+2. Planning: ``hetpart plan`` (search) on every public-suite entry with and without the LP splits
+   (``Evaluator.split_tp``), interleaved: wall time and throughput (homogeneous clusters must not move).
+
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_uneven_tp [--repeats 3] [--steps 3]``
+(``make bench BENCH=uneven-tp``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["pair", "planning", "section", "main"]
+
+_CONFIG = {"model_type": "gpt2", "n_embd": 768, "n_layer": 1, "n_head": 12, "n_positions": 1024, "vocab_size": 256}
+_CLUSTER = """name: pair-one-slow
+nodes:
+  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: IB-HDR}
+slow: {"0/0/1": 0.5}
+"""
+
+
+def _plans(seq_len: int, global_batch: int, micro_batch: int) -> dict[str, dict]:
+    stage = {"layers": [0, 3], "devices": ["0/0/0", "0/0/1"], "tp": 2}
+    base = {"global_batch": global_batch, "micro_batch": micro_batch, "seq_len": seq_len, "schedule": "1f1b",
+            "recompute": "none", "precision": "bf16"}
+    return {"even": dict(base, replicas=[{"batch_share": 1.0, "stages": [stage]}]),
+            "uneven": dict(base, replicas=[{"batch_share": 1.0, "stages": [dict(stage, tp_split={
+                "heads": [8, 4], "ffn": [2048, 1024]})]}])}
+
+
+def _hetpart() -> list[str]:
+    return [sys.executable, "-m", "hetpart.cli.app"]
+
+
+def pair(repeats: int = 3, steps: int = 3, seq_len: int = 256, global_batch: int = 4, micro_batch: int = 2) -> dict:
+    """Measured and predicted step times of the even and the uneven split (see the module docstring)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out: dict[str, dict[str, list[float]]] = {k: {"measured": [], "predicted": []} for k in ("even", "uneven")}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "config.json").write_text(json.dumps(_CONFIG))
+        (t / "cluster.yaml").write_text(_CLUSTER)
+        for name, plan in _plans(seq_len, global_batch, micro_batch).items():
+            (t / f"{name}.json").write_text(json.dumps(plan))
+        for _ in range(repeats):
+            for name in ("even", "uneven"):
+                cmd = _hetpart() + ["run", str(t / f"{name}.json"), "--model", str(t / "config.json"), "--cluster",
+                                    str(t / "cluster.yaml"), "--steps", str(steps), "--hidden-size", "768",
+                                    "--log-every", "0", "--json"]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+                if done.returncode:
+                    raise RuntimeError(f"{name}: hetpart run failed: {done.stderr.strip().splitlines()[-1:]}")
+                result = json.loads(done.stdout)
+                out[name]["measured"].append(result["measured"]["step_time_s"])
+                out[name]["predicted"].append(result["predicted"]["step_time_s"])
+    summary = {k: {m: statistics.median(v[m]) for m in v} | {"runs": v} for k, v in out.items()}
+    summary["speedup_measured"] = summary["even"]["measured"] / summary["uneven"]["measured"]
+    summary["speedup_predicted"] = summary["even"]["predicted"] / summary["uneven"]["predicted"]
+    return summary
+
+
+def planning(repeats: int = 1) -> list[dict]:
+    """Search planning on the public suite with and without LP splits (wall time, tokens/s)."""
+    from hetpart import Workload, load_cluster, load_model
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.experiments.bench import PUBLIC_SUITE
+    from hetpart.experiments.suite import load_suite
+    from hetpart.policies.plan_search import plan_search
+
+    rows = []
+    for entry in load_suite(PUBLIC_SUITE):
+        model = load_model(entry.model, seq_len=entry.seq_len)
+        cluster = load_cluster(entry.cluster)
+        workload = Workload(entry.global_batch, entry.seq_len)
+        row = {"scenario": entry.name, "unlike": not cluster.uniform_speed or len(cluster.gpu_types) > 1}
+        for _ in range(repeats):
+            for split in (False, True):
+                ev = Evaluator(model, cluster, workload)
+                ev.split_tp = split
+                start = time.perf_counter()
+                best = plan_search(model, cluster, workload, evaluator=ev)
+                key = "lp" if split else "even"
+                row.setdefault(f"{key}_s", []).append(time.perf_counter() - start)
+                row[f"{key}_tokens_per_s"] = best.tokens_per_s
+                row[f"{key}_splits"] = sum(s.tp_split is not None for r in best.plan.replicas for s in r.stages)
+        rows.append(row)
+    return rows
+
+
+def section(repeats: int = 3, steps: int = 3):
+    """docs/BENCHMARKS.md's uneven tensor parallelism section (``make bench BENCH=uneven-tp``)."""
+    from hetpart.experiments.benchdoc import Section, load, machine
+
+    where = machine()
+    p = pair(repeats, steps)
+    rows = planning()
+    err = {k: 100 * (p[k]["predicted"] / p[k]["measured"] - 1) for k in ("even", "uneven")}
+    lines = ["| split | measured s/step (median) | runs | predicted s/step | error |", "|---|---|---|---|---|"]
+    for k in ("even", "uneven"):
+        runs = ", ".join(f"{x:.3f}" for x in p[k]["runs"]["measured"])
+        lines.append(f"| {k} | {p[k]['measured']:.3f} | {runs} | {p[k]['predicted']:.3f} | {err[k]:+.1f}% |")
+    plan_lines = ["| scenario | unlike groups | search s (even) | search s (with LP) | ratio | tokens/s even | "
+                  "tokens/s with LP | split stages |", "|---|---|---|---|---|---|---|---|"]
+    total = {"even": 0.0, "lp": 0.0}
+    for r in rows:
+        e, s = statistics.median(r["even_s"]), statistics.median(r["lp_s"])
+        total["even"] += e
+        total["lp"] += s
+        plan_lines.append(f"| {r['scenario']} | {'yes' if r['unlike'] else 'no'} | {e:.2f} | {s:.2f} | {s / e:.2f} | "
+                          f"{r['even_tokens_per_s']:,.0f} | {r['lp_tokens_per_s']:,.0f} | {r['lp_splits']} |")
+    plan_lines.append(f"| **total** | | {total['even']:.2f} | {total['lp']:.2f} | {total['lp'] / total['even']:.2f} "
+                      "| | | |")
+    body = (
+        "**Emulated pair.** Two A100-80GB in one node, `0/0/1` at half speed (`slow:`), one TP-2 stage of a "
+        "GPT-2 block of width 768 (12 heads, MLP 3072, vocabulary 256; `--hidden-size 768`, sequences of 256, "
+        f"global batch 4 in micro-batches of 2), {steps} measured steps per run after 2 warm-up steps, "
+        f"{repeats} runs of each split interleaved (even, uneven, even, ...). Predicted: the simulator on the "
+        "emulated cluster, as `hetpart run` reports it.\n\n" + "\n".join(lines) +
+        f"\n\nSpeed-up of the split by speed (8:4 heads, 2048:1024 columns) over the even one: measured "
+        f"**{p['speedup_measured']:.2f}x**, predicted {p['speedup_predicted']:.2f}x (ceiling 1.5x: the all-reduces, "
+        "the embedding and the head are not split).\n\n"
+        "**Planning time with the LP.** `plan_search` on each public-suite entry with the evaluator's LP splits off "
+        "and on (one process, interleaved). Only clusters with unlike tensor-parallel groups pay for the LP; "
+        "on the others the plan and its throughput must not move.\n\n" + "\n".join(plan_lines))
+    return Section("uneven-tp", "Uneven tensor parallelism", body,
+                   f"OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_uneven_tp --repeats {repeats} --steps {steps}",
+                   where, load_after=load())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
+    a = ap.parse_args(argv)
+    if a.write:
+        from hetpart.experiments.benchdoc import write_section
+
+        write_section(section(a.repeats, a.steps))
+        return
+    print(json.dumps(pair(a.repeats, a.steps), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
