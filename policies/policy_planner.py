@@ -55,6 +55,9 @@ class Decoded:
     structures: int
     """Distinct structures decoded."""
     timings_s: dict[str, float] = field(default_factory=dict)
+    baseline: Evaluated | None = None
+    """The ``proportional`` planner's plan, which refinement also starts from (None when off or when
+    none of its layouts fits): the policy never returns a plan slower than that baseline."""
 
     @property
     def best(self) -> Evaluated | None:
@@ -113,7 +116,7 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
            simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 1.5,
            seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None,
-           renumber_top: int = 3) -> Decoded:
+           renumber_top: int = 3, baseline: bool = True) -> Decoded:
     """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
 
     Args:
@@ -125,6 +128,9 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         time_budget_s: completion and refinement stop starting new work this many seconds after
             decoding ends (the greedy structure is always completed).
         evaluator: its predictor prices the plans (default: the default predictor).
+        baseline: also plan with ``proportional`` (Holmes/HAP layouts: layers and batch in proportion
+            to speed) and hill-climb from its plan too, so the result is never below that baseline.
+            ``greedy`` and ``sampled`` stay the network's own contribution.
     """
     loading = time.perf_counter()
     policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
@@ -166,24 +172,45 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     evaluator.deadline = start + time_budget_s
     sampled = evaluator.best([p for sc, _ in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
     timings["sample_s"] = time.perf_counter() - start
+    base = _baseline(model, cluster, workload, evaluator) if baseline else None
+    timings["baseline_s"] = time.perf_counter() - start - timings["sample_s"]
     refined = None
-    if refine and sampled is not None:
+    if refine and (sampled is not None or base is not None):
         refined = _refine(evaluator, sampled, [s for _, s in scored[:renumber_top]], start + 2 * time_budget_s / 3,
-                          refine_steps, simulate_top)
+                          refine_steps, simulate_top, base)
+    elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
+        refined = base
     timings["total_s"] = time.perf_counter() - start
-    return Decoded(greedy, sampled, refined, len(distinct), timings)
+    return Decoded(greedy, sampled, refined, len(distinct), timings, base)
 
 
-def _refine(evaluator: Evaluator, sampled: Evaluated, states: list[StructureState], deadline: float,
-            refine_steps: int, simulate_top: int) -> Evaluated:
+def _baseline(model, cluster, workload, evaluator: Evaluator) -> Evaluated | None:
+    """The ``proportional`` planner's plan priced by ``evaluator`` (None when none of its layouts fits)."""
+    from hetpart.errors import WorkloadError
+    from hetpart.policies.plan_proportional import plan_proportional
+
+    deadline, evaluator.deadline = evaluator.deadline, math.inf  # a baseline is never cut short
+    try:
+        return plan_proportional(model, cluster, workload, evaluator=evaluator)
+    except WorkloadError:
+        return None
+    finally:
+        evaluator.deadline = deadline
+
+
+def _refine(evaluator: Evaluator, sampled: Evaluated | None, states: list[StructureState], deadline: float,
+            refine_steps: int, simulate_top: int, base: Evaluated | None = None) -> Evaluated:
     """Re-decide replicas, micro-batch and recompute of the best structures exactly
-    (:func:`~hetpart.policies.renumber.renumber`), then hill-climb the winner as ``search`` does."""
+    (:func:`~hetpart.policies.renumber.renumber`), then hill-climb the winner as ``search`` does, and
+    the baseline's plan too when it is given; the faster of the two climbs."""
     from hetpart.policies.refine import refine as hill_climb
     from hetpart.policies.renumber import renumber
 
     points = sorted(p for s in states for p in renumber(s, deadline))
     best = evaluator.best([plan for p in points[:simulate_top] for plan in p.build()], incumbent=sampled)
-    return hill_climb(evaluator, best, refine_steps)
+    starts = [e for e in (best, base) if e is not None]
+    climbed = [hill_climb(evaluator, e, refine_steps) for e in starts]
+    return max(climbed, key=lambda e: e.tokens_per_s)
 
 
 def _complete(evaluator: Evaluator, state: StructureState) -> Evaluated | None:
@@ -205,7 +232,7 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
 
 
 OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "time_budget_s", "seed", "checkpoint",
-                     "renumber_top"})
+                     "renumber_top", "baseline"})
 
 
 @dataclass(frozen=True)

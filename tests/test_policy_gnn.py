@@ -71,6 +71,23 @@ def test_policy_planner_plans_that_fit_and_pass_the_runtime_rules():
     assert found.greedy is not None and found.sampled.tokens_per_s >= found.greedy.tokens_per_s
 
 
+@pytest.mark.slow
+def test_policy_planner_never_returns_less_than_the_proportional_baseline():
+    from hetpart.policies.plan_proportional import plan_proportional
+    from hetpart.policies.policy_planner import decode
+
+    model, cluster, work = load_model("llama2-7b", seq_len=2048), load_cluster("consumer-mix"), Workload(128, 2048)
+    base = plan_proportional(model, cluster, work)
+    found = decode(model, cluster, work, samples=2, refine=False)  # no climb: the baseline itself must count
+    assert found.baseline is not None and found.baseline.tokens_per_s == pytest.approx(base.tokens_per_s, rel=1e-9)
+    assert found.best.tokens_per_s >= base.tokens_per_s * (1 - 1e-9)
+    assert found.sampled is None or found.best.tokens_per_s >= found.sampled.tokens_per_s
+    climbed = decode(model, cluster, work, samples=2)
+    assert climbed.best.tokens_per_s >= base.tokens_per_s * (1 - 1e-9)
+    alone = decode(model, cluster, work, samples=2, refine=False, baseline=False)
+    assert alone.baseline is None and alone.best is alone.sampled  # the network's own plan, reported apart
+
+
 def test_policy_planner_refuses_unknown_options():
     from hetpart.errors import PlanError
     from hetpart.policies import plan
