@@ -46,7 +46,7 @@ def _pool_tp(pool: Pool, model: "ModelGraph", tp: int) -> int | None:
 def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
     """Identical replicas, each one pipeline across every pool; layers by speed, batch even.
 
-    Yields one list per layout: the same plan under each allowed recompute mode, least first."""
+    Yields one iterator per layout: the same plan under each allowed recompute mode, least first."""
     pools = _zone_order(device_pools(cluster))
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -62,14 +62,13 @@ def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
             replicas = [[grp for g, s in zip(groups, per) for grp in g[r * s:(r + 1) * s]] for r in range(dp)]
             samples = workload.global_batch // dp
             for mb in microbatch_options(samples):
-                yield [assemble(replicas, [bounds] * dp, [samples // mb] * dp, mb, rc, workload)
-                       for rc in recompute_modes(workload)]
+                yield _variants(replicas, [bounds] * dp, [samples // mb] * dp, mb, workload)
 
 
 def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
     """Each pool runs its own ``pp``-stage replicas; batch shares in proportion to replica speed.
 
-    Yields one list per layout, like :func:`holmes_plans`."""
+    Yields one iterator per layout, like :func:`holmes_plans`."""
     pools = device_pools(cluster)
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -87,8 +86,14 @@ def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> 
                 counts = proportional_counts(speeds, workload.global_batch // mb)
                 if counts is None:
                     continue
-                yield [assemble(replicas, [bounds] * len(replicas), counts, mb, rc, workload)
-                       for rc in recompute_modes(workload)]
+                yield _variants(replicas, [bounds] * len(replicas), counts, mb, workload)
+
+
+def _variants(replicas, bounds, counts, mb: int, workload: "Workload") -> Iterator[Plan]:
+    """One layout under each allowed recompute mode, least first, assembled only when asked for (a
+    1,024-GPU plan takes milliseconds to build, and the first mode that fits ends the walk)."""
+    for rc in recompute_modes(workload):
+        yield assemble(replicas, bounds, counts, mb, rc, workload)
 
 
 def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
