@@ -124,10 +124,10 @@ def test_uneven_split_matches_the_reference(out: Path, name: str) -> None:
         assert got["losses"] == pytest.approx(losses, rel=1e-5), f"{name} rank {rank}"
         for key, g in got["grads"].items():
             torch.testing.assert_close(g.grad, g.of(grads[key]), rtol=1e-4, atol=1e-6,
-                                       msg=lambda m, k=key: f"{name} rank {rank} {k}: {m}")
+                                       msg=lambda m, k=key, rank=rank: f"{name} rank {rank} {k}: {m}")
             p, shard = got["params"][key]
             torch.testing.assert_close(p, shard.of(params[key]), rtol=1e-4, atol=1e-6,
-                                       msg=lambda m, k=key: f"{name} rank {rank} {k} after {STEPS} steps: {m}")
+                                       msg=lambda m, k=key, rank=rank: f"{name} rank {rank} {k} after {STEPS} steps: {m}")
             seen.add(key)
     assert seen == set(grads)
 
