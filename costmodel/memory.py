@@ -124,6 +124,69 @@ class PrefixTables:
             whole += self._s_rep[z] - self._s_rep[a]
         return sharded / tp + whole
 
+    # ------------------------------------------------------------------ many stages at once (numpy)
+    # The same arithmetic as params_per_device / memory_gb, element by element and in the same order
+    # (tests/test_learned_encode.py compares them); keep the two in step.
+    def _arrays(self) -> dict:
+        arr = getattr(self, "_np", None)
+        if arr is None:
+            arr = self._np = {"p_sh": np.asarray(self._p_sh), "p_rep": np.asarray(self._p_rep),
+                              "s_sh": np.asarray(self._s_sh), "s_rep": np.asarray(self._s_rep),
+                              **{f"act_{m}": (np.asarray(sh), np.asarray(rep)) for m, (sh, rep) in self._act.items()}}
+        return arr
+
+    def params_per_device_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray) -> np.ndarray:
+        """:meth:`params_per_device` of many stages (integer arrays of one shape)."""
+        t = self._arrays()
+        sharded = t["p_sh"][z] - t["p_sh"][a]
+        whole = t["p_rep"][z] - t["p_rep"][a]
+        shared = ~((a <= self.owner) & (self.owner < z))
+        sharded = np.where(shared, sharded + (t["s_sh"][z] - t["s_sh"][a]), sharded)
+        whole = np.where(shared, whole + (t["s_rep"][z] - t["s_rep"][a]), whole)
+        return sharded / tp + whole
+
+    def _range_max(self, values: list, a: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """``max(values[a:z])`` per element (``z > a``), by a sparse table."""
+        key = id(values)
+        tables = getattr(self, "_sparse", {})
+        self._sparse = tables
+        if key not in tables:
+            levels = [np.asarray(values, float)]
+            while 2 ** len(levels) <= len(values):
+                prev, w = levels[-1], 2 ** (len(levels) - 1)
+                levels.append(np.maximum(prev[:-w], prev[w:]))
+            tables[key] = levels
+        levels = tables[key]
+        j = np.floor(np.log2(np.maximum(z - a, 1))).astype(np.int64)
+        out = np.empty(len(a))
+        for lv in np.unique(j):
+            sel = j == lv
+            w = 2 ** int(lv)
+            out[sel] = np.maximum(levels[lv][a[sel]], levels[lv][z[sel] - w])
+        return out
+
+    def memory_gb_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray, micro_batch: np.ndarray,
+                       in_flight: np.ndarray, recompute: np.ndarray, modes: tuple = ("none", "selective", "full")
+                       ) -> np.ndarray:
+        """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``."""
+        t = self._arrays()
+        acts = np.zeros(len(a))
+        for code, mode in enumerate(modes):
+            sel = recompute == code
+            if not sel.any():
+                continue
+            sh, rep = t[f"act_{mode}"]
+            sa, sz, stp = a[sel], z[sel], tp[sel]
+            val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
+            if mode == "full":
+                live = sz > sa
+                if live.any():
+                    la, lz = sa[live], sz[live]
+                    val[live] += np.maximum(self._range_max(self._none_sh, la, lz) / stp[live],
+                                            self._range_max(self._none_rep, la, lz)) * micro_batch[sel][live]
+            acts[sel] = val
+        return (self.params_per_device_many(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9
+
     def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str) -> float:
         sh, rep = self._act[recompute]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight

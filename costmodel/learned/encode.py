@@ -20,7 +20,7 @@ pool, gives the same arrays. Memory per device stays analytic (:class:`~hetpart.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +31,7 @@ from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.features import cluster_pools, log_scale, pool_features, unit_features
-from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches, memory_capacity_gb
+from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb
 
 __all__ = ["ScenarioContext", "PlanBatch", "encode_plans", "RECOMPUTE", "CONFIG_FEATURES", "P2P_FEATURES",
            "DP_FEATURES", "PLAN_FEATURES"]
@@ -146,38 +146,16 @@ class PlanBatch:
     rows: list = field(default_factory=list)            # input plan index of each encoded plan
     unit_label: np.ndarray | None = None  # [C, U, 2] teacher forward/backward seconds per unit (training only)
     seg_label: np.ndarray | None = None   # [G] teacher all-reduce seconds per segment (training only)
+    headroom_gb: np.ndarray | None = None  # [N] memory headroom of the tightest device type (GB)
+    p2p_uid: np.ndarray | None = None      # [R, K-1] row of p2p_first describing each transfer (-1: padding)
+    p2p_first: np.ndarray | None = None    # [P] flat index into p2p_x[R, K-1] of each distinct transfer
+    configs: list | None = None            # the configurations of unit_x (teacher labels only)
+    seg_members: list | None = None        # per segment (members, concurrent, bytes) (teacher labels only)
 
 
 def _ls(x: float, centre: float, spread: float) -> float:
     """:func:`~hetpart.costmodel.features.log_scale` of one number (no numpy: the encoder's hot path)."""
     return (math.log10(max(x, 10.0 ** (centre - 2.0 * spread))) - centre) / spread
-
-
-def _config_rows(ctx: ScenarioContext, configs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-    m = ctx.model
-    xs, bases = [], []
-    for pool, tp, mb, rc, (tp_bw, tp_lat) in configs:
-        gpu = ctx.gpus[pool]
-        shard = np.where(ctx.shardable, tp, 1)
-        width = np.where(ctx.inner, ctx.width / shard, ctx.width)
-        tokens = mb * m.seq_len
-        peak = ctx.peak[pool] * 1e12
-        flop_f = ctx.fwd * mb / shard / peak
-        flop_b = ctx.bwd[rc] * mb / shard / peak
-        mem = ctx.act * mb / shard / (gpu.hbm_gbyte_s * 1e9)
-        has_tp = ctx.shardable & (ctx.tp_bytes > 0) & (tp > 1)
-        tp_s = np.where(has_tp, 2 * (tp - 1) / tp * ctx.tp_bytes * mb / (tp_bw * 1e9), 0.0)
-        tp_l = np.where(has_tp, 2 * (tp - 1) * tp_lat * 1e-6, 0.0)
-        n = m.num_units
-        cfg = np.array([math.log2(tp) / 3, math.log2(mb) / 3, rc == "none", rc == "selective", rc == "full"], float)
-        cols = np.column_stack([
-            np.repeat(cfg[None], n, 0), log_scale(width, 3.0, 1.0), np.full(n, float(log_scale(tokens, 3.5, 1.0))),
-            log_scale(np.minimum(width, tokens), 3.0, 1.0),
-            np.log10(np.maximum(flop_f, 1e-15) / np.maximum(mem, 1e-15)) / 3.0,
-            np.full(n, float(log_scale(tp_bw, 2.0, 1.0))), np.full(n, float(log_scale(tp_lat, 0.5, 1.0)))])
-        xs.append(np.concatenate([ctx.unit_x, np.repeat(ctx.pool_x[pool][None], n, 0), cols], axis=1))
-        bases.append(np.column_stack([flop_f, flop_b, mem, tp_s, tp_l]))
-    return np.asarray(xs, np.float32), np.asarray(bases, np.float64)
 
 
 def _tp_link(ctx: ScenarioContext, devices, nodes) -> tuple[float, float]:
@@ -194,290 +172,588 @@ def _tp_link(ctx: ScenarioContext, devices, nodes) -> tuple[float, float]:
     return (bw, lat)
 
 
-def _p2p(ctx: ScenarioContext, src, dst, mb: int) -> tuple[list, list]:
-    tp = max(src.tp, dst.tp)
-    a, b = src.devices[0], dst.devices[0]
-    full = (a, b, tp, src.layers[1], mb)
-    done = ctx._p2p.get(full)
-    if done is not None:
-        return done
-    key = (ctx.dev[a][1], ctx.dev[b][1], a == b, tp)
-    hit = ctx._p2p.get(key)
-    if hit is None:
-        link = ctx.cluster.link_between(a, b)
-        if link is None:
-            raise ValueError(f"devices {a} and {b} sit in zones without a link")
-        bw = link.bandwidth_gbyte_s
-        if link.kind in ("nic", "inter_zone"):
-            bw = min(bw, min(ctx.node_gbyte_s[ctx.dev[d][2]] / tp for d in (a, b)))
-        hit = ctx._p2p[key] = (link.kind, bw, link.latency_us)
-    kind, bw, lat = hit
-    nbytes = ctx.out_bytes[src.layers[1] - 1] * mb / tp
-    if kind == "self":
-        done = ([0.0] * len(P2P_FEATURES), [0.0, 0.0])
-    else:
-        base = nbytes / (bw * 1e9)
-        done = ([_ls(nbytes, 6.0, 2.0), _ls(bw, 1.5, 1.0), _ls(lat, 0.5, 1.0), kind == "intra_node", kind == "nic",
-                 kind == "inter_zone", math.log2(tp) / 3, _ls(base, -3.0, 2.0)], [base, lat * 1e-6])
-    ctx._p2p[full] = done
-    return done
+
+# ---------------------------------------------------------------------------------------------------
+# The encoder, vectorised over the plans of a batch. One Python pass reads each stage's unit range,
+# tensor-parallel degree and device group (a device group is looked up once per scenario context);
+# everything else is numpy over all stages, replicas and gradient segments of the batch. It gives the
+# same arrays as the first, plan-at-a-time encoder (encode_reference.encode_plans_reference; compared
+# in tests/test_learned_encode.py).
+
+_SCHEDULES = {"1f1b": 0, "gpipe": 1, "interleaved": 2}
+_LINK_KINDS = ("self", "intra_node", "nic", "inter_zone")
 
 
-def _ring(ctx: ScenarioContext, members: tuple, concurrent: int) -> tuple:
-    """Ring facts of an all-reduce among ``members`` (one device per holding stage)."""
-    nodes = tuple(sorted(ctx.dev[d][1] for d in members))
-    key = (nodes, concurrent)
-    hit = ctx._ring.get(key)
-    if hit is not None:
-        return hit
+def _lsv(x, centre: float, spread: float) -> np.ndarray:
+    """:func:`_ls` of an array."""
+    return (np.log10(np.maximum(x, 10.0 ** (centre - 2.0 * spread))) - centre) / spread
+
+
+class _Skip(Exception):
+    """Plans that cannot be encoded (index in the batch -> message): encode the rest again."""
+
+    def __init__(self, bad: dict[int, str]) -> None:
+        super().__init__(bad)
+        self.bad = bad
+
+
+def _context_tables(ctx: ScenarioContext) -> None:
+    """Integer device tables and caches of the vectorised encoder (once per context)."""
+    if hasattr(ctx, "_vec"):
+        return
+    if len(ctx.cluster.groups) > 62 or len(ctx.gpus) > 62:
+        ctx._vec = None
+        return
+    ids = list(ctx.dev)
+    nodes: dict = {}
+    ctx._vec = {
+        "dev_index": {d: j for j, d in enumerate(ids)}, "dev_ids": ids,
+        "dev_node": np.array([nodes.setdefault(ctx.dev[d][1], len(nodes)) for d in ids], np.int64),
+        "dev_group": np.array([ctx.dev[d][2] for d in ids], np.int64),
+        "node_gbyte_s": np.asarray(ctx.node_gbyte_s, float), "out_bytes": np.asarray(ctx.out_bytes, float),
+        "capacity": np.asarray(ctx.capacity, float), "peak": np.asarray(ctx.peak, float),
+        "hbm": np.asarray([g.hbm_gbyte_s for g in ctx.gpus], float),
+        "name_of_pool": np.unique([g.name for g in ctx.gpus], return_inverse=True)[1].reshape(-1),
+        "names": list(np.unique([g.name for g in ctx.gpus])),
+        "info": {}, "info_rows": [], "info_arr": None, "link_ids": {(1.0, 0.0): 0}, "devsets": {},
+        "links": {}, "rings": {}, "configs": {},
+    }
+    ctx._vec["num_nodes"] = max(len(nodes), 1)
+
+
+def _device_group(ctx: ScenarioContext, devices: tuple) -> int:
+    """Row of a stage's device group in the context's table (computed once per group)."""
+    V = ctx._vec
+    pool, nodes = ctx.slowest(devices)
+    pools = ctx.pools_of(devices)
+    bw, lat = _tp_link(ctx, devices, nodes)
+    link = V["link_ids"].setdefault((bw, lat), len(V["link_ids"]))
+    devset = V["devsets"].setdefault(tuple(sorted(devices)), len(V["devsets"]))
+    row = (pool, V["dev_index"][devices[0]], bw, lat, link, sum(1 << p for p in pools),
+           min(ctx.capacity[p] for p in pools), min(ctx.gpus[p].hbm_gbyte_s for p in pools), len(devices), devset)
+    V["info_rows"].append(row)
+    V["info_arr"] = None
+    j = V["info"][devices] = len(V["info_rows"]) - 1
+    return j
+
+
+def _info_arrays(ctx: ScenarioContext) -> dict:
+    V = ctx._vec
+    if V["info_arr"] is None:
+        cols = list(zip(*V["info_rows"])) if V["info_rows"] else [()] * 10
+        names = ("pool", "first", "bw", "lat", "link", "mask", "cap", "hbm", "ndev", "devset")
+        kinds = (np.int64, np.int64, float, float, np.int64, np.int64, float, float, np.int64, np.int64)
+        V["info_arr"] = {n: np.asarray(c, k) for n, c, k in zip(names, cols, kinds)}
+    return V["info_arr"]
+
+
+def _config_table(ctx: ScenarioContext, configs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """Unit x configuration rows (``unit_x``, ``unit_base``) of ``configs``, cached per context;
+    the new ones computed together (arrays ``[C, U]``)."""
+    cache = ctx._vec["configs"]
+    new = [c for c in configs if c not in cache]
+    if new:
+        m = ctx.model
+        n = m.num_units
+        pool = np.array([c[0] for c in new], np.int64)
+        tp = np.array([c[1] for c in new], np.int64)
+        mb = np.array([c[2] for c in new], np.int64)
+        tp_bw = np.array([c[4][0] for c in new], float)
+        tp_lat = np.array([c[4][1] for c in new], float)
+        shard = np.where(ctx.shardable[None, :], tp[:, None], 1)
+        width = np.where(ctx.inner[None, :], ctx.width[None, :] / shard, ctx.width[None, :])
+        tokens = mb * m.seq_len
+        peak = ctx._vec["peak"][pool] * 1e12
+        flop_f = ctx.fwd[None, :] * mb[:, None] / shard / peak[:, None]
+        bwd = np.stack([ctx.bwd[c[3]] for c in new])
+        flop_b = bwd * mb[:, None] / shard / peak[:, None]
+        mem = ctx.act[None, :] * mb[:, None] / shard / (ctx._vec["hbm"][pool] * 1e9)[:, None]
+        has_tp = ctx.shardable[None, :] & (ctx.tp_bytes[None, :] > 0) & (tp[:, None] > 1)
+        ratio = np.array([2 * (t - 1) / t for t in tp.tolist()])
+        tp_s = np.where(has_tp, ratio[:, None] * ctx.tp_bytes[None, :] * mb[:, None] / (tp_bw * 1e9)[:, None], 0.0)
+        tp_l = np.where(has_tp, (2 * (tp - 1) * tp_lat * 1e-6)[:, None], 0.0)
+        scal = np.array([[math.log2(t) / 3, math.log2(b) / 3, rc == "none", rc == "selective", rc == "full"]
+                         for _, t, b, rc, _ in new], float)
+        per = np.array([[float(log_scale(tk, 3.5, 1.0)), float(log_scale(bw, 2.0, 1.0)), float(log_scale(lt, 0.5, 1.0))]
+                        for tk, bw, lt in zip(tokens.tolist(), tp_bw.tolist(), tp_lat.tolist())])
+        C = len(new)
+        cols = np.concatenate([
+            np.broadcast_to(scal[:, None, :], (C, n, 5)), log_scale(width, 3.0, 1.0)[..., None],
+            np.broadcast_to(per[:, None, 0:1], (C, n, 1)),
+            log_scale(np.minimum(width, tokens[:, None]), 3.0, 1.0)[..., None],
+            (np.log10(np.maximum(flop_f, 1e-15) / np.maximum(mem, 1e-15)) / 3.0)[..., None],
+            np.broadcast_to(per[:, None, 1:3], (C, n, 2))], axis=2)
+        x = np.concatenate([np.broadcast_to(ctx.unit_x[None].astype(float), (C, n, ctx.unit_x.shape[1])),
+                            ctx.pool_x[pool][:, None, :].astype(float).repeat(n, 1), cols], axis=2).astype(np.float32)
+        base = np.stack([flop_f, flop_b, mem, tp_s, tp_l], -1)
+        for j, c in enumerate(new):
+            cache[c] = (x[j], base[j])
+    if not configs:
+        return np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 5))
+    return np.stack([cache[c][0] for c in configs]), np.stack([cache[c][1] for c in configs])
+
+
+def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = False) -> PlanBatch:
+    """Encode ``plans`` (all of ``ctx``'s model and cluster) into one :class:`PlanBatch`.
+
+    A plan that cannot be encoded (a device the cluster lacks, zones without a link, a replica
+    without a micro-batch) is left out and named in ``errors``; the caller reports it. With
+    ``members`` the batch also keeps ``configs`` and ``seg_members`` (the teacher's inputs).
+    """
+    _context_tables(ctx)
+    if ctx._vec is None:  # more node groups or pools than a bit mask holds: the plan-at-a-time encoder
+        from hetpart.costmodel.learned.encode_reference import encode_plans_reference
+
+        return encode_plans_reference(ctx, plans)
+    keep = list(range(len(plans)))
+    errors: dict[int, str] = {}
+    while True:
+        try:
+            batch = _encode([plans[i] for i in keep], ctx, members)
+            break
+        except _Skip as skip:
+            for j, msg in skip.bad.items():
+                errors[keep[j]] = f"cannot encode plan: {msg}"
+            keep = [i for j, i in enumerate(keep) if j not in skip.bad]
+    batch.errors = dict(sorted(errors.items()))
+    batch.rows = keep
+    return batch
+
+
+def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
+    """The Python pass: per stage (first, last, tp, device group), per replica (stages, batch share),
+    per plan (replicas, micro-batch, recompute, schedule, interleave, global batch)."""
+    V = ctx._vec
+    info = V["info"]
+    flat, nst, share, nrep, pl = [], [], [], [], []
+    bad: dict[int, str] = {}
+    for i, plan in enumerate(plans):
+        try:
+            sched = _SCHEDULES.get(plan.schedule)
+            if sched is None:
+                raise ValueError(f"unknown schedule {plan.schedule!r}")
+            rc = RECOMPUTE.index(plan.recompute)
+            reps = plan.replicas
+            v = plan.interleave if sched == 2 else 1
+            row = (plan.micro_batch, rc, sched, v, plan.global_batch, plan.global_batch * plan.seq_len)
+        except (ValueError, AttributeError, TypeError) as exc:
+            bad[i] = str(exc)
+            continue
+        for rep in reps:
+            st = rep.stages
+            nst.append(len(st))
+            flat.extend(st)
+        share.extend([rep.batch_share for rep in reps])
+        nrep.append(len(reps))
+        pl.append(row)
+    if bad:
+        raise _Skip(bad)
+    devs = [s.devices for s in flat]
+    infos = [info.get(d, -1) for d in devs]
+    if -1 in infos:
+        stage_plan = np.repeat(np.repeat(np.arange(len(plans)), nrep), nst)
+        for j, d in enumerate(devs):
+            if infos[j] < 0:
+                try:
+                    infos[j] = info[d] if d in info else _device_group(ctx, d)
+                except (ValueError, KeyError, IndexError, ZeroDivisionError, TypeError) as exc:
+                    bad.setdefault(int(stage_plan[j]), str(exc))
+        if bad:
+            raise _Skip(bad)
+    lay = np.fromiter(chain.from_iterable([s.layers for s in flat]), np.int64, 2 * len(flat))
+    tps = np.fromiter([s.tp for s in flat], np.int64, len(flat))
+    return lay, tps, np.asarray(infos, np.int64), nst, share, nrep, pl
+
+
+def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch:
+    V = ctx._vec
+    lay, tps, infos, nst, share, nrep, pl = _read(ctx, plans)
+    I = _info_arrays(ctx)
+    N = len(plans)
+    n_units = ctx.model.num_units
+    # ---- plans, replicas, stages
+    pl = np.asarray(pl, np.int64).reshape(-1, 6)
+    p_mb, p_rc, p_sched, p_v, p_gb, p_tokens = pl.T
+    p_dp = np.asarray(nrep, np.int64)
+    p_rep0 = np.cumsum(p_dp) - p_dp
+    R = int(p_dp.sum())
+    r_plan = np.repeat(np.arange(N), p_dp)
+    r_nst = np.asarray(nst, np.int64)
+    r_off = np.cumsum(r_nst) - r_nst
+    r_m = np.rint(np.asarray(share, float) * p_gb[r_plan]).astype(np.int64) // p_mb[r_plan]
+    r_v = p_v[r_plan]
+    r_pp = r_nst // r_v
+    S = len(tps)
+    st_rep = np.repeat(np.arange(R), r_nst)
+    st_k = np.arange(S) - r_off[st_rep]
+    lay = np.asarray(lay, np.int64).reshape(-1, 2)
+    st_a, st_z = lay[:, 0], lay[:, 1]
+    st_tp = np.asarray(tps, np.int64)
+    st_info = np.asarray(infos, np.int64)
+    st_plan = r_plan[st_rep]
+    bad = {}
+    for r in np.nonzero((r_m < 1) | (r_pp < 1))[0].tolist():
+        p = int(r_plan[r])
+        bad.setdefault(p, f"replica {r - int(p_rep0[p])} has no micro-batch" if r_m[r] < 1
+                       else f"replica {r - int(p_rep0[p])} has fewer stages than the interleave")
+    if bad:
+        raise _Skip(bad)
+    # ---- stage configurations (device pool, tp, micro-batch, recompute, tp link): first-seen order
+    multi = st_tp > 1
+    st_pool = I["pool"][st_info]
+    st_link = np.where(multi, I["link"][st_info], 0)
+    st_mb, st_rc = p_mb[st_plan], p_rc[st_plan]
+    code = st_pool
+    for col in (st_tp, st_mb, st_rc, st_link):
+        code = code * (int(col.max(initial=0)) + 1) + col
+    uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(uniq), np.int64)
+    rank[order] = np.arange(len(uniq))
+    st_cfg = rank[inv.reshape(-1)]
+    reps = first[order]
+    configs = [(int(st_pool[s]), int(st_tp[s]), int(st_mb[s]), RECOMPUTE[int(st_rc[s])],
+                (float(I["bw"][st_info[s]]), float(I["lat"][st_info[s]])) if multi[s] else (1.0, 0.0))
+               for s in reps.tolist()]
+    unit_x, unit_base = _config_table(ctx, configs)
+    # ---- replicas: stage ids, activation transfers
+    K = int(r_nst.max(initial=1))
+    kk = np.arange(K)
+    rep_stages = np.where(kk[None, :] < r_nst[:, None], r_off[:, None] + kk[None, :], -1)
+    src = np.nonzero(st_k < r_nst[st_rep] - 1)[0]
+    dst = src + 1
+    tp = np.maximum(st_tp[src], st_tp[dst])
+    da, db = I["first"][st_info[src]], I["first"][st_info[dst]]
+    na, nb = V["dev_node"][da], V["dev_node"][db]
+    lkey = (na * V["num_nodes"] + nb) * 2 + (da == db)
+    lu, linv = np.unique(lkey, return_inverse=True)
+    lkind, lbw, llat = np.zeros(len(lu), np.int64), np.zeros(len(lu)), np.zeros(len(lu))
+    first_pair = np.zeros(len(lu), np.int64)
+    first_pair[linv[::-1]] = np.arange(len(linv))[::-1]
+    missing = []
+    for u, key in enumerate(lu.tolist()):
+        hit = V["links"].get(key)
+        if hit is None:
+            j = int(first_pair[u])
+            a_id, b_id = V["dev_ids"][da[j]], V["dev_ids"][db[j]]
+            link = ctx.cluster.link_between(a_id, b_id)
+            hit = V["links"][key] = (("missing", a_id, b_id) if link is None else
+                                     (_LINK_KINDS.index(link.kind), link.bandwidth_gbyte_s, link.latency_us))
+        if hit[0] == "missing":
+            missing.append(u)
+            continue
+        lkind[u], lbw[u], llat[u] = hit
+    if missing:
+        for u in missing:
+            _, a_id, b_id = V["links"][int(lu[u])]
+            for j in np.nonzero(linv == u)[0].tolist():
+                bad.setdefault(int(st_plan[src[j]]), f"devices {V['dev_ids'][da[j]]} and {V['dev_ids'][db[j]]} "
+                                                     "sit in zones without a link")
+        raise _Skip(bad)
+    kind = lkind[linv]
+    bw = lbw[linv]
+    lat = llat[linv]
+    ng = V["node_gbyte_s"]
+    slow = (kind == 2) | (kind == 3)
+    bw = np.where(slow, np.minimum(bw, np.minimum(ng[V["dev_group"][da]] / tp, ng[V["dev_group"][db]] / tp)), bw)
+    nbytes = V["out_bytes"][st_z[src] - 1] * st_mb[src] / tp
+    live = kind != 0
+    base = np.where(live, nbytes / (bw * 1e9), 0.0)
+    px = np.stack([_lsv(nbytes, 6.0, 2.0), _lsv(bw, 1.5, 1.0), _lsv(lat, 0.5, 1.0), kind == 1, kind == 2, kind == 3,
+                   np.log2(tp) / 3, _lsv(base, -3.0, 2.0)], 1)
+    px = np.where(live[:, None], px, 0.0)
+    K1 = max(K - 1, 1)
+    p2p_x = np.zeros((R, K1, len(P2P_FEATURES)), np.float32)
+    p2p_base = np.zeros((R, K1, 2))
+    pr, pk = st_rep[src], st_k[src]
+    p2p_x[pr, pk] = px
+    p2p_base[pr, pk, 0] = base
+    p2p_base[pr, pk, 1] = np.where(live, lat * 1e-6, 0.0)
+    # identical transfers share one row of the link network (the surrogate evaluates each once)
+    ukey = np.where(live, (lkey * (int(tp.max(initial=0)) + 1) + tp) * (n_units + 1) + st_z[src], -1)
+    ukey = ukey * (int(st_mb.max(initial=0)) + 1) + st_mb[src]
+    uu, uinv = np.unique(ukey, return_inverse=True)
+    ufirst = np.zeros(len(uu), np.int64)
+    ufirst[uinv[::-1]] = np.arange(len(uinv))[::-1]
+    p2p_uid = np.full((R, K1), -1, np.int64)
+    p2p_uid[pr, pk] = uinv.reshape(-1)
+    p2p_first = (pr * K1 + pk)[ufirst]
+    # ---- memory per pipeline device (its virtual stages d, d + pp, ...) and the optimizer term
+    D = int(r_pp.max(initial=0))
+    mrep = np.repeat(np.arange(R), r_pp)
+    md = np.arange(len(mrep)) - np.repeat(np.cumsum(r_pp) - r_pp, r_pp)
+    mpp, mm, mv = r_pp[mrep], r_m[mrep], r_v[mrep]
+    msched = p_sched[r_plan[mrep]]
+    flight = np.where(msched == 1, mm.astype(float),
+                      np.where(msched == 0, np.minimum(mpp - md, mm).astype(float),
+                               np.minimum(mm * mv, 2 * (mpp - md - 1) + (mv - 1) * mpp + 1) / mv))
+    gb = np.zeros(len(mrep))
+    params = np.zeros(len(mrep))
+    mplan = r_plan[mrep]
+    for j in range(int((r_nst // np.maximum(r_pp, 1)).max(initial=0)) + 1):
+        k = md + j * mpp
+        sel = k < r_nst[mrep]
+        if not sel.any():
+            break
+        s = r_off[mrep[sel]] + k[sel]
+        gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]], flight[sel],
+                                                      p_rc[mplan[sel]])
+        params[sel] = params[sel] + ctx.tables.params_per_device_many(st_a[s], st_z[s], st_tp[s])
+    s0 = r_off[mrep] + md
+    g0 = st_info[s0]
+    opt = np.zeros((R, max(D, 1) if R else 1))
+    opt[mrep, md] = params / (I["hbm"][g0] * 1e9)
+    fits_rows = gb <= I["cap"][g0]
+    fits = np.ones(N, bool)
+    np.logical_and.at(fits, mplan, fits_rows)
+    memory_gb, headroom = _memory_by_name(ctx, N, mplan, gb, I["mask"][g0])
+    # ---- gradient segments
+    seg = _segments(ctx, N, p_dp, p_rep0, r_plan, r_nst, r_v, st_rep, st_k, st_a, st_tp, st_info, st_cfg, st_plan, I)
+    # ---- plan features
+    dp = p_dp.astype(float)
+    mean_m = np.add.reduceat(r_m.astype(float), p_rep0) / dp if N else np.zeros(0)
+    pp = r_nst[p_rep0] // p_v if N else np.zeros(0, np.int64)
+    ndev = _devices_per_plan(N, st_plan, st_info, I)
+    mixed = (np.minimum.reduceat(r_nst, p_rep0) != np.maximum.reduceat(r_nst, p_rep0)) | \
+        (np.minimum.reduceat(r_m, p_rep0) != np.maximum.reduceat(r_m, p_rep0)) if N else np.zeros(0, bool)
+    plan_x = np.stack([log_scale(mean_m, 1.0, 1.0), np.log2(np.maximum(pp, 1)) / 5,
+                       np.minimum(mean_m / np.maximum(pp, 1), 8.0) / 8, np.log2(dp) / 8, p_sched == 1, p_sched == 2,
+                       np.log2(ndev) / 12, mixed], 1).astype(np.float32).reshape(-1, len(PLAN_FEATURES))
+    batch = PlanBatch(
+        num_plans=N, unit_x=unit_x, unit_base=unit_base, stage_cfg=st_cfg, stage_a=st_a.copy(), stage_z=st_z.copy(),
+        rep_stages=rep_stages, rep_plan=r_plan, rep_m=r_m.astype(float), rep_v=r_v.astype(float),
+        rep_gpipe=p_sched[r_plan] == 1, p2p_x=p2p_x, p2p_base=p2p_base, opt_base=opt, plan_x=plan_x,
+        plan_tokens=p_tokens.astype(float), memory_gb=memory_gb, fits=fits.tolist(), **seg["arrays"])
+    batch.headroom_gb = headroom
+    batch.p2p_uid, batch.p2p_first = p2p_uid, p2p_first
+    if members:
+        batch.configs = configs
+        batch.seg_members = seg["members"]()
+    return batch
+
+
+def _devices_per_plan(N: int, st_plan, st_info, I: dict) -> np.ndarray:
+    """Distinct devices per plan (the device groups of its stages, each counted once)."""
+    W = int(I["devset"].max(initial=0)) + 1
+    ds_ndev = np.zeros(W)
+    ds_ndev[I["devset"]] = I["ndev"]
+    key = np.unique(st_plan * W + I["devset"][st_info])
+    return np.bincount(key // W, weights=ds_ndev[key % W], minlength=N)
+
+
+def _memory_by_name(ctx: ScenarioContext, N: int, mplan, gb, mask) -> tuple[list, np.ndarray]:
+    """Per plan: ``{gpu name: peak GB}`` (names in the order the devices are met) and the headroom
+    (capacity minus peak) of the tightest device type."""
+    V = ctx._vec
+    name_of, cap = V["name_of_pool"], V["capacity"]
+    NP, NN = len(name_of), len(V["names"])
+    rows = [np.nonzero((mask >> p) & 1)[0] for p in range(NP)]
+    pools = np.concatenate([np.full(len(r), p, np.int64) for p, r in enumerate(rows)])
+    rows = np.concatenate(rows)
+    key = mplan[rows] * NN + name_of[pools]
+    big = np.iinfo(np.int64).max
+    peak = np.full(N * NN, -np.inf)
+    np.maximum.at(peak, key, gb[rows])
+    first = np.full(N * NN, big, np.int64)
+    np.minimum.at(first, key, rows * NP + pools)
+    caps = np.full(N * NN, np.inf)
+    np.minimum.at(caps, key, cap[pools])
+    live = np.nonzero(first < big)[0]
+    live = live[np.lexsort((first[live], live // NN))]
+    head = np.full(N, np.inf)
+    np.minimum.at(head, live // NN, caps[live] - peak[live])
+    head[np.isinf(head)] = 0.0
+    out: list[dict] = [{} for _ in range(N)]
+    names = V["names"]
+    for k, v in zip(live.tolist(), peak[live].tolist()):
+        out[k // NN][names[k % NN]] = v
+    return out, head
+
+
+def _ring_facts(ctx: ScenarioContext, gmask: int, multi: bool, concurrent: int) -> tuple | None:
+    """(hop, latency, share, intra, crosses zones) of a ring over node groups ``gmask`` (a bit mask);
+    None where two of its zones have no link. The first encoder's ``_ring``, keyed by groups."""
+    key = (gmask, multi, concurrent)
+    cache = ctx._vec["rings"]
+    if key in cache:
+        return cache[key]
     cl = ctx.cluster
-    by_node: dict = {}
-    for d in members:
-        by_node.setdefault(ctx.dev[d][1], d)
-    groups = {ctx.dev[d][2] for d in members}
+    groups = [g for g in range(gmask.bit_length()) if gmask >> g & 1]
     zones = {cl.groups[g].zone for g in groups}
     intra = min(cl.groups[g].intra_node.bandwidth_gbyte_s for g in groups)
-    if len(by_node) == 1:
-        hop, lat, share = intra, max(cl.groups[g].intra_node.latency_us for g in groups), intra
+    hit = None
+    if not multi:
+        hit = (intra, max(cl.groups[g].intra_node.latency_us for g in groups), intra, intra, len(zones) > 1)
     else:
         hop = min(cl.groups[g].nic.bandwidth_gbyte_s for g in groups)
         lat = max(cl.groups[g].nic.latency_us for g in groups)
         zl = [cl.zone_link(a, b) for a in zones for b in zones if a < b]
-        if any(z is None for z in zl):
-            raise ValueError("gradient all-reduce across zones without a link")
-        if zl:
-            hop = min([hop] + [z.bandwidth_gbyte_s for z in zl])
-            lat += max(z.latency_us for z in zl)
-        share = min(ctx.node_gbyte_s[g] / concurrent for g in groups)
-    counts = {}
-    for n in nodes:
-        counts[n] = counts.get(n, 0) + 1
-    per_node = set(counts.values())
-    even = len(per_node) == 1 and len(counts) > 1 and per_node != {1}
-    k = next(iter(per_node)) if even else 1
-    hit = ctx._ring[key] = (len(nodes), len(counts), k, even, hop, share, intra, lat, len(zones) > 1)
+        if not any(z is None for z in zl):
+            if zl:
+                hop = min([hop] + [z.bandwidth_gbyte_s for z in zl])
+                lat += max(z.latency_us for z in zl)
+            share = min(ctx.node_gbyte_s[g] / concurrent for g in groups)
+            hit = (hop, lat, share, intra, len(zones) > 1)
+    cache[key] = hit
     return hit
 
 
-def _segment(ctx: ScenarioContext, members: tuple, concurrent: int, nbytes: float, last_bytes: float) -> tuple:
-    key = (members, concurrent, nbytes, last_bytes)
-    hit = ctx._cache.get(key)
-    if hit is not None:
-        return hit
-    n, nodes, k, even, hop, share, intra, lat, cross = _ring(ctx, members, concurrent)
-    bw = min(hop, share) if nodes > 1 else hop
-    flat = 2 * (n - 1) / n * nbytes / (bw * 1e9)
-    hier = flat
-    if even:
-        across = min(hop, share * concurrent / (k * concurrent)) if nodes > 1 else hop
-        hier = 2 * (k - 1) / k * nbytes / (intra * 1e9) + 2 * (nodes - 1) / nodes * nbytes / k / (across * 1e9)
-    x = [_ls(nbytes, 8.0, 2.0), math.log2(n) / 6, math.log2(nodes) / 6, math.log2(k) / 3, even, _ls(hop, 1.5, 1.0),
-         _ls(share, 1.5, 1.0), _ls(intra, 2.0, 1.0), _ls(lat, 0.5, 1.0), cross, math.log2(concurrent) / 3,
-         _ls(flat, -2.0, 2.0), math.log10(max(hier, 1e-12) / max(flat, 1e-12))]
-    hit = ctx._cache[key] = (x, [flat, 2 * (n - 1) * lat * 1e-6, last_bytes / nbytes if nbytes > 0 else 0.0])
-    return hit
+def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st_rep, st_k, st_a, st_tp, st_info,
+              st_cfg, st_plan, I: dict) -> dict:
+    """Gradient all-reduce segments of every plan: runs of units with one holder set (spans between
+    consecutive stage starts of any replica), then tied-embedding copies, in plan order."""
+    V = ctx._vec
+    tables = ctx.tables
+    T = tables._arrays()
+    n = ctx.model.num_units
+    W = n + 1
+    st_key = st_rep * W + st_a
 
+    def holder(rep, unit):
+        return np.searchsorted(st_key, rep * W + unit, side="right") - 1
 
-def encode_plans(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
-    """Encode ``plans`` (all of ``ctx``'s model and cluster) into one :class:`PlanBatch`.
-
-    A plan that cannot be encoded (a device the cluster lacks, zones without a link) is left out and
-    named in ``errors``; the caller reports it.
-    """
-    enc = _Encoder(ctx)
-    for i, plan in enumerate(plans):
-        try:
-            enc.add(i, plan)
-        except (ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
-            enc.rollback()
-            enc.errors[i] = f"cannot encode plan: {exc}"
-    return enc.finish(len(plans))
-
-
-class _Encoder:
-    def __init__(self, ctx: ScenarioContext) -> None:
-        self.ctx = ctx
-        self.cfg_index: dict = {}
-        self.errors: dict = {}
-        self.lists = {k: [] for k in ("stage_cfg", "stage_a", "stage_z", "rep_stages", "rep_plan", "rep_m", "rep_v",
-                                      "rep_gpipe", "p2p_x", "p2p_base", "opt_base", "seg_x", "seg_base", "seg_plan",
-                                      "hold", "plan_x", "plan_tokens", "memory_gb", "fits", "plan_row",
-                                      "seg_members")}
-
-    def rollback(self) -> None:
-        n = self._mark
-        for k, v in self.lists.items():
-            del v[n[k]:]
-
-    def add(self, i: int, plan: Plan) -> None:
-        ctx, L = self.ctx, self.lists
-        self._mark = {k: len(v) for k, v in L.items()}
-        v = plan.interleave if plan.schedule == "interleaved" else 1
-        s0 = len(L["stage_cfg"])
-        rep_ids, ms, mem, fits = [], [], {}, True
-        for r, rep in enumerate(plan.replicas):
-            m = plan.num_microbatches(r)
-            if m < 1:
-                raise ValueError(f"replica {r} has no micro-batch")
-            ids = []
-            for s in rep.stages:
-                pool, nodes = ctx.slowest(s.devices)
-                link = _tp_link(ctx, s.devices, nodes) if s.tp > 1 else (1.0, 0.0)
-                key = (pool, s.tp, plan.micro_batch, plan.recompute, link)
-                cfg = self.cfg_index.setdefault(key, len(self.cfg_index))
-                ids.append(len(L["stage_cfg"]))
-                L["stage_cfg"].append(cfg)
-                L["stage_a"].append(s.layers[0])
-                L["stage_z"].append(s.layers[1])
-            rep_ids.append(len(L["rep_plan"]))
-            L["rep_stages"].append(ids)
-            L["rep_plan"].append(i)
-            L["rep_m"].append(m)
-            L["rep_v"].append(v)
-            L["rep_gpipe"].append(plan.schedule == "gpipe")
-            p2p = [_p2p(ctx, rep.stages[k], rep.stages[k + 1], plan.micro_batch) for k in range(rep.pp - 1)]
-            L["p2p_x"].append([x for x, _ in p2p])
-            L["p2p_base"].append([b for _, b in p2p])
-            opt, fits = self._memory(plan, rep, m, v, mem, fits)
-            L["opt_base"].append(opt)
-            ms.append(m)
-        self._segments(i, plan, rep_ids, s0)
-        pp = len(plan.replicas[0].stages) // v
-        L["plan_x"].append([float(log_scale(np.mean(ms), 1.0, 1.0)), math.log2(max(pp, 1)) / 5,
-                            min(np.mean(ms) / max(pp, 1), 8.0) / 8, math.log2(plan.dp) / 8, plan.schedule == "gpipe",
-                            plan.schedule == "interleaved", math.log2(plan.num_devices) / 12,
-                            float(len({len(r.stages) for r in plan.replicas}) > 1 or len(set(ms)) > 1)])
-        L["plan_tokens"].append(plan.global_batch * plan.seq_len)
-        L["memory_gb"].append(mem)
-        L["fits"].append(fits)
-        L["plan_row"].append(i)
-
-    def _memory(self, plan: Plan, rep, m: int, v: int, mem: dict, fits: bool) -> tuple[list, bool]:
-        ctx = self.ctx
-        pp = rep.pp // v
-        opt = []
-        for d in range(pp):
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-            chunks = tuple((s.layers, s.tp) for s in rep.stages[d::pp])
-            key = (chunks, flight, plan.micro_batch, plan.recompute)
-            hit = ctx._cache.get(key)
-            if hit is None:
-                gb = sum(ctx.tables.memory_gb(a, z, tp, plan.micro_batch, flight, plan.recompute) for (a, z), tp in chunks)
-                params = sum(ctx.tables.params_per_device(a, z, tp) for (a, z), tp in chunks)
-                hit = ctx._cache[key] = (gb, params)
-            gb, params = hit
-            devices = rep.stages[d].devices
-            pools = ctx.pools_of(devices)
-            for p in pools:
-                name = ctx.gpus[p].name
-                if mem.get(name, -1.0) < gb:
-                    mem[name] = gb
-            fits = fits and gb <= min(ctx.capacity[p] for p in pools)
-            opt.append(params / (min(ctx.gpus[p].hbm_gbyte_s for p in pools) * 1e9))
-        return opt, fits
-
-    def _segments(self, i: int, plan: Plan, rep_ids: list[int], s0: int) -> None:
-        """Gradient all-reduce segments: runs of units with one holder set (the simulator's data-parallel
-        structure, as plan structure only), plus tied-embedding copies."""
-        ctx = self.ctx
-        n = ctx.model.num_units
-        starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
-        cuts = sorted({a for st in starts for a in st} | {n})
-        spans = []
-        for a, z in zip(cuts[:-1], cuts[1:]):
-            holders = tuple((r, bisect_right(starts[r], a) - 1) for r in range(plan.dp))
-            spans.append((a, z, holders))
-            if plan.dp < 2:
+    cut = np.unique(st_plan * W + st_a)
+    sp_plan, sp_a = cut // W, cut % W
+    same = np.append(sp_plan[1:] == sp_plan[:-1], False)
+    sp_z = np.where(same, np.append(sp_a[1:], 0), n)
+    sel = p_dp[sp_plan] >= 2
+    j_plan, j_a, j_z = sp_plan[sel], sp_a[sel], sp_z[sel]
+    cnt = p_dp[j_plan]
+    h_seg = np.repeat(np.arange(len(j_plan)), cnt)
+    h_rep = p_rep0[j_plan][h_seg] + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    h_st = holder(h_rep, j_a[h_seg])
+    starts = np.cumsum(cnt) - cnt
+    tpmin = np.minimum.reduceat(st_tp[h_st], starts) if len(j_plan) else np.zeros(0, np.int64)
+    sh, whole = T["p_sh"][j_z] - T["p_sh"][j_a], T["p_rep"][j_z] - T["p_rep"][j_a]
+    fsh, fwhole = T["p_sh"][j_a + 1] - T["p_sh"][j_a], T["p_rep"][j_a + 1] - T["p_rep"][j_a]
+    segs = {"plan": [j_plan], "kind": [np.zeros(len(j_plan), np.int64)], "order": [j_a],
+            "bytes": [(sh / tpmin + whole) * ctx.grad_bytes], "last": [(fsh / tpmin + fwhole) * ctx.grad_bytes],
+            "a": [j_a], "z": [j_z], "tied": [np.zeros(len(j_plan), bool)]}
+    holders, hseg = [h_st], [h_seg]
+    G0 = len(j_plan)
+    owner = tables.owner
+    if owner >= 0 and N:
+        R = len(r_plan)
+        reps = np.arange(R)
+        ko = holder(reps, owner)
+        for ui, u in enumerate(tables.sharers):
+            ku = holder(reps, u)
+            differ = ku != ko
+            plans = np.nonzero(np.logical_or.reduceat(differ, p_rep0))[0]
+            if not len(plans):
                 continue
-            tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-            sh, whole = ctx.tables.params(a, z)
-            fsh, fwhole = ctx.tables.params(a, a + 1)
-            self._add_segment(i, plan, rep_ids, holders, a, z, (sh / tp_min + whole) * ctx.grad_bytes,
-                              (fsh / tp_min + fwhole) * ctx.grad_bytes)
-        owner = ctx.tables.owner
-        if owner >= 0:
-            def holders_of(u):
-                return next(h for a, z, h in spans if a <= u < z)
-            for u in ctx.tables.sharers:
-                hu, ho = holders_of(u), holders_of(owner)
-                if hu != ho:
-                    holders = tuple(sorted(set(hu) | set(ho)))
-                    tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-                    nbytes = ctx.model.units[u].shared_params * ctx.grad_bytes / tp_min
-                    self._add_segment(i, plan, rep_ids, holders, -1, -1, nbytes, nbytes)
+            in_plan = np.isin(r_plan, plans)
+            rr = reps[in_plan]
+            c = 1 + differ[rr]
+            hr = np.repeat(rr, c)
+            second = np.arange(len(hr)) - np.repeat(np.cumsum(c) - c, c)
+            hst = np.where(second == 0, np.minimum(ku[hr], ko[hr]), np.maximum(ku[hr], ko[hr]))
+            local = np.searchsorted(plans, r_plan[hr])
+            starts_t = np.searchsorted(local, np.arange(len(plans)))
+            tpm = np.minimum.reduceat(st_tp[hst], starts_t)
+            nb = ctx.model.units[u].shared_params * ctx.grad_bytes / tpm
+            segs["plan"].append(plans)
+            segs["kind"].append(np.ones(len(plans), np.int64))
+            segs["order"].append(np.full(len(plans), ui))
+            segs["bytes"].append(nb)
+            segs["last"].append(nb)
+            segs["a"].append(np.full(len(plans), -1))
+            segs["z"].append(np.full(len(plans), -1))
+            segs["tied"].append(np.ones(len(plans), bool))
+            holders.append(hst)
+            hseg.append(local + G0)
+            G0 += len(plans)
+    sg = {k: np.concatenate(v) for k, v in segs.items()}
+    h_st, h_seg = np.concatenate(holders), np.concatenate(hseg)
+    G = len(sg["plan"])
+    hstart = np.searchsorted(h_seg, np.arange(G))
+    # members: distinct first devices of the holding stages; their nodes, node groups, tp
+    dev = I["first"][st_info[h_st]]
+    o = np.lexsort((dev, h_seg))
+    sd, ss = dev[o], h_seg[o]
+    new = np.ones(len(sd), bool)
+    new[1:] = (sd[1:] != sd[:-1]) | (ss[1:] != ss[:-1])
+    n_mem = np.bincount(ss[new], minlength=G)
+    nodes_key = ss[new] * V["num_nodes"] + V["dev_node"][sd[new]]
+    nk, ncount = np.unique(nodes_key, return_counts=True)
+    nseg = nk // V["num_nodes"]
+    n_nodes = np.bincount(nseg, minlength=G)
+    cmin = np.full(G, np.iinfo(np.int64).max)
+    np.minimum.at(cmin, nseg, ncount)
+    cmax = np.zeros(G, np.int64)
+    np.maximum.at(cmax, nseg, ncount)
+    gmask = np.zeros(G, np.int64)
+    np.bitwise_or.at(gmask, h_seg, np.left_shift(1, V["dev_group"][dev]))
+    conc = np.maximum.reduceat(st_tp[h_st], hstart) if G else np.zeros(0, np.int64)
+    keep = (sg["bytes"] > 0) & (n_mem >= 2)
+    facts = np.zeros((G, 5))
+    bad: dict[int, str] = {}
+    fk = gmask * 2 + (n_nodes > 1)
+    for key in np.unique(np.stack([fk, conc], 1)[keep], axis=0).tolist() if keep.any() else []:
+        hit = _ring_facts(ctx, key[0] >> 1, bool(key[0] & 1), key[1])
+        rows = keep & (fk == key[0]) & (conc == key[1])
+        if hit is None:
+            for p in np.unique(sg["plan"][rows]).tolist():
+                bad.setdefault(p, "gradient all-reduce across zones without a link")
+            continue
+        facts[rows] = hit
+    if bad:
+        raise _Skip(bad)
+    # the kept segments in plan order (spans by their first unit, then tied copies)
+    kept = np.nonzero(keep)[0]
+    kept = kept[np.lexsort((sg["order"][kept], sg["kind"][kept], sg["plan"][kept]))]
+    newid = np.full(G, -1, np.int64)
+    newid[kept] = np.arange(len(kept))
+    hsel = np.nonzero(newid[h_seg] >= 0)[0]
+    hsel = hsel[np.argsort(newid[h_seg[hsel]], kind="stable")]
+    hs = h_st[hsel]
+    g = newid[h_seg[hsel]]
+    k_ = kept
+    nb, last = sg["bytes"][k_], sg["last"][k_]
+    n, nodes = n_mem[k_], n_nodes[k_]
+    even = (cmin[k_] == cmax[k_]) & (nodes > 1) & (cmin[k_] != 1)
+    kk = np.where(even, cmin[k_], 1)
+    hop, lat, share, intra, cross = facts[k_].T
+    concurrent = conc[k_]
+    bw = np.where(nodes > 1, np.minimum(hop, share), hop)
+    flat = 2 * (n - 1) / n * nb / (bw * 1e9)
+    across = np.where(nodes > 1, np.minimum(hop, share * concurrent / (kk * concurrent)), hop)
+    hier = np.where(even, 2 * (kk - 1) / kk * nb / (intra * 1e9) + 2 * (nodes - 1) / nodes * nb / kk / (across * 1e9),
+                    flat)
+    seg_x = np.stack([_lsv(nb, 8.0, 2.0), np.log2(n) / 6, np.log2(nodes) / 6, np.log2(kk) / 3, even,
+                      _lsv(hop, 1.5, 1.0), _lsv(share, 1.5, 1.0), _lsv(intra, 2.0, 1.0), _lsv(lat, 0.5, 1.0), cross,
+                      np.log2(concurrent) / 3, _lsv(flat, -2.0, 2.0),
+                      np.log10(np.maximum(hier, 1e-12) / np.maximum(flat, 1e-12))], 1)
+    seg_base = np.stack([flat, 2 * (n - 1) * lat * 1e-6, last / nb], 1)
+    rep = st_rep[hs]
+    k = st_k[hs]
+    tied = sg["tied"][h_seg[hsel]]
+    a, z = sg["a"][h_seg[hsel]], sg["z"][h_seg[hsel]]
+    grp_key = rep * 4096 + k % (r_nst[rep] // r_v[rep])
+    _, hold_group = np.unique(grp_key, return_inverse=True)
+    hold_group = hold_group.reshape(-1).astype(np.int64)
+    num_groups = int(hold_group.max()) + 1 if len(hold_group) else 0
+    dup = np.zeros(len(g), bool)
+    dup[1:] = (g[1:] == g[:-1]) & (hold_group[1:] == hold_group[:-1])
+    ug, ugrp = g[~dup], hold_group[~dup]
+    counts = np.bincount(ug, minlength=len(kept))
+    pos = np.arange(len(ug)) - np.repeat(np.cumsum(counts) - counts, counts)
+    seg_groups = np.full((len(kept), int(counts.max(initial=1))), num_groups, np.int64)
+    seg_groups[ug, pos] = ugrp
 
-    def _add_segment(self, i, plan, rep_ids, holders, a, z, nbytes, last_bytes) -> None:
-        if len(holders) < 2 or nbytes <= 0:
-            return
-        L = self.lists
-        stages = [plan.replicas[r].stages[k] for r, k in holders]
-        members = tuple({s.devices[0]: None for s in stages})
-        if len(members) < 2:
-            return
-        x, base = _segment(self.ctx, members, max(s.tp for s in stages), nbytes, last_bytes)
-        g = len(L["seg_x"])
-        L["seg_members"].append((members, max(s.tp for s in stages), nbytes))
-        L["seg_x"].append(x)
-        L["seg_base"].append(base)
-        L["seg_plan"].append(i)
-        for (r, k), s in zip(holders, stages):
-            sid = L["rep_stages"][rep_ids[r]][k]
-            first = s.layers[0]
-            hi, lo = (z - 1, a) if a >= 0 else (-1, -1)
-            dev = k % (len(plan.replicas[r].stages) // (plan.interleave if plan.schedule == "interleaved" else 1))
-            L["hold"].append((g, rep_ids[r], k, first, hi, lo, L["stage_cfg"][sid], rep_ids[r] * 4096 + dev))
+    def members() -> list:
+        ids = V["dev_ids"]
+        out = [[] for _ in kept]
+        for gi, d in zip(g.tolist(), I["first"][st_info[hs]].tolist()):
+            if ids[d] not in out[gi]:
+                out[gi].append(ids[d])
+        return [(tuple(m), int(c), float(b)) for m, c, b in zip(out, concurrent.tolist(), nb.tolist())]
 
-    def finish(self, num_plans: int) -> PlanBatch:
-        ctx, L = self.ctx, self.lists
-        configs = sorted(self.cfg_index, key=self.cfg_index.get)
-        unit_x, unit_base = _config_rows(ctx, configs) if configs else (np.zeros((0, 0, 0), np.float32),
-                                                                          np.zeros((0, 0, 5)))
-        R = len(L["rep_stages"])
-        K = max((len(s) for s in L["rep_stages"]), default=1)
-        D = max((len(o) for o in L["opt_base"]), default=1)
-        rep_stages = np.full((R, K), -1, np.int64)
-        p2p_x = np.zeros((R, max(K - 1, 1), len(P2P_FEATURES)), np.float32)
-        p2p_base = np.zeros((R, max(K - 1, 1), 2))
-        opt = np.zeros((R, D))
-        for r in range(R):
-            ids = L["rep_stages"][r]
-            rep_stages[r, :len(ids)] = ids
-            if len(ids) > 1:
-                p2p_x[r, :len(ids) - 1] = L["p2p_x"][r]
-                p2p_base[r, :len(ids) - 1] = L["p2p_base"][r]
-            opt[r, :len(L["opt_base"][r])] = L["opt_base"][r]
-        # plans were encoded in order, some left out: map plan index -> row
-        row = {p: j for j, p in enumerate(L["plan_row"])}
-        hold = np.asarray(L["hold"], np.int64).reshape(-1, 8)
-        _, hold_group = np.unique(hold[:, 7], return_inverse=True)
-        hold_group = hold_group.reshape(-1).astype(np.int64)
-        num_groups = int(hold_group.max()) + 1 if len(hold_group) else 0
-        members: list[list[int]] = [[] for _ in L["seg_x"]]
-        for seg, grp in zip(hold[:, 0].tolist(), hold_group.tolist()):
-            if grp not in members[seg]:
-                members[seg].append(grp)
-        seg_groups = np.full((len(members), max((len(m) for m in members), default=1)), num_groups, np.int64)
-        for seg, m in enumerate(members):
-            seg_groups[seg, :len(m)] = m
-        return PlanBatch(
-            num_plans=len(L["plan_row"]), unit_x=unit_x, unit_base=unit_base,
-            stage_cfg=np.asarray(L["stage_cfg"], np.int64), stage_a=np.asarray(L["stage_a"], np.int64),
-            stage_z=np.asarray(L["stage_z"], np.int64), rep_stages=rep_stages,
-            rep_plan=np.asarray([row[p] for p in L["rep_plan"]], np.int64), rep_m=np.asarray(L["rep_m"], float),
-            rep_v=np.asarray(L["rep_v"], float), rep_gpipe=np.asarray(L["rep_gpipe"], bool),
-            p2p_x=p2p_x, p2p_base=p2p_base, opt_base=opt,
-            seg_x=np.asarray(L["seg_x"], np.float32).reshape(-1, len(DP_FEATURES)),
-            seg_base=np.asarray(L["seg_base"], float).reshape(-1, 3),
-            seg_plan=np.asarray([row[p] for p in L["seg_plan"]], np.int64),
-            hold_seg=hold[:, 0], hold_rep=hold[:, 1], hold_k=hold[:, 2], hold_first=hold[:, 3], hold_hi=hold[:, 4],
-            hold_lo=hold[:, 5], hold_cfg=hold[:, 6], hold_group=hold_group,
-            seg_groups=seg_groups, num_groups=num_groups,
-            plan_x=np.asarray(L["plan_x"], np.float32).reshape(-1, len(PLAN_FEATURES)),
-            plan_tokens=np.asarray(L["plan_tokens"], float), memory_gb=L["memory_gb"], fits=L["fits"],
-            errors=self.errors, rows=list(L["plan_row"]))
-
-    def configs(self) -> list[tuple]:
-        return sorted(self.cfg_index, key=self.cfg_index.get)
+    arrays = {"seg_x": seg_x.astype(np.float32).reshape(-1, len(DP_FEATURES)), "seg_base": seg_base.reshape(-1, 3),
+              "seg_plan": sg["plan"][k_].astype(np.int64), "hold_seg": g, "hold_rep": rep, "hold_k": k,
+              "hold_first": st_a[hs], "hold_hi": np.where(tied, -1, z - 1), "hold_lo": np.where(tied, -1, a),
+              "hold_cfg": st_cfg[hs], "hold_group": hold_group, "seg_groups": seg_groups, "num_groups": num_groups}
+    return {"arrays": arrays, "members": members}
 
 
 def teacher_labels(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
@@ -486,16 +762,15 @@ def teacher_labels(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
     from hetpart.costmodel.collectives import allreduce_time_s
     from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 
-    enc = _Encoder(ctx)
-    for i, plan in enumerate(plans):
-        enc.add(i, plan)
-    batch = enc.finish(len(plans))
+    batch = encode_plans(ctx, plans, members=True)
+    if batch.errors:
+        raise ValueError(next(iter(batch.errors.values())))
     labels = []
-    for pool, tp, mb, rc, (bw, lat) in enc.configs():
+    for pool, tp, mb, rc, (bw, lat) in batch.configs:
         fwd, bwd = unit_compute_s(ctx.model, ctx.gpus[pool], tp, mb, ctx.precision, rc)
         tpf, tpb = unit_tp_comm_s(ctx.model, tp, mb, rc, bw, lat)
         labels.append(np.stack([fwd + tpf, bwd + tpb], -1))
     batch.unit_label = np.asarray(labels, float).reshape(batch.unit_base.shape[:2] + (2,))
     batch.seg_label = np.asarray([allreduce_time_s(nb, members, ctx.cluster, conc)
-                                  for members, conc, nb in enc.lists["seg_members"]], float)
+                                  for members, conc, nb in batch.seg_members], float)
     return batch

@@ -113,11 +113,12 @@ class LearnedPredictor:
             lo, hi = self._ranges[key]
             return ((x < lo - _OOD_MARGIN) | (x > hi + _OOD_MARGIN)).any(-1)
 
-        if batch.unit_x.size and outside("unit_x", batch.unit_x).any():
-            bad_cfg = set(np.nonzero(outside("unit_x", batch.unit_x).any(-1))[0].tolist())
-            for r, ids in enumerate(batch.rep_stages):
-                if any(batch.stage_cfg[s] in bad_cfg for s in ids if s >= 0):
-                    flags[batch.rep_plan[r]] = True
+        if batch.unit_x.size:
+            bad_cfg = outside("unit_x", batch.unit_x).any(-1)
+            if bad_cfg.any():
+                stage_bad = bad_cfg[batch.stage_cfg]
+                rep_bad = (stage_bad[batch.rep_stages.clip(min=0)] & (batch.rep_stages >= 0)).any(1)
+                np.logical_or.at(flags, batch.rep_plan, rep_bad)
         flags |= outside("plan_x", batch.plan_x)
         if batch.seg_x.size:
             np.logical_or.at(flags, batch.seg_plan, outside("seg_x", batch.seg_x))
@@ -184,7 +185,8 @@ class LearnedPredictor:
         std = math.sqrt(math.exp(log_var))
         if ood:
             std = max(std, OOD_RELATIVE_STD)
-        headroom = self._headroom(plan, batch.memory_gb[row])
+        headroom = float(batch.headroom_gb[row]) if getattr(batch, "headroom_gb", None) is not None \
+            else self._headroom(plan, batch.memory_gb[row])
         return LearnedEstimate(step, plan.global_batch * plan.seq_len / step, bool(batch.fits[row]), headroom, std,
                                ood)
 

@@ -119,7 +119,13 @@ class Surrogate(nn.Module):
         F = f[idx] * mask
         B = bw[idx] * mask
         T = F + B
-        mult = torch.exp(self.p2p(b.p2p_x).clamp(-8, 8))
+        uid = b.get("p2p_uid")
+        if uid is not None and b.p2p_first.numel():
+            # each distinct transfer once (the encoder's dedup), then gathered; padding has no bytes
+            flat = b.p2p_x.reshape(-1, b.p2p_x.shape[-1])[b.p2p_first]
+            mult = torch.exp(self.p2p(flat).clamp(-8, 8))[uid.clamp(min=0)]
+        else:
+            mult = torch.exp(self.p2p(b.p2p_x).clamp(-8, 8))
         C = (mult * b.p2p_base).sum(-1)  # [R, K-1]
         C = torch.cat([C, torch.zeros(C.shape[0], 1)], 1)[:, :T.shape[1]]
         pp = mask.sum(1)
