@@ -444,11 +444,9 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
             continue
         lkind[u], lbw[u], llat[u] = hit
     if missing:
-        for u in missing:
-            _, a_id, b_id = V["links"][int(lu[u])]
-            for j in np.nonzero(linv == u)[0].tolist():
-                bad.setdefault(int(st_plan[src[j]]), f"devices {V['dev_ids'][da[j]]} and {V['dev_ids'][db[j]]} "
-                                                     "sit in zones without a link")
+        for j in np.nonzero(np.isin(linv, missing))[0].tolist():  # the first such transfer of each plan
+            bad.setdefault(int(st_plan[src[j]]), f"devices {V['dev_ids'][da[j]]} and {V['dev_ids'][db[j]]} "
+                                                 "sit in zones without a link")
         raise _Skip(bad)
     kind = lkind[linv]
     bw = lbw[linv]

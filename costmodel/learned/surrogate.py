@@ -39,6 +39,8 @@ __all__ = ["Surrogate", "SurrogateConfig", "TensorBatch", "to_tensors"]
 
 _COMPOSED = 8
 """Composed terms the plan-level head reads besides PLAN_FEATURES."""
+_BUCKET_MIN_REPLICAS = 256
+"""Batches of at least this many replicas are composed in buckets of similar pipeline depth."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,25 @@ def _scatter_max(values: torch.Tensor, index: torch.Tensor, size: int, fill: flo
     return base.scatter_reduce(0, index, values, "amax", include_self=True)
 
 
+def _ring_scan(slots, seg_groups, seg_first, seg_last, t, t_last, num_groups: int, num_plans: int):
+    """:meth:`Surrogate._rings`' scan in numpy (float32, the same operations in the same order)."""
+    import numpy as np
+
+    free = np.zeros(num_groups + 1, seg_first.dtype)
+    dp_end = np.zeros(num_plans, seg_first.dtype)
+    for j in range(slots.shape[1]):
+        col = slots[:, j]
+        live = np.nonzero(col >= 0)[0]
+        seg = col[live]
+        groups = seg_groups[seg]
+        start = np.maximum(seg_first[seg], free[groups].max(1))
+        end = np.maximum(start + t[seg], seg_last[seg] + t_last[seg])
+        real = groups != num_groups
+        free[groups[real]] = np.broadcast_to(end[:, None], groups.shape)[real]
+        dp_end[live] = np.maximum(dp_end[live], end)
+    return dp_end
+
+
 class Surrogate(nn.Module):
     """Predicts ``(log step seconds, log variance)`` for every plan of a :class:`TensorBatch`."""
 
@@ -111,48 +132,85 @@ class Surrogate(nn.Module):
         return torch.cat([zero, fwd.cumsum(1)], 1), torch.cat([zero, bwd.cumsum(1)], 1)
 
     def _pipelines(self, b: TensorBatch, pf: torch.Tensor, pb: torch.Tensor):
+        """Per replica: makespan, last backward per stage ``[R, K]``, period, summed stage time and
+        the shape terms. Large batches go in buckets of replicas with similar depth (less padding;
+        every row's arithmetic is the same as in one block)."""
         cfg, a, z = b.stage_cfg, b.stage_a, b.stage_z
         f = pf[cfg, z] - pf[cfg, a]
         bw = pb[cfg, z] - pb[cfg, a]
-        mask = b.rep_stages >= 0
-        idx = b.rep_stages.clamp(min=0)
-        F = f[idx] * mask
-        B = bw[idx] * mask
-        T = F + B
         uid = b.get("p2p_uid")
         if uid is not None and b.p2p_first.numel():
             # each distinct transfer once (the encoder's dedup), then gathered; padding has no bytes
             flat = b.p2p_x.reshape(-1, b.p2p_x.shape[-1])[b.p2p_first]
-            mult = torch.exp(self.p2p(flat).clamp(-8, 8))[uid.clamp(min=0)]
+            mult = torch.exp(self.p2p(flat).clamp(-8, 8))
         else:
-            mult = torch.exp(self.p2p(b.p2p_x).clamp(-8, 8))
-        C = (mult * b.p2p_base).sum(-1)  # [R, K-1]
+            uid, mult = None, torch.exp(self.p2p(b.p2p_x).clamp(-8, 8))
+        R, K = b.rep_stages.shape
+        if R < _BUCKET_MIN_REPLICAS or K <= 4:
+            return self._pipeline_rows(b, f, bw, mult, uid, None, K)
+        depth = (b.rep_stages >= 0).sum(1)
+        makespan, period, total = torch.zeros(R), torch.zeros(R), torch.zeros(R)
+        last_bwd, shape = torch.zeros(R, K), torch.zeros(R, 2)
+        lo, w = 0, 4
+        while lo < K:
+            w = min(w, K)
+            rows = torch.nonzero((depth > lo) & (depth <= w)).squeeze(1)
+            if rows.numel():
+                ms, lb, pe, tt, sh = self._pipeline_rows(b, f, bw, mult, uid, rows, w)
+                makespan = makespan.index_put((rows,), ms)
+                period = period.index_put((rows,), pe)
+                total = total.index_put((rows,), tt)
+                shape = shape.index_put((rows,), sh)
+                last_bwd = last_bwd.index_put((rows,), torch.nn.functional.pad(lb, (0, K - w)))
+            lo, w = w, 2 * w
+        return makespan, last_bwd, period, total, shape
+
+    def _pipeline_rows(self, b: TensorBatch, f, bw, mult, uid, rows, K: int):
+        def pick(x, cols=None):
+            x = x if rows is None else x[rows]
+            return x if cols is None else x[:, :cols]
+
+        rep_stages = pick(b.rep_stages, K)
+        mask = rep_stages >= 0
+        idx = rep_stages.clamp(min=0)
+        F = f[idx] * mask
+        B = bw[idx] * mask
+        T = F + B
+        if uid is not None:
+            m_ = mult[pick(uid, K - 1).clamp(min=0)]
+        else:
+            m_ = pick(mult, K - 1)
+        C = (m_ * pick(b.p2p_base, K - 1)).sum(-1)  # [R, K-1]
         C = torch.cat([C, torch.zeros(C.shape[0], 1)], 1)[:, :T.shape[1]]
         pp = mask.sum(1)
-        v = b.rep_v
-        m = b.rep_m
-        K = T.shape[1]
+        v = pick(b.rep_v)
+        m = pick(b.rep_m)
+        gp = pick(b.rep_gpipe)
         # period: the slowest pipeline device's work per micro-batch
-        dev = (torch.arange(K)[None, :] % (pp / v).long().clamp(min=1)[:, None])
-        per_dev = torch.zeros_like(T).scatter_add(1, dev, T)
-        period = per_dev.max(1).values
+        period = T.max(1).values
+        inter = torch.nonzero(v > 1).squeeze(1)
+        if inter.numel():  # a device runs several virtual stages: sum them per device
+            dev = (torch.arange(K)[None, :] % (pp[inter] / v[inter]).long().clamp(min=1)[:, None])
+            per_dev = torch.zeros_like(T[inter]).scatter_add(1, dev, T[inter])
+            period = period.index_put((inter,), per_dev.max(1).values)
         gpipe = F.max(1).values + B.max(1).values
-        period = torch.where(b.rep_gpipe, torch.maximum(period, gpipe), period)
+        period = torch.where(gp, torch.maximum(period, gpipe), period)
         # 1F1B: micro-batches in flight (pp - k) bound the round trip through the stages below k
         suffix_T = T.flip(1).cumsum(1).flip(1)
         suffix_C = C.flip(1).cumsum(1).flip(1)
         k = torch.arange(K)[None, :].float()
         flight = (pp[:, None] - k).clamp(min=1)
         cycle = (suffix_T + 2 * suffix_C) / flight
-        limits = mask & (m[:, None] > flight) & ~b.rep_gpipe[:, None] & (v[:, None] == 1)
+        limits = mask & (m[:, None] > flight) & ~gp[:, None] & (v[:, None] == 1)
         period = torch.maximum(period, torch.where(limits, cycle, torch.zeros_like(cycle)).max(1).values)
-        makespan = m * period + (T.sum(1) - period + 2 * C.sum(1)) / v
+        total = T.sum(1)
+        makespan = m * period + (total - period + 2 * C.sum(1)) / v
         before = torch.cat([torch.zeros(T.shape[0], 1), (B + C).cumsum(1)[:, :-1]], 1)
         last_bwd = makespan[:, None] - before
         devices = (pp / v).clamp(min=1)
-        shape = torch.stack([torch.log(period * devices / T.sum(1).clamp(min=1e-12)),
-                             torch.log1p(2 * C.sum(1) / T.sum(1).clamp(min=1e-12))], 1)
-        return makespan, last_bwd, period, T, shape
+        shape = torch.stack([torch.log(period * devices / total.clamp(min=1e-12)),
+                             torch.log1p(2 * C.sum(1) / total.clamp(min=1e-12))], 1)
+        return makespan, last_bwd, period, total, shape
 
     def ring_times(self, b: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Seconds of each gradient all-reduce ``[G]`` and of its last bucket alone ``[G]``."""
@@ -183,6 +241,9 @@ class Surrogate(nn.Module):
         rank = torch.arange(G) - offsets[plan_of]
         slots = torch.full((num_plans, int(counts.max())), -1, dtype=torch.long)
         slots[plan_of, rank] = order
+        if not torch.is_grad_enabled():  # inference: the same scan in numpy (no autograd, less overhead)
+            return torch.from_numpy(_ring_scan(slots.numpy(), b.seg_groups.numpy(), seg_first.numpy(),
+                                               seg_last.numpy(), t.numpy(), t_last.numpy(), b.num_groups, num_plans))
         free = torch.zeros(b.num_groups + 1)
         dp_end = torch.zeros(num_plans)
         for j in range(slots.shape[1]):
@@ -208,7 +269,7 @@ class Surrogate(nn.Module):
         pipelines' makespan, averaged over replicas) per plan."""
         n = b.num_plans
         pf, pb = self.unit_times(b)
-        makespan, last_bwd, period, T, shape = self._pipelines(b, pf, pb)
+        makespan, last_bwd, period, total, shape = self._pipelines(b, pf, pb)
         pipe_end = _scatter_max(makespan, b.rep_plan, n)
         dp_end = self._rings(b, pb, last_bwd, n)
         sync = torch.maximum(pipe_end, dp_end)
@@ -216,7 +277,7 @@ class Surrogate(nn.Module):
         opt = _scatter_max(opt, b.rep_plan, n)
         step = sync + opt
         busy = _scatter_max(b.rep_m * period, b.rep_plan, n)
-        fill = _scatter_max(T.sum(1), b.rep_plan, n)
+        fill = _scatter_max(total, b.rep_plan, n)
         eps = 1e-12
         composed = torch.stack([
             torch.log((dp_end + eps) / (pipe_end + eps)).clamp(-5, 5), torch.log((busy + eps) / (pipe_end + eps)),
@@ -225,7 +286,7 @@ class Surrogate(nn.Module):
             _scatter_max(shape[:, 0], b.rep_plan, n), _scatter_max(shape[:, 1], b.rep_plan, n)], 1)
         out = self.head(torch.cat([b.plan_x, composed.detach()], 1))
         devices = ((b.rep_stages >= 0).sum(1) / b.rep_v).clamp(min=1)
-        idle = 1 - (b.rep_m * T.sum(1) / devices / (makespan + eps)).clamp(0, 1)
+        idle = 1 - (b.rep_m * total / devices / (makespan + eps)).clamp(0, 1)
         bubble = torch.zeros(n).index_add(0, b.rep_plan, idle) / torch.bincount(b.rep_plan, minlength=n).clamp(min=1)
         return {"log_step_s": torch.log(step + eps) + out[:, 0], "log_variance": out[:, 1].clamp(-12, 4),
                 "bubble_fraction": bubble}
