@@ -135,3 +135,28 @@ def test_surrogate_fast_paths_agree_with_the_plain_ones(monkeypatch):
     for k in fast:
         torch.testing.assert_close(fast[k], scan[k].detach(), rtol=0, atol=0)
         torch.testing.assert_close(fast[k], slow[k], rtol=1e-5, atol=1e-6)
+
+
+def test_dataset_is_the_same_for_any_number_of_workers():
+    from hetpart.costmodel.learned.dataset import DatasetConfig, build_dataset
+
+    cfg = DatasetConfig(seed=4, scenarios=3, plans_per_scenario=5, max_devices=16)
+    one, two = build_dataset(cfg), build_dataset(cfg, workers=2)
+    assert [r["plans"] for r in one] == [r["plans"] for r in two] and one
+    assert [r["log_step_s"] for r in one] == [r["log_step_s"] for r in two]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a["batch"].unit_label, b["batch"].unit_label)
+        np.testing.assert_array_equal(a["batch"].seg_x, b["batch"].seg_x)
+
+
+def test_training_device_choice():
+    from hetpart.costmodel.learned.train import resolve_device
+    from hetpart.errors import SpecError
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(SpecError, match="use auto, cuda or cpu"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecError, match="no CUDA device"):
+            resolve_device("cuda")

@@ -19,7 +19,7 @@ from hetpart.plan import Plan
 from hetpart.costmodel.learned.encode import ScenarioContext, teacher_labels
 from hetpart.costmodel.learned.sampling import Scenario, neighbour, random_plan, random_scenario
 
-__all__ = ["DatasetConfig", "build_dataset", "save_dataset", "load_dataset"]
+__all__ = ["DatasetConfig", "build_dataset", "label_scenario", "scenario_rng", "save_dataset", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -58,50 +58,94 @@ def _split(rng: random.Random, cfg: DatasetConfig, family: str, shape: str) -> s
     return "val" if rng.random() < cfg.val_share else "train"
 
 
+def scenario_rng(seed: int, index: int) -> random.Random:
+    """The random stream of scenario ``index`` of a data set seeded ``seed``: each scenario draws from
+    its own stream, so a data set is the same however many workers label it."""
+    return random.Random(f"hetpart-costmodel-dataset:{seed}:{index}")
+
+
+def label_scenario(cfg: DatasetConfig, index: int,
+                   extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None) -> dict[str, Any] | None:
+    """Sample and label scenario ``index`` of the data set (None when fewer than 4 plans are valid)."""
+    from hetpart.costmodel.simulator import Simulator
+
+    rng = scenario_rng(cfg.seed, index)
+    sc = random_scenario(rng, max_devices=cfg.max_devices)
+    sim = Simulator(sc.model, sc.cluster)
+    plans, ys = [], []
+    candidates = [random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
+                  for _ in range(cfg.plans_per_scenario)]
+    if extra_plans is not None:
+        candidates += extra_plans(sc, rng)
+    for plan in candidates:
+        if plan is not None and rng.random() < cfg.neighbour_share:
+            candidates.append(neighbour(rng, plan, sc.model.num_units))
+    for plan in candidates:
+        if plan is None or plan.validate(sc.model, sc.cluster):
+            continue
+        try:
+            ys.append(math.log(sim.estimate(plan).step_time_s))
+        except HetpartError:
+            continue
+        plans.append(plan)
+    if len(plans) < 4:
+        return None
+    batch = teacher_labels(ScenarioContext(sc.model, sc.cluster), plans)
+    return {"name": sc.name, "family": sc.family, "shape": sc.shape, "split": _split(rng, cfg, sc.family, sc.shape),
+            "model_spec": sc.model_spec, "cluster_spec": sc.cluster_spec, "global_batch": sc.global_batch,
+            "plans": [p.to_dict() for p in plans], "log_step_s": ys, "batch": batch}
+
+
+_WORKER_EXTRA: Callable | None = None
+"""``extra_plans`` of the data set being built (inherited by forked workers: closures do not pickle)."""
+
+
+def _label_in_worker(job: tuple[DatasetConfig, int]) -> dict[str, Any] | None:
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return label_scenario(job[0], job[1], _WORKER_EXTRA)
+
+
 def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | None = None,
-                  extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None) -> list[dict[str, Any]]:
-    """Sample and label ``cfg.scenarios`` scenarios; one record per scenario.
+                  extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None,
+                  workers: int = 1) -> list[dict[str, Any]]:
+    """Sample and label ``cfg.scenarios`` scenarios; one record per scenario (in scenario order).
 
     ``extra_plans(scenario, rng)`` adds plans from above (the CLI passes the planners' outputs: this
     package imports no planner). A share of the plans gets a neighbour (one move away) as well.
+    ``workers`` > 1 labels scenarios in that many processes (forked; where the platform cannot fork,
+    one process); every scenario draws from its own seeded stream (:func:`scenario_rng`), so the data
+    set is identical for any number of workers.
 
     A record holds the specs (``model_spec``, ``cluster_spec``, ``global_batch``), the plans (dicts),
     ``log_step_s`` (the simulator's log step time per plan), the encoded :class:`PlanBatch` with the
     teacher's leaf labels, the ``split``, ``family`` and ``shape``.
     """
-    from hetpart.costmodel.simulator import Simulator
+    global _WORKER_EXTRA
+    import multiprocessing as mp
 
-    rng = random.Random(cfg.seed)
-    out = []
-    for i in range(cfg.scenarios):
-        sc = random_scenario(rng, max_devices=cfg.max_devices)
-        sim = Simulator(sc.model, sc.cluster)
-        plans, ys = [], []
-        candidates = [random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
-                      for _ in range(cfg.plans_per_scenario)]
-        if extra_plans is not None:
-            candidates += extra_plans(sc, rng)
-        for plan in candidates:
-            if plan is not None and rng.random() < cfg.neighbour_share:
-                candidates.append(neighbour(rng, plan, sc.model.num_units))
-        for plan in candidates:
-            if plan is None or plan.validate(sc.model, sc.cluster):
-                continue
-            try:
-                ys.append(math.log(sim.estimate(plan).step_time_s))
-            except HetpartError:
-                continue
-            plans.append(plan)
-        if progress:
-            progress(i + 1, cfg.scenarios)
-        if len(plans) < 4:
-            continue
-        batch = teacher_labels(ScenarioContext(sc.model, sc.cluster), plans)
-        out.append({"name": sc.name, "family": sc.family, "shape": sc.shape, "split": _split(rng, cfg, sc.family,
-                                                                                             sc.shape),
-                    "model_spec": sc.model_spec, "cluster_spec": sc.cluster_spec, "global_batch": sc.global_batch,
-                    "plans": [p.to_dict() for p in plans], "log_step_s": ys, "batch": batch})
-    return out
+    if not isinstance(workers, int) or workers < 1:
+        raise SpecError(f"dataset: workers: expected a whole number >= 1, got {workers!r}")
+    n = cfg.scenarios
+    if workers > 1 and "fork" in mp.get_all_start_methods():
+        _WORKER_EXTRA = extra_plans
+        try:
+            with mp.get_context("fork").Pool(min(workers, n)) as pool:
+                results = []
+                for rec in pool.imap(_label_in_worker, [(cfg, i) for i in range(n)], chunksize=1):
+                    results.append(rec)
+                    if progress:
+                        progress(len(results), n)
+        finally:
+            _WORKER_EXTRA = None
+    else:
+        results = []
+        for i in range(n):
+            results.append(label_scenario(cfg, i, extra_plans))
+            if progress:
+                progress(i + 1, n)
+    return [r for r in results if r is not None]
 
 
 def save_dataset(records: list[dict[str, Any]], cfg: DatasetConfig, path: str | Path) -> None:

@@ -67,20 +67,21 @@ class TensorBatch(dict):
     __getattr__ = dict.__getitem__
 
 
-def to_tensors(b: PlanBatch) -> TensorBatch:
-    """Convert a :class:`PlanBatch` (numpy) to tensors."""
+def to_tensors(b: PlanBatch, device: str | torch.device | None = None) -> TensorBatch:
+    """Convert a :class:`PlanBatch` (numpy) to tensors (on ``device``, default the CPU)."""
     out = TensorBatch()
     for name, value in vars(b).items():
         if hasattr(value, "dtype"):
             t = torch.from_numpy(value)
-            out[name] = t.float() if t.is_floating_point() else t
+            t = t.float() if t.is_floating_point() else t
+            out[name] = t.to(device) if device is not None else t
         else:
             out[name] = value
     return out
 
 
 def _scatter_max(values: torch.Tensor, index: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
-    base = torch.full((size,), fill, dtype=values.dtype)
+    base = torch.full((size,), fill, dtype=values.dtype, device=values.device)
     if values.numel() == 0:
         return base
     return base.scatter_reduce(0, index, values, "amax", include_self=True)
@@ -128,7 +129,7 @@ class Surrogate(nn.Module):
             + mult[..., 5] * base[..., 4]
         bwd = mult[..., 2] * base[..., 1] + mult[..., 3] * base[..., 2] + mult[..., 6] * base[..., 3] \
             + mult[..., 7] * base[..., 4]
-        zero = torch.zeros(fwd.shape[0], 1)
+        zero = torch.zeros(fwd.shape[0], 1, device=fwd.device)
         return torch.cat([zero, fwd.cumsum(1)], 1), torch.cat([zero, bwd.cumsum(1)], 1)
 
     def _pipelines(self, b: TensorBatch, pf: torch.Tensor, pb: torch.Tensor):
@@ -149,8 +150,10 @@ class Surrogate(nn.Module):
         if R < _BUCKET_MIN_REPLICAS or K <= 4:
             return self._pipeline_rows(b, f, bw, mult, uid, None, K)
         depth = (b.rep_stages >= 0).sum(1)
-        makespan, period, total = torch.zeros(R), torch.zeros(R), torch.zeros(R)
-        last_bwd, shape = torch.zeros(R, K), torch.zeros(R, 2)
+        dv = f.device
+        makespan, period, total = (torch.zeros(R, device=dv), torch.zeros(R, device=dv),
+                                   torch.zeros(R, device=dv))
+        last_bwd, shape = torch.zeros(R, K, device=dv), torch.zeros(R, 2, device=dv)
         lo, w = 0, 4
         while lo < K:
             w = min(w, K)
@@ -181,7 +184,7 @@ class Surrogate(nn.Module):
         else:
             m_ = pick(mult, K - 1)
         C = (m_ * pick(b.p2p_base, K - 1)).sum(-1)  # [R, K-1]
-        C = torch.cat([C, torch.zeros(C.shape[0], 1)], 1)[:, :T.shape[1]]
+        C = torch.cat([C, torch.zeros(C.shape[0], 1, device=C.device)], 1)[:, :T.shape[1]]
         pp = mask.sum(1)
         v = pick(b.rep_v)
         m = pick(b.rep_m)
@@ -190,7 +193,7 @@ class Surrogate(nn.Module):
         period = T.max(1).values
         inter = torch.nonzero(v > 1).squeeze(1)
         if inter.numel():  # a device runs several virtual stages: sum them per device
-            dev = (torch.arange(K)[None, :] % (pp[inter] / v[inter]).long().clamp(min=1)[:, None])
+            dev = (torch.arange(K, device=T.device)[None, :] % (pp[inter] / v[inter]).long().clamp(min=1)[:, None])
             per_dev = torch.zeros_like(T[inter]).scatter_add(1, dev, T[inter])
             period = period.index_put((inter,), per_dev.max(1).values)
         gpipe = F.max(1).values + B.max(1).values
@@ -198,14 +201,14 @@ class Surrogate(nn.Module):
         # 1F1B: micro-batches in flight (pp - k) bound the round trip through the stages below k
         suffix_T = T.flip(1).cumsum(1).flip(1)
         suffix_C = C.flip(1).cumsum(1).flip(1)
-        k = torch.arange(K)[None, :].float()
+        k = torch.arange(K, device=T.device)[None, :].float()
         flight = (pp[:, None] - k).clamp(min=1)
         cycle = (suffix_T + 2 * suffix_C) / flight
         limits = mask & (m[:, None] > flight) & ~gp[:, None] & (v[:, None] == 1)
         period = torch.maximum(period, torch.where(limits, cycle, torch.zeros_like(cycle)).max(1).values)
         total = T.sum(1)
         makespan = m * period + (total - period + 2 * C.sum(1)) / v
-        before = torch.cat([torch.zeros(T.shape[0], 1), (B + C).cumsum(1)[:, :-1]], 1)
+        before = torch.cat([torch.zeros(T.shape[0], 1, device=T.device), (B + C).cumsum(1)[:, :-1]], 1)
         last_bwd = makespan[:, None] - before
         devices = (pp / v).clamp(min=1)
         shape = torch.stack([torch.log(period * devices / total.clamp(min=1e-12)),
@@ -220,7 +223,7 @@ class Surrogate(nn.Module):
 
     def _rings(self, b: TensorBatch, pb: torch.Tensor, last_bwd: torch.Tensor, num_plans: int) -> torch.Tensor:
         if b.seg_x.shape[0] == 0:
-            return torch.zeros(num_plans)
+            return torch.zeros(num_plans, device=pb.device)
         t, t_last = self.ring_times(b)
         done = last_bwd[b.hold_rep, b.hold_k]
         c = b.hold_cfg
@@ -238,14 +241,14 @@ class Surrogate(nn.Module):
         plan_of = b.seg_plan[order]
         counts = torch.bincount(plan_of, minlength=num_plans)
         offsets = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(G) - offsets[plan_of]
-        slots = torch.full((num_plans, int(counts.max())), -1, dtype=torch.long)
+        rank = torch.arange(G, device=order.device) - offsets[plan_of]
+        slots = torch.full((num_plans, int(counts.max())), -1, dtype=torch.long, device=order.device)
         slots[plan_of, rank] = order
-        if not torch.is_grad_enabled():  # inference: the same scan in numpy (no autograd, less overhead)
+        if not torch.is_grad_enabled() and t.device.type == "cpu":  # inference: the same scan in numpy (no autograd, less overhead)
             return torch.from_numpy(_ring_scan(slots.numpy(), b.seg_groups.numpy(), seg_first.numpy(),
                                                seg_last.numpy(), t.numpy(), t_last.numpy(), b.num_groups, num_plans))
-        free = torch.zeros(b.num_groups + 1)
-        dp_end = torch.zeros(num_plans)
+        free = torch.zeros(b.num_groups + 1, device=t.device)
+        dp_end = torch.zeros(num_plans, device=t.device)
         for j in range(slots.shape[1]):
             seg = slots[:, j]
             live = seg >= 0
@@ -287,6 +290,6 @@ class Surrogate(nn.Module):
         out = self.head(torch.cat([b.plan_x, composed.detach()], 1))
         devices = ((b.rep_stages >= 0).sum(1) / b.rep_v).clamp(min=1)
         idle = 1 - (b.rep_m * total / devices / (makespan + eps)).clamp(0, 1)
-        bubble = torch.zeros(n).index_add(0, b.rep_plan, idle) / torch.bincount(b.rep_plan, minlength=n).clamp(min=1)
+        bubble = torch.zeros(n, device=idle.device).index_add(0, b.rep_plan, idle) / torch.bincount(b.rep_plan, minlength=n).clamp(min=1)
         return {"log_step_s": torch.log(step + eps) + out[:, 0], "log_variance": out[:, 1].clamp(-12, 4),
                 "bubble_fraction": bubble}

@@ -30,7 +30,7 @@ from hetpart.errors import SpecError
 
 from hetpart.costmodel.learned.surrogate import Surrogate, SurrogateConfig, to_tensors
 
-__all__ = ["TrainConfig", "load_train_config", "train", "evaluate_records", "kendall_tau", "save_checkpoint",
+__all__ = ["TrainConfig", "load_train_config", "train", "resolve_device", "evaluate_records", "kendall_tau", "save_checkpoint",
            "load_checkpoint"]
 
 
@@ -121,13 +121,24 @@ def _loss(model: Surrogate, tb, y: torch.Tensor, cfg: TrainConfig) -> tuple[torc
     return total, {"mse": mse.item(), "rank": rank.item(), "leaf": leaf.item(), "nll": nll.item()}
 
 
-def _prepare(records: list[dict[str, Any]]) -> list[tuple]:
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when available, else the CPU), ``cuda`` (refused without a GPU) or ``cpu``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise SpecError(f"--device: {device!r}: use auto, cuda or cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError(f"--device {device}: torch sees no CUDA device here; use --device cpu (or auto)")
+    return torch.device(device)
+
+
+def _prepare(records: list[dict[str, Any]], device: torch.device | str = "cpu") -> list[tuple]:
     out = []
     for rec in records:
-        tb = to_tensors(rec["batch"])
-        tb["unit_label"] = torch.from_numpy(np.asarray(rec["batch"].unit_label)).float()
-        tb["seg_label"] = torch.from_numpy(np.asarray(rec["batch"].seg_label)).float()
-        out.append((rec, tb, torch.tensor(rec["log_step_s"], dtype=torch.float32)))
+        tb = to_tensors(rec["batch"], device)
+        tb["unit_label"] = torch.from_numpy(np.asarray(rec["batch"].unit_label)).float().to(device)
+        tb["seg_label"] = torch.from_numpy(np.asarray(rec["batch"].seg_label)).float().to(device)
+        out.append((rec, tb, torch.tensor(rec["log_step_s"], dtype=torch.float32, device=device)))
     return out
 
 
@@ -135,9 +146,11 @@ def evaluate_records(model: Surrogate, records: list[dict[str, Any]]) -> dict[st
     """Mean step-time error (%), mean and spread of Kendall tau per scenario, top-1 regret (%)."""
     errs, taus, regret = [], [], []
     model.eval()
+    device = next(model.parameters()).device
     with torch.no_grad():
-        for _, tb, y in _prepare(records):
+        for _, tb, y in _prepare(records, device):
             mu, _ = model(tb)
+            mu, y = mu.cpu(), y.cpu()
             e = (torch.exp(mu - y) - 1).abs()
             errs.append(e)
             if len(y) >= 5:
@@ -155,7 +168,7 @@ def save_checkpoint(path: str | Path, model: Surrogate, extra: dict[str, Any]) -
     """Write the model weights (float32), its config and ``extra`` (training state, metrics, ranges)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": "hetpart-surrogate/1", "model_config": asdict(model.config),
-                "state_dict": model.state_dict(), **extra}, path)
+                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}, path)
 
 
 def load_checkpoint(path: str | Path) -> tuple[Surrogate, dict[str, Any]]:
@@ -182,25 +195,33 @@ def input_ranges(records: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
 
 def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[str, float], int], None] | None = None,
           progress: Callable[[int, int], None] | None = None,
-          heldout: dict[str, Any] | None = None) -> tuple[Surrogate, dict[str, Any]]:
+          heldout: dict[str, Any] | None = None, device: str = "cpu") -> tuple[Surrogate, dict[str, Any]]:
     """Train on the ``train`` split, report on ``val`` and ``test``; checkpoints to ``cfg.out`` each epoch.
 
-    ``heldout`` (the data set's held-out families and shapes) is stored in the checkpoint as it is."""
+    ``heldout`` (the data set's held-out families and shapes) is stored in the checkpoint as it is.
+    ``device``: ``cpu``, ``cuda`` or ``auto`` (:func:`resolve_device`). A run is reproducible on one
+    device (seeded initialisation and scenario order; on CUDA, deterministic kernels where torch has
+    them); CPU and CUDA runs differ in the last bits of their sums, so their checkpoints differ slightly.
+    The returned model is on the CPU."""
+    dev = resolve_device(device)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    if dev.type == "cuda":
+        torch.cuda.manual_seed_all(cfg.seed)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     rng = random.Random(cfg.seed)
     train_recs = [r for r in records if r["split"] == "train"]
     if not train_recs:
         raise SpecError(f"{cfg.dataset}: no training scenarios; build a larger data set")
-    data = _prepare(train_recs)
-    model = Surrogate(SurrogateConfig(cfg.hidden, cfg.edge_hidden))
+    data = _prepare(train_recs, dev)
+    model = Surrogate(SurrogateConfig(cfg.hidden, cfg.edge_hidden)).to(dev)
     opt = torch.optim.Adam(model.parameters(), cfg.lr)
     total = cfg.epochs * len(data)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     start_epoch, step = 0, 0
     out = Path(cfg.out)
     if cfg.resume and out.is_file():
-        saved = torch.load(out, weights_only=False)
+        saved = torch.load(out, weights_only=False, map_location=dev)
         if saved.get("train_config") == asdict(cfg) and saved.get("epoch", cfg.epochs) < cfg.epochs:
             model.load_state_dict(saved["state_dict"])
             opt.load_state_dict(saved["optimizer"])
@@ -236,5 +257,5 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
               for split in ("train", "val", "test")}
     save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": cfg.epochs, "epochs_done": epoch + 1,
                                  "step": step, "input_ranges": ranges, "report": report, "heldout": heldout or {},
-                                 "trained_s": time.time() - began})
-    return model, report
+                                 "trained_s": time.time() - began, "device": dev.type})
+    return model.cpu(), report

@@ -40,6 +40,8 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
                     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
                     planners: str = typer.Option("uniform,proportional", "--planners",
                                                  help="Planners whose plans join each scenario's ('' for none)."),
+                    workers: int = typer.Option(1, "--workers", help="Processes labelling scenarios (the data set is "
+                                                "the same for any number)."),
                     json_out: bool = JsonFlag) -> None:
     """Sample scenarios, random valid plans, planner plans and neighbours; label them with the simulator (seeded)."""
     import time
@@ -49,17 +51,20 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
 
     if not 2 <= max_devices <= 4096:
         raise SpecError(f"--max-devices: {max_devices} is outside 2 .. 4096")
+    if not 1 <= workers <= 256:
+        raise SpecError(f"--workers: {workers} is outside 1 .. 256")
     cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
                         max_devices=max_devices)
     began = time.time()
     update, bar = _progress(json_out, "labelling scenarios")
     with bar:
-        records = build_dataset(cfg, update, _planner_plans([p for p in planners.split(",") if p.strip()]))
+        records = build_dataset(cfg, update, _planner_plans([p for p in planners.split(",") if p.strip()]),
+                                workers=workers)
     save_dataset(records, cfg, out)
     summary = {"out": str(out), "scenarios": len(records), "plans": sum(len(r["plans"]) for r in records),
                "splits": {s: sum(r["split"] == s for r in records) for s in ("train", "val", "test")},
                "heldout_families": list(cfg.heldout_families), "heldout_shapes": list(cfg.heldout_shapes),
-               "wall_time_s": time.time() - began}
+               "workers": workers, "wall_time_s": time.time() - began}
     if json_out:
         emit_json(summary)
         return
@@ -93,13 +98,15 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
                   dataset: Optional[Path] = typer.Option(None, "--dataset", help="Overrides the config's dataset."),
                   out: Optional[Path] = typer.Option(None, "--out", help="Overrides the config's checkpoint path."),
                   tracker: str = typer.Option("tensorboard", "--tracker", help="tensorboard, wandb (offline), null."),
+                  device: str = typer.Option("auto", "--device", help="auto (CUDA when torch sees one), cuda or cpu."),
                   json_out: bool = JsonFlag) -> None:
     """Train the surrogate on a data set (resumes an unfinished run of the same config)."""
     from dataclasses import replace
 
     from hetpart.costmodel.learned.dataset import load_dataset
-    from hetpart.costmodel.learned.train import load_train_config, train
+    from hetpart.costmodel.learned.train import load_train_config, resolve_device, train
 
+    resolve_device(device)  # a bad --device fails before the data set is read
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
     data_cfg, records = load_dataset(cfg.dataset)
@@ -108,12 +115,13 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     update, bar = _progress(json_out, "training")
     try:
         with bar:
-            _, report = train(cfg, records, log=run.log if run else None, progress=update, heldout=heldout)
+            _, report = train(cfg, records, log=run.log if run else None, progress=update, heldout=heldout,
+                              device=device)
     finally:
         if run:
             run.finish()
     if json_out:
-        emit_json({"checkpoint": cfg.out, "report": report})
+        emit_json({"checkpoint": cfg.out, "device": str(resolve_device(device)), "report": report})
         return
     _print_report(report, f"checkpoint {cfg.out}")
 
