@@ -368,7 +368,7 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
 def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch:
     V = ctx._vec
     lay, tps, infos, nst, share, nrep, pl = _read(ctx, plans)
-    I = _info_arrays(ctx)
+    tab = _info_arrays(ctx)
     N = len(plans)
     n_units = ctx.model.num_units
     # ---- plans, replicas, stages
@@ -400,8 +400,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
         raise _Skip(bad)
     # ---- stage configurations (device pool, tp, micro-batch, recompute, tp link): first-seen order
     multi = st_tp > 1
-    st_pool = I["pool"][st_info]
-    st_link = np.where(multi, I["link"][st_info], 0)
+    st_pool = tab["pool"][st_info]
+    st_link = np.where(multi, tab["link"][st_info], 0)
     st_mb, st_rc = p_mb[st_plan], p_rc[st_plan]
     code = st_pool
     for col in (st_tp, st_mb, st_rc, st_link):
@@ -413,7 +413,7 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     st_cfg = rank[inv.reshape(-1)]
     reps = first[order]
     configs = [(int(st_pool[s]), int(st_tp[s]), int(st_mb[s]), RECOMPUTE[int(st_rc[s])],
-                (float(I["bw"][st_info[s]]), float(I["lat"][st_info[s]])) if multi[s] else (1.0, 0.0))
+                (float(tab["bw"][st_info[s]]), float(tab["lat"][st_info[s]])) if multi[s] else (1.0, 0.0))
                for s in reps.tolist()]
     unit_x, unit_base = _config_table(ctx, configs)
     # ---- replicas: stage ids, activation transfers
@@ -423,7 +423,7 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     src = np.nonzero(st_k < r_nst[st_rep] - 1)[0]
     dst = src + 1
     tp = np.maximum(st_tp[src], st_tp[dst])
-    da, db = I["first"][st_info[src]], I["first"][st_info[dst]]
+    da, db = tab["first"][st_info[src]], tab["first"][st_info[dst]]
     na, nb = V["dev_node"][da], V["dev_node"][db]
     lkey = (na * V["num_nodes"] + nb) * 2 + (da == db)
     lu, linv = np.unique(lkey, return_inverse=True)
@@ -500,18 +500,18 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     s0 = r_off[mrep] + md
     g0 = st_info[s0]
     opt = np.zeros((R, max(D, 1) if R else 1))
-    opt[mrep, md] = params / (I["hbm"][g0] * 1e9)
-    fits_rows = gb <= I["cap"][g0]
+    opt[mrep, md] = params / (tab["hbm"][g0] * 1e9)
+    fits_rows = gb <= tab["cap"][g0]
     fits = np.ones(N, bool)
     np.logical_and.at(fits, mplan, fits_rows)
-    memory_gb, headroom = _memory_by_name(ctx, N, mplan, gb, I["mask"][g0])
+    memory_gb, headroom = _memory_by_name(ctx, N, mplan, gb, tab["mask"][g0])
     # ---- gradient segments
-    seg = _segments(ctx, N, p_dp, p_rep0, r_plan, r_nst, r_v, st_rep, st_k, st_a, st_tp, st_info, st_cfg, st_plan, I)
+    seg = _segments(ctx, N, p_dp, p_rep0, r_plan, r_nst, r_v, st_rep, st_k, st_a, st_tp, st_info, st_cfg, st_plan, tab)
     # ---- plan features
     dp = p_dp.astype(float)
     mean_m = np.add.reduceat(r_m.astype(float), p_rep0) / dp if N else np.zeros(0)
     pp = r_nst[p_rep0] // p_v if N else np.zeros(0, np.int64)
-    ndev = _devices_per_plan(N, st_plan, st_info, I)
+    ndev = _devices_per_plan(N, st_plan, st_info, tab)
     mixed = (np.minimum.reduceat(r_nst, p_rep0) != np.maximum.reduceat(r_nst, p_rep0)) | \
         (np.minimum.reduceat(r_m, p_rep0) != np.maximum.reduceat(r_m, p_rep0)) if N else np.zeros(0, bool)
     plan_x = np.stack([log_scale(mean_m, 1.0, 1.0), np.log2(np.maximum(pp, 1)) / 5,
@@ -530,12 +530,12 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     return batch
 
 
-def _devices_per_plan(N: int, st_plan, st_info, I: dict) -> np.ndarray:
+def _devices_per_plan(N: int, st_plan, st_info, tab: dict) -> np.ndarray:
     """Distinct devices per plan (the device groups of its stages, each counted once)."""
-    W = int(I["devset"].max(initial=0)) + 1
+    W = int(tab["devset"].max(initial=0)) + 1
     ds_ndev = np.zeros(W)
-    ds_ndev[I["devset"]] = I["ndev"]
-    key = np.unique(st_plan * W + I["devset"][st_info])
+    ds_ndev[tab["devset"]] = tab["ndev"]
+    key = np.unique(st_plan * W + tab["devset"][st_info])
     return np.bincount(key // W, weights=ds_ndev[key % W], minlength=N)
 
 
@@ -597,7 +597,7 @@ def _ring_facts(ctx: ScenarioContext, gmask: int, multi: bool, concurrent: int) 
 
 
 def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st_rep, st_k, st_a, st_tp, st_info,
-              st_cfg, st_plan, I: dict) -> dict:
+              st_cfg, st_plan, tab: dict) -> dict:
     """Gradient all-reduce segments of every plan: runs of units with one holder set (spans between
     consecutive stage starts of any replica), then tied-embedding copies, in plan order."""
     V = ctx._vec
@@ -666,7 +666,7 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
     G = len(sg["plan"])
     hstart = np.searchsorted(h_seg, np.arange(G))
     # members: distinct first devices of the holding stages; their nodes, node groups, tp
-    dev = I["first"][st_info[h_st]]
+    dev = tab["first"][st_info[h_st]]
     o = np.lexsort((dev, h_seg))
     sd, ss = dev[o], h_seg[o]
     new = np.ones(len(sd), bool)
@@ -742,7 +742,7 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
     def members() -> list:
         ids = V["dev_ids"]
         out = [[] for _ in kept]
-        for gi, d in zip(g.tolist(), I["first"][st_info[hs]].tolist()):
+        for gi, d in zip(g.tolist(), tab["first"][st_info[hs]].tolist()):
             if ids[d] not in out[gi]:
                 out[gi].append(ids[d])
         return [(tuple(m), int(c), float(b)) for m, c, b in zip(out, concurrent.tolist(), nb.tolist())]
