@@ -3,11 +3,15 @@
 * ``speed``: plan predictions per second of :meth:`LearnedPredictor.estimate_batch` (encoding and the
   forward pass, one call per batch) on seeded random valid plans, for clusters of 8 to 512 devices
   and models of 26 to 82 units; the simulator's ``estimate`` on the same plans beside it.
+* ``train-step``: seconds per training step of the surrogate (one scenario of a data set: forward,
+  loss, backward, Adam) on the CPU with 1 and 4 threads and on CUDA when torch sees one (the second
+  pass over 40 training scenarios; the first warms up).
 * ``accuracy``: per suite entry (the public scenarios), step-time error and Kendall tau of the
   learned predictor against the simulator on seeded random valid plans, and the simulator's own
   value of the plan the surrogate ranks first against the best one (top-1 regret), over seeds.
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_costmodel speed``
+     ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_costmodel train-step --dataset runs/costmodel/dataset.pt``
      ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_costmodel accuracy --suite SUITE.yaml [...]``
 """
 
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["speed", "accuracy", "main"]
+__all__ = ["speed", "train_step", "accuracy", "main"]
 
 
 def _cluster(devices: int):
@@ -80,6 +84,41 @@ def speed(devices=(16, 64, 256), models=("gpt3-1.3b", "llama2-7b", "llama2-70b")
     return rows
 
 
+def train_step(dataset: str, scenarios: int = 40) -> dict[str, float]:
+    """Seconds per training step on the CPU (1 and 4 threads) and on CUDA (when available)."""
+    import torch
+
+    from hetpart.costmodel.learned.dataset import load_dataset
+    from hetpart.costmodel.learned.surrogate import Surrogate
+    from hetpart.costmodel.learned.train import TrainConfig, _loss, _prepare
+
+    _, records = load_dataset(dataset)
+    recs = [r for r in records if r["split"] == "train"][:scenarios]
+    out = {}
+    for dev, threads in (("cpu", 1), ("cpu", 4), ("cuda", 1)):
+        if dev == "cuda" and not torch.cuda.is_available():
+            continue
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        data = _prepare(recs, dev)
+        model = Surrogate().to(dev)
+        opt = torch.optim.Adam(model.parameters(), 3e-3)
+        cfg = TrainConfig()
+        for _ in range(2):  # the first pass warms up (kernels, allocator)
+            t = time.perf_counter()
+            for _, tb, y in data:
+                loss, _ = _loss(model, tb, y, cfg)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+        out[f"{dev}_threads{threads}_s_per_step"] = dt / len(data)
+        print(dev, threads, f"{dt / len(data) * 1e3:.1f} ms/step", flush=True)
+    return out
+
+
 def accuracy(suites: list[str], plans: int = 200, seeds: int = 5) -> list[dict]:
     """Per suite entry: error and Kendall tau of the learned predictor against the simulator."""
     import yaml
@@ -128,13 +167,16 @@ def _any_plans(model, cluster, n: int, seed: int, batch: int):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["speed", "accuracy"])
+    ap.add_argument("what", choices=["speed", "train-step", "accuracy"])
+    ap.add_argument("--dataset", default="runs/costmodel/dataset.pt")
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--plans", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args(argv)
     if args.what == "speed":
         speed(plans=args.plans or 1000)
+    elif args.what == "train-step":
+        train_step(args.dataset)
     else:
         accuracy(args.suite, plans=args.plans or 200, seeds=args.seeds)
 

@@ -44,8 +44,13 @@ class DatasetConfig:
     """Share of the remaining scenarios kept for validation."""
     neighbour_share: float = 0.25
     """Share of plans that also get a neighbour (a boundary moved, micro-batch or recompute changed)."""
+    planner_neighbours: int = 0
+    """Neighbours drawn around each planner plan (``extra_plans``), besides the shared ``neighbour_share``:
+    planners' plans sit where the simulator's formula is lowest, where a surrogate errs most."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.planner_neighbours, int) or self.planner_neighbours < 0:
+            raise SpecError(f"dataset config: planner_neighbours: expected a whole number >= 0, got {self.planner_neighbours!r}")
         for name in ("scenarios", "plans_per_scenario", "max_devices", "max_replicas"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -76,7 +81,10 @@ def label_scenario(cfg: DatasetConfig, index: int,
     candidates = [random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)
                   for _ in range(cfg.plans_per_scenario)]
     if extra_plans is not None:
-        candidates += extra_plans(sc, rng)
+        chosen = extra_plans(sc, rng)
+        candidates += chosen
+        for plan in chosen:
+            candidates += [neighbour(rng, plan, sc.model.num_units) for _ in range(cfg.planner_neighbours)]
     for plan in candidates:
         if plan is not None and rng.random() < cfg.neighbour_share:
             candidates.append(neighbour(rng, plan, sc.model.num_units))

@@ -40,6 +40,8 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
                     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
                     planners: str = typer.Option("uniform,proportional", "--planners",
                                                  help="Planners whose plans join each scenario's ('' for none)."),
+                    planner_neighbours: int = typer.Option(0, "--planner-neighbours",
+                                                           help="Extra neighbours drawn around each planner plan."),
                     workers: int = typer.Option(1, "--workers", help="Processes labelling scenarios (the data set is "
                                                 "the same for any number)."),
                     json_out: bool = JsonFlag) -> None:
@@ -54,7 +56,7 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
     if not 1 <= workers <= 256:
         raise SpecError(f"--workers: {workers} is outside 1 .. 256")
     cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
-                        max_devices=max_devices)
+                        max_devices=max_devices, planner_neighbours=planner_neighbours)
     began = time.time()
     update, bar = _progress(json_out, "labelling scenarios")
     with bar:
