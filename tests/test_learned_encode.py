@@ -160,3 +160,17 @@ def test_training_device_choice():
     if not torch.cuda.is_available():
         with pytest.raises(SpecError, match="no CUDA device"):
             resolve_device("cuda")
+
+
+def test_a_precision_the_learned_predictor_cannot_price_is_one_plans_error():
+    from hetpart.costmodel.learned.predictor import LearnedPredictor
+
+    model, cluster = load_model("gpt2-small", seq_len=128), parse_cluster(TWO_ZONES)
+    rng = random.Random(11)
+    plans = [p for p in (random_plan(rng, model, cluster, 32, 4) for _ in range(40)) if p and
+             not p.validate(model, cluster)][:3]
+    odd = replace(plans[1], precision="fp6")
+    pred = LearnedPredictor(model, cluster)
+    out = pred.estimate_many([plans[0], odd, plans[2]])
+    assert isinstance(out[1], str) and "fp6" in out[1]
+    assert not isinstance(out[0], str) and not isinstance(out[2], str) and out[0].step_time_s > 0

@@ -96,6 +96,9 @@ class LearnedPredictor:
         return self._ctx[precision]
 
     def _check(self, plan: Plan) -> None:
+        if plan.precision not in DTYPE_BYTES:
+            raise PlanError(f"plan: precision: {plan.precision!r} is not one the learned predictor knows "
+                            f"({', '.join(DTYPE_BYTES)}); use --predictor simulator")
         if plan.seq_len != self.model.seq_len:
             raise PlanError(f"plan: seq_len: {plan.seq_len} but the model graph was built for {self.model.seq_len} "
                             f"tokens; load the model with seq_len={plan.seq_len}")
@@ -141,7 +144,14 @@ class LearnedPredictor:
             by_precision.setdefault(plan.precision, []).append(i)
         batches = {}
         for precision, idx in by_precision.items():
-            batch = encode_plans(self._context(precision), [plans[i] for i in idx])
+            try:
+                ctx = self._context(precision)
+            except (KeyError, ValueError, ZeroDivisionError) as exc:  # a precision the featurizer cannot price
+                for i in idx:
+                    out[i] = f"plan: precision: {precision!r}: the learned predictor cannot price it ({exc}); use " \
+                             "--predictor simulator"
+                continue
+            batch = encode_plans(ctx, [plans[i] for i in idx])
             for j, msg in batch.errors.items():
                 out[idx[j]] = msg
             if batch.num_plans:
