@@ -58,6 +58,20 @@ def test_vectorised_encoder_gives_the_reference_arrays_on_random_plans(seed):
             assert new.headroom_gb[row] == min(caps[k] - v for k, v in new.memory_gb[row].items())
 
 
+MIXED_NODE = {"name": "ws", "nodes": [{"count": 2, "gpus": [{"gpu": "RTX4090-24GB", "count": 2},
+                                                            {"gpu": "RTX3090-24GB", "count": 2}],
+                                      "intra_node": "PCIe4", "nic": "Ethernet-10"}], "slow": {"0/1/2": 0.5}}
+
+
+def test_vectorised_encoder_gives_the_reference_arrays_on_mixed_card_nodes():
+    model, cluster = load_model("gpt2-small", seq_len=128), parse_cluster(MIXED_NODE)
+    rng = random.Random(9)
+    plans = [p for p in (random_plan(rng, model, cluster, 32, 4) for _ in range(30)) if p]
+    assert plans
+    _assert_same(encode_plans(ScenarioContext(model, cluster), plans),
+                 encode_plans_reference(ScenarioContext(model, cluster), plans))
+
+
 TWO_ZONES = {"name": "two-zones-no-link", "nodes": [
     {"count": 2, "gpus_per_node": 4, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": "a"},
     {"count": 2, "gpus_per_node": 4, "gpu": "V100-16GB", "intra_node": "NVLink2", "nic": "Ethernet-100", "zone": "b"}]}
