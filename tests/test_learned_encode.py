@@ -188,3 +188,28 @@ def test_a_precision_the_learned_predictor_cannot_price_is_one_plans_error():
     out = pred.estimate_many([plans[0], odd, plans[2]])
     assert isinstance(out[1], str) and "fp6" in out[1]
     assert not isinstance(out[0], str) and not isinstance(out[2], str) and out[0].step_time_s > 0
+
+
+def test_out_of_distribution_flags_from_distinct_rows_equal_the_full_check(tmp_path):
+    """The predictor checks each distinct transfer and configuration once; the flags are those of
+    checking every padded row."""
+    from hetpart.costmodel.learned.predictor import LearnedPredictor
+    from hetpart.costmodel.learned.train import save_checkpoint
+    from hetpart.experiments.bench_costmodel import _cluster
+
+    model, cluster = load_model("gpt2-small", seq_len=128), _cluster(32)
+    rng = random.Random(12)
+    plans = [p for p in (random_plan(rng, model, cluster, 128) for _ in range(30)) if p]
+    batch = encode_plans(ScenarioContext(model, cluster), plans)
+    ranges = {}
+    for key in ("unit_x", "p2p_x", "seg_x", "plan_x"):  # narrow ranges: some rows fall outside
+        x = getattr(batch, key).reshape(-1, getattr(batch, key).shape[-1])
+        lo, hi = np.quantile(x, 0.2, axis=0), np.quantile(x, 0.8, axis=0)
+        ranges[key] = [np.minimum(lo, 0).tolist(), np.maximum(hi, 0).tolist()]
+    path = tmp_path / "s.pt"
+    save_checkpoint(path, Surrogate(), {"epoch": 1, "input_ranges": ranges})
+    pred = LearnedPredictor(model, cluster, checkpoint=path)
+    fast = pred._ood(batch)
+    full = replace(batch, p2p_uid=None, configs=None)
+    np.testing.assert_array_equal(fast, pred._ood(full))
+    assert fast.any()

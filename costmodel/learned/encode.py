@@ -149,7 +149,7 @@ class PlanBatch:
     headroom_gb: np.ndarray | None = None  # [N] memory headroom of the tightest device type (GB)
     p2p_uid: np.ndarray | None = None      # [R, K-1] row of p2p_first describing each transfer (-1: padding)
     p2p_first: np.ndarray | None = None    # [P] flat index into p2p_x[R, K-1] of each distinct transfer
-    configs: list | None = None            # the configurations of unit_x (teacher labels only)
+    configs: list | None = None            # the configuration of each row of unit_x
     seg_members: list | None = None        # per segment (members, concurrent, bytes) (teacher labels only)
 
 
@@ -524,8 +524,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
         plan_tokens=p_tokens.astype(float), memory_gb=memory_gb, fits=fits.tolist(), **seg["arrays"])
     batch.headroom_gb = headroom
     batch.p2p_uid, batch.p2p_first = p2p_uid, p2p_first
+    batch.configs = configs
     if members:
-        batch.configs = configs
         batch.seg_members = seg["members"]()
     return batch
 

@@ -88,6 +88,7 @@ class LearnedPredictor:
         self._ranges = {k: (np.asarray(lo), np.asarray(hi)) for k, (lo, hi) in meta.get("input_ranges", {}).items()}
         self._torch = torch
         self._ctx: dict[str, ScenarioContext] = {}
+        self._cfg_ood: dict = {}
         self._precision = precision
 
     def _context(self, precision: str) -> ScenarioContext:
@@ -117,7 +118,16 @@ class LearnedPredictor:
             return ((x < lo - _OOD_MARGIN) | (x > hi + _OOD_MARGIN)).any(-1)
 
         if batch.unit_x.size:
-            bad_cfg = outside("unit_x", batch.unit_x).any(-1)
+            configs = getattr(batch, "configs", None)
+            if configs is not None:  # a configuration's rows are the same in every batch: checked once
+                cache = self._cfg_ood
+                new = [j for j, c in enumerate(configs) if c not in cache]
+                if new:
+                    for j, bad in zip(new, outside("unit_x", batch.unit_x[new]).any(-1).tolist()):
+                        cache[configs[j]] = bad
+                bad_cfg = np.array([cache[c] for c in configs], bool)
+            else:
+                bad_cfg = outside("unit_x", batch.unit_x).any(-1)
             if bad_cfg.any():
                 stage_bad = bad_cfg[batch.stage_cfg]
                 rep_bad = (stage_bad[batch.rep_stages.clip(min=0)] & (batch.rep_stages >= 0)).any(1)
@@ -125,7 +135,12 @@ class LearnedPredictor:
         flags |= outside("plan_x", batch.plan_x)
         if batch.seg_x.size:
             np.logical_or.at(flags, batch.seg_plan, outside("seg_x", batch.seg_x))
-        p2p = outside("p2p_x", batch.p2p_x).any(-1)
+        uid = getattr(batch, "p2p_uid", None)
+        if uid is not None and len(batch.p2p_first):  # each distinct transfer once (padding is in range)
+            bad = outside("p2p_x", batch.p2p_x.reshape(-1, batch.p2p_x.shape[-1])[batch.p2p_first])
+            p2p = (bad[uid.clip(min=0)] & (uid >= 0)).any(-1)
+        else:
+            p2p = outside("p2p_x", batch.p2p_x).any(-1)
         np.logical_or.at(flags, batch.rep_plan, p2p)
         return flags
 
