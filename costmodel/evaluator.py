@@ -104,28 +104,39 @@ class Evaluator:
         """Whether every device of ``plan`` holds its stages (the simulator's memory rule, without
         simulating the schedule)."""
         from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
+        from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
         from hetpart.costmodel.tp_split import param_shares
 
         if self.ignore_memory:
             return True
         v = plan.chunks_per_device
         for r, rep in enumerate(plan.replicas):
-            pp, m = rep.pp // v, plan.num_microbatches(r)
+            pp, m = rep.pp // v, microbatches_run(plan, r)
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                need = 0.0
+                need = params = largest = 0.0
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
                     key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split)
+                    tp = s.tp if s.tp_split is None else 1.0 / float(
+                        param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
                     if key not in self._stage_gb:
-                        tp = s.tp if s.tp_split is None else 1.0 / float(
-                            param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
                         self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight,
                                                               plan.recompute, plan.precision)
                     need += self._stage_gb[key]
+                    if plan.zero and plan.dp > 1:
+                        params += self.model.range_params(*s.layers, tp)
+                        largest = max(largest, self._largest_unit(s.layers, tp))
+                need += sharded_delta_gb(params, largest, plan.precision, plan.zero, plan.shard_fraction(r))
                 if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
                     return False
         return True
+
+    def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
+        key = ("largest", layers, tp)
+        if key not in self._stage_gb:
+            self._stage_gb[key] = max(self.model.range_params(u, u + 1, tp) for u in range(*layers))
+        return self._stage_gb[key]
 
     def lower_bound_s(self, plan: Plan) -> float | None:
         """The predictor's lower bound on ``plan``'s step time; None when it has none."""

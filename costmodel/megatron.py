@@ -57,7 +57,7 @@ def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int
 
 def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
                   micro_batch: int, schedule: str = "1f1b", interleave: int = 1,
-                  recompute: str = "selective") -> Plan:
+                  recompute: str = "selective", zero: int | None = None) -> Plan:
     """The Megatron-LM plan of the given grid (see the module docstring).
 
     Raises:
@@ -89,5 +89,6 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
     recompute = "selective" if recompute == "auto" else recompute
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
+                zero=workload.zero or 0 if zero is None else zero,
                 precision=workload.precision, meta={"planner": "megatron", "grid": [tp, pp, dp],
                                                     "model": model.name, "cluster": cluster.name})

@@ -45,6 +45,7 @@ from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
+from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
 
@@ -72,7 +73,8 @@ class Prediction:
     memory_gb: dict[str, float]
     """Predicted peak memory of each device of the plan, GB."""
     breakdown: list[dict[str, Any]]
-    """Per replica and pipeline device group (seconds per step): compute_s and tp_comm_s (busy),
+    """Per replica and pipeline device group (seconds per step): compute_s, tp_comm_s and zero_comm_s
+    (busy; the last is what sharded collectives add inside the micro-batches, levels 2-3),
     bubble_s (idle inside the pipeline), sync_wait_s (after the pipeline, until every gradient
     all-reduce is done: exposed DP communication or a slower replica), optimizer_s; pp_comm_s and
     dp_comm_s are link time (overlapped or not); plus devices, gpu, tp, layers, memory_gb,
@@ -221,6 +223,7 @@ class Simulator:
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._nodes: dict[str, int] = {}
         self._node_numbers: dict[tuple[int, int], int] = {}
+        self._unit_params: dict[int, list[float]] = {}
 
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
@@ -310,18 +313,19 @@ class Simulator:
         return link
 
     # --------------------------------------------------------------------------------- pipelines
-    def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict) -> _Pipe:
+    def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, shard_comm: dict | None = None) -> _Pipe:
         rep = plan.replicas[r]
         v = plan.chunks_per_device
-        m = plan.num_microbatches(r)
+        m = microbatches_run(plan, r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
-        for s in rep.stages:
+        for k, s in enumerate(rep.stages):
             units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split)
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
-            fwd.append(cf + tpf)
-            bwd.append(cb + tpb)
+            xf, xb = self._shard_exposed_s(plan, shard_comm.get((r, k)), units) if shard_comm else (0.0, 0.0)
+            fwd.append(cf + tpf + xf)
+            bwd.append(cb + tpb + xb)
             compute.append(cf + cb)
             tp.append(tpf + tpb)
             prefix.append(units)
@@ -458,7 +462,7 @@ class Simulator:
         Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
-        if plan.dp < _VECTOR_MIN_REPLICAS:
+        if plan.dp < _VECTOR_MIN_REPLICAS or (plan.zero and plan.shard_group):
             return self._dp_sync_small(plan, pipes, trace)
         table = self._stage_table(plan, pipes)
         segments = self._dp_segments(plan, table)
@@ -466,9 +470,12 @@ class Simulator:
             return 0.0, {}, []
         ready = self._ready(plan, pipes, _alike(plan, pipes)) if self.overlap_grad_reduce else None
         jobs = []
+        pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
         for seg in segments:
+            if plan.zero >= 2 and seg.a >= 0:
+                continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
             ring = self._ring(plan, seg.holders, table)
-            t = self._allreduce_s(seg.nbytes, ring)
+            t = self._allreduce_s(seg.nbytes, ring) * (pad if seg.a >= 0 else 1.0)
             flat = table.offsets[seg.holders[:, 0]] + seg.holders[:, 1]
             groups = np.unique(table.group[flat])
             if not self.overlap_grad_reduce:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
@@ -479,7 +486,7 @@ class Simulator:
                 jobs.append(_Job(done, done, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
             else:
                 first, last = float(ready[:, seg.z - 1].max()), float(ready[:, seg.a].max())
-                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring) * pad, None))
         jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
         free = np.zeros(int(table.group.max()) + 1)
         spent = np.zeros_like(free)
@@ -574,11 +581,16 @@ class Simulator:
         for seg in self._dp_segments_small(plan):
             holders = seg.holders
             ring = self._ring_small(plan, holders)
-            t = self._allreduce_s(seg.nbytes, ring)
+            if plan.zero and seg.a >= 0:
+                if plan.zero >= 2 and not plan.shard_group:
+                    continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
+                t, t_last = (self._sharded_sync_s(plan, holders, n) for n in (seg.nbytes, seg.last_bytes))
+            else:
+                t, t_last = self._allreduce_s(seg.nbytes, ring), self._allreduce_s(seg.last_bytes, ring)
             groups = {(r, k % pipes[r].pp) for r, k in holders}
             if self.overlap_grad_reduce:
                 first, last = self._segment_ready_small(plan, pipes, holders, seg.a, seg.z)
-                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+                jobs.append(_Job(first, last, groups, t, t_last, None))
             else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
                 done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
                            if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
@@ -600,25 +612,100 @@ class Simulator:
             end_all = max(end_all, end)
         return end_all, spent, events
 
+    # --------------------------------------------------------------------------------- sharded data parallel
+    def _sharded_sync_s(self, plan: Plan, holders, nbytes: float) -> float:
+        """The once-per-step gradient sync of a sharded plan among ``holders`` ((replica, stage) pairs):
+        a reduce-scatter inside each shard group (half an all-reduce, padded for uneven shards), plus,
+        under hybrid sharding, the all-reduce of each shard across the groups."""
+        by_replica = dict(holders)
+        t = 0.0
+        groups = plan.shard_groups()
+        for members in groups:
+            ring = self._ring_small(plan, tuple((r, by_replica[r]) for r in members))
+            t = max(t, self._allreduce_s(nbytes, ring) / 2 * collective_pad(plan, members))
+        if len(groups) > 1:
+            shard = nbytes * max(plan.shard_fraction(r) for r in by_replica)
+            across = tuple((g[0], by_replica[g[0]]) for g in groups)
+            t += self._allreduce_s(shard, self._ring_small(plan, across))
+        return t
+
+    def _shard_comm(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, float]]]:
+        """(replica, virtual stage) -> ``(unit, seconds)`` of one all-gather (or reduce-scatter: the same
+        bytes) of each of its units among the stage's shard group (the holders of the unit in its group)."""
+        grad_bytes = DTYPE_BYTES[plan.precision]
+        out: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
+        starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
+        groups = plan.shard_groups()
+        for a, z in zip(cuts[:-1], cuts[1:]):
+            holders = [(r, bisect_right(starts[r], a) - 1) for r in range(plan.dp)]
+            for members in groups:
+                held = tuple(holders[r] for r in members)
+                if len(held) < 2:
+                    continue
+                tp_min = min(plan.replicas[r].stages[k].tp for r, k in held)
+                ring = self._ring_small(plan, held)
+                pad = collective_pad(plan, members) / 2
+                times = [(u, self._allreduce_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes,
+                                               ring) * pad) for u in range(a, z)]
+                for key in held:
+                    out.setdefault(key, []).extend(times)
+        return out
+
+    def _shard_exposed_s(self, plan: Plan, times: list[tuple[int, float]] | None, units: _UnitPrefix
+                         ) -> tuple[float, float]:
+        """Per micro-batch, the (forward, backward) seconds a stage adds for its sharded collectives at
+        level 2 or 3 (:mod:`~hetpart.costmodel.sharding`): level 3 gathers each unit before its forward and
+        before its backward; both reduce-scatter each unit's gradient after its backward."""
+        if not times:
+            return 0.0, 0.0
+        f, b = units.fwd, units.bwd
+        fwd_s = [f[u + 1] - f[u] for u, _ in times]
+        bwd_s = [b[u + 1] - b[u] for u, _ in times]
+        comm = [t for _, t in times]
+        if plan.zero >= 3:
+            # the forward runs first unit up (gathering ahead), the backward last unit down
+            x_fwd = exposed_unit_comm_s(fwd_s, comm, comm[0])
+            x_bwd = exposed_unit_comm_s(bwd_s[::-1], [2 * t for t in comm[::-1]], comm[-1])
+            return x_fwd, x_bwd
+        return 0.0, exposed_unit_comm_s(bwd_s[::-1], comm[::-1], 0.0) + comm[0]  # the last reduce-scatter trails
+
+    def _add_param_gather(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict, optim: dict) -> None:
+        """Levels 1-2: the all-gather of the updated parameters after the optimizer step, hidden behind the
+        next step's first forward of the device up to that forward's length; the rest joins optimizer_s."""
+        for r, pipe in enumerate(pipes):
+            for d in range(pipe.pp):
+                ks = range(d, plan.replicas[r].pp, pipe.pp)
+                gather = sum(t for k in ks for _, t in shard_comm.get((r, k), ()))
+                forward = sum(pipe.fwd[k] for k in ks)
+                optim[(r, d)] += max(0.0, gather - forward)
+
     # --------------------------------------------------------------------------------- memory, optimizer
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:
         memory: dict[tuple[int, int], float] = {}
         optim: dict[tuple[int, int], float] = {}
         v = plan.chunks_per_device
         tables = self._tables
+        zero = plan.zero if plan.dp > 1 else 0  # one replica has nothing to shard
         for r, rep in enumerate(plan.replicas):
             pp, m = pipes[r].pp, pipes[r].m
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
                 group = self._group(rep.stages[d].devices)
+                fraction = plan.shard_fraction(r)
+                largest = 0.0
+                if zero >= 2:
+                    largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
+                                  for k in range(d, rep.pp, pp))
                 if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
                     gb = params = 0.0
                     for k in range(d, rep.pp, pp):
                         s = rep.stages[k]
                         gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
                         params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
-                    memory[(r, d)] = gb
-                    optim[(r, d)] = params * OPTIMIZER_BYTES_PER_PARAM / (group.hbm_gbyte_s * 1e9)
+                    # the states tables.memory_gb counted whole, sharded instead
+                    memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction)
+                    optim[(r, d)] = params * fraction * OPTIMIZER_BYTES_PER_PARAM / (group.hbm_gbyte_s * 1e9)
                     continue
                 gbs = np.zeros(len(group.gpus))
                 held = np.zeros(len(group.gpus))
@@ -626,17 +713,29 @@ class Simulator:
                     s = rep.stages[k]
                     gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute)
                     held += self._device_params(s, *s.layers)
+                gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction) for n in held])
                 memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
-                optim[(r, d)] = max(n * OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
+                optim[(r, d)] = max(n * fraction * OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
                                     for n, gpu in zip(held, group.gpus))
         return memory, optim
+
+    def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
+        """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set)."""
+        per_unit = self._unit_params.get(tp)
+        if per_unit is None:
+            t = self._tables
+            per_unit = self._unit_params[tp] = [t.params_per_device(u, u + 1, tp) for u in range(self.model.num_units)]
+        return max(per_unit[layers[0]:layers[1]], default=0.0)
 
     # --------------------------------------------------------------------------------- the step
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
         seen: dict = {}
-        pipes = [self._pipe(plan, r, trace, seen) for r in range(plan.dp)]
+        shard_comm = self._shard_comm(plan) if plan.zero and plan.dp > 1 else None
+        pipes = [self._pipe(plan, r, trace, seen, shard_comm if plan.zero >= 2 else None) for r in range(plan.dp)]
         dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
         memory, optim = self._memory_and_optimizer(plan, pipes)
+        if shard_comm and plan.zero <= 2:
+            self._add_param_gather(plan, pipes, shard_comm, optim)
         sync_end = max(max(p.makespan for p in pipes), dp_end)
         return _Step(pipes, dp_end, dp_spent, dp_events, optim, memory, sync_end, sync_end + max(optim.values()))
 
@@ -696,7 +795,7 @@ class Simulator:
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
                 hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
-                optim = max(optim, params[d] * OPTIMIZER_BYTES_PER_PARAM / hbm)
+                optim = max(optim, params[d] * plan.shard_fraction(r) * OPTIMIZER_BYTES_PER_PARAM / hbm)
         return (pipe + optim) * _BOUND_SLACK
 
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
@@ -743,6 +842,8 @@ class Simulator:
                     "devices": list(rep.stages[d].devices), "gpu": group.gpu.name, "tp": rep.stages[d].tp,
                     "compute_s": sum(pipe.compute[k] for k in ks) * pipe.m,
                     "tp_comm_s": sum(pipe.tp[k] for k in ks) * pipe.m,
+                    "zero_comm_s": float(sum(pipe.fwd[k] + pipe.bwd[k] - pipe.compute[k] - pipe.tp[k]
+                                             for k in ks) * pipe.m),
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
                     "bubble_s": float(pipe.makespan - busy),

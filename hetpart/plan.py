@@ -29,9 +29,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
 
-__all__ = ["Schedule", "TPSplit", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids"]
+__all__ = ["Schedule", "TPSplit", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids", "ZERO_LEVELS"]
 
 _SHARE_TOL = 1e-6
+ZERO_LEVELS = (0, 1, 2, 3)
+"""Sharding levels of data parallelism (ZeRO stages; 3 is FSDP's full shard)."""
 _MAX_UNITS = 10**6
 
 
@@ -113,6 +115,15 @@ class Plan:
     precision: Precision = "bf16"
     allow_cross_node_tp: bool = False
     """Allow a tensor-parallel group to span nodes (slow; off unless asked)."""
+    zero: int = 0
+    """Sharded data parallelism (ZeRO stage): 0 none, 1 optimizer states, 2 also gradients, 3 also
+    parameters (FSDP full shard). The states of a unit are sharded over the replicas holding it."""
+    shard_group: int = 0
+    """Hybrid sharding (HSDP): states are sharded inside groups of this many consecutive replicas and
+    replicated across the groups; 0 shards over all replicas (plain ZeRO / FSDP)."""
+    shard_fractions: tuple[float, ...] | None = None
+    """Per replica, the fraction of its shard group's states it holds (each group's fractions sum to 1);
+    None: even shards. Uneven fractions let a small device hold less."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     """Free-form provenance: model, cluster, planner."""
 
@@ -144,6 +155,20 @@ class Plan:
     def num_microbatches(self, replica: int) -> int:
         return self.replicas[replica].num_samples(self.global_batch) // self.micro_batch
 
+    def shard_groups(self) -> list[list[int]]:
+        """Replica indices of each shard group (one group of all replicas unless ``shard_group`` is set)."""
+        size = self.shard_group if 0 < self.shard_group < self.dp else self.dp
+        return [list(range(i, min(i + size, self.dp))) for i in range(0, self.dp, size)]
+
+    def shard_fraction(self, replica: int) -> float:
+        """The fraction of the sharded states that ``replica`` holds (1.0 without sharding)."""
+        if self.zero == 0:
+            return 1.0
+        if self.shard_fractions is not None:
+            return self.shard_fractions[replica]
+        size = self.shard_group if 0 < self.shard_group < self.dp else self.dp
+        return 1.0 / size
+
     # ------------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +180,9 @@ class Plan:
             "recompute": self.recompute,
             "precision": self.precision,
             "allow_cross_node_tp": self.allow_cross_node_tp,
+            "zero": self.zero,
+            **({"shard_group": self.shard_group} if self.shard_group else {}),
+            **({"shard_fractions": list(self.shard_fractions)} if self.shard_fractions is not None else {}),
             "replicas": [
                 {"batch_share": r.batch_share,
                  "stages": [_stage_dict(s) for s in r.stages]}
@@ -171,7 +199,8 @@ class Plan:
         """Parse a plan mapping; structural problems raise :class:`PlanError` naming the field."""
         data = v.require_mapping(PlanError, data, source, "")
         v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
-                       ["schedule", "interleave", "recompute", "precision", "allow_cross_node_tp", "meta"])
+                       ["schedule", "interleave", "recompute", "precision", "allow_cross_node_tp", "meta",
+                        "zero", "shard_group", "shard_fractions"])
         schedule = data.get("schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise v.fail(PlanError, source, "schedule", f"unknown schedule {v.show(schedule)}; use {', '.join(SCHEDULES)}")
@@ -193,6 +222,10 @@ class Plan:
             schedule=schedule, recompute=recompute, precision=precision,
             interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
             allow_cross_node_tp=v.boolean(PlanError, data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
+            zero=_zero(data.get("zero", 0), source),
+            shard_group=v.integer(PlanError, data.get("shard_group", 0), source, "shard_group", minimum=0,
+                                  maximum=10**6),
+            shard_fractions=_fractions(data.get("shard_fractions"), source),
             meta=meta if isinstance(meta, dict) else {},
         )
 
@@ -219,6 +252,7 @@ class Plan:
 
         problems: list[str] = []
         problems += self._check_batch()
+        problems += self._check_sharding()
         problems += self._check_layers(model)
         problems += self._check_devices(cluster)
         problems += rules.check(self, model, cluster)  # both skip unknown devices, reported above
@@ -254,6 +288,31 @@ class Plan:
                     out.append(f"replicas[{i}].stages: {r.pp} stages is not a multiple of interleave {self.interleave}")
         elif self.interleave != 1:
             out.append(f"interleave: {self.interleave} needs schedule 'interleaved'")
+        return out
+
+    def _check_sharding(self) -> list[str]:
+        out = []
+        if self.zero not in ZERO_LEVELS:
+            out.append(f"zero: {self.zero} is not a sharding level; use 0, 1, 2 or 3")
+        if self.shard_group and (self.zero == 0 or self.dp % self.shard_group or self.shard_group == 1):
+            why = ("needs zero >= 1" if self.zero == 0 else "shards nothing" if self.shard_group == 1
+                   else f"does not divide the {self.dp} replicas")
+            out.append(f"shard_group: {self.shard_group} {why}; use a divisor (>= 2) of dp with zero 1-3, or 0")
+        fractions = self.shard_fractions
+        if fractions is None:
+            return out
+        if self.zero == 0:
+            out.append("shard_fractions: given but zero is 0 (nothing is sharded); set zero 1-3 or drop them")
+        if len(fractions) != self.dp:
+            out.append(f"shard_fractions: {len(fractions)} fractions for {self.dp} replicas; give one per replica")
+            return out
+        if any(f <= 0 for f in fractions):
+            out.append("shard_fractions: every fraction must be > 0")
+        for group in self.shard_groups():
+            total = sum(fractions[i] for i in group)
+            if abs(total - 1.0) > _SHARE_TOL:
+                out.append(f"shard_fractions: replicas {group[0]}-{group[-1]} hold {total:.6g} of their shard "
+                           "group's states, not 1; rescale them")
         return out
 
     def _check_layers(self, model: "ModelGraph") -> list[str]:
@@ -330,13 +389,21 @@ class Plan:
         return out
 
     # ------------------------------------------------------------------------------- rendering
+    def _sharding_text(self) -> str:
+        if not self.zero:
+            return ""
+        hybrid = f" (hybrid: groups of {self.shard_group})" if self.shard_group else ""
+        uneven = ", uneven shards" if self.shard_fractions is not None else ""
+        return f", zero={self.zero}{hybrid}{uneven}"
+
     def table(self, cluster: "Cluster | None" = None, model: "ModelGraph | None" = None, full: bool = False) -> "Table":
         """A rich table: one row per stage of each replica; identical replicas (same share, layers, TP
         degrees and device types) share one set of rows marked ``xN`` unless ``full``."""
         from rich.table import Table
 
         t = Table(title=f"plan: dp={self.dp}, micro_batch={self.micro_batch}, schedule={self.schedule}"
-                        f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}")
+                        f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}"
+                        f"{self._sharding_text()}")
         for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp"):
             t.add_column(col, justify="right" if col in ("share", "tp") else "left")
 
@@ -430,6 +497,22 @@ def _tp_split(data: Any, source: str, field: str) -> TPSplit | None:
         out[key] = tuple(value)
     split = TPSplit(**out)
     return None if split.empty else split
+
+
+def _zero(value: Any, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ZERO_LEVELS:
+        raise v.fail(PlanError, source, "zero", f"expected a sharding level 0, 1, 2 or 3, got {v.show(value)}")
+    return value
+
+
+def _fractions(value: Any, source: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise v.fail(PlanError, source, "shard_fractions", f"expected a list of fractions, one per replica, "
+                     f"got {v.show(value)}")
+    return tuple(v.number(PlanError, f, source, f"shard_fractions[{i}]", maximum=1.0 + _SHARE_TOL)
+                 for i, f in enumerate(value))
 
 
 def _stage(data: Any, source: str, field: str) -> Stage:

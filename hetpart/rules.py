@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan, Replica
 
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
-           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "check"]
+           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "sharding_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -52,6 +52,10 @@ class RuntimeRules:
     """A TP group stays inside one node unless the plan sets ``allow_cross_node_tp``."""
     max_tp_without_transformer: int = 1
     """Models without a transformer config (``python:`` modules) run without tensor parallelism."""
+    sharded_microbatch_collectives_need_alike_cuts: bool = True
+    """Sharding levels 2-3 gather or reduce each unit every micro-batch; the members of a unit's shard
+    group must issue those collectives in one order, which the runtime guarantees only when the
+    replicas of a shard group cut the model alike (same stages, TP degrees). Level 1 has no such rule."""
     interleaved_whole_rounds: bool = True
     """Interleaved 1F1B: a replica's micro-batches are a whole number of rounds of ``pp`` (torch's
     ``ScheduleInterleaved1F1B`` runs ``max(1, m // pp)`` rounds and needs ``m`` divisible by them)."""
@@ -186,7 +190,7 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
     Structural rules (covered units, existing devices, batch shares) are :meth:`Plan.validate`'s; this
     checks what the runtime adds. Devices missing from ``cluster`` are skipped (validate names them).
     """
-    out = schedule_problems(plan, rules)
+    out = schedule_problems(plan, rules) + sharding_problems(plan, rules)
     seen: set[int] = set()
     for i, r in enumerate(plan.replicas):
         for j, s in enumerate(r.stages):
@@ -212,6 +216,24 @@ def _split_covers(split, why: str) -> bool:
     if "heads" in why:
         return bool(split.heads)
     return "MLP" in why and bool(split.ffn)
+
+
+def sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
+    """Sharded plans whose per-micro-batch collectives (levels 2-3) the runtime cannot order: replicas of
+    one shard group that cut the model differently."""
+    if plan.zero < 2 or not rules.sharded_microbatch_collectives_need_alike_cuts:
+        return []
+    out = []
+    for group in plan.shard_groups():
+        shapes = {r: tuple((s.layers, s.tp) for s in plan.replicas[r].stages) for r in group}
+        first = group[0]
+        for r in group[1:]:
+            if shapes[r] != shapes[first]:
+                out.append(f"replicas[{r}].stages: cut unlike replicas[{first}] of its shard group, but zero "
+                           f"{plan.zero} gathers or reduces every micro-batch, which runs only between replicas "
+                           "cut alike; cut them alike, or use zero 1")
+                break
+    return out
 
 
 def schedule_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:

@@ -26,6 +26,8 @@ class Workload:
     """Activation recomputation; ``auto`` lets the planner choose per plan."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer; Adam keeps two fp32 moments (plus an fp32 master copy under mixed precision)."""
+    zero: int | None = None
+    """Sharded data parallelism (ZeRO stage 0-3, ``--zero``); None lets the planner choose."""
 
     def __post_init__(self) -> None:
         for name, value, limit in (("global_batch", self.global_batch, 10**8), ("seq_len", self.seq_len, 10**7)):
@@ -37,6 +39,8 @@ class Workload:
             raise WorkloadError(f"--precision: unknown precision {show(self.precision)}; use {', '.join(PRECISIONS)}")
         if not isinstance(self.recompute, str) or self.recompute not in RECOMPUTE_CHOICES:
             raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
+        if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
+            raise WorkloadError(f"--zero: {show(self.zero)} is not a sharding level; use 0, 1, 2 or 3")
         if self.optimizer != "adam":
             raise WorkloadError(f"optimizer: {show(self.optimizer)} is not supported; use adam")
 
@@ -49,7 +53,10 @@ class Workload:
         return self.global_batch * self.seq_len
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["zero"] is None:  # left to the planner: records written before --zero read the same
+            del out["zero"]
+        return out
 
 
 def default_precision(gpus) -> str:

@@ -69,6 +69,22 @@ def recompute_modes(workload: "Workload") -> tuple[str, ...]:
     return (workload.recompute,)
 
 
+def with_full_shard_fallback(planner, model, cluster, workload, evaluate):
+    """``planner(model, cluster, workload, evaluate)``; when nothing fits and the workload leaves the
+    sharding level open, the same planner again with states sharded over data parallelism, level 1 up
+    to 3 (FSDP's full shard) until something fits: the obvious default of a baseline where nothing fits
+    otherwise (one huge unit can fit at level 1 and not at 3, which gathers it whole). Returns its best
+    or None."""
+    from dataclasses import replace
+
+    best = planner(model, cluster, workload, evaluate)
+    for zero in (1, 2, 3) if workload.zero is None else ():
+        if best is not None:
+            break
+        best = planner(model, cluster, replace(workload, zero=zero), evaluate)
+    return best
+
+
 def microbatch_options(samples: int, limit: int = 16) -> list[int]:
     """Micro-batch sizes that divide ``samples`` sequences, up to ``limit``.
 

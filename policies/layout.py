@@ -56,10 +56,11 @@ def proportional_counts(speeds: Sequence[float], total: int) -> tuple[int, ...] 
 
 def assemble(stage_groups: Sequence[Sequence[tuple[str, ...]]], bounds: Sequence[Sequence[int]],
              microbatches: Sequence[int], micro_batch: int, recompute: str, workload: Workload,
-             schedule: str = "1f1b") -> Plan:
+             schedule: str = "1f1b", zero: int | None = None) -> Plan:
     """A plan from per replica: stage device groups, layer bounds and micro-batches per step.
 
-    ``sum(microbatches) * micro_batch`` must equal the workload's global batch.
+    ``sum(microbatches) * micro_batch`` must equal the workload's global batch. ``zero``: the sharding
+    level (default: the workload's, else none); a single replica has nothing to shard (level 0).
     """
     total = sum(microbatches) * micro_batch
     if total != workload.global_batch:
@@ -68,5 +69,7 @@ def assemble(stage_groups: Sequence[Sequence[tuple[str, ...]]], bounds: Sequence
     for groups, cuts, count in zip(stage_groups, bounds, microbatches):
         stages = tuple(Stage((int(a), int(b)), tuple(g), len(g)) for g, a, b in zip(groups, cuts[:-1], cuts[1:]))
         replicas.append(Replica(count * micro_batch / workload.global_batch, stages))
+    zero = (workload.zero or 0) if zero is None else zero
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
-                replicas=tuple(replicas), schedule=schedule, recompute=recompute, precision=workload.precision)
+                replicas=tuple(replicas), schedule=schedule, recompute=recompute, precision=workload.precision,
+                zero=zero if len(replicas) > 1 else 0)

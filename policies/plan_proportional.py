@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Iterator
 from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options
 from hetpart.plan import Plan
-from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
+from hetpart.policies.common import (FunctionPlanner, microbatch_options, no_plan_error, recompute_modes,
+                                     with_full_shard_fallback)
 from hetpart.policies.layout import assemble, proportional_bounds, proportional_counts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,14 +109,18 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
         WorkloadError: when no layout of the grid fits in memory.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
-    # more recomputation of the same layout is only slower: keep the least that fits
-    layouts = (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload))
-    fitting = (next((p for p in variants if evaluate.fits(p)), None) for variants in layouts)
-    best = evaluate.best(p for p in fitting if p is not None)
+    best = with_full_shard_fallback(_best_proportional, model, cluster, workload, evaluate)
     if best is None:
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")
     return best
+
+
+def _best_proportional(model, cluster, workload, evaluate: Evaluator) -> Evaluated | None:
+    # more recomputation of the same layout is only slower: keep the least that fits
+    layouts = (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload))
+    fitting = (next((p for p in variants if evaluate.fits(p)), None) for variants in layouts)
+    return evaluate.best(p for p in fitting if p is not None)
 
 
 PROPORTIONAL = FunctionPlanner("proportional", plan_proportional, frozenset(),

@@ -11,7 +11,10 @@ The space (what "optimum of its own space" means in ``tests/test_search.py``):
   own ``dp_p`` replicas of a ``pp_p``-stage, ``tp_p``-wide pipeline; the data-parallel members of a
   unit may then be of different device types; the batch is split unevenly between replicas;
 
-for every micro-batch size (up to 16) and every allowed recompute mode, schedule 1F1B.
+for every micro-batch size (up to 16) and every allowed recompute mode, schedule 1F1B, and one
+sharding level of data parallelism (``zero``): the workload's when it names one, else the lowest
+level, from 0 up, at which some point of the space fits in memory (sharding only adds communication
+once memory no longer binds, so a lower level that fits is the one engines run by default).
 
 Each point is scored by a cost estimate built from the simulator's primitives
 (:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
@@ -94,6 +97,8 @@ class _Context:
     table: CostTable
     sync_cache: dict = field(default_factory=dict)
     bound_cache: dict = field(default_factory=dict)
+    zero: int = 0
+    """Sharding level of every plan with more than one replica (memory masks and plans)."""
 
     @property
     def n(self) -> int:
@@ -216,8 +221,8 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[float
         pp = len(costs)
         stages = _mixed_groups(order, tps, dp, "pp")
         p2p = _p2p_s(ctx, stages[0], mb)
-        split = split_layers([c.masked(min(pp - j, m), ctx.options.ignore_memory) for j, c in enumerate(costs)], m,
-                             give_up_above=threshold - p2p)
+        masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
+        split = split_layers(masks, m, give_up_above=threshold - p2p)
         if split is None:
             return None
         peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
@@ -226,7 +231,7 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[float
 
         def build() -> list[Plan]:
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
-                             ctx.workload) for placement in ("pp", "dp")]
+                             ctx.workload, zero=ctx.zero) for placement in ("pp", "dp")]
 
         return Scored(estimate, key + (split.bounds,), build)
 
@@ -264,7 +269,9 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             dp = len(groups) // pp
             m_est = max(1, total_mb // (dp * len(ctx.pools)))
             costs = ctx.table.get(pool, tp, mb, rc)
-            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory) for j in range(pp)], m_est)
+            # sharded over at least this pool's replicas (the plan shards over every pool's: it holds less)
+            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, 1.0 / dp)
+                                  for j in range(pp)], m_est)
             if split is None:
                 continue
             stages = groups[:pp]
@@ -313,7 +320,7 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         estimate += _tied_s(ctx, groups)
 
         def build() -> list[Plan]:
-            return [assemble(groups, bounds, counts, mb, rc, ctx.workload)]
+            return [assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)]
 
         return Scored(estimate, key + (tuple(counts),), build)
 
@@ -367,9 +374,16 @@ def _top_scored(ctx: _Context) -> list[Scored]:
     return sorted(chosen.values())
 
 
-def make_context(model, cluster, workload, options: SearchOptions) -> _Context:
+def make_context(model, cluster, workload, options: SearchOptions, zero: int | None = None) -> _Context:
     check_zones_connected(cluster)
-    return _Context(model, cluster, workload, options, device_pools(cluster), CostTable(model, cluster, workload.precision))
+    zero = (workload.zero or 0) if zero is None else zero
+    return _Context(model, cluster, workload, options, device_pools(cluster),
+                    CostTable(model, cluster, workload.precision), zero=zero)
+
+
+def zero_levels(workload: "Workload") -> tuple[int, ...]:
+    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits."""
+    return (0, 1, 2, 3) if workload.zero is None else (workload.zero,)
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))
@@ -397,12 +411,16 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         raise PlanError(f"planner 'search': unknown option(s) {', '.join(unknown)}; it takes "
                         f"{', '.join(sorted(_OPTION_NAMES))}")
     options = replace(options or SearchOptions(), **overrides)
-    ctx = make_context(model, cluster, workload, options)
     evaluate = evaluator
     if evaluate is None or evaluate.ignore_memory != options.ignore_memory:
         evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
                              evaluator.predictor if evaluator is not None else None)
-    best = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
+    best = None
+    for zero in zero_levels(workload):  # the lowest level at which the space has a plan that fits
+        ctx = make_context(model, cluster, workload, options, zero)
+        best = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
+        if best is not None or options.ignore_memory:
+            break
     if best is not None and options.refine_steps:
         best = refine(evaluate, best, options.refine_steps)
     if options.include_baselines and not options.ignore_memory:

@@ -15,7 +15,8 @@ from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.costmodel.pools import divisors
 from hetpart.errors import HetpartError
 from hetpart.plan import Plan
-from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
+from hetpart.policies.common import (FunctionPlanner, microbatch_options, no_plan_error, recompute_modes,
+                                     with_full_shard_fallback)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
@@ -65,13 +66,17 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
         WorkloadError: when no grid point fits in memory on every device.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
-    best = evaluate.best(candidate for tp, pp, dp in uniform_grid(model, cluster, workload)
-                         for candidate in _plans(model, cluster, workload, tp, pp, dp, evaluate.fits))
+    best = with_full_shard_fallback(_best_uniform, model, cluster, workload, evaluate)
     if best is None:
         raise no_plan_error(model, cluster, workload, "uniform",
                             f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "
                             "every device")
     return best
+
+
+def _best_uniform(model, cluster, workload, evaluate: Evaluator) -> Evaluated | None:
+    return evaluate.best(candidate for tp, pp, dp in uniform_grid(model, cluster, workload)
+                         for candidate in _plans(model, cluster, workload, tp, pp, dp, evaluate.fits))
 
 
 UNIFORM = FunctionPlanner("uniform", plan_uniform, frozenset(),

@@ -23,6 +23,7 @@ from hetpart.cluster import Cluster
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
 from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
 from hetpart.graph.model_graph import ModelGraph
@@ -51,21 +52,40 @@ class StageCosts:
     """Usable memory of one device of the pool."""
     unit_time_s: np.ndarray
     """``[n]``: the per-unit times the matrix sums."""
+    unit_params: np.ndarray
+    """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
+    precision: str = "bf16"
 
-    def masked(self, in_flight: float, ignore_memory: bool = False) -> np.ndarray:
-        """Time matrix with ``inf`` where a stage holding ``in_flight`` micro-batches does not fit."""
+    def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
+               ) -> np.ndarray:
+        """Time matrix with ``inf`` where a stage holding ``in_flight`` micro-batches does not fit, its
+        states sharded at level ``zero`` with ``fraction`` of them held (:mod:`hetpart.costmodel.sharding`)."""
         if ignore_memory:
             return self.time_s
-        return _masked(self, in_flight)
+        return _masked(self, in_flight, zero, fraction if zero else 1.0)
 
-    def memory_gb(self, first: int, last: int, in_flight: float) -> float:
-        return float(self.states_gb[first, last] + in_flight * self.acts_gb[first, last] + self.extra_gb[first, last])
+    def memory_gb(self, first: int, last: int, in_flight: float, zero: int = 0, fraction: float = 1.0) -> float:
+        return float(_need_gb(self, in_flight, zero, fraction if zero else 1.0)[first, last])
+
+
+def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float) -> np.ndarray:
+    need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
+    if zero:
+        scale = sharded_state_bytes(1.0, costs.precision, zero, fraction) / MODEL_STATE_BYTES_PER_PARAM
+        need = need - costs.states_gb * (1.0 - scale)
+        if zero >= 2:
+            need = need + _largest(costs) * working_set_bytes(1.0, costs.precision, zero) / 1e9
+    return need
+
+
+@lru_cache(maxsize=256)
+def _largest(costs: StageCosts) -> np.ndarray:
+    return _range_max(costs.unit_params)
 
 
 @lru_cache(maxsize=4096)
-def _masked(costs: StageCosts, in_flight: float) -> np.ndarray:
-    need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
-    return np.where(need <= costs.capacity_gb, costs.time_s, np.inf)
+def _masked(costs: StageCosts, in_flight: float, zero: int = 0, fraction: float = 1.0) -> np.ndarray:
+    return np.where(_need_gb(costs, in_flight, zero, fraction) <= costs.capacity_gb, costs.time_s, np.inf)
 
 
 def _range_sum(values: np.ndarray) -> np.ndarray:
@@ -110,7 +130,8 @@ class CostTable:
         extra = np.zeros_like(acts)
         if recompute == "full":
             extra = _range_max(np.array([u.act_bytes["none"] for u in model.units]) / div) * micro_batch / 1e9
-        return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time)
+        return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
+                          self.precision)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""

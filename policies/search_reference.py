@@ -46,7 +46,8 @@ def _mixed(ctx) -> Iterator[Plan]:
             for rc in recompute_modes(wl):
                 for bounds in all_splits(ctx.n, pp):
                     for placement in ("pp", "dp"):
-                        yield assemble(_mixed_groups(order, tps, dp, placement), [bounds] * dp, [m] * dp, mb, rc, wl)
+                        yield assemble(_mixed_groups(order, tps, dp, placement), [bounds] * dp, [m] * dp, mb, rc, wl,
+                                       zero=ctx.zero)
 
 
 def _pool_layouts(ctx, pool) -> list[tuple[list[tuple[str, ...]], int]]:
@@ -77,12 +78,13 @@ def _typed(ctx) -> Iterator[Plan]:
                 total = wl.global_batch // mb
                 for rc in recompute_modes(wl):
                     for counts in all_allocations(total, len(groups)):
-                        yield assemble(groups, bounds, counts, mb, rc, wl)
+                        yield assemble(groups, bounds, counts, mb, rc, wl, zero=ctx.zero)
 
 
 def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
-                options: SearchOptions | None = None) -> Iterator[Plan]:
-    """Every plan of the search space, mixed pipelines first."""
-    ctx = make_context(model, cluster, workload, options or SearchOptions())
+                options: SearchOptions | None = None, zero: int | None = None) -> Iterator[Plan]:
+    """Every plan of the search space at sharding level ``zero`` (default: the workload's, else 0), mixed
+    pipelines first. (The search takes the lowest level at which one of them fits: see its tests.)"""
+    ctx = make_context(model, cluster, workload, options or SearchOptions(), zero)
     yield from _mixed(ctx)
     yield from _typed(ctx)

@@ -191,6 +191,9 @@ def check_runnable(plan: Plan, spec: RunnableSpec) -> list[str]:
         if cfg.kv_heads != cfg.num_heads:
             sizes["key/value heads"] = cfg.kv_heads
     out += schedule_problems(plan)
+    from hetpart.runtime.sharded import sharding_problems
+
+    out += sharding_problems(plan)
     for i, r in enumerate(plan.replicas):
         for tp in sorted({s.tp for s in r.stages}):
             if tp > RULES.max_tp_without_transformer and sizes is None:
@@ -355,8 +358,13 @@ class Executor:
         self.role: RankRole = self.layout.roles[rank]
         self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device), comm_timeout_s)
         self.stage_modules = self._build_stage_modules()
+        self.sharded_keys: set[str] = set()
+        if plan.zero:
+            from hetpart.runtime.sharded import apply_sharding
+
+            self.sharded_keys = apply_sharding(self)  # FSDP2 reduce-scatters these; the buckets keep the rest
         self.params = self._canonical_params()
-        self.grad_buckets = fuse_buckets(self.layout.buckets, self._sync_numel, bucket_cap)
+        self.grad_buckets = fuse_buckets(self._unsharded_buckets(), self._sync_numel, bucket_cap)
         self.schedule, self.schedule_used = self._build_schedule()
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
 
@@ -440,6 +448,29 @@ class Executor:
                     out.setdefault(key, unit.get_parameter(local))
         return out
 
+    def _unsharded_buckets(self) -> list:
+        """The gradient buckets without the keys FSDP reduces (the same on every rank: a key is sharded
+        exactly where its bucket has two or more members and is no tied weight)."""
+        if not self.plan.zero:
+            return list(self.layout.buckets)
+        from hetpart.runtime.sharded import _tied_keys
+
+        tied = _tied_keys(self)
+        out = []
+        for b in self.layout.buckets:
+            keys = tuple(k for k in b.keys if k in tied)
+            if keys:
+                out.append(replace(b, keys=keys))
+        return out
+
+    @property
+    def microbatches_run(self) -> int:
+        """Micro-batches this rank's replica runs per step (:func:`hetpart.costmodel.sharding.microbatches_run`:
+        at sharding levels 2-3, zero-weighted padding up to the shard group's largest count)."""
+        from hetpart.costmodel.sharding import microbatches_run
+
+        return microbatches_run(self.plan, self.replica)
+
     def _build_schedule(self):
         from torch.distributed.pipelining import ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
 
@@ -453,8 +484,8 @@ class Executor:
             stage = _TimedStage.make(module, j, num_stages, self.device, group, self.clock, self.hooks, fanout,
                                      self.groups.group((self.rank,)) if fanout is not None else None)
             stages.append(stage)
-        m = self.plan.num_microbatches(self.replica)
-        loss = self._timed_loss(loss_fn_for(self.spec, self.plan.micro_batch / self.plan.global_batch))
+        m = self.microbatches_run
+        loss = self._timed_loss(self._padded(loss_fn_for(self.spec, self.plan.micro_batch / self.plan.global_batch)))
         kind = self.plan.schedule
         if kind == "1f1b" and m < num_stages:
             kind = "gpipe"  # torch's 1F1B needs >= pp micro-batches; GPipe computes the same step
@@ -474,6 +505,21 @@ class Executor:
             stages[0].stage_index_to_group_rank = {j: order.index(lane[j]) for j in range(num_stages)}
         self._stages = stages
         return schedule, kind
+
+    def _padded(self, loss):
+        """Padding micro-batches (past the replica's own count) weigh nothing: their loss times 0."""
+        real = self.plan.num_microbatches(self.replica)
+        if self.microbatches_run == real:
+            return loss
+        self._loss_calls = 0
+
+        def weighted(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            value = loss(out, target)
+            if not self._schedule_ready():
+                return value  # the first step's one-off shape inference, not a micro-batch
+            self._loss_calls += 1
+            return value if self._loss_calls <= real else value * 0.0
+        return weighted
 
     def _timed_loss(self, loss):
         def timed(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -500,20 +546,31 @@ class Executor:
         """This replica's ``(inputs, targets)`` of the deterministic global batch of ``step``."""
         inputs, targets = synthetic_batch(self.spec, self.plan.global_batch, self.plan.seq_len, step)
         first, last = self.replica_rows()
-        return inputs[first:last].to(self.device), targets[first:last].to(self.device)
+        rows = torch.arange(first, last)
+        padded = self.microbatches_run * self.plan.micro_batch
+        if padded > len(rows):  # padding micro-batches repeat real rows; their loss weighs 0 (_padded)
+            rows = rows[torch.arange(padded) % len(rows)]
+        return inputs[rows].to(self.device), targets[rows].to(self.device)
 
     def forward_backward(self, step: int) -> float:
         """Run every micro-batch of this rank's replica; return this rank's share of the global loss
         (its scaled micro-batch losses summed where it runs the last stage on TP lane 0, else 0)."""
         for p in self.params.values():
             p.grad = None
+        self._loss_calls = 0
         inputs, targets = self.batch(step)
         holds_first = 0 in self.role.stages
         holds_last = self.plan.replicas[self.replica].pp - 1 in self.role.stages
         losses: list[torch.Tensor] = []
         args = (inputs,) if holds_first else ()
+        if self.plan.zero == 2:
+            from hetpart.runtime.sharded import keep_gathered
+
+            keep_gathered(self, True)
         self.schedule.step(*args, target=targets if holds_last else None, losses=losses if holds_last else None,
                            return_outputs=False)
+        if self.plan.zero == 2:
+            keep_gathered(self, False)
         if holds_last and self.role.tp_index == 0:
             return float(sum(loss.detach().float().item() for loss in losses))
         return 0.0
@@ -601,8 +658,13 @@ class Executor:
     # ------------------------------------------------------------------------------- inspection
     def local_gradients(self) -> dict[str, LocalGrad]:
         """Every parameter's gradient as this rank holds it, by canonical key."""
+        from hetpart.runtime.sharded import full_gradient
+
         out = {}
         for key, p in self.params.items():
+            if key in self.sharded_keys:  # FSDP's shard: gathered whole (a collective, in key order)
+                out[key] = LocalGrad(full_gradient(p).detach().clone(), 1, 0, None)
+                continue
             info = self._shard(key)
             offset = self._slices[key][1] if key in self._slices else None
             out[key] = LocalGrad(_local(p.grad).detach().clone(), self.role.tp, self.role.tp_index, info.tp_dim, offset)

@@ -157,6 +157,9 @@ class CommLayout:
     """rank -> the sorted ranks of the group its pipeline sends and receives go through."""
     fanouts: dict[int, FanOut] = field(default_factory=dict)
     """rank -> its sends, for ranks of replicas whose stages differ in TP degree."""
+    hybrid_sets: tuple[tuple[int, ...], ...] = ()
+    """Hybrid sharding (``plan.shard_group``): per gradient bucket, its members inside one shard group
+    and its members at one position across the groups (the two dimensions of FSDP's HSDP mesh)."""
 
     def all_rank_sets(self) -> list[tuple[int, ...]]:
         """Distinct sorted rank sets to create: pipeline groups (even of one rank: a pipeline stage
@@ -166,6 +169,7 @@ class CommLayout:
         sets |= {(rank,) for rank in self.fanouts}  # a stage is built on one, then given its replica's group
         sets |= {tuple(sorted(r)) for r in self.tp_groups.values() if len(r) > 1}
         sets |= {b.ranks for b in self.buckets}
+        sets |= {s for s in self.hybrid_sets if len(s) > 1}
         return sorted(sets, key=lambda s: (len(s), s))
 
 
@@ -225,8 +229,33 @@ def comm_layout(plan: "Plan", units: Sequence["UnitInfo"]) -> CommLayout:
                 fwd = tuple(u for u in groups[k + 1] if paths[u][k] == rank) if k + 1 < pp else ()
                 bwd = tuple(u for u in groups[k - 1] if paths[u][k] == rank) if k > 0 else ()
                 fanouts[rank] = FanOut(forward=fwd, backward=bwd)
-    return CommLayout(roles=roles, tp_groups=tp_groups, lanes=lanes, buckets=_buckets(roles, units), paths=paths,
-                      p2p_groups=p2p, fanouts=fanouts)
+    buckets = _buckets(roles, units)
+    return CommLayout(roles=roles, tp_groups=tp_groups, lanes=lanes, buckets=buckets, paths=paths,
+                      p2p_groups=p2p, fanouts=fanouts, hybrid_sets=_hybrid_sets(plan, roles, buckets))
+
+
+def hybrid_mesh(plan: "Plan", roles: Sequence[RankRole], ranks: Sequence[int]) -> list[list[int]] | None:
+    """The ``[groups, shard size]`` rank grid of a bucket's members under hybrid sharding (row: one shard
+    group; column: one position across the groups), or None when the plan shards over all replicas or
+    the members do not fill the grid (one member per replica)."""
+    size = plan.shard_group
+    if not plan.zero or not size or size >= plan.dp:
+        return None
+    by_replica = {roles[r].replica: r for r in ranks}
+    if len(by_replica) != len(ranks) or len(by_replica) != plan.dp:
+        return None
+    return [[by_replica[g * size + s] for s in range(size)] for g in range(plan.dp // size)]
+
+
+def _hybrid_sets(plan: "Plan", roles: Sequence[RankRole], buckets: Sequence[GradBucket]) -> tuple[tuple[int, ...], ...]:
+    out: set[tuple[int, ...]] = set()
+    for b in buckets:
+        grid = hybrid_mesh(plan, roles, b.ranks)
+        if grid is None:
+            continue
+        out |= {tuple(sorted(row)) for row in grid}
+        out |= {tuple(sorted(col)) for col in zip(*grid)}
+    return tuple(sorted(out))
 
 
 def _path(groups: Sequence[tuple[int, ...]], k: int, t: int) -> tuple[int, ...]:

@@ -209,3 +209,48 @@ def test_interleaved_variant_keeps_each_devices_units_in_round_robin_chunks() ->
     assert per_device == {("1/0/0",): 3, ("0/0/0",): 4, ("0/0/1",): 3}
     assert interleaved(base, 4) is None  # a device holds only 3 units
     assert interleaved(two, 2) is None  # already interleaved
+
+
+TWO_V100 = parse_cluster({"name": "two-v100", "nodes": [
+    {"count": 1, "gpus_per_node": 2, "gpu": "V100-16GB", "intra_node": "NVLink2", "nic": "Ethernet-25"}]})
+
+
+def _huge_vocab():
+    """A 1.05e9-parameter embedding: 16.8 GB of states unsharded, more than a V100-16GB holds, so only
+    data parallelism with sharded states fits it (a pipeline cannot split one unit; 15 heads rule out TP 2)."""
+    cfg = TransformerConfig(family="gpt2", num_layers=2, hidden_size=1020, num_heads=15, vocab_size=1_030_000,
+                            max_positions=1024, tied_embeddings=True)
+    return transformer_graph(cfg, "huge-vocab", 128)
+
+
+def test_search_shards_at_the_lowest_level_where_its_space_fits_and_finds_that_levels_optimum() -> None:
+    model, workload = _huge_vocab(), Workload(4, 128, recompute="selective")
+    evaluate = Evaluator(model, TWO_V100, workload)
+    assert best_of(evaluate(p) for p in space_plans(model, TWO_V100, workload, zero=0)) is None
+    brute = best_of(evaluate(p) for p in space_plans(model, TWO_V100, workload, zero=1))
+    found = plan_search(model, TWO_V100, workload, include_baselines=False)
+    assert found.plan.zero == 1 and found.plan.dp == 2
+    assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_search_at_a_fixed_level_finds_the_optimum_of_that_level(zero: int) -> None:
+    model, cluster = tiny_model(4096, 4, 512), load_cluster("tiny-mixed")
+    workload = Workload(8, 512, recompute="auto", zero=zero)
+    evaluate = Evaluator(model, cluster, workload)
+    brute = best_of(evaluate(p) for p in space_plans(model, cluster, workload))
+    found = plan_search(model, cluster, workload, include_baselines=False)
+    assert all(p.zero in (0, zero) for p in [found.plan, brute.plan])  # one replica shards nothing
+    assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
+
+
+def test_baselines_shard_everything_where_nothing_fits_otherwise() -> None:
+    from hetpart.policies.plan_proportional import plan_proportional
+    from hetpart.policies.plan_uniform import plan_uniform
+
+    model, workload = _huge_vocab(), Workload(4, 128, recompute="selective")
+    for planner in (plan_uniform, plan_proportional):
+        best = planner(model, TWO_V100, workload)
+        assert best.plan.zero == 1 and best.estimate.fits_in_memory  # level 3 would gather the embedding whole
+    with pytest.raises(WorkloadError):
+        plan_uniform(model, TWO_V100, Workload(4, 128, recompute="selective", zero=0))

@@ -17,6 +17,8 @@ GlobalBatch = typer.Option(512, "--global-batch", help="Sequences per optimizer 
 SeqLen = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's own maximum, at most 2048).")
 Precision = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: bf16 where every device has it, else fp16).")
 RecomputeOpt = typer.Option("auto", "--recompute", help="none, selective, full or auto.")
+ZeroOpt = typer.Option(None, "--zero", help="Sharded data parallelism: 0 none, 1 optimizer states, 2 + gradients, "
+                       "3 + parameters (FSDP). plan: default lets the planner choose; predict: default the plan's, else 0.")
 JsonFlag = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
 
 
@@ -72,7 +74,7 @@ def params_text(n: float) -> str:
     return f"{n:.0f}"
 
 
-def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str):
+def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str, zero: int | None = None):
     from hetpart.workload import Workload
 
-    return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute)
+    return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute, zero=zero)

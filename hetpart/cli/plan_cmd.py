@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import typer
 
-from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Precision, RecomputeOpt, SeqLen, console,
-                                emit_json, resolve_precision, workload_from)
+from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Precision, RecomputeOpt, SeqLen, ZeroOpt,
+                                console, emit_json, resolve_precision, workload_from)
 
 __all__ = ["register"]
 
@@ -48,7 +48,7 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
                  seq_len: Optional[int] = SeqLen, precision: Optional[str] = Precision, recompute: str = RecomputeOpt,
-                 planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
+                 zero: Optional[int] = ZeroOpt, planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
@@ -57,7 +57,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     get_planner(planner)  # an unknown planner fails before the model loads
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
-    workload = workload_from(global_batch, graph.seq_len, precision, recompute)
+    workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         result = plan(graph, cl, workload, planner, predictor=predictor)
         bound = upper_bound(graph, cl, workload, predictor=predictor)
@@ -148,6 +148,7 @@ def predict_command(
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the plan's, else 2048)."),
         precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: the plan's, else bf16)."),
         recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
+        zero: Optional[int] = ZeroOpt,
         plan_path: Optional[Path] = typer.Option(None, "--plan", help="A plan JSON written by 'hetpart plan --out'."),
         tp: Optional[int] = typer.Option(None, "--tp"), pp: Optional[int] = typer.Option(None, "--pp"),
         dp: Optional[int] = typer.Option(None, "--dp"),
@@ -179,10 +180,12 @@ def predict_command(
                                  precision_source="--precision" if precision or not plan else f"{where}precision",
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
-                             recompute or (plan.recompute if plan else "selective"))
+                             recompute or (plan.recompute if plan else "selective"), zero)
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave)
+    if zero is not None and plan.zero != zero:
+        plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
     if plan_path is not None and recompute is None:
-        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute)
+        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero)
     chosen = get_predictor(predictor, graph, cl, workload)
     prediction = chosen.predict(plan, workload, validate=True)
     if json_out:

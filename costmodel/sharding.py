@@ -1,0 +1,109 @@
+"""Sharded data parallelism (ZeRO stages 1-3, FSDP, HSDP): what each level divides and what it sends.
+
+Model states per parameter (ZeRO paper accounting, Rajbhandari et al. 2020), split as
+:func:`state_bytes` gives them: under mixed precision 16-bit weights (2 bytes) and gradients (2) and
+the optimizer's fp32 master copy and two Adam moments (12); under fp32 4 + 4 + 8. A replica holding
+fraction ``f`` of its shard group's states keeps
+
+* level 1 (optimizer states, Megatron's distributed optimizer): ``w + g + opt f``;
+* level 2 (+ gradients, ZeRO-2): ``w + (g + opt) f``, plus the full gradient of the unit whose
+  reduce-scatter is in flight;
+* level 3 (+ parameters, FSDP full shard): ``(w + g + opt) f``, plus the unsharded parameters alive
+  while a unit runs and those of the next unit, prefetched (two units), and one unit's full gradient.
+
+Communication over the replicas holding a unit (the links the all-reduce model of
+:mod:`~hetpart.costmodel.collectives` crosses; a reduce-scatter or an all-gather moves half an
+all-reduce's bytes on the same rings):
+
+* every level reduce-scatters the gradients instead of all-reducing them (after the last backward,
+  overlapped with it as the unsharded all-reduce is), and the optimizer steps only the shard;
+* levels 1 and 2 all-gather the updated parameters after the optimizer step; the gather overlaps the
+  next step's first forward (Megatron's ``--overlap-param-gather``), so only what exceeds one
+  micro-batch's forward of the device is exposed;
+* levels 2 and 3 reduce-scatter every micro-batch's gradients during its backward (as DeepSpeed's
+  ZeRO-2/3 do under gradient accumulation); level 3 also all-gathers each unit's parameters before
+  its forward and again before its backward, every micro-batch. A unit's collective overlaps the
+  compute of its neighbour (prefetch): per micro-batch the stage pays the first unit's gather plus,
+  per unit, what its collectives take beyond its compute.
+
+Levels 2 and 3 thus run collectives per micro-batch, and every member of a shard group must take part
+in each: a replica with fewer micro-batches than another of its group (uneven batch shares) runs
+zero-weighted padding micro-batches up to the group's largest count (:func:`microbatches_run`; hetpart's
+runtime does the same), which costs it their compute.
+
+Uneven fractions use padded collectives (every member sends the largest shard, as FSDP pads its
+flat buffers): the time scales by ``n * max(f)``. Hybrid sharding (``shard_group``) shards inside
+groups of consecutive replicas and all-reduces each shard across the groups.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.plan import Plan
+
+__all__ = ["microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s"]
+
+
+def microbatches_run(plan: "Plan", replica: int) -> int:
+    """Micro-batches ``replica`` runs per step: its own, or at levels 2-3 its shard group's largest count
+    (the rest zero-weighted padding, so that every per-micro-batch collective has all its members)."""
+    m = plan.num_microbatches(replica)
+    if plan.zero < 2 or plan.dp < 2:
+        return m
+    group = next(g for g in plan.shard_groups() if replica in g)
+    return max(plan.num_microbatches(r) for r in group)
+
+
+def state_bytes(precision: str) -> tuple[float, float, float]:
+    """``(weights, gradients, optimizer)`` bytes per parameter (16 in all under Adam)."""
+    return (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 2.0, 12.0)
+
+
+def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float) -> float:
+    """Bytes of model states a device holding ``params`` parameters keeps at rest (working sets aside)."""
+    w, g, opt = state_bytes(precision)
+    if zero <= 0:
+        return params * (w + g + opt)
+    if zero == 1:
+        return params * (w + g + opt * fraction)
+    if zero == 2:
+        return params * (w + (g + opt) * fraction)
+    return params * (w + g + opt) * fraction
+
+
+def working_set_bytes(largest_unit_params: float, precision: str, zero: int) -> float:
+    """Unsharded states alive on top of the shards: level 2 the full gradient of the unit being reduced,
+    level 3 also the gathered parameters of the running unit and of the prefetched next one."""
+    w, g, _ = state_bytes(precision)
+    if zero == 2:
+        return largest_unit_params * g
+    if zero >= 3:
+        return largest_unit_params * (2 * w + g)
+    return 0.0
+
+
+def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, zero: int, fraction: float) -> float:
+    """GB to add to an unsharded account of ``params`` parameters (16 bytes each) for level ``zero``: the
+    shards instead of the whole states, plus the working set (negative: sharding saves memory)."""
+    if not zero:
+        return 0.0
+    kept = sharded_state_bytes(params, precision, zero, fraction) + working_set_bytes(largest_unit_params, precision, zero)
+    return (kept - params * sum(state_bytes(precision))) / 1e9
+
+
+def collective_pad(plan: "Plan", replicas) -> float:
+    """How much longer a reduce-scatter or all-gather among ``replicas`` (one shard group) takes than
+    with even shards: ``n * max(f)`` (padded to the largest shard), 1 for even shards."""
+    if plan.shard_fractions is None:
+        return 1.0
+    members = list(replicas)
+    return len(members) * max(plan.shard_fractions[r] for r in members)
+
+
+def exposed_unit_comm_s(compute_s: list[float], comm_s: list[float], lead_s: float) -> float:
+    """Seconds a chain of units pays for collectives that overlap the neighbouring unit's compute:
+    ``lead_s`` (the first collective, nothing to hide behind) plus, per unit, its collective time beyond
+    its compute."""
+    return lead_s + sum(max(0.0, c - t) for t, c in zip(compute_s, comm_s))

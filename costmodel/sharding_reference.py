@@ -1,0 +1,89 @@
+"""A slow, unit-by-unit reference of the simulator's sharded data parallelism (tests compare the two).
+
+It walks every unit of every stage with the plain functions (:func:`~hetpart.costmodel.memory.stage_memory_gb`,
+:func:`~hetpart.costmodel.collectives.allreduce_time_s`) instead of the simulator's prefix tables, ring
+caches and segments, and states the model of :mod:`hetpart.costmodel.sharding` once more in loops.
+"""
+
+from __future__ import annotations
+
+from hetpart.cluster import Cluster
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.plan import Plan
+from hetpart.workload import DTYPE_BYTES
+
+from hetpart.costmodel.collectives import allreduce_time_s
+from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
+from hetpart.costmodel.sharding import state_bytes
+
+__all__ = ["reference_memory_gb", "reference_unit_gather_s", "reference_exposed_s"]
+
+
+def _holder(plan: Plan, replica: int, unit: int):
+    return next(s for s in plan.replicas[replica].stages if s.layers[0] <= unit < s.layers[1])
+
+
+def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], float]:
+    """(replica, pipeline device group) -> predicted peak memory, GB, unit by unit."""
+    w, g, opt = state_bytes(plan.precision)
+    out = {}
+    for r, rep in enumerate(plan.replicas):
+        pp = plan.pipeline_devices(r)
+        for d in range(pp):
+            m = plan.num_microbatches(r)
+            if plan.zero >= 2:  # padded up to the shard group's largest count
+                m = max(plan.num_microbatches(x) for g in plan.shard_groups() if r in g for x in g)
+            flight = in_flight_microbatches(plan.schedule, d, pp, m, plan.chunks_per_device)
+            total = 0.0
+            params = 0.0
+            largest = 0.0
+            for k in range(d, rep.pp, pp):
+                s = rep.stages[k]
+                total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
+                                         plan.recompute) * 1e9
+                params += model.range_params(s.layers[0], s.layers[1], s.tp)
+                for u in range(*s.layers):
+                    largest = max(largest, model.range_params(u, u + 1, s.tp))
+            total -= params * 16  # the unsharded states stage_memory_gb counted
+            f = plan.shard_fraction(r)
+            zero = plan.zero if plan.dp > 1 else 0
+            keep = {0: w + g + opt, 1: w + g + opt * f, 2: w + (g + opt) * f, 3: (w + g + opt) * f}[zero]
+            extra = {0: 0.0, 1: 0.0, 2: g * largest, 3: (2 * w + g) * largest}[zero]
+            out[(r, d)] = (total + params * keep + extra) / 1e9
+    return out
+
+
+def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int) -> float:
+    """One all-gather of ``unit``'s parameters among the holders in ``replica``'s shard group."""
+    group = next(g for g in plan.shard_groups() if replica in g)
+    stages = [_holder(plan, r, unit) for r in group]
+    if len(stages) < 2:
+        return 0.0
+    tp = min(s.tp for s in stages)
+    nbytes = model.range_params(unit, unit + 1, tp) * DTYPE_BYTES[plan.precision]
+    members = [s.devices[0] for s in stages]
+    pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
+    return allreduce_time_s(nbytes, members, cluster, concurrent=max(s.tp for s in stages)) / 2 * pad
+
+
+def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,
+                        unit_fwd_s: list[float], unit_bwd_s: list[float]) -> tuple[float, float]:
+    """Per micro-batch (forward, backward) seconds a stage pays for its level-2/3 collectives, walking the
+    units in execution order: the forward first unit up, each gather prefetched behind the previous unit's
+    compute; the backward last unit down."""
+    first, last = plan.replicas[replica].stages[stage].layers
+    gather = {u: reference_unit_gather_s(model, cluster, plan, replica, u) for u in range(first, last)}
+    if not any(gather.values()):
+        return 0.0, 0.0
+    fwd = bwd = 0.0
+    if plan.zero >= 3:
+        fwd = gather[first]
+        for u in range(first, last):
+            fwd += max(0.0, gather[u] - unit_fwd_s[u])
+        bwd = gather[last - 1]
+        for u in range(last - 1, first - 1, -1):
+            bwd += max(0.0, 2 * gather[u] - unit_bwd_s[u])
+        return fwd, bwd
+    for u in range(last - 1, first - 1, -1):
+        bwd += max(0.0, gather[u] - unit_bwd_s[u])
+    return 0.0, bwd + gather[first]

@@ -1,0 +1,183 @@
+"""Sharded data parallelism (ZeRO 1-3, HSDP, uneven shards): plan schema, simulator memory and
+communication against a slow unit-by-unit reference, and the ``--zero`` flag."""
+
+import dataclasses
+import json
+import random
+import re
+
+import pytest
+
+from hetpart import Plan, Replica, Stage, load_cluster, load_model
+from hetpart.costmodel import Simulator, megatron_plan
+from hetpart.costmodel.sharding_reference import reference_exposed_s, reference_memory_gb
+from hetpart.errors import PlanError, WorkloadError
+from hetpart.workload import Workload
+
+from tests._cli import cli_json, run_cli
+
+S = 128
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_model("gpt2-small", seq_len=S)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return load_cluster("tiny-mixed")  # node 0: 2 x A100-40GB, node 1: 2 x V100-16GB
+
+
+def _dp_plan(zero=0, fractions=None, shard_group=0, devices=("0/0/0", "0/0/1", "1/0/0", "1/0/1"), cut=None,
+             micro_batch=1):
+    n = len(devices)
+    stages = (lambda d: (Stage((0, 14), (d,)),)) if cut is None else (
+        lambda d: (Stage((0, cut), (d[0],)), Stage((cut, 14), (d[1],))))
+    return Plan(global_batch=8 * n, micro_batch=micro_batch, seq_len=S,
+                replicas=tuple(Replica(1.0 / n, stages(d)) for d in devices),
+                zero=zero, shard_fractions=fractions, shard_group=shard_group)
+
+
+# ------------------------------------------------------------------------------------------ schema
+def test_sharding_fields_round_trip_and_default_to_unsharded():
+    plan = _dp_plan(zero=3, fractions=(0.4, 0.3, 0.2, 0.1))
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan
+    hybrid = _dp_plan(zero=2, shard_group=2)
+    assert Plan.from_dict(hybrid.to_dict()) == hybrid and hybrid.shard_groups() == [[0, 1], [2, 3]]
+    legacy = {k: v for k, v in _dp_plan().to_dict().items() if k != "zero"}
+    assert Plan.from_dict(legacy).zero == 0 and Plan.from_dict(legacy).shard_fraction(0) == 1.0
+    assert hybrid.shard_fraction(3) == 0.5 and plan.shard_fraction(3) == 0.1
+
+
+@pytest.mark.parametrize("patch,match", [
+    ({"zero": 4}, r"p.json: zero: expected a sharding level 0, 1, 2 or 3, got 4"),
+    ({"zero": "3"}, r"p.json: zero: expected a sharding level"),
+    ({"shard_fractions": "even"}, r"p.json: shard_fractions: expected a list of fractions"),
+    ({"shard_fractions": [0.5, -1]}, r"p.json: shard_fractions\[1\]: must be > 0"),
+    ({"shard_group": -1}, r"p.json: shard_group: must be"),
+])
+def test_bad_sharding_fields_name_the_field(patch, match):
+    with pytest.raises(PlanError, match=match):
+        Plan.from_dict(_dp_plan(zero=1).to_dict() | patch, source="p.json")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"zero": 0, "fractions": (0.25,) * 4}, r"shard_fractions: given but zero is 0"),
+    ({"zero": 1, "fractions": (0.5, 0.5)}, r"shard_fractions: 2 fractions for 4 replicas"),
+    ({"zero": 1, "fractions": (0.5, 0.2, 0.2, 0.2)}, r"hold 1.1 of their shard group's states, not 1"),
+    ({"zero": 1, "shard_group": 3}, r"shard_group: 3 does not divide the 4 replicas"),
+    ({"zero": 0, "shard_group": 2}, r"shard_group: 2 needs zero >= 1"),
+    ({"zero": 2, "shard_group": 2, "fractions": (0.5, 0.5, 0.9, 0.1)}, None),
+])
+def test_validate_states_every_sharding_rule(gpt2, mixed, kw, match):
+    problems = _dp_plan(**kw).validate(gpt2, mixed)
+    if match is None:
+        assert problems == []
+    else:
+        assert any(re.search(match, p) for p in problems), problems
+
+
+def test_workload_zero_is_checked():
+    with pytest.raises(WorkloadError, match=r"--zero: 5 is not a sharding level; use 0, 1, 2 or 3"):
+        Workload(8, S, zero=5)
+
+
+# ------------------------------------------------------------------------------------------ simulator
+def test_each_level_divides_what_it_shards(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    mem = {z: sim.simulate(_dp_plan(zero=z)).memory_gb["0/0/0"] for z in range(4)}
+    params = gpt2.range_params(0, 14, 1)
+    # level 1 saves 12 of 16 bytes x 3/4; level 2 also 2 bytes x 3/4 (less one unit's full gradient) ...
+    assert mem[0] - mem[1] == pytest.approx(params * 12 * 0.75 / 1e9)
+    assert mem[0] > mem[1] > mem[2] > mem[3]
+    assert sim.simulate(_dp_plan(zero=0)).step_time_s == pytest.approx(
+        Simulator(gpt2, mixed).simulate(dataclasses.replace(_dp_plan(), zero=0)).step_time_s)
+
+
+def test_uneven_fractions_move_states_to_the_large_device_and_pad_the_collectives(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    even = sim.simulate(_dp_plan(zero=3))
+    uneven = sim.simulate(_dp_plan(zero=3, fractions=(0.4, 0.4, 0.1, 0.1)))
+    assert uneven.memory_gb["1/0/0"] < even.memory_gb["1/0/0"] and uneven.memory_gb["0/0/0"] > even.memory_gb["0/0/0"]
+    assert uneven.step_time_s > even.step_time_s  # every member sends the largest shard
+
+
+def test_level_three_gathers_every_micro_batch(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    one, three = (sim.simulate(_dp_plan(zero=z, micro_batch=1)) for z in (1, 3))
+    assert all(b["zero_comm_s"] == 0 for b in one.breakdown)
+    assert all(b["zero_comm_s"] > 0 for b in three.breakdown)
+    optim = max(b["optimizer_s"] for b in three.breakdown)
+    for b in three.breakdown:
+        busy = b["compute_s"] + b["tp_comm_s"] + b["zero_comm_s"]
+        assert busy + b["bubble_s"] + b["sync_wait_s"] + optim == pytest.approx(three.step_time_s, rel=1e-9)
+
+
+def test_hybrid_sharding_keeps_more_than_full_sharding_and_syncs_across_groups(gpt2, mixed):
+    sim = Simulator(gpt2, mixed)
+    full, hybrid = (sim.simulate(_dp_plan(zero=1, shard_group=g)) for g in (0, 2))
+    assert hybrid.memory_gb["0/0/0"] > full.memory_gb["0/0/0"]
+    assert hybrid.step_time_s != full.step_time_s
+
+
+def _random_plan(rng: random.Random) -> Plan:
+    devices = [("0/0/0", "0/0/1"), ("1/0/0", "1/0/1")]
+    zero = rng.choice([1, 2, 3])
+    cuts = [rng.randrange(2, 12) for _ in devices]
+    if zero >= 2:  # per-micro-batch collectives run between replicas cut alike (hetpart.rules)
+        cuts = [cuts[0]] * len(devices)
+    fractions = None
+    n = len(devices)
+    if rng.random() < 0.5:
+        raw = [rng.uniform(0.2, 1.0) for _ in devices]
+        fractions = tuple(x / sum(raw) for x in raw)
+    return Plan(global_batch=4 * rng.choice([1, 2, 4]) * n, micro_batch=rng.choice([1, 2]), seq_len=S,
+                schedule=rng.choice(["gpipe", "1f1b"]), recompute=rng.choice(["none", "selective", "full"]),
+                replicas=tuple(Replica(1.0 / n, (Stage((0, c), (d[0],)), Stage((c, 14), (d[1],))))
+                               for c, d in zip(cuts, devices)),
+                zero=zero, shard_fractions=fractions)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_simulator_matches_the_unit_by_unit_reference(gpt2, mixed, seed):
+    plan = _random_plan(random.Random(seed))
+    sim = Simulator(gpt2, mixed)
+    pred = sim.simulate(plan)
+    for (r, d), gb in reference_memory_gb(gpt2, plan).items():
+        assert pred.memory_gb[plan.replicas[r].stages[d].devices[0]] == pytest.approx(gb, rel=1e-9)
+    if plan.zero < 2:
+        return
+    shard_comm = sim._shard_comm(plan)
+    for r, rep in enumerate(plan.replicas):
+        for k, s in enumerate(rep.stages):
+            units = sim._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute)
+            f = [units.fwd[u + 1] - units.fwd[u] for u in range(gpt2.num_units)]
+            b = [units.bwd[u + 1] - units.bwd[u] for u in range(gpt2.num_units)]
+            expect = reference_exposed_s(gpt2, mixed, plan, r, k, f, b)
+            assert sim._shard_exposed_s(plan, shard_comm.get((r, k)), units) == pytest.approx(expect, rel=1e-9)
+
+
+def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one():
+    model, cluster = load_model("gpt2-small", seq_len=S), load_cluster("a100-v100-16")
+    plan = megatron_plan(model, cluster, Workload(64, S, zero=1), tp=1, pp=1, dp=16, micro_batch=1)
+    assert plan.zero == 1
+    sim = Simulator(model, cluster)
+    vector = sim.simulate(plan)
+    import hetpart.costmodel.simulator as simulator
+    old, simulator._VECTOR_MIN_REPLICAS = simulator._VECTOR_MIN_REPLICAS, 10**9
+    try:
+        scalar = Simulator(model, cluster).simulate(plan)
+    finally:
+        simulator._VECTOR_MIN_REPLICAS = old
+    assert vector.step_time_s == pytest.approx(scalar.step_time_s, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_predict_takes_zero_and_refuses_a_bad_level(capsys):
+    base = ["predict", "--model", "gpt2-small", "--cluster", "a100-8", "--seq-len", "128", "--global-batch", "64",
+            "--tp", "1", "--pp", "1", "--dp", "8", "--micro-batch", "2", "--json"]
+    plain, sharded = (cli_json(capsys, *base, "--zero", z) for z in ("0", "3"))
+    assert sum(plain["metrics"]["peak_memory_gb"].values()) > sum(sharded["metrics"]["peak_memory_gb"].values())
+    code, out, err = run_cli(capsys, *base, "--zero", "4")
+    assert code == 2 and "--zero: 4 is not a sharding level" in out + err
