@@ -181,3 +181,11 @@ def test_predict_takes_zero_and_refuses_a_bad_level(capsys):
     assert sum(plain["metrics"]["peak_memory_gb"].values()) > sum(sharded["metrics"]["peak_memory_gb"].values())
     code, out, err = run_cli(capsys, *base, "--zero", "4")
     assert code == 2 and "--zero: 4 is not a sharding level" in out + err
+
+
+def test_the_learned_predictor_refuses_sharded_plans_it_never_saw(gpt2, mixed):
+    from hetpart.costmodel.predictor import get_predictor
+
+    learned = get_predictor("learned", gpt2, mixed, Workload(32, S))
+    with pytest.raises(PlanError, match=r"zero: 1 \(sharded data parallelism\) is outside what the learned predictor"):
+        learned.predict(_dp_plan(zero=1), Workload(32, S))
