@@ -38,10 +38,13 @@ slow: {"0/0/1": 0.5}
 
 
 def _plans(seq_len: int, global_batch: int, micro_batch: int) -> dict[str, dict]:
+    # The even split is written out (6:6) so that both runs take the same code path (local slices and
+    # Megatron's wrappers; without tp_split the runtime uses DTensor) and the same emulation of the slow
+    # rank (its sleep before each TP all-reduce).
     stage = {"layers": [0, 3], "devices": ["0/0/0", "0/0/1"], "tp": 2}
     base = {"global_batch": global_batch, "micro_batch": micro_batch, "seq_len": seq_len, "schedule": "1f1b",
             "recompute": "none", "precision": "bf16"}
-    return {"even": dict(base, replicas=[{"batch_share": 1.0, "stages": [stage]}]),
+    return {"even": dict(base, replicas=[{"batch_share": 1.0, "stages": [dict(stage, tp_split={"heads": [6, 6]})]}]),
             "uneven": dict(base, replicas=[{"batch_share": 1.0, "stages": [dict(stage, tp_split={
                 "heads": [8, 4], "ffn": [2048, 1024]})]}])}
 
@@ -50,8 +53,12 @@ def _hetpart() -> list[str]:
     return [sys.executable, "-m", "hetpart.cli.app"]
 
 
-def pair(repeats: int = 3, steps: int = 3, seq_len: int = 256, global_batch: int = 4, micro_batch: int = 2) -> dict:
-    """Measured and predicted step times of the even and the uneven split (see the module docstring)."""
+def pair(repeats: int = 3, steps: int = 3, seq_len: int = 256, global_batch: int = 4, micro_batch: int = 2,
+         time_factor: float = 1000.0) -> dict:
+    """Measured and predicted step times of the even and the uneven split (see the module docstring).
+
+    ``time_factor``: the links' emulation slowdown, fixed for every run (by default each run would
+    derive it from its own calibration, so runs on a loaded machine would emulate different links)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out: dict[str, dict[str, list[float]]] = {k: {"measured": [], "predicted": []} for k in ("even", "uneven")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +71,7 @@ def pair(repeats: int = 3, steps: int = 3, seq_len: int = 256, global_batch: int
             for name in ("even", "uneven"):
                 cmd = _hetpart() + ["run", str(t / f"{name}.json"), "--model", str(t / "config.json"), "--cluster",
                                     str(t / "cluster.yaml"), "--steps", str(steps), "--hidden-size", "768",
-                                    "--log-every", "0", "--json"]
+                                    "--log-every", "0", "--time-factor", str(time_factor), "--json"]
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
                 if done.returncode:
                     raise RuntimeError(f"{name}: hetpart run failed: {done.stderr.strip().splitlines()[-1:]}")

@@ -103,6 +103,10 @@ def _shape(plan, graph) -> _Shape:
     if len(tps) > 1:
         problems.append(f"per-stage tensor parallelism (tp {', '.join(map(str, tps))}): one TP degree for all "
                         f"stages there; shown: tp {first.stages[0].tp}")
+    uneven = sum(s.tp_split is not None for r in plan.replicas for s in r.stages)
+    if uneven:
+        problems.append(f"uneven tensor-parallel splits ({uneven} stage{'s' if uneven > 1 else ''} with tp_split): "
+                        "the engines shard heads and columns evenly (torch.chunk); shown: even shards")
     n = graph.num_units
     blocks = tuple(max(0, min(b, n - 1) - max(a, 1)) for a, b in (s.layers for s in first.stages))
     return _Shape(dp=plan.dp, pp=first.pp // vpp, vpp=vpp, tp=first.stages[0].tp, blocks=blocks,

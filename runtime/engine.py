@@ -60,6 +60,11 @@ class Hooks(Protocol):
         inside the compute: the output of each row-parallel linear in the forward, the input gradient
         of each column-parallel linear in the backward). The step-loss all-reduce is not reported."""
 
+    def on_tp_sync(self, work_s: float) -> None:
+        """Optional: right before a tensor-parallel all-reduce of an uneven stage, inside the compute,
+        with the wall seconds this rank computed since the last one (waiting excluded): an emulated slow
+        rank sleeps here, so that its peers wait for it at the all-reduce, as for a slow device."""
+
 
 class NoHooks:
     """Hooks that do nothing (a run at this machine's own speed)."""
@@ -142,6 +147,8 @@ class _Clock:
     tp_hooks: float = 0.0
     """Time spent in on_collective hooks of tensor-parallel all-reduces (inside compute chunks)."""
     in_chunk: bool = False
+    segment_start: float = 0.0
+    """When this rank's compute since its last uneven-TP all-reduce (or since the chunk began) started."""
     """True while a stage computes a micro-batch (the one-off shape inference of the first step is not
     reported to the hooks)."""
 
@@ -251,7 +258,7 @@ class _TimedStage:
         class TimedStage(PipelineFanOut, PipelineStage):
             def _timed(self, kind: str, run, *args, **kwargs):
                 start, tp = time.perf_counter(), clock.tp_hooks
-                clock.in_chunk = True
+                clock.in_chunk, clock.segment_start = True, start
                 try:
                     out = run(*args, **kwargs)
                 finally:
@@ -759,6 +766,16 @@ class _TPReporter:
 
     def __init__(self, ranks: tuple[int, ...], hooks: Hooks, clock: _Clock):
         self.ranks, self.hooks, self.clock = tuple(sorted(ranks)), hooks, clock
+
+    def before_sync(self) -> None:
+        """Before an uneven stage's all-reduce (:meth:`Hooks.on_tp_sync`; its sleep is emulated compute)."""
+        sync = getattr(self.hooks, "on_tp_sync", None)
+        if self.clock.in_chunk and sync is not None:
+            sync(time.perf_counter() - self.clock.segment_start)
+
+    def after_sync(self) -> None:
+        """After an uneven stage's all-reduce (and its report): the next compute segment starts."""
+        self.clock.segment_start = time.perf_counter()
 
     def report(self, t: torch.Tensor) -> None:
         if not self.clock.in_chunk:

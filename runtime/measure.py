@@ -282,12 +282,18 @@ def warmup_tflops(results: Sequence[dict[str, Any]], graph, plan, warmup: int) -
 
 def _rank_flops(graph, plan) -> dict[str, float]:
     """Forward + backward (+ recompute) FLOPs of one step per device of ``plan``."""
+    from hetpart.costmodel.tp_split import unit_shares
+
     out: dict[str, float] = {}
     for i, replica in enumerate(plan.replicas):
         samples = plan.replica_samples()[i]
         for stage in replica.stages:
-            flops = sum(u.fwd_flops + u.bwd_flops + u.recompute_flops[plan.recompute]
-                        for u in graph.units[stage.layers[0]:stage.layers[1]])
-            for d in stage.devices:
-                out[d] = out.get(d, 0.0) + flops * samples / stage.tp
+            a, z = stage.layers
+            flops = [u.fwd_flops + u.bwd_flops + u.recompute_flops[plan.recompute] for u in graph.units[a:z]]
+            if stage.tp_split is None:
+                shares = [[1.0 / stage.tp] * (z - a)] * stage.tp
+            else:  # an uneven split: each device's share of each unit
+                shares = unit_shares(graph, stage.tp, stage.tp_split)[:, a:z].tolist()
+            for d, share in zip(stage.devices, shares):
+                out[d] = out.get(d, 0.0) + sum(f * x for f, x in zip(flops, share)) * samples
     return out

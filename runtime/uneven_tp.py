@@ -126,8 +126,10 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().clone()
+        ctx.reporter.before_sync()
         dist.all_reduce(grad, group=ctx.group)
         ctx.reporter.report(grad)
+        ctx.reporter.after_sync()
         return grad, None, None
 
 
@@ -137,8 +139,10 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: Any, reporter: Any) -> torch.Tensor:
         x = x.contiguous().clone()
+        reporter.before_sync()
         dist.all_reduce(x, group=group)
         reporter.report(x)
+        reporter.after_sync()
         return x
 
     @staticmethod

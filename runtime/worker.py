@@ -67,6 +67,8 @@ class WorkerHooks:
         self.num_stages = 0
         self.tp = 1
         self._cpu_mark = time.thread_time()
+        self._synced_work_s = 0.0
+        """Compute already slowed down at TP all-reduces of this chunk (:meth:`on_tp_sync`)."""
 
     def attach(self, lane: tuple[int, ...], tp: int = 1, num_stages: int | None = None) -> None:
         """The ranks of this rank's pipeline lane (one per device group), its TP degree and the number
@@ -82,11 +84,27 @@ class WorkerHooks:
         self.heartbeat.progress(step)
         self._cpu_mark = time.thread_time()
 
+    def on_tp_sync(self, work_s: float) -> None:
+        """Before an uneven stage's TP all-reduce: slow down the ``work_s`` seconds computed since the
+        last one here, so that the faster peers wait for this rank at the all-reduce (a delay at the
+        end of the chunk would come after the peers' compute instead of beside it). Wall time, the
+        waiting inside all-reduces excluded by the engine: on a loaded machine the CPU time of the
+        thread would leave out the contention that slows every rank alike."""
+        if self.emulator is None:
+            return
+        work = max(0.0, work_s)
+        delay = self.emulator.compute_delay_s(work)
+        self._synced_work_s += work
+        self.account.slowdown_s += delay
+        self._sleep(delay)
+        self._cpu_mark = time.thread_time()
+
     def on_compute(self, stage_index: int, kind: str, seconds: float) -> None:
         if self.fault is not None and self.step == self.fault.step:
             self.fault.fire()
         seconds = self._work_s(seconds)
-        self.account.compute_s += seconds
+        self.account.compute_s += seconds + self._synced_work_s
+        self._synced_work_s = 0.0
         if self.emulator is not None:
             wait = self._arrival_wait(stage_index, kind, seconds)
             delay = self.emulator.compute_delay_s(seconds)

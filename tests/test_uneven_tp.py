@@ -177,3 +177,29 @@ def test_planner_splits_a_mixed_workstation_group(workstation, gpt) -> None:
     split = evaluate.with_splits(plan)
     assert split.replicas[0].stages[0].tp_split is not None
     assert evaluate(plan).tokens_per_s >= evaluate._one(plan).tokens_per_s
+
+
+def test_export_names_an_uneven_split_it_cannot_express(gpt) -> None:
+    from hetpart.export import export_plan
+
+    out = export_plan(_plan(TPSplit(heads=(4, 4, 2, 2))), gpt, "megatron")
+    assert any("uneven tensor-parallel splits (1 stage with tp_split)" in c for c in out.cannot_express)
+
+
+def test_learned_pool_facts_and_records_take_mixed_and_slow_clusters(workstation) -> None:
+    from hetpart.costmodel.features import pool_features
+
+    slow = parse_cluster(ONE_SLOW, "slow.yaml")
+    for c in (workstation, slow):
+        rows = pool_features(c)
+        assert rows.shape[0] == len(device_pools(c)) and (rows == rows).all()  # no NaN
+    # run records keep the emulated cluster in the YAML schema: mixed runs and speed factors survive
+    from hetpart.runtime.emulation import emulated_cluster
+
+    for c in (workstation, slow):
+        devices = tuple(d.id for d in c.devices[:4])
+        emu = emulated_cluster(c, _plan(None, devices), 0.05, 1000.0, 10.0)
+        assert parse_cluster(cluster_to_dict(emu)) == emu
+        assert [d.speed for d in emu.devices] == [d.speed for d in c.devices]
+    emu = emulated_cluster(workstation, _plan(None), 0.05, 1000.0, 10.0)
+    assert emu.device("0/0/0").gpu.tflops_bf16 > emu.device("0/0/2").gpu.tflops_bf16
