@@ -143,12 +143,12 @@ class Evaluator:
         return self._bound(plan) if self._bound is not None else None
 
     # ------------------------------------------------------------------------------------- simulate
-    def __call__(self, plan: Plan) -> Evaluated | None:
+    def __call__(self, plan: Plan, *, split: bool = True) -> Evaluated | None:
         """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``).
-        With unlike tensor-parallel groups, the better of the plan and its LP-split version."""
-        split = self.with_splits(plan)
-        if split is not plan:
-            return best_of([self._one(plan), self._one(split)])
+        With unlike tensor-parallel groups (and ``split``), the better of the plan and its LP-split version."""
+        filled = self.with_splits(plan) if split else plan
+        if filled is not plan:
+            return best_of([self._one(plan), self._one(filled)])
         return self._one(plan)
 
     def _one(self, plan: Plan) -> Evaluated | None:
@@ -199,7 +199,7 @@ class Evaluator:
         for bound, _, plan in queue:
             if best is not None and bound > best.step_time_s:
                 break
-            best = best_of([best, self._one(plan)])
+            best = best_of([best, self(plan, split=False)])  # the split versions are in the queue
         return best
 
 

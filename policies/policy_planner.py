@@ -86,10 +86,10 @@ class _Deadline(Evaluator):
 
     deadline = math.inf
 
-    def __call__(self, plan):
+    def __call__(self, plan, **options):
         if time.perf_counter() > self.deadline:
             return None
-        return super().__call__(plan)
+        return super().__call__(plan, **options)
 
 
 def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator) -> None:
