@@ -68,6 +68,7 @@ PredictorFactory = Callable[..., Predictor]
 _FACTORIES: dict[str, Union[PredictorFactory, str]] = {
     "simulator": "hetpart.costmodel.simulator:simulator_predictor",
     "learned": "hetpart.costmodel.learned.predictor:learned_predictor",
+    "corrected": "hetpart.costmodel.learned.corrected:corrected_predictor",
 }
 _PLACEHOLDERS: dict[str, str] = {}
 """Names the CONTRACT promises that no factory answers yet: asked for, they say why."""

@@ -11,15 +11,26 @@ Near measured runs it follows them; far from every run (all ``w_i`` ~ 0) it is t
 uncertainty is the spread of the neighbours' residuals, widened where there are few (an effective
 number of runs ``sum_i w_i``), and ``out_of_distribution`` when that number is below one.
 
+With ``wide_bandwidth`` set, a second, wider kernel first carries what the runs share (a whole
+cluster or runtime slower than the simulator says: the same shrinkage, its own bandwidth) and the
+narrow one fits what is left, so a plan near no run still gets the bias the runs on its cluster share.
+
 Fitted from run records (``hetpart run --out``): each record's plan is re-simulated on the cluster
 the prediction is for (the emulated one for emulated runs) with the simulator's run-time options.
+Features come from that run-time simulation (``features="run"``: re-predicting records) or from the
+plan as it was planned, the full model on the real cluster (``features="plan"``: what a planner
+that prices plans of the real cluster needs; ``hetpart loop`` fits so).
+
+Registered as the predictor ``corrected`` (:func:`corrected_predictor`): with no correction given
+it has seen no run and answers as the simulator, flagged out of distribution.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -28,7 +39,8 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import Workload
 
-__all__ = ["Correction", "CorrectedPredictor", "correction_features", "fit_correction", "CORRECTION_FEATURES"]
+__all__ = ["Correction", "CorrectedPredictor", "correction_features", "fit_correction", "records_training_set",
+           "fit_records", "corrected_predictor", "load_correction", "CORRECTION_FEATURES"]
 
 CORRECTION_FEATURES = ("compute_share", "tp_share", "pp_share", "dp_share", "bubble_share", "log_step_s",
                        "log_pp", "log_dp", "log_tp", "log_micro_batch", "log_devices")
@@ -62,39 +74,135 @@ class Correction:
     prior_runs: float = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
 
+    wide_bandwidth: float | None = None
+    """Bandwidth of the wider kernel that carries what the runs share (None: no such term)."""
+
     def apply(self, x: np.ndarray) -> tuple[float, float, bool]:
         """``(log correction, relative std, out_of_distribution)`` at features ``x``."""
         if len(self.r) == 0:
             return 0.0, 0.5, True
-        d2 = ((self.x - x) ** 2).sum(1)
-        w = np.exp(-d2 / (2 * self.bandwidth ** 2))
+        x = np.asarray(x, float)
+        base = np.zeros(len(self.r))
+        shared = 0.0
+        if self.wide_bandwidth:
+            shared = self._kernel(x, self.wide_bandwidth, self.r)[0]
+            base = self._shared_at_runs()
+        local, w = self._kernel(x, self.bandwidth, self.r - base)
+        c = shared + local
         support = float(w.sum())
-        c = float((w * self.r).sum() / (support + self.prior_runs))
-        spread = float(np.sqrt((w * (self.r - c) ** 2).sum() / support)) if support > 1e-12 else 0.0
+        resid = self.r - base - local
+        spread = float(np.sqrt((w * resid ** 2).sum() / support)) if support > 1e-12 else 0.0
         std = math.sqrt(spread ** 2 + (0.5 ** 2) / (1.0 + support))
         return c, std, support < 1.0
 
+    def _shared_at_runs(self) -> np.ndarray:
+        """The wide kernel's value at every run (computed once: runs do not change)."""
+        cached = getattr(self, "_shared_cache", None)
+        if cached is None or len(cached) != len(self.r):
+            cached = np.array([self._kernel(xi, self.wide_bandwidth, self.r)[0] for xi in self.x])
+            self._shared_cache = cached
+        return cached
+
+    def _kernel(self, x: np.ndarray, bandwidth: float, r: np.ndarray) -> tuple[float, np.ndarray]:
+        w = np.exp(-((self.x - x) ** 2).sum(1) / (2 * bandwidth ** 2))
+        return float((w * r).sum() / (w.sum() + self.prior_runs)), w
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (:func:`load_correction` reads it back)."""
+        return {"features": list(CORRECTION_FEATURES), "x": self.x.tolist(), "r": self.r.tolist(),
+                "bandwidth": self.bandwidth, "prior_runs": self.prior_runs, "wide_bandwidth": self.wide_bandwidth,
+                "meta": self.meta}
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<correction>") -> "Correction":
+        from hetpart.errors import SpecError
+
+        if not isinstance(data, dict) or "x" not in data or "r" not in data:
+            raise SpecError(f"{source}: not a correction (expected the keys x and r, as 'hetpart costmodel correct' "
+                            "writes them)")
+        if list(data.get("features", CORRECTION_FEATURES)) != list(CORRECTION_FEATURES):
+            raise SpecError(f"{source}: features {data.get('features')} differ from this version's "
+                            f"{list(CORRECTION_FEATURES)}; fit it again with 'hetpart costmodel correct'")
+        r = np.asarray(data["r"], float)
+        return cls(np.asarray(data["x"], float).reshape(len(r), len(CORRECTION_FEATURES)), r,
+                   float(data.get("bandwidth", 0.35)), float(data.get("prior_runs", 1.0)),
+                   dict(data.get("meta", {})), data.get("wide_bandwidth"))
+
+
+def load_correction(path: str | Path) -> Correction:
+    """A correction saved by :meth:`Correction.save` (``hetpart costmodel correct --out``)."""
+    import json
+
+    from hetpart.errors import SpecError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the correction ({exc.strerror}); give the file "
+                        "'hetpart costmodel correct --out' wrote") from None
+    except ValueError as exc:
+        raise SpecError(f"{path}: not JSON ({exc})") from None
+    return Correction.from_dict(data, str(path))
+
 
 def fit_correction(x: Sequence[np.ndarray], log_ratio: Sequence[float], bandwidth: float = 0.35,
-                   prior_runs: float = 1.0) -> Correction:
+                   prior_runs: float = 1.0, wide_bandwidth: float | None = None) -> Correction:
     """The correction of the measured runs with features ``x`` and residuals ``log(measured/simulated)``."""
-    return Correction(np.asarray(x, float).reshape(len(log_ratio), -1), np.asarray(log_ratio, float), bandwidth,
-                      prior_runs)
+    return Correction(np.asarray(x, float).reshape(len(log_ratio), len(CORRECTION_FEATURES)),
+                      np.asarray(log_ratio, float), bandwidth, prior_runs, wide_bandwidth=wide_bandwidth)
 
 
-def records_training_set(records: Iterable[Any]) -> tuple[list[np.ndarray], list[float], list[bool]]:
-    """``(features, log(measured/simulated), emulated)`` of run records (``hetpart.records.RunRecord``)."""
-    from hetpart.costmodel.simulator import Simulator
+def records_training_set(records: Iterable[Any], features: Literal["run", "plan"] = "run"
+                         ) -> tuple[list[np.ndarray], list[float], list[bool]]:
+    """``(features, log(measured/simulated), emulated)`` of run records (``hetpart.records.RunRecord``).
 
+    The residual is always against the simulator's prediction of exactly what ran (the run-time model
+    on the prediction cluster); ``features`` says where the features come from (module docstring).
+    """
     xs, rs, emulated = [], [], []
     for rec in records:
-        model, cluster, plan = rec.model_graph(), rec.prediction_cluster(), rec.run_plan()
-        overlap = bool((rec.predicted.options if rec.predicted else {}).get("overlap_grad_reduce", False))
-        pred = Simulator(model, cluster, overlap_grad_reduce=overlap).simulate(plan, validate=False)
-        xs.append(correction_features(pred, plan))
-        rs.append(math.log(rec.measured.step_time_s / pred.step_time_s))
+        simulated, pred_x = run_prediction(rec), None
+        if features == "plan":
+            pred_x = planned_features(rec)
+        xs.append(pred_x if pred_x is not None else correction_features(simulated, rec.run_plan()))
+        rs.append(math.log(rec.measured.step_time_s / simulated.step_time_s))
         emulated.append(bool(rec.emulated))
     return xs, rs, emulated
+
+
+def run_prediction(rec: Any):
+    """The simulator's prediction of exactly what a record ran (run-time model, prediction cluster)."""
+    from hetpart.costmodel.simulator import Simulator
+
+    overlap = bool((rec.predicted.options if rec.predicted else {}).get("overlap_grad_reduce", False))
+    return Simulator(rec.model_graph(), rec.prediction_cluster(), overlap_grad_reduce=overlap).simulate(
+        rec.run_plan(), validate=False)
+
+
+def planned_features(rec: Any) -> np.ndarray:
+    """Correction features of a record's plan as planned: the full model on the real cluster."""
+    from hetpart.cluster import parse_cluster
+    from hetpart.costmodel.simulator import Simulator
+    from hetpart.graph import load_model
+
+    plan = Plan.from_dict(rec.original_plan, "<record>: original_plan")
+    model = load_model(rec.model.spec, seq_len=plan.seq_len, precision=plan.precision)
+    cluster = parse_cluster(rec.cluster, "<record>: cluster")
+    return correction_features(Simulator(model, cluster).simulate(plan, validate=False), plan)
+
+
+def fit_records(records: Sequence[Any], features: Literal["run", "plan"] = "run", **options: Any) -> Correction:
+    """The correction fitted on ``records`` (``fit_correction``'s options: bandwidths, prior runs)."""
+    xs, rs, emulated = records_training_set(records, features)
+    corr = fit_correction(xs, rs, **options) if rs else Correction(np.zeros((0, len(CORRECTION_FEATURES))),
+                                                                   np.zeros(0), **options)
+    corr.meta.update(features=features, runs=len(rs), emulated_runs=int(sum(emulated)))
+    return corr
 
 
 class CorrectedPredictor:
@@ -134,3 +242,25 @@ class CorrectedPredictor:
             est = self.sim.estimate(plan)
             out.append(Estimate(p.step_time_s, p.tokens_per_s, est.fits_in_memory, est.memory_headroom_gb))
         return out
+
+
+def corrected_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
+                        correction: Correction | str | Path | None = None, records: str | Path | None = None,
+                        features: Literal["run", "plan"] = "plan", overlap_grad_reduce: bool = True
+                        ) -> CorrectedPredictor:
+    """Registry factory for ``corrected`` (``hetpart.costmodel.predictor``).
+
+    Args:
+        correction: a fitted :class:`Correction` or the path of one (``hetpart costmodel correct --out``).
+        records: run records (``.jsonl``) to fit one from, when no ``correction`` is given.
+        features: for ``records``: where the features come from (module docstring).
+
+    With neither, the correction has seen no run: the simulator's numbers, flagged out of distribution.
+    """
+    if isinstance(correction, (str, Path)):
+        correction = load_correction(correction)
+    if correction is None:
+        from hetpart.records import load_records
+
+        correction = fit_records(load_records(records), features) if records else fit_records([], features)
+    return CorrectedPredictor(model, cluster, workload, correction=correction, overlap_grad_reduce=overlap_grad_reduce)
