@@ -16,6 +16,11 @@ The emulated cluster is the plan's real cluster slowed down uniformly by a time 
 
 :func:`emulated_cluster` builds that dilated cluster as a :class:`~hetpart.cluster.Cluster`, so
 the simulator predicts exactly what the processes emulate.
+
+:class:`EmulationEffects` optionally adds what real hardware does and the simulator does not model
+(``hetpart loop``'s emulated ground): a device type whose efficiency collapses at small micro-batches,
+a fixed cost per layer and pass, and inter-node links that congest when several ranks of a node use
+them at once. With effects on, the simulator no longer predicts the run exactly: that is the point.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
-__all__ = ["ArrivalBoard", "EmulationParams", "resolve_emulation", "speed_ratios", "calibrated_peak_tflops", "default_time_factor", "emulated_cluster", "Emulator"]
+__all__ = ["ArrivalBoard", "EmulationParams", "EmulationEffects", "resolve_emulation", "speed_ratios", "calibrated_peak_tflops", "default_time_factor", "emulated_cluster", "Emulator"]
 
 
 def speed_ratios(plan: "Plan", cluster: Cluster, precision: str | None = None) -> dict[str, float]:
@@ -146,6 +151,12 @@ class Emulator:
     shaped: str = "none"
     """What the network itself emulates under ``--netem``: ``"none"`` (sleeps do it all),
     ``"bandwidth"`` (tc shapes the rate; latency still by sleeps) or ``"all"``."""
+    compute_scale: float = 1.0
+    """:class:`EmulationEffects`: this rank's compute takes this many times longer (small-batch collapse)."""
+    pass_overhead_s: float = 0.0
+    """:class:`EmulationEffects`: fixed emulated seconds added to every forward or backward pass."""
+    congestion_scale: float = 1.0
+    """:class:`EmulationEffects`: a collective that crosses nodes takes this many times longer."""
 
     @property
     def links_shaped(self) -> bool:
@@ -163,7 +174,11 @@ class Emulator:
 
     def compute_delay_s(self, measured_s: float) -> float:
         """Extra sleep after a compute measured at ``measured_s`` seconds."""
-        return max(0.0, measured_s) * (self.speed_ratio - 1.0)
+        return max(0.0, measured_s) * (self.speed_ratio * self.compute_scale - 1.0)
+
+    def pass_delay_s(self, kind: str) -> float:
+        """Extra sleep for the fixed per-pass overhead (:class:`EmulationEffects`; none for the loss)."""
+        return self.pass_overhead_s if kind in ("fwd", "bwd") else 0.0
 
     def send_delay_s(self, num_bytes: float, peer_rank: int) -> float:
         """Emulated transfer time of a point-to-point send to ``peer_rank``."""
@@ -188,7 +203,76 @@ class Emulator:
         members = [self.rank_devices[r] for r in group_ranks]
         if self.shaped == "bandwidth":
             return allreduce_time_s(1, members, self.cluster)  # the latency terms only
-        return allreduce_time_s(num_bytes, members, self.cluster)
+        congested = self.congestion_scale if len({_node(d) for d in members}) > 1 else 1.0
+        return allreduce_time_s(num_bytes, members, self.cluster) * congested
+
+
+def _node(device: str) -> str:
+    """``group/node`` of a device id ``group/node/gpu``."""
+    return device.rsplit("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class EmulationEffects:
+    """Effects of real hardware that the emulation adds and the simulator does not model.
+
+    Each is an emulation choice (docs/BENCHMARKS.md names its source); all are off by default.
+    """
+
+    small_batch_types: tuple[str, ...] = ()
+    """Device types (catalog names) whose efficiency collapses at small micro-batches."""
+    small_batch_tokens: int = 0
+    """Micro-batch tokens (micro-batch x the plan's sequence length, as planned) below which they collapse."""
+    small_batch_slowdown: float = 1.0
+    """How many times longer their compute takes below ``small_batch_tokens``."""
+    layer_overhead_ms: float = 0.0
+    """Fixed milliseconds per layer (unit) per forward or backward pass of a micro-batch, on the real device
+    (kernel launches and framework dispatch); the emulation dilates it as much as it dilates the planned
+    model's compute (``T`` x the shrunken model's share of the FLOPs), so overhead and compute keep
+    their real proportion."""
+    congestion: float = 0.0
+    """An all-reduce that crosses nodes takes ``1 + congestion x (k - 1)`` times longer, ``k`` the plan's
+    ranks on its busiest node (their flows share the node's NIC and congest it)."""
+
+    def __post_init__(self) -> None:
+        if self.small_batch_slowdown < 1 or self.layer_overhead_ms < 0 or self.congestion < 0 or self.small_batch_tokens < 0:
+            raise ValueError(f"emulation effects must not speed anything up: {self}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.small_batch_types and self.small_batch_tokens and self.small_batch_slowdown > 1) or \
+            self.layer_overhead_ms > 0 or self.congestion > 0
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), small_batch_types=list(self.small_batch_types))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EmulationEffects":
+        return cls(**dict(data, small_batch_types=tuple(data.get("small_batch_types", ()))))
+
+    def rank_terms(self, plan: "Plan", real: Cluster, rank_devices: Sequence[str], rank: int, planned_seq_len: int,
+                   compute_time_factor: float) -> dict[str, float]:
+        """The :class:`Emulator` fields of one rank: ``compute_scale``, ``pass_overhead_s``, ``congestion_scale``.
+
+        ``compute_time_factor``: emulated seconds per real second of the planned model's compute.
+        """
+        device = rank_devices[rank]
+        collapse = (real.device(device).gpu.name in self.small_batch_types
+                    and plan.micro_batch * planned_seq_len < self.small_batch_tokens)
+        units, passes = 0, 0
+        for replica in plan.replicas:
+            for stage in replica.stages:
+                if device in stage.devices:
+                    units += stage.layers[1] - stage.layers[0]
+                    passes += 1
+        per_pass = units / max(passes * max(plan.interleave, 1), 1) * self.layer_overhead_ms / 1e3
+        per_node: dict[str, int] = {}
+        for d in rank_devices:
+            per_node[_node(d)] = per_node.get(_node(d), 0) + 1
+        k = max(per_node.values())
+        return {"compute_scale": self.small_batch_slowdown if collapse else 1.0,
+                "pass_overhead_s": per_pass * compute_time_factor,
+                "congestion_scale": 1.0 + self.congestion * (k - 1)}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class RunOptions:
     netem: bool = False
     """Shape real traffic between per-rank network namespaces with ``tc`` instead of sleeping
     (:mod:`hetpart.runtime.netem`; needs root and iproute2)."""
+    effects: dict[str, Any] | None = None
+    """:class:`hetpart.runtime.emulation.EmulationEffects` as a dict: real-hardware effects the emulation
+    adds and the simulator does not model (``hetpart loop``'s emulated ground); None: none."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup", "checkpoint_every", "max_restarts"):
@@ -734,7 +737,9 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
     # The workers calibrate the emulation themselves, all at once, under the run's own contention.
     emulation = {"precision": prep.plan.precision, "time_factor": options.time_factor, "width": width,
                  "unit_flops": [u.fwd_flops + u.bwd_flops for u in graph.units],
-                 "link_balance": link_balance(prep) if options.balance_links else None}
+                 "link_balance": link_balance(prep) if options.balance_links else None,
+                 "effects": options.effects, "planned_seq_len": prep.plan.seq_len,
+                 "flops_ratio": _flops_ratio(prep)}
     if options.netem:
         emulation.update(_netem_setup(prep, options, width))
     return {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
@@ -746,6 +751,13 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
             "checkpoint_every": options.checkpoint_every,
             # hetpart's watchdog must see a hang before gloo's own timeout turns it into a peer's error
             "comm_timeout_s": max(options.hang_timeout_s, options.startup_timeout_s) + 60.0}
+
+
+def _flops_ratio(prep: PreparedRun) -> float:
+    """FLOPs of a sample of the model that runs over those of the planned model (the shrinkage of compute)."""
+    full = sum(u.fwd_flops + u.bwd_flops for u in prep.full_graph.units)
+    run = sum(u.fwd_flops + u.bwd_flops for u in prep.run_graph.units)
+    return run / full if full > 0 else 1.0
 
 
 def _emulation_used(prep: PreparedRun, warmup: int, job: dict[str, Any], results: list[dict[str, Any]],

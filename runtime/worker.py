@@ -107,7 +107,7 @@ class WorkerHooks:
         self._synced_work_s = 0.0
         if self.emulator is not None:
             wait = self._arrival_wait(stage_index, kind, seconds)
-            delay = self.emulator.compute_delay_s(seconds)
+            delay = self.emulator.compute_delay_s(seconds) + self.emulator.pass_delay_s(kind)
             self.account.slowdown_s += delay
             self.account.arrival_wait_s += wait
             self._sleep(wait + delay)
@@ -174,10 +174,18 @@ def _emulation(job: dict[str, Any], plan, rank: int):
     if emu.get("link_balance") and not emu.get("time_factor"):
         params = dataclasses.replace(params, time_factor=params.time_factor * emu["link_balance"])
     devices = tuple(job["rank_devices"])
+    effects = {}
+    if emu.get("effects"):
+        from hetpart.runtime.emulation import EmulationEffects
+
+        effects = EmulationEffects.from_dict(emu["effects"]).rank_terms(
+            plan, real, devices, rank, int(emu.get("planned_seq_len") or plan.seq_len),
+            compute_factor * float(emu.get("flops_ratio") or 1.0))
     emulator = Emulator(cluster=params.cluster(real, plan), rank_devices=devices, rank=rank,
                         speed_ratio=speed_ratios(plan, real, params.precision)[devices[rank]],
-                        shaped=emu.get("shaped", "none"))
-    return emulator, {"params": params.to_dict(), "calibrations": everyone, "compute_time_factor": compute_factor}
+                        shaped=emu.get("shaped", "none"), **effects)
+    return emulator, {"params": params.to_dict(), "calibrations": everyone, "compute_time_factor": compute_factor,
+                      "effects": effects}
 
 
 def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], int], float]:
