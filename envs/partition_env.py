@@ -59,13 +59,14 @@ class PartitionEnv(gym.Env):
             finished plan: ``simulator`` (the analytical simulator) or ``learned`` (the learned cost
             model, once registered).
         normalise: the ceiling the throughput is divided by (:func:`ceiling_tokens_per_s`).
+        reward_options: options of the reward's predictor factory (``corrected``: its ``correction``).
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: "tuple[ModelGraph, Cluster, Workload] | None" = None,
                  distribution: ScenarioDistribution | None = None, reward: str = "simulator",
-                 normalise: Normalise = "roofline") -> None:
+                 normalise: Normalise = "roofline", reward_options: dict[str, Any] | None = None) -> None:
         from hetpart.costmodel.predictor import available_predictors
 
         if reward not in available_predictors():
@@ -75,6 +76,7 @@ class PartitionEnv(gym.Env):
         self.fixed = scenario
         self.distribution = distribution or ScenarioDistribution()
         self.reward_kind, self.normalise = reward, normalise
+        self.reward_options = dict(reward_options or {})
         self.observation_space = observation_space()
         self.action_space = gym.spaces.Discrete(NUM_ACTIONS)
         self._fixed_built: tuple | None = None
@@ -139,7 +141,8 @@ class PartitionEnv(gym.Env):
         from hetpart.costmodel.evaluator import Evaluator
         from hetpart.costmodel.predictor import get_predictor
 
-        return Evaluator(model, cluster, workload, predictor=get_predictor(self.reward_kind, model, cluster, workload))
+        return Evaluator(model, cluster, workload, predictor=get_predictor(self.reward_kind, model, cluster, workload,
+                                                                    **self.reward_options))
 
     def action_masks(self) -> np.ndarray:
         """``[NUM_ACTIONS]`` booleans for sb3-contrib's MaskablePPO (all False once the episode is over)."""

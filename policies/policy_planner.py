@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["DEFAULT_CHECKPOINT", "Decoded", "decode", "plan_policy", "load_policy", "PolicyPlanner", "POLICY",
+__all__ = ["DEFAULT_CHECKPOINT", "Decoded", "decode", "sample_plans", "plan_policy", "load_policy", "PolicyPlanner", "POLICY",
            "OPTIONS"]
 
 DEFAULT_CHECKPOINT = Path(__file__).with_name("checkpoints") / "policy.zip"
@@ -196,6 +196,27 @@ def _baseline(model, cluster, workload, evaluator: Evaluator) -> Evaluated | Non
         return None
     finally:
         evaluator.deadline = deadline
+
+
+def sample_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16, seed: int = 0,
+                 checkpoint: str | Path | None = None, evaluator: Evaluator | None = None) -> list[Evaluated]:
+    """The policy's own proposals: greedy + ``samples`` sampled decodes, each distinct structure completed
+    exactly and priced by ``evaluator`` (no refinement; what ``hetpart loop`` runs and learns from)."""
+    policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
+    evaluator = Evaluator(model, cluster, workload, predictor=evaluator.predictor if evaluator else None)
+    scenario = Scenario(model, cluster, workload, evaluator=evaluator)
+    if not scenario.feasible:
+        raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
+    static = StaticFeatures(scenario)
+    states = [StructureState(scenario) for _ in range(1 + samples)]
+    rng = np.random.default_rng(seed)
+    while not all(s.done for s in states):
+        _run_network(policy, states, static, rng)
+    distinct: dict[tuple, StructureState] = {}
+    for s in states:
+        distinct.setdefault(s.key(), s)
+    found = [_complete(evaluator, s) for s in distinct.values()]
+    return [f for f in found if f is not None]
 
 
 def _refine(evaluator: Evaluator, sampled: Evaluated | None, states: list[StructureState], deadline: float,
