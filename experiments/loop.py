@@ -1,0 +1,479 @@
+"""``hetpart loop``: the closed loop between the policy, the runtime and the corrected cost model.
+
+Each iteration:
+
+1. the policy proposes plans (greedy + sampled decodes, exactly completed; :func:`sample_plans`),
+   with neighbours of them as a pool for exploration;
+2. ``runs_per_iteration`` of them run with the runtime (``hetpart run``'s :func:`run_plan`): the
+   best ones by the current corrected model, ``explore`` where it is least certain, and ``held_out``
+   chosen at random among the rest, never trained on (the errors are measured on these);
+   iteration 0 runs the simulator-only plan (``search`` on the simulator) first;
+3. the run records are appended to ``DIR/runs.jsonl`` and the correction is refitted on every
+   measured run but the held-out ones (:func:`fit_records`, features of the plan as planned);
+4. the policy continues MaskablePPO training on the fixed scenario with the corrected model as
+   its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy.zip``.
+
+At the end the loop's plan (the best, by the final corrected model less one standard deviation,
+of every plan it proposed or ran) and the simulator-only plan are measured ``repeats`` times each,
+interleaved, and the JSON of shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
+so a loop started again with the same ``--out`` resumes where it stopped (run records included).
+
+Two grounds: ``emulated`` (the cluster emulated on local CPU processes, with
+:class:`~hetpart.runtime.emulation.EmulationEffects` the simulator does not model) and ``cpu`` (real
+CPU processes of this machine, no emulation; the cluster is this machine's, measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from hetpart.errors import PlanError
+
+__all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster"]
+
+DEFAULT_EFFECTS = {"small_batch_tokens": 4096, "small_batch_slowdown": 2.5, "layer_overhead_ms": 0.8,
+                   "congestion": 0.6}
+"""The emulated ground's effects (docs/BENCHMARKS.md gives each one's source); ``small_batch_types`` is
+the cluster's slowest device type."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What one loop does (the ``hetpart loop`` flags)."""
+
+    cluster: str
+    model: str
+    iterations: int = 3
+    runs_per_iteration: int = 4
+    ground: Literal["emulated", "cpu"] = "emulated"
+    """``emulated``: the cluster emulated with effects; ``cpu``: this machine's CPU processes, no emulation."""
+    out: str = "runs/loop"
+    """State, run records, corrections, policy checkpoints and tracked runs."""
+    global_batch: int = 64
+    seq_len: int | None = None
+    steps: int = 2
+    """Measured steps per run (after ``warmup``)."""
+    warmup: int = 2
+    scale: str = "tiny"
+    repeats: int = 2
+    """Final measurements of each of the two plans (interleaved)."""
+    explore: int = 1
+    """Runs per iteration where the cost model is least certain."""
+    held_out: int = 1
+    """Runs per iteration kept out of training (the errors are measured on them)."""
+    policy_timesteps: int = 512
+    """PPO steps of policy training per iteration on the corrected reward."""
+    samples: int = 16
+    trust: float = 0.7
+    """Plans run only when the corrected model prices them at least this share of its best candidate."""
+    seed: int = 0
+    cpu_devices: int = 4
+    """Processes of the ``cpu`` ground."""
+    tracker: str = "wandb,tensorboard"
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "runs_per_iteration", "repeats", "global_batch", "steps", "cpu_devices"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
+        if self.ground not in ("emulated", "cpu"):
+            raise PlanError(f"--ground: unknown ground {self.ground!r}; use emulated or cpu")
+        if self.explore + self.held_out >= self.runs_per_iteration + (0 if self.runs_per_iteration > 1 else 1):
+            raise PlanError(f"--runs-per-iteration: {self.runs_per_iteration} leaves no run to exploit beside "
+                            f"{self.explore} exploratory and {self.held_out} held-out; give at least "
+                            f"{self.explore + self.held_out + 1}")
+
+    def key(self) -> dict[str, Any]:
+        """What a resumed loop must share with the one it resumes."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("iterations", "tracker")}
+
+
+# ------------------------------------------------------------------------------------------- grounds
+def cpu_cluster(devices: int) -> dict[str, Any]:
+    """This machine as a cluster of ``devices`` CPU processes (cluster YAML schema), its rates measured."""
+    import os
+
+    from hetpart.runtime.measure import matmul_tflops, memory_gbyte_s
+    from hetpart.runtime.launch import host_capacity
+
+    tflops = matmul_tflops(256)
+    mem = memory_gbyte_s()
+    cap = host_capacity(1.0)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = min(1.0, cores / devices)  # processes share the cores
+    gpu = {"name": "cpu-process", "tflops_bf16": tflops * share, "tflops_fp32": tflops * share,
+           "memory_gb": round(cap.memory_available_gb / devices, 2), "hbm_gbyte_s": mem * share, "vendor": "other",
+           "supports_bf16": False, "source": f"measured on this machine: fp32 matmul {tflops:.3f} TFLOPS, memory "
+                                              f"{mem:.1f} GB/s, {cores} cores shared by {devices} processes"}
+    link = {"name": "loopback", "bandwidth_gbyte_s": mem / 4, "latency_us": 50.0,
+            "source": "assumed: a quarter of the measured memory rate (gloo over loopback copies through it)"}
+    nic = {"name": "none", "bandwidth_gbit_s": 1.0, "latency_us": 100.0, "rdma": False, "source": "unused (one node)"}
+    return {"name": f"this-machine-{devices}cpu", "nodes": [{"count": 1, "gpus_per_node": devices, "gpu": gpu,
+                                                               "intra_node": link, "nic": nic}]}
+
+
+# ---------------------------------------------------------------------------------------------- state
+class _State:
+    """``DIR/state.json``: the config, finished iterations, the simulator plan, and the final measurements."""
+
+    def __init__(self, out: Path, cfg: LoopConfig) -> None:
+        self.path = out / "state.json"
+        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if data and data.get("config") != cfg.key():
+            changed = sorted(k for k in cfg.key() if data.get("config", {}).get(k) != cfg.key()[k])
+            raise PlanError(f"--out {out}: holds a loop with other settings ({', '.join(changed)}); give another "
+                            "directory or the same settings to resume it")
+        self.data = data or {"config": cfg.key(), "iterations": [], "final": []}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+# ----------------------------------------------------------------------------------------------- loop
+class _Loop:
+    def __init__(self, cfg: LoopConfig, say: Callable[[str], None]) -> None:
+        from hetpart.cluster import load_cluster
+        from hetpart.graph import load_model
+        from hetpart.workload import Workload
+
+        self.cfg, self.say = cfg, say
+        self.out = Path(cfg.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.state = _State(self.out, cfg)
+        self.records_path = self.out / "runs.jsonl"
+        self.cluster_spec = self._cluster_spec()
+        self.cluster = load_cluster(self.cluster_spec)
+        precision = "fp32" if cfg.ground == "cpu" else None
+        probe = load_model(cfg.model, seq_len=cfg.seq_len)
+        self.precision = precision or _precision(self.cluster)
+        self.model = load_model(cfg.model, seq_len=cfg.seq_len or min(probe.seq_len, 1024), precision=self.precision)
+        self.workload = Workload(global_batch=cfg.global_batch, seq_len=self.model.seq_len, precision=self.precision,
+                                 recompute="auto")
+        self.effects = self._effects()
+        self.rng = random.Random(cfg.seed)
+
+    def _cluster_spec(self) -> str:
+        if self.cfg.ground == "cpu":
+            import yaml
+
+            path = self.out / "cpu-cluster.yaml"
+            if not path.exists():
+                path.write_text(yaml.safe_dump(cpu_cluster(self.cfg.cpu_devices), sort_keys=False))
+            return str(path.resolve())
+        path = Path(self.cfg.cluster)
+        return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else self.cfg.cluster
+
+    def _effects(self) -> dict[str, Any] | None:
+        if self.cfg.ground == "cpu":
+            return None
+        slowest = min(self.cluster.groups, key=lambda g: g.gpu.tflops(self.precision)).gpu.name
+        return dict(DEFAULT_EFFECTS, small_batch_types=[slowest])
+
+    # ------------------------------------------------------------------------------------ records
+    def records(self) -> list:
+        from hetpart.records import load_records
+
+        return load_records(self.records_path) if self.records_path.exists() else []
+
+    def correction(self, records: list):
+        from hetpart.costmodel.learned.corrected import fit_records
+
+        train = [r for r in records if _role(r) not in ("held_out", "final")]
+        return fit_records(train, "plan", wide_bandwidth=2.0)
+
+    def predictor(self, correction):
+        from hetpart.costmodel.learned.corrected import CorrectedPredictor
+
+        return CorrectedPredictor(self.model, self.cluster, self.workload, correction=correction)
+
+    # ---------------------------------------------------------------------------------------- runs
+    def run(self, plan, role: str, iteration: int) -> Any:
+        from hetpart.runtime.launch import RunOptions, run_plan
+
+        plan = dataclasses.replace(plan, meta=dict(plan.meta, model=self.cfg.model, cluster=self.cluster_spec,
+                                                   loop={"iteration": iteration, "role": role}))
+        options = RunOptions(steps=self.cfg.steps, warmup=self.cfg.warmup, scale=self.cfg.scale, seed=self.cfg.seed,
+                             emulate=self.cfg.ground == "emulated", balance_links=True, effects=self.effects)
+        start = time.time()
+        result = run_plan(plan, self.cfg.model, self.cluster_spec, options, out=self.records_path)
+        m = result.record.measured
+        self.say(f"  {role:9s} {_describe(plan)}: {m.tokens_per_s:,.0f} tokens/s measured "
+                 f"({m.step_time_s:.2f} s/step, {time.time() - start:.0f} s)")
+        return result.record
+
+    # ---------------------------------------------------------------------------------- proposals
+    def candidates(self, predictor, policy_path: Path | None, iteration: int) -> list:
+        """Policy proposals and their neighbours, priced by ``predictor``: ``[(plan, tokens/s, rel std)]``."""
+        from hetpart.costmodel.evaluator import Evaluator
+        from hetpart.costmodel.learned.corrected import correction_features
+        from hetpart.costmodel.learned.sampling import neighbour
+        from hetpart.policies.policy_planner import sample_plans
+
+        evaluator = Evaluator(self.model, self.cluster, self.workload, predictor=predictor)
+        found = sample_plans(self.model, self.cluster, self.workload, samples=self.cfg.samples,
+                             seed=self.cfg.seed * 1000 + iteration, checkpoint=policy_path, evaluator=evaluator)
+        plans = [f.plan for f in found]
+        rng = random.Random(self.cfg.seed * 7919 + iteration)
+        for base in list(plans):
+            for _ in range(3):
+                near = neighbour(rng, base, self.model.num_units)
+                if near is not None:
+                    plans.append(near)
+        out, seen = [], set()
+        for plan in plans:
+            key = _plan_key(plan)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                pred = predictor.sim.simulate(plan, self.workload)
+            except Exception:  # an invalid neighbour: not a candidate  # noqa: BLE001
+                continue
+            if not pred.metrics.get("fits_in_memory", True):
+                continue
+            c, std, _ = predictor.correction.apply(correction_features(pred, plan))
+            out.append((plan, pred.tokens_per_s / math.exp(c), std))
+        return out
+
+    def choose(self, pool: list, measured: set, iteration: int, simulator_plan) -> list[tuple[Any, str]]:
+        """The runs of one iteration: ``[(plan, role)]``. Only plans the corrected model puts within
+        ``trust`` of its best candidate are run: a plan it prices far below is not worth a measurement
+        (and in emulation such plans run for minutes)."""
+        cfg = self.cfg
+        best = max((p[1] for p in pool), default=0.0)
+        fresh = [p for p in pool if _plan_key(p[0]) not in measured and p[1] >= cfg.trust * best]
+        chosen: list[tuple[Any, str]] = []
+        taken: set = set()
+
+        def take(item, role):
+            chosen.append((item[0], role))
+            taken.add(_plan_key(item[0]))
+
+        exploit = cfg.runs_per_iteration - cfg.explore - cfg.held_out
+        if iteration == 0 and _plan_key(simulator_plan) not in measured:
+            take((simulator_plan,), "baseline")
+            exploit -= 1
+        for item in sorted(fresh, key=lambda p: -p[1]):
+            if exploit <= 0:
+                break
+            if _plan_key(item[0]) not in taken:
+                take(item, "exploit")
+                exploit -= 1
+        for item in sorted(fresh, key=lambda p: -p[2])[: cfg.explore * 4]:
+            if sum(r == "explore" for _, r in chosen) >= cfg.explore:
+                break
+            if _plan_key(item[0]) not in taken:
+                take(item, "explore")
+        rest = [p for p in fresh if _plan_key(p[0]) not in taken]
+        self.rng.shuffle(rest)
+        for item in rest[: cfg.held_out]:
+            take(item, "held_out")
+        return chosen
+
+    # ------------------------------------------------------------------------------------- policy
+    def train_policy(self, correction, policy_path: Path | None, iteration: int, tracker) -> Path:
+        """Continue PPO on the fixed scenario with the corrected reward; returns the new checkpoint."""
+        import torch
+        from sb3_contrib import MaskablePPO
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        from hetpart.envs import PartitionEnv
+        from hetpart.experiments.tracking import sb3_logger
+        from hetpart.policies.gnn import PointerPolicy
+        from hetpart.policies.policy_planner import DEFAULT_CHECKPOINT
+
+        torch.set_num_threads(1)
+        scenario = (self.model, self.cluster, self.workload)
+        env = DummyVecEnv([lambda: PartitionEnv(scenario=scenario, reward="corrected",
+                                                reward_options={"correction": correction}) for _ in range(2)])
+        env.seed(self.cfg.seed + iteration)
+        model = MaskablePPO.load(str(policy_path or DEFAULT_CHECKPOINT), env=env, device="cpu",
+                                 custom_objects={"policy_class": PointerPolicy, "n_steps": 64, "batch_size": 64})
+        model.set_logger(sb3_logger(tracker))
+        if self.cfg.policy_timesteps:
+            model.learn(self.cfg.policy_timesteps, reset_num_timesteps=False)
+        path = self.out / f"policy-{iteration}.zip"
+        model.save(path)
+        return path
+
+
+def _precision(cluster) -> str:
+    return "bf16" if all(g.gpu.supports_bf16 for g in cluster.groups) else "fp16"
+
+
+def _role(record) -> str:
+    return ((record.original_plan.get("meta") or {}).get("loop") or {}).get("role", "")
+
+
+def _iteration(record) -> int:
+    return int(((record.original_plan.get("meta") or {}).get("loop") or {}).get("iteration", -1))
+
+
+def _plan_key(plan) -> str:
+    d = plan.to_dict()
+    d.pop("meta", None)
+    return json.dumps(d, sort_keys=True)
+
+
+def _describe(plan) -> str:
+    pp = max(len(r.stages) for r in plan.replicas)
+    tp = max(s.tp for r in plan.replicas for s in r.stages)
+    return f"dp={plan.dp} pp={pp} tp={tp} mb={plan.micro_batch}"
+
+
+def _error_pct(predicted_s: float, measured_s: float) -> float:
+    return 100.0 * abs(predicted_s / measured_s - 1.0)
+
+
+# ------------------------------------------------------------------------------------------ the loop
+def run_loop(cfg: LoopConfig, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run (or resume) the loop of ``cfg``; returns the CONTRACT's ``hetpart loop`` JSON."""
+    from hetpart.experiments.tracking import make_tracker
+    from hetpart.plan import Plan
+    from hetpart.policies import plan as make_plan
+
+    loop = _Loop(cfg, say)
+    state = loop.state.data
+    tracker = make_tracker(cfg.tracker, "loop", cfg.seed, config=dataclasses.asdict(cfg), root=str(loop.out / "tracked"))
+    try:
+        if "simulator_plan" not in state:
+            say(f"simulator-only plan: search on the simulator for {loop.model.name} on {loop.cluster.name}")
+            found = make_plan(loop.model, loop.cluster, loop.workload, "search", predictor="simulator")
+            state["simulator_plan"] = found.plan.to_dict()
+            loop.state.save()
+        simulator_plan = Plan.from_dict(state["simulator_plan"])
+        policy_path = Path(state["policy"]) if state.get("policy") else None
+        for iteration in range(len(state["iterations"]), cfg.iterations):
+            policy_path = _iteration_step(loop, iteration, simulator_plan, policy_path, tracker)
+        result = _finish(loop, simulator_plan, policy_path, tracker)
+    finally:
+        tracker.finish()
+    return result
+
+
+def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Path | None, tracker) -> Path:
+    cfg, state = loop.cfg, loop.state.data
+    start = time.time()
+    records = loop.records()
+    correction = loop.correction(records)
+    predictor = loop.predictor(correction)
+    say = loop.say
+    say(f"iteration {iteration + 1}/{cfg.iterations}: the policy proposes plans")
+    pool = loop.candidates(predictor, policy_path, iteration)
+    measured = {_record_key(r) for r in records}
+    done_here = [r for r in records if _iteration(r) == iteration]
+    chosen = loop.choose(pool, measured, iteration, simulator_plan)[: max(0, cfg.runs_per_iteration - len(done_here))]
+    say(f"  {len(pool)} candidates; running {len(chosen)} (already ran {len(done_here)} of this iteration)")
+    for plan, role in chosen:
+        loop.run(plan, role, iteration)
+    records = loop.records()
+    correction = loop.correction(records)
+    correction.save(loop.out / f"correction-{iteration}.json")
+    errors = _held_out_errors(loop, records, correction)
+    say(f"  refitted on {len(correction.r)} runs; held-out error simulator {errors['simulator_error_pct']:.1f}% "
+        f"vs corrected {errors['learned_error_pct']:.1f}% ({errors['held_out_runs']} runs)")
+    say(f"  policy training: {cfg.policy_timesteps} PPO steps on the corrected reward")
+    policy_path = loop.train_policy(correction, policy_path, iteration, tracker)
+    here = [r for r in records if _iteration(r) == iteration]
+    summary = {"iteration": iteration, "runs": len(here), "trained_on": len(correction.r),
+               "best_measured_tokens_per_s": max((r.measured.tokens_per_s for r in here), default=None),
+               "roles": [_role(r) for r in here], **errors, "wall_s": round(time.time() - start, 1)}
+    tracker.log({f"loop/{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None},
+                step=iteration)
+    state["iterations"].append(summary)
+    state["policy"] = str(policy_path)
+    loop.state.save()
+    return policy_path
+
+
+def _record_key(record) -> str:
+    d = dict(record.original_plan)
+    d.pop("meta", None)
+    from hetpart.plan import Plan
+
+    return _plan_key(Plan.from_dict(d))
+
+
+def _held_out_errors(loop: _Loop, records: list, correction) -> dict[str, Any]:
+    """Mean absolute step-time error of the simulator and of the corrected model on the held-out runs."""
+    from hetpart.costmodel.learned.corrected import planned_features, run_prediction
+
+    held = [r for r in records if _role(r) == "held_out"]
+    sim_err, corr_err = [], []
+    for rec in held:
+        simulated = run_prediction(rec).step_time_s
+        c, _, _ = correction.apply(planned_features(rec))
+        sim_err.append(_error_pct(simulated, rec.measured.step_time_s))
+        corr_err.append(_error_pct(simulated * math.exp(c), rec.measured.step_time_s))
+    mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+    return {"simulator_error_pct": mean(sim_err), "learned_error_pct": mean(corr_err), "held_out_runs": len(held)}
+
+
+def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> dict[str, Any]:
+    """Pick the loop's plan, measure it against the simulator's plan (interleaved repeats), report."""
+    from hetpart.plan import Plan
+
+    cfg, state, say = loop.cfg, loop.state.data, loop.say
+    records = loop.records()
+    correction = loop.correction(records)
+    predictor = loop.predictor(correction)
+    if "loop_plan" not in state:
+        pool = loop.candidates(predictor, policy_path, cfg.iterations)
+        pool += [(Plan.from_dict(_strip_meta(r.original_plan)), 0.0, 0.0) for r in records if _role(r) != "final"]
+        scored = []
+        for plan, _, _ in pool:
+            p = predictor.predict(plan, loop.workload, validate=False)
+            if not p.metrics.get("fits_in_memory", True):
+                continue
+            std = p.metrics["uncertainty"]["relative_std"]
+            scored.append((p.tokens_per_s * math.exp(-std), plan))
+        best = max(scored, key=lambda s: s[0])[1]
+        state["loop_plan"] = best.to_dict()
+        loop.state.save()
+    loop_plan = Plan.from_dict(state["loop_plan"])
+    say(f"final: loop plan {_describe(loop_plan)} vs simulator plan {_describe(simulator_plan)}, "
+        f"{cfg.repeats} interleaved runs each")
+    done = [r for r in records if _role(r) == "final"]
+    order = [("simulator_plan", simulator_plan), ("loop_plan", loop_plan)] * cfg.repeats
+    for which, plan in order[len(done):]:
+        loop.run(plan, "final", cfg.iterations)
+        rec = loop.records()[-1]
+        state["final"].append({"plan": which, "tokens_per_s": rec.measured.tokens_per_s,
+                               "step_time_s": rec.measured.step_time_s})
+        loop.state.save()
+    tok = {w: [f["tokens_per_s"] for f in state["final"] if f["plan"] == w] for w in ("simulator_plan", "loop_plan")}
+    records = loop.records()
+    errors = _held_out_errors(loop, records, correction)
+    result = {"iterations": state["iterations"], "ground": cfg.ground, "cluster": loop.cluster.name,
+              "model": cfg.model, **errors,
+              "measured_tokens_per_s_simulator_plan": statistics.fmean(tok["simulator_plan"]),
+              "measured_tokens_per_s_loop_plan": statistics.fmean(tok["loop_plan"]),
+              "repeats": cfg.repeats,
+              "tokens_per_s_std_simulator_plan": _std(tok["simulator_plan"]),
+              "tokens_per_s_std_loop_plan": _std(tok["loop_plan"]),
+              "measured_tokens_per_s_runs": tok,
+              "simulator_plan": _describe(simulator_plan), "loop_plan": _describe(loop_plan),
+              "same_plan": _plan_key(simulator_plan) == _plan_key(loop_plan),
+              "measured_runs": len(records), "trained_on": len(correction.r), "out": str(loop.out),
+              "effects": loop.effects}
+    tracker.log({"loop/final_simulator_plan_tokens_per_s": result["measured_tokens_per_s_simulator_plan"],
+                 "loop/final_loop_plan_tokens_per_s": result["measured_tokens_per_s_loop_plan"]}, step=cfg.iterations)
+    return result
+
+
+def _strip_meta(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "meta"}
+
+
+def _std(xs: list[float]) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0

@@ -1,0 +1,56 @@
+"""``hetpart loop``: the closed loop (policy proposes, runtime measures, corrected model refits, policy trains on)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from hetpart.cli.common import JsonFlag, emit_json
+
+__all__ = ["register"]
+
+
+def loop_command(
+        cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster YAML or catalog name (ignored by --ground cpu)."),
+        model: str = typer.Option(..., "--model", "-m", help="Model (catalog name, HF config, python:...)."),
+        iterations: int = typer.Option(3, "--iterations", help="Loop iterations."),
+        runs_per_iteration: int = typer.Option(4, "--runs-per-iteration", help="Measured runs per iteration."),
+        out: str = typer.Option("runs/loop", "--out", help="State, run records, corrections and policy checkpoints; "
+                                                          "run again with the same --out to resume."),
+        ground: str = typer.Option("emulated", "--ground", help="emulated: the cluster on local CPU processes with "
+                                   "effects the simulator lacks; cpu: this machine's CPU processes, no emulation."),
+        global_batch: int = typer.Option(64, "--global-batch", help="Global batch of the plans (samples)."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's, at most 1024)."),
+        steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 2 warm-up steps)."),
+        repeats: int = typer.Option(2, "--repeats", help="Final runs of each of the two compared plans (interleaved)."),
+        policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward."),
+        seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
+        tracker: str = typer.Option("wandb,tensorboard", "--tracker", help="wandb (offline), tensorboard, both, or null."),
+        json_out: bool = JsonFlag) -> None:
+    """Run the closed loop on CLUSTER for MODEL; progress on stderr, results (or --json) on stdout."""
+    import sys
+
+    from hetpart.experiments.loop import LoopConfig, run_loop
+
+    cfg = LoopConfig(cluster=cluster, model=model, iterations=iterations, runs_per_iteration=runs_per_iteration,
+                     ground=ground, out=out, global_batch=global_batch, seq_len=seq_len, steps=steps,
+                     repeats=repeats, policy_timesteps=policy_timesteps, seed=seed, tracker=tracker)
+    start = __import__("time").time()
+
+    def say(text: str) -> None:
+        print(f"hetpart loop [{__import__('time').time() - start:5.0f}s] {text}", file=sys.stderr, flush=True)
+
+    result = run_loop(cfg, say)
+    if json_out:
+        emit_json(result)
+        return
+    print(f"held-out error: simulator {result['simulator_error_pct']:.1f}%, corrected {result['learned_error_pct']:.1f}% "
+          f"({result['held_out_runs']} runs)")
+    print(f"measured tokens/s ({result['repeats']} runs each): simulator plan "
+          f"{result['measured_tokens_per_s_simulator_plan']:,.0f} ± {result['tokens_per_s_std_simulator_plan']:,.0f}, "
+          f"loop plan {result['measured_tokens_per_s_loop_plan']:,.0f} ± {result['tokens_per_s_std_loop_plan']:,.0f}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("loop")(loop_command)

@@ -1,0 +1,198 @@
+"""The closed loop: the ``corrected`` predictor in the registry, emulation effects, ``hetpart loop``.
+
+The loop test starts real torchrun jobs of 2 CPU processes (marked slow); the rest checks pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetpart import load_cluster, load_model
+from hetpart.plan import Plan, Replica, Stage
+from hetpart.workload import Workload
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+H100_RUNS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "h100_runs.jsonl"
+
+
+def _setup():
+    model = load_model("gpt2-small", seq_len=256, precision="bf16")
+    cluster = load_cluster("tiny-mixed")
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=256, schedule="1f1b",
+                replicas=(Replica(1.0, (Stage((0, 8), ("0/0/0",)), Stage((8, 14), ("1/0/0",)))),))
+    return model, cluster, plan
+
+
+# ------------------------------------------------------------------------------- corrected predictor
+def test_corrected_predictor_is_registered_and_without_runs_is_the_simulator_flagged_unseen():
+    from hetpart.costmodel.predictor import available_predictors, get_predictor
+
+    model, cluster, plan = _setup()
+    assert "corrected" in available_predictors()
+    sim = get_predictor("simulator", model, cluster).predict(plan)
+    got = get_predictor("corrected", model, cluster).predict(plan).metrics
+    assert got["step_time_s"] == pytest.approx(sim.step_time_s, rel=1e-9)
+    assert got["uncertainty"]["out_of_distribution"] is True
+
+
+def test_corrected_predictor_fits_records_and_round_trips_through_a_file(tmp_path):
+    from hetpart.costmodel.learned.corrected import fit_records, load_correction
+    from hetpart.costmodel.predictor import get_predictor
+    from hetpart.records import load_records
+
+    records = load_records(H100_RUNS)
+    corr = fit_records(records[:8], "run")
+    assert corr.meta["runs"] == 8 and corr.meta["features"] == "run"
+    corr.save(tmp_path / "c.json")
+    again = load_correction(tmp_path / "c.json")
+    x = corr.x[0] + 0.01
+    assert again.apply(x) == pytest.approx(corr.apply(x))
+    model, cluster, plan = _setup()
+    a = get_predictor("corrected", model, cluster, correction=corr).predict(plan).step_time_s
+    b = get_predictor("corrected", model, cluster, correction=str(tmp_path / "c.json")).predict(plan).step_time_s
+    c = get_predictor("corrected", model, cluster, records=str(H100_RUNS)).predict(plan).step_time_s
+    assert a == pytest.approx(b) and c > 0
+
+
+def test_corrected_model_beats_the_simulator_on_held_out_real_h100_runs():
+    """Leave-one-out over the 10 real H100 runs: each predicted by a correction fitted on the other 9."""
+    from hetpart.costmodel.learned.corrected import fit_correction, records_training_set
+    from hetpart.records import load_records
+
+    xs, rs, _ = records_training_set(load_records(H100_RUNS))
+    sim_err, corr_err = [], []
+    for i in range(len(rs)):
+        rest = [j for j in range(len(rs)) if j != i]
+        corr = fit_correction([xs[j] for j in rest], [rs[j] for j in rest], wide_bandwidth=2.0)
+        c, _, _ = corr.apply(xs[i])
+        sim_err.append(abs(math.exp(-rs[i]) - 1))  # simulated / measured - 1
+        corr_err.append(abs(math.exp(c - rs[i]) - 1))
+    assert np.mean(corr_err) < np.mean(sim_err)
+
+
+def test_wide_kernel_carries_the_shared_bias_to_plans_far_from_every_run():
+    from hetpart.costmodel.learned.corrected import CORRECTION_FEATURES, fit_correction
+
+    rng = np.random.default_rng(0)
+    x = [rng.normal(0, 0.05, len(CORRECTION_FEATURES)) for _ in range(10)]
+    narrow = fit_correction(x, [math.log(1.5)] * 10)
+    wide = fit_correction(x, [math.log(1.5)] * 10, wide_bandwidth=50.0)
+    far = np.full(len(CORRECTION_FEATURES), 2.0)
+    assert narrow.apply(far)[0] == pytest.approx(0.0, abs=1e-6)
+    assert wide.apply(far)[0] == pytest.approx(math.log(1.5) * 10 / 11, rel=0.05) and wide.apply(far)[2]
+
+
+def test_a_correction_of_other_features_is_refused(tmp_path):
+    from hetpart.costmodel.learned.corrected import load_correction
+    from hetpart.errors import SpecError
+
+    (tmp_path / "c.json").write_text(json.dumps({"features": ["a"], "x": [[1.0]], "r": [0.1]}))
+    with pytest.raises(SpecError, match="features .* differ"):
+        load_correction(tmp_path / "c.json")
+    (tmp_path / "d.json").write_text("[1, 2]")
+    with pytest.raises(SpecError, match="not a correction"):
+        load_correction(tmp_path / "d.json")
+
+
+def test_environment_rewards_with_the_corrected_model():
+    from hetpart.costmodel.learned.corrected import CORRECTION_FEATURES, fit_correction
+    from hetpart.envs import PartitionEnv
+
+    model, cluster, _ = _setup()
+    workload = Workload(global_batch=8, seq_len=256, precision="bf16", recompute="auto")
+    x = [np.zeros(len(CORRECTION_FEATURES))]
+    slower = fit_correction(x, [math.log(2.0)], wide_bandwidth=100.0, prior_runs=0.0)
+    rewards = {}
+    for name, options in (("simulator", {}), ("corrected", {"correction": slower})):
+        env = PartitionEnv(scenario=(model, cluster, workload), reward=name, reward_options=options)
+        env.reset(seed=0)
+        done, reward = False, 0.0
+        while not done:
+            _, reward, done, _, _ = env.step(int(np.flatnonzero(env.action_masks())[0]))
+        rewards[name] = reward
+    assert rewards["corrected"] == pytest.approx(rewards["simulator"] / 2.0, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- effects
+def test_emulation_effects_per_rank():
+    from hetpart.runtime.emulation import EmulationEffects
+
+    cluster = load_cluster("tiny-mixed")
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=64, schedule="1f1b",
+                replicas=(Replica(0.5, (Stage((0, 10), ("0/0/0",)), Stage((10, 14), ("1/0/0",)))),
+                          Replica(0.5, (Stage((0, 10), ("0/0/1",)), Stage((10, 14), ("1/0/1",))))))
+    fx = EmulationEffects(small_batch_types=("V100-16GB",), small_batch_tokens=4096, small_batch_slowdown=3.0,
+                          layer_overhead_ms=2.0, congestion=0.5)
+    devices = plan.devices
+    a100 = fx.rank_terms(plan, cluster, devices, devices.index("0/0/0"), planned_seq_len=1024, compute_time_factor=10.0)
+    v100 = fx.rank_terms(plan, cluster, devices, devices.index("1/0/0"), planned_seq_len=1024, compute_time_factor=10.0)
+    assert a100["compute_scale"] == 1.0 and v100["compute_scale"] == 3.0  # 2 x 1024 tokens < 4096 on a V100
+    assert a100["pass_overhead_s"] == pytest.approx(10 * 2e-3 * 10) and v100["pass_overhead_s"] == pytest.approx(4 * 2e-3 * 10)
+    assert a100["congestion_scale"] == pytest.approx(1.5)  # 2 ranks per node share the NIC
+    big = fx.rank_terms(plan, cluster, devices, devices.index("1/0/0"), planned_seq_len=4096, compute_time_factor=10.0)
+    assert big["compute_scale"] == 1.0
+    assert EmulationEffects.from_dict(fx.to_dict()) == fx
+    with pytest.raises(ValueError, match="must not speed anything up"):
+        EmulationEffects(small_batch_slowdown=0.5)
+
+
+def test_emulator_applies_the_effects():
+    from hetpart.costmodel.collectives import allreduce_time_s
+    from hetpart.runtime.emulation import Emulator
+
+    cluster = load_cluster("tiny-mixed")
+    devices = ("0/0/0", "0/0/1", "1/0/0", "1/0/1")
+    emu = Emulator(cluster=cluster, rank_devices=devices, rank=2, speed_ratio=2.0, compute_scale=3.0,
+                   pass_overhead_s=0.01, congestion_scale=1.5)
+    assert emu.compute_delay_s(1.0) == pytest.approx(5.0)
+    assert emu.pass_delay_s("fwd") == 0.01 and emu.pass_delay_s("loss") == 0.0
+    inter = allreduce_time_s(1e6, list(devices), cluster)
+    intra = allreduce_time_s(1e6, ["1/0/0", "1/0/1"], cluster)
+    assert emu.collective_delay_s("allreduce", 1e6, [0, 1, 2, 3]) == pytest.approx(inter * 1.5)
+    assert emu.collective_delay_s("allreduce", 1e6, [2, 3]) == pytest.approx(intra)
+
+
+# ------------------------------------------------------------------------------------------- loop
+def test_loop_config_refuses_too_few_runs():
+    from hetpart.errors import PlanError
+    from hetpart.experiments.loop import LoopConfig
+
+    with pytest.raises(PlanError, match="--runs-per-iteration: 2 leaves no run"):
+        LoopConfig(cluster="tiny-mixed", model="gpt2-small", runs_per_iteration=2)
+    with pytest.raises(PlanError, match="--ground: unknown ground 'gpu'"):
+        LoopConfig(cluster="tiny-mixed", model="gpt2-small", ground="gpu")
+
+
+@pytest.mark.slow
+def test_loop_runs_measures_refits_and_resumes(tmp_path):
+    """One iteration of 2 real emulated runs (the simulator's plan and a held-out one), then the
+    final comparison; run again on the same directory, it resumes with nothing left to run."""
+    from hetpart.experiments.loop import LoopConfig, run_loop
+    from hetpart.records import load_records
+
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, "
+                       "nic: Ethernet-25}\n  - {count: 1, gpus_per_node: 1, gpu: V100-16GB, intra_node: NVLink2, "
+                       "nic: Ethernet-25}\n")
+    cfg = LoopConfig(cluster=str(cluster), model="gpt2-small", iterations=1, runs_per_iteration=2, explore=0,
+                     held_out=1, repeats=1, global_batch=8, seq_len=256, steps=1, policy_timesteps=64,
+                     samples=4, tracker="tensorboard", out=str(tmp_path / "loop"))
+    said: list[str] = []
+    out = run_loop(cfg, said.append)
+    records = load_records(tmp_path / "loop" / "runs.jsonl")
+    roles = [r.original_plan["meta"]["loop"]["role"] for r in records]
+    assert roles[:2] == ["baseline", "held_out"] and roles[2:] == ["final", "final"]
+    assert out["held_out_runs"] == 1 and out["trained_on"] == 1
+    assert out["simulator_error_pct"] > 0 and out["learned_error_pct"] >= 0
+    assert out["measured_tokens_per_s_simulator_plan"] > 0 and out["measured_tokens_per_s_loop_plan"] > 0
+    assert len(out["iterations"]) == 1 and (tmp_path / "loop" / "policy-0.zip").exists()
+    assert any((tmp_path / "loop" / "tracked").rglob("events.out.tfevents*"))
+    again = run_loop(cfg, said.append)
+    assert len(load_records(tmp_path / "loop" / "runs.jsonl")) == len(records)
+    assert again["measured_tokens_per_s_loop_plan"] == out["measured_tokens_per_s_loop_plan"]
