@@ -4,10 +4,10 @@ Each iteration:
 
 1. the policy proposes plans (greedy + sampled decodes, exactly completed; :func:`sample_plans`),
    with neighbours of them as a pool for exploration;
-2. ``runs_per_iteration`` of them run with the runtime (``hetpart run``'s :func:`run_plan`): the
-   best ones by the current corrected model, ``explore`` where it is least certain, and ``held_out``
-   chosen at random among the rest, never trained on (the errors are measured on these);
-   iteration 0 runs the simulator-only plan (``search`` on the simulator) first;
+2. ``runs_per_iteration`` of them run with the runtime (``hetpart run``'s :func:`run_plan`), one at a
+   time, the correction refitted before each choice: the best by the corrected model, ``explore``
+   where it is least certain, and ``held_out`` chosen at random, never trained on (the errors are
+   measured on these); iteration 0 runs the simulator-only plan (``search`` on the simulator) first;
 3. the run records are appended to ``DIR/runs.jsonl`` and the correction is refitted on every
    measured run but the held-out ones (:func:`fit_records`, features of the plan as planned);
 4. the policy continues MaskablePPO training on the fixed scenario with the corrected model as
@@ -18,9 +18,11 @@ of every plan it proposed or ran) and the simulator-only plan are measured ``rep
 interleaved, and the JSON of shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
 so a loop started again with the same ``--out`` resumes where it stopped (run records included).
 
-Two grounds: ``emulated`` (the cluster emulated on local CPU processes, with
-:class:`~hetpart.runtime.emulation.EmulationEffects` the simulator does not model) and ``cpu`` (real
-CPU processes of this machine, no emulation; the cluster is this machine's, measured).
+Grounds: ``emulated`` (the cluster emulated on local CPU processes, with
+:class:`~hetpart.runtime.emulation.EmulationEffects` the simulator does not model), ``cpu`` (real
+CPU processes of this machine, no emulation; the cluster is this machine's, measured) and ``real``
+(the given cluster is the machine's own GPUs: no emulation, one process per GPU, NCCL between GPUs
+of one vendor).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from hetpart.errors import PlanError
+from hetpart.errors import HetpartError, PlanError
 
 __all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster"]
 
@@ -53,15 +55,16 @@ class LoopConfig:
     model: str
     iterations: int = 3
     runs_per_iteration: int = 4
-    ground: Literal["emulated", "cpu"] = "emulated"
-    """``emulated``: the cluster emulated with effects; ``cpu``: this machine's CPU processes, no emulation."""
+    ground: Literal["emulated", "cpu", "real"] = "emulated"
+    """``emulated``: the cluster emulated with effects; ``cpu``: this machine's CPU processes, no emulation;
+    ``real``: the cluster's own devices (GPUs on a GPU machine, NCCL between them), no emulation."""
     out: str = "runs/loop"
     """State, run records, corrections, policy checkpoints and tracked runs."""
-    global_batch: int = 64
+    global_batch: int = 32
     seq_len: int | None = None
     steps: int = 2
     """Measured steps per run (after ``warmup``)."""
-    warmup: int = 2
+    warmup: int = 1
     scale: str = "tiny"
     repeats: int = 2
     """Final measurements of each of the two plans (interleaved)."""
@@ -84,16 +87,21 @@ class LoopConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
-        if self.ground not in ("emulated", "cpu"):
-            raise PlanError(f"--ground: unknown ground {self.ground!r}; use emulated or cpu")
+        if self.ground not in ("emulated", "cpu", "real"):
+            raise PlanError(f"--ground: unknown ground {self.ground!r}; use emulated, cpu or real")
         if self.explore + self.held_out >= self.runs_per_iteration + (0 if self.runs_per_iteration > 1 else 1):
             raise PlanError(f"--runs-per-iteration: {self.runs_per_iteration} leaves no run to exploit beside "
                             f"{self.explore} exploratory and {self.held_out} held-out; give at least "
                             f"{self.explore + self.held_out + 1}")
 
     def key(self) -> dict[str, Any]:
-        """What a resumed loop must share with the one it resumes."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("iterations", "tracker")}
+        """What a resumed loop must share with the one it resumes (the cluster by content, not by path)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("iterations", "tracker", "out", "cluster")}
+        if self.ground != "cpu":
+            from hetpart.cluster import cluster_to_dict, load_cluster
+
+            out["cluster"] = cluster_to_dict(load_cluster(self.cluster))
+        return out
 
 
 # ------------------------------------------------------------------------------------------- grounds
@@ -174,7 +182,7 @@ class _Loop:
         return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else self.cfg.cluster
 
     def _effects(self) -> dict[str, Any] | None:
-        if self.cfg.ground == "cpu":
+        if self.cfg.ground != "emulated":
             return None
         slowest = min(self.cluster.groups, key=lambda g: g.gpu.tflops(self.precision)).gpu.name
         return dict(DEFAULT_EFFECTS, small_batch_types=[slowest])
@@ -189,7 +197,7 @@ class _Loop:
         from hetpart.costmodel.learned.corrected import fit_records
 
         train = [r for r in records if _role(r) not in ("held_out", "final")]
-        return fit_records(train, "plan", wide_bandwidth=2.0)
+        return fit_records(train, "plan", wide_bandwidth=1.0)
 
     def predictor(self, correction):
         from hetpart.costmodel.learned.corrected import CorrectedPredictor
@@ -212,10 +220,9 @@ class _Loop:
         return result.record
 
     # ---------------------------------------------------------------------------------- proposals
-    def candidates(self, predictor, policy_path: Path | None, iteration: int) -> list:
-        """Policy proposals and their neighbours, priced by ``predictor``: ``[(plan, tokens/s, rel std)]``."""
+    def proposals(self, predictor, policy_path: Path | None, iteration: int) -> list:
+        """Policy proposals and their neighbours that fit, with the simulator's report: ``[(plan, prediction)]``."""
         from hetpart.costmodel.evaluator import Evaluator
-        from hetpart.costmodel.learned.corrected import correction_features
         from hetpart.costmodel.learned.sampling import neighbour
         from hetpart.policies.policy_planner import sample_plans
 
@@ -237,48 +244,44 @@ class _Loop:
             seen.add(key)
             try:
                 pred = predictor.sim.simulate(plan, self.workload)
-            except Exception:  # an invalid neighbour: not a candidate  # noqa: BLE001
+            except HetpartError:  # a neighbour that breaks a rule is no candidate
                 continue
-            if not pred.metrics.get("fits_in_memory", True):
-                continue
-            c, std, _ = predictor.correction.apply(correction_features(pred, plan))
+            if pred.metrics.get("fits_in_memory", True):
+                out.append((plan, pred))
+        return out
+
+    @staticmethod
+    def score(pool: list, correction) -> list:
+        """``[(plan, corrected tokens/s, relative std)]`` of the proposals under ``correction``."""
+        from hetpart.costmodel.learned.corrected import correction_features
+
+        out = []
+        for plan, pred in pool:
+            c, std, _ = correction.apply(correction_features(pred, plan))
             out.append((plan, pred.tokens_per_s / math.exp(c), std))
         return out
 
-    def choose(self, pool: list, measured: set, iteration: int, simulator_plan) -> list[tuple[Any, str]]:
-        """The runs of one iteration: ``[(plan, role)]``. Only plans the corrected model puts within
-        ``trust`` of its best candidate are run: a plan it prices far below is not worth a measurement
-        (and in emulation such plans run for minutes)."""
+    def choose(self, scored: list, measured: set, role: str):
+        """The plan to run in ``role`` (``exploit``, ``explore``, ``held_out``), or None when none is left.
+
+        Only plans the corrected model prices within ``trust`` of its best candidate are run: a plan it
+        prices far below is not worth a measurement (and in emulation such plans run for minutes).
+        """
+        best = max((p[1] for p in scored), default=0.0)
+        fresh = [p for p in scored if _plan_key(p[0]) not in measured and p[1] >= self.cfg.trust * best]
+        if not fresh:
+            return None
+        if role == "exploit":
+            return max(fresh, key=lambda p: p[1])[0]
+        if role == "explore":
+            return max(fresh, key=lambda p: p[2])[0]
+        return self.rng.choice(fresh)[0]
+
+    def roles(self, iteration: int) -> list[str]:
         cfg = self.cfg
-        best = max((p[1] for p in pool), default=0.0)
-        fresh = [p for p in pool if _plan_key(p[0]) not in measured and p[1] >= cfg.trust * best]
-        chosen: list[tuple[Any, str]] = []
-        taken: set = set()
-
-        def take(item, role):
-            chosen.append((item[0], role))
-            taken.add(_plan_key(item[0]))
-
         exploit = cfg.runs_per_iteration - cfg.explore - cfg.held_out
-        if iteration == 0 and _plan_key(simulator_plan) not in measured:
-            take((simulator_plan,), "baseline")
-            exploit -= 1
-        for item in sorted(fresh, key=lambda p: -p[1]):
-            if exploit <= 0:
-                break
-            if _plan_key(item[0]) not in taken:
-                take(item, "exploit")
-                exploit -= 1
-        for item in sorted(fresh, key=lambda p: -p[2])[: cfg.explore * 4]:
-            if sum(r == "explore" for _, r in chosen) >= cfg.explore:
-                break
-            if _plan_key(item[0]) not in taken:
-                take(item, "explore")
-        rest = [p for p in fresh if _plan_key(p[0]) not in taken]
-        self.rng.shuffle(rest)
-        for item in rest[: cfg.held_out]:
-            take(item, "held_out")
-        return chosen
+        first = ["baseline"] if iteration == 0 else []
+        return first + ["exploit"] * (exploit - len(first)) + ["explore"] * cfg.explore + ["held_out"] * cfg.held_out
 
     # ------------------------------------------------------------------------------------- policy
     def train_policy(self, correction, policy_path: Path | None, iteration: int, tracker) -> Path:
@@ -362,19 +365,27 @@ def run_loop(cfg: LoopConfig, say: Callable[[str], None] = lambda s: None) -> di
 
 
 def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Path | None, tracker) -> Path:
-    cfg, state = loop.cfg, loop.state.data
+    """Propose, then run one plan at a time (the correction refitted before each choice), refit, train."""
+    cfg, state, say = loop.cfg, loop.state.data, loop.say
     start = time.time()
     records = loop.records()
-    correction = loop.correction(records)
-    predictor = loop.predictor(correction)
-    say = loop.say
     say(f"iteration {iteration + 1}/{cfg.iterations}: the policy proposes plans")
-    pool = loop.candidates(predictor, policy_path, iteration)
-    measured = {_record_key(r) for r in records}
-    done_here = [r for r in records if _iteration(r) == iteration]
-    chosen = loop.choose(pool, measured, iteration, simulator_plan)[: max(0, cfg.runs_per_iteration - len(done_here))]
-    say(f"  {len(pool)} candidates; running {len(chosen)} (already ran {len(done_here)} of this iteration)")
-    for plan, role in chosen:
+    pool = loop.proposals(loop.predictor(loop.correction(records)), policy_path, iteration)
+    roles = loop.roles(iteration)
+    done_here = [_role(r) for r in records if _iteration(r) == iteration]
+    for role in done_here:  # a resumed iteration: what already ran is not run again
+        if role in roles:
+            roles.remove(role)
+    say(f"  {len(pool)} candidates; runs: {', '.join(roles) or 'none left'}"
+        + (f" (already ran {len(done_here)})" if done_here else ""))
+    for role in roles:
+        records = loop.records()
+        measured = {_record_key(r) for r in records}
+        plan = simulator_plan if role == "baseline" else loop.choose(loop.score(pool, loop.correction(records)),
+                                                                     measured, role)
+        if plan is None:
+            say(f"  {role}: no candidate left within the trust region; skipped")
+            continue
         loop.run(plan, role, iteration)
     records = loop.records()
     correction = loop.correction(records)
@@ -428,10 +439,10 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     correction = loop.correction(records)
     predictor = loop.predictor(correction)
     if "loop_plan" not in state:
-        pool = loop.candidates(predictor, policy_path, cfg.iterations)
-        pool += [(Plan.from_dict(_strip_meta(r.original_plan)), 0.0, 0.0) for r in records if _role(r) != "final"]
+        pool = [plan for plan, _ in loop.proposals(predictor, policy_path, cfg.iterations)]
+        pool += [Plan.from_dict(_strip_meta(r.original_plan)) for r in records if _role(r) != "final"]
         scored = []
-        for plan, _, _ in pool:
+        for plan in pool:
             p = predictor.predict(plan, loop.workload, validate=False)
             if not p.metrics.get("fits_in_memory", True):
                 continue

@@ -52,12 +52,19 @@ def _engine() -> Section:
     return section()
 
 
+def _loop() -> Section:
+    from hetpart.experiments.bench_loop import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
     "simulator-calibration": _simulator_calibration,
     "simulator-speed": _simulator_speed,
     "engine": _engine,
+    "loop": _loop,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

@@ -21,8 +21,9 @@ Features come from that run-time simulation (``features="run"``: re-predicting r
 plan as it was planned, the full model on the real cluster (``features="plan"``: what a planner
 that prices plans of the real cluster needs; ``hetpart loop`` fits so).
 
-Registered as the predictor ``corrected`` (:func:`corrected_predictor`): with no correction given
-it has seen no run and answers as the simulator, flagged out of distribution.
+Registered as the predictor ``corrected`` (:func:`corrected_predictor`): the correction given, else
+``$HETPART_CORRECTION`` (a file ``hetpart costmodel correct --out`` wrote), else none: then it has
+seen no run and answers as the simulator, flagged out of distribution.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from hetpart.plan import Plan
 from hetpart.workload import Workload
 
 __all__ = ["Correction", "CorrectedPredictor", "correction_features", "fit_correction", "records_training_set",
-           "fit_records", "corrected_predictor", "load_correction", "CORRECTION_FEATURES"]
+           "fit_records", "corrected_predictor", "load_correction", "leave_one_out", "run_prediction",
+           "planned_features", "CORRECTION_FEATURES"]
 
 CORRECTION_FEATURES = ("compute_share", "tp_share", "pp_share", "dp_share", "bubble_share", "log_step_s",
                        "log_pp", "log_dp", "log_tp", "log_micro_batch", "log_devices")
@@ -244,6 +246,18 @@ class CorrectedPredictor:
         return out
 
 
+def leave_one_out(xs: Sequence[np.ndarray], rs: Sequence[float], **options: Any) -> tuple[list[float], list[float]]:
+    """Per run, ``(simulator error, corrected error)`` in % of the measured step time, each run predicted
+    by a correction fitted on all the others (it never trains on the run it predicts)."""
+    sim, corr = [], []
+    for i in range(len(rs)):
+        rest = [j for j in range(len(rs)) if j != i]
+        c, _, _ = fit_correction([xs[j] for j in rest], [rs[j] for j in rest], **options).apply(xs[i])
+        sim.append(100 * abs(math.exp(-rs[i]) - 1))
+        corr.append(100 * abs(math.exp(c - rs[i]) - 1))
+    return sim, corr
+
+
 def corrected_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                         correction: Correction | str | Path | None = None, records: str | Path | None = None,
                         features: Literal["run", "plan"] = "plan", overlap_grad_reduce: bool = True
@@ -255,8 +269,13 @@ def corrected_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         records: run records (``.jsonl``) to fit one from, when no ``correction`` is given.
         features: for ``records``: where the features come from (module docstring).
 
-    With neither, the correction has seen no run: the simulator's numbers, flagged out of distribution.
+    With neither, ``$HETPART_CORRECTION`` if set, else a correction that has seen no run: the
+    simulator's numbers, flagged out of distribution.
     """
+    import os
+
+    if correction is None and records is None and os.environ.get("HETPART_CORRECTION"):
+        correction = os.environ["HETPART_CORRECTION"]
     if isinstance(correction, (str, Path)):
         correction = load_correction(correction)
     if correction is None:

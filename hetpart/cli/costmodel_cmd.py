@@ -176,5 +176,42 @@ def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.p
     _print_report(report, f"{path} on {dataset}")
 
 
+@costmodel_app.command("correct")
+def correct_command(records: Path = typer.Option(..., "--records", help="Run records (hetpart run --out, hetpart loop)."),
+                    out: Optional[Path] = typer.Option(None, "--out", help="Write the correction here (JSON); "
+                                                       "HETPART_CORRECTION=FILE makes --predictor corrected use it."),
+                    features: str = typer.Option("run", "--features", help="run: features of the run as it ran; "
+                                                 "plan: of the plan as planned (full model, real cluster)."),
+                    json_out: bool = JsonFlag) -> None:
+    """Fit the corrected model on measured runs; report its leave-one-out error against the simulator's."""
+    import statistics
+
+    from hetpart.costmodel.learned.corrected import fit_correction, leave_one_out, records_training_set
+    from hetpart.errors import PlanError
+    from hetpart.records import load_records
+
+    if features not in ("run", "plan"):
+        raise PlanError(f"--features: unknown {features!r}; use run or plan")
+    xs, rs, emulated = records_training_set(load_records(records), features)  # type: ignore[arg-type]
+    if not rs:
+        raise PlanError(f"--records: {records} holds no run; give the file 'hetpart run --out' appended to")
+    sim, corr = leave_one_out(xs, rs, wide_bandwidth=1.0) if len(rs) > 1 else ([], [])
+    correction = fit_correction(xs, rs, wide_bandwidth=1.0)
+    correction.meta.update(features=features, runs=len(rs), emulated_runs=int(sum(emulated)), records=str(records))
+    if out is not None:
+        correction.save(out)
+    mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+    report = {"runs": len(rs), "emulated_runs": int(sum(emulated)), "features": features,
+              "leave_one_out_simulator_error_pct": mean(sim), "leave_one_out_corrected_error_pct": mean(corr),
+              "out": str(out) if out else None}
+    if json_out:
+        emit_json(report)
+        return
+    if sim:
+        print(f"{len(rs)} runs; leave-one-out step-time error: simulator {mean(sim):.1f}%, corrected {mean(corr):.1f}%")
+    if out is not None:
+        print(f"correction written to {out} (HETPART_CORRECTION={out} hetpart predict ... --predictor corrected)")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(costmodel_app, name="costmodel")

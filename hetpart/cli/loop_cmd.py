@@ -12,17 +12,19 @@ __all__ = ["register"]
 
 
 def loop_command(
-        cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster YAML or catalog name (ignored by --ground cpu)."),
+        cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster YAML or catalog name (--ground "
+                                              "emulated; --ground cpu uses this machine)."),
         model: str = typer.Option(..., "--model", "-m", help="Model (catalog name, HF config, python:...)."),
         iterations: int = typer.Option(3, "--iterations", help="Loop iterations."),
         runs_per_iteration: int = typer.Option(4, "--runs-per-iteration", help="Measured runs per iteration."),
-        out: str = typer.Option("runs/loop", "--out", help="State, run records, corrections and policy checkpoints; "
-                                                          "run again with the same --out to resume."),
+        out: Optional[str] = typer.Option(None, "--out", help="State, run records, corrections and policy checkpoints "
+                                          "(default: a new runs/loop/loop__SEED__TIME); give it again to resume."),
         ground: str = typer.Option("emulated", "--ground", help="emulated: the cluster on local CPU processes with "
-                                   "effects the simulator lacks; cpu: this machine's CPU processes, no emulation."),
-        global_batch: int = typer.Option(64, "--global-batch", help="Global batch of the plans (samples)."),
+                                   "effects the simulator lacks; cpu: this machine's CPU processes, no emulation; real: "
+                                   "--cluster is this machine's GPUs (no emulation, NCCL between GPUs)."),
+        global_batch: int = typer.Option(32, "--global-batch", help="Global batch of the plans (samples)."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's, at most 1024)."),
-        steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 2 warm-up steps)."),
+        steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 1 warm-up step)."),
         repeats: int = typer.Option(2, "--repeats", help="Final runs of each of the two compared plans (interleaved)."),
         policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward."),
         seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
@@ -33,7 +35,15 @@ def loop_command(
 
     from hetpart.experiments.loop import LoopConfig, run_loop
 
-    cfg = LoopConfig(cluster=cluster, model=model, iterations=iterations, runs_per_iteration=runs_per_iteration,
+    from hetpart.errors import PlanError
+
+    if cluster is None and ground != "cpu":
+        raise PlanError("--cluster: missing; give a cluster YAML or catalog name (or --ground cpu for this machine)")
+    if out is None:
+        from hetpart.experiments.tracking import run_name
+
+        out = f"runs/loop/{run_name('loop', seed)}"
+    cfg = LoopConfig(cluster=cluster or "this-machine", model=model, iterations=iterations, runs_per_iteration=runs_per_iteration,
                      ground=ground, out=out, global_batch=global_batch, seq_len=seq_len, steps=steps,
                      repeats=repeats, policy_timesteps=policy_timesteps, seed=seed, tracker=tracker)
     start = __import__("time").time()
@@ -41,6 +51,7 @@ def loop_command(
     def say(text: str) -> None:
         print(f"hetpart loop [{__import__('time').time() - start:5.0f}s] {text}", file=sys.stderr, flush=True)
 
+    say(f"state in {out} (run again with --out {out} to resume)")
     result = run_loop(cfg, say)
     if json_out:
         emit_json(result)
