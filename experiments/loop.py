@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from hetpart.errors import HetpartError, PlanError
+from hetpart.errors import HetpartError, PlanError, RuntimeFault
 
 __all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster"]
 
@@ -169,6 +169,8 @@ class _Loop:
                                  recompute="auto")
         self.effects = self._effects()
         self.rng = random.Random(cfg.seed)
+        self.refused: set[str] = set()
+        """Plans the runtime refused (not proposed again in this process)."""
 
     def _cluster_spec(self) -> str:
         if self.cfg.ground == "cpu":
@@ -211,17 +213,24 @@ class _Loop:
         plan = dataclasses.replace(plan, meta=dict(plan.meta, model=self.cfg.model, cluster=self.cluster_spec,
                                                    loop={"iteration": iteration, "role": role}))
         options = RunOptions(steps=self.cfg.steps, warmup=self.cfg.warmup, scale=self.cfg.scale, seed=self.cfg.seed,
-                             emulate=self.cfg.ground == "emulated", balance_links=True, effects=self.effects)
+                             emulate=self.cfg.ground == "emulated", balance_links=True, effects=self.effects,
+                             impl="hetpart")  # hetpart's own GPT: its workers start without importing transformers
         start = time.time()
-        result = run_plan(plan, self.cfg.model, self.cluster_spec, options, out=self.records_path)
+        try:
+            result = run_plan(plan, self.cfg.model, self.cluster_spec, options, out=self.records_path)
+        except (PlanError, RuntimeFault) as exc:  # the runtime refuses it (its rules, this machine): next one
+            self.refused.add(_plan_key(plan))
+            self.say(f"  {role:9s} {_describe(plan)}: not run ({exc})")
+            return None
         m = result.record.measured
         self.say(f"  {role:9s} {_describe(plan)}: {m.tokens_per_s:,.0f} tokens/s measured "
                  f"({m.step_time_s:.2f} s/step, {time.time() - start:.0f} s)")
         return result.record
 
     # ---------------------------------------------------------------------------------- proposals
-    def proposals(self, predictor, policy_path: Path | None, iteration: int) -> list:
-        """Policy proposals and their neighbours that fit, with the simulator's report: ``[(plan, prediction)]``."""
+    def proposals(self, predictor, policy_path: Path | None, iteration: int, records: list = ()) -> list:
+        """Policy proposals and their neighbours, and neighbours of the fastest measured plans (a local
+        search around what ran well), those that fit, with the simulator's report: ``[(plan, prediction)]``."""
         from hetpart.costmodel.evaluator import Evaluator
         from hetpart.costmodel.learned.sampling import neighbour
         from hetpart.policies.policy_planner import sample_plans
@@ -231,11 +240,16 @@ class _Loop:
                              seed=self.cfg.seed * 1000 + iteration, checkpoint=policy_path, evaluator=evaluator)
         plans = [f.plan for f in found]
         rng = random.Random(self.cfg.seed * 7919 + iteration)
-        for base in list(plans):
-            for _ in range(3):
+        fastest = sorted((r for r in records if _role(r) in ("baseline", "exploit", "explore")),
+                         key=lambda r: -r.measured.tokens_per_s)[:2]
+        bases = [(p, 3) for p in plans] + [(_record_plan(r), 6) for r in fastest]
+        for base, count in bases:
+            for _ in range(count):
                 near = neighbour(rng, base, self.model.num_units)
                 if near is not None:
                     plans.append(near)
+        for rec in fastest:  # the same structure at every micro-batch its replicas' samples allow
+            plans += _micro_batch_variants(_record_plan(rec))
         out, seen = [], set()
         for plan in plans:
             key = _plan_key(plan)
@@ -268,7 +282,10 @@ class _Loop:
         prices far below is not worth a measurement (and in emulation such plans run for minutes).
         """
         best = max((p[1] for p in scored), default=0.0)
-        fresh = [p for p in scored if _plan_key(p[0]) not in measured and p[1] >= self.cfg.trust * best]
+        unmeasured = [p for p in scored if _plan_key(p[0]) not in measured | self.refused]
+        fresh = [p for p in unmeasured if p[1] >= self.cfg.trust * best]
+        if not fresh and role == "held_out" and unmeasured:  # the errors need held-out runs: the best left
+            return max(unmeasured, key=lambda p: p[1])[0]
         if not fresh:
             return None
         if role == "exploit":
@@ -370,7 +387,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     start = time.time()
     records = loop.records()
     say(f"iteration {iteration + 1}/{cfg.iterations}: the policy proposes plans")
-    pool = loop.proposals(loop.predictor(loop.correction(records)), policy_path, iteration)
+    pool = loop.proposals(loop.predictor(loop.correction(records)), policy_path, iteration, records)
     roles = loop.roles(iteration)
     done_here = [_role(r) for r in records if _iteration(r) == iteration]
     for role in done_here:  # a resumed iteration: what already ran is not run again
@@ -407,12 +424,24 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     return policy_path
 
 
-def _record_key(record) -> str:
-    d = dict(record.original_plan)
-    d.pop("meta", None)
+def _micro_batch_variants(plan) -> list:
+    samples = plan.replica_samples()
+    out, mb = [], 1
+    while mb <= max(samples):
+        if mb != plan.micro_batch and not any(n % mb for n in samples):
+            out.append(dataclasses.replace(plan, micro_batch=mb))
+        mb *= 2
+    return out
+
+
+def _record_plan(record):
     from hetpart.plan import Plan
 
-    return _plan_key(Plan.from_dict(d))
+    return Plan.from_dict(_strip_meta(record.original_plan))
+
+
+def _record_key(record) -> str:
+    return _plan_key(_record_plan(record))
 
 
 def _held_out_errors(loop: _Loop, records: list, correction) -> dict[str, Any]:
@@ -439,10 +468,12 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     correction = loop.correction(records)
     predictor = loop.predictor(correction)
     if "loop_plan" not in state:
-        pool = [plan for plan, _ in loop.proposals(predictor, policy_path, cfg.iterations)]
-        pool += [Plan.from_dict(_strip_meta(r.original_plan)) for r in records if _role(r) != "final"]
+        pool = [plan for plan, _ in loop.proposals(predictor, policy_path, cfg.iterations, records)]
+        pool += [_record_plan(r) for r in records if _role(r) != "final"]
         scored = []
         for plan in pool:
+            if _plan_key(plan) in loop.refused:
+                continue
             p = predictor.predict(plan, loop.workload, validate=False)
             if not p.metrics.get("fits_in_memory", True):
                 continue
@@ -457,8 +488,10 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     done = [r for r in records if _role(r) == "final"]
     order = [("simulator_plan", simulator_plan), ("loop_plan", loop_plan)] * cfg.repeats
     for which, plan in order[len(done):]:
-        loop.run(plan, "final", cfg.iterations)
-        rec = loop.records()[-1]
+        rec = loop.run(plan, "final", cfg.iterations)
+        if rec is None:
+            raise RuntimeFault(f"loop: the final run of the {which.replace('_', ' ')} failed (above); run the loop "
+                               f"again with --out {loop.out} to retry it")
         state["final"].append({"plan": which, "tokens_per_s": rec.measured.tokens_per_s,
                                "step_time_s": rec.measured.step_time_s})
         loop.state.save()
