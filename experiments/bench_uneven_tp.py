@@ -112,7 +112,7 @@ def planning(repeats: int = 1) -> list[dict]:
     return rows
 
 
-def section(repeats: int = 3, steps: int = 3):
+def section(repeats: int = 2, steps: int = 3):
     """docs/BENCHMARKS.md's uneven tensor parallelism section (``make bench BENCH=uneven-tp``)."""
     from hetpart.experiments.benchdoc import Section, load, machine
 
@@ -154,7 +154,7 @@ def section(repeats: int = 3, steps: int = 3):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
     a = ap.parse_args(argv)

@@ -58,6 +58,12 @@ def _loop() -> Section:
     return section()
 
 
+def _uneven_tp() -> Section:
+    from hetpart.experiments.bench_uneven_tp import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -65,12 +71,14 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "simulator-speed": _simulator_speed,
     "engine": _engine,
     "loop": _loop,
+    "uneven-tp": _uneven_tp,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
 DEFAULT = ("simulator-calibration", "planners", "simulator-speed", "engine", "scaling")
-"""What ``make bench`` reruns when no section is named: every generated section but the runtime (about 30 minutes
-on the shared 2-core development machine, most of it the scaling study's 4,096-GPU search)."""
+"""What ``make bench`` reruns when no section is named: every generated section but the runtime and
+``uneven-tp`` (real multi-process runs: ``make bench BENCH=uneven-tp``, about 15 minutes); about 30 minutes
+on the shared 2-core development machine, most of it the scaling study's 4,096-GPU search."""
 
 
 def main(argv: list[str] | None = None) -> int:

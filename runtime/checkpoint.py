@@ -4,6 +4,9 @@ Every rank saves what it holds under canonical, plan-independent keys: ``model.<
 weights and ``optim.<unit>.<param>.<state>`` for Adam's step and moments. Ranks that hold the same
 unit (data-parallel replicas, tied copies) hold identical values after the exact gradient sync, and
 DCP keeps one copy; tensor-parallel shards are DTensors, which DCP saves as shards of one tensor.
+Slices of an uneven split (:mod:`hetpart.runtime.uneven_tp`; DTensor cannot describe them) are put
+together into the whole tensor over their TP group before saving, and cut at their prefix-sum offset
+after loading, so a checkpoint does not depend on the split.
 Rank 0 then writes ``hetpart_checkpoint.json`` with the next step, so a resumed run feeds the same
 synthetic batches (they depend on the step only) to the same weights and optimizer state: its
 losses continue those of an uninterrupted run.
@@ -60,7 +63,7 @@ def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    dcp.save(_state(executor, create=False), checkpoint_id=str(directory))
+    dcp.save(_whole_slices(executor, _state(executor, create=False)), checkpoint_id=str(directory))
     if not dist.is_initialized() or dist.get_rank() == 0:
         info = {"next_step": next_step, "model": executor.spec.name, "num_units": len(executor.infos),
                 **(meta or {})}
@@ -82,10 +85,58 @@ def load_checkpoint(directory: str | Path, executor) -> int:
     if info.get("num_units") != len(executor.infos):
         raise RuntimeFault(f"{directory}: the checkpoint holds a model of {info.get('num_units')} units "
                            f"({info.get('model')}) but this run has {len(executor.infos)}; give another --checkpoint")
-    state = _state(executor, create=True)
+    local = _state(executor, create=True)
+    state = _whole_slices(executor, local, gather=False)
     try:
         dcp.load(state, checkpoint_id=str(directory))
     except Exception as exc:  # DCP raises plain exceptions (missing keys, shape mismatches)
         raise RuntimeFault(f"{directory}: cannot resume from this checkpoint "
                            f"({' '.join(str(exc).split())[:200]}); it was written for another model or plan") from None
+    _cut_slices(executor, local, state)
     return int(info["next_step"])
+
+
+def _sliced(executor, name: str) -> tuple[str, tuple[int, int, int]] | None:
+    """``(parameter key, (dim, offset, length))`` of a state entry that is an uneven-split slice."""
+    slices = getattr(executor, "_slices", {})
+    kind, _, rest = name.partition(".")
+    key = rest if kind == "model" else rest.rsplit(".", 1)[0]
+    if key in slices and not name.endswith(".step"):
+        return key, slices[key]
+    return None
+
+
+def _whole_slices(executor, state: dict[str, Any], gather: bool = True) -> dict[str, Any]:
+    """``state`` with every uneven slice replaced by the whole tensor (summed over the TP group when
+    ``gather``, zeros to load into otherwise)."""
+    import torch
+    import torch.distributed as dist
+
+    out = dict(state)
+    group = None
+    for name, t in state.items():
+        found = _sliced(executor, name)
+        if found is None:
+            continue
+        key, (dim, offset, length) = found
+        whole = torch.zeros(executor._param_info[key].shape, dtype=t.dtype, device=t.device)
+        if gather:
+            whole.narrow(dim, offset, length).copy_(t.detach())
+            if group is None:
+                ranks = executor.layout.tp_groups[(executor.replica, executor.role.stages[0] % executor.pp)]
+                group = executor.groups.group(ranks)
+            dist.all_reduce(whole, group=group)
+        out[name] = whole
+    return out
+
+
+def _cut_slices(executor, local: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """Copy this rank's slice of every loaded whole tensor into its parameter or optimizer state."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in local.items():
+            found = _sliced(executor, name)
+            if found is not None:
+                _, (dim, offset, length) = found
+                t.copy_(loaded[name].narrow(dim, offset, length))

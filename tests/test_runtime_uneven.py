@@ -87,6 +87,18 @@ def _job(rank: int, world: int, out: str, names: list[str]) -> None:
         params = {k: (p.detach().clone(), grads[k]) for k, p in ex.params.items()}
         torch.save({"loss": loss, "grads": grads, "losses": losses, "params": params,
                     "state": ex.state_dict()["tp_slices"]}, Path(out, f"{name}_{rank}.pt"))
+        if name == "gpt_4_2":  # a checkpoint of the 4:2 split resumed under 2:4
+            from hetpart.runtime.checkpoint import _state, load_checkpoint, save_checkpoint
+
+            ex.optimizer = torch.optim.Adam(list(ex.params.values()))  # checkpoints hold Adam's state:
+            _state(ex, create=True)  # zeros here (the run trained with SGD)
+            save_checkpoint(Path(out, "ckpt"), ex, STEPS)
+            other = Plan(global_batch=6, micro_batch=1, seq_len=SEQ, schedule="gpipe", replicas=(
+                Replica(1.0, (_st(0, 4, A, (2, 4), (32, 64)),)),))
+            resumed = Executor(other, spec, rank, world)
+            assert load_checkpoint(Path(out, "ckpt"), resumed) == STEPS
+            torch.save({k: (p.detach().clone(), resumed._slices.get(k)) for k, p in resumed.params.items()},
+                       Path(out, f"resumed_{rank}.pt"))
 
 
 def _reference(name: str):
@@ -140,6 +152,18 @@ def test_slices_sit_at_prefix_sum_offsets(out: Path) -> None:
     assert q == [(0, 0, 40), (0, 40, 32), (0, 72, 24)]
     assert [o["block_0.attn.c_proj.weight"] for o in offsets] == [(1, 0, 40), (1, 40, 32), (1, 72, 24)]
     assert [o["block_1.mlp.c_fc.weight"] for o in offsets] == [(0, 0, 80), (0, 80, 56), (0, 136, 56)]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_under_another_split(out: Path) -> None:
+    """Saved under 4:2 heads, loaded under 2:4: every rank holds the reference's slice at its new offset."""
+    _, _, _, params = _reference("gpt_4_2")
+    for rank in range(2):
+        got = torch.load(out / f"resumed_{rank}.pt", weights_only=False)
+        for key, (p, where) in got.items():
+            want = params[key] if where is None else params[key].narrow(where[0], where[1], where[2])
+            torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-7, msg=lambda m, k=key: f"rank {rank} {k}: {m}")
+    assert got["block_0.attn.q.weight"][1] == (0, 16, 32)  # rank 1 now holds 4 heads of 8 from head 2
 
 
 def test_runtime_split_scales_a_plan_split_to_the_shrunken_model() -> None:
