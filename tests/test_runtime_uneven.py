@@ -162,7 +162,7 @@ def test_a_checkpoint_resumes_under_another_split(out: Path) -> None:
         got = torch.load(out / f"resumed_{rank}.pt", weights_only=False)
         for key, (p, where) in got.items():
             want = params[key] if where is None else params[key].narrow(where[0], where[1], where[2])
-            torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-7, msg=lambda m, k=key: f"rank {rank} {k}: {m}")
+            torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-7, msg=lambda m, k=key, r=rank: f"rank {r} {k}: {m}")
     assert got["block_0.attn.q.weight"][1] == (0, 16, 32)  # rank 1 now holds 4 heads of 8 from head 2
 
 
