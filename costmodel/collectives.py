@@ -1,7 +1,8 @@
 """Communication costs: point-to-point transfers and all-reduces over the cluster's real links.
 
-Links run at their line rate (datasheet figures in the catalog); a message pays the path latency
-once per hop of the algorithm. An all-reduce is NCCL's choice of the faster of
+Links run at the bandwidth NCCL reaches over them (:mod:`hetpart.costmodel.links`: the catalog's
+efficiencies inside a node, RDMA or TCP over NICs); a message pays the path latency once per hop of
+the algorithm. An all-reduce is NCCL's choice of the faster of
 
 * a flat ring over all members, paced by its slowest hop: ``2 (n-1)/n * bytes / bw + 2 (n-1) * latency``;
 * a hierarchical all-reduce when the members sit on several nodes with the same number ``k > 1`` of
@@ -19,6 +20,8 @@ from typing import Sequence
 
 from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError
+
+from hetpart.costmodel.links import achieved_link, nic_gbyte_s, node_nic_gbyte_s
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
 
@@ -60,7 +63,7 @@ def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | 
         if kind in seen:
             continue
         seen.add(kind)
-        link = cluster.link_between(a.id, b.id)
+        link = achieved_link(cluster, a.id, b.id)
         if link is None:
             raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; "
                             "add one under 'links'")
@@ -72,7 +75,7 @@ def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | 
 def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) -> float:
     """Bandwidth one of ``flows`` concurrent inter-node flows gets from a node's NICs."""
     group = cluster.groups[node_key[0]]
-    return min(group.nic.bandwidth_gbyte_s, group.node_bandwidth_gbyte_s / max(flows, 1))
+    return min(nic_gbyte_s(group.nic), node_nic_gbyte_s(group) / max(flows, 1))
 
 
 def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tuple[float, float]:
@@ -130,7 +133,7 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
                        devices: Sequence) -> tuple[float, float]:
     k = next(iter(nodes.values()))
     groups = {key[0] for key in nodes}
-    intra_bw = min(cluster.groups[g].intra_node.bandwidth_gbyte_s for g in groups)
+    intra_bw = min(cluster.groups[g].intra_node.achieved_gbyte_s for g in groups)
     intra_lat = max(cluster.groups[g].intra_node.latency_us for g in groups)
     # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
     inside = _ring_cost(k, intra_bw, intra_lat)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hetpart.cluster import Cluster
+from hetpart.costmodel.links import achieved_link
 from hetpart.costmodel.memory import memory_capacity_gb
 from hetpart.hardware import GPUSpec
 
@@ -32,7 +33,8 @@ class DeviceGroupFacts:
     gpu: GPUSpec
     """The slowest device (dense 16-bit peak): it paces the tensor-parallel group."""
     tp_bandwidth_gbyte_s: float
-    """Bandwidth of the slowest hop of the group's ring (``inf`` for one device)."""
+    """Bandwidth collectives reach over the slowest hop of the group's ring (``inf`` for one device;
+    :func:`hetpart.costmodel.links.achieved_link`)."""
     tp_latency_us: float
     """Latency of the slowest hop of the group's ring (0 for one device)."""
     capacity_gb: float
@@ -62,7 +64,7 @@ def device_group_facts(cluster: Cluster, devices: Sequence[str]) -> DeviceGroupF
     speeds = tuple(cluster.device(d).speed for d in devices)
     bandwidth, latency = float("inf"), 0.0
     for i in range(len(devices)):
-        link = cluster.link_between(devices[i], devices[(i + 1) % len(devices)])
+        link = achieved_link(cluster, devices[i], devices[(i + 1) % len(devices)])
         if link is not None and link.kind != "self":
             bandwidth, latency = min(bandwidth, link.bandwidth_gbyte_s), max(latency, link.latency_us)
     return DeviceGroupFacts(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_bandwidth_gbyte_s=bandwidth,

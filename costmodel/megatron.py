@@ -1,8 +1,11 @@
 """The homogeneous Megatron-LM plan: a uniform (tp, pp, dp) grid over the cluster in device order.
 
-Devices are taken in cluster order (group, node, gpu): consecutive ``tp`` devices form a
-tensor-parallel group (inside one node), consecutive groups form a pipeline, consecutive pipelines are
-the data-parallel replicas. Transformer blocks are split evenly over the ``pp * interleave`` virtual
+Devices are taken in cluster order (group, node, gpu) and ranks are placed in an engine's order, named
+innermost first: ``tp-dp-pp`` (the default) is Megatron-LM's (``initialize_model_parallel``; DeepSpeed
+and torchtitan place them the same way): consecutive ``tp`` devices form a tensor-parallel group
+(inside one node), consecutive groups are the data-parallel replicas of one stage, and the pipeline
+stages are outermost (stage ``k`` of every replica sits on the ``k``-th block of ``tp * dp`` devices).
+``tp-pp-dp`` puts consecutive groups in one pipeline and the replicas outermost. Transformer blocks are split evenly over the ``pp * interleave`` virtual
 stages (the remainder goes to the first stages, one block each); as in Megatron-LM the embedding
 rides with the first stage and the head with the last. The batch is split evenly over replicas.
 """
@@ -16,7 +19,12 @@ from hetpart.plan import Plan, Replica, Stage
 from hetpart.vocabulary import chunks_per_device
 from hetpart.workload import Workload
 
-__all__ = ["megatron_plan", "even_layer_split"]
+__all__ = ["megatron_plan", "even_layer_split", "RANK_ORDERS", "DEFAULT_ORDER"]
+
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
+"""Rank orders of the grid, innermost dimension first (tensor parallelism is innermost in every engine)."""
+DEFAULT_ORDER = "tp-dp-pp"
+"""Megatron-LM's order (``parallel_state.initialize_model_parallel``: TP, then DP, then PP outermost)."""
 
 
 def even_layer_split(num_units: int, num_stages: int, has_ends: bool = True) -> list[tuple[int, int]]:
@@ -57,8 +65,8 @@ def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int
 
 def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
                   micro_batch: int, schedule: str = "1f1b", interleave: int = 1,
-                  recompute: str = "selective", zero: int | None = None) -> Plan:
-    """The Megatron-LM plan of the given grid (see the module docstring).
+                  recompute: str = "selective", zero: int | None = None, order: str = DEFAULT_ORDER) -> Plan:
+    """The Megatron-LM plan of the given grid (see the module docstring); ``order`` places the ranks.
 
     Raises:
         PlanError: the grid needs more devices than the cluster has, a TP group would cross a node,
@@ -66,6 +74,9 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
         WorkloadError: the global batch does not split into ``dp`` replicas of whole micro-batches.
     """
     _check_grid(model, cluster, workload, tp, pp, dp, micro_batch)
+    if order not in RANK_ORDERS:
+        raise PlanError(f"--order: unknown rank order {order!r}; use {' or '.join(RANK_ORDERS)} "
+                        "(innermost first; Megatron-LM's is tp-dp-pp)")
     if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
         raise PlanError(f"--interleave: must be a whole number >= 1, got {interleave!r}")
     v = chunks_per_device(schedule, interleave)
@@ -83,12 +94,12 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
     ranges = even_layer_split(model.num_units, pp * v, has_ends)
     replicas = []
     for r in range(dp):
-        pipe = groups[r * pp:(r + 1) * pp]
+        pipe = groups[r * pp:(r + 1) * pp] if order == "tp-pp-dp" else groups[r::dp]
         stages = tuple(Stage(ranges[k], pipe[k % pp], tp) for k in range(pp * v))
         replicas.append(Replica(1.0 / dp, stages))
     recompute = "selective" if recompute == "auto" else recompute
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
                 zero=workload.zero or 0 if zero is None else zero,
-                precision=workload.precision, meta={"planner": "megatron", "grid": [tp, pp, dp],
+                precision=workload.precision, meta={"planner": "megatron", "grid": [tp, pp, dp], "order": order,
                                                     "model": model.name, "cluster": cluster.name})

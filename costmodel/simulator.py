@@ -44,14 +44,26 @@ from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
+from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
 
-__all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM"]
+__all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM",
+           "MEGATRON_BUCKET_PARAMS", "grad_reduce_bytes"]
 
 OPTIMIZER_BYTES_PER_PARAM = 28
+MEGATRON_BUCKET_PARAMS = 40_000_000
+"""Gradients per data-parallel bucket in Megatron-LM's DDP (``bucket_size = max(40M, 1M x dp)`` elements):
+a bucket's all-reduce starts once its last gradient is ready, so the last bucket of a stage is exposed."""
+
+
+def grad_reduce_bytes(precision: str) -> int:
+    """Bytes per gradient element that the data-parallel all-reduce moves: Megatron-LM reduces bf16 (and
+    fp8) training's gradients in fp32 (``accumulate_allreduce_grads_in_fp32`` is forced for bf16), fp16
+    training's in fp16, fp32 training's in fp32."""
+    return 2 if precision == "fp16" else 4
 """HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring)."""
 _VECTOR_MIN_REPLICAS = 16
 """From this many data-parallel replicas the all-reduces run over numpy stage tables; below it, scalar
@@ -73,8 +85,9 @@ class Prediction:
     memory_gb: dict[str, float]
     """Predicted peak memory of each device of the plan, GB."""
     breakdown: list[dict[str, Any]]
-    """Per replica and pipeline device group (seconds per step): compute_s, tp_comm_s and zero_comm_s
-    (busy; the last is what sharded collectives add inside the micro-batches, levels 2-3),
+    """Per replica and pipeline device group (seconds per step): compute_s, tp_comm_s, zero_comm_s and
+    pp_blocked_s (busy; zero_comm_s is what sharded collectives add inside the micro-batches, levels
+    2-3; pp_blocked_s the pipeline sends the device waits for),
     bubble_s (idle inside the pipeline), sync_wait_s (after the pipeline, until every gradient
     all-reduce is done: exposed DP communication or a slower replica), optimizer_s; pp_comm_s and
     dp_comm_s are link time (overlapped or not); plus devices, gpu, tp, layers, memory_gb,
@@ -130,13 +143,18 @@ class _Pipe:
     bwd_prefix: list[_UnitPrefix] = field(default_factory=list)
     """Per virtual stage: its units' prefix sums (backward compute and backward TP communication)."""
     timing: Any = None
+    fwd_send: list[float] = field(default_factory=list)
+    """Per virtual stage: seconds its device stays blocked sending one micro-batch's activations on
+    (included in ``fwd``; 0 where the send overlaps compute)."""
+    bwd_send: list[float] = field(default_factory=list)
+    """The same for the gradients sent back after each backward (included in ``bwd``)."""
 
     def grad_ready_s(self, k: int, first: int, unit: int) -> float:
         """When virtual stage ``k`` (units from ``first``) has the gradient of ``unit`` for the step:
         its last backward runs from its last unit down, so ``unit`` is done once the units below it
-        are all that is left."""
+        are all that is left (and before the blocking send that ends the operation)."""
         b, tb = self.bwd_prefix[k].bwd, self.bwd_prefix[k].tp_bwd
-        return self.last_bwd[k] - (b[unit] - b[first]) - (tb[unit] - tb[first])
+        return self.last_bwd[k] - self.bwd_send[k] - (b[unit] - b[first]) - (tb[unit] - tb[first])
 
 
 class _StageTable(NamedTuple):
@@ -208,11 +226,16 @@ class Simulator:
 
     def __init__(self, model: ModelGraph, cluster: Cluster,
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
-                 overlap_grad_reduce: bool = True) -> None:
+                 overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
+                 grad_bucket_params: float = MEGATRON_BUCKET_PARAMS) -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
-        ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward (module docstring)."""
+        ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
+        models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
+        data-parallel bucket (Megatron-LM's 40M; PyTorch DDP's 25 MB is 6.25M fp32) (module docstring)."""
         self.model = model
+        self.grad_bucket_params = float(grad_bucket_params)
         self.overlap_grad_reduce = overlap_grad_reduce
+        self.overlap_p2p = overlap_p2p
         self.cluster = cluster
         self._curve_of = curve_of
         self._tables = PrefixTables(model)
@@ -292,28 +315,67 @@ class Simulator:
             return stage.tp
         return 1.0 / float(param_shares(self.model, stage.tp, stage.tp_split).max())
 
-    def _p2p_s(self, src, dst, micro_batch: int) -> float:
+    def _p2p_s(self, src, dst, micro_batch: int, flows: dict[int, int]) -> float:
         tp = max(src.tp, dst.tp)
-        key = (src.devices[0], dst.devices[0], tp)
+        a, b = src.devices[0], dst.devices[0]
+        na, nb = self._node_id(a), self._node_id(b)
+        share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb else (tp, tp)
+        key = (a, b, share)
         link = self._p2p.get(key)
         if link is None:
-            link = self._p2p[key] = self._p2p_link(src.devices[0], dst.devices[0], tp)
+            link = self._p2p[key] = self._p2p_link(a, b, share)
         nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
         return p2p_time_s(nbytes, link)
 
-    def _p2p_link(self, a: str, b: str, tp: int) -> PathLink:
-        """The link one of ``tp`` parallel shard transfers from ``a``'s node to ``b``'s gets."""
-        link = self.cluster.link_between(a, b)
+    def _pipeline_flows(self, plan: Plan) -> dict[int, int]:
+        """Per node: how many pipeline transfers cross its NICs at once, shards counted (each of a
+        stage's ``tp`` ranks sends its ``1/tp``). Replicas run in step, so the transfers of every
+        replica's boundary leave together; a node sends forward on its outgoing boundaries while its
+        incoming ones send gradients back to it, so the larger of the two counts is what shares its NICs.
+        Interleaved chunks of one device pair send one after another and count once."""
+        out: dict[int, int] = {}
+        into: dict[int, int] = {}
+        for r, rep in enumerate(plan.replicas):
+            pp = plan.pipeline_devices(r)
+            seen = set()
+            for k in range(rep.pp - 1):
+                src, dst = rep.stages[k], rep.stages[k + 1]
+                na, nb = self._node_id(src.devices[0]), self._node_id(dst.devices[0])
+                pair = (k % pp, (k + 1) % pp)
+                if na == nb or pair in seen:
+                    continue
+                seen.add(pair)
+                shards = max(src.tp, dst.tp)
+                out[na] = out.get(na, 0) + shards
+                into[nb] = into.get(nb, 0) + shards
+        return {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
+
+    def _send_blocks(self, src, dst) -> bool:
+        """Whether the sender of a pipeline transfer waits for it: always in Megatron-style engines
+        (``overlap_p2p=False``); otherwise only over TCP (the socket transport's proxy threads and
+        host-memory copies do not run beside compute the way RDMA does)."""
+        if not self.overlap_p2p:
+            return True
+        a, b = src.devices[0], dst.devices[0]
+        if self.cluster.device(a).node_key == self.cluster.device(b).node_key:
+            return False
+        return not (self.cluster.group_of(a).nic.rdma and self.cluster.group_of(b).nic.rdma)
+
+    def _p2p_link(self, a: str, b: str, flows: tuple[int, int]) -> PathLink:
+        """The link one transfer from ``a``'s node to ``b``'s gets when ``flows`` transfers (on ``a``'s
+        node, on ``b``'s) share each node's NICs."""
+        link = achieved_link(self.cluster, a, b)
         if link is None:
             raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
         if link.kind in ("nic", "inter_zone"):
-            share = min(self.cluster.group_of(d).node_bandwidth_gbyte_s / tp for d in (a, b))
+            share = min(node_nic_gbyte_s(self.cluster.group_of(d)) / n for d, n in zip((a, b), flows))
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         return link
 
     # --------------------------------------------------------------------------------- pipelines
-    def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, shard_comm: dict | None = None) -> _Pipe:
+    def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, flows: dict[int, int],
+              shard_comm: dict | None = None) -> _Pipe:
         rep = plan.replicas[r]
         v = plan.chunks_per_device
         m = microbatches_run(plan, r)
@@ -329,17 +391,27 @@ class Simulator:
             compute.append(cf + cb)
             tp.append(tpf + tpb)
             prefix.append(units)
-        p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch) for k in range(rep.pp - 1)]
-        pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix)
+        k_total = rep.pp
+        p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
+        blocks = [self._send_blocks(rep.stages[k], rep.stages[k + 1]) for k in range(k_total - 1)]
+        # a blocking send keeps its device busy after the operation and the receiver gets the data
+        # when it ends; an overlapped one only delays the receiver
+        fwd_send = [p2p[k] if k < k_total - 1 and blocks[k] else 0.0 for k in range(k_total)]
+        bwd_send = [p2p[k - 1] if k > 0 and blocks[k - 1] else 0.0 for k in range(k_total)]
+        fwd = [f + x for f, x in zip(fwd, fwd_send)]
+        bwd = [b + x for b, x in zip(bwd, bwd_send)]
+        delay = [0.0 if blocked else t for t, blocked in zip(p2p, blocks)]
+        pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix, fwd_send=fwd_send,
+                     bwd_send=bwd_send)
         if trace:
             timing = pipeline_timing(np.repeat(np.array(fwd)[:, None], m, axis=1),
-                                     np.repeat(np.array(bwd)[:, None], m, axis=1), p2p, plan.schedule, v)
+                                     np.repeat(np.array(bwd)[:, None], m, axis=1), delay, plan.schedule, v)
             pipe.timing, pipe.makespan = timing, timing.makespan_s
             pipe.last_bwd = timing.last_backward_end_s(rep.pp).tolist()
             return pipe
-        key = (tuple(fwd), tuple(bwd), tuple(p2p), m)  # equal replicas are simulated once
+        key = (tuple(fwd), tuple(bwd), tuple(delay), m)  # equal replicas are simulated once
         if key not in seen:
-            seen[key] = pipeline_summary(fwd, bwd, p2p, plan.schedule, m, v)
+            seen[key] = pipeline_summary(fwd, bwd, delay, plan.schedule, m, v)
         pipe.makespan, pipe.last_bwd = seen[key]
         return pipe
 
@@ -370,7 +442,8 @@ class Simulator:
         bytes per device (the smallest TP shard among the holders) and those of unit ``a`` alone (the
         last bucket the backward finishes), plus tied-embedding copies (one bucket each, ``a = z = -1``)."""
         table = table or self._stage_table(plan)
-        grad_bytes = DTYPE_BYTES[plan.precision]
+        grad_bytes = grad_reduce_bytes(plan.precision)
+        bucket = self.grad_bucket_params * grad_bytes
         cuts = np.array(sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units}))
         starts = [np.array([s.layers[0] for s in rep.stages]) for rep in plan.replicas]
         # stage of each replica holding each run: [runs, dp]
@@ -385,8 +458,9 @@ class Simulator:
                 first_sharded, first_whole = self._tables.params(a, a + 1)
                 nbytes = (sharded / tp_min[i] + whole) * grad_bytes
                 if nbytes > 0:
+                    first = (first_sharded / tp_min[i] + first_whole) * grad_bytes
                     out.append(_Segment(np.column_stack((replicas, held[i])), a, z, nbytes,
-                                        (first_sharded / tp_min[i] + first_whole) * grad_bytes))
+                                        min(nbytes, max(first, bucket))))
         return out + self._tied_segments(plan, cuts, held, table, grad_bytes)
 
     def _tied_segments(self, plan: Plan, cuts: np.ndarray, held: np.ndarray, table: _StageTable,
@@ -418,13 +492,32 @@ class Simulator:
             lines = self._ar[key] = allreduce_cost(members(), self.cluster, concurrent)
         return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
 
-    def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None) -> tuple:
+    @staticmethod
+    def _ring_flows(rings) -> dict[int, int]:
+        """Per node: the all-reduce rings crossing its NICs at once. ``rings``: per all-reduce, the
+        ``(node, device group, tp)`` of each member. Rings of one device group run one after another;
+        those of different device groups on a node, and the ``tp`` shards of each, share its NICs."""
+        crossing: dict = {}
+        for members in rings:
+            if len({node for node, _, _ in members}) > 1:
+                for node, group, tp in members:
+                    crossing[group] = (node, max(tp, crossing.get(group, (node, 0))[1]))
+        flows: dict[int, int] = {}
+        for node, tp in crossing.values():
+            flows[node] = flows.get(node, 0) + tp
+        return flows
+
+    def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None,
+              flows: dict[int, int] | None = None) -> tuple:
         """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
-        member per stage; its ``tp`` ranks run ``tp`` such rings at once). The cost depends only on
-        which nodes the members sit on, so that is the key; ``members()`` lists them when needed."""
+        member per stage; its ``tp`` ranks run ``tp`` such rings at once, and ``flows`` says how many
+        rings cross each node's NICs). The cost depends only on which nodes the members sit on and on
+        that sharing, so that is the key; ``members()`` lists them when needed."""
         table = table or self._stage_table(plan)
         flat = table.offsets[holders[:, 0]] + holders[:, 1]
         concurrent = int(table.tp[flat].max())
+        if flows:
+            concurrent = max([concurrent] + [flows.get(n, 0) for n in np.unique(table.node[flat]).tolist()])
 
         def members() -> tuple[str, ...]:
             return tuple(dict.fromkeys(table.first_device[i] for i in flat.tolist()))
@@ -448,7 +541,7 @@ class Simulator:
                 a, z = plan.replicas[r].stages[k].layers
                 units = pipe.bwd_prefix[k]
                 b, tb = units.bwd_np, units.tp_bwd_np
-                pieces.append((pipe.last_bwd[k] - (b[a:z] - b[a])) - (tb[a:z] - tb[a]))
+                pieces.append((pipe.last_bwd[k] - pipe.bwd_send[k] - (b[a:z] - b[a])) - (tb[a:z] - tb[a]))
             rows[r] = np.concatenate(pieces)
         return np.stack([rows[a] for a in alike])
 
@@ -471,10 +564,13 @@ class Simulator:
         ready = self._ready(plan, pipes, _alike(plan, pipes)) if self.overlap_grad_reduce else None
         jobs = []
         pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
+        flats = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments]
+        flows = self._ring_flows(list(zip(table.node[f].tolist(), table.group[f].tolist(), table.tp[f].tolist()))
+                                 for f in flats)
         for seg in segments:
             if plan.zero >= 2 and seg.a >= 0:
                 continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
-            ring = self._ring(plan, seg.holders, table)
+            ring = self._ring(plan, seg.holders, table, flows)
             t = self._allreduce_s(seg.nbytes, ring) * (pad if seg.a >= 0 else 1.0)
             flat = table.offsets[seg.holders[:, 0]] + seg.holders[:, 1]
             groups = np.unique(table.group[flat])
@@ -510,7 +606,8 @@ class Simulator:
     # --------------------------------------------------------------------------------- data parallel, few replicas
     def _dp_segments_small(self, plan: Plan) -> list[_Segment]:
         """:meth:`_dp_segments` with holders as tuples of (replica, stage) pairs."""
-        grad_bytes = DTYPE_BYTES[plan.precision]
+        grad_bytes = grad_reduce_bytes(plan.precision)
+        bucket = self.grad_bucket_params * grad_bytes
         cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         out = []
@@ -522,8 +619,9 @@ class Simulator:
                 tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in holders)
                 sharded, whole = self._tables.params(a, z)
                 first_sharded, first_whole = self._tables.params(a, a + 1)
-                out.append(_Segment(holders, a, z, (sharded / tp_min + whole) * grad_bytes,
-                                    (first_sharded / tp_min + first_whole) * grad_bytes))
+                nbytes = (sharded / tp_min + whole) * grad_bytes
+                first = (first_sharded / tp_min + first_whole) * grad_bytes
+                out.append(_Segment(holders, a, z, nbytes, min(nbytes, max(first, bucket))))
         out += self._tied_segments_small(plan, spans, grad_bytes)
         return [seg for seg in out if len(seg.holders) > 1 and seg.nbytes > 0]
 
@@ -545,12 +643,12 @@ class Simulator:
                 out.append(_Segment(holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
         return out
 
-    def _ring_small(self, plan: Plan, holders) -> tuple:
+    def _ring_small(self, plan: Plan, holders, flows: dict[int, int] | None = None) -> tuple:
         """:meth:`_ring` of holders given as (replica, stage) pairs."""
         stages = [plan.replicas[r].stages[k] for r, k in holders]
         members = tuple({s.devices[0]: None for s in stages})
-        concurrent = max(s.tp for s in stages)
         nodes = tuple(sorted(self._node_id(d) for d in members))
+        concurrent = max([s.tp for s in stages] + [flows.get(n, 0) for n in nodes] if flows else [s.tp for s in stages])
         return (nodes, concurrent), lambda: members, concurrent
 
     def _segment_ready_small(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
@@ -578,9 +676,12 @@ class Simulator:
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
         jobs = []
-        for seg in self._dp_segments_small(plan):
+        segments = self._dp_segments_small(plan)
+        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pipes[r].pp),
+                                   plan.replicas[r].stages[k].tp) for r, k in seg.holders] for seg in segments)
+        for seg in segments:
             holders = seg.holders
-            ring = self._ring_small(plan, holders)
+            ring = self._ring_small(plan, holders, flows)
             if plan.zero and seg.a >= 0:
                 if plan.zero >= 2 and not plan.shard_group:
                     continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
@@ -731,7 +832,9 @@ class Simulator:
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
         seen: dict = {}
         shard_comm = self._shard_comm(plan) if plan.zero and plan.dp > 1 else None
-        pipes = [self._pipe(plan, r, trace, seen, shard_comm if plan.zero >= 2 else None) for r in range(plan.dp)]
+        flows = self._pipeline_flows(plan)
+        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None)
+                 for r in range(plan.dp)]
         dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
         memory, optim = self._memory_and_optimizer(plan, pipes)
         if shard_comm and plan.zero <= 2:
@@ -757,7 +860,7 @@ class Simulator:
         from hetpart import __version__
 
         return (f"{__version__}" + ("" if self.overlap_grad_reduce else "+no-overlap-grad-reduce")
-                + ("" if self._curve_of is None else "+calibrated"))
+                + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -843,7 +946,8 @@ class Simulator:
                     "compute_s": sum(pipe.compute[k] for k in ks) * pipe.m,
                     "tp_comm_s": sum(pipe.tp[k] for k in ks) * pipe.m,
                     "zero_comm_s": float(sum(pipe.fwd[k] + pipe.bwd[k] - pipe.compute[k] - pipe.tp[k]
-                                             for k in ks) * pipe.m),
+                                             - pipe.fwd_send[k] - pipe.bwd_send[k] for k in ks) * pipe.m),
+                    "pp_blocked_s": sum(pipe.fwd_send[k] + pipe.bwd_send[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
                     "bubble_s": float(pipe.makespan - busy),
@@ -885,15 +989,17 @@ class Simulator:
         events: list[dict[str, Any]] = []
         for r, pipe in enumerate(run.pipes):
             for op in pipe.timing.ops():
-                events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": op.kind,
-                               "start_s": op.start_s, "end_s": op.end_s})
                 k = op.stage
+                blocked = pipe.fwd_send[k] if op.kind == "fwd" else pipe.bwd_send[k]
+                done = op.end_s - blocked  # a blocking send ends the operation
+                events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": op.kind,
+                               "start_s": op.start_s, "end_s": done})
                 if op.kind == "fwd" and k < len(pipe.p2p):
                     events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": "send",
-                                   "start_s": op.end_s, "end_s": op.end_s + pipe.p2p[k]})
+                                   "start_s": done, "end_s": done + pipe.p2p[k]})
                 elif op.kind == "bwd" and k > 0:
                     events.append({"replica": r, "stage": op.device, "microbatch": op.microbatch, "kind": "send",
-                                   "start_s": op.end_s, "end_s": op.end_s + pipe.p2p[k - 1]})
+                                   "start_s": done, "end_s": done + pipe.p2p[k - 1]})
         events += run.dp_events
         for (r, d), t in run.optim.items():
             events.append({"replica": r, "stage": d, "microbatch": -1, "kind": "optim", "start_s": run.sync_end,
@@ -914,7 +1020,8 @@ def _alike(plan: Plan, pipes: list[_Pipe]) -> list[int]:
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,
-             validate: bool = True, trace: bool = False, overlap_grad_reduce: bool = True) -> Prediction:
+             validate: bool = True, trace: bool = False, overlap_grad_reduce: bool = True,
+             overlap_p2p: bool = False) -> Prediction:
     """Predict step time, throughput, memory and a breakdown for ``plan``.
 
     Args:
@@ -926,15 +1033,17 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
         trace: also return the per-operation timeline (for a Gantt chart).
         overlap_grad_reduce: gradient buckets go out while the backward runs (DDP, Megatron's
             ``--overlap-grad-reduce``); False: after it (Megatron's default, hetpart's runtime).
+        overlap_p2p: pipeline sends run beside compute (engines with asynchronous p2p); False: the
+            sender waits for each send, as Megatron-LM's 1F1B does (sends over TCP always wait).
 
     For many plans of one model on one cluster, reuse a :class:`Simulator` (it caches unit costs).
     """
-    return Simulator(model, cluster, overlap_grad_reduce=overlap_grad_reduce).simulate(
+    return Simulator(model, cluster, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p).simulate(
         plan, workload, validate=validate, trace=trace)
 
 
 def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
-                        overlap_grad_reduce: bool = True,
+                        overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
@@ -944,5 +1053,5 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
     del workload  # every plan carries its own batch, sequence length, precision and recompute mode
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, curve_of")
-    return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce)
+                        "overlap_grad_reduce, overlap_p2p, curve_of")
+    return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p)

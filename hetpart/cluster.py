@@ -317,7 +317,8 @@ _GPU_FIELDS = ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s",
 
 
 def _group_to_dict(g: NodeGroup) -> dict[str, Any]:
-    intra = _named_or_inline(g.intra_node, LINK_CATALOG, ("name", "bandwidth_gbyte_s", "latency_us", "source"))
+    intra = _named_or_inline(g.intra_node, LINK_CATALOG, ("name", "bandwidth_gbyte_s", "latency_us", "efficiency",
+                                                          "source"))
     nic = _named_or_inline(g.nic, NIC_CATALOG, ("name", "bandwidth_gbit_s", "latency_us", "rdma", "source"))
     if g.mixed:
         gpus: dict[str, Any] = {"gpus": [{"gpu": _named_or_inline(gpu, GPU_CATALOG, _GPU_FIELDS), "count": n}
@@ -368,12 +369,14 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
 
 
 def _link(data: dict, source: str, field: str) -> LinkSpec:
-    v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name", "source"])
+    v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name", "efficiency", "source"])
+    efficiency = v.number(SpecError, data.get("efficiency", 1.0), source, f"{field}.efficiency", maximum=1.0)
     return LinkSpec(
         name=str(data.get("name", "inline")),
         bandwidth_gbyte_s=v.number(SpecError, data["bandwidth_gbyte_s"], source, f"{field}.bandwidth_gbyte_s", maximum=1e5),
         latency_us=v.number(SpecError, data.get("latency_us", 2.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
         source=_provenance(data, source, field),
+        efficiency=efficiency,
     )
 
 

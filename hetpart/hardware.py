@@ -56,12 +56,24 @@ class LinkSpec:
     latency_us: float
     """One-way latency of a small message, microseconds."""
     source: str = ""
+    efficiency: float = 1.0
+    """Fraction of ``bandwidth_gbyte_s`` that NCCL's transfers reach over this link (protocol overhead,
+    staging through host memory); the cost model prices collectives and sends at
+    ``bandwidth_gbyte_s * efficiency``. Catalog entries name their source; inline links default to 1
+    (give the bandwidth you measured, or the datasheet rate and an efficiency)."""
 
     def __post_init__(self) -> None:
         if not self.bandwidth_gbyte_s > 0 or self.bandwidth_gbyte_s > 1e6:
             raise ValueError(f"bandwidth_gbyte_s must be positive, got {self.bandwidth_gbyte_s!r}")
         if not self.latency_us >= 0 or self.latency_us > 1e7:
             raise ValueError(f"latency_us must be >= 0, got {self.latency_us!r}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
+
+    @property
+    def achieved_gbyte_s(self) -> float:
+        """The bandwidth transfers really reach, GB/s (``bandwidth_gbyte_s * efficiency``)."""
+        return self.bandwidth_gbyte_s * self.efficiency
 
 
 @dataclass(frozen=True)

@@ -146,12 +146,14 @@ def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int) -> fl
     """Activations forward and gradients back across every boundary, at the largest unit output
     (every block sends the same bytes; only a boundary right after the head would send fewer)."""
     from hetpart.costmodel.collectives import p2p_time_s
+    from hetpart.costmodel.links import achieved_link
 
     out_bytes = max(u.out_act_bytes for u in ctx.model.units)
     total = 0.0
     for j in range(len(stages) - 1):
         tp = max(len(stages[j]), len(stages[j + 1]))  # sequence parallel: each rank sends its 1/tp shard
-        total += 2 * p2p_time_s(out_bytes * micro_batch / tp, ctx.cluster.link_between(stages[j][0], stages[j + 1][0]))
+        link = achieved_link(ctx.cluster, stages[j][0], stages[j + 1][0])
+        total += 2 * p2p_time_s(out_bytes * micro_batch / tp, link)
     return total
 
 

@@ -12,6 +12,7 @@ import pytest
 from hetpart import Workload, load_cluster
 from hetpart.cluster import parse_cluster
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.links import achieved_link
 from hetpart.costmodel.evaluator import Evaluator, best_of
 from hetpart.costmodel.memory import stage_memory_gb
 from hetpart.costmodel.pools import device_pools, tp_groups
@@ -92,7 +93,7 @@ def test_cost_table_mirrors_the_simulator_primitives(recompute: str) -> None:
             expect = fwd + bwd
             if tp > 1:
                 group = tp_groups(pool, tp)[0]
-                link = cluster.link_between(*group)
+                link = achieved_link(cluster, *group)  # what collectives reach over the hop
                 tpf, tpb = unit_tp_comm_s(model, tp, 2, recompute, link.bandwidth_gbyte_s, link.latency_us)
                 expect = expect + tpf + tpb
             for _ in range(20):

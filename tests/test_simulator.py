@@ -51,7 +51,7 @@ def test_breakdown_accounts_for_the_step(gpt2, mixed):
     assert [b["gpu"] for b in pred.breakdown] == ["A100-40GB", "V100-16GB"]
     optim = max(b["optimizer_s"] for b in pred.breakdown)
     for b in pred.breakdown:
-        busy = b["compute_s"] + b["tp_comm_s"]
+        busy = b["compute_s"] + b["tp_comm_s"] + b["pp_blocked_s"]
         assert b["bubble_s"] >= 0 and b["pp_comm_s"] > 0 and b["optimizer_s"] > 0
         assert b["sync_wait_s"] > 0  # the tied embedding's gradient sync over Ethernet is exposed
         assert busy + b["bubble_s"] + b["sync_wait_s"] + optim == pytest.approx(pred.step_time_s, rel=1e-9)
@@ -139,15 +139,29 @@ def test_interleaved_plan_simulates(gpt2, mixed):
         gpt2, mixed, megatron_plan(gpt2, mixed, Workload(8, S), 1, 2, 2, 1, schedule="1f1b")).metrics["bubble_fraction"]
 
 
-def test_megatron_plan_takes_devices_in_cluster_order(gpt2):
+def test_megatron_plan_places_ranks_in_megatron_order_by_default(gpt2):
+    # Megatron-LM's initialize_model_parallel: TP innermost, then DP, then PP outermost
     cluster = load_cluster("a100-8")
     plan = megatron_plan(gpt2, cluster, Workload(16, S), tp=2, pp=2, dp=2, micro_batch=2)
     first = plan.replicas[0].stages
-    assert first[0].devices == ("0/0/0", "0/0/1") and first[1].devices == ("0/0/2", "0/0/3")
-    assert plan.replicas[1].stages[0].devices == ("0/0/4", "0/0/5")
+    assert first[0].devices == ("0/0/0", "0/0/1") and first[1].devices == ("0/0/4", "0/0/5")
+    assert plan.replicas[1].stages[0].devices == ("0/0/2", "0/0/3")
+    assert plan.replicas[1].stages[1].devices == ("0/0/6", "0/0/7")
     assert first[0].layers == (0, 7) and first[1].layers == (7, 14)  # embedding + 6 blocks | 6 blocks + head
     assert [r.batch_share for r in plan.replicas] == [0.5, 0.5]
+    assert plan.meta["order"] == "tp-dp-pp"
     assert plan.validate(gpt2, cluster) == []
+
+
+def test_megatron_plan_tp_pp_dp_order_keeps_each_pipeline_together(gpt2):
+    cluster = load_cluster("a100-8")
+    plan = megatron_plan(gpt2, cluster, Workload(16, S), tp=2, pp=2, dp=2, micro_batch=2, order="tp-pp-dp")
+    first = plan.replicas[0].stages
+    assert first[0].devices == ("0/0/0", "0/0/1") and first[1].devices == ("0/0/2", "0/0/3")
+    assert plan.replicas[1].stages[0].devices == ("0/0/4", "0/0/5")
+    assert plan.meta["order"] == "tp-pp-dp"
+    with pytest.raises(PlanError, match=r"--order: unknown rank order 'pp-dp-tp'; use tp-dp-pp or tp-pp-dp"):
+        megatron_plan(gpt2, cluster, Workload(16, S), tp=2, pp=2, dp=2, micro_batch=2, order="pp-dp-tp")
 
 
 def test_megatron_plan_errors(gpt2, mixed):

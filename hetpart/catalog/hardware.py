@@ -51,22 +51,51 @@ GPU_CATALOG: dict[str, GPUSpec] = _by_name(
     GPUSpec("Ascend910B-64GB", 313, 78, 64, 1600, "huawei", True, "Huawei Ascend 910B public figures (approx.)"),
 )
 
+# What collectives really reach over each link: NCCL's own topology model (NVIDIA/nccl src/graph/topo.h)
+# prices one NVLink brick at 20 GB/s per direction on Volta and Ampere (SM70/SM80_NVLINK_BW, of 25 on
+# the wire) and 20.6 on Hopper (SM90), a PCIe Gen3 x16 link at 12 GB/s (PCI_BW, of 15.75; Gen4 and
+# Gen5 scale it), Intel's Skylake-generation socket link at 10 GB/s (SKL_QPI_BW) and Sapphire Rapids'
+# at 22 (SRP_QPI_BW). Published nccl-tests agree: 8 x A100 SXM on NVSwitch reach ~200-230 GB/s
+# all-reduce bus bandwidth (nccl-tests issue 149), 8 x H100 about 370 GB/s with the ring ("line rate
+# 450, protocol overhead ~20%", nccl-tests issue 212), 8 x RTX 5090 on PCIe 5 28 GB/s (nccl issue 1639,
+# "on PCI systems the bandwidth your CPU and memory can deliver").
+_NVLINK_SM80 = 20.0 / 25.0
+_NVLINK_SM90 = 20.6 / 25.0
+_PCI = 12.0 / 15.75
+
 LINK_CATALOG: dict[str, LinkSpec] = _by_name(
     # PCIe x16, per direction: gen3 15.75 GB/s, gen4 31.5, gen5 63 (PCI-SIG); ~5 us through a switch/root.
-    LinkSpec("PCIe3", 15.75, 5.0, "PCI-SIG PCIe 3.0 x16"),
-    LinkSpec("PCIe4", 31.5, 5.0, "PCI-SIG PCIe 4.0 x16"),
-    LinkSpec("PCIe5", 63.0, 5.0, "PCI-SIG PCIe 5.0 x16"),
+    # These are GPUs with peer-to-peer access (data-centre and workstation boards) under one PCIe switch.
+    LinkSpec("PCIe3", 15.75, 5.0, "PCI-SIG PCIe 3.0 x16; NCCL topo.h PCI_BW 12 GB/s achieved", _PCI),
+    LinkSpec("PCIe4", 31.5, 5.0, "PCI-SIG PCIe 4.0 x16; NCCL topo.h PCI_BW x2 achieved", _PCI),
+    LinkSpec("PCIe5", 63.0, 5.0, "PCI-SIG PCIe 5.0 x16; NCCL topo.h PCI_BW x4 achieved", _PCI),
+    # Without GPU peer-to-peer (GeForce and TITAN boards: NVIDIA disables PCIe P2P on them, e.g.
+    # nccl-tests issue 117, RTX 2080 Ti "CANNOT Access Peer"), NCCL stages every hop through host
+    # memory, and on the usual two-socket 8-GPU server a ring over the node crosses the CPU socket link:
+    # the ring runs at that link's rate (NCCL topo.h: SKL_QPI_BW 10 GB/s for the Xeon Scalable hosts of
+    # PCIe 3/4 GPUs, SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5), ~20 us per step through host memory.
+    LinkSpec("PCIe3-host", 15.75, 20.0, "PCIe 3.0 x16 without P2P, two sockets: NCCL topo.h SKL_QPI_BW 10 GB/s",
+             10.0 / 15.75),
+    LinkSpec("PCIe4-host", 31.5, 20.0, "PCIe 4.0 x16 without P2P, two sockets: NCCL topo.h SKL_QPI_BW 10 GB/s",
+             10.0 / 31.5),
+    LinkSpec("PCIe5-host", 63.0, 20.0, "PCIe 5.0 x16 without P2P, two sockets: NCCL topo.h SRP_QPI_BW 22 GB/s "
+             "(8 x RTX 5090 measured 28 GB/s, nccl issue 1639)", 22.0 / 63.0),
     # NVLink per GPU, per direction: V100 6 links x 25 GB/s = 150 (300 bidirectional),
     # A100 12 x 25 = 300 (600 bidir), H100 18 links = 450 (900 bidir). NVIDIA datasheets.
-    LinkSpec("NVLink2", 150.0, 2.0, "NVIDIA V100 datasheet (300 GB/s bidirectional)"),
-    LinkSpec("NVLink3", 300.0, 2.0, "NVIDIA A100 datasheet (600 GB/s bidirectional)"),
-    LinkSpec("NVLink4", 450.0, 2.0, "NVIDIA H100 datasheet (900 GB/s bidirectional)"),
+    LinkSpec("NVLink2", 150.0, 2.0, "NVIDIA V100 datasheet (300 GB/s bidirectional); NCCL SM70_NVLINK_BW",
+             _NVLINK_SM80),
+    LinkSpec("NVLink3", 300.0, 2.0, "NVIDIA A100 datasheet (600 GB/s bidirectional); NCCL SM80_NVLINK_BW",
+             _NVLINK_SM80),
+    LinkSpec("NVLink4", 450.0, 2.0, "NVIDIA H100 datasheet (900 GB/s bidirectional); NCCL SM90_NVLINK_BW",
+             _NVLINK_SM90),
     # MI250X Infinity Fabric: 50 GB/s per direction per link, GCD pairs joined by 1-4 links;
-    # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper).
+    # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper). Efficiency of
+    # RCCL over it: not measured here (assumed 1).
     LinkSpec("xGMI", 100.0, 3.0, "AMD CDNA2 whitepaper (Infinity Fabric links)"),
     # Ascend HCCS: 56 GB/s per link; 910B nodes: 7 links, 392 GB/s aggregate (~196 per direction).
     LinkSpec("HCCS", 196.0, 3.0, "Huawei Atlas 800T A2 figures (approx.)"),
 )
+
 
 NIC_CATALOG: dict[str, NICSpec] = _by_name(
     # TCP Ethernet: line rate; tens of microseconds through the kernel stack.

@@ -109,7 +109,7 @@ def _write_plan(plan, out: Path) -> None:
         raise PlanError(f"--out: cannot write {out} ({exc.strerror or exc}); check the directory") from None
 
 
-def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave):
+def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave, order=None):
     from hetpart.costmodel.megatron import megatron_plan
     from hetpart.errors import PlanError
 
@@ -122,8 +122,10 @@ def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, sch
     if missing:
         raise PlanError(f"predict: {', '.join(missing)} missing; give --plan plan.json or all of --tp --pp --dp "
                         "--micro-batch")
+    from hetpart.costmodel.megatron import DEFAULT_ORDER
+
     return megatron_plan(graph, cl, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
-                         interleave=interleave, recompute=workload.recompute)
+                         interleave=interleave, recompute=workload.recompute, order=order or DEFAULT_ORDER)
 
 
 def _from_plan_meta(plan_path: Optional[Path], model: Optional[str], cluster: Optional[str]) -> tuple[str, str, Any]:
@@ -155,6 +157,8 @@ def predict_command(
         micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
         schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
         interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
+        order: Optional[str] = typer.Option(None, "--order", help="Rank order of the --tp --pp --dp grid, innermost "
+                                            "first: tp-dp-pp (Megatron-LM's, the default) or tp-pp-dp."),
         predictor: Optional[str] = PredictorOpt,
         records: Optional[Path] = typer.Option(None, "--records", help="Re-predict every run record of this file "
                                                "('hetpart run --out'); one JSON line each with --json."),
@@ -181,7 +185,11 @@ def predict_command(
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
                              recompute or (plan.recompute if plan else "selective"), zero)
-    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave)
+    if plan is not None and order is not None:
+        from hetpart.errors import PlanError
+
+        raise PlanError(f"--order: {plan_path} already places its ranks; --order applies to the --tp --pp --dp grid")
+    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order)
     if zero is not None and plan.zero != zero:
         plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
     if plan_path is not None and recompute is None:
@@ -189,8 +197,11 @@ def predict_command(
     chosen = get_predictor(predictor, graph, cl, workload)
     prediction = chosen.predict(plan, workload, validate=True)
     if json_out:
-        emit_json({"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
-                   "breakdown": prediction.breakdown})
+        answer = {"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
+                  "breakdown": prediction.breakdown}
+        if "order" in plan.meta and plan.meta.get("planner") == "megatron":
+            answer["order"] = plan.meta["order"]  # the rank order of the --tp --pp --dp grid
+        emit_json(answer)
         return
     con = console()
     con.print(plan.table(cl, graph, full=full))

@@ -1,0 +1,65 @@
+"""What transfers really reach over the cluster's links: bandwidth as NCCL moves data, not the datasheet.
+
+The cluster describes hardware at its line rate (``hetpart.cluster``: the runtime's emulation shapes
+links to exactly that). The cost model prices every transfer at the rate a collective library reaches:
+
+* **Inside a node**: ``LinkSpec.bandwidth_gbyte_s * efficiency``; the catalog takes the efficiencies
+  from NCCL's own topology model (NVLink bricks at 20 of 25 GB/s, PCIe Gen3 x16 at 12 of 15.75, host
+  staging across CPU sockets at the socket link's rate; see ``hetpart.catalog.hardware``).
+* **RDMA NICs** (InfiniBand, RoCE): ``RDMA_EFFICIENCY`` of the line rate: NCCL's topology model prices
+  a 100 Gbit/s port at 12 GB/s (``NET_BW`` in NVIDIA/nccl src/graph/topo.h), 96% of its 12.5.
+* **TCP Ethernet** (NCCL's socket transport): the TCP payload share of each Ethernet frame,
+  ``TCP_FRAMING_EFFICIENCY`` = 1460 / 1538 at MTU 1500 (20 B IP + 20 B TCP headers in a 1500 B packet;
+  14 B header, 4 B FCS, 8 B preamble and 12 B inter-frame gap on the wire), and at most
+  ``TCP_SOCKET_GBYTE_S`` per NIC: the socket transport copies through host memory with a few CPU
+  threads, and a published nccl-tests run over 100 GbE TCP stopped at 4.7 GB/s bus bandwidth (NVIDIA/nccl
+  issue 398, AWS p3dn, default socket settings) where the wire would allow 11.9.
+* **Between zones**: the zone link at the same TCP framing efficiency (WAN traffic is TCP/IP).
+"""
+
+from __future__ import annotations
+
+from hetpart.cluster import Cluster, NodeGroup, PathLink
+from hetpart.hardware import NICSpec
+
+__all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "nic_gbyte_s", "node_nic_gbyte_s",
+           "achieved_link"]
+
+RDMA_EFFICIENCY = 12.0 / 12.5
+"""NCCL topo.h ``NET_BW``: 12 GB/s for a 100 Gbit/s (12.5 GB/s) port."""
+TCP_FRAMING_EFFICIENCY = 1460.0 / 1538.0
+"""TCP payload bytes per Ethernet wire bytes at MTU 1500."""
+TCP_SOCKET_GBYTE_S = 4.7
+"""Bus bandwidth NCCL's socket transport reached over one 100 GbE NIC (NVIDIA/nccl issue 398)."""
+
+
+def nic_gbyte_s(nic: NICSpec) -> float:
+    """Bandwidth one NIC really carries for NCCL, GB/s."""
+    if nic.rdma:
+        return nic.bandwidth_gbyte_s * RDMA_EFFICIENCY
+    return min(nic.bandwidth_gbyte_s * TCP_FRAMING_EFFICIENCY, TCP_SOCKET_GBYTE_S)
+
+
+def node_nic_gbyte_s(group: NodeGroup) -> float:
+    """What all NICs of one node of ``group`` carry together, GB/s."""
+    return group.nics_per_node * nic_gbyte_s(group.nic)
+
+
+def achieved_link(cluster: Cluster, a: str, b: str) -> PathLink | None:
+    """:meth:`Cluster.link_between` at the bandwidth transfers reach (one flow, one NIC per side);
+    None when the two zones have no link."""
+    link = cluster.link_between(a, b)
+    if link is None or link.kind == "self":
+        return link
+    ga, gb = cluster.group_of(a), cluster.group_of(b)
+    if link.kind == "intra_node":
+        return PathLink(ga.intra_node.achieved_gbyte_s, link.latency_us, "intra_node")
+    bw = min(nic_gbyte_s(ga.nic), nic_gbyte_s(gb.nic))
+    kind = link.kind
+    da, db = cluster.device(a), cluster.device(b)
+    if da.zone != db.zone:
+        zone = cluster.zone_link(da.zone, db.zone)
+        wan = zone.bandwidth_gbyte_s * TCP_FRAMING_EFFICIENCY
+        kind = "inter_zone" if wan < bw else "nic"
+        bw = min(bw, wan)
+    return PathLink(bw, link.latency_us, kind)
