@@ -58,8 +58,15 @@ def test_plan_with_each_baseline(capsys, planner: str) -> None:
 def test_predict_flag_form_is_the_megatron_grid(capsys) -> None:
     data = _json(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "2", "--json")
     assert data["metrics"]["tokens_per_s"] > 0 and data["predictor"] == "simulator"
-    gpus = {row["gpu"] for row in data["breakdown"]}
-    assert gpus == {"A100-40GB", "V100-16GB"}  # cluster order: replica 0 on the A100s, replica 1 on the V100s
+    # Megatron-LM's rank order (TP, then DP, then PP outermost): stage 0 of both replicas on the A100s
+    assert data["order"] == "tp-dp-pp"
+    assert {(row["stage"], row["gpu"]) for row in data["breakdown"]} == {(0, "A100-40GB"), (1, "V100-16GB")}
+    other = _json(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "2",
+                  "--order", "tp-pp-dp", "--json")
+    assert other["order"] == "tp-pp-dp"  # each pipeline on one node: replica 0 on the A100s
+    assert {(row["replica"], row["gpu"]) for row in other["breakdown"]} == {(0, "A100-40GB"), (1, "V100-16GB")}
+    assert "--order: unknown rank order 'dp-tp'" in _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2",
+                                                            "--dp", "2", "--micro-batch", "2", "--order", "dp-tp")
     err = _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "1", "--dp", "3", "--micro-batch", "1")
     assert "--tp/--pp/--dp" in err or "not divisible" in err
     err = _error(capsys, "predict", *SMALL, "--tp", "1", "--pp", "2", "--dp", "2", "--micro-batch", "3")
