@@ -21,7 +21,7 @@ from typing import Sequence
 from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError
 
-from hetpart.costmodel.links import achieved_link, nic_gbyte_s, node_nic_gbyte_s
+from hetpart.costmodel.links import achieved_link, intra_node_link, nic_gbyte_s, node_nic_gbyte_s
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
 
@@ -133,8 +133,8 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
                        devices: Sequence) -> tuple[float, float]:
     k = next(iter(nodes.values()))
     groups = {key[0] for key in nodes}
-    intra_bw = min(cluster.groups[g].intra_node.achieved_gbyte_s for g in groups)
-    intra_lat = max(cluster.groups[g].intra_node.latency_us for g in groups)
+    intra_bw = min(intra_node_link(cluster.groups[g]).achieved_gbyte_s for g in groups)
+    intra_lat = max(intra_node_link(cluster.groups[g]).latency_us for g in groups)
     # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
     inside = _ring_cost(k, intra_bw, intra_lat)
     first_on: dict[tuple[int, int], object] = {}

@@ -15,15 +15,20 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   threads, and a published nccl-tests run over 100 GbE TCP stopped at 4.7 GB/s bus bandwidth (NVIDIA/nccl
   issue 398, AWS p3dn, default socket settings) where the wire would allow 11.9.
 * **Between zones**: the zone link at the same TCP framing efficiency (WAN traffic is TCP/IP).
+* **GeForce boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
+  (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; tinygrad/open-gpu-kernel-modules issue 17:
+  RTX 4090 P2P only with a patched kernel module), so a ``PCIe3/4/5`` link between them is priced as
+  its ``-host`` entry (staged through host memory, across the CPU socket link).
 """
 
 from __future__ import annotations
 
+from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.cluster import Cluster, NodeGroup, PathLink
-from hetpart.hardware import NICSpec
+from hetpart.hardware import LinkSpec, NICSpec
 
-__all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "nic_gbyte_s", "node_nic_gbyte_s",
-           "achieved_link"]
+__all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "nic_gbyte_s",
+           "node_nic_gbyte_s", "intra_node_link", "achieved_link"]
 
 RDMA_EFFICIENCY = 12.0 / 12.5
 """NCCL topo.h ``NET_BW``: 12 GB/s for a 100 Gbit/s (12.5 GB/s) port."""
@@ -31,6 +36,17 @@ TCP_FRAMING_EFFICIENCY = 1460.0 / 1538.0
 """TCP payload bytes per Ethernet wire bytes at MTU 1500."""
 TCP_SOCKET_GBYTE_S = 4.7
 """Bus bandwidth NCCL's socket transport reached over one 100 GbE NIC (NVIDIA/nccl issue 398)."""
+NO_PCIE_P2P = frozenset({"RTX3090-24GB", "RTX4090-24GB"})
+"""Catalog GPUs (GeForce) without PCIe peer-to-peer access."""
+
+
+def intra_node_link(group: NodeGroup) -> LinkSpec:
+    """The link a node of ``group`` really has between its GPUs: its ``intra_node`` entry, or that
+    entry's host-staged twin when its GPUs cannot reach each other over PCIe (``NO_PCIE_P2P``)."""
+    link = group.intra_node
+    if group.gpu.name in NO_PCIE_P2P and f"{link.name}-host" in LINK_CATALOG and LINK_CATALOG.get(link.name) == link:
+        return LINK_CATALOG[f"{link.name}-host"]
+    return link
 
 
 def nic_gbyte_s(nic: NICSpec) -> float:
@@ -53,7 +69,8 @@ def achieved_link(cluster: Cluster, a: str, b: str) -> PathLink | None:
         return link
     ga, gb = cluster.group_of(a), cluster.group_of(b)
     if link.kind == "intra_node":
-        return PathLink(ga.intra_node.achieved_gbyte_s, link.latency_us, "intra_node")
+        inside = intra_node_link(ga)
+        return PathLink(inside.achieved_gbyte_s, inside.latency_us, "intra_node")
     bw = min(nic_gbyte_s(ga.nic), nic_gbyte_s(gb.nic))
     kind = link.kind
     da, db = cluster.device(a), cluster.device(b)

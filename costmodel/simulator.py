@@ -4,16 +4,21 @@ One training step of a :class:`~hetpart.plan.Plan`:
 
 1. every replica runs its pipeline (:mod:`hetpart.costmodel.schedule`): per virtual stage and
    micro-batch, compute (:mod:`~hetpart.costmodel.compute`, fitted efficiency) plus tensor-parallel
-   all-reduces inside the stage; point-to-point transfers between stages over the actual link
-   (``cluster.link_between``; with sequence parallelism each of the ``tp`` ranks sends its ``1/tp``
-   shard, Megatron's scatter/gather, sharing the node's NICs);
+   all-reduces inside the stage; point-to-point transfers between stages over the actual link at the
+   bandwidth NCCL reaches (:mod:`~hetpart.costmodel.links`; with sequence parallelism each of the
+   ``tp`` ranks sends its ``1/tp`` shard, Megatron's scatter/gather). Replicas run in step, so the
+   transfers of every replica leaving a node at once share its NICs (:meth:`Simulator._pipeline_flows`).
+   A send blocks its sender (Megatron-LM's 1F1B waits for each transfer; ``overlap_p2p=True``: only the
+   receiver waits, except over TCP);
 2. data-parallel gradient all-reduces, per unit, among the replicas holding it (replicas may cut the
-   model differently and mix device types: the slowest member paces the ring). A unit's bucket is
-   ready when every holder's last backward has passed it, so the all-reduces overlap with the rest
-   of that backward and with the backward of earlier stages (``overlap_grad_reduce=False``: they
-   start once every holder's backward is over, Megatron's default and hetpart's runtime); all-reduces
-   that share a device group run one after another. Tied embedding copies on different stages are
-   all-reduced the same way;
+   model differently and mix device types: the slowest member paces the ring), in fp32 under bf16 as
+   Megatron-LM does. Gradients go out in buckets of ``grad_bucket_params`` (Megatron's 40M): a bucket
+   leaves when its last gradient is ready in every holder's last backward, so the all-reduces overlap
+   with the rest of that backward and with the backward of earlier stages, and the last bucket of a
+   stage is exposed (``overlap_grad_reduce=False``: they start once every holder's backward is over,
+   Megatron's default and hetpart's runtime); all-reduces that share a device group run one after
+   another, those of different device groups on one node share its NICs. Tied embedding copies on
+   different stages are all-reduced the same way;
 3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held (read 16-bit
    gradient, fp32 master and two moments; write them back and the 16-bit weight) over HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
@@ -510,14 +515,16 @@ class Simulator:
     def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None,
               flows: dict[int, int] | None = None) -> tuple:
         """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
-        member per stage; its ``tp`` ranks run ``tp`` such rings at once, and ``flows`` says how many
-        rings cross each node's NICs). The cost depends only on which nodes the members sit on and on
-        that sharing, so that is the key; ``members()`` lists them when needed."""
+        member per stage; its ``tp`` ranks run ``tp`` such rings at once). ``flows`` (:meth:`_ring_flows`)
+        counts the shards of crossing rings on each node; divided by this ring's own members there it is
+        how many such all-reduces share the node's NICs at once. The cost depends only on which nodes
+        the members sit on and on that sharing, so that is the key; ``members()`` lists them when needed."""
         table = table or self._stage_table(plan)
         flat = table.offsets[holders[:, 0]] + holders[:, 1]
         concurrent = int(table.tp[flat].max())
         if flows:
-            concurrent = max([concurrent] + [flows.get(n, 0) for n in np.unique(table.node[flat]).tolist()])
+            nodes, here = np.unique(table.node[flat], return_counts=True)
+            concurrent = max([concurrent] + [flows.get(n, 0) / c for n, c in zip(nodes.tolist(), here.tolist())])
 
         def members() -> tuple[str, ...]:
             return tuple(dict.fromkeys(table.first_device[i] for i in flat.tolist()))
@@ -548,10 +555,10 @@ class Simulator:
     def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
 
-        A run of units is all-reduced bucket by bucket (a unit per bucket, as DDP / Megatron buckets
-        hold about one large layer) while the last backward still runs: it ends at the later of
-        "first bucket ready + all buckets' time" and "last bucket ready + its own time" -- exact for
-        equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
+        A run of units is all-reduced bucket by bucket while the last backward still runs: it ends at
+        the later of "first unit ready + all buckets' time" and "last unit ready + the last bucket's
+        time", the last bucket holding ``grad_bucket_params`` gradients (or the whole run, or the
+        first unit if larger) -- exact for equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
         Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """
@@ -648,7 +655,9 @@ class Simulator:
         stages = [plan.replicas[r].stages[k] for r, k in holders]
         members = tuple({s.devices[0]: None for s in stages})
         nodes = tuple(sorted(self._node_id(d) for d in members))
-        concurrent = max([s.tp for s in stages] + [flows.get(n, 0) for n in nodes] if flows else [s.tp for s in stages])
+        concurrent = max(s.tp for s in stages)
+        if flows:
+            concurrent = max([concurrent] + [flows.get(n, 0) / nodes.count(n) for n in set(nodes)])
         return (nodes, concurrent), lambda: members, concurrent
 
     def _segment_ready_small(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
@@ -668,10 +677,10 @@ class Simulator:
     def _dp_sync_small(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
         """:meth:`_dp_sync` for plans of few replicas: the same model in scalar Python (less overhead).
 
-        A run of units is all-reduced bucket by bucket (a unit per bucket, as DDP / Megatron buckets
-        hold about one large layer) while the last backward still runs: it ends at the later of
-        "first bucket ready + all buckets' time" and "last bucket ready + its own time" -- exact for
-        equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
+        A run of units is all-reduced bucket by bucket while the last backward still runs: it ends at
+        the later of "first unit ready + all buckets' time" and "last unit ready + the last bucket's
+        time", the last bucket holding ``grad_bucket_params`` gradients (or the whole run, or the
+        first unit if larger) -- exact for equal units, whose readiness is evenly spaced. Runs sharing a device group go one after another.
         Without ``overlap_grad_reduce`` a run starts once every holder's device has finished its whole
         backward, largest run first (the order hetpart's runtime all-reduces its fused buckets in).
         """

@@ -46,6 +46,12 @@ def _simulator_calibration() -> Section:
     return section()
 
 
+def _nic_sensitivity() -> Section:
+    from hetpart.experiments.bench_nic import section
+
+    return section()
+
+
 def _engine() -> Section:
     from hetpart.experiments.bench_engine import section
 
@@ -72,6 +78,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "engine": _engine,
     "loop": _loop,
     "uneven-tp": _uneven_tp,
+    "nic-sensitivity": _nic_sensitivity,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
