@@ -72,11 +72,11 @@ class EfficiencyCurve:
 
 # Produced by ``python -m hetpart.costmodel.calibration`` (fit_a100_curve); tests/test_calibration.py
 # checks they are a least-squares optimum. Keep the numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.7929, w0_ref=216.9, alpha=1.0, peak_ref_tflops=312.0,
+_AMPERE = EfficiencyCurve("ampere", e_max=0.7919, w0_ref=211.0, alpha=1.0, peak_ref_tflops=312.0,
                           status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
-                          act_traffic=2.624)
+                          act_traffic=2.678)
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.4442, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+_VOLTA = EfficiencyCurve("volta", e_max=0.4465, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
                          act_traffic=_AMPERE.act_traffic)
 
