@@ -21,7 +21,8 @@ from typing import Sequence
 from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError
 
-from hetpart.costmodel.links import achieved_link, intra_node_link, nic_gbyte_s, node_nic_gbyte_s
+from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_ring_gbyte_s, nic_gbyte_s, \
+    node_nic_gbyte_s
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
 
@@ -98,6 +99,8 @@ def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int 
     ids = [d.id for d in devices]
     nodes = Counter(d.node_key for d in devices)
     bw, lat = _ring_hops(ids, cluster, devices)
+    if len(nodes) == 1:  # NCCL rings the members as the node's wires allow (a cube-mesh is no switch)
+        bw = intra_node_ring_gbyte_s(cluster.groups[devices[0].group], [d.local for d in devices])
     if len(nodes) > 1:  # the NIC share depends on the node's group only
         bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in _one_node_per_group(nodes)))
     flat = _ring_cost(n, bw, lat)
@@ -133,7 +136,8 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
                        devices: Sequence) -> tuple[float, float]:
     k = next(iter(nodes.values()))
     groups = {key[0] for key in nodes}
-    intra_bw = min(intra_node_link(cluster.groups[g]).achieved_gbyte_s for g in groups)
+    local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
+    intra_bw = min(intra_node_ring_gbyte_s(cluster.groups[g], local) for g in groups)
     intra_lat = max(intra_node_link(cluster.groups[g]).latency_us for g in groups)
     # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
     inside = _ring_cost(k, intra_bw, intra_lat)

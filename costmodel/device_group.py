@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hetpart.cluster import Cluster
-from hetpart.costmodel.links import achieved_link
+from hetpart.costmodel.links import achieved_link, intra_node_ring_gbyte_s
 from hetpart.costmodel.memory import memory_capacity_gb
 from hetpart.hardware import GPUSpec
 
@@ -67,6 +67,9 @@ def device_group_facts(cluster: Cluster, devices: Sequence[str]) -> DeviceGroupF
         link = achieved_link(cluster, devices[i], devices[(i + 1) % len(devices)])
         if link is not None and link.kind != "self":
             bandwidth, latency = min(bandwidth, link.bandwidth_gbyte_s), max(latency, link.latency_us)
+    members = [cluster.device(d) for d in devices]
+    if len(devices) > 1 and len({m.node_key for m in members}) == 1:  # NCCL rings the group as the wires allow
+        bandwidth = intra_node_ring_gbyte_s(cluster.groups[members[0].group], [m.local for m in members])
     return DeviceGroupFacts(gpu=min(gpus, key=lambda g: g.tflops_bf16), tp_bandwidth_gbyte_s=bandwidth,
                             tp_latency_us=latency, capacity_gb=min(memory_capacity_gb(g) for g in gpus),
                             hbm_gbyte_s=min(g.hbm_gbyte_s for g in gpus), gpus=gpus, speeds=speeds)

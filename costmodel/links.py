@@ -15,6 +15,13 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   threads, and a published nccl-tests run over 100 GbE TCP stopped at 4.7 GB/s bus bandwidth (NVIDIA/nccl
   issue 398, AWS p3dn, default socket settings) where the wire would allow 11.9.
 * **Between zones**: the zone link at the same TCP framing efficiency (WAN traffic is TCP/IP).
+* **Hybrid cube-mesh NVLink** (``NVLink2-cube-mesh``: DGX-1 with V100, the 8-GPU V100 cloud boards):
+  no switch; each GPU has 6 NVLink bricks to 4 of the 7 others (``CUBE_MESH_BRICKS``, the published
+  ``nvidia-smi topo -m`` matrix of these boards). NCCL packs rings onto the bricks; a ring runs at one
+  brick's rate (NCCL topo.h ``SM70_NVLINK_BW`` = 20 GB/s), so a group reaches 20 GB/s per directed
+  Hamiltonian cycle over its members that fits in the bricks (:func:`cube_mesh_ring_gbyte_s`): 120
+  for all 8 GPUs (6 rings), 80 for a quad, 20 for a pair joined by one brick -- where an NVSwitch
+  board gives every group 120. Members with no NVLink cycle go through PCIe and the CPU socket link.
 * **GeForce boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
   (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; tinygrad/open-gpu-kernel-modules issue 17:
   RTX 4090 P2P only with a patched kernel module), so a ``PCIe3/4/5`` link between them is priced as
@@ -23,12 +30,16 @@ links to exactly that). The cost model prices every transfer at the rate a colle
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import permutations
+
 from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.cluster import Cluster, NodeGroup, PathLink
 from hetpart.hardware import LinkSpec, NICSpec
 
-__all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "nic_gbyte_s",
-           "node_nic_gbyte_s", "intra_node_link", "achieved_link"]
+__all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "CUBE_MESH_BRICKS",
+           "nic_gbyte_s", "node_nic_gbyte_s", "intra_node_link", "achieved_link", "cube_mesh_ring_gbyte_s",
+           "intra_node_ring_gbyte_s"]
 
 RDMA_EFFICIENCY = 12.0 / 12.5
 """NCCL topo.h ``NET_BW``: 12 GB/s for a 100 Gbit/s (12.5 GB/s) port."""
@@ -38,6 +49,58 @@ TCP_SOCKET_GBYTE_S = 4.7
 """Bus bandwidth NCCL's socket transport reached over one 100 GbE NIC (NVIDIA/nccl issue 398)."""
 NO_PCIE_P2P = frozenset({"RTX3090-24GB", "RTX4090-24GB"})
 """Catalog GPUs (GeForce) without PCIe peer-to-peer access."""
+
+
+CUBE_MESH_BRICKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
+                    (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
+"""NVLink bricks between the GPUs of a hybrid cube-mesh board (DGX-1V / AWS p3.16xlarge ``nvidia-smi topo -m``:
+NV1 / NV2); pairs not listed have none."""
+_BRICK_GBYTE_S = 20.0
+"""What NCCL moves over one V100 NVLink brick per direction (topo.h ``SM70_NVLINK_BW``)."""
+
+
+@lru_cache(maxsize=512)
+def cube_mesh_ring_gbyte_s(members: frozenset[int]) -> float:
+    """Ring bandwidth NCCL reaches among ``members`` (local GPU indices 0-7) of a hybrid cube-mesh board:
+    20 GB/s per directed ring through all members that fits in the bricks with the rings already
+    packed (an exact search: at most 5,040 orders); 0 when no ring over NVLink exists."""
+    nodes = sorted(members)
+    if len(nodes) < 2:
+        return float("inf")
+    cap = {}
+    for (a, b), n in CUBE_MESH_BRICKS.items():
+        cap[(a, b)] = cap[(b, a)] = n
+    first, rest = nodes[0], nodes[1:]
+    rings = []
+    for order in permutations(rest):
+        cycle = (first,) + order
+        hops = [(cycle[i], cycle[(i + 1) % len(cycle)]) for i in range(len(cycle))]
+        if len(cycle) == 2:
+            hops = hops[:1]  # a pair: one direction of one brick per ring
+        if all(cap.get(h, 0) > 0 for h in hops):
+            rings.append(hops)
+
+    def most(start: int, used: dict) -> int:
+        best = 0
+        for i in range(start, len(rings)):
+            if all(used.get(h, 0) < cap[h] for h in rings[i]):
+                for h in rings[i]:
+                    used[h] = used.get(h, 0) + 1
+                best = max(best, 1 + most(i, used))
+                for h in rings[i]:
+                    used[h] -= 1
+        return best
+
+    return most(0, {}) * _BRICK_GBYTE_S
+
+
+def intra_node_ring_gbyte_s(group: NodeGroup, local: list[int]) -> float:
+    """Bandwidth of a ring among the GPUs ``local`` (indices inside one node of ``group``)."""
+    link = intra_node_link(group)
+    if link.name == "NVLink2-cube-mesh" and LINK_CATALOG.get(link.name) == link and group.gpus_per_node == 8:
+        ring = cube_mesh_ring_gbyte_s(frozenset(local))
+        return ring if ring > 0 else LINK_CATALOG["PCIe3-host"].achieved_gbyte_s
+    return link.achieved_gbyte_s
 
 
 def intra_node_link(group: NodeGroup) -> LinkSpec:
@@ -70,7 +133,8 @@ def achieved_link(cluster: Cluster, a: str, b: str) -> PathLink | None:
     ga, gb = cluster.group_of(a), cluster.group_of(b)
     if link.kind == "intra_node":
         inside = intra_node_link(ga)
-        return PathLink(inside.achieved_gbyte_s, inside.latency_us, "intra_node")
+        pair = [cluster.device(a).local, cluster.device(b).local]
+        return PathLink(intra_node_ring_gbyte_s(ga, pair), inside.latency_us, "intra_node")
     bw = min(nic_gbyte_s(ga.nic), nic_gbyte_s(gb.nic))
     kind = link.kind
     da, db = cluster.device(a), cluster.device(b)

@@ -154,3 +154,22 @@ def test_geforce_boards_on_pcie_have_no_peer_to_peer():
     assert geforce == pytest.approx(ring_allreduce_time_s(1e9, 8, 10.0, 20.0))  # priced as PCIe4-host
     workstation = allreduce_time_s(1e9, ids, _cluster(nodes=1, gpus=8, gpu="A6000-48GB", intra="PCIe4"))
     assert workstation == pytest.approx(ring_allreduce_time_s(1e9, 8, 24.0, 5.0))
+
+
+def test_a_hybrid_cube_mesh_rings_small_groups_over_few_bricks():
+    from hetpart.costmodel.device_group import device_group_facts
+    from hetpart.costmodel.links import cube_mesh_ring_gbyte_s
+
+    # NCCL packs rings onto the bricks: all 8 GPUs fill 6 rings (as an NVSwitch board), a quad 4
+    assert cube_mesh_ring_gbyte_s(frozenset(range(8))) == 120.0
+    assert cube_mesh_ring_gbyte_s(frozenset(range(4))) == 80.0
+    assert cube_mesh_ring_gbyte_s(frozenset({0, 1})) == 20.0 and cube_mesh_ring_gbyte_s(frozenset({0, 3})) == 40.0
+    assert cube_mesh_ring_gbyte_s(frozenset({0, 5})) == 0.0  # no NVLink between them
+    mesh = _cluster(nodes=1, gpus=8, gpu="V100-32GB", intra="NVLink2-cube-mesh")
+    switch = _cluster(nodes=1, gpus=8, gpu="V100-32GB", intra="NVLink2")
+    pair = ("0/0/0", "0/0/1")
+    assert device_group_facts(mesh, pair).tp_bandwidth_gbyte_s == 20.0
+    assert device_group_facts(switch, pair).tp_bandwidth_gbyte_s == 120.0
+    assert device_group_facts(mesh, ("0/0/0", "0/0/5")).tp_bandwidth_gbyte_s == 10.0  # through PCIe and the CPUs
+    eight = [f"0/0/{i}" for i in range(8)]
+    assert allreduce_time_s(1e9, eight, mesh) == pytest.approx(allreduce_time_s(1e9, eight, switch))

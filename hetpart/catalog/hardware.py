@@ -84,6 +84,11 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
     # A100 12 x 25 = 300 (600 bidir), H100 18 links = 450 (900 bidir). NVIDIA datasheets.
     LinkSpec("NVLink2", 150.0, 2.0, "NVIDIA V100 datasheet (300 GB/s bidirectional); NCCL SM70_NVLINK_BW",
              _NVLINK_SM80),
+    # V100 boards without NVSwitch (DGX-1V, the 8-GPU V100 cloud instances): the same 6 bricks per GPU
+    # wired as a hybrid cube-mesh; rings over a group run at 20 GB/s per ring that fits in the bricks
+    # (hetpart.costmodel.links.cube_mesh_ring_gbyte_s): 120 GB/s for all 8, 20-40 for a pair.
+    LinkSpec("NVLink2-cube-mesh", 150.0, 2.0, "NVIDIA DGX-1 (V100) hybrid cube-mesh; NCCL SM70_NVLINK_BW per brick",
+             _NVLINK_SM80),
     LinkSpec("NVLink3", 300.0, 2.0, "NVIDIA A100 datasheet (600 GB/s bidirectional); NCCL SM80_NVLINK_BW",
              _NVLINK_SM80),
     LinkSpec("NVLink4", 450.0, 2.0, "NVIDIA H100 datasheet (900 GB/s bidirectional); NCCL SM90_NVLINK_BW",
