@@ -50,7 +50,9 @@ def _learn_and_check():
     env = PartitionEnv(scenario=problem)
     model = MaskablePPO(PointerPolicy, env, n_steps=128, batch_size=64, n_epochs=8, learning_rate=3e-3, gamma=1.0,
                         ent_coef=0.0, seed=0, device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(hidden=32)))
-    model.learn(2500)
+    # 3,500 steps: since the simulator prices communication as engines pay it (issue 9), this toy's optimum
+    # is data parallelism over the two A100s, 5% ahead of TP=2 (the optimum before, found in 2,500)
+    model.learn(3500)
     obs, _ = env.reset(seed=0)
     done = False
     while not done:
