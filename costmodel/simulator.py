@@ -16,7 +16,8 @@ One training step of a :class:`~hetpart.plan.Plan`:
    leaves when its last gradient is ready in every holder's last backward, so the all-reduces overlap
    with the rest of that backward and with the backward of earlier stages, and the last bucket of a
    stage is exposed (``overlap_grad_reduce=False``: they start once every holder's backward is over,
-   Megatron's default and hetpart's runtime); all-reduces that share a device group run one after
+   Megatron's default and hetpart's runtime; over TCP NICs likewise, as NCCL's socket transport does
+   not overlap compute the way RDMA does); all-reduces that share a device group run one after
    another, those of different device groups on one node share its NICs. Tied embedding copies on
    different stages are all-reduced the same way;
 3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held (read 16-bit
@@ -531,6 +532,13 @@ class Simulator:
 
         return (np.sort(table.node[flat]).tobytes(), concurrent), members, concurrent
 
+    def _crosses_tcp(self, devices) -> bool:
+        """Whether an all-reduce among ``devices`` leaves a node over a TCP NIC: NCCL's socket transport
+        (proxy threads, copies through host memory) does not run beside the backward the way RDMA
+        does, so such an all-reduce is not overlapped."""
+        nodes = {self.cluster.device(d).node_key for d in devices}
+        return len(nodes) > 1 and not all(self.cluster.groups[g].nic.rdma for g, _ in nodes)
+
     def _node_id(self, device_id: str) -> int:
         node = self._nodes.get(device_id)
         if node is None:
@@ -587,6 +595,9 @@ class Simulator:
             elif seg.a < 0:
                 done = float(table.last_bwd[flat].max())
                 jobs.append(_Job(done, done, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
+            elif self._crosses_tcp([table.first_device[i] for i in flat.tolist()]):
+                done = float(ready[:, seg.a].max())  # after the backward that holds it: no overlap over TCP
+                jobs.append(_Job(done, done, groups, t, t, None))
             else:
                 first, last = float(ready[:, seg.z - 1].max()), float(ready[:, seg.a].max())
                 jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring) * pad, None))
@@ -700,7 +711,10 @@ class Simulator:
             groups = {(r, k % pipes[r].pp) for r, k in holders}
             if self.overlap_grad_reduce:
                 first, last = self._segment_ready_small(plan, pipes, holders, seg.a, seg.z)
-                jobs.append(_Job(first, last, groups, t, t_last, None))
+                if self._crosses_tcp(ring[1]()):  # after the backward that holds it: no overlap over TCP
+                    jobs.append(_Job(last, last, groups, t, t, None))
+                else:
+                    jobs.append(_Job(first, last, groups, t, t_last, None))
             else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
                 done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
                            if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward

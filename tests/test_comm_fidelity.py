@@ -173,3 +173,15 @@ def test_a_hybrid_cube_mesh_rings_small_groups_over_few_bricks():
     assert device_group_facts(mesh, ("0/0/0", "0/0/5")).tp_bandwidth_gbyte_s == 10.0  # through PCIe and the CPUs
     eight = [f"0/0/{i}" for i in range(8)]
     assert allreduce_time_s(1e9, eight, mesh) == pytest.approx(allreduce_time_s(1e9, eight, switch))
+
+
+def test_gradient_all_reduces_over_tcp_wait_for_the_backward(gpt2):
+    plan = _replicas(2, ["0/0/0", "0/1/0"])
+    fine = dict(grad_bucket_params=1)  # a bucket per unit: over RDMA part of the all-reduce hides
+    rdma = Simulator(gpt2, _cluster(nic="RoCE-100"), **fine).simulate(plan).breakdown[0]
+    tcp = Simulator(gpt2, _cluster(nic="Ethernet-100"), **fine).simulate(plan).breakdown[0]
+    assert rdma["sync_wait_s"] < 0.99 * rdma["dp_comm_s"]  # (the 154 MB embedding goes last)
+    assert tcp["sync_wait_s"] == pytest.approx(tcp["dp_comm_s"])  # nothing hides behind the backward
+    vector = Simulator(gpt2, _cluster(nodes=16, nic="Ethernet-100"), **fine)  # 16 replicas: the numpy path
+    wide = vector.simulate(_replicas(16, [f"0/{n}/0" for n in range(16)])).breakdown[0]
+    assert wide["sync_wait_s"] == pytest.approx(wide["dp_comm_s"])

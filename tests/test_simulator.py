@@ -216,9 +216,9 @@ def test_estimate_agrees_with_simulate(gpt2, mixed):
         assert quick.memory_headroom_gb == pytest.approx(min(b["capacity_gb"] - b["memory_gb"] for b in full.breakdown))
 
 
-def _ethernet_nodes(count: int):
+def _rdma_nodes(count: int):  # RDMA: gradient all-reduces overlap the backward (over TCP they do not)
     return parse_cluster({"name": "c", "nodes": [{"count": count, "gpus_per_node": 1, "gpu": "A100-40GB",
-                                                  "intra_node": "NVLink3", "nic": "Ethernet-100"}]})
+                                                  "intra_node": "NVLink3", "nic": "RoCE-100"}]})
 
 
 def _two_replicas() -> Plan:
@@ -227,13 +227,13 @@ def _two_replicas() -> Plan:
 
 
 def test_gradient_all_reduce_overlaps_the_last_backward(gpt2):
-    b = simulate(gpt2, _ethernet_nodes(2), _two_replicas()).breakdown[0]
+    b = simulate(gpt2, _rdma_nodes(2), _two_replicas()).breakdown[0]
     # buckets go out while the backward still runs: less than the whole all-reduce is left after it
     assert 0 < b["sync_wait_s"] < b["dp_comm_s"]
 
 
 def test_gradient_all_reduce_after_the_backward_when_not_overlapped(gpt2):
-    cluster, two = _ethernet_nodes(4), _two_replicas()
+    cluster, two = _rdma_nodes(4), _two_replicas()
     overlapped = simulate(gpt2, cluster, two)
     after = simulate(gpt2, cluster, two, overlap_grad_reduce=False)
     b = after.breakdown[0]
