@@ -196,6 +196,10 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
         for j, s in enumerate(r.stages):
             if s.tp_split is not None:
                 out += tp_split_problems(model, s, f"replicas[{i}].stages[{j}]")
+                if getattr(plan, "zero", 0):
+                    out.append(f"replicas[{i}].stages[{j}].tp_split: an uneven split does not run with sharded data "
+                               f"parallelism (zero {plan.zero}: FSDP over uneven slices is not built); drop tp_split "
+                               "or use zero 0")
                 problems = [why for why in tp_problems(model, s.tp, rules) if not _split_covers(s.tp_split, why)]
                 out += [f"replicas[{i}].stages[{j}].tp: {why}" for why in problems]
             elif s.tp not in seen:

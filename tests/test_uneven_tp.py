@@ -203,3 +203,9 @@ def test_learned_pool_facts_and_records_take_mixed_and_slow_clusters(workstation
         assert [d.speed for d in emu.devices] == [d.speed for d in c.devices]
     emu = emulated_cluster(workstation, _plan(None), 0.05, 1000.0, 10.0)
     assert emu.device("0/0/0").gpu.tflops_bf16 > emu.device("0/0/2").gpu.tflops_bf16
+
+
+def test_an_uneven_split_with_sharded_data_parallelism_is_refused(workstation, gpt) -> None:
+    plan = replace(_plan(TPSplit(heads=(4, 4, 2, 2))), zero=1)
+    with pytest.raises(PlanError, match=r"tp_split: an uneven split does not run with sharded data parallelism"):
+        plan.check(gpt, workstation)
