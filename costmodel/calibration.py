@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -28,14 +29,14 @@ from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.plan import Plan
 from hetpart.workload import Workload
 
-from hetpart.costmodel.efficiency import CURVES, EfficiencyCurve
+from hetpart.costmodel.efficiency import _T0_PER_W0, CURVES, EfficiencyCurve
 from hetpart.costmodel.megatron import megatron_plan
 from hetpart.costmodel.simulator import Simulator
 
 __all__ = ["PublishedRun", "KORTHIKANTI_TABLE5", "CalibrationRow", "dgx_a100_cluster", "table5_setup",
            "table5_comparison", "mean_abs_error_pct", "fit_a100_curve", "anchor_volta_e_max",
            "ScalingRun", "NARAYANAN_TABLE1", "ValidationRow", "table1_validation", "calibration_residuals",
-           "llama3_405b_check", "megatron_8p3b_check"]
+           "llama3_405b_check", "megatron_8p3b_check", "fit_hopper_gemm", "H100_PROFILE"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def table5_setup(run: PublishedRun, recompute: str) -> tuple[ModelGraph, Cluster
     """Model, cluster and Megatron plan of one Table 5 row (TP=8, DP=1)."""
     model, cluster = _gpt(run), dgx_a100_cluster(run.num_gpus)
     schedule = "interleaved" if run.interleave > 1 else "1f1b"
-    plan = megatron_plan(model, cluster, Workload(run.global_batch, SEQ_LEN), tp=8, pp=run.pp, dp=1,
+    plan = megatron_plan(model, cluster, Workload(run.global_batch, SEQ_LEN, attention="eager"), tp=8, pp=run.pp, dp=1,
                          micro_batch=run.micro_batch, schedule=schedule, interleave=run.interleave,
                          recompute=recompute)
     return model, cluster, plan
@@ -144,7 +145,8 @@ def fit_a100_curve(start: EfficiencyCurve | None = None, alpha: float = 1.0) -> 
     setups = (_setups(), _table1_setups())
 
     def curve(x) -> EfficiencyCurve:
-        return replace(start, e_max=float(x[0]), w0_ref=float(x[1]), act_traffic=float(x[2]), alpha=alpha)
+        return replace(start, e_max=float(x[0]), w0_ref=float(x[1]), act_traffic=float(x[2]), alpha=alpha,
+                       t0_ref=float(x[1]) * _T0_PER_W0)
 
     def residuals(x):
         return calibration_residuals(curve(x), setups)
@@ -154,12 +156,53 @@ def fit_a100_curve(start: EfficiencyCurve | None = None, alpha: float = 1.0) -> 
     return curve(fit.x)
 
 
+H100_PROFILE = Path(__file__).resolve().parents[1] / "experiments" / "data" / "h100_unit_profile.json"
+"""The GEMM sweep measured on one H100 SXM for this project (``bench_gpu_profile --measure``)."""
+_H100_PEAKS = {"bf16": 989.0, "tf32": 494.7, "fp32": 67.0}
+
+
+def _gemm_rows(precision: str, path: Path = H100_PROFILE) -> np.ndarray:
+    """``[m, n, k, seconds]`` of the aligned products of the sweep at ``precision``."""
+    import json
+
+    rows = [g for g in json.loads(path.read_text())["gemm"] if g["precision"] == precision and g["n"] % 64 == 0]
+    return np.array([[g["m"], g["n"], g["k"], g["s"]] for g in rows], dtype=float)
+
+
+def _gemm_residuals(rows: np.ndarray, peak_tflops: float, e_max: float, w0: float, t0: float,
+                    floor_us: float) -> np.ndarray:
+    """Log errors of ``max(floor, 2mnk / (peak e_max) (1 + w0/min(n, k) + t0/m))``: the efficiency
+    curve's product time, never below the sweep's per-call floor (a Python call and launch when the
+    GPU idles between timed calls)."""
+    m, n, k, t = rows.T
+    ideal = 2 * m * n * k / (peak_tflops * 1e12 * e_max) * (1 + w0 / np.minimum(n, k) + t0 / m)
+    return np.log(np.maximum(ideal, floor_us * 1e-6) / t)
+
+
+def fit_hopper_gemm(path: Path = H100_PROFILE) -> dict[str, float]:
+    """The Hopper curve from the H100 GEMM sweep: bf16 fixes ``e_max``, ``w0`` and ``t0``; TF32 and plain
+    fp32 fit only their own ``e_max`` with those widths (least squares on log times, 32 shapes each)."""
+    from scipy.optimize import least_squares
+
+    bf16 = _gemm_rows("bf16", path)
+    fit = least_squares(lambda x: _gemm_residuals(bf16, _H100_PEAKS["bf16"], *x), x0=[0.78, 400.0, 120.0, 38.0],
+                        bounds=([0.1, 0.0, 0.0, 0.0], [1.0, 1e4, 1e4, 200.0]))
+    e_max, w0, t0, _ = fit.x
+    out = {"e_max": float(e_max), "w0_ref": float(w0), "t0_ref": float(t0)}
+    for precision in ("tf32", "fp32"):
+        rows = _gemm_rows(precision, path)
+        other = least_squares(lambda x: _gemm_residuals(rows, _H100_PEAKS[precision], x[0], w0, t0, x[1]),
+                              x0=[0.7, 38.0], bounds=([0.1, 0.0], [1.0, 200.0]))
+        out[f"e_max_{precision}"] = float(other.x[0])
+    return out
+
+
 def _volta_setup() -> tuple[ModelGraph, Cluster, Plan]:
     cfg = TransformerConfig("gpt2", 40, 1536, 16, VOCAB, 1024)
     model = transformer_graph(cfg, "megatron-1.2b", 1024, 2, source="Shoeybi et al. 2019, Table 1")
     cluster = parse_cluster({"name": "v100-1", "nodes": [{"count": 1, "gpus_per_node": 1, "gpu": "V100-32GB",
                                                           "intra_node": "NVLink2", "nic": "IB-EDR"}]})
-    plan = megatron_plan(model, cluster, Workload(8, 1024, precision="fp16"), tp=1, pp=1, dp=1, micro_batch=8,
+    plan = megatron_plan(model, cluster, Workload(8, 1024, precision="fp16", attention="eager"), tp=1, pp=1, dp=1, micro_batch=8,
                          recompute="full")
     return model, cluster, plan
 
@@ -228,7 +271,7 @@ def _table1_setups(micro_batches: tuple[int, ...] = (1, 2, 4, 8)):
         model = transformer_graph(cfg, f"gpt-{run.params_b}B", SEQ_LEN, 2, source="Narayanan et al. 2021, Table 1")
         cluster = dgx_a100_cluster(run.num_gpus)
         dp = run.num_gpus // (run.tp * run.pp)
-        plans = [megatron_plan(model, cluster, Workload(run.global_batch, SEQ_LEN), run.tp, run.pp, dp, mb,
+        plans = [megatron_plan(model, cluster, Workload(run.global_batch, SEQ_LEN, attention="eager"), run.tp, run.pp, dp, mb,
                                recompute="full")
                  for mb in micro_batches if (run.global_batch // dp) % mb == 0]
         out.append((run, model, cluster, plans))
@@ -266,13 +309,13 @@ def megatron_8p3b_check() -> ValidationRow:
     cluster = parse_cluster({"name": "dgx2h-512", "nodes": [{"count": 32, "gpus_per_node": 16, "gpu": "V100-32GB",
                                                            "intra_node": "NVLink2", "nic": "IB-EDR",
                                                            "nics_per_node": 8}]}, source="Shoeybi et al. 2019")
-    plan = megatron_plan(model, cluster, Workload(512, 1024, precision="fp16"), 8, 1, 64, 8, recompute="full")
+    plan = megatron_plan(model, cluster, Workload(512, 1024, precision="fp16", attention="eager"), 8, 1, 64, 8, recompute="full")
     pred = Simulator(model, cluster).simulate(plan, validate=False)
     return ValidationRow(8.3, 15.1e3 / 512, pred.metrics["hardware_tflops_per_device"], 8)
 
 
 def llama3_405b_check(interleave: int = 4) -> list[ValidationRow]:
-    """Spot check of the ASSUMED Hopper curve (not fitted): Llama 3 405B on H100-80GB (Llama Team 2024,
+    """Held-out check of the Hopper curve (fitted on a GEMM sweep, never on a training run): Llama 3 405B on H100-80GB (Llama Team 2024,
     Table 4: TP=8, PP=16, seq 8192, 2048 sequences per step; 430 TFLOPS per GPU on 8192 GPUs, 400 on
     16384). Meta's schedule details are not published; we take interleaving ``interleave`` without
     recomputation. Meta shards optimizer states (FSDP), which hetpart does not model, so memory is
@@ -304,9 +347,10 @@ if __name__ == "__main__":  # pragma: no cover - regenerates the constants in ef
     for v in table1_validation(fitted):
         print(f"{v.params_b:7.1f}B published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} "
               f"(micro-batch {v.micro_batch}) error {v.error_pct:+6.1f}%")
+    print(f"hopper (H100 GEMM sweep): {fit_hopper_gemm()}")
     v = megatron_8p3b_check()
     print(f"check of the anchored Volta curve, Megatron-LM 8.3B on 512 V100: published {v.published_tflops:.1f} "
           f"predicted {v.predicted_tflops:.1f} TFLOPS per GPU, error {v.error_pct:+.1f}%")
-    print("spot check of the assumed Hopper curve, Llama 3 405B on 8192 / 16384 H100 (TFLOPS per GPU):")
+    print("check of the Hopper curve (fitted on GEMMs only), Llama 3 405B on 8192 / 16384 H100 (TFLOPS per GPU):")
     for v in llama3_405b_check():
         print(f"published {v.published_tflops:5.0f} predicted {v.predicted_tflops:6.1f} error {v.error_pct:+6.1f}%")

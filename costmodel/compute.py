@@ -4,11 +4,17 @@ These are the primitives planners call in their inner loops: pure functions of n
 (vectorized), returning per-unit arrays that callers prefix-sum to cost any stage ``[first, last)``
 in O(1).
 
-Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the fitted efficiency of
-:mod:`hetpart.costmodel.efficiency`, plus the memory-bound kernels' ``act_traffic * act_bytes / hbm``
-(twice that in the backward). The backward includes the recomputed forward of the recompute mode,
-memory-bound share too: all of it under full recompute, the attention core's share of the
-activations under selective.
+Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the efficiency of
+:mod:`hetpart.costmodel.efficiency` (per architecture and precision; a head whose vocabulary is not
+16-byte aligned runs its product at :data:`~hetpart.costmodel.efficiency.UNALIGNED_FRACTION` of the
+16-bit peak at most), plus the memory-bound kernels' ``act_traffic * act_bytes / hbm`` (twice that in
+the backward), plus a fixed host cost per operator the unit runs (:data:`OPS_PER_UNIT` operators at
+``curve.host_us_per_op`` each: kernel launches, PyTorch dispatch, autograd; it is what makes
+micro-batch 1 slower per sample than 4). The backward includes the recomputed forward of the
+recompute mode, memory-bound share and operators too: all of it under full recompute, the attention
+core's share of the activations under selective. Under fused attention (flash / SDPA) the ``a s^2``
+score matrix is neither stored nor streamed through HBM, so the memory-bound term uses the
+activations without it.
 
 Tensor parallelism (Megatron-LM; sequence parallelism assumed: its all-gather + reduce-scatter pair
 moves the same bytes as the all-reduce it replaces) costs two all-reduces of ``s b h`` elements per
@@ -23,40 +29,77 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-from hetpart.costmodel.efficiency import EfficiencyCurve, curve_for, unit_gemm_width
+from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
+                                         effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s"]
+__all__ = ["unit_compute_s", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "unit_ops",
+           "saved_act_mode"]
+
+OPS_PER_UNIT: dict[str, tuple[int, int]] = {
+    "block": (32, 112), "block/llama": (66, 138), "embedding": (4, 10), "head": (8, 24), "module": (0, 0),
+}
+"""MEASURED: top-level ATen operators one unit dispatches per micro-batch, ``(forward, backward)``, counted
+with ``torch.profiler`` on hetpart's runtime units (Hugging Face GPT-2 and Llama modules, SDPA
+attention; the head's count includes its cross-entropy loss). Megatron-style fused kernels dispatch
+fewer; traced modules have no count (0: no fixed cost). Recount with
+``python -m hetpart.experiments.bench_validation --count-ops``."""
 
 
-def _unit_arrays(model: ModelGraph, recompute: str) -> dict[str, np.ndarray]:
+def unit_ops(model: ModelGraph) -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd_ops[units], bwd_ops[units])``: operators each unit dispatches per micro-batch (:data:`OPS_PER_UNIT`)."""
+    family = getattr(model.config, "family", "")
+    keys = ["block/llama" if u.kind == "block" and family == "llama" else u.kind for u in model.units]
+    return (np.array([OPS_PER_UNIT[k][0] for k in keys], dtype=float),
+            np.array([OPS_PER_UNIT[k][1] for k in keys], dtype=float))
+
+
+def saved_act_mode(recompute: str, attention: str) -> str:
+    """The activation column that holds what a unit saves: fused attention stores no score matrix, so
+    without recomputation it saves what selective recomputation saves (the graph's ``none`` minus the
+    ``a s^2`` terms)."""
+    return "selective" if recompute == "none" and attention == "fused" else recompute
+
+
+def _unit_arrays(model: ModelGraph, recompute: str, attention: str = "eager") -> dict[str, np.ndarray]:
     units = model.units
+    full = saved_act_mode("none", attention)
     return {
         "fwd": np.array([u.fwd_flops for u in units], dtype=float),
         "bwd": np.array([u.bwd_flops + u.recompute_flops[recompute] for u in units], dtype=float),
-        "none": np.array([u.act_bytes["none"] for u in units], dtype=float),
+        "none": np.array([u.act_bytes[full] for u in units], dtype=float),
         "selective": np.array([u.act_bytes["selective"] for u in units], dtype=float),
         "shardable": np.array([u.tp_shardable for u in units], dtype=bool),
         "inner": np.array([u.kind in ("block", "module") for u in units], dtype=bool),
         "width": np.array([unit_gemm_width(u.width, u.kind, 1, u.fwd_flops / model.seq_len) for u in units]),
         "tp_bytes": np.array([u.tp_comm_bytes_fwd for u in units], dtype=float),
         "calls": np.array([2.0 if u.kind == "block" else 1.0 for u in units]),
+        "head": np.array([u.kind == "head" for u in units], dtype=bool),
     }
 
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
-                   recompute: str, curve: EfficiencyCurve | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   recompute: str, curve: EfficiencyCurve | None = None,
+                   attention: str = "fused") -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
-    ``curve`` overrides the device's efficiency curve (calibration uses it).
+    ``curve`` overrides the device's efficiency curve (calibration uses it); ``attention`` is the
+    workload's kernel (``fused`` or ``eager``).
     """
+    precision = effective_precision(gpu, precision)
     peak_tflops = gpu.tflops(precision)
     curve = curve or curve_for(gpu)
-    u = _unit_arrays(model, recompute)
+    u = _unit_arrays(model, recompute, attention)
     shard = np.where(u["shardable"], tp, 1)
-    width = np.where(u["inner"], u["width"] / shard, u["width"])  # see unit_gemm_width
-    w = np.maximum(np.minimum(width, micro_batch * model.seq_len), 1.0)
-    eff = curve.e_max / (1.0 + (curve.w0(peak_tflops) / w) ** curve.alpha)
+    width = np.maximum(np.where(u["inner"], u["width"] / shard, u["width"]), 1.0)  # see unit_gemm_width
+    tokens = max(micro_batch * model.seq_len, 1)
+    size16 = gpu.tflops_bf16  # the device's size (SMs) sets where its products saturate
+    eff = curve.e_peak(precision) / (1.0 + (curve.w0(size16) / width) ** curve.alpha
+                                     + (curve.t0(size16) / tokens) ** curve.alpha)
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab and not aligned(vocab, precision):
+        cap = UNALIGNED_FRACTION * gpu.tflops_bf16 / peak_tflops
+        eff = np.where(u["head"], np.minimum(eff, cap), eff)
     rate = peak_tflops * 1e12 * eff * shard
     memory = curve.act_traffic * u["none"] * micro_batch / shard / (gpu.hbm_gbyte_s * 1e9)
     if recompute == "full":
@@ -66,8 +109,11 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         extra = memory * (1.0 - share)
     else:
         extra = np.zeros_like(memory)
-    fwd = u["fwd"] * micro_batch / rate + memory
-    bwd = u["bwd"] * micro_batch / rate + 2 * memory + extra
+    ops_fwd, ops_bwd = unit_ops(model)
+    host = curve.host_us_per_op * 1e-6
+    host_bwd = ops_bwd + (ops_fwd if recompute == "full" else 0.0)
+    fwd = u["fwd"] * micro_batch / rate + memory + host * ops_fwd
+    bwd = u["bwd"] * micro_batch / rate + 2 * memory + extra + host * host_bwd
     return fwd, bwd
 
 
@@ -90,12 +136,12 @@ def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str,
 
 
 def stage_compute_s(model: ModelGraph, first: int, last: int, gpu: GPUSpec, tp: int, micro_batch: int,
-                    precision: str = "bf16", recompute: str = "none") -> tuple[float, float]:
+                    precision: str = "bf16", recompute: str = "none", attention: str = "fused") -> tuple[float, float]:
     """``(fwd_s, bwd_s)`` of units ``[first, last)`` for one micro-batch (bwd includes recompute).
 
     For many stages of one model, call :func:`unit_compute_s` once and prefix-sum instead.
     """
-    fwd, bwd = unit_compute_s(model, gpu, tp, micro_batch, precision, recompute)
+    fwd, bwd = unit_compute_s(model, gpu, tp, micro_batch, precision, recompute, attention=attention)
     return float(fwd[first:last].sum()), float(bwd[first:last].sum())
 
 

@@ -1,43 +1,67 @@
-"""Achievable matrix-unit efficiency per device type, as a function of work size and TP degree.
+"""Achievable matrix-unit efficiency per GPU architecture, as a function of product size and precision.
 
 Matrix units reach their datasheet peak only on large matrix products, and a transformer also runs
 memory-bound kernels (norms, softmax, dropout, activation functions) whose cost grows with the
 activations, not the FLOPs. For a transformer unit the products are ``tokens x width x width/tp``
 (the tensor-parallel shard), so we model the fraction of peak a device reaches as
 
-    eff(w) = e_max / (1 + (w0 / w) ** alpha),   w = min(width / tp, tokens)
+    eff(w, T) = e_max[precision] / (1 + (w0 / w) ** alpha + (t0 / T) ** alpha)
 
-with ``w`` the smallest matrix dimension of the unit's products on one device: the tensor-parallel
-shard of the hidden width (``width / tp`` for a transformer block) or the tokens of one micro-batch
-(``micro_batch * seq_len``) when that is smaller -- a product is slow when any of its dimensions is.
-``w0`` grows with the device's peak (a faster device needs bigger products to hide the same fixed
-costs): ``w0 = w0_ref * (peak / peak_ref) ** (1/alpha)``. The memory-bound kernels cost
-``act_traffic * act_bytes / hbm_bandwidth`` on top (:attr:`EfficiencyCurve.act_traffic`); their
-share shrinks as the hidden size grows, which is what separates small models at low TP from large
-ones at TP=8.
+with ``w`` the unit's matrix width on one device (``width / tp`` for a block) and ``T`` the tokens
+of one micro-batch (``micro_batch * seq_len``): a product is slow when any of its dimensions is small
+(tile and wave quantization, the fixed start and tail of every kernel), and the token term keeps
+the batch in play after ``T`` passes the width -- micro-batch 1 is slower per sample than 4.
+``w0`` and ``t0`` grow with the device's 16-bit peak within an architecture (more SMs need bigger
+products to fill a wave): ``w0 = w0_ref * (peak16 / peak_ref) ** (1/alpha)``. ``e_max`` depends on
+the precision class: 16-bit and fp8 tensor cores, TF32 tensor cores, and plain fp32 on the CUDA
+cores, which saturate at their own fraction of their (much lower) peak.
 
-Curves (``CURVES``), one per generation:
+The memory-bound kernels cost ``act_traffic * act_bytes / hbm_bandwidth`` on top
+(:attr:`EfficiencyCurve.act_traffic`), and every operator a unit runs costs a fixed host dispatch
+and launch time (:data:`HOST_US_PER_OP`, :mod:`hetpart.costmodel.compute`).
+
+Curves (``CURVES``), one per architecture (``GPUSpec.arch``):
 
 * ``ampere`` -- FITTED end to end through the simulator to Korthikanti et al. 2022, Table 5 (22B..1T
   on A100-80GB, 8 step times) together with Narayanan et al. 2021, Table 1 (1.7B..1T, 10 throughputs
-  at TP 1..8) -- ``hetpart.costmodel.calibration.fit_a100_curve`` reproduces the constants.
+  at TP 1..8) -- ``hetpart.costmodel.calibration.fit_a100_curve`` reproduces the constants; the
+  token term's ratio ``t0 / w0`` is taken from the Hopper GEMM sweep (the tables barely move it).
+* ``hopper`` -- FITTED to a GEMM microbenchmark: 32 aligned bf16, TF32 and fp32 products per precision
+  (256..16,384 tokens x 512..32,768 wide) measured on an H100 SXM for this project
+  (``experiments/data/h100_unit_profile.json``; ``calibration.fit_hopper_gemm`` reproduces them).
+  The memory-bound traffic is Ampere's (same kernels).
 * ``volta`` -- the Ampere shape with ``e_max`` ANCHORED to one published point: Shoeybi et al. 2019
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
-  (``calibration.anchor_volta_e_max`` reproduces it; ``calibration.megatron_8p3b_check`` compares
-  with the paper's 512-GPU run, which was not used).
-* every other type (Hopper, Ada, AMD, Huawei, inline) -- ASSUMED: the Ampere curve scaled by its peak
-  and its own memory bandwidth; we found no published end-to-end figure with enough detail to fit
-  them (``calibration.llama3_405b_check`` compares H100 with Llama 3's published throughput).
+  (``calibration.anchor_volta_e_max``); plain fp32 products reach 70% of the fp32 peak (outside
+  checks of published V100 fp32 runs), not the tensor cores' fraction.
+* ``turing`` (Volta's tensor-core generation, fp16 only), ``ada`` (Ampere's SM and tensor cores),
+  ``cdna2``/``cdna3`` (AMD), ``pascal``, ``davinci`` and unknown types -- ASSUMED: the curve of the
+  nearest generation named in :data:`_ASSUMED_FROM`, scaled by peak; no published end-to-end figure
+  with enough setup detail was found to fit them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetpart.hardware import GPUSpec
 
-__all__ = ["EfficiencyCurve", "CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width"]
+__all__ = ["EfficiencyCurve", "CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width", "HOST_US_PER_OP",
+           "UNALIGNED_FRACTION", "aligned", "effective_precision"]
+
+HOST_US_PER_OP = 11.2
+"""MEASURED: host dispatch + launch cost of one small operator, microseconds (PyTorch eager on an H100 host:
+``launch_overhead_us_per_small_kernel`` in ``experiments/data/h100_unit_profile.json``; the same order as
+the ~10 us per operator that PyTorch's CUDA-graphs documentation and He 2022, "Making Deep Learning Go
+Brrrr", give for eager-mode overhead)."""
+
+UNALIGNED_FRACTION = 0.10
+"""MEASURED on H100: a 16-bit or TF32 product with a dimension that is not a multiple of 16 bytes (e.g.
+GPT-2's vocabulary of 50,257) cannot use the vectorised tensor-core kernels; a bare bf16 ``linear`` of
+8,192 tokens onto 50,257 or 32,001 outputs ran at 94-113 TFLOPS against 670-798 at 50,304 or 32,000
+(``docs/BENCHMARKS.md``, section gpu), i.e. ~0.10 of the 16-bit peak. Megatron-LM pads the vocabulary
+to a multiple of 128 for this reason. ASSUMED to hold on other NVIDIA/AMD tensor-core devices."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +70,9 @@ class EfficiencyCurve:
 
     name: str
     e_max: float
-    """Fraction of peak reached by very large products."""
+    """Fraction of the 16-bit (and fp8) tensor peak reached by very large products."""
     w0_ref: float
-    """Matrix dimension at which the width term equals 1, for a device of peak ``peak_ref_tflops``."""
+    """Matrix width at which the width term equals 1, for a device of 16-bit peak ``peak_ref_tflops``."""
     alpha: float
     """Steepness of the fall-off for small products."""
     peak_ref_tflops: float
@@ -59,42 +83,96 @@ class EfficiencyCurve:
     """Memory-bound work (norms, softmax, dropout, activations, residuals): HBM bytes moved in a
     forward pass per byte of activations a unit saves without recomputation (the backward moves twice
     as much). Their time, ``act_traffic * act_bytes / hbm``, adds to the matrix products'."""
+    t0_ref: float = 0.0
+    """Tokens per micro-batch at which the token term equals 1 (same reference device)."""
+    e_max_tf32: float = 0.0
+    """Fraction of the TF32 peak reached by very large products (0: ``e_max``)."""
+    e_max_fp32: float = 0.0
+    """Fraction of the plain fp32 (CUDA-core) peak reached by very large products (0: ``e_max``)."""
+    host_us_per_op: float = HOST_US_PER_OP
+    """Fixed host dispatch + launch cost per operator, microseconds (0 for emulated devices)."""
 
     def w0(self, peak_tflops: float) -> float:
-        """Half-saturation dimension for a device of ``peak_tflops``."""
+        """Half-saturation width for a device of 16-bit peak ``peak_tflops``."""
         return self.w0_ref * (peak_tflops / self.peak_ref_tflops) ** (1.0 / self.alpha)
 
-    def efficiency(self, width: float, tokens: float, peak_tflops: float) -> float:
-        """Fraction of ``peak_tflops`` reached on products of smallest dimension ``width`` over ``tokens`` rows."""
-        w = max(min(width, tokens), 1.0)
-        return self.e_max / (1.0 + (self.w0(peak_tflops) / w) ** self.alpha)
+    def t0(self, peak_tflops: float) -> float:
+        """Half-saturation tokens for a device of 16-bit peak ``peak_tflops``."""
+        return self.t0_ref * (peak_tflops / self.peak_ref_tflops) ** (1.0 / self.alpha)
+
+    def e_peak(self, precision: str) -> float:
+        """Fraction of ``precision``'s peak that very large products reach."""
+        if precision == "fp32":
+            return self.e_max_fp32 or self.e_max
+        if precision == "tf32":
+            return self.e_max_tf32 or self.e_max
+        return self.e_max
+
+    def efficiency(self, width: float, tokens: float, peak_tflops: float, precision: str = "bf16") -> float:
+        """Fraction of the ``precision`` peak reached on products ``width`` wide over ``tokens`` rows, on a
+        device whose 16-bit peak is ``peak_tflops``."""
+        w, t = max(width, 1.0), max(tokens, 1.0)
+        return self.e_peak(precision) / (1.0 + (self.w0(peak_tflops) / w) ** self.alpha
+                                         + (self.t0(peak_tflops) / t) ** self.alpha)
 
 
+# Hopper: calibration.fit_hopper_gemm() on the H100 GEMM sweep (bf16: e_max, w0, t0; TF32 and fp32:
+# their e_max with bf16's w0 and t0). tests/test_calibration.py checks they reproduce.
+_T0_PER_W0 = 120.0 / 419.0
+"""Token half-saturation over width half-saturation on the H100 sweep; Ampere takes the same ratio."""
 # Produced by ``python -m hetpart.costmodel.calibration`` (fit_a100_curve); tests/test_calibration.py
 # checks they are a least-squares optimum. Keep the numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.7919, w0_ref=211.0, alpha=1.0, peak_ref_tflops=312.0,
+_AMPERE = EfficiencyCurve("ampere", e_max=0.8016, w0_ref=176.4, alpha=1.0, peak_ref_tflops=312.0,
                           status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
-                          act_traffic=2.678)
+                          act_traffic=2.578, t0_ref=176.4 * _T0_PER_W0, e_max_fp32=0.8982)
+"""Ampere's plain-fp32 fraction is ASSUMED equal to Hopper's measured one (both run cuBLAS SGEMM on CUDA cores)."""
+_HOPPER = EfficiencyCurve("hopper", e_max=0.7834, w0_ref=419.0, alpha=1.0, peak_ref_tflops=989.0,
+                          status="fitted: GEMM sweep on one H100 SXM (experiments/data/h100_unit_profile.json)",
+                          act_traffic=_AMPERE.act_traffic, t0_ref=120.0, e_max_tf32=0.6438, e_max_fp32=0.8982)
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.4465, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+_VOLTA = EfficiencyCurve("volta", e_max=0.4604, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
-                         act_traffic=_AMPERE.act_traffic)
+                         act_traffic=_AMPERE.act_traffic, t0_ref=_AMPERE.t0_ref, e_max_fp32=0.70)
 
-CURVES: dict[str, EfficiencyCurve] = {"ampere": _AMPERE, "volta": _VOLTA}
+_ASSUMED_FROM = {"turing": _VOLTA, "pascal": _VOLTA, "ada": _AMPERE, "cdna2": _AMPERE, "cdna3": _AMPERE,
+                 "davinci": _AMPERE}
+"""Architectures without a fit: the curve of the nearest generation (Turing's tensor cores are Volta's
+generation with the same fp16-only units; Ada's SM is Ampere's; AMD and Huawei: the Ampere curve)."""
 
-_GENERATION_BY_PREFIX = (("V100", "volta"), ("T4", "volta"), ("P100", "volta"))
+CURVES: dict[str, EfficiencyCurve] = {
+    "ampere": _AMPERE, "hopper": _HOPPER, "volta": _VOLTA,
+    **{arch: replace(base, name=arch, status=f"assumed: the {base.name} curve, scaled by peak")
+       for arch, base in _ASSUMED_FROM.items()},
+}
+
+_EMULATED = replace(_AMPERE, name="unknown", status="assumed: the ampere curve, scaled by peak", host_us_per_op=0.0,
+                    e_max_fp32=0.0)
+"""Device types without an architecture (inline cluster entries without ``arch``, the runtime's emulated
+devices): the Ampere curve without fixed per-operator costs (an emulating CPU process measures its own)."""
 
 
 def curve_for(gpu: GPUSpec) -> EfficiencyCurve:
-    """The efficiency curve of ``gpu``'s generation (Ampere's, scaled by peak, when unknown)."""
-    for prefix, generation in _GENERATION_BY_PREFIX:
-        if gpu.name.startswith(prefix):
-            return CURVES[generation]
-    return CURVES["ampere"]
+    """The efficiency curve of ``gpu``'s architecture (:data:`_EMULATED` when it names none)."""
+    return CURVES.get(gpu.arch, _EMULATED)
+
+
+def effective_precision(gpu: GPUSpec, precision: str) -> str:
+    """The precision ``gpu``'s matrix units really run: TF32 asked of a device without TF32 units runs
+    plain fp32 (PyTorch ignores ``allow_tf32`` there)."""
+    return "fp32" if precision == "tf32" and not gpu.tflops_tf32 else precision
+
+
+def aligned(dim: int, precision: str) -> bool:
+    """Whether a product dimension of ``dim`` elements is a multiple of 16 bytes at ``precision``
+    (what the vectorised tensor-core kernels need; plain fp32 has no such requirement)."""
+    if precision == "fp32":
+        return True
+    elem_bytes = {"tf32": 4, "fp8": 1}.get(precision, 2)
+    return dim % (16 // elem_bytes) == 0
 
 
 def unit_gemm_width(width: int, kind: str, tp: int, fwd_flops_per_token: float) -> float:
-    """Smallest matrix dimension of a unit's products on one device of a ``tp``-way group.
+    """Matrix width of a unit's products on one device of a ``tp``-way group.
 
     Blocks shard their inner dimension (``width / tp``); the head and embedding shard the vocabulary,
     which stays large, so their width is the hidden size. Traced modules without a known width use
@@ -106,5 +184,5 @@ def unit_gemm_width(width: int, kind: str, tp: int, fwd_flops_per_token: float) 
 
 
 def matmul_efficiency(gpu: GPUSpec, width: float, tokens: float, precision: str = "bf16") -> float:
-    """Fraction of ``gpu``'s ``precision`` peak reached on products of smallest dimension ``width``."""
-    return curve_for(gpu).efficiency(width, tokens, gpu.tflops(precision))
+    """Fraction of ``gpu``'s ``precision`` peak reached on products ``width`` wide over ``tokens`` rows."""
+    return curve_for(gpu).efficiency(width, tokens, gpu.tflops_bf16, effective_precision(gpu, precision))

@@ -117,12 +117,14 @@ class Evaluator:
                 need = params = largest = 0.0
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
-                    key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split)
+                    key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
+                           plan.attention)
                     tp = s.tp if s.tp_split is None else 1.0 / float(
                         param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
                     if key not in self._stage_gb:
                         self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight,
-                                                              plan.recompute, plan.precision)
+                                                              plan.recompute, plan.precision, plan.optimizer,
+                                                              plan.attention)
                     need += self._stage_gb[key]
                     if plan.zero and plan.dp > 1:
                         params += self.model.range_params(*s.layers, tp)

@@ -101,5 +101,6 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
                 zero=workload.zero or 0 if zero is None else zero,
-                precision=workload.precision, meta={"planner": "megatron", "grid": [tp, pp, dp], "order": order,
+                precision=workload.precision, optimizer=workload.optimizer, attention=workload.attention,
+                meta={"planner": "megatron", "grid": [tp, pp, dp], "order": order,
                                                     "model": model.name, "cluster": cluster.name})

@@ -2,15 +2,19 @@
 
 Per device of a stage holding units ``[first, last)`` with tensor parallelism ``tp``:
 
-* model states, ``16`` bytes per parameter held (ZeRO paper accounting, Rajbhandari et al. 2020):
-  mixed precision keeps 16-bit weights (2) and gradients (2), an fp32 master copy (4) and Adam's two
-  fp32 moments (4 + 4); fp32 training keeps fp32 weights (4), gradients (4) and moments (8), also 16.
+* model states, bytes per parameter held by optimizer (:data:`OPTIMIZER_STATE_BYTES`; ZeRO paper
+  accounting, Rajbhandari et al. 2020): mixed precision keeps 16-bit weights (2) and gradients (2), an
+  fp32 master copy (4) and Adam's two fp32 moments (4 + 4) = 16; fp32 training keeps fp32 weights (4),
+  gradients (4) and moments (8), also 16. Momentum SGD keeps one moment (12 either way); 8-bit Adam
+  (Dettmers et al. 2022, bitsandbytes) two 1-byte moments (10; its block-wise scales are ~0.2%).
   Tensor-parallel units are split ``tp`` ways; a tied embedding copy counts where it is held.
 * activations saved for backward, ``act_bytes[recompute] * micro_batch / tp`` per unit (the graph
   follows Korthikanti: ``34 s h + 5 a s^2`` per layer without recompute, the ``s^2`` term dropped by
   selective recompute, ``2 s h`` with full recompute; sequence parallelism assumed, so every term
   divides by ``tp``), times the micro-batches in flight for the schedule; with full recompute one
-  unit's full activations are live again while it is recomputed;
+  unit's full activations are live again while it is recomputed. Fused attention (flash / SDPA, the
+  default) stores no ``a s^2`` score matrix, so without recomputation a block saves what selective
+  recomputation saves (:func:`hetpart.costmodel.compute.saved_act_mode`); eager attention stores it;
 * a framework overhead (CUDA context, cuBLAS workspaces, NCCL buffers, allocator fragmentation),
   taken off the device's capacity by :func:`memory_capacity_gb`.
 """
@@ -22,12 +26,26 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
+from hetpart.costmodel.compute import saved_act_mode
+
+__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
            "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
 """Weights + gradients + Adam states per parameter (mixed precision or fp32), bytes."""
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"adam": 16, "sgd": 12, "adam8bit": 10}
+"""Model-state bytes per parameter by optimizer (module docstring); the same under mixed precision
+(2 + 2 + 4 master + moments) and fp32 (4 + 4 + moments)."""
+OPTIMIZER_STEP_BYTES: dict[str, int] = {"adam": 28, "sgd": 20, "adam8bit": 16}
+"""HBM bytes one optimizer step moves per parameter: read the gradient, master weight and moments, write
+the master, the moments and the 16-bit weight (Adam mixed: 2+4+8 read, 4+8+2 written = 28; SGD 2+4+4,
+4+4+2 = 20; 8-bit Adam 2+4+2, 4+2+2 = 16; fp32 training moves the same totals)."""
+
+
+def state_bytes_per_param(optimizer: str = "adam") -> int:
+    """Model-state bytes per parameter for ``optimizer`` (:data:`OPTIMIZER_STATE_BYTES`)."""
+    return OPTIMIZER_STATE_BYTES[optimizer]
 FRAMEWORK_OVERHEAD_GB = 1.5
 """ASSUMED: CUDA context (~0.5 GB), cuBLAS/cuDNN workspaces and NCCL buffers (~1 GB) per process."""
 FRAGMENTATION_FRACTION = 0.05
@@ -67,7 +85,8 @@ def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -
 
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,
-                    recompute: str, precision: str = "bf16") -> float:
+                    recompute: str, precision: str = "bf16", optimizer: str = "adam",
+                    attention: str = "fused") -> float:
     """Peak memory of one device of a stage, GB (without the framework overhead).
 
     Args:
@@ -77,15 +96,20 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
         micro_batch: sequences per micro-batch.
         in_flight: micro-batches whose activations are held at the peak (:func:`in_flight_microbatches`).
         recompute: ``none``, ``selective`` or ``full``.
-        precision: ``bf16``, ``fp16`` or ``fp32`` (model states are 16 bytes per parameter in all three).
+        precision: the workload's precision (model states take the same bytes in every one; activation
+            bytes are already at the graph's precision).
+        optimizer: ``adam``, ``sgd`` or ``adam8bit`` (:data:`OPTIMIZER_STATE_BYTES`).
+        attention: ``fused`` or ``eager`` (whether the score matrix is stored).
     """
-    del precision  # 16 bytes/param either way; activation bytes are already at the graph's precision
-    states = stage_params_per_device(model, first, last, tp) * MODEL_STATE_BYTES_PER_PARAM
+    del precision
+    states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer)
     units = model.units[first:last]
-    per_mb = sum(u.act_bytes[recompute] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
+    mode = saved_act_mode(recompute, attention)
+    per_mb = sum(u.act_bytes[mode] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
     acts = per_mb * in_flight
     if recompute == "full" and units:
-        acts += max(u.act_bytes["none"] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
+        whole = saved_act_mode("none", attention)
+        acts += max(u.act_bytes[whole] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
     return (states + acts) / 1e9
 
 
@@ -108,8 +132,10 @@ class PrefixTables:
         self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
                             prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
                      for mode in ("none", "selective", "full")}
-        self._none_sh = [u.act_bytes["none"] * f for u, f in zip(units, sh)]
-        self._none_rep = [u.act_bytes["none"] * (1 - f) for u, f in zip(units, sh)]
+        self._whole = {att: ([u.act_bytes[saved_act_mode("none", att)] * f for u, f in zip(units, sh)],
+                             [u.act_bytes[saved_act_mode("none", att)] * (1 - f) for u, f in zip(units, sh)])
+                       for att in ("fused", "eager")}
+        """Per attention kernel, (sharded, replicated) activations of each unit without recomputation."""
         self.owner = model.tied_owner_index
         self.sharers = [i for i, u in enumerate(units) if u.shared_params]
 
@@ -166,30 +192,38 @@ class PrefixTables:
         return out
 
     def memory_gb_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray, micro_batch: np.ndarray,
-                       in_flight: np.ndarray, recompute: np.ndarray, modes: tuple = ("none", "selective", "full")
-                       ) -> np.ndarray:
-        """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``."""
+                       in_flight: np.ndarray, recompute: np.ndarray, modes: tuple = ("none", "selective", "full"),
+                       state_bytes: np.ndarray | float = MODEL_STATE_BYTES_PER_PARAM,
+                       fused: np.ndarray | bool = True) -> np.ndarray:
+        """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``;
+        ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer) and ``fused`` per
+        element (its attention kernel is fused)."""
         t = self._arrays()
         acts = np.zeros(len(a))
+        fused = np.broadcast_to(np.asarray(fused, dtype=bool), a.shape)
         for code, mode in enumerate(modes):
-            sel = recompute == code
-            if not sel.any():
-                continue
-            sh, rep = t[f"act_{mode}"]
-            sa, sz, stp = a[sel], z[sel], tp[sel]
-            val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
-            if mode == "full":
-                live = sz > sa
-                if live.any():
-                    la, lz = sa[live], sz[live]
-                    val[live] += np.maximum(self._range_max(self._none_sh, la, lz) / stp[live],
-                                            self._range_max(self._none_rep, la, lz)) * micro_batch[sel][live]
-            acts[sel] = val
-        return (self.params_per_device_many(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9
+            for attention, kind in (("fused", fused), ("eager", ~fused)):
+                sel = (recompute == code) & kind
+                if not sel.any():
+                    continue
+                sh, rep = t[f"act_{saved_act_mode(mode, attention)}"]
+                sa, sz, stp = a[sel], z[sel], tp[sel]
+                val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
+                if mode == "full":
+                    live = sz > sa
+                    if live.any():
+                        la, lz = sa[live], sz[live]
+                        whole_sh, whole_rep = self._whole[attention]
+                        val[live] += np.maximum(self._range_max(whole_sh, la, lz) / stp[live],
+                                                self._range_max(whole_rep, la, lz)) * micro_batch[sel][live]
+                acts[sel] = val
+        return (self.params_per_device_many(a, z, tp) * state_bytes + acts) / 1e9
 
-    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str) -> float:
-        sh, rep = self._act[recompute]
+    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str,
+                  optimizer: str = "adam", attention: str = "fused") -> float:
+        sh, rep = self._act[saved_act_mode(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
         if recompute == "full" and z > a:
-            acts += max(max(self._none_sh[a:z]) / tp, max(self._none_rep[a:z])) * micro_batch
-        return (self.params_per_device(a, z, tp) * MODEL_STATE_BYTES_PER_PARAM + acts) / 1e9
+            whole_sh, whole_rep = self._whole[attention]
+            acts += max(max(whole_sh[a:z]) / tp, max(whole_rep[a:z])) * micro_batch
+        return (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer) + acts) / 1e9

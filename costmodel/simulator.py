@@ -20,8 +20,9 @@ One training step of a :class:`~hetpart.plan.Plan`:
    not overlap compute the way RDMA does); all-reduces that share a device group run one after
    another, those of different device groups on one node share its NICs. Tied embedding copies on
    different stages are all-reduced the same way;
-3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held (read 16-bit
-   gradient, fp32 master and two moments; write them back and the 16-bit weight) over HBM bandwidth,
+3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held under Adam (read 16-bit
+   gradient, fp32 master and two moments; write them back and the 16-bit weight; SGD and 8-bit Adam
+   move less, :data:`~hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`) over HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
 
 Memory per device follows :mod:`~hetpart.costmodel.memory`.
@@ -51,7 +52,7 @@ from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
-from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
+from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
@@ -59,7 +60,9 @@ from hetpart.costmodel.tp_split import param_shares, unit_shares
 __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM",
            "MEGATRON_BUCKET_PARAMS", "grad_reduce_bytes"]
 
-OPTIMIZER_BYTES_PER_PARAM = 28
+OPTIMIZER_BYTES_PER_PARAM = OPTIMIZER_STEP_BYTES["adam"]
+"""HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring; other
+optimizers: :data:`hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`)."""
 MEGATRON_BUCKET_PARAMS = 40_000_000
 """Gradients per data-parallel bucket in Megatron-LM's DDP (``bucket_size = max(40M, 1M x dp)`` elements):
 a bucket's all-reduce starts once its last gradient is ready, so the last bucket of a stage is exposed."""
@@ -70,7 +73,7 @@ def grad_reduce_bytes(precision: str) -> int:
     fp8) training's gradients in fp32 (``accumulate_allreduce_grads_in_fp32`` is forced for bf16), fp16
     training's in fp16, fp32 training's in fp32."""
     return 2 if precision == "fp16" else 4
-"""HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring)."""
+
 _VECTOR_MIN_REPLICAS = 16
 """From this many data-parallel replicas the all-reduces run over numpy stage tables; below it, scalar
 Python has less overhead (``tests/test_simulator.py`` checks that both give the same step)."""
@@ -262,15 +265,15 @@ class Simulator:
         return hit
 
     def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str,
-                     split: TPSplit | None = None) -> _UnitPrefix:
+                     split: TPSplit | None = None, attention: str = "fused") -> _UnitPrefix:
         g = self._group(devices)
         if split is not None or not g.alike:
-            return self._uneven_prefix(g, tp, mb, precision, recompute, split)
-        key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
+            return self._uneven_prefix(g, tp, mb, precision, recompute, split, attention)
+        key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute, attention)
         hit = self._units.get(key)
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
-            fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve)
+            fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention)
             tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
@@ -278,18 +281,19 @@ class Simulator:
         return hit
 
     def _uneven_prefix(self, g: DeviceGroupFacts, tp: int, mb: int, precision: str, recompute: str,
-                       split: TPSplit | None) -> _UnitPrefix:
+                       split: TPSplit | None, attention: str = "fused") -> _UnitPrefix:
         """Unlike devices or an uneven split: per unit, the slowest device's time for its share of the
         split work (at its local width) plus the work every rank repeats, over its speed factor. The
         Megatron all-reduces keep their full size (each rank adds a full-width partial sum)."""
-        key = ("uneven", g.gpus, g.speeds, split, g.tp_link if tp > 1 else None, tp, mb, precision, recompute)
+        key = ("uneven", g.gpus, g.speeds, split, g.tp_link if tp > 1 else None, tp, mb, precision, recompute,
+               attention)
         hit = self._units.get(key)
         if hit is None:
             shares = unit_shares(self.model, tp, split)
             fwd = bwd = None
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
-                f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve)
+                f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention)
                 f, b = f / speed, b / speed
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
             tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
@@ -303,11 +307,12 @@ class Simulator:
             return [self._tables.params_per_device(a, z, stage.tp)] * stage.tp
         return [self._tables.params_per_device(a, z, 1.0 / f) for f in param_shares(self.model, stage.tp, stage.tp_split)]
 
-    def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str) -> list[float]:
+    def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str, optimizer: str = "adam",
+                          attention: str = "fused") -> list[float]:
         a, z = stage.layers
         if stage.tp_split is None:
-            return [self._tables.memory_gb(a, z, stage.tp, micro_batch, flight, recompute)] * stage.tp
-        return [self._tables.memory_gb(a, z, 1.0 / f, micro_batch, flight, recompute)
+            return [self._tables.memory_gb(a, z, stage.tp, micro_batch, flight, recompute, optimizer, attention)] * stage.tp
+        return [self._tables.memory_gb(a, z, 1.0 / f, micro_batch, flight, recompute, optimizer, attention)
                 for f in param_shares(self.model, stage.tp, stage.tp_split)]
 
     def _shard_tp(self, stage) -> float:
@@ -387,7 +392,8 @@ class Simulator:
         m = microbatches_run(plan, r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
         for k, s in enumerate(rep.stages):
-            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split)
+            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
+                                     plan.attention)
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
@@ -825,21 +831,23 @@ class Simulator:
                     gb = params = 0.0
                     for k in range(d, rep.pp, pp):
                         s = rep.stages[k]
-                        gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute)
+                        gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
+                                               plan.optimizer, plan.attention)
                         params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
                     # the states tables.memory_gb counted whole, sharded instead
                     memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction)
-                    optim[(r, d)] = params * fraction * OPTIMIZER_BYTES_PER_PARAM / (group.hbm_gbyte_s * 1e9)
+                    optim[(r, d)] = params * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (group.hbm_gbyte_s * 1e9)
                     continue
                 gbs = np.zeros(len(group.gpus))
                 held = np.zeros(len(group.gpus))
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
-                    gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute)
+                    gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+                                                  plan.attention)
                     held += self._device_params(s, *s.layers)
                 gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction) for n in held])
                 memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
-                optim[(r, d)] = max(n * fraction * OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
+                optim[(r, d)] = max(n * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (gpu.hbm_gbyte_s * 1e9)
                                     for n, gpu in zip(held, group.gpus))
         return memory, optim
 
@@ -911,7 +919,8 @@ class Simulator:
             per_device = [0.0] * pp
             params = [0.0] * pp
             for k, s in enumerate(rep.stages):
-                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split)
+                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
+                                     plan.attention)
                 f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
                 a, z = s.layers
                 per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])
@@ -921,7 +930,7 @@ class Simulator:
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
                 hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
-                optim = max(optim, params[d] * plan.shard_fraction(r) * OPTIMIZER_BYTES_PER_PARAM / hbm)
+                optim = max(optim, params[d] * plan.shard_fraction(r) * OPTIMIZER_STEP_BYTES[plan.optimizer] / hbm)
         return (pipe + optim) * _BOUND_SLACK
 
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
@@ -947,6 +956,12 @@ class Simulator:
             raise PlanError(f"plan: precision: {plan.precision!r} but the model graph was built with "
                             f"{self.model.dtype_bytes}-byte activations; "
                             f"load the model with precision={plan.precision!r}")
+        if plan.precision == "fp8":
+            lacking = sorted({self.cluster.device(d).gpu.name for d in plan.devices
+                              if not self.cluster.device(d).gpu.supports_fp8})
+            if lacking:
+                raise PlanError(f"plan: precision: fp8 is not supported by {', '.join(lacking)} (fp8 matrix units exist "
+                                "on Hopper, Ada and MI300 only); use precision bf16 (or fp16)")
         if workload is not None and (workload.global_batch, workload.seq_len) != (plan.global_batch, plan.seq_len):
             raise WorkloadError(f"workload: global_batch {workload.global_batch} and seq_len {workload.seq_len} differ "
                                 f"from the plan's {plan.global_batch} and {plan.seq_len}; plan for this workload")
@@ -984,7 +999,10 @@ class Simulator:
     def _metrics(self, plan: Plan, run: _Step, breakdown: list[dict[str, Any]]) -> dict[str, Any]:
         samples = plan.global_batch
         model_flops = self.model.train_flops * samples
-        recompute = sum(u.recompute_flops[plan.recompute] for u in self.model.units) * samples
+        # what the recompute mode runs again (Narayanan et al.'s hardware FLOPs); under fused attention
+        # selective recomputation runs nothing beyond what the flash backward always does
+        mode = plan.recompute if plan.attention == "eager" or plan.recompute == "full" else "none"
+        recompute = sum(u.recompute_flops[mode] for u in self.model.units) * samples
         peak = span = bubble = 0.0
         n = 0
         peak_mem: dict[str, float] = {}

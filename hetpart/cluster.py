@@ -24,6 +24,7 @@ import networkx as nx
 
 from hetpart import _validate as v
 from hetpart.catalog.hardware import GPU_CATALOG, LINK_CATALOG, NIC_CATALOG
+from hetpart.vocabulary import ARCHITECTURES
 from hetpart.errors import SpecError
 from hetpart.hardware import GPUSpec, LinkSpec, NICSpec
 
@@ -313,7 +314,8 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     return out
 
 
-_GPU_FIELDS = ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s", "vendor", "supports_bf16", "source")
+_GPU_FIELDS = ("name", "tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s", "vendor", "supports_bf16", "source",
+               "arch", "tflops_tf32", "tflops_fp8")
 
 
 def _group_to_dict(g: NodeGroup) -> dict[str, Any]:
@@ -351,7 +353,7 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
     # hbm_gbyte_s is required: the optimizer step and memory-bound kernels are priced with it, and a
     # guessed default would be a number nobody measured.
     v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb", "hbm_gbyte_s"],
-                   ["tflops_fp32", "vendor", "supports_bf16", "source"])
+                   ["tflops_fp32", "vendor", "supports_bf16", "source", "arch", "tflops_tf32", "tflops_fp8"])
     tflops = v.number(SpecError, data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
     vendor = data.get("vendor", "other")
     if vendor not in ("nvidia", "amd", "huawei", "intel", "other"):
@@ -365,7 +367,20 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
         vendor=vendor,
         supports_bf16=v.boolean(SpecError, data.get("supports_bf16", True), source, f"{field}.supports_bf16"),
         source=_provenance(data, source, field),
+        arch=_arch(data, source, field),
+        tflops_tf32=v.number(SpecError, data.get("tflops_tf32", 0.0), source, f"{field}.tflops_tf32", strict=False,
+                             maximum=1e5),
+        tflops_fp8=v.number(SpecError, data.get("tflops_fp8", 0.0), source, f"{field}.tflops_fp8", strict=False,
+                            maximum=1e5),
     )
+
+
+def _arch(data: dict, source: str, field: str) -> str:
+    arch = data.get("arch", "")
+    if arch != "" and arch not in ARCHITECTURES:
+        raise v.fail(SpecError, source, f"{field}.arch", f"unknown architecture {arch!r}; use one of "
+                     f"{', '.join(ARCHITECTURES)} (or leave it out: the assumed curve)")
+    return arch
 
 
 def _link(data: dict, source: str, field: str) -> LinkSpec:

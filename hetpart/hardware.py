@@ -34,16 +34,48 @@ class GPUSpec:
     """False where the hardware only has fp16 matrix units (P100, V100, T4)."""
     source: str = ""
     """Where the figures come from."""
+    arch: str = ""
+    """Architecture (``volta``, ``turing``, ``ampere``, ``ada``, ``hopper``, ``cdna2``, ``cdna3``, ...): picks
+    the matrix-efficiency curve (:mod:`hetpart.costmodel.efficiency`); empty for an unknown or emulated type."""
+    tflops_tf32: float = 0.0
+    """Dense TF32 tensor-core peak in TFLOPS; 0 where the hardware has none (fp32 products then run at
+    ``tflops_fp32``, as PyTorch does when TF32 is asked for on such a device)."""
+    tflops_fp8: float = 0.0
+    """Dense fp8 matrix peak in TFLOPS (fp32 accumulate); 0 where the hardware has no fp8 units."""
 
     def __post_init__(self) -> None:
         for field in ("tflops_bf16", "tflops_fp32", "memory_gb", "hbm_gbyte_s"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value > 1e6:
                 raise ValueError(f"{field} must be a positive number below 1e6, got {value!r}")
+        for field in ("tflops_tf32", "tflops_fp8"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1e6:
+                raise ValueError(f"{field} must be a number in [0, 1e6] (0: not supported), got {value!r}")
+
+    @property
+    def supports_fp8(self) -> bool:
+        """Whether the device has fp8 matrix units (Hopper, Ada, CDNA3)."""
+        return self.tflops_fp8 > 0
 
     def tflops(self, precision: str) -> float:
-        """Dense matrix peak for ``precision`` (``bf16``, ``fp16`` or ``fp32``) in TFLOPS."""
-        return self.tflops_fp32 if precision == "fp32" else self.tflops_bf16
+        """Dense matrix peak for ``precision`` in TFLOPS.
+
+        ``bf16``/``fp16``: the 16-bit peak; ``fp32``: plain fp32 (no tensor cores); ``tf32``: the TF32
+        tensor-core peak, or the fp32 peak where there is none; ``fp8``: the fp8 peak.
+
+        Raises:
+            ValueError: ``fp8`` on a device without fp8 units (callers check with :attr:`supports_fp8`).
+        """
+        if precision == "fp32":
+            return self.tflops_fp32
+        if precision == "tf32":
+            return self.tflops_tf32 or self.tflops_fp32
+        if precision == "fp8":
+            if not self.tflops_fp8:
+                raise ValueError(f"{self.name} has no fp8 matrix units")
+            return self.tflops_fp8
+        return self.tflops_bf16
 
 
 @dataclass(frozen=True)

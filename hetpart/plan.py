@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from hetpart import _validate as v
 from hetpart.errors import PlanError
-from hetpart.vocabulary import PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Precision, RecomputeMode, Schedule, \
-    chunks_per_device
+from hetpart.vocabulary import ATTENTIONS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Attention, Optimizer, \
+    Precision, RecomputeMode, Schedule, chunks_per_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -113,6 +113,10 @@ class Plan:
     interleave: int = 1
     """Virtual stages per device group for the interleaved schedule (1 otherwise)."""
     precision: Precision = "bf16"
+    optimizer: Optimizer = "adam"
+    """The workload's optimizer (model-state bytes and step time, :mod:`hetpart.costmodel.memory`)."""
+    attention: Attention = "fused"
+    """The workload's attention kernel: ``fused`` stores no attention-score matrix, ``eager`` does."""
     allow_cross_node_tp: bool = False
     """Allow a tensor-parallel group to span nodes (slow; off unless asked)."""
     zero: int = 0
@@ -179,6 +183,8 @@ class Plan:
             "interleave": self.interleave,
             "recompute": self.recompute,
             "precision": self.precision,
+            "optimizer": self.optimizer,
+            "attention": self.attention,
             "allow_cross_node_tp": self.allow_cross_node_tp,
             "zero": self.zero,
             **({"shard_group": self.shard_group} if self.shard_group else {}),
@@ -199,8 +205,8 @@ class Plan:
         """Parse a plan mapping; structural problems raise :class:`PlanError` naming the field."""
         data = v.require_mapping(PlanError, data, source, "")
         v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
-                       ["schedule", "interleave", "recompute", "precision", "allow_cross_node_tp", "meta",
-                        "zero", "shard_group", "shard_fractions"])
+                       ["schedule", "interleave", "recompute", "precision", "optimizer", "attention",
+                        "allow_cross_node_tp", "meta", "zero", "shard_group", "shard_fractions"])
         schedule = data.get("schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise v.fail(PlanError, source, "schedule", f"unknown schedule {v.show(schedule)}; use {', '.join(SCHEDULES)}")
@@ -210,6 +216,13 @@ class Plan:
         precision = data.get("precision", "bf16")
         if not isinstance(precision, str) or precision not in PRECISIONS:
             raise v.fail(PlanError, source, "precision", f"unknown precision {v.show(precision)}; use {', '.join(PRECISIONS)}")
+        optimizer = data.get("optimizer", "adam")
+        if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+            raise v.fail(PlanError, source, "optimizer", f"unknown optimizer {v.show(optimizer)}; use {', '.join(OPTIMIZERS)}")
+        attention = data.get("attention", "fused")
+        if not isinstance(attention, str) or attention not in ATTENTIONS:
+            raise v.fail(PlanError, source, "attention", f"unknown attention kernel {v.show(attention)}; use "
+                         f"{', '.join(ATTENTIONS)}")
         replicas = data["replicas"]
         if not isinstance(replicas, list) or not replicas:
             raise v.fail(PlanError, source, "replicas", "expected a non-empty list of replicas")
@@ -219,7 +232,7 @@ class Plan:
             micro_batch=v.integer(PlanError, data["micro_batch"], source, "micro_batch", maximum=10**8),
             seq_len=v.integer(PlanError, data["seq_len"], source, "seq_len", maximum=10**7),
             replicas=tuple(_replica(r, source, f"replicas[{i}]") for i, r in enumerate(replicas)),
-            schedule=schedule, recompute=recompute, precision=precision,
+            schedule=schedule, recompute=recompute, precision=precision, optimizer=optimizer, attention=attention,
             interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
             allow_cross_node_tp=v.boolean(PlanError, data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
             zero=_zero(data.get("zero", 0), source),

@@ -3,7 +3,7 @@
 Each is a ``Literal`` type (for annotations) with the tuple of its values (for checks and CLI help):
 
 >>> PRECISIONS, RECOMPUTE_MODES, SCHEDULES
-(('bf16', 'fp16', 'fp32'), ('none', 'selective', 'full'), ('gpipe', '1f1b', 'interleaved'))
+(('bf16', 'fp16', 'fp32', 'tf32', 'fp8'), ('none', 'selective', 'full'), ('gpipe', '1f1b', 'interleaved'))
 >>> chunks_per_device("interleaved", 2), chunks_per_device("1f1b", 2)
 (2, 1)
 """
@@ -12,14 +12,28 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["Precision", "PRECISIONS", "DTYPE_BYTES", "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
+__all__ = ["Precision", "PRECISIONS", "DTYPE_BYTES", "Optimizer", "OPTIMIZERS", "Attention", "ATTENTIONS",
+           "ARCHITECTURES", "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
            "RECOMPUTE_CHOICES", "Schedule", "SCHEDULES", "UnitKind", "UNIT_KINDS", "chunks_per_device"]
 
-Precision = Literal["bf16", "fp16", "fp32"]
-"""Compute precision of matrix products (mixed precision with fp32 master weights unless fp32)."""
+Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
+"""Compute precision of matrix products: bf16/fp16 mixed precision with fp32 master weights; fp32
+(IEEE fp32 products, PyTorch's default since 1.12); tf32 (fp32 tensors, TF32 tensor-core products:
+``torch.backends.cuda.matmul.allow_tf32 = True``); fp8 (Transformer Engine style: fp8 products,
+bf16 activations, fp32 master weights)."""
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-"""Bytes of one activation element at each precision."""
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 2}
+"""Bytes of one activation element at each precision (fp8 keeps bf16 activations between products)."""
+
+Optimizer = Literal["adam", "sgd", "adam8bit"]
+"""Optimizer: Adam (two fp32 moments), SGD with momentum (one), 8-bit Adam (two 1-byte moments, Dettmers et al. 2022)."""
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+Attention = Literal["fused", "eager"]
+"""Attention kernel: ``fused`` (flash / SDPA: no attention-score matrix stored) or ``eager`` (scores
+and softmax stored for the backward, Korthikanti et al. 2022's ``5 a s^2``)."""
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
+ARCHITECTURES: tuple[str, ...] = ("pascal", "volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3", "davinci")
+"""GPU architectures the cost model knows (``GPUSpec.arch``)."""
 
 RecomputeMode = Literal["none", "selective", "full"]
 """Activation recomputation of a plan (Korthikanti et al. 2022): none, attention only, whole layers."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 from hetpart._validate import show
 from hetpart.errors import WorkloadError
-from hetpart.vocabulary import DTYPE_BYTES, PRECISIONS, RECOMPUTE_CHOICES, Precision, Recompute
+from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OPTIMIZERS, PRECISIONS, RECOMPUTE_CHOICES, Attention,
+                                Optimizer, Precision, Recompute)
 
-__all__ = ["Precision", "Recompute", "Workload", "DTYPE_BYTES", "default_precision", "check_precision"]
+__all__ = ["Precision", "Recompute", "Optimizer", "Attention", "Workload", "DTYPE_BYTES", "default_precision",
+           "check_precision"]
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,12 @@ class Workload:
     """Compute precision of matrix products (mixed precision with fp32 master weights unless fp32)."""
     recompute: Recompute = "auto"
     """Activation recomputation; ``auto`` lets the planner choose per plan."""
-    optimizer: Literal["adam"] = "adam"
-    """Optimizer; Adam keeps two fp32 moments (plus an fp32 master copy under mixed precision)."""
+    optimizer: Optimizer = "adam"
+    """Optimizer: ``adam`` (two fp32 moments), ``sgd`` (momentum SGD: one), ``adam8bit`` (two 1-byte
+    moments); plus an fp32 master copy of the weights under mixed precision."""
+    attention: Attention = "fused"
+    """Attention kernel: ``fused`` (flash / SDPA, the default of current engines: no score matrix
+    stored) or ``eager`` (the ``a s^2`` scores and softmax are stored for the backward)."""
     zero: int | None = None
     """Sharded data parallelism (ZeRO stage 0-3, ``--zero``); None lets the planner choose."""
 
@@ -41,8 +46,11 @@ class Workload:
             raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise WorkloadError(f"--zero: {show(self.zero)} is not a sharding level; use 0, 1, 2 or 3")
-        if self.optimizer != "adam":
-            raise WorkloadError(f"optimizer: {show(self.optimizer)} is not supported; use adam")
+        if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
+            raise WorkloadError(f"--optimizer: unknown optimizer {show(self.optimizer)}; use {', '.join(OPTIMIZERS)}")
+        if not isinstance(self.attention, str) or self.attention not in ATTENTIONS:
+            raise WorkloadError(f"--attention: unknown attention kernel {show(self.attention)}; use "
+                                f"{', '.join(ATTENTIONS)}")
 
     @property
     def dtype_bytes(self) -> int:
@@ -68,7 +76,7 @@ def check_precision(precision: str, gpus, source: str = "--precision") -> str:
     """``precision`` if every device type in ``gpus`` supports it; :class:`WorkloadError` naming those that do not.
 
     Args:
-        precision: bf16, fp16 or fp32.
+        precision: bf16, fp16, fp32, tf32 or fp8.
         gpus: the device types the plan or cluster uses.
         source: where the value came from (``--precision``, ``plan.json: precision``), for the message.
     """
@@ -77,4 +85,9 @@ def check_precision(precision: str, gpus, source: str = "--precision") -> str:
         if lacking:
             raise WorkloadError(f"{source}: bf16 is not supported by {', '.join(lacking)} (fp16 matrix units only); "
                                 "use --precision fp16 (or fp32)")
+    if precision == "fp8":
+        lacking = sorted({g.name for g in gpus if not g.supports_fp8})
+        if lacking:
+            raise WorkloadError(f"{source}: fp8 is not supported by {', '.join(lacking)} (fp8 matrix units exist on "
+                                "Hopper, Ada and MI300 only); use --precision bf16 (or fp16)")
     return precision

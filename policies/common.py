@@ -107,14 +107,15 @@ def spec_name(source: str, fallback: str) -> str:
 
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
     """A :class:`WorkloadError` that says why nothing fits and what would."""
-    from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+    from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
 
-    state_gb = model.num_params * MODEL_STATE_BYTES_PER_PARAM / 1e9
+    per_param = state_bytes_per_param(workload.optimizer)
+    state_gb = model.num_params * per_param / 1e9
     capacity = sum(memory_capacity_gb(d.gpu) for d in cluster.devices)
-    hint = (f"the weights, gradients and Adam states alone need {state_gb:.1f} GB and the cluster's devices hold "
-            f"{capacity:.1f} GB usable in all")
+    hint = (f"the weights, gradients and {workload.optimizer} states alone need {state_gb:.1f} GB and the cluster's "
+            f"devices hold {capacity:.1f} GB usable in all")
     if state_gb >= capacity:
-        fix = (f"use a smaller model (under {capacity / MODEL_STATE_BYTES_PER_PARAM:.1f}B parameters, less with "
+        fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
                "activations) or a cluster with more device memory")
     else:
         fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "

@@ -72,4 +72,4 @@ def assemble(stage_groups: Sequence[Sequence[tuple[str, ...]]], bounds: Sequence
     zero = (workload.zero or 0) if zero is None else zero
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, precision=workload.precision,
-                zero=zero if len(replicas) > 1 else 0)
+                zero=zero if len(replicas) > 1 else 0, optimizer=workload.optimizer, attention=workload.attention)

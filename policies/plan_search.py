@@ -380,7 +380,7 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
     check_zones_connected(cluster)
     zero = (workload.zero or 0) if zero is None else zero
     return _Context(model, cluster, workload, options, device_pools(cluster),
-                    CostTable(model, cluster, workload.precision), zero=zero)
+                    CostTable(model, cluster, workload.precision, workload.optimizer, workload.attention), zero=zero)
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:

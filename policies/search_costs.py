@@ -20,9 +20,9 @@ from functools import lru_cache
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.compute import saved_act_mode, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
-from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb
+from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
 from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
@@ -41,7 +41,7 @@ class StageCosts:
     time_s: np.ndarray
     """Per-micro-batch time of the range (forward + backward + recompute + TP all-reduces)."""
     states_gb: np.ndarray
-    """Model-state memory of the range (weights, grads, Adam; tied copy included)."""
+    """Model-state memory of the range (weights, grads, optimizer states; tied copy included)."""
     acts_gb: np.ndarray
     """Activation memory of the range per micro-batch in flight."""
     extra_gb: np.ndarray
@@ -104,10 +104,13 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 class CostTable:
     """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute) for one model and cluster."""
 
-    def __init__(self, model: ModelGraph, cluster: Cluster, precision: str) -> None:
+    def __init__(self, model: ModelGraph, cluster: Cluster, precision: str, optimizer: str = "adam",
+                 attention: str = "fused") -> None:
         self.model = model
         self.cluster = cluster
         self.precision = precision
+        self.optimizer = optimizer
+        self.attention = attention
         self.get = lru_cache(maxsize=None)(self._build)
 
     def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> StageCosts:
@@ -116,7 +119,8 @@ class CostTable:
         time_s = range_cost_matrix(unit_time)
         div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
         own = np.array([u.params for u in model.units], dtype=float) / div
-        states = _range_sum(own) * MODEL_STATE_BYTES_PER_PARAM / 1e9
+        state_bytes = state_bytes_per_param(self.optimizer)
+        states = _range_sum(own) * state_bytes / 1e9
         grads = _range_sum(own) * (4 if self.precision == "fp32" else 2)
         shared = np.array([u.shared_params for u in model.units], dtype=float) / div
         owner = model.tied_owner_index if model.tied_owner_index >= 0 else None
@@ -124,18 +128,20 @@ class CostTable:
             held = _range_sum(shared)
             if owner is not None:
                 held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
-            states = states + held * MODEL_STATE_BYTES_PER_PARAM / 1e9
+            states = states + held * state_bytes / 1e9
             grads = grads + held * (4 if self.precision == "fp32" else 2)
-        acts = _range_sum(np.array([u.act_bytes[recompute] for u in model.units]) / div) * micro_batch / 1e9
+        mode, whole = saved_act_mode(recompute, self.attention), saved_act_mode("none", self.attention)
+        acts = _range_sum(np.array([u.act_bytes[mode] for u in model.units]) / div) * micro_batch / 1e9
         extra = np.zeros_like(acts)
         if recompute == "full":
-            extra = _range_max(np.array([u.act_bytes["none"] for u in model.units]) / div) * micro_batch / 1e9
+            extra = _range_max(np.array([u.act_bytes[whole] for u in model.units]) / div) * micro_batch / 1e9
         return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
                           self.precision)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""
-        fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute)
+        fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute,
+                                  attention=self.attention)
         if tp == 1:
             return fwd + bwd
         facts = device_group_facts(self.cluster, tp_groups(pool, tp)[0])  # a pool's groups are alike

@@ -137,7 +137,23 @@ def test_gpu_entries_are_sane(name: str) -> None:
 
 def test_gpus_without_bf16_are_the_pre_ampere_nvidia_parts() -> None:
     no_bf16 = {n for n, g in GPU_CATALOG.items() if not g.supports_bf16}
-    assert no_bf16 == {"P100-16GB", "V100-16GB", "V100-32GB", "T4-16GB"}
+    assert no_bf16 == {"P100-16GB", "V100-16GB", "V100-32GB", "T4-16GB", "RTX2080Ti-11GB", "TitanRTX-24GB"}
+
+
+def test_fp8_and_tf32_exist_where_the_architecture_has_them() -> None:
+    """fp8: Hopper, Ada, CDNA3 only; TF32: Ampere and later NVIDIA parts and CDNA3 (datasheets)."""
+    fp8 = {g.arch for g in GPU_CATALOG.values() if g.supports_fp8}
+    assert fp8 == {"hopper", "ada", "cdna3"}
+    tf32 = {g.arch for g in GPU_CATALOG.values() if g.tflops_tf32 > 0}
+    assert tf32 == {"ampere", "ada", "hopper", "cdna3"}
+    for g in GPU_CATALOG.values():
+        assert g.arch, f"{g.name} names no architecture"
+        assert g.tflops_fp32 <= g.tflops("tf32") <= g.tflops_bf16 <= g.tflops_fp8 or not g.supports_fp8
+    h100 = GPU_CATALOG["H100-80GB"]
+    assert (h100.tflops("fp8"), h100.tflops("tf32"), h100.tflops("fp32")) == (1979, 494.7, 67)
+    assert GPU_CATALOG["V100-32GB"].tflops("tf32") == 15.7  # no TF32 units: the flag runs plain fp32
+    with pytest.raises(ValueError, match="A100-80GB has no fp8 matrix units"):
+        GPU_CATALOG["A100-80GB"].tflops("fp8")
 
 
 def test_link_and_nic_figures() -> None:

@@ -93,7 +93,7 @@ def test_inspect_cluster_table(capsys) -> None:
     (["inspect", "cluster", "nowhere.yaml"], "hetpart: error: --cluster: unknown cluster 'nowhere.yaml'"),
     (["inspect", "model", "gpt2-small", "--seq-len", "0"], "hetpart: error: --seq-len: must be a whole number"),
     (["inspect", "model", "gpt2-small", "--seq-len", "x"], "hetpart: error: hetpart inspect model: Invalid value for '--seq-len'"),
-    (["inspect", "model", "gpt2-small", "--precision", "fp8"], "hetpart: error: --precision: unknown precision 'fp8'"),
+    (["inspect", "model", "gpt2-small", "--precision", "fp4"], "hetpart: error: --precision: unknown precision 'fp4'"),
     (["inspect", "model"], "hetpart: error: hetpart inspect model: Missing argument 'model'"),
     (["frobnicate"], "hetpart: error: hetpart: No such command 'frobnicate'"),
 ])

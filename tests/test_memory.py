@@ -21,13 +21,34 @@ def test_block_memory_is_korthikanti_per_mode(gpt2):
     h, a, b = 768, 12, 2
     block = gpt2.units[1]
     states = block.params * MODEL_STATE_BYTES_PER_PARAM
-    none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none")
+    # eager attention stores the a s^2 scores and softmax (Korthikanti et al. 2022)
+    none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none", attention="eager")
     assert none * 1e9 == pytest.approx(states + (34 * S * h + 5 * a * S * S) * b)
     selective = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="selective")
     assert selective * 1e9 == pytest.approx(states + 34 * S * h * b)
-    full = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=3, recompute="full")
+    full = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=3, recompute="full", attention="eager")
     # 2sbh kept per micro-batch in flight, plus one layer's activations live while it is recomputed
     assert full * 1e9 == pytest.approx(states + 2 * S * h * b * 3 + (34 * S * h + 5 * a * S * S) * b)
+
+
+def test_fused_attention_stores_no_score_matrix(gpt2):
+    """Flash / SDPA attention (the default) keeps no a s^2 term, with or without recomputation."""
+    h, b = 768, 2
+    states = gpt2.units[1].params * MODEL_STATE_BYTES_PER_PARAM
+    none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none")
+    assert none * 1e9 == pytest.approx(states + 34 * S * h * b)
+    full = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=3, recompute="full")
+    assert full * 1e9 == pytest.approx(states + 2 * S * h * b * 3 + 34 * S * h * b)
+    eager = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none", attention="eager")
+    assert eager > none
+
+
+@pytest.mark.parametrize("optimizer, state_bytes", [("adam", 16), ("sgd", 12), ("adam8bit", 10)])
+def test_optimizer_sets_the_model_state_bytes(gpt2, optimizer, state_bytes):
+    block = gpt2.units[1]
+    adam = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=1, in_flight=1, recompute="full")
+    other = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=1, in_flight=1, recompute="full", optimizer=optimizer)
+    assert (adam - other) * 1e9 == pytest.approx(block.params * (16 - state_bytes))
 
 
 def test_tensor_parallelism_divides_states_and_activations(gpt2):
@@ -106,7 +127,8 @@ def test_prefix_tables_match_the_reference_on_seeded_random_stages():
             z = rng.randrange(a + 1, n + 1)
             tp, mb, flight = rng.choice([1, 2, 4]), rng.choice([1, 3]), rng.choice([1.0, 2.5, 7.0])
             mode = rng.choice(["none", "selective", "full"])
-            assert tables.memory_gb(a, z, tp, mb, flight, mode) == pytest.approx(
-                stage_memory_gb(model, a, z, tp, mb, flight, mode), rel=1e-12)
+            opt, att = rng.choice(["adam", "sgd", "adam8bit"]), rng.choice(["fused", "eager"])
+            assert tables.memory_gb(a, z, tp, mb, flight, mode, opt, att) == pytest.approx(
+                stage_memory_gb(model, a, z, tp, mb, flight, mode, optimizer=opt, attention=att), rel=1e-12)
             assert tables.params_per_device(a, z, tp) == pytest.approx(stage_params_per_device(model, a, z, tp),
                                                                        rel=1e-12)

@@ -211,7 +211,9 @@ def test_compress_device_ids() -> None:
 @pytest.mark.parametrize("patch, match", [
     ({"schedule": "zigzag"}, r"p.json: schedule: unknown schedule 'zigzag'; use gpipe, 1f1b, interleaved"),
     ({"recompute": "some"}, r"recompute: unknown mode 'some'"),
-    ({"precision": "fp8"}, r"precision: unknown precision 'fp8'"),
+    ({"precision": "fp4"}, r"precision: unknown precision 'fp4'"),
+    ({"optimizer": "lion"}, r"optimizer: unknown optimizer 'lion'; use adam, sgd, adam8bit"),
+    ({"attention": "flash"}, r"attention: unknown attention kernel 'flash'; use fused, eager"),
     ({"micro_batch": 0}, r"micro_batch: must be >= 1, got 0"),
     ({"global_batch": "8"}, r"global_batch: expected a whole number, got '8'"),
     ({"replicas": []}, r"replicas: expected a non-empty list"),

@@ -31,7 +31,7 @@ from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.features import cluster_pools, log_scale, pool_features, unit_features
-from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb
+from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb, state_bytes_per_param
 
 __all__ = ["ScenarioContext", "PlanBatch", "encode_plans", "RECOMPUTE", "CONFIG_FEATURES", "P2P_FEATURES",
            "DP_FEATURES", "PLAN_FEATURES"]
@@ -335,7 +335,8 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
             rc = RECOMPUTE.index(plan.recompute)
             reps = plan.replicas
             v = plan.interleave if sched == 2 else 1
-            row = (plan.micro_batch, rc, sched, v, plan.global_batch, plan.global_batch * plan.seq_len)
+            row = (plan.micro_batch, rc, sched, v, plan.global_batch, plan.global_batch * plan.seq_len,
+                   state_bytes_per_param(plan.optimizer), int(plan.attention == "fused"))
         except (ValueError, AttributeError, TypeError) as exc:
             bad[i] = str(exc)
             continue
@@ -372,8 +373,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     N = len(plans)
     n_units = ctx.model.num_units
     # ---- plans, replicas, stages
-    pl = np.asarray(pl, np.int64).reshape(-1, 6)
-    p_mb, p_rc, p_sched, p_v, p_gb, p_tokens = pl.T
+    pl = np.asarray(pl, np.int64).reshape(-1, 8)
+    p_mb, p_rc, p_sched, p_v, p_gb, p_tokens, p_state, p_fused = pl.T
     p_dp = np.asarray(nrep, np.int64)
     p_rep0 = np.cumsum(p_dp) - p_dp
     R = int(p_dp.sum())
@@ -495,7 +496,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
             break
         s = r_off[mrep[sel]] + k[sel]
         gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]], flight[sel],
-                                                      p_rc[mplan[sel]])
+                                                      p_rc[mplan[sel]], state_bytes=p_state[mplan[sel]],
+                                                      fused=p_fused[mplan[sel]].astype(bool))
         params[sel] = params[sel] + ctx.tables.params_per_device_many(st_a[s], st_z[s], st_tp[s])
     s0 = r_off[mrep] + md
     g0 = st_info[s0]

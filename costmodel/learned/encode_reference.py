@@ -214,10 +214,11 @@ class _Encoder:
         for d in range(pp):
             flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
             chunks = tuple((s.layers, s.tp) for s in rep.stages[d::pp])
-            key = (chunks, flight, plan.micro_batch, plan.recompute)
+            key = (chunks, flight, plan.micro_batch, plan.recompute, plan.optimizer, plan.attention)
             hit = ctx._cache.get(key)
             if hit is None:
-                gb = sum(ctx.tables.memory_gb(a, z, tp, plan.micro_batch, flight, plan.recompute) for (a, z), tp in chunks)
+                gb = sum(ctx.tables.memory_gb(a, z, tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+                                              plan.attention) for (a, z), tp in chunks)
                 params = sum(ctx.tables.params_per_device(a, z, tp) for (a, z), tp in chunks)
                 hit = ctx._cache[key] = (gb, params)
             gb, params = hit

@@ -17,38 +17,62 @@ def _by_name(*items):
 
 GPU_CATALOG: dict[str, GPUSpec] = _by_name(
     # NVIDIA Tesla P100 SXM2 datasheet: 21.2 TFLOPS fp16 (no tensor cores), 10.6 fp32, 732 GB/s HBM2.
-    GPUSpec("P100-16GB", 21.2, 10.6, 16, 732, "nvidia", False, "NVIDIA Tesla P100 datasheet (SXM2)"),
-    # NVIDIA V100 SXM2 datasheet: 125 TFLOPS fp16 tensor, 15.7 fp32, 900 GB/s HBM2.
-    GPUSpec("V100-16GB", 125, 15.7, 16, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)"),
-    GPUSpec("V100-32GB", 125, 15.7, 32, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)"),
+    GPUSpec("P100-16GB", 21.2, 10.6, 16, 732, "nvidia", False, "NVIDIA Tesla P100 datasheet (SXM2)", arch="pascal"),
+    # NVIDIA V100 SXM2 datasheet: 125 TFLOPS fp16 tensor, 15.7 fp32, 900 GB/s HBM2. No TF32, no fp8.
+    GPUSpec("V100-16GB", 125, 15.7, 16, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)", arch="volta"),
+    GPUSpec("V100-32GB", 125, 15.7, 32, 900, "nvidia", False, "NVIDIA V100 datasheet (SXM2)", arch="volta"),
     # NVIDIA T4 datasheet: 65 TFLOPS fp16 mixed precision, 8.1 fp32, 320 GB/s GDDR6.
-    GPUSpec("T4-16GB", 65, 8.1, 16, 320, "nvidia", False, "NVIDIA T4 datasheet"),
-    # NVIDIA A10 datasheet: 125 TFLOPS bf16 dense (250 sparse), 31.2 fp32, 600 GB/s.
-    GPUSpec("A10-24GB", 125, 31.2, 24, 600, "nvidia", True, "NVIDIA A10 datasheet"),
-    # NVIDIA L4 datasheet: 242 TFLOPS bf16 *sparse* -> 121 dense, 30.3 fp32, 300 GB/s.
-    GPUSpec("L4-24GB", 121, 30.3, 24, 300, "nvidia", True, "NVIDIA L4 datasheet (sparse/2)"),
+    GPUSpec("T4-16GB", 65, 8.1, 16, 320, "nvidia", False, "NVIDIA T4 datasheet", arch="turing"),
+    # Turing whitepaper (TU102, reference clocks): RTX 2080 Ti 53.8 TFLOPS fp16 tensor with fp32
+    # accumulate (107.6 with fp16 accumulate), 13.4 fp32, 616 GB/s GDDR6, 11 GB; TITAN RTX 130.5 fp16
+    # tensor with fp32 accumulate (full rate), 16.3 fp32, 672 GB/s, 24 GB.
+    GPUSpec("RTX2080Ti-11GB", 53.8, 13.4, 11, 616, "nvidia", False, "NVIDIA Turing whitepaper (RTX 2080 Ti)",
+            arch="turing"),
+    GPUSpec("TitanRTX-24GB", 130.5, 16.3, 24, 672, "nvidia", False, "NVIDIA Turing whitepaper (TITAN RTX)",
+            arch="turing"),
+    # NVIDIA A10 datasheet: 125 TFLOPS bf16 dense (250 sparse), 62.5 TF32 dense, 31.2 fp32, 600 GB/s.
+    GPUSpec("A10-24GB", 125, 31.2, 24, 600, "nvidia", True, "NVIDIA A10 datasheet", arch="ampere", tflops_tf32=62.5),
+    # NVIDIA L4 datasheet: 242 TFLOPS bf16 *sparse* -> 121 dense, 60 TF32 dense, 242.5 fp8 dense, 30.3 fp32, 300 GB/s.
+    GPUSpec("L4-24GB", 121, 30.3, 24, 300, "nvidia", True, "NVIDIA L4 datasheet (sparse/2)", arch="ada",
+            tflops_tf32=60.0, tflops_fp8=242.5),
     # GA102 whitepaper, RTX 3090: 71 TFLOPS fp16/bf16 tensor with fp32 accumulate (142 with fp16
-    # accumulate; training accumulates in fp32), 35.6 fp32, 936 GB/s GDDR6X.
-    GPUSpec("RTX3090-24GB", 71, 35.6, 24, 936, "nvidia", True, "NVIDIA Ampere GA102 whitepaper"),
-    # Ada whitepaper, RTX 4090: 165.2 TFLOPS fp16/bf16 tensor with fp32 accumulate, 82.6 fp32, 1008 GB/s.
-    GPUSpec("RTX4090-24GB", 165.2, 82.6, 24, 1008, "nvidia", True, "NVIDIA Ada Lovelace whitepaper"),
-    # RTX A6000 datasheet: 154.8 TFLOPS tensor dense (309.7 sparse), 38.7 fp32, 768 GB/s.
-    GPUSpec("A6000-48GB", 154.8, 38.7, 48, 768, "nvidia", True, "NVIDIA RTX A6000 datasheet"),
-    # A100 datasheet: 312 TFLOPS bf16 dense, 19.5 fp32; 1555 GB/s (40GB), 2039 GB/s (80GB SXM).
-    GPUSpec("A100-40GB", 312, 19.5, 40, 1555, "nvidia", True, "NVIDIA A100 datasheet"),
-    GPUSpec("A100-80GB", 312, 19.5, 80, 2039, "nvidia", True, "NVIDIA A100 datasheet (SXM)"),
-    # H100 SXM datasheet: 1979 TFLOPS bf16 sparse -> 989 dense, 67 fp32, 3.35 TB/s HBM3.
-    GPUSpec("H100-80GB", 989, 67, 80, 3350, "nvidia", True, "NVIDIA H100 datasheet (SXM)"),
+    # accumulate; training accumulates in fp32), 35.6 TF32 dense, 35.6 fp32, 936 GB/s GDDR6X.
+    GPUSpec("RTX3090-24GB", 71, 35.6, 24, 936, "nvidia", True, "NVIDIA Ampere GA102 whitepaper", arch="ampere",
+            tflops_tf32=35.6),
+    # Ada whitepaper, RTX 4090: 165.2 TFLOPS fp16/bf16 tensor with fp32 accumulate, 82.6 TF32 dense,
+    # 330.3 fp8 with fp32 accumulate, 82.6 fp32, 1008 GB/s.
+    GPUSpec("RTX4090-24GB", 165.2, 82.6, 24, 1008, "nvidia", True, "NVIDIA Ada Lovelace whitepaper", arch="ada",
+            tflops_tf32=82.6, tflops_fp8=330.3),
+    # RTX A6000 datasheet: 154.8 TFLOPS tensor dense (309.7 sparse), 77.4 TF32 dense, 38.7 fp32, 768 GB/s.
+    GPUSpec("A6000-48GB", 154.8, 38.7, 48, 768, "nvidia", True, "NVIDIA RTX A6000 datasheet", arch="ampere",
+            tflops_tf32=77.4),
+    # A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32 dense, 19.5 fp32; 1555 GB/s (40GB), 2039 GB/s (80GB SXM).
+    GPUSpec("A100-40GB", 312, 19.5, 40, 1555, "nvidia", True, "NVIDIA A100 datasheet", arch="ampere",
+            tflops_tf32=156.0),
+    GPUSpec("A100-80GB", 312, 19.5, 80, 2039, "nvidia", True, "NVIDIA A100 datasheet (SXM)", arch="ampere",
+            tflops_tf32=156.0),
+    # H100 SXM datasheet: 1979 TFLOPS bf16 sparse -> 989 dense, 494.7 TF32 dense, 1979 fp8 dense, 67 fp32, 3.35 TB/s.
+    GPUSpec("H100-80GB", 989, 67, 80, 3350, "nvidia", True, "NVIDIA H100 datasheet (SXM)", arch="hopper",
+            tflops_tf32=494.7, tflops_fp8=1979),
     # H200 SXM datasheet: same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s.
-    GPUSpec("H200-141GB", 989, 67, 141, 4800, "nvidia", True, "NVIDIA H200 datasheet (SXM)"),
+    GPUSpec("H200-141GB", 989, 67, 141, 4800, "nvidia", True, "NVIDIA H200 datasheet (SXM)", arch="hopper",
+            tflops_tf32=494.7, tflops_fp8=1979),
+    # GH200 Grace Hopper datasheet: the H100 GPU's compute (989 bf16, 494.7 TF32, 1979 fp8 dense, 67 fp32)
+    # with 96 GB HBM3 at 4 TB/s.
+    GPUSpec("GH200-96GB", 989, 67, 96, 4000, "nvidia", True, "NVIDIA GH200 Grace Hopper Superchip datasheet",
+            arch="hopper", tflops_tf32=494.7, tflops_fp8=1979),
     # MI250X datasheet: 383 TFLOPS bf16 for the package of 2 GCDs, 47.9 fp32 vector, 128 GB,
-    # 3.2768 TB/s; one GCD (what a process sees) is half of each.
-    GPUSpec("MI250X-GCD-64GB", 191.5, 23.95, 64, 1638.4, "amd", True, "AMD Instinct MI250X datasheet / 2"),
-    # MI300X datasheet: 1307.4 TFLOPS bf16 dense, 163.4 fp32, 192 GB HBM3 at 5.3 TB/s.
-    GPUSpec("MI300X-192GB", 1307.4, 163.4, 192, 5300, "amd", True, "AMD Instinct MI300X datasheet"),
+    # 3.2768 TB/s; one GCD (what a process sees) is half of each. CDNA2 has no TF32 and no fp8.
+    GPUSpec("MI250X-GCD-64GB", 191.5, 23.95, 64, 1638.4, "amd", True, "AMD Instinct MI250X datasheet / 2",
+            arch="cdna2"),
+    # MI300X datasheet: 1307.4 TFLOPS bf16 dense, 653.7 TF32 dense, 2614.9 fp8 dense, 163.4 fp32, 192 GB
+    # HBM3 at 5.3 TB/s.
+    GPUSpec("MI300X-192GB", 1307.4, 163.4, 192, 5300, "amd", True, "AMD Instinct MI300X datasheet", arch="cdna3",
+            tflops_tf32=653.7, tflops_fp8=2614.9),
     # Ascend 910B: Huawei does not publish a full datasheet; ~313 TFLOPS fp16 and 64 GB HBM2e at
     # ~1.6 TB/s are the figures reported for the 910B (approximate; fp32 assumed at 1/4 rate).
-    GPUSpec("Ascend910B-64GB", 313, 78, 64, 1600, "huawei", True, "Huawei Ascend 910B public figures (approx.)"),
+    GPUSpec("Ascend910B-64GB", 313, 78, 64, 1600, "huawei", True, "Huawei Ascend 910B public figures (approx.)",
+            arch="davinci"),
 )
 
 # What collectives really reach over each link: NCCL's own topology model (NVIDIA/nccl src/graph/topo.h)

@@ -8,17 +8,23 @@ from typing import Any
 
 import typer
 
-__all__ = ["GlobalBatch", "SeqLen", "Precision", "RecomputeOpt", "JsonFlag", "ModelArg", "ClusterArg",
+__all__ = ["GlobalBatch", "SeqLen", "Precision", "RecomputeOpt", "OptimizerOpt", "AttentionOpt", "JsonFlag", "ModelArg", "ClusterArg",
            "emit_json", "console", "workload_from", "resolve_precision", "params_text"]
 
 ModelArg = typer.Option(..., "--model", "-m", help="Catalog name, path to a HF config.json, or python:MODULE:FUNCTION.")
 ClusterArg = typer.Option(..., "--cluster", "-c", help="Catalog name or path to a cluster YAML.")
 GlobalBatch = typer.Option(512, "--global-batch", help="Sequences per optimizer step.")
 SeqLen = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's own maximum, at most 2048).")
-Precision = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: bf16 where every device has it, else fp16).")
+Precision = typer.Option(None, "--precision", help="bf16, fp16, fp32, tf32 or fp8 (default: bf16 where every device has "
+                         "it, else fp16; fp32 is IEEE fp32, tf32 fp32 with TF32 tensor-core products; fp8 on "
+                         "Hopper, Ada and MI300 only).")
 RecomputeOpt = typer.Option("auto", "--recompute", help="none, selective, full or auto.")
 ZeroOpt = typer.Option(None, "--zero", help="Sharded data parallelism: 0 none, 1 optimizer states, 2 + gradients, "
                        "3 + parameters (FSDP). plan: default lets the planner choose; predict: default the plan's, else 0.")
+OptimizerOpt = typer.Option("adam", "--optimizer", help="adam, sgd (momentum) or adam8bit: model-state bytes and "
+                            "optimizer step time.")
+AttentionOpt = typer.Option("fused", "--attention", help="fused (flash/SDPA: no attention-score matrix stored) or "
+                            "eager (scores stored for the backward).")
 JsonFlag = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
 
 
@@ -74,7 +80,9 @@ def params_text(n: float) -> str:
     return f"{n:.0f}"
 
 
-def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str, zero: int | None = None):
+def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str, zero: int | None = None,
+                  optimizer: str = "adam", attention: str = "fused"):
     from hetpart.workload import Workload
 
-    return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute, zero=zero)
+    return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute, zero=zero,
+                    optimizer=optimizer, attention=attention)

@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import typer
 
-from hetpart.cli.common import (ClusterArg, GlobalBatch, JsonFlag, ModelArg, Precision, RecomputeOpt, SeqLen, ZeroOpt,
-                                console, emit_json, resolve_precision, workload_from)
+from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, Precision,
+                                RecomputeOpt, SeqLen, ZeroOpt, console, emit_json, resolve_precision, workload_from)
 
 __all__ = ["register"]
 
@@ -48,16 +48,18 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
                  seq_len: Optional[int] = SeqLen, precision: Optional[str] = Precision, recompute: str = RecomputeOpt,
-                 zero: Optional[int] = ZeroOpt, planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
+                 zero: Optional[int] = ZeroOpt, optimizer: str = OptimizerOpt, attention: str = AttentionOpt,
+                 planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
+    workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention)  # bad options fail before loading too
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
-    workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero)
+    workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         result = plan(graph, cl, workload, planner, predictor=predictor)
         bound = upper_bound(graph, cl, workload, predictor=predictor)
@@ -88,7 +90,8 @@ def _workload_line(workload, graph, cl, seq_default: bool, precision_given: bool
     if not precision_given:
         lacking = sorted({g.name for g in (d.gpu for d in cl.devices) if not g.supports_bf16})
         prec += f" ({', '.join(lacking)} lack bf16)" if lacking else " (every device has bf16)"
-    return f"workload: global batch {workload.global_batch} x {seq}, {prec}, recompute {workload.recompute}"
+    return (f"workload: global batch {workload.global_batch} x {seq}, {prec}, recompute {workload.recompute}, "
+            f"{workload.optimizer}, {workload.attention} attention")
 
 
 def _status(quiet: bool, message: str):
@@ -151,6 +154,8 @@ def predict_command(
         precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: the plan's, else bf16)."),
         recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
         zero: Optional[int] = ZeroOpt,
+        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, sgd or adam8bit (default: the plan's, else adam)."),
+        attention: Optional[str] = typer.Option(None, "--attention", help="fused or eager (default: the plan's, else fused)."),
         plan_path: Optional[Path] = typer.Option(None, "--plan", help="A plan JSON written by 'hetpart plan --out'."),
         tp: Optional[int] = typer.Option(None, "--tp"), pp: Optional[int] = typer.Option(None, "--pp"),
         dp: Optional[int] = typer.Option(None, "--dp"),
@@ -183,17 +188,22 @@ def predict_command(
                                  devices=plan.devices if plan else None,
                                  precision_source="--precision" if precision or not plan else f"{where}precision",
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
+    optimizer = optimizer or (plan.optimizer if plan else "adam")
+    attention = attention or (plan.attention if plan else "fused")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
-                             recompute or (plan.recompute if plan else "selective"), zero)
+                             recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention)
     if plan is not None and order is not None:
         from hetpart.errors import PlanError
 
         raise PlanError(f"--order: {plan_path} already places its ranks; --order applies to the --tp --pp --dp grid")
+    if plan is not None:  # the options override what the plan file says
+        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention)
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order)
     if zero is not None and plan.zero != zero:
         plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
     if plan_path is not None and recompute is None:
-        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero)
+        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero,
+                                 workload.optimizer, workload.attention)
     chosen = get_predictor(predictor, graph, cl, workload)
     prediction = chosen.predict(plan, workload, validate=True)
     if json_out:
