@@ -14,7 +14,8 @@ micro-batch 1 slower per sample than 4). The backward includes the recomputed fo
 recompute mode, memory-bound share and operators too: all of it under full recompute, the attention
 core's share of the activations under selective. Under fused attention (flash / SDPA) the ``a s^2``
 score matrix is neither stored nor streamed through HBM, so the memory-bound term uses the
-activations without it.
+activations without it, and the backward always recomputes the scores (half the attention core's
+FLOPs), which makes selective recomputation a no-op.
 
 Tensor parallelism (Megatron-LM; sequence parallelism assumed: its all-gather + reduce-scatter pair
 moves the same bytes as the all-reduce it replaces) costs two all-reduces of ``s b h`` elements per
@@ -60,12 +61,24 @@ def saved_act_mode(recompute: str, attention: str) -> str:
     return "selective" if recompute == "none" and attention == "fused" else recompute
 
 
+def _recomputed_flops(unit, recompute: str, attention: str) -> float:
+    """Forward FLOPs a unit's backward runs again. Fused attention (FlashAttention, Dao et al. 2022)
+    recomputes the scores ``Q K^T`` in its backward whatever the recompute mode (half of the attention
+    core's ``4 s^2 h``), so selective recomputation adds nothing on top of it."""
+    core = unit.recompute_flops["selective"]
+    if attention != "fused":
+        return unit.recompute_flops[recompute]
+    if recompute == "full":
+        return unit.recompute_flops["full"] + 0.5 * core
+    return 0.5 * core
+
+
 def _unit_arrays(model: ModelGraph, recompute: str, attention: str = "eager") -> dict[str, np.ndarray]:
     units = model.units
     full = saved_act_mode("none", attention)
     return {
         "fwd": np.array([u.fwd_flops for u in units], dtype=float),
-        "bwd": np.array([u.bwd_flops + u.recompute_flops[recompute] for u in units], dtype=float),
+        "bwd": np.array([u.bwd_flops + _recomputed_flops(u, recompute, attention) for u in units], dtype=float),
         "none": np.array([u.act_bytes[full] for u in units], dtype=float),
         "selective": np.array([u.act_bytes["selective"] for u in units], dtype=float),
         "shardable": np.array([u.tp_shardable for u in units], dtype=bool),

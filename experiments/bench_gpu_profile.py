@@ -106,7 +106,7 @@ def compare(data: dict, gpu_name: str) -> list[dict]:
     for r in data["units"]:
         if r["unit"] == "embedding":
             continue  # a gather: no matrix work for the curve to price
-        sim_prec = "bf16" if r["precision"] == "bf16" else "fp32"  # the simulator has no TF32 mode
+        sim_prec = r["precision"]  # bf16, tf32 (fp32 tensors, TF32 products) or plain fp32
         key = (r["model"], r["seq_len"], sim_prec)
         if key not in graphs:
             graphs[key] = load_model(r["model"], seq_len=r["seq_len"], precision=sim_prec)

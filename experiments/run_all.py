@@ -52,6 +52,12 @@ def _nic_sensitivity() -> Section:
     return section()
 
 
+def _simulator_validation() -> Section:
+    from hetpart.experiments.bench_validation import section
+
+    return section()
+
+
 def _engine() -> Section:
     from hetpart.experiments.bench_engine import section
 
@@ -74,6 +80,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
     "simulator-calibration": _simulator_calibration,
+    "simulator-validation": _simulator_validation,
     "simulator-speed": _simulator_speed,
     "engine": _engine,
     "loop": _loop,
@@ -82,7 +89,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
 }
 """Key -> function that runs the benchmark and returns its section."""
 
-DEFAULT = ("simulator-calibration", "planners", "simulator-speed", "engine", "scaling")
+DEFAULT = ("simulator-calibration", "simulator-validation", "planners", "simulator-speed", "engine", "scaling")
 """What ``make bench`` reruns when no section is named: every generated section but the runtime and
 ``uneven-tp`` (real multi-process runs: ``make bench BENCH=uneven-tp``, about 15 minutes); about 30 minutes
 on the shared 2-core development machine, most of it the scaling study's 4,096-GPU search."""

@@ -310,7 +310,8 @@ def test_workload_arguments(global_batch, seq_len, precision, recompute) -> None
     ({"global_batch": 8, "seq_len": 8, "precision": "int8"}, r"--precision: unknown precision 'int8'"),
     ({"global_batch": 8, "seq_len": 8, "precision": ["bf16"]}, r"--precision: unknown precision \['bf16'\]"),
     ({"global_batch": 8, "seq_len": 8, "recompute": "half"}, r"--recompute: unknown mode 'half'"),
-    ({"global_batch": 8, "seq_len": 8, "optimizer": "sgd"}, r"optimizer: 'sgd' is not supported; use adam"),
+    ({"global_batch": 8, "seq_len": 8, "optimizer": "lamb"}, r"--optimizer: unknown optimizer 'lamb'; use adam, sgd, adam8bit"),
+    ({"global_batch": 8, "seq_len": 8, "attention": 1}, r"--attention: unknown attention kernel 1; use fused, eager"),
 ])
 def test_workload_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(WorkloadError, match=match):

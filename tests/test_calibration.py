@@ -26,18 +26,17 @@ def test_table5_setups_match_the_paper():
 
 
 def test_predicted_step_times_are_within_the_bound(rows):
-    # 10%: Korthikanti's own MFU figures move by several points between neighbouring model sizes on
-    # the same machine, and Megatron-LM runs vary by a few percent from run to run; an analytical
-    # model that is right to within 10% on average is as close as those measurements allow.
+    # 5% mean on a fitting table (issue 9: no regression where fitted); 15% worst row: Korthikanti's
+    # own MFU figures move by several points between neighbouring model sizes on the same machine.
     assert len(rows) == 8
-    assert mean_abs_error_pct(rows) < 10.0
+    assert mean_abs_error_pct(rows) < 5.0
     assert max(abs(r.error_pct) for r in rows) < 15.0
 
 
 def test_narayanan_table1_throughputs_are_within_the_bound():
     rows = table1_validation()
     assert len(rows) == 10
-    assert np.mean([abs(r.error_pct) for r in rows]) < 10.0
+    assert np.mean([abs(r.error_pct) for r in rows]) < 5.0
     assert max(abs(r.error_pct) for r in rows) < 15.0
 
 

@@ -121,6 +121,18 @@ def test_fused_attention_streams_no_score_matrix():
     assert eager[1] - fused[1] == pytest.approx(traffic / (H100.hbm_gbyte_s * 1e9))
 
 
+def test_under_fused_attention_selective_recompute_adds_nothing():
+    """Flash attention's backward recomputes the scores anyway (half the attention core's FLOPs): selective
+    recomputation then costs what no recomputation costs; under eager attention it costs the core again."""
+    model = _gpt(seq=2048)
+    none_f = unit_compute_s(model, H100, 1, 1, "bf16", "none", attention="fused")[1]
+    sel_f = unit_compute_s(model, H100, 1, 1, "bf16", "selective", attention="fused")[1]
+    assert sel_f[1] == pytest.approx(none_f[1])
+    none_e = unit_compute_s(model, H100, 1, 1, "bf16", "none", attention="eager")[1]
+    sel_e = unit_compute_s(model, H100, 1, 1, "bf16", "selective", attention="eager")[1]
+    assert sel_e[1] > none_e[1]
+
+
 def test_optimizer_changes_memory_and_step_time():
     model = load_model("gpt2-small", seq_len=256)
     cluster = load_cluster("a100-8")

@@ -112,7 +112,8 @@ def test_a_model_that_fits_nowhere_says_why_and_what_would_fit(name: str) -> Non
 def test_tight_memory_suggests_recompute_and_smaller_batches() -> None:
     model = tiny_model(hidden=4096, layers=12, seq_len=4096)  # 2.6B parameters: 42 GB of states for 100 GB
     with pytest.raises(WorkloadError, match=r"try --recompute full \(or auto\), a smaller --global-batch"):
-        plan(model, load_cluster("tiny-mixed"), Workload(8, 4096, recompute="none"), "uniform")
+        # eager attention stores the a s^2 scores: 12 x 8 x 32 x 4096^2 x 2.5 bytes do not fit
+        plan(model, load_cluster("tiny-mixed"), Workload(8, 4096, recompute="none", attention="eager"), "uniform")
 
 
 def test_workload_errors_for_zones_and_sequence_length() -> None:
@@ -142,7 +143,11 @@ def test_search_is_at_least_as_fast_as_the_baselines_on_the_public_suite() -> No
         got = {name: plan(model, cluster, workload, name).prediction.tokens_per_s for name in PLANNERS}
         assert got["search"] >= got["uniform"] * (1 - 1e-12), e["name"]
         assert got["search"] >= got["proportional"] * (1 - 1e-12), e["name"]
-        assert got["search"] > got["uniform"], e["name"]  # heterogeneity awareness pays on every entry
+        if len({g.gpu.name for g in cluster.groups}) > 1:
+            # heterogeneity awareness pays on every entry that mixes GPU types; on one type behind two
+            # networks (ib-roce-ethernet) the uniform grid is the simulator's optimum once the gradient
+            # all-reduce hides behind a backward priced with per-operator costs (issue 9)
+            assert got["search"] > got["uniform"], e["name"]
 
 
 @pytest.fixture

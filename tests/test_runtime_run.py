@@ -274,7 +274,7 @@ def test_run_writes_a_complete_jsonl_record(emulated_run):
     assert rec.predicted.predictor == "simulator" and rec.predicted.options == {"overlap_grad_reduce": False}
     assert rec.predicted.step_time_s == summary["predicted"]["step_time_s"]
     assert rec.workload == {"global_batch": 4, "seq_len": rec.plan["seq_len"], "precision": "fp32",
-                            "recompute": "none", "optimizer": "adam"}
+                            "recompute": "none", "optimizer": "adam", "attention": "fused"}
     assert rec.environment.devices == ("cpu", "cpu") and rec.environment.torch.startswith("2.")
     # The tied embedding / LM head bucket (fp32, 1 x the tiny vocabulary x 64) crosses the emulated link:
     # each rank timed gloo's own all-reduce of it, which the emulated delay then includes.

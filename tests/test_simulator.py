@@ -75,13 +75,13 @@ def test_giving_the_slower_gpu_fewer_layers_helps(gpt2, mixed):
 def test_a100_is_faster_than_v100_and_efficiency_grows_with_work():
     a100, v100 = GPU_CATALOG["A100-40GB"], GPU_CATALOG["V100-16GB"]
     model = load_model("gpt3-1.3b", seq_len=512)
-    fa, ba = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "none")
-    fv, bv = stage_compute_s(model, 1, 5, v100, 1, 2, "fp16", "none")
-    # four blocks: the fixed per-operator cost (32 forward, 112 backward operators each) aside, the
-    # backward costs twice the forward and full recompute adds one forward
+    fa, ba = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "none", "eager")
+    fv, bv = stage_compute_s(model, 1, 5, v100, 1, 2, "fp16", "none", "eager")
+    # four blocks, eager attention: the fixed per-operator cost (32 forward, 112 backward operators each)
+    # aside, the backward costs twice the forward and full recompute adds one forward
     host_f, host_b = 4 * 32 * HOST_US_PER_OP * 1e-6, 4 * 112 * HOST_US_PER_OP * 1e-6
     assert fv > fa and ba - host_b == pytest.approx(2 * (fa - host_f))
-    _, b_full = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "full")
+    _, b_full = stage_compute_s(model, 1, 5, a100, 1, 2, "bf16", "full", "eager")
     assert b_full - host_b - host_f == pytest.approx(3 * (fa - host_f))
     effs = [matmul_efficiency(a100, w, 4096) for w in (64, 256, 1024, 4096, 16384)]
     assert effs == sorted(effs) and effs[-1] < 1.0
