@@ -125,8 +125,12 @@ def largest_remainder(shares: Sequence[float], units: int) -> list[int] | None:
 
 def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of=None):
     """Per device: seconds of the stage's whole split work (at the even split's local width) and of the
-    rest (units every rank runs whole, and the embedding/head at their even share)."""
+    rest (units every rank runs whole, the embedding/head at their even share, and every operator's fixed
+    host cost, which a rank pays whatever its share)."""
+    from dataclasses import replace
+
     from hetpart.costmodel.compute import unit_compute_s
+    from hetpart.costmodel.efficiency import curve_for
 
     a, z = stage.layers
     tp = stage.tp
@@ -134,11 +138,14 @@ def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curv
     full, rest = [], []
     for d in stage.devices:
         dev = cluster.device(d)
-        curve = curve_of(dev.gpu) if curve_of else None
+        curve = curve_of(dev.gpu) if curve_of else curve_for(dev.gpu)
         fwd, bwd = unit_compute_s(model, dev.gpu, tp, micro_batch, precision, recompute, curve)
-        t = (fwd + bwd)[a:z] / dev.speed
+        work_f, work_b = unit_compute_s(model, dev.gpu, tp, micro_batch, precision, recompute,
+                                        replace(curve, host_us_per_op=0.0))
+        t = (work_f + work_b)[a:z] / dev.speed
+        host = float((fwd + bwd - work_f - work_b)[a:z].sum())  # host time does not scale with the device
         full.append(float(t[blocks].sum()) * tp)  # the whole split work at the even local width
-        rest.append(float(t[~blocks].sum()))
+        rest.append(float(t[~blocks].sum()) + host)
     return np.array(full), np.array(rest)
 
 
