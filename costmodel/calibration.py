@@ -191,7 +191,8 @@ def fit_hopper_gemm(path: Path = H100_PROFILE) -> dict[str, float]:
     out = {"e_max": float(e_max), "w0_ref": float(w0), "t0_ref": float(t0)}
     for precision in ("tf32", "fp32"):
         rows = _gemm_rows(precision, path)
-        other = least_squares(lambda x: _gemm_residuals(rows, _H100_PEAKS[precision], x[0], w0, t0, x[1]),
+        other = least_squares(lambda x, rows=rows, peak=_H100_PEAKS[precision]: _gemm_residuals(rows, peak, x[0], w0, t0,
+                                                                                          x[1]),
                               x0=[0.7, 38.0], bounds=([0.1, 0.0], [1.0, 200.0]))
         out[f"e_max_{precision}"] = float(other.x[0])
     return out

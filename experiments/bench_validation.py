@@ -263,9 +263,9 @@ def count_ops(models: tuple[str, ...] = ("gpt2-small", "llama2-7b")) -> dict[str
         for kind, unit in zip(("embedding", "block", "head"), units):
             unit(inp)  # warm up
             box = {}
-            fwd = count(lambda: box.setdefault("y", unit(inp)))
+            fwd = count(lambda box=box, unit=unit, inp=inp: box.setdefault("y", unit(inp)))
             y = box["y"][0] if isinstance(box["y"], tuple) else box["y"]
-            bwd = count(lambda: y.float().sum().backward())
+            bwd = count(lambda y=y: y.float().sum().backward())
             counts[kind] = (fwd, bwd)
             inp = y.detach().requires_grad_(y.is_floating_point())
         out[name] = counts
