@@ -122,15 +122,15 @@ _T0_PER_W0 = 120.0 / 419.0
 """Token half-saturation over width half-saturation on the H100 sweep; Ampere takes the same ratio."""
 # Produced by ``python -m hetpart.costmodel.calibration`` (fit_a100_curve); tests/test_calibration.py
 # checks they are a least-squares optimum. Keep the numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.8016, w0_ref=176.4, alpha=1.0, peak_ref_tflops=312.0,
+_AMPERE = EfficiencyCurve("ampere", e_max=0.8081, w0_ref=125.6, alpha=1.0, peak_ref_tflops=312.0,
                           status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
-                          act_traffic=2.578, t0_ref=176.4 * _T0_PER_W0, e_max_fp32=0.8982)
+                          act_traffic=2.701, t0_ref=125.6 * _T0_PER_W0, e_max_fp32=0.8982)
 """Ampere's plain-fp32 fraction is ASSUMED equal to Hopper's measured one (both run cuBLAS SGEMM on CUDA cores)."""
 _HOPPER = EfficiencyCurve("hopper", e_max=0.7834, w0_ref=419.0, alpha=1.0, peak_ref_tflops=989.0,
                           status="fitted: GEMM sweep on one H100 SXM (experiments/data/h100_unit_profile.json)",
                           act_traffic=_AMPERE.act_traffic, t0_ref=120.0, e_max_tf32=0.6438, e_max_fp32=0.8982)
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.4604, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+_VOLTA = EfficiencyCurve("volta", e_max=0.4616, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
                          act_traffic=_AMPERE.act_traffic, t0_ref=_AMPERE.t0_ref, e_max_fp32=0.70)
 
