@@ -76,6 +76,12 @@ def _uneven_tp() -> Section:
     return section()
 
 
+def _sharded() -> Section:
+    from hetpart.experiments.bench_sharded import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -86,6 +92,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "loop": _loop,
     "uneven-tp": _uneven_tp,
     "nic-sensitivity": _nic_sensitivity,
+    "sharded": _sharded,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

@@ -223,9 +223,10 @@ def _split_covers(split, why: str) -> bool:
 
 
 def sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
-    """Sharded plans whose per-micro-batch collectives (levels 2-3) the runtime cannot order: replicas of
-    one shard group that cut the model differently."""
-    if plan.zero < 2 or not rules.sharded_microbatch_collectives_need_alike_cuts:
+    """Sharded plans the runtime cannot order or mesh: replicas of one shard group that cut the model
+    differently (or with other TP degrees) at levels 2-3, or at any level with tensor parallelism."""
+    with_tp = any(s.tp > 1 for r in plan.replicas for s in r.stages)
+    if not (plan.zero >= 2 or (plan.zero and with_tp)) or not rules.sharded_microbatch_collectives_need_alike_cuts:
         return []
     out = []
     for group in plan.shard_groups():
@@ -233,9 +234,11 @@ def sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
         first = group[0]
         for r in group[1:]:
             if shapes[r] != shapes[first]:
-                out.append(f"replicas[{r}].stages: cut unlike replicas[{first}] of its shard group, but zero "
-                           f"{plan.zero} gathers or reduces every micro-batch, which runs only between replicas "
-                           "cut alike; cut them alike, or use zero 1")
+                why = (f"zero {plan.zero} gathers or reduces every micro-batch" if plan.zero >= 2 else
+                       "sharding with tensor parallelism runs on one (dp, tp) mesh per stage")
+                out.append(f"replicas[{r}].stages: cut unlike replicas[{first}] of its shard group, but {why}, "
+                           f"which runs only between replicas cut alike; cut them alike, or use "
+                           f"{'zero 1' if plan.zero >= 2 and not with_tp else 'zero 0'}")
                 break
     return out
 

@@ -73,6 +73,10 @@ class SearchOptions:
     """Lift memory limits (the upper bound uses this for types that cannot hold the model alone)."""
     configs_per_pool: int = 4
     """Typed replicas: best (tp, pp) configurations kept per pool before combining pools."""
+    uneven_shards: bool = False
+    """Sharded typed replicas (data-parallel groups of unlike devices) hold uneven shard fractions,
+    water-filled to each device's memory (:mod:`hetpart.policies.shard_fractions`). Off by default:
+    torch FSDP2, which the runtime runs, shards evenly only (:mod:`hetpart.runtime.sharded`)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -271,8 +275,10 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             dp = len(groups) // pp
             m_est = max(1, total_mb // (dp * len(ctx.pools)))
             costs = ctx.table.get(pool, tp, mb, rc)
-            # sharded over at least this pool's replicas (the plan shards over every pool's: it holds less)
-            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, 1.0 / dp)
+            # sharded over at least this pool's replicas (the plan shards over every pool's: it holds less);
+            # with uneven shards a small device may hold next to nothing of them (the fractions come later)
+            fraction = 0.0 if ctx.options.uneven_shards else 1.0 / dp
+            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction)
                                   for j in range(pp)], m_est)
             if split is None:
                 continue
@@ -322,7 +328,13 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         estimate += _tied_s(ctx, groups)
 
         def build() -> list[Plan]:
-            return [assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)]
+            plan = assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)
+            if ctx.options.uneven_shards and plan.zero:
+                from hetpart.policies.shard_fractions import choose_shard_fractions
+
+                fractions = choose_shard_fractions(ctx.model, ctx.cluster, plan)
+                plan = plan if fractions is None else replace(plan, shard_fractions=fractions)
+            return [plan]
 
         return Scored(estimate, key + (tuple(counts),), build)
 

@@ -364,6 +364,7 @@ class Executor:
         self.layout: CommLayout = comm_layout(plan, self.infos)
         self.role: RankRole = self.layout.roles[rank]
         self.groups = ProcessGroups(self.layout, _all_cuda_ids(self.device), comm_timeout_s)
+        self.dp_tp_mesh = None
         self.stage_modules = self._build_stage_modules()
         self.sharded_keys: set[str] = set()
         if plan.zero:
@@ -413,6 +414,12 @@ class Executor:
             reporter = _TPReporter(ranks, self.hooks, self.clock)
             if len(uneven) < len(built):
                 mesh, _ = self._tp_mesh()
+                if self.plan.zero:  # FSDP2 composes with TP on one 2-D (dp, tp) mesh, as torchtitan builds it
+                    from hetpart.runtime.sharded import dp_tp_mesh
+
+                    self.dp_tp_mesh = dp_tp_mesh(self)
+                    if self.dp_tp_mesh is not None:
+                        mesh = self.dp_tp_mesh["tp"]
                 for j, module in built.items():
                     if j not in uneven:
                         _parallelize(module, mesh, reporter)

@@ -21,9 +21,13 @@ At levels 2 and 3 every member of a shard group must join every per-micro-batch 
 replica with fewer micro-batches runs zero-weighted padding micro-batches up to its group's largest
 count (:func:`hetpart.costmodel.sharding.microbatches_run`).
 
+With tensor parallelism, the units are split over a 2-D ``(dp, tp)`` mesh: TP on its ``tp`` rows, FSDP on
+its ``dp`` columns (torchtitan's composition; replicas of a sharded plan with TP are cut alike, one TP
+degree, :func:`hetpart.rules.sharding_problems`).
+
 Not run (and refused by :func:`sharding_problems`): uneven ``shard_fractions`` -- FSDP2 splits every
 parameter with ``torch.chunk`` into equal pieces along one dimension (``shard_placement_fn`` only picks
-the dimension), so a rank cannot hold a chosen fraction; and sharding together with tensor parallelism.
+the dimension), so a rank cannot hold a chosen fraction; and hybrid sharding together with TP (a 3-D mesh).
 """
 
 from __future__ import annotations
@@ -48,9 +52,28 @@ def sharding_problems(plan: "Plan") -> list[str]:
         out.append("shard_fractions: uneven shards do not run: torch FSDP2 splits each parameter into equal "
                    "torch.chunk pieces (shard_placement_fn only picks the dimension); use even shards "
                    "(drop shard_fractions)")
-    if any(s.tp > 1 for r in plan.replicas for s in r.stages):
-        out.append("zero: sharding with tensor parallelism (tp > 1) does not run yet; use tp 1 or zero 0")
+    if any(s.tp_split is not None for r in plan.replicas for s in r.stages):
+        out.append("zero: sharding with uneven tensor parallelism (tp_split) does not run; use zero 0 or even TP")
+    if plan.shard_group and any(s.tp > 1 for r in plan.replicas for s in r.stages):
+        out.append("shard_group: hybrid sharding with tensor parallelism (a 3-D mesh) does not run; use "
+                   "shard_group 0 or tp 1")
     return out
+
+
+def dp_tp_mesh(ex: "Executor"):
+    """The 2-D ``(dp, tp)`` mesh of this rank's stage: row ``i`` the TP group of replica ``i``'s stage
+    (replicas cut alike, :func:`hetpart.rules.sharding_problems`), column ``t`` the data-parallel peers
+    of TP rank ``t``. None with one replica."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    plan = ex.plan
+    if plan.dp < 2:
+        return None
+    j = ex.role.stages[0] % ex.pp
+    grid = [list(ex.layout.tp_groups[(r, j)]) for r in range(plan.dp)]
+    column = [row[ex.role.tp_index] for row in grid]
+    return DeviceMesh.from_group([ex.groups.group(column), ex.groups.group(grid[ex.replica])], ex.device.type,
+                                 mesh=torch.tensor(grid), mesh_dim_names=("dp", "tp"))
 
 
 def apply_sharding(ex: "Executor") -> set[str]:
@@ -73,7 +96,7 @@ def apply_sharding(ex: "Executor") -> set[str]:
             ranks = ranks_of.get(keys[0], (ex.rank,)) if keys else (ex.rank,)
             if len(ranks) < 2:
                 continue
-            mesh = _mesh(ex, ranks)
+            mesh = ex.dp_tp_mesh["dp"] if ex.dp_tp_mesh is not None else _mesh(ex, ranks)
             fully_shard(unit, mesh=mesh, reshard_after_forward=zero >= 3, ignored_params=ignored or None)
             _sum_gradients(unit)
             owned.update(keys)

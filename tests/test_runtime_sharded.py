@@ -22,6 +22,13 @@ from tests.test_runtime_gate import SEQ, _check_against_reference, _gpt2, _llama
 
 GPT2 = RunnableSpec("gpt2", _gpt2(), impl="transformers")
 LLAMA = RunnableSpec("llama", _llama(), impl="transformers")
+GPT = RunnableSpec("gpt", _gpt2(), impl="hetpart")
+
+
+def _tp2(zero: int, global_batch: int = 6, micro_batch: int = 1, schedule: str = "gpipe") -> Plan:
+    """Two TP=2 replicas (shares 2/3, 1/3): FSDP on the 2-D (dp, tp) mesh."""
+    return Plan(global_batch=global_batch, micro_batch=micro_batch, seq_len=SEQ, schedule=schedule, zero=zero,
+                replicas=(Replica(2 / 3, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(1 / 3, (_st(0, 6, "1/0/0", "1/0/1"),))))
 
 
 def _alike(zero: int, schedule: str, global_batch: int, micro_batch: int, **kw) -> Plan:
@@ -50,6 +57,10 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
     # Hybrid sharding: shard inside pairs of replicas, replicate across the pairs (FSDP2's 2-D HSDP mesh).
     "hsdp_z3_gpt2": (GPT2, _four_single(3, (1 / 3, 1 / 6, 1 / 3, 1 / 6), 12, shard_group=2)),
     "hsdp_z1_llama": (LLAMA, _four_single(1, (1 / 4, 1 / 4, 3 / 8, 1 / 8), 8, shard_group=2)),
+    # Tensor parallelism composed with FSDP (torchtitan's 2-D mesh), every level.
+    "z1_tp2_gpt": (GPT, _tp2(1)),
+    "z2_tp2_gpt2": (GPT2, _tp2(2, 12, 2, "1f1b")),
+    "z3_tp2_llama": (LLAMA, _tp2(3)),
 }
 TRAIN_STEPS = 3
 
@@ -98,10 +109,11 @@ def test_runtime_refuses_what_fsdp2_cannot_run() -> None:
     with pytest.raises(PlanError, match=r"shard_fractions: uneven shards do not run: torch FSDP2 splits each "
                                         r"parameter into equal torch.chunk pieces"):
         require_runnable(uneven, GPT2)
-    tp = Plan(global_batch=4, micro_batch=1, seq_len=SEQ, zero=1, replicas=(
-        Replica(0.5, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(0.5, (_st(0, 6, "1/0/0", "1/0/1"),))))
-    with pytest.raises(PlanError, match=r"zero: sharding with tensor parallelism \(tp > 1\) does not run yet"):
-        require_runnable(tp, GPT2)
+    hybrid_tp = Plan(global_batch=8, micro_batch=1, seq_len=SEQ, zero=1, shard_group=2, replicas=tuple(
+        Replica(0.25, (_st(0, 6, f"{g}/0/{i}", f"{g}/0/{i + 1}"),)) for g in (0, 1) for i in (0, 2)))
+    with pytest.raises(PlanError, match=r"shard_group: hybrid sharding with tensor parallelism \(a 3-D mesh\) "
+                                        "does not run"):
+        require_runnable(hybrid_tp, GPT2)
 
 
 def test_levels_two_and_three_need_replicas_cut_alike() -> None:
@@ -110,3 +122,6 @@ def test_levels_two_and_three_need_replicas_cut_alike() -> None:
     assert sharding_problems(dataclasses.replace(_two_cuts("gpipe"), zero=1)) == []
     problems = sharding_problems(dataclasses.replace(_two_cuts("gpipe"), zero=3))
     assert len(problems) == 1 and "replicas[1].stages: cut unlike replicas[0] of its shard group" in problems[0]
+    mixed_tp = Plan(global_batch=4, micro_batch=1, seq_len=SEQ, zero=1, replicas=(
+        Replica(0.5, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(0.5, (_st(0, 6, "1/0/0"),))))
+    assert "sharding with tensor parallelism runs on one (dp, tp) mesh per stage" in sharding_problems(mixed_tp)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -255,3 +256,30 @@ def test_baselines_shard_everything_where_nothing_fits_otherwise() -> None:
         assert best.plan.zero == 1 and best.estimate.fits_in_memory  # level 3 would gather the embedding whole
     with pytest.raises(WorkloadError):
         plan_uniform(model, TWO_V100, Workload(4, 128, recompute="selective", zero=0))
+
+
+A100_T4 = parse_cluster({"name": "a100-t4", "nodes": [
+    {"count": 1, "gpus_per_node": 1, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "Ethernet-100"},
+    {"count": 1, "gpus_per_node": 1, "gpu": "T4-16GB", "intra_node": "PCIe3", "nic": "Ethernet-100"}]})
+
+
+@pytest.mark.parametrize("counts", [(3, 1), (2, 2), (1, 3)])
+def test_uneven_shard_fractions_fit_where_even_ones_do_not_and_beat_every_fraction_of_a_grid(counts) -> None:
+    """An A100-80GB and a T4-16GB as two ZeRO-1 replicas of a 1.8B model: even shards do not fit the T4;
+    the water-filled fractions (for each batch split) fit and are at least as fast as the best fitting
+    point of a 1% grid of fractions (brute force: the padded collectives favour the evenest fractions)."""
+    from hetpart.costmodel.simulator import Simulator
+    from hetpart.plan import Plan, Replica, Stage
+    from hetpart.policies.shard_fractions import choose_shard_fractions
+
+    model = tiny_model(hidden=4096, layers=8, seq_len=256)
+    sim = Simulator(model, A100_T4)
+    base = Plan(global_batch=4, micro_batch=1, seq_len=256, recompute="full", zero=1, replicas=tuple(
+        Replica(c / 4, (Stage((0, model.num_units), (d,)),)) for c, d in zip(counts, ("0/0/0", "1/0/0"))))
+    assert not sim.simulate(base).fits_in_memory
+    chosen = choose_shard_fractions(model, A100_T4, base)
+    got = sim.simulate(replace(base, shard_fractions=chosen))
+    grid = [sim.simulate(replace(base, shard_fractions=(1 - i / 100, i / 100))) for i in range(1, 100)]
+    best = min((p.step_time_s for p in grid if p.fits_in_memory), default=math.inf)
+    assert got.fits_in_memory and chosen[1] < 0.5 and got.step_time_s <= best * (1 + 1e-12)
+
