@@ -125,3 +125,16 @@ def test_levels_two_and_three_need_replicas_cut_alike() -> None:
     mixed_tp = Plan(global_batch=4, micro_batch=1, seq_len=SEQ, zero=1, replicas=(
         Replica(0.5, (_st(0, 6, "0/0/0", "0/0/1"),)), Replica(0.5, (_st(0, 6, "1/0/0"),))))
     assert "sharding with tensor parallelism runs on one (dp, tp) mesh per stage" in sharding_problems(mixed_tp)[0]
+
+
+def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards() -> None:
+    """``hetpart run`` shrinks the model and rebuilds the plan for it: the sharding must survive."""
+    from hetpart.runtime.launch import RunOptions, prepare_run
+
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=128, zero=3, replicas=(
+        Replica(0.75, (_st(0, 14, "0/0/0"),)), Replica(0.25, (_st(0, 14, "1/0/0"),))))
+    prep = prepare_run(plan, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
+    assert prep.run_plan.zero == 3
+    uneven = dataclasses.replace(plan, shard_fractions=(0.8, 0.2))
+    with pytest.raises(PlanError, match=r"plan \(the gpt2-small that runs\): shard_fractions: uneven shards do not run"):
+        prepare_run(uneven, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
