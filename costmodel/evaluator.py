@@ -129,7 +129,8 @@ class Evaluator:
                     if plan.zero and plan.dp > 1:
                         params += self.model.range_params(*s.layers, tp)
                         largest = max(largest, self._largest_unit(s.layers, tp))
-                need += sharded_delta_gb(params, largest, plan.precision, plan.zero, plan.shard_fraction(r))
+                need += sharded_delta_gb(params, largest, plan.precision, plan.zero, plan.shard_fraction(r),
+                                         plan.optimizer)
                 if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
                     return False
         return True

@@ -56,14 +56,18 @@ def microbatches_run(plan: "Plan", replica: int) -> int:
     return max(plan.num_microbatches(r) for r in group)
 
 
-def state_bytes(precision: str) -> tuple[float, float, float]:
-    """``(weights, gradients, optimizer)`` bytes per parameter (16 in all under Adam)."""
-    return (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 2.0, 12.0)
+def state_bytes(precision: str, optimizer: str = "adam") -> tuple[float, float, float]:
+    """``(weights, gradients, optimizer)`` bytes per parameter; they add up to the optimizer's total of
+    :data:`hetpart.costmodel.memory.OPTIMIZER_STATE_BYTES` (16 under Adam)."""
+    from hetpart.costmodel.memory import state_bytes_per_param
+
+    w = g = 4.0 if precision == "fp32" else 2.0
+    return w, g, state_bytes_per_param(optimizer) - w - g
 
 
-def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float) -> float:
+def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float, optimizer: str = "adam") -> float:
     """Bytes of model states a device holding ``params`` parameters keeps at rest (working sets aside)."""
-    w, g, opt = state_bytes(precision)
+    w, g, opt = state_bytes(precision, optimizer)
     if zero <= 0:
         return params * (w + g + opt)
     if zero == 1:
@@ -84,13 +88,15 @@ def working_set_bytes(largest_unit_params: float, precision: str, zero: int) -> 
     return 0.0
 
 
-def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, zero: int, fraction: float) -> float:
+def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, zero: int, fraction: float,
+                     optimizer: str = "adam") -> float:
     """GB to add to an unsharded account of ``params`` parameters (16 bytes each) for level ``zero``: the
     shards instead of the whole states, plus the working set (negative: sharding saves memory)."""
     if not zero:
         return 0.0
-    kept = sharded_state_bytes(params, precision, zero, fraction) + working_set_bytes(largest_unit_params, precision, zero)
-    return (kept - params * sum(state_bytes(precision))) / 1e9
+    kept = (sharded_state_bytes(params, precision, zero, fraction, optimizer)
+            + working_set_bytes(largest_unit_params, precision, zero))
+    return (kept - params * sum(state_bytes(precision, optimizer))) / 1e9
 
 
 def collective_pad(plan: "Plan", replicas) -> float:

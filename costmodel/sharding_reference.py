@@ -25,7 +25,7 @@ def _holder(plan: Plan, replica: int, unit: int):
 
 def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], float]:
     """(replica, pipeline device group) -> predicted peak memory, GB, unit by unit."""
-    w, g, opt = state_bytes(plan.precision)
+    w, g, opt = state_bytes(plan.precision, plan.optimizer)
     out = {}
     for r, rep in enumerate(plan.replicas):
         pp = plan.pipeline_devices(r)
@@ -40,11 +40,11 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             for k in range(d, rep.pp, pp):
                 s = rep.stages[k]
                 total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
-                                         plan.recompute) * 1e9
+                                         plan.recompute, plan.precision, plan.optimizer, plan.attention) * 1e9
                 params += model.range_params(s.layers[0], s.layers[1], s.tp)
                 for u in range(*s.layers):
                     largest = max(largest, model.range_params(u, u + 1, s.tp))
-            total -= params * 16  # the unsharded states stage_memory_gb counted
+            total -= params * (w + g + opt)  # the unsharded states stage_memory_gb counted
             f = plan.shard_fraction(r)
             zero = plan.zero if plan.dp > 1 else 0
             keep = {0: w + g + opt, 1: w + g + opt * f, 2: w + (g + opt) * f, 3: (w + g + opt) * f}[zero]

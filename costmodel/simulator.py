@@ -835,7 +835,7 @@ class Simulator:
                                                plan.optimizer, plan.attention)
                         params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
                     # the states tables.memory_gb counted whole, sharded instead
-                    memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction)
+                    memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
                     optim[(r, d)] = params * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (group.hbm_gbyte_s * 1e9)
                     continue
                 gbs = np.zeros(len(group.gpus))
@@ -845,7 +845,7 @@ class Simulator:
                     gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
                                                   plan.attention)
                     held += self._device_params(s, *s.layers)
-                gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction) for n in held])
+                gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
                 memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
                 optim[(r, d)] = max(n * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (gpu.hbm_gbyte_s * 1e9)
                                     for n, gpu in zip(held, group.gpus))

@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.cluster import Cluster
 from hetpart.costmodel.compute import saved_act_mode, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
-from hetpart.costmodel.memory import MODEL_STATE_BYTES_PER_PARAM, memory_capacity_gb, state_bytes_per_param
+from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
 from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
@@ -55,6 +55,7 @@ class StageCosts:
     unit_params: np.ndarray
     """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
     precision: str = "bf16"
+    optimizer: str = "adam"
 
     def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
                ) -> np.ndarray:
@@ -71,7 +72,8 @@ class StageCosts:
 def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float) -> np.ndarray:
     need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
     if zero:
-        scale = sharded_state_bytes(1.0, costs.precision, zero, fraction) / MODEL_STATE_BYTES_PER_PARAM
+        scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer)
+                 / state_bytes_per_param(costs.optimizer))
         need = need - costs.states_gb * (1.0 - scale)
         if zero >= 2:
             need = need + _largest(costs) * working_set_bytes(1.0, costs.precision, zero) / 1e9
@@ -136,7 +138,7 @@ class CostTable:
         if recompute == "full":
             extra = _range_max(np.array([u.act_bytes[whole] for u in model.units]) / div) * micro_batch / 1e9
         return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
-                          self.precision)
+                          self.precision, self.optimizer)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""

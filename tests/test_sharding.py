@@ -136,7 +136,7 @@ def _random_plan(rng: random.Random) -> Plan:
                 schedule=rng.choice(["gpipe", "1f1b"]), recompute=rng.choice(["none", "selective", "full"]),
                 replicas=tuple(Replica(1.0 / n, (Stage((0, c), (d[0],)), Stage((c, 14), (d[1],))))
                                for c, d in zip(cuts, devices)),
-                zero=zero, shard_fractions=fractions)
+                zero=zero, shard_fractions=fractions, optimizer=rng.choice(["adam", "sgd", "adam8bit"]))
 
 
 @pytest.mark.parametrize("seed", range(12))
