@@ -3,8 +3,8 @@
 Runs ``hetpart loop`` (3 iterations of 4 runs, 2 interleaved final repeats of each compared plan) on
 (a) this machine's CPU processes, no emulation, and (b) the 2xA100 + 2xT4 cluster emulated with the
 effects the simulator lacks, and renders both results. About 25 minutes per ground on the shared
-2-core machine. ``python -m hetpart.experiments.bench_loop A.json B.json`` renders the section from
-the ``--json`` outputs of two loops run by hand instead.
+2-core machine. ``python -m hetpart.experiments.bench_loop A.json B.json [NOTES.md]`` renders the
+section from the ``--json`` outputs of two loops run by hand instead (and a paragraph of notes).
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ tokens/s are those of the model that runs (the shrunken one), measured in interl
 """
 
 
-def render_body(results: dict[str, dict[str, Any]]) -> str:
+def render_body(results: dict[str, dict[str, Any]], notes: str = "") -> str:
     """The section's markdown from the loops' ``--json`` objects (``{"cpu": ..., "emulated": ...}``)."""
-    lines = [EFFECTS_TEXT, "| ground | measured runs | held-out runs | simulator error | corrected error | simulator plan, tokens/s "
+    lines = [EFFECTS_TEXT, notes, "| ground | measured runs | held-out runs | simulator error | corrected error | simulator plan, tokens/s "
              "(mean ± std) | loop plan, tokens/s (mean ± std) |", "|---|---|---|---|---|---|---|"]
     names = {"cpu": "(a) real CPU runs", "emulated": "(b) emulated 2xA100+2xT4 with effects"}
     for ground, r in results.items():
@@ -93,7 +93,7 @@ def _list(xs: list[float]) -> str:
     return ", ".join(f"{x:,.0f}" for x in xs)
 
 
-def section(results: dict[str, dict[str, Any]] | None = None):
+def section(results: dict[str, dict[str, Any]] | None = None, notes: str = ""):
     """The ``loop`` section (runs both loops unless ``results`` are given)."""
     import tempfile
 
@@ -103,12 +103,14 @@ def section(results: dict[str, dict[str, Any]] | None = None):
         with tempfile.TemporaryDirectory() as tmp:
             results = {g: _run(g, Path(tmp)) for g in ("cpu", "emulated")}
     return Section(key="loop", title="Closed loop: `hetpart loop` on two grounds (issue 14)",
-                   body=render_body(results), command="make bench BENCH=loop", machine=machine(),
+                   body=render_body(results, notes), command="make bench BENCH=loop", machine=machine(),
                    load_after=load())
 
 
 if __name__ == "__main__":
     from hetpart.experiments.benchdoc import write_section
 
-    given = {json.loads(Path(p).read_text())["ground"]: json.loads(Path(p).read_text()) for p in sys.argv[1:]}
-    print(write_section(section(given or None)))
+    paths = [p for p in sys.argv[1:] if p.endswith(".json")]
+    notes = "".join(Path(p).read_text() for p in sys.argv[1:] if p.endswith(".md"))
+    given = {json.loads(Path(p).read_text())["ground"]: json.loads(Path(p).read_text()) for p in paths}
+    print(write_section(section(given or None, notes)))

@@ -72,7 +72,7 @@ def test_corrected_model_beats_the_simulator_on_held_out_real_h100_runs():
     sim_err, corr_err = [], []
     for i in range(len(rs)):
         rest = [j for j in range(len(rs)) if j != i]
-        corr = fit_correction([xs[j] for j in rest], [rs[j] for j in rest], wide_bandwidth=1.0)
+        corr = fit_correction([xs[j] for j in rest], [rs[j] for j in rest])
         c, _, _ = corr.apply(xs[i])
         sim_err.append(abs(math.exp(-rs[i]) - 1))  # simulated / measured - 1
         corr_err.append(abs(math.exp(c - rs[i]) - 1))
@@ -199,3 +199,23 @@ def test_loop_runs_measures_refits_and_resumes(tmp_path):
     again = run_loop(cfg, said.append)
     assert len(load_records(tmp_path / "loop" / "runs.jsonl")) == len(records)
     assert again["measured_tokens_per_s_loop_plan"] == out["measured_tokens_per_s_loop_plan"]
+
+
+def test_loop_choice_keeps_to_the_trust_region_and_never_reruns_a_plan():
+    import random
+
+    from hetpart.experiments.loop import _Loop, _micro_batch_variants, _plan_key
+
+    _, _, plan = _setup()
+    a, b, c = (Plan.from_dict(dict(plan.to_dict(), micro_batch=m)) for m in (1, 2, 4))
+    loop = _Loop.__new__(_Loop)  # choose() needs only the config, the generator and the refused plans
+    from hetpart.experiments.loop import LoopConfig
+
+    loop.cfg, loop.rng, loop.refused = LoopConfig(cluster="tiny-mixed", model="gpt2-small"), random.Random(0), set()
+    scored = [(a, 100.0, 0.1), (b, 90.0, 0.4), (c, 10.0, 0.9)]  # c is far below the best: outside the region
+    assert loop.choose(scored, set(), "exploit") is a
+    assert loop.choose(scored, {_plan_key(a)}, "exploit") is b
+    assert loop.choose(scored, set(), "explore") is b  # the most uncertain inside the region
+    assert loop.choose(scored, {_plan_key(a), _plan_key(b)}, "exploit") is None
+    assert loop.choose(scored, {_plan_key(a), _plan_key(b)}, "held_out") is c  # held-out runs are never skipped
+    assert [p.micro_batch for p in _micro_batch_variants(b)] == [1, 4, 8]

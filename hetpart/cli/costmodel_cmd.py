@@ -195,8 +195,8 @@ def correct_command(records: Path = typer.Option(..., "--records", help="Run rec
     xs, rs, emulated = records_training_set(load_records(records), features)  # type: ignore[arg-type]
     if not rs:
         raise PlanError(f"--records: {records} holds no run; give the file 'hetpart run --out' appended to")
-    sim, corr = leave_one_out(xs, rs, wide_bandwidth=1.0) if len(rs) > 1 else ([], [])
-    correction = fit_correction(xs, rs, wide_bandwidth=1.0)
+    sim, corr = leave_one_out(xs, rs) if len(rs) > 1 else ([], [])
+    correction = fit_correction(xs, rs)
     correction.meta.update(features=features, runs=len(rs), emulated_runs=int(sum(emulated)), records=str(records))
     if out is not None:
         correction.save(out)
