@@ -67,9 +67,10 @@ Ground (a) runs the plans on this machine's CPU processes without emulation: the
 (`DIR/cpu-cluster.yaml`) is this machine, its matmul and memory rates measured when the loop starts,
 the link an assumed loopback; the simulator's error there is whatever the hardware makes it
 (4 processes share 2 loaded cores). Both grounds use the same loop, at most 12 + 4 measured runs
-(well under the issue's 100). The errors are mean absolute step-time errors on the held-out runs
-(one per iteration, chosen at random among the candidates and never trained on); the two plans'
-tokens/s are those of the model that runs (the shrunken one), measured in interleaved final runs.
+(well under the issue's 100). The errors are mean absolute step-time errors on every run the
+corrected model never trained on: the held-out plans' runs (one per iteration, chosen at random among
+the candidates) and the final runs; the two plans' tokens/s are those of the model that runs (the
+shrunken one), measured in interleaved final runs.
 """
 
 
