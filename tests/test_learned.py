@@ -217,9 +217,6 @@ def test_cli_predict_learned_one_plan_and_a_batch_with_a_bad_line(capsys, tmp_pa
     assert lines[2] == lines[0]
 
 
-@pytest.mark.xfail(reason="surrogate trained on the simulator before the communication-fidelity change (achieved "
-                          "link rates, blocking sends, buckets, NIC sharing) and the issue-9 compute model (per-operator "
-                          "costs, token term, fused attention); retrained at the freeze", strict=False)
 def test_shipped_checkpoint_loads_and_agrees_with_the_simulator_on_a_small_plan(monkeypatch):
     from hetpart import load_cluster
     from hetpart.costmodel.learned.predictor import default_checkpoint
