@@ -287,7 +287,10 @@ def _value(kind: str, value: Any, source: str, where: str) -> Any:
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise v.fail(RecordError, source, where, f"expected a number, got {v.show(value)}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer beyond any float
+            raise v.fail(RecordError, source, where, f"number out of range: {v.show(value)}") from None
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise v.fail(RecordError, source, where, f"expected a whole number, got {v.show(value)}")
