@@ -54,6 +54,7 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
+from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
 
@@ -104,12 +105,16 @@ class Prediction:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """With ``trace=True``: events ``{replica, stage, microbatch, kind, start_s, end_s}``, kind in
     ``fwd``, ``bwd``, ``send``, ``dp_sync``, ``optim`` (stage = pipeline device group)."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Per device type of the plan: where its compute came from (measured profile, fitted or assumed
+    curve) and the error band of that kind (:mod:`hetpart.costmodel.provenance`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
                 "samples_per_s": self.samples_per_s, "fits_in_memory": self.fits_in_memory,
                 "metrics": dict(self.metrics), "memory_gb": dict(self.memory_gb),
-                "breakdown": [dict(b) for b in self.breakdown], "timeline": [dict(e) for e in self.timeline]}
+                "breakdown": [dict(b) for b in self.breakdown], "timeline": [dict(e) for e in self.timeline],
+                "provenance": dict(self.provenance)}
 
 
 @dataclass(frozen=True)
@@ -236,13 +241,20 @@ class Simulator:
     def __init__(self, model: ModelGraph, cluster: Cluster,
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
-                 grad_bucket_params: float = MEGATRON_BUCKET_PARAMS) -> None:
+                 grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None) -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
         models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
-        data-parallel bucket (Megatron-LM's 40M; PyTorch DDP's 25 MB is 6.25M fp32) (module docstring)."""
+        data-parallel bucket (Megatron-LM's 40M; PyTorch DDP's 25 MB is 6.25M fp32) (module docstring);
+        ``profile``: measured entries replace the analytic terms where it has them
+        (:mod:`hetpart.costmodel.profile`)."""
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
+        self.profile = profile
+        self._profiled = BoundProfile(profile, model, cluster) if profile is not None else None
+        # the links the transfers and collectives run over: measured ones where the profile has them
+        self._p2p_cluster = self._profiled.link_cluster("p2p") if self._profiled is not None else cluster
+        self._ar_cluster = self._profiled.link_cluster("allreduce") if self._profiled is not None else cluster
         self.overlap_grad_reduce = overlap_grad_reduce
         self.overlap_p2p = overlap_p2p
         self.cluster = cluster
@@ -274,7 +286,11 @@ class Simulator:
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
             fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention)
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
+            tp_link = g.tp_link
+            if self._profiled is not None:
+                fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
+                tp_link = device_group_facts(self._ar_cluster, devices).tp_link if tp > 1 else tp_link
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
             self._units[key] = hit
@@ -375,11 +391,11 @@ class Simulator:
     def _p2p_link(self, a: str, b: str, flows: tuple[int, int]) -> PathLink:
         """The link one transfer from ``a``'s node to ``b``'s gets when ``flows`` transfers (on ``a``'s
         node, on ``b``'s) share each node's NICs."""
-        link = achieved_link(self.cluster, a, b)
+        link = achieved_link(self._p2p_cluster, a, b)
         if link is None:
             raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
         if link.kind in ("nic", "inter_zone"):
-            share = min(node_nic_gbyte_s(self.cluster.group_of(d)) / n for d, n in zip((a, b), flows))
+            share = min(node_nic_gbyte_s(self._p2p_cluster.group_of(d)) / n for d, n in zip((a, b), flows))
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         return link
@@ -501,7 +517,7 @@ class Simulator:
         key, members, concurrent = ring
         lines = self._ar.get(key)
         if lines is None:
-            lines = self._ar[key] = allreduce_cost(members(), self.cluster, concurrent)
+            lines = self._ar[key] = allreduce_cost(members(), self._ar_cluster, concurrent)
         return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
 
     @staticmethod
@@ -836,7 +852,7 @@ class Simulator:
                         params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
                     # the states tables.memory_gb counted whole, sharded instead
                     memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
-                    optim[(r, d)] = params * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (group.hbm_gbyte_s * 1e9)
+                    optim[(r, d)] = self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
                     continue
                 gbs = np.zeros(len(group.gpus))
                 held = np.zeros(len(group.gpus))
@@ -847,8 +863,7 @@ class Simulator:
                     held += self._device_params(s, *s.layers)
                 gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
                 memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
-                optim[(r, d)] = max(n * fraction * OPTIMIZER_STEP_BYTES[plan.optimizer] / (gpu.hbm_gbyte_s * 1e9)
-                                    for n, gpu in zip(held, group.gpus))
+                optim[(r, d)] = max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus))
         return memory, optim
 
     def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
@@ -858,6 +873,22 @@ class Simulator:
             t = self._tables
             per_unit = self._unit_params[tp] = [t.params_per_device(u, u + 1, tp) for u in range(self.model.num_units)]
         return max(per_unit[layers[0]:layers[1]], default=0.0)
+
+    def _adam_s(self, gpu: GPUSpec, params: float, optimizer: str = "adam") -> float:
+        """Optimizer step of ``params`` parameters on one ``gpu``: measured (profile, Adam), else its bytes
+        per parameter over its HBM."""
+        measured = self._profiled.adam_s(gpu, params) if self._profiled is not None and optimizer == "adam" else None
+        return measured if measured is not None else params * OPTIMIZER_STEP_BYTES[optimizer] / (gpu.hbm_gbyte_s * 1e9)
+
+    def _optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str = "adam") -> float:
+        """Optimizer step of ``params`` parameters per device: measured (profile, Adam), else its bytes per
+        parameter over the slowest device's HBM."""
+        g = self._group(devices)
+        if self._profiled is not None and optimizer == "adam":
+            measured = [self._profiled.adam_s(gpu, params) for gpu in g.gpus]
+            if all(m is not None for m in measured):
+                return max(measured)
+        return params * OPTIMIZER_STEP_BYTES[optimizer] / (g.hbm_gbyte_s * 1e9)
 
     # --------------------------------------------------------------------------------- the step
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
@@ -891,7 +922,8 @@ class Simulator:
         from hetpart import __version__
 
         return (f"{__version__}" + ("" if self.overlap_grad_reduce else "+no-overlap-grad-reduce")
-                + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated"))
+                + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated")
+                + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -929,8 +961,8 @@ class Simulator:
             for d in range(pp):
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
-                hbm = self._group(rep.stages[d].devices).hbm_gbyte_s * 1e9
-                optim = max(optim, params[d] * plan.shard_fraction(r) * OPTIMIZER_STEP_BYTES[plan.optimizer] / hbm)
+                optim = max(optim, self._optimizer_s(rep.stages[d].devices, params[d] * plan.shard_fraction(r),
+                                                     plan.optimizer))
         return (pipe + optim) * _BOUND_SLACK
 
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
@@ -944,7 +976,14 @@ class Simulator:
         timeline = self._timeline(run) if trace else []
         return Prediction(step_time_s=float(run.step), tokens_per_s=metrics["tokens_per_s"],
                           samples_per_s=metrics["samples_per_s"], fits_in_memory=metrics["fits_in_memory"],
-                          metrics=metrics, memory_gb=per_device, breakdown=breakdown, timeline=timeline)
+                          metrics=metrics, memory_gb=per_device, breakdown=breakdown, timeline=timeline,
+                          provenance=self.provenance(plan))
+
+    def provenance(self, plan: Plan) -> dict[str, Any]:
+        """Where each device type's compute came from and how far to trust it (:mod:`~hetpart.costmodel.provenance`)."""
+        from hetpart.costmodel.provenance import prediction_provenance
+
+        return prediction_provenance(self.cluster, plan, self._profiled, self._curve_of)
 
     def _check(self, plan: Plan, workload: Workload | None, validate: bool) -> None:
         if validate:
@@ -1085,7 +1124,8 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
 
 def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
-                        curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, **unknown: Any) -> Simulator:
+                        curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
+                        profile: "Profile | None" = None, **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
     Raises:
@@ -1094,5 +1134,6 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
     del workload  # every plan carries its own batch, sequence length, precision and recompute mode
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, overlap_p2p, curve_of")
-    return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p)
+                        "overlap_grad_reduce, overlap_p2p, curve_of, profile")
+    return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
+                     profile=profile)

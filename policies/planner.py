@@ -57,12 +57,14 @@ class PlanResult:
 
 
 def make_evaluator(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
-                   predictor: Union[str, "Predictor", None] = None, ignore_memory: bool = False) -> Evaluator:
-    """An :class:`Evaluator` with ``predictor`` (a registry name, an object, or None for the default)."""
+                   predictor: Union[str, "Predictor", None] = None, ignore_memory: bool = False,
+                   predictor_options: dict[str, Any] | None = None) -> Evaluator:
+    """An :class:`Evaluator` with ``predictor`` (a registry name, an object, or None for the default);
+    ``predictor_options`` go to the registry's factory (a name only: ``{"profile": ...}``)."""
     from hetpart.costmodel.predictor import get_predictor
 
     if predictor is None or isinstance(predictor, str):
-        predictor = get_predictor(predictor, model, cluster, workload)
+        predictor = get_predictor(predictor, model, cluster, workload, **(predictor_options or {}))
     return Evaluator(model, cluster, workload, ignore_memory, predictor)
 
 

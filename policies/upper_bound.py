@@ -33,7 +33,7 @@ DEFINITION = ("HETHUB's theoretical upper bound: the sum over device types of th
 
 
 def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workload", gpu: str,
-                     predictor: str | None) -> dict[str, Any]:
+                     predictor: str | None, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The type's best throughput alone; its devices in zones that cannot reach each other (once the
     other types' zones are gone) count as separate clusters, summed."""
     from hetpart.policies.plan_search import plan_search
@@ -45,10 +45,11 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     for zones in zone_components(whole):
         sub = type_subcluster(cluster, gpu, zones)
         free = plan_search(model, sub, workload, include_baselines=False, ignore_memory=True,
-                           evaluator=make_evaluator(model, sub, workload, predictor, ignore_memory=True))
+                           evaluator=make_evaluator(model, sub, workload, predictor, ignore_memory=True,
+                                                    predictor_options=options))
         try:
             best = plan_search(model, sub, workload, include_baselines=False,
-                               evaluator=make_evaluator(model, sub, workload, predictor))
+                               evaluator=make_evaluator(model, sub, workload, predictor, predictor_options=options))
         except WorkloadError:
             best, out["memory_lifted"] = free, True
         out["tokens_per_s"] += best.tokens_per_s
@@ -58,7 +59,7 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
 
 
 def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
-                predictor: str | None = None) -> dict[str, Any]:
+                predictor: str | None = None, predictor_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{tokens_per_s, memory_lifted_tokens_per_s, roofline_tokens_per_s, per_type, definition}`` for ``workload`` on ``cluster``.
 
     ``per_type[gpu]`` holds that type's ``tokens_per_s``, ``devices``, ``step_time_s``, whether
@@ -67,7 +68,8 @@ def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: when a type's devices cannot run the workload even without memory limits.
     """
-    per_type = {gpu: _type_throughput(model, cluster, workload, gpu, predictor) for gpu in cluster.gpu_types}
+    per_type = {gpu: _type_throughput(model, cluster, workload, gpu, predictor, predictor_options)
+                for gpu in cluster.gpu_types}
     return {
         "tokens_per_s": sum(t["tokens_per_s"] for t in per_type.values()),
         "memory_lifted_tokens_per_s": sum(t["memory_lifted_tokens_per_s"] for t in per_type.values()),

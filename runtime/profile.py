@@ -5,10 +5,12 @@ that guess with a measurement: the unit modules the runtime executes (:mod:`hetp
 built at full size, one of each kind (embedding, one transformer block, head), and timed forward and
 backward at each micro-batch size: CUDA events on a GPU, ``perf_counter`` on the CPU; warm-up first,
 then the median of repeats, with the spread (min, max) kept beside it so that a reader can judge noise.
+A repeat may be a block of calls (``block_s``): its mean then counts for one.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,6 +46,8 @@ class UnitTiming:
     """Peak allocated memory during forward + backward (GPU only; None on the CPU)."""
     repeats: int
     extra: dict[str, Any] = field(default_factory=dict)
+    activation_gb: float | None = None
+    """Bytes the forward saves for the backward (autograd's saved tensors, each storage once), GB."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +99,9 @@ def _unit_input(spec: RunnableSpec, index: int, micro_batch: int, seq_len: int, 
 
 def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, precision: str = "bf16",
                   device: str | torch.device = "cpu", warmup: int = 3, repeats: int = 10,
-                  block_index: int = 1) -> list[UnitTiming]:
+                  block_index: int = 1, *, min_repeats: int | None = None, budget_s: float | None = None,
+                  block_s: float | None = None,
+                  on_timing: Callable[[UnitTiming], None] | None = None) -> list[UnitTiming]:
     """Time the embedding, one block and the head of ``spec`` at each micro-batch size.
 
     Args:
@@ -106,6 +112,12 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
         device: where to run (``cuda``, ``cuda:1``, ``cpu``).
         warmup, repeats: untimed and timed iterations per measurement; the median is reported.
         block_index: which unit stands for every block (they have the same shape).
+        min_repeats, budget_s: with a budget, stop after ``min_repeats`` timed iterations (at least)
+            once one measurement has spent ``budget_s`` seconds (large units on a CPU).
+        block_s: each timed repeat runs as many calls as take about this long (from the warm-up) and
+            counts their mean: on a shared CPU a short call's median misses the time slices the process
+            waits for, a block's mean includes them as a training step does.
+        on_timing: called with each :class:`UnitTiming` as soon as it is measured (progress).
 
     Returns:
         One :class:`UnitTiming` per unit kind and micro-batch size.
@@ -123,36 +135,83 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
     units = build_units(spec, indices, device=device, dtype=dtype)
     clock = _Clock(device)
     out = []
+    floor = repeats if min_repeats is None else max(1, min(min_repeats, repeats))
     for index, unit in zip(indices, units):
         for b in micro_batches:
-            out.append(_time_unit(unit, spec, index, b, seq_len, device, dtype, clock, warmup, repeats))
+            timing = _time_unit(unit, spec, index, b, seq_len, device, dtype, clock, warmup, repeats, floor, budget_s,
+                                block_s)
+            out.append(timing)
+            if on_timing is not None:
+                on_timing(timing)
     return out
 
 
 def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batch: int, seq_len: int,
-               device: torch.device, dtype: torch.dtype, clock: _Clock, warmup: int, repeats: int) -> UnitTiming:
+               device: torch.device, dtype: torch.dtype, clock: _Clock, warmup: int, repeats: int,
+               min_repeats: int | None = None, budget_s: float | None = None,
+               block_s: float | None = None) -> UnitTiming:
     x = _unit_input(spec, index, micro_batch, seq_len, device, dtype)
     with torch.no_grad():
         grad = torch.randn_like(unit(x).float()).to(dtype) * 1e-3
+    saved_gb = _saved_activation_gb(unit, x)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     fwd, bwd = [], []
+    floor = repeats if min_repeats is None else min_repeats
+    calls = 1
+    started = time.perf_counter()
     for i in range(warmup + repeats):
-        unit.zero_grad(set_to_none=True)
-        holder: dict[str, torch.Tensor] = {}
-        f = clock(lambda holder=holder: holder.__setitem__("y", unit(x)))
-        b = clock(lambda holder=holder: holder["y"].backward(grad))
-        if x.grad is not None:
-            x.grad = None
+        if budget_s is not None and len(fwd) >= floor and time.perf_counter() - started > budget_s:
+            break
+        f = b = 0.0
+        for _ in range(calls if i >= warmup else 1):
+            df, db = _call(unit, x, grad, clock)
+            f, b = f + df, b + db
         if i >= warmup:
-            fwd.append(f)
-            bwd.append(b)
+            fwd.append(f / calls)
+            bwd.append(b / calls)
+        elif block_s:  # enough calls per repeat that each spans the scheduler's time slices
+            calls = max(1, min(_MAX_CALLS, math.ceil(block_s / max(f + b, 1e-9))))
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return UnitTiming(unit=unit.unit_name, micro_batch=micro_batch, seq_len=seq_len,
                       precision=_precision_name(dtype, device), fwd_s=statistics.median(fwd),
                       bwd_s=statistics.median(bwd), fwd_range_s=(min(fwd), max(fwd)), bwd_range_s=(min(bwd), max(bwd)),
-                      peak_memory_gb=peak, repeats=repeats)
+                      peak_memory_gb=peak, repeats=len(fwd), activation_gb=saved_gb)
+
+
+def _call(unit: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, clock: _Clock) -> tuple[float, float]:
+    """One forward and one backward of ``unit``, timed."""
+    unit.zero_grad(set_to_none=True)
+    holder: dict[str, torch.Tensor] = {}
+    f = clock(lambda: holder.__setitem__("y", unit(x)))
+    b = clock(lambda: holder["y"].backward(grad))
+    if x.grad is not None:
+        x.grad = None
+    return f, b
+
+
+_MAX_CALLS = 64
+
+
+def _saved_activation_gb(unit: torch.nn.Module, x: torch.Tensor) -> float:
+    """GB the forward of ``unit`` on ``x`` saves for its backward: every tensor autograd packs, each
+    storage counted once (views of one buffer share it); parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in unit.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        return t
+
+    inp = x.detach().requires_grad_(x.is_floating_point())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        unit(inp)
+    unit.zero_grad(set_to_none=True)
+    return sum(seen.values()) / 1e9
 
 
 def _precision_name(dtype: torch.dtype, device: torch.device) -> str:

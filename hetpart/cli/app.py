@@ -38,7 +38,8 @@ def _register() -> None:
     from hetpart.cli import inspect_cmd
 
     inspect_cmd.register(app)
-    for name in ("plan_cmd", "run_cmd", "bench_cmd", "export_cmd", "report_cmd", "policy_cmd", "costmodel_cmd", "loop_cmd"):
+    for name in ("plan_cmd", "run_cmd", "bench_cmd", "export_cmd", "report_cmd", "policy_cmd", "costmodel_cmd", "loop_cmd",
+                 "calibrate_cmd"):
         try:
             module = __import__(f"hetpart.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 
+from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
 from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, Precision,
                                 RecomputeOpt, SeqLen, ZeroOpt, console, emit_json, resolve_precision, workload_from)
 
@@ -51,23 +52,27 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                  zero: Optional[int] = ZeroOpt, optimizer: str = OptimizerOpt, attention: str = AttentionOpt,
                  planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
+                 profile_path: Optional[Path] = ProfileOpt,
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
     workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention)  # bad options fail before loading too
+    profile = load_profile_option(profile_path, predictor)
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
     workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention)
+    options = {"profile": profile} if profile is not None else {}
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
-        result = plan(graph, cl, workload, planner, predictor=predictor)
-        bound = upper_bound(graph, cl, workload, predictor=predictor)
+        chosen_predictor = _predictor(predictor, graph, cl, workload, profile)
+        result = plan(graph, cl, workload, planner, predictor=chosen_predictor)
+        bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options)
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
     if out is not None:
         _write_plan(chosen, out)
-    payload = result.to_dict() | {"upper_bound": bound}
+    payload = result.to_dict() | {"upper_bound": bound, "provenance": result.prediction.provenance}
     if json_out:
         emit_json(payload)
         return
@@ -75,10 +80,32 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(_workload_line(workload, graph, cl, seq_len is None, precision_given))
     con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
+    _provenance_lines(con, result.prediction.provenance)
     pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
     con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _predictor(name, graph, cl, workload, profile):
+    """The predictor by name (None when no profile: planners take the registry's default themselves)."""
+    if profile is None:
+        return name
+    from hetpart.costmodel.predictor import get_predictor
+
+    return get_predictor(name or "simulator", graph, cl, workload, profile=profile)
+
+
+def _provenance_lines(con, provenance: dict) -> None:
+    """One line per device type: where its compute came from and its error band."""
+    for gpu, p in (provenance or {}).get("device_types", {}).items():
+        band = p.get("error_band", {})
+        lo, hi = band.get("signed_pct", [None, None])
+        what = p["compute"] + (" on a stand-in: " + p["measured_on"] if p.get("stand_in") else
+                               (" on " + p["measured_on"] if p.get("measured_on") else f" ({p['curve']})"))
+        trust = (f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
+                 if band.get("rows") else "no validation rows yet")
+        con.print(f"  {gpu}: compute {what}; {trust}")
 
 
 def _workload_line(workload, graph, cl, seq_default: bool, precision_given: bool) -> str:
@@ -169,17 +196,20 @@ def predict_command(
                                                "('hetpart run --out'); one JSON line each with --json."),
         plans_path: Optional[Path] = typer.Option(None, "--plans", help="Score many plans: a JSONL file, one plan "
                                                   "per line; prints one JSON line per plan (with --json)."),
+        profile_path: Optional[Path] = ProfileOpt,
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
 
     check_predictor_name(predictor)  # an unknown predictor fails before the model loads
+    profile = load_profile_option(profile_path, predictor)
     if records is not None:
         from hetpart.cli.records_cmd import predict_records
 
         return predict_records(records, predictor, json_out)
     if plans_path is not None:
-        _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out)
+        _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out,
+                       profile)
         return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
@@ -204,11 +234,11 @@ def predict_command(
     if plan_path is not None and recompute is None:
         workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero,
                                  workload.optimizer, workload.attention)
-    chosen = get_predictor(predictor, graph, cl, workload)
+    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}))
     prediction = chosen.predict(plan, workload, validate=True)
     if json_out:
         answer = {"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
-                  "breakdown": prediction.breakdown}
+                  "breakdown": prediction.breakdown, "provenance": prediction.provenance}
         if "order" in plan.meta and plan.meta.get("planner") == "megatron":
             answer["order"] = plan.meta["order"]  # the rank order of the --tp --pp --dp grid
         emit_json(answer)
@@ -216,11 +246,12 @@ def predict_command(
     con = console()
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
+    _provenance_lines(con, prediction.provenance)
 
 
 def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[str], cluster: Optional[str],
                    global_batch: Optional[int], seq_len: Optional[int], precision: Optional[str],
-                   predictor: Optional[str], json_out: bool) -> None:
+                   predictor: Optional[str], json_out: bool, profile=None) -> None:
     """``predict --plans``: one process, one model, cluster and predictor, one answer line per plan."""
     import json
     import sys
@@ -255,7 +286,7 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
                                  precision or stated)
     workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
-    chosen = get_predictor(predictor, graph, cl, workload)
+    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}))
     answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path))
     if json_out:
         for answer in answers:

@@ -1,0 +1,492 @@
+"""Measured profiles: what units, optimizer steps and links really cost on a device, as a file.
+
+A profile (``hetpart calibrate`` writes one; :func:`load_profile` reads it) holds measurements:
+
+* ``devices``: the device classes that were measured (``cpu``, or a CUDA device by its name), each
+  with what it is and, when measured, its Adam step time per parameter;
+* ``device_types``: which measured device class prices each cluster device type (``A100-80GB`` ->
+  ``NVIDIA A100-SXM4-80GB``), and whether it is that device or a STAND-IN (this machine's CPU measured
+  for a cluster that names A100s: the numbers then describe running the plan on this machine, as
+  ``hetpart run --no-emulation`` does, not on real A100s);
+* ``compute``: per device class, precision, unit (its kind and parameter count) and micro-batch size,
+  the median forward and backward seconds of one call, their spread, the repeats, and the memory
+  (saved activations; peak allocated on GPUs);
+* ``links``: per pair of device classes and scope (``intra_node``, ``inter_node`` or ``any``), the
+  latency and bandwidth fitted to a point-to-point or all-reduce sweep, with the sweep.
+
+The simulator (:class:`~hetpart.costmodel.simulator.Simulator` with ``profile=``) uses an entry
+in place of its analytic term wherever the profile has one, through :class:`BoundProfile`:
+
+* a unit's time at a micro-batch and sequence length that were not measured is interpolated
+  piecewise-linearly in forward FLOPs per call over the measured points of that unit (exact at the
+  measured ones; below the smallest along the first segment, which keeps the fixed cost per call;
+  above the largest in proportion to the FLOPs); a tensor-parallel shard counts ``1/tp`` of the
+  FLOPs, and recomputation adds the forward's measured time in proportion to the recomputed FLOPs;
+* a link entry replaces the cluster's datasheet link in that scope (:meth:`BoundProfile.link_cluster`:
+  p2p entries for point-to-point transfers, all-reduce entries -- per-hop latency and bandwidth of a
+  ring, fitted on the measured member count -- for collectives), and the simulator's algorithms
+  (rings, hierarchical all-reduce, NIC sharing) run on the measured hops;
+* the optimizer step takes the measured seconds per parameter.
+
+The file format is versioned (``format: hetpart-profile``, ``version: 1``) and documented in the
+README; a bad file is refused with one line naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+import numpy as np
+
+from hetpart._validate import boolean, fail, integer, number, read_text, require_keys, require_mapping, string
+from hetpart.errors import SpecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph, Unit
+    from hetpart.hardware import GPUSpec
+
+__all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "DeviceClass", "DeviceBinding", "ComputeEntry", "LinkEntry",
+           "Profile", "load_profile", "parse_profile", "BoundProfile", "fit_latency_bandwidth"]
+
+PROFILE_FORMAT = "hetpart-profile"
+PROFILE_VERSION = 1
+_PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_UNIT_KINDS = ("embedding", "block", "head", "module")
+_SCOPES = ("intra_node", "inter_node", "any")
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """One measured device class."""
+
+    name: str
+    """``cpu`` or the CUDA device's name (``NVIDIA H100 80GB HBM3``)."""
+    kind: Literal["cpu", "cuda", "imported"]
+    """How it was measured: this machine's CPU, a CUDA device, or imported from another tool's file."""
+    description: str = ""
+    """What it is, for people (CPU model and threads per process, GPU and driver)."""
+    adam_s_per_param: float | None = None
+    """Measured seconds of one Adam step per parameter (fp32 master weights and moments); None: not measured."""
+    adam_fixed_s: float = 0.0
+    """Measured seconds of one Adam step that do not grow with the parameters (per call)."""
+
+
+@dataclass(frozen=True)
+class DeviceBinding:
+    """Which measured device class prices one cluster device type."""
+
+    device: str
+    """A key of :attr:`Profile.devices`."""
+    stand_in: bool
+    """True when the class is not that device type (this CPU measured for an A100): the entries then
+    price running the plan on the measured device, not on the named one."""
+
+
+@dataclass(frozen=True)
+class ComputeEntry:
+    """One unit at one micro-batch size, measured: the median of ``repeats`` calls."""
+
+    device: str
+    precision: str
+    unit: str
+    """Unit kind: ``embedding``, ``block``, ``head`` or ``module``."""
+    params: int
+    """The unit's parameter count: with the kind it says which model's unit this is."""
+    seq_len: int
+    micro_batch: int
+    fwd_flops: float
+    """Forward FLOPs of one call (``micro_batch`` sequences of ``seq_len`` tokens); 0 for a lookup
+    (an embedding), whose calls are then compared by tokens."""
+
+    @property
+    def work(self) -> float:
+        """What calls of this unit are interpolated over: FLOPs per call, tokens for a lookup."""
+        return self.fwd_flops if self.fwd_flops > 0 else float(self.micro_batch * self.seq_len)
+    fwd_s: float
+    bwd_s: float
+    """Backward seconds (input and weight gradients, no recomputation)."""
+    fwd_range_s: tuple[float, float] = (0.0, 0.0)
+    """Fastest and slowest measured forward."""
+    bwd_range_s: tuple[float, float] = (0.0, 0.0)
+    repeats: int = 1
+    activation_gb: float | None = None
+    """Bytes the forward saved for the backward (autograd's saved tensors), GB; None: not measured."""
+    peak_memory_gb: float | None = None
+    """Peak allocated device memory during forward + backward (GPUs), GB; None: not measured."""
+    width: int = 0
+    """The unit's hidden width (0: unknown)."""
+
+
+@dataclass(frozen=True)
+class LinkEntry:
+    """Latency and bandwidth between two device classes, fitted to a measured sweep."""
+
+    kind: Literal["p2p", "allreduce"]
+    devices: tuple[str, str]
+    scope: Literal["intra_node", "inter_node", "any"]
+    """Where the measured devices sat: one node, two nodes, or ``any`` (a stand-in: loopback between
+    local processes prices every link of a run on this machine)."""
+    latency_us: float
+    """p2p: one message's latency; all-reduce: the per-hop latency of a ring."""
+    bandwidth_gbyte_s: float
+    """p2p: bytes per second of one transfer; all-reduce: the per-hop bandwidth of a ring."""
+    members: int = 2
+    """Ranks in the measured all-reduce (2 for p2p)."""
+    backend: str = ""
+    """``gloo`` or ``nccl``."""
+    sweep: tuple[dict[str, float], ...] = ()
+    """The measured points: ``{bytes, seconds, min_s, max_s}`` (median and spread)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A measured profile (see the module docstring)."""
+
+    devices: dict[str, DeviceClass]
+    device_types: dict[str, DeviceBinding]
+    compute: tuple[ComputeEntry, ...] = ()
+    links: tuple[LinkEntry, ...] = ()
+    model: dict[str, Any] = field(default_factory=dict)
+    """What was measured: name, seq_len, precision, scale (for people; entries match units by shape)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """How it was measured: command, date, host, torch, load average, wall time."""
+    source: str = ""
+    """The file it was read from ("" when built in memory)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "meta": dict(self.meta),
+                "model": dict(self.model),
+                "devices": {k: asdict(v) for k, v in self.devices.items()},
+                "device_types": {k: asdict(v) for k, v in self.device_types.items()},
+                "compute": [_entry_dict(e) for e in self.compute],
+                "links": [_link_dict(e) for e in self.links]}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the entries (predictor versions name the profile they used)."""
+        import hashlib
+
+        body = json.dumps({k: v for k, v in self.to_dict().items() if k != "meta"}, sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:10]
+
+    def binding(self, device_type: str) -> DeviceBinding | None:
+        return self.device_types.get(device_type)
+
+
+def _entry_dict(e: ComputeEntry) -> dict[str, Any]:
+    out = asdict(e)
+    out["fwd_range_s"], out["bwd_range_s"] = list(e.fwd_range_s), list(e.bwd_range_s)
+    return out
+
+
+def _link_dict(e: LinkEntry) -> dict[str, Any]:
+    out = asdict(e)
+    out["devices"], out["sweep"] = list(e.devices), [dict(p) for p in e.sweep]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ reading
+def load_profile(path: str | Path) -> Profile:
+    """Read and check a profile file (``hetpart calibrate --out``).
+
+    Raises:
+        SpecError: unreadable file, not JSON, another format or version, or a bad field (one line:
+            file, field, fix).
+    """
+    path = Path(path)
+    text = read_text(SpecError, path, "profile")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{path}: not JSON (line {exc.lineno}: {exc.msg}); give a profile written by "
+                        "'hetpart calibrate --out'") from None
+    return parse_profile(data, str(path))
+
+
+def parse_profile(data: Any, source: str = "profile") -> Profile:
+    """A :class:`Profile` from its JSON form, checked field by field."""
+    data = require_mapping(SpecError, data, source, "")
+    require_keys(SpecError, data, source, "", ("format", "version", "devices", "device_types"),
+                 ("meta", "model", "compute", "links"))
+    if data["format"] != PROFILE_FORMAT:
+        raise fail(SpecError, source, "format", f"{data['format']!r} is not {PROFILE_FORMAT!r}; give a profile "
+                   "written by 'hetpart calibrate --out'")
+    if data["version"] != PROFILE_VERSION:
+        raise fail(SpecError, source, "version", f"{data['version']!r}: this hetpart reads version "
+                   f"{PROFILE_VERSION}; measure it again with 'hetpart calibrate'")
+    devices = {string(SpecError, k, source, "devices"): _device(v, source, f"devices.{k}", k)
+               for k, v in require_mapping(SpecError, data["devices"], source, "devices").items()}
+    if not devices:
+        raise fail(SpecError, source, "devices", "empty; a profile names at least the device it measured")
+    types = {string(SpecError, k, source, "device_types"): _binding(v, source, f"device_types.{k}", devices)
+             for k, v in require_mapping(SpecError, data["device_types"], source, "device_types").items()}
+    compute = tuple(_compute(e, source, f"compute[{i}]", devices)
+                    for i, e in enumerate(_list(data.get("compute", []), source, "compute")))
+    links = tuple(_link(e, source, f"links[{i}]", devices)
+                  for i, e in enumerate(_list(data.get("links", []), source, "links")))
+    return Profile(devices=devices, device_types=types, compute=compute, links=links,
+                   model=dict(require_mapping(SpecError, data.get("model", {}), source, "model")),
+                   meta=dict(require_mapping(SpecError, data.get("meta", {}), source, "meta")), source=source)
+
+
+def _list(value: Any, source: str, name: str) -> list:
+    if not isinstance(value, list):
+        raise fail(SpecError, source, name, "expected a list of entries")
+    return value
+
+
+def _device(v: Any, source: str, where: str, name: str) -> DeviceClass:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, ("kind",), ("name", "description", "adam_s_per_param", "adam_fixed_s"))
+    if v["kind"] not in ("cpu", "cuda", "imported"):
+        raise fail(SpecError, source, f"{where}.kind", f"{v['kind']!r}; use cpu, cuda or imported")
+    adam = v.get("adam_s_per_param")
+    return DeviceClass(name=name, kind=v["kind"], description=str(v.get("description", "")),
+                       adam_s_per_param=None if adam is None else number(SpecError, adam, source,
+                                                                         f"{where}.adam_s_per_param"),
+                       adam_fixed_s=number(SpecError, v.get("adam_fixed_s", 0.0), source, f"{where}.adam_fixed_s",
+                                           strict=False, maximum=1e3))
+
+
+def _binding(v: Any, source: str, where: str, devices: dict) -> DeviceBinding:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, ("device", "stand_in"), ())
+    if v["device"] not in devices:
+        raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
+                   f"{', '.join(sorted(devices))}")
+    return DeviceBinding(device=v["device"], stand_in=boolean(SpecError, v["stand_in"], source, f"{where}.stand_in"))
+
+
+def _pair(v: Any, source: str, where: str) -> tuple[float, float]:
+    if not isinstance(v, list) or len(v) != 2:
+        raise fail(SpecError, source, where, "expected [fastest, slowest] seconds")
+    lo, hi = (number(SpecError, x, source, where, strict=False) for x in v)
+    return lo, hi
+
+
+_COMPUTE_KEYS = ("device", "precision", "unit", "params", "seq_len", "micro_batch", "fwd_flops", "fwd_s", "bwd_s")
+
+
+def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, _COMPUTE_KEYS,
+                 ("fwd_range_s", "bwd_range_s", "repeats", "activation_gb", "peak_memory_gb", "width"))
+    if v["device"] not in devices:
+        raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
+                   f"{', '.join(sorted(devices))}")
+    if v["precision"] not in _PRECISIONS:
+        raise fail(SpecError, source, f"{where}.precision", f"{v['precision']!r}; use one of {', '.join(_PRECISIONS)}")
+    if v["unit"] not in _UNIT_KINDS:
+        raise fail(SpecError, source, f"{where}.unit", f"{v['unit']!r}; use one of {', '.join(_UNIT_KINDS)}")
+    optional_gb = {k: None if v.get(k) is None else number(SpecError, v[k], source, f"{where}.{k}", strict=False)
+                   for k in ("activation_gb", "peak_memory_gb")}
+    return ComputeEntry(
+        device=v["device"], precision=v["precision"], unit=v["unit"],
+        params=integer(SpecError, v["params"], source, f"{where}.params", minimum=0, maximum=10**13),
+        seq_len=integer(SpecError, v["seq_len"], source, f"{where}.seq_len"),
+        micro_batch=integer(SpecError, v["micro_batch"], source, f"{where}.micro_batch"),
+        fwd_flops=number(SpecError, v["fwd_flops"], source, f"{where}.fwd_flops", strict=False, maximum=1e21),
+        fwd_s=number(SpecError, v["fwd_s"], source, f"{where}.fwd_s (seconds)", maximum=1e5),
+        bwd_s=number(SpecError, v["bwd_s"], source, f"{where}.bwd_s (seconds)", maximum=1e5),
+        fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
+        bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
+        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"),
+        width=integer(SpecError, v.get("width", 0), source, f"{where}.width", minimum=0), **optional_gb)
+
+
+def _link(v: Any, source: str, where: str, devices: dict) -> LinkEntry:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, ("kind", "devices", "scope", "latency_us", "bandwidth_gbyte_s"),
+                 ("members", "backend", "sweep"))
+    if v["kind"] not in ("p2p", "allreduce"):
+        raise fail(SpecError, source, f"{where}.kind", f"{v['kind']!r}; use p2p or allreduce")
+    pair = v["devices"]
+    if not isinstance(pair, list) or len(pair) != 2 or any(d not in devices for d in pair):
+        raise fail(SpecError, source, f"{where}.devices", f"{pair!r}; give two names from 'devices' "
+                   f"({', '.join(sorted(devices))})")
+    if v["scope"] not in _SCOPES:
+        raise fail(SpecError, source, f"{where}.scope", f"{v['scope']!r}; use one of {', '.join(_SCOPES)}")
+    sweep = tuple(require_mapping(SpecError, p, source, f"{where}.sweep[{i}]")
+                  for i, p in enumerate(_list(v.get("sweep", []), source, f"{where}.sweep")))
+    return LinkEntry(kind=v["kind"], devices=(pair[0], pair[1]), scope=v["scope"],
+                     latency_us=number(SpecError, v["latency_us"], source, f"{where}.latency_us", strict=False),
+                     bandwidth_gbyte_s=number(SpecError, v["bandwidth_gbyte_s"], source,
+                                              f"{where}.bandwidth_gbyte_s (GB/s)", maximum=1e6),
+                     members=integer(SpecError, v.get("members", 2), source, f"{where}.members", minimum=2),
+                     backend=str(v.get("backend", "")), sweep=sweep)
+
+
+def fit_latency_bandwidth(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(latency_s, seconds_per_byte)`` of ``t = latency + bytes * per_byte`` by least squares on
+    relative errors (small and large messages count alike), both kept >= 0."""
+    x = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    w = 1.0 / np.maximum(t, 1e-12)
+    a = np.column_stack([np.ones_like(x), x]) * w[:, None]
+    (lat, per_byte), *_ = np.linalg.lstsq(a, np.ones_like(x), rcond=None)
+    if per_byte <= 0:  # latency-bound over the whole sweep: the largest message's rate
+        per_byte = float(t[-1] / x[-1]) if x[-1] > 0 else 1e-12
+        lat = 0.0
+    if lat < 0:
+        lat, per_byte = 0.0, float(np.sum(w * w * x) / np.sum(w * w * x * x))
+    return float(lat), float(per_byte)
+
+
+# ------------------------------------------------------------------------------------------ using it
+class _Curve:
+    """Measured points of one unit on one device class: time against work per call (:attr:`ComputeEntry.work`)."""
+
+    def __init__(self, entries: list[ComputeEntry]) -> None:
+        by_x: dict[float, list[ComputeEntry]] = {}
+        for e in entries:
+            by_x.setdefault(e.work, []).append(e)
+        self.x = sorted(by_x)
+        self.fwd = [float(np.median([e.fwd_s for e in by_x[x]])) for x in self.x]
+        self.bwd = [float(np.median([e.bwd_s for e in by_x[x]])) for x in self.x]
+
+    def at(self, flops: float) -> tuple[float, float]:
+        return _interp(self.x, self.fwd, flops), _interp(self.x, self.bwd, flops)
+
+
+def _interp(xs: list[float], ts: list[float], x: float) -> float:
+    """Piecewise-linear through the points; below the first along the first segment (a fixed cost per
+    call; between the proportional share and the first point's time); above the last in proportion
+    to the FLOPs."""
+    if len(xs) == 1 or x > xs[-1]:
+        return ts[-1] * x / xs[-1]
+    i = bisect_left(xs, x)
+    if xs[i] == x:
+        return ts[i]
+    if i == 0:
+        slope = (ts[1] - ts[0]) / (xs[1] - xs[0])
+        return min(max(ts[0] + slope * (x - xs[0]), ts[0] * x / xs[0]), ts[0])
+    slope = (ts[i] - ts[i - 1]) / (xs[i] - xs[i - 1])
+    return ts[i - 1] + slope * (x - xs[i - 1])
+
+
+class BoundProfile:
+    """A profile bound to one model and one cluster: the simulator's overrides (module docstring).
+
+    Every method returns None (or leaves the analytic numbers) where the profile has no entry.
+    """
+
+    def __init__(self, profile: Profile, model: "ModelGraph", cluster: "Cluster") -> None:
+        self.profile, self.model, self.cluster = profile, model, cluster
+        curves: dict[tuple, list[ComputeEntry]] = {}
+        for e in profile.compute:
+            curves.setdefault((e.device, e.precision, e.unit, e.params), []).append(e)
+        self._curves = {k: _Curve(v) for k, v in curves.items()}
+        self._measured_units: dict[tuple[str, str], int] = {}
+        self._link_clusters: dict[str, "Cluster"] = {}
+
+    # ------------------------------------------------------------------ compute
+    def device_class(self, gpu: "GPUSpec") -> str | None:
+        """The measured device class that prices ``gpu``'s type, None when the profile has none."""
+        binding = self.profile.binding(gpu.name)
+        if binding is not None:
+            return binding.device
+        return gpu.name if gpu.name in self.profile.devices else None
+
+    def precision_for(self, device: str, precision: str) -> str | None:
+        """The measured precision that answers ``precision`` on ``device``: the same one, or for a
+        stand-in CPU, whatever it measured (a run on this machine computes in fp32 whatever the plan says)."""
+        measured = {k[1] for k in self._curves if k[0] == device}
+        if precision in measured:
+            return precision
+        if self.profile.devices[device].kind == "cpu" and measured:
+            return "fp32" if "fp32" in measured else sorted(measured)[0]
+        return None
+
+    def _curve(self, device: str, precision: str, unit: "Unit") -> _Curve | None:
+        return self._curves.get((device, precision, unit.kind, int(unit.params)))
+
+    def unit_compute_s(self, gpu: "GPUSpec", tp: int, micro_batch: int, precision: str, recompute: str,
+                       fwd: np.ndarray, bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones."""
+        device = self.device_class(gpu)
+        measured_precision = self.precision_for(device, precision) if device is not None else None
+        if measured_precision is None:
+            return fwd, bwd
+        fwd, bwd = fwd.copy(), bwd.copy()
+        hits = 0
+        for i, u in enumerate(self.model.units):
+            curve = self._curve(device, measured_precision, u)
+            if curve is None:
+                continue
+            shard = tp if u.tp_shardable else 1
+            work = u.fwd_flops * micro_batch / shard if u.fwd_flops > 0 else float(micro_batch * self.model.seq_len)
+            f, b = curve.at(work)
+            share = u.recompute_flops[recompute] / u.fwd_flops if u.fwd_flops > 0 else 0.0
+            fwd[i], bwd[i] = f, b + share * f
+            hits += 1
+        self._measured_units[(gpu.name, precision)] = hits
+        return fwd, bwd
+
+    def units_measured(self, device_type: str, precision: str) -> int | None:
+        """How many of the model's units the profile priced for ``device_type`` (None: not asked yet)."""
+        return self._measured_units.get((device_type, precision))
+
+    def adam_s(self, gpu: "GPUSpec", params: float) -> float | None:
+        """Measured seconds of an Adam step over ``params`` parameters on ``gpu``'s class (None: not measured)."""
+        device = self.device_class(gpu)
+        cls = self.profile.devices[device] if device is not None else None
+        if cls is None or cls.adam_s_per_param is None:
+            return None
+        return cls.adam_fixed_s + params * cls.adam_s_per_param
+
+    # ------------------------------------------------------------------ links
+    def link_cluster(self, kind: Literal["p2p", "allreduce"]) -> "Cluster":
+        """The cluster with its links replaced by the measured ``kind`` entries where the profile has them.
+
+        Each node group's intra-node link takes the entry of its device class with itself in scope
+        ``intra_node`` (or ``any``), its NIC the one in scope ``inter_node`` (or ``any``); zone links
+        take the ``any`` entries (a stand-in: every link of a run on the measured machine is its
+        loopback). The analytic algorithms (rings, hierarchical all-reduce, NIC sharing) then run on
+        measured hops. A pair of different classes uses the slower of their own entries.
+        """
+        hit = self._link_clusters.get(kind)
+        if hit is None:
+            hit = self._link_clusters[kind] = self._relinked(kind)
+        return hit
+
+    def _relinked(self, kind: str) -> "Cluster":
+        import dataclasses
+
+        from hetpart.cluster import ZoneLink
+        from hetpart.hardware import LinkSpec, NICSpec
+
+        groups, anywhere = [], []
+        for g in self.cluster.groups:
+            intra, inter = self._link(kind, g.gpu, "intra_node"), self._link(kind, g.gpu, "inter_node")
+            if intra is not None:
+                g = dataclasses.replace(g, intra_node=LinkSpec(f"measured-{intra.backend or kind}",
+                                                               intra.bandwidth_gbyte_s, intra.latency_us,
+                                                               f"profile {self.profile.source}"))
+            if inter is not None:
+                g = dataclasses.replace(g, nic=NICSpec(f"measured-{inter.backend or kind}", inter.bandwidth_gbyte_s * 8,
+                                                       inter.latency_us, g.nic.rdma, f"profile {self.profile.source}"))
+                if inter.scope == "any":
+                    anywhere.append(inter)
+            groups.append(g)
+        zones = self.cluster.zone_links
+        if anywhere and len(anywhere) == len(groups):
+            bw = min(e.bandwidth_gbyte_s for e in anywhere) * 8
+            lat = max(e.latency_us for e in anywhere)
+            zones = tuple(ZoneLink(z.zones, bw, lat) for z in zones)
+        return dataclasses.replace(self.cluster, groups=tuple(groups), zone_links=zones)
+
+    def _link(self, kind: str, gpu: "GPUSpec", scope: str) -> LinkEntry | None:
+        """The entry of ``gpu``'s device class with itself in ``scope`` (else ``any``)."""
+        device = self.device_class(gpu)
+        if device is None:
+            return None
+        found = {e.scope: e for e in self.profile.links if e.kind == kind and e.devices == (device, device)}
+        return found.get(scope) or found.get("any")

@@ -1,0 +1,131 @@
+"""Where a prediction's numbers come from, per device type, and how far to trust them.
+
+Every prediction says, for each device type of the plan, whether its compute came from
+
+* ``measured``: a profile's entries (``hetpart calibrate``; :mod:`hetpart.costmodel.profile`), on that
+  device or on a stand-in (``stand_in: true``: this machine's CPU measured for a cluster that names
+  GPUs; the numbers then price running the plan on this machine);
+* ``fitted``: an efficiency curve fitted (or anchored) to published measurements of that generation;
+* ``assumed``: another generation's curve scaled by the device's peak;
+
+and carries the error band of that kind: the residuals of the predictions of that kind against
+measurements, with where they come from. The bands below are copied from ``docs/BENCHMARKS.md``
+(the commands that produce them are named beside each); ``signed_pct`` is the range of
+``predicted / measured - 1`` over the rows, negative meaning too fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.cluster import Cluster
+    from hetpart.costmodel.profile import BoundProfile
+    from hetpart.plan import Plan
+
+__all__ = ["ERROR_BANDS", "prediction_provenance", "compute_kind"]
+
+ERROR_BANDS: dict[str, dict[str, Any]] = {
+    "measured": {
+        "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": True,
+        "from": "not validated yet: real (non-emulated) CPU runs predicted with a profile measured on the same "
+                "machine will fill this band (docs/BENCHMARKS.md 'Measured profiles')",
+    },
+    "fitted:ampere": {
+        "mean_abs_pct": 3.1, "signed_pct": [-1.1, 8.0], "rows": 18, "held_out": False,
+        "from": "in-sample residuals of the fit: Korthikanti et al. 2022 Table 5 and Narayanan et al. 2021 "
+                "Table 1, large models on DGX A100 (make bench BENCH=simulator-calibration). Small work is far "
+                "worse: on an H100 a 12-block model at micro-batch 1 ran 2-50x slower than predicted "
+                "(docs/BENCHMARKS.md 'Real training steps on one H100')",
+    },
+    "fitted:volta": {
+        "mean_abs_pct": 11.5, "signed_pct": [11.5, 11.5], "rows": 1, "held_out": True,
+        "from": "anchored to one published point (Shoeybi et al. 2019, 1.2B on one V100); checked on the same "
+                "paper's 8.3B run on 512 V100s (make bench BENCH=simulator-calibration)",
+    },
+    "assumed": {
+        "mean_abs_pct": 46.0, "signed_pct": [-88.0, 219.0], "rows": 122, "held_out": True,
+        "from": "the Ampere curve scaled by peak, compared with 120 per-unit times measured on an H100 "
+                "(experiments/data/h100_unit_profile.json: bf16, TF32 and fp32; python -m "
+                "hetpart.experiments.bench_gpu_profile) and Llama 3 405B on H100 (-11%, -14%)",
+    },
+}
+"""Error bands per kind of compute source (see the module docstring)."""
+
+
+def compute_kind(gpu, curve_of: Callable | None = None) -> tuple[str, str]:
+    """``(kind, curve description)`` of the analytic compute of ``gpu``: fitted or assumed."""
+    from hetpart.costmodel.efficiency import curve_for
+
+    if curve_of is not None:
+        curve = curve_of(gpu)
+        return "fitted", f"{curve.name} (calibrated in this process: {curve.status})"
+    curve = curve_for(gpu)
+    status = curve.status.split(":", 1)[0].strip().lower()
+    kind = "fitted" if status in ("fitted", "anchored") else "assumed"
+    if kind == "fitted" and gpu.name.split("-")[0] not in _GENERATION_REFERENCE.get(curve.name, (gpu.name.split("-")[0],)):
+        kind = "assumed"  # a generation's curve carried over to a type it was not fitted on
+    return kind, f"{curve.name} ({curve.status})"
+
+
+_GENERATION_REFERENCE = {"ampere": ("A100", "A10", "A30", "A40", "A6000", "RTX3090", "RTX3080")}
+"""Device types an Ampere-fitted curve speaks for (the fit used A100s; other Ampere parts share the
+architecture). Other types priced with the Ampere curve are ``assumed``."""
+
+
+def _band(kind: str, curve_name: str) -> dict[str, Any]:
+    return dict(ERROR_BANDS.get(f"{kind}:{curve_name}") or ERROR_BANDS.get(kind) or ERROR_BANDS["assumed"])
+
+
+def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProfile | None",
+                          curve_of: Callable | None = None) -> dict[str, Any]:
+    """Per device type of ``plan``: the source of its compute and its error band; plus the links' source."""
+    out: dict[str, Any] = {}
+    gpus = {}
+    for d in plan.devices:
+        gpu = cluster.device(d).gpu
+        gpus.setdefault(gpu.name, gpu)
+    for name, gpu in gpus.items():
+        kind, curve = compute_kind(gpu, curve_of)
+        entry: dict[str, Any] = {"compute": kind, "curve": curve}
+        if profiled is not None:
+            entry.update(_measured(profiled, gpu, plan.precision))
+        entry["error_band"] = _band(entry["compute"], curve.split(" ", 1)[0])
+        out[name] = entry
+    links = "datasheet line rates (catalog or cluster file)"
+    if profiled is not None and profiled.profile.links:
+        entries = profiled.profile.links
+        links = (f"measured where {profiled.profile.source or 'the profile'} has an entry for the device class and "
+                 "scope; datasheet elsewhere")
+        if any(e.scope == "any" for e in entries):
+            backends = ", ".join(sorted({e.backend for e in entries if e.backend})) or "local"
+            links += (f" (scope 'any': {backends} between local processes of the measuring machine stands in for "
+                      "every link: the prediction is for running the plan there)")
+    return {"device_types": out, "links": links,
+            "profile": None if profiled is None else {"file": profiled.profile.source,
+                                                      "fingerprint": profiled.profile.fingerprint,
+                                                      "measured": profiled.profile.meta.get("date", "")}}
+
+
+def _measured(profiled: "BoundProfile", gpu, precision: str) -> dict[str, Any]:
+    binding = profiled.profile.binding(gpu.name)
+    device = profiled.device_class(gpu)
+    if device is None:
+        return {"profile": f"no entry for {gpu.name}; analytic"}
+    hits = profiled.units_measured(gpu.name, precision)
+    total = profiled.model.num_units
+    if not hits:
+        why = ("no unit of this model at this precision" if profiled.precision_for(device, precision) else
+               f"nothing measured at {precision}")
+        return {"profile": f"{device}: {why}; analytic"}
+    cls = profiled.profile.devices[device]
+    out: dict[str, Any] = {"compute": "measured", "measured_on": cls.description or cls.name,
+                           "stand_in": bool(binding.stand_in) if binding is not None else False,
+                           "units_measured": f"{hits} of {total}"}
+    measured_precision = profiled.precision_for(device, precision)
+    if measured_precision != precision:
+        out["precision_measured"] = measured_precision
+    if out["stand_in"]:
+        out["note"] = (f"{gpu.name} priced as {cls.description or cls.name}: the prediction is for running the "
+                       f"plan on that device (hetpart run --no-emulation), not on real {gpu.name}s")
+    return out

@@ -1,0 +1,92 @@
+"""``hetpart calibrate``: measure a profile on the devices at hand (``--profile`` of predict and plan uses it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hetpart.cli.common import ClusterArg, JsonFlag, ModelArg, console, emit_json
+
+__all__ = ["register", "load_profile_option"]
+
+ProfileOpt = typer.Option(None, "--profile", help="A measured profile ('hetpart calibrate --out'): its entries "
+                          "replace the simulator's analytic terms where it has them.")
+
+
+def calibrate_command(
+        cluster: str = ClusterArg, model: str = ModelArg,
+        out: Path = typer.Option(..., "--out", help="Where to write the profile JSON."),
+        micro_batches: str = typer.Option("1,2,4,8", "--micro-batches", help="Micro-batch sizes to measure, comma-separated."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's own, at "
+                                              "most 2048, on a GPU; at most 64 on a CPU: entries are interpolated in FLOPs)."),
+        precision: Optional[str] = typer.Option(None, "--precision", help="fp32, tf32, bf16 or fp16 (default: bf16 on "
+                                                "GPUs that have it, fp32 on a CPU)."),
+        scale: Optional[str] = typer.Option(None, "--scale", help="Measure the shrunken model that 'hetpart run --scale' "
+                                            "runs (tiny, small or a hidden size)."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", help="Most timed repeats per measurement (default 10 on "
+                                              "a GPU, 7 on a CPU; at least 3, fewer only when one takes over 3 s)."),
+        links: bool = typer.Option(True, "--links/--no-links", help="Also measure p2p and all-reduce between two local processes."),
+        device: str = typer.Option("auto", "--device", help="auto (CUDA when present, else this CPU), cpu or cuda."),
+        json_out: bool = JsonFlag) -> None:
+    """Measure per-unit compute, optimizer and link times on the devices at hand; write a profile."""
+    import sys
+
+    from hetpart.errors import PlanError
+    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
+    try:
+        sizes = tuple(int(x) for x in micro_batches.split(",") if x.strip())
+    except ValueError:
+        raise PlanError(f"--micro-batches: {micro_batches!r}; give whole numbers separated by commas, "
+                        "such as 1,2,4,8") from None
+    options = CalibrateOptions(micro_batches=sizes, seq_len=seq_len, precision=precision,
+                               scale=int(scale) if scale and scale.isdigit() else scale, repeats=repeats,
+                               links=links, device=device)
+    _check_writable(out)
+    profile = calibrate_profile(cluster, model, options,
+                                say=lambda text: print(f"hetpart calibrate: {text}", file=sys.stderr, flush=True))
+    profile.save(out)
+    summary = {"profile": str(out), "device_types": {k: {"device": v.device, "stand_in": v.stand_in}
+                                                     for k, v in profile.device_types.items()},
+               "devices": {k: v.description for k, v in profile.devices.items()},
+               "compute_entries": len(profile.compute), "link_entries": len(profile.links),
+               "model": profile.model, "wall_time_s": profile.meta.get("wall_time_s")}
+    if json_out:
+        emit_json(summary)
+        return
+    con = console()
+    con.print(f"profile written to {out}: {len(profile.compute)} compute and {len(profile.links)} link entries "
+              f"in {profile.meta.get('wall_time_s')} s")
+    for t, b in profile.device_types.items():
+        con.print(f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
+                                else f"measured on {profile.devices[b.device].description}"))
+
+
+def _check_writable(out: Path) -> None:
+    from hetpart.errors import PlanError
+
+    parent = out.resolve().parent
+    if out.is_dir():
+        raise PlanError(f"--out: {out} is a directory; give a file name such as profile.json")
+    if not parent.is_dir():
+        raise PlanError(f"--out: {parent} does not exist; create it or give another path")
+
+
+def load_profile_option(path: Optional[Path], predictor: Optional[str] = None):
+    """The profile of ``--profile`` (None when not given); only the simulator takes one."""
+    if path is None:
+        return None
+    from hetpart.costmodel.predictor import default_predictor
+    from hetpart.costmodel.profile import load_profile
+    from hetpart.errors import PlanError
+
+    if (predictor or default_predictor()) != "simulator":
+        raise PlanError(f"--profile: the {predictor or default_predictor()!r} predictor takes no profile; use "
+                        "--predictor simulator (the profile replaces its analytic terms)")
+    return load_profile(path)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)

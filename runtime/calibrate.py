@@ -1,0 +1,434 @@
+"""``hetpart calibrate``: measure a profile (:mod:`hetpart.costmodel.profile`) on the devices at hand.
+
+* Compute: the runtime's own unit modules (:mod:`hetpart.runtime.models`) of the model, one of each
+  kind (embedding, a block, the head), forward and backward at each micro-batch size, with
+  :func:`hetpart.runtime.profile.profile_units`: CUDA events on each distinct CUDA device type when
+  there are any, else ``perf_counter`` on this machine's CPU with one thread (what one rank of
+  ``hetpart run`` gets); warm-up first, then the median of the repeats, with the spread. The saved
+  activations are measured too (autograd's saved tensors), and one Adam step per parameter.
+* Links: two local processes (gloo on the CPU, NCCL between two GPUs) time point-to-point ping-pongs
+  and all-reduces over a sweep of message sizes (median of the repeats, spread kept); latency and
+  bandwidth are fitted to each sweep.
+
+Which measured device prices which cluster device type is written into the profile: a CUDA device
+whose name contains the type's model (``A100`` in ``NVIDIA A100-SXM4-80GB``) is that type; any other
+type gets the first measured device as a STAND-IN (this CPU for an A100), which the predictions say.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile,
+                                       fit_latency_bandwidth)
+from hetpart.errors import ModelError, PlanError
+
+__all__ = ["CalibrateOptions", "calibrate_profile", "cpu_description", "bind_device_types"]
+
+CPU_SEQ_LEN = 64
+"""Default sequence length on a CPU: a full-size head at micro-batch 8 and 1,024 tokens takes a CPU
+core tens of seconds per call; a profile is interpolated in FLOPs per call, so shorter sequences at
+larger micro-batches still cover the work of longer ones."""
+BLOCK_S = 0.02
+"""On a CPU each timed repeat is a block of calls lasting about this long, and counts its mean: the
+median of single short calls misses the time slices a process waits for on a shared machine."""
+_SWEEP_BYTES = tuple(4 ** k for k in range(5, 13))
+"""Message sizes of the link sweeps: 1 KiB to 16 MiB."""
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What ``hetpart calibrate`` measures."""
+
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    seq_len: int | None = None
+    """Tokens per sequence; None: the model's own (at most 2048) on a GPU, at most :data:`CPU_SEQ_LEN` on a CPU."""
+    precision: str | None = None
+    """None: bf16 on GPUs that have it (else fp16), fp32 on a CPU (what ``hetpart run`` computes in there)."""
+    scale: str | int | None = None
+    """Measure the shrunken model ``hetpart run --scale`` runs (``tiny``, ``small`` or a hidden size)."""
+    repeats: int | None = None
+    """Most timed repeats per measurement (None: 10 on a GPU, 7 on a CPU)."""
+    min_repeats: int = 3
+    budget_s: float = 3.0
+    """After ``min_repeats``, stop repeating a measurement once it has taken this long (CPU only)."""
+    links: bool = True
+    """Also measure links between two local processes."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else the CPU), ``cpu`` or ``cuda``."""
+
+    def __post_init__(self) -> None:
+        if not self.micro_batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                         for b in self.micro_batches):
+            raise PlanError(f"--micro-batches: {self.micro_batches!r}; give whole numbers >= 1 such as 1,2,4,8")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise PlanError(f"--seq-len: must be >= 1, got {self.seq_len}")
+        if self.precision is not None and self.precision not in ("fp32", "tf32", "bf16", "fp16"):
+            raise PlanError(f"--precision: {self.precision!r}; calibrate measures fp32, tf32, bf16 or fp16")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise PlanError(f"--device: {self.device!r}; use auto, cpu or cuda")
+        if self.repeats is not None and self.repeats < 1:
+            raise PlanError(f"--repeats: must be >= 1, got {self.repeats}")
+
+
+def cpu_description() -> str:
+    """This machine's CPU model and what one rank gets of it."""
+    from hetpart.runtime.profile import device_name
+
+    import torch
+
+    return f"cpu: {device_name(torch.device('cpu'))}, 1 thread per process ({os.cpu_count()} cores)"
+
+
+def _cuda_names() -> list[str]:
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _norm(text: str) -> str:
+    return "".join(ch for ch in text.upper() if ch.isalnum())
+
+
+def bind_device_types(types: list[str], classes: dict[str, DeviceClass]) -> dict[str, DeviceBinding]:
+    """Which measured class prices each cluster device type: a CUDA class whose name contains the
+    type's model (the part before the first ``-``: ``A100`` of ``A100-80GB``), else the first class as
+    a stand-in."""
+    first = next(iter(classes))
+    out = {}
+    for t in types:
+        model = _norm(t.split("-")[0])
+        own = [c for c in classes.values() if c.kind == "cuda" and model and model in _norm(c.name)]
+        if t in classes:
+            out[t] = DeviceBinding(device=t, stand_in=False)
+        elif own:
+            out[t] = DeviceBinding(device=own[0].name, stand_in=False)
+        else:
+            out[t] = DeviceBinding(device=first, stand_in=True)
+    return out
+
+
+def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOptions = CalibrateOptions(),
+                      say: Callable[[str], None] = lambda _: None) -> Profile:
+    """Measure a profile for ``model_spec`` and the device types of ``cluster_spec`` (module docstring).
+
+    Raises:
+        SpecError, ModelError, PlanError: bad cluster, model or options (nothing measured).
+    """
+    import torch
+
+    from hetpart.cluster import load_cluster
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.runtime.models import runnable_spec
+
+    started = time.perf_counter()
+    load_before = _load()
+    cluster = load_cluster(cluster_spec)
+    if model_spec.startswith("python:"):
+        raise ModelError(f"--model: {model_spec}: calibrate measures transformer units (embedding, block, head); "
+                         "python: models are not supported yet; give a catalog name or a config.json")
+    spec = runnable_spec(model_spec, options.scale)
+    cuda = options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise PlanError("--device: cuda asked for but torch sees no CUDA device; use --device cpu")
+    precision = options.precision or (("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32")
+    seq = options.seq_len or min(spec.config.max_positions, 2048 if cuda else CPU_SEQ_LEN)
+    if seq > spec.config.max_positions:
+        raise PlanError(f"--seq-len: {seq} is more than {spec.name}'s {spec.config.max_positions} positions; "
+                        "give a shorter one")
+    graph = transformer_graph(spec.config, spec.name, seq, 2 if precision in ("bf16", "fp16") else 4)
+    classes, compute = {}, []
+    if cuda:
+        names = _cuda_names()
+        for name in dict.fromkeys(names):
+            index = names.index(name)
+            say(f"measuring units on cuda:{index} ({name}), {precision}, seq {seq}, micro-batches "
+                f"{','.join(map(str, options.micro_batches))}")
+            fixed, per_param = _adam(spec, f"cuda:{index}")
+            classes[name] = DeviceClass(name=name, kind="cuda", description=f"cuda: {name} (torch {torch.__version__}, "
+                                        f"CUDA {torch.version.cuda})", adam_s_per_param=per_param, adam_fixed_s=fixed)
+            compute += _measure_units(spec, graph, name, f"cuda:{index}", precision, seq, options, say)
+    else:
+        say(f"no CUDA device: measuring this machine's CPU (1 thread), {precision}, seq {seq}, micro-batches "
+            f"{','.join(map(str, options.micro_batches))}")
+        with _one_thread():
+            fixed, per_param = _adam(spec, "cpu")
+            classes["cpu"] = DeviceClass(name="cpu", kind="cpu", description=cpu_description(),
+                                         adam_s_per_param=per_param, adam_fixed_s=fixed)
+            compute += _measure_units(spec, graph, "cpu", "cpu", precision, seq, options, say)
+    bindings = bind_device_types(list(cluster.gpu_types), classes)
+    for t, b in bindings.items():
+        if b.stand_in:
+            say(f"{t}: not at hand; measured {classes[b.device].description} stands in for it (predictions with "
+                "this profile then price running the plan on this machine)")
+    links = _measure_links(cuda, list(classes)[0], say) if options.links else []
+    meta = {"command": " ".join(["hetpart", *sys.argv[1:]]) if sys.argv and "hetpart" in sys.argv[0] else "",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "python": platform.python_version(), "torch": torch.__version__, "hetpart": _version(),
+            "load_average_before": load_before, "load_average_after": _load(),
+            "wall_time_s": round(time.perf_counter() - started, 2), "cores": os.cpu_count(),
+            "method": ("runtime unit modules; CUDA events" if cuda else "runtime unit modules; perf_counter, 1 thread")
+                      + f"; 1 warm-up, median of up to {_max_repeats(options, cuda)} repeats "
+                        f"(at least {options.min_repeats})"}
+    model = {"name": spec.name, "scale": str(options.scale or ""), "seq_len": seq, "precision": precision,
+             "num_units": graph.num_units, "hidden_size": spec.config.hidden_size, "num_params": graph.num_params}
+    return Profile(devices=classes, device_types=bindings, compute=tuple(compute), links=tuple(links),
+                   model=model, meta=meta)
+
+
+def _version() -> str:
+    from hetpart import __version__
+
+    return __version__
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+class _one_thread:
+    """One torch thread while measuring the CPU (a rank of ``hetpart run`` gets one)."""
+
+    def __enter__(self):
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+
+def _max_repeats(options: CalibrateOptions, cuda: bool) -> int:
+    return options.repeats or (10 if cuda else 7)
+
+
+def _measure_units(spec, graph, device_class: str, device: str, precision: str, seq: int,
+                   options: CalibrateOptions, say) -> list[ComputeEntry]:
+    from hetpart.runtime.profile import profile_units
+
+    cuda = device.startswith("cuda")
+    units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
+
+    def progress(t) -> None:
+        say(f"  {t.unit} micro-batch {t.micro_batch}: forward {t.fwd_s * 1e3:.2f} ms, backward {t.bwd_s * 1e3:.2f} ms "
+            f"(median of {t.repeats}; spread {_spread(t.fwd_range_s, t.fwd_s)} / {_spread(t.bwd_range_s, t.bwd_s)})")
+
+    rows = profile_units(spec, list(options.micro_batches), seq, precision, device, warmup=1,
+                         repeats=_max_repeats(options, cuda), min_repeats=options.min_repeats,
+                         budget_s=None if cuda else options.budget_s, block_s=None if cuda else BLOCK_S,
+                         on_timing=progress)
+    out = []
+    for r in rows:
+        u = units[r.unit.split("_")[0]]
+        out.append(ComputeEntry(device=device_class, precision=r.precision, unit=u.kind, params=int(u.params),
+                                seq_len=seq, micro_batch=r.micro_batch, fwd_flops=u.fwd_flops * r.micro_batch,
+                                fwd_s=r.fwd_s, bwd_s=r.bwd_s, fwd_range_s=tuple(r.fwd_range_s),
+                                bwd_range_s=tuple(r.bwd_range_s), repeats=r.repeats, activation_gb=r.activation_gb,
+                                peak_memory_gb=r.peak_memory_gb, width=int(u.width)))
+    return out
+
+
+def _spread(rng, median: float) -> str:
+    lo, hi = rng
+    return f"-{(1 - lo / median) * 100:.0f}%/+{(hi / median - 1) * 100:.0f}%" if median > 0 else "n/a"
+
+
+def _adam(spec, device: str) -> tuple[float, float]:
+    """``(fixed_s, s_per_param)`` of one Adam step (fp32 master weights, torch's default implementation as
+    the runtime uses it): the medians over one block's parameters and over every unit kind's, a line
+    through the two."""
+    from hetpart.runtime.models import build_units
+
+    units = build_units(spec, [0, 1, spec.num_units - 1], device=device)
+    small = [p for p in units[1].parameters()]
+    large = [p for u in units for p in u.parameters()]
+    points = [(sum(p.numel() for p in ps), _adam_step_s(ps, device)) for ps in (small, large)]
+    (n1, t1), (n2, t2) = points
+    per_param = max((t2 - t1) / (n2 - n1), 0.0) if n2 > n1 else 0.0
+    if per_param == 0.0:  # noise swamped the difference: all of it per parameter
+        return 0.0, t2 / n2
+    return max(t1 - per_param * n1, 0.0), per_param
+
+
+def _adam_step_s(params, device: str, repeats: int = 9) -> float:
+    import torch
+
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.Adam(params, lr=1e-9)
+    times = []
+    for attempt in range(repeats + 1):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        if attempt:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------ links
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _measure_links(cuda: bool, device_class: str, say) -> list[LinkEntry]:
+    """p2p and all-reduce sweeps between two local processes; [] when they cannot be had (one GPU)."""
+    import json
+
+    import torch
+    import torch.multiprocessing as mp
+
+    if cuda and torch.cuda.device_count() < 2:
+        say("links: one CUDA device only, nothing to measure between two (the cluster's links stay analytic)")
+        return []
+    backend = "nccl" if cuda else "gloo"
+    say(f"measuring links: two local processes, {backend}, p2p and all-reduce of "
+        f"{_SWEEP_BYTES[0] // 1024} KiB to {_SWEEP_BYTES[-1] // 2**20} MiB")
+    with tempfile.TemporaryDirectory(prefix="hetpart-calibrate-") as tmp:
+        out = Path(tmp) / "links.json"
+        mp.start_processes(_link_worker, args=(2, _free_port(), backend, str(out)), nprocs=2, join=True,
+                           start_method="spawn")
+        sweeps = json.loads(out.read_text())
+    scope = "intra_node" if cuda else "any"
+    entries = []
+    for kind in ("p2p", "allreduce"):
+        points = [(p["bytes"], p["seconds"]) for p in sweeps[kind]]
+        lat_s, per_byte = fit_latency_bandwidth(points)
+        if kind == "allreduce":  # ring of 2: 2 hops of latency, bytes / bw (see collectives.ring_allreduce_time_s)
+            n = 2
+            lat_s, per_byte = lat_s / (2 * (n - 1)), per_byte / (2 * (n - 1) / n)
+        entries.append(LinkEntry(kind=kind, devices=(device_class, device_class), scope=scope,
+                                 latency_us=lat_s * 1e6, bandwidth_gbyte_s=1.0 / per_byte / 1e9, members=2,
+                                 backend=backend, sweep=tuple(sweeps[kind])))
+        say(f"  {kind}: latency {lat_s * 1e6:.1f} us, bandwidth {1.0 / per_byte / 1e9:.2f} GB/s"
+            + (" (per ring hop)" if kind == "allreduce" else ""))
+    return entries
+
+
+def _link_worker(rank: int, world: int, port: int, backend: str, out: str) -> None:
+    """One of the two processes of the link sweeps (spawned; rank 0 writes the results)."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = {"p2p": [], "allreduce": []}
+        for nbytes in _SWEEP_BYTES:
+            buf = torch.ones(max(1, nbytes // 4), device=device)
+            repeats = 20 if nbytes <= 2**20 else 8
+            results["p2p"].append(_ping_pong(dist, buf, rank, repeats, device))
+            results["allreduce"].append(_allreduce(dist, buf, repeats, device))
+        if rank == 0:
+            Path(out).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _point(nbytes: int, times: list[float]) -> dict[str, float]:
+    return {"bytes": float(nbytes), "seconds": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "repeats": len(times)}
+
+
+def _ping_pong(dist, buf, rank: int, repeats: int, device) -> dict[str, float]:
+    """Half the round trip of ``buf`` from rank 0 to rank 1 and back (one warm-up)."""
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        _sync(device)
+        if i:
+            times.append((time.perf_counter() - t) / 2)
+    return _point(buf.numel() * buf.element_size(), times)
+
+
+def _allreduce(dist, buf, repeats: int, device) -> dict[str, float]:
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        _sync(device)
+        t = time.perf_counter()
+        dist.all_reduce(buf)
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t)
+        buf.fill_(1.0)
+    return _point(buf.numel() * buf.element_size(), times)
+
+
+# ------------------------------------------------------------------------------------------ inside a run
+def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10) -> dict[str, Any]:
+    """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 on the CPU, median of
+    ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures before and after its steps,
+    under the run's own contention (JSON-ready)."""
+    from hetpart.runtime.profile import profile_units
+
+    rows = profile_units(spec, [micro_batch], seq_len, "fp32", "cpu", warmup=1, repeats=repeats, block_s=BLOCK_S)
+    fixed, per_param = _adam(spec, "cpu")
+    return {"units": [r.to_dict() for r in rows], "adam_fixed_s": fixed, "adam_s_per_param": per_param}
+
+
+def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_types: list[str]) -> Profile:
+    """A profile from the ranks' :func:`measure_here` samples: per unit kind, the median of their medians,
+    the spread over every repeat, the repeats summed; every device type priced by this CPU (a stand-in)."""
+    units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
+    rows: dict[tuple[str, int], list[dict]] = {}
+    for sample in samples:
+        for r in sample["units"]:
+            rows.setdefault((r["unit"].split("_")[0], r["micro_batch"]), []).append(r)
+    compute = []
+    for (kind, mb), rs in rows.items():
+        u = units[kind]
+        compute.append(ComputeEntry(
+            device="cpu", precision="fp32", unit=u.kind, params=int(u.params), seq_len=graph.seq_len, micro_batch=mb,
+            fwd_flops=u.fwd_flops * mb, fwd_s=statistics.median(r["fwd_s"] for r in rs),
+            bwd_s=statistics.median(r["bwd_s"] for r in rs),
+            fwd_range_s=(min(r["fwd_range_s"][0] for r in rs), max(r["fwd_range_s"][1] for r in rs)),
+            bwd_range_s=(min(r["bwd_range_s"][0] for r in rs), max(r["bwd_range_s"][1] for r in rs)),
+            repeats=sum(r["repeats"] for r in rs), activation_gb=rs[0].get("activation_gb"), width=int(u.width)))
+    cpu = DeviceClass(name="cpu", kind="cpu", description=cpu_description() + "; measured inside the run",
+                      adam_s_per_param=statistics.median(s["adam_s_per_param"] for s in samples),
+                      adam_fixed_s=statistics.median(s["adam_fixed_s"] for s in samples))
+    return Profile(devices={"cpu": cpu}, device_types={t: DeviceBinding("cpu", stand_in=True) for t in device_types},
+                   compute=tuple(compute), model={"name": spec.name, "seq_len": graph.seq_len, "precision": "fp32"},
+                   meta={"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "method": f"every rank before and after its steps ({len(samples)} samples), median of "
+                                   "the medians"})

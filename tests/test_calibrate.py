@@ -1,0 +1,80 @@
+"""``hetpart calibrate`` on this machine's CPU, end to end, with a 2-layer model; and its bad input."""
+
+import json
+
+import pytest
+
+from hetpart.costmodel.profile import load_profile
+from hetpart.runtime.calibrate import bind_device_types
+from hetpart.costmodel.profile import DeviceClass
+from tests._cli import run_cli
+
+CLUSTER = """name: two-a100
+nodes:
+  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: Ethernet-10}
+"""
+TWO_LAYERS = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 512}
+
+
+@pytest.mark.slow
+def test_calibrate_measures_the_cpu_and_predict_uses_it(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "config.json").write_text(json.dumps(TWO_LAYERS))
+    model, cluster, out = str(tmp_path / "config.json"), str(tmp_path / "c.yaml"), tmp_path / "p.json"
+    code, stdout, err = run_cli(capsys, "calibrate", "--cluster", cluster, "--model", model, "--micro-batches", "1,2",
+                                "--seq-len", "32", "--repeats", "3", "--out", str(out), "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["device_types"] == {"A100-80GB": {"device": "cpu", "stand_in": True}}
+    assert "stands in for it" in err and "p2p: latency" in err  # progress on stderr
+    profile = load_profile(out)
+    assert sorted({(e.unit, e.micro_batch) for e in profile.compute}) == [
+        ("block", 1), ("block", 2), ("embedding", 1), ("embedding", 2), ("head", 1), ("head", 2)]
+    for e in profile.compute:
+        assert e.device == "cpu" and e.precision == "fp32" and e.seq_len == 32 and e.repeats == 3
+        assert e.fwd_range_s[0] <= e.fwd_s <= e.fwd_range_s[1] and e.bwd_range_s[0] <= e.bwd_s <= e.bwd_range_s[1]
+        assert e.activation_gb > 0
+    assert {(e.kind, e.backend, e.scope) for e in profile.links} == {("p2p", "gloo", "any"), ("allreduce", "gloo", "any")}
+    assert all(e.bandwidth_gbyte_s > 0 and len(e.sweep) == 8 for e in profile.links)
+    assert profile.devices["cpu"].adam_s_per_param > 0
+    common = ["--model", model, "--cluster", cluster, "--global-batch", "4", "--seq-len", "32", "--tp", "1", "--pp", "2",
+              "--dp", "1", "--micro-batch", "2", "--recompute", "none", "--json"]
+    code, stdout, err = run_cli(capsys, "predict", *common, "--profile", str(out))
+    assert code == 0, err
+    with_profile = json.loads(stdout)
+    prov = with_profile["provenance"]["device_types"]["A100-80GB"]
+    assert prov["compute"] == "measured" and prov["stand_in"] and prov["units_measured"] == "4 of 4"
+    code, stdout, err = run_cli(capsys, "predict", *common)
+    assert code == 0, err
+    # a CPU core is far slower than an A100: the stand-in prices the plan on this machine
+    assert with_profile["metrics"]["step_time_s"] > 10 * json.loads(stdout)["metrics"]["step_time_s"]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--micro-batches", "1,x"], "--micro-batches: '1,x'; give whole numbers"),
+    (["--micro-batches", "0"], "--micro-batches: \\(0,\\); give whole numbers >= 1"),
+    (["--precision", "int8"], "--precision: 'int8'; calibrate measures"),
+    (["--seq-len", "4096"], "--seq-len: 4096 is more than"),
+    (["--model", "python:os:getcwd"], "python: models are not supported yet"),
+])
+def test_calibrate_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, match):
+    import re
+
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "config.json").write_text(json.dumps(TWO_LAYERS))
+    base = {"--cluster": str(tmp_path / "c.yaml"), "--model": str(tmp_path / "config.json"),
+            "--out": str(tmp_path / "p.json"), "--no-links": None}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["calibrate"] + [x for k, v in base.items() for x in ((k,) if v is None else (k, v))]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and re.search(match, err), err
+
+
+def test_cuda_devices_bind_to_their_catalog_types_and_others_are_stand_ins():
+    classes = {"NVIDIA A100-SXM4-80GB": DeviceClass("NVIDIA A100-SXM4-80GB", "cuda"),
+               "NVIDIA H100 80GB HBM3": DeviceClass("NVIDIA H100 80GB HBM3", "cuda")}
+    b = bind_device_types(["A100-80GB", "H100-80GB", "V100-32GB"], classes)
+    assert b["A100-80GB"].device == "NVIDIA A100-SXM4-80GB" and not b["A100-80GB"].stand_in
+    assert b["H100-80GB"].device == "NVIDIA H100 80GB HBM3" and not b["H100-80GB"].stand_in
+    assert b["V100-32GB"].stand_in

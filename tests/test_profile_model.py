@@ -1,0 +1,210 @@
+"""Measured profiles in the simulator: file round trip, checks, interpolation and the differential
+test (a profile whose entries equal the analytic terms predicts the same step)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hetpart import load_cluster, load_model
+from hetpart.costmodel import Simulator, megatron_plan
+from hetpart.costmodel.compute import unit_compute_s
+from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, _interp,
+                                       fit_latency_bandwidth, load_profile)
+from hetpart.costmodel.simulator import OPTIMIZER_BYTES_PER_PARAM
+from hetpart.errors import SpecError
+from hetpart.workload import Workload
+from tests._cli import run_cli
+
+CLUSTER = """name: two-a100
+nodes:
+  - {count: 2, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: Ethernet-10}
+"""
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER)
+    return load_cluster(str(path))
+
+
+def _model(seq_len=64):
+    return load_model("gpt2-small", seq_len=seq_len, precision="bf16")
+
+
+def analytic_profile(model, cluster, micro_batches=(1, 2, 4)) -> Profile:
+    """Entries equal to the simulator's own analytic terms for A100-80GB (bf16, tp 1, no recompute)."""
+    gpu = cluster.groups[0].gpu
+    picks = {"embedding": 0, "block": 1, "head": model.num_units - 1}
+    compute = []
+    for b in micro_batches:
+        fwd, bwd = unit_compute_s(model, gpu, 1, b, "bf16", "none")
+        for kind, i in picks.items():
+            u = model.units[i]
+            compute.append(ComputeEntry(device="A100", precision="bf16", unit=kind, params=u.params,
+                                        seq_len=model.seq_len, micro_batch=b, fwd_flops=u.fwd_flops * b,
+                                        fwd_s=float(fwd[i]), bwd_s=float(bwd[i]), repeats=1))
+    intra = cluster.link_between("0/0/0", "0/0/1")
+    nic = cluster.link_between("0/0/0", "0/1/0")
+    links = (LinkEntry("p2p", ("A100", "A100"), "intra_node", intra.latency_us, intra.bandwidth_gbyte_s),
+             LinkEntry("p2p", ("A100", "A100"), "inter_node", nic.latency_us, nic.bandwidth_gbyte_s),
+             LinkEntry("allreduce", ("A100", "A100"), "intra_node", intra.latency_us, intra.bandwidth_gbyte_s),
+             LinkEntry("allreduce", ("A100", "A100"), "inter_node", nic.latency_us, nic.bandwidth_gbyte_s))
+    adam = OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
+    return Profile(devices={"A100": DeviceClass("A100", "imported", "analytic copy", adam)},
+                   device_types={"A100-80GB": DeviceBinding("A100", stand_in=False)},
+                   compute=tuple(compute), links=links, model={"name": "gpt2-small"})
+
+
+@pytest.mark.parametrize("shape", [dict(tp=1, pp=2, dp=2, micro_batch=2), dict(tp=1, pp=4, dp=1, micro_batch=1),
+                                   dict(tp=1, pp=1, dp=4, micro_batch=4)])
+def test_a_profile_equal_to_the_analytic_terms_predicts_the_same_step(cluster, shape):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(16, 64, precision="bf16", recompute="none"),
+                         recompute="none", **shape)
+    plain = Simulator(model, cluster, overlap_grad_reduce=False).simulate(plan)
+    profiled = Simulator(model, cluster, overlap_grad_reduce=False,
+                         profile=analytic_profile(model, cluster)).simulate(plan)
+    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+    assert [b["compute_s"] for b in profiled.breakdown] == pytest.approx([b["compute_s"] for b in plain.breakdown])
+    assert [b["dp_comm_s"] for b in profiled.breakdown] == pytest.approx([b["dp_comm_s"] for b in plain.breakdown])
+    assert profiled.provenance["device_types"]["A100-80GB"]["compute"] == "measured"
+    assert plain.provenance["device_types"]["A100-80GB"]["compute"] == "fitted"
+
+
+def test_the_simulator_uses_the_entries_where_the_profile_has_them(cluster):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=2, dp=1,
+                         micro_batch=2, recompute="none")
+    base = analytic_profile(model, cluster)
+    slow = Profile(devices=base.devices, device_types=base.device_types, links=base.links,
+                   compute=tuple(ComputeEntry(**{**e.__dict__, "fwd_s": e.fwd_s * 3, "bwd_s": e.bwd_s * 3})
+                                 for e in base.compute))
+    fast = Simulator(model, cluster, profile=base).simulate(plan)
+    three = Simulator(model, cluster, profile=slow).simulate(plan)
+    assert [b["compute_s"] for b in three.breakdown] == pytest.approx([3 * b["compute_s"] for b in fast.breakdown])
+    # only the blocks measured: the embedding and head stay analytic, and provenance counts them
+    blocks = Profile(devices=base.devices, device_types=base.device_types,
+                     compute=tuple(e for e in slow.compute if e.unit == "block"))
+    partial = Simulator(model, cluster, profile=blocks).simulate(plan)
+    assert fast.breakdown[0]["compute_s"] < partial.breakdown[0]["compute_s"] < three.breakdown[0]["compute_s"]
+    assert partial.provenance["device_types"]["A100-80GB"]["units_measured"] == f"{model.num_units - 2} of {model.num_units}"
+
+
+def test_a_profile_of_another_precision_or_model_leaves_the_analytic_terms(cluster):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=2, dp=1,
+                         micro_batch=2, recompute="none")
+    base = analytic_profile(model, cluster)
+    other = Profile(devices=base.devices, device_types=base.device_types,
+                    compute=tuple(ComputeEntry(**{**e.__dict__, "params": e.params + 1}) for e in base.compute))
+    plain = Simulator(model, cluster).simulate(plan)
+    assert Simulator(model, cluster, profile=other).simulate(plan).step_time_s == pytest.approx(plain.step_time_s)
+    fp32 = Profile(devices=base.devices, device_types=base.device_types,
+                   compute=tuple(ComputeEntry(**{**e.__dict__, "precision": "fp32", "fwd_s": 1.0}) for e in base.compute))
+    p = Simulator(model, cluster, profile=fp32).simulate(plan)
+    assert p.step_time_s == pytest.approx(plain.step_time_s)
+    assert "nothing measured at bf16" in p.provenance["device_types"]["A100-80GB"]["profile"]
+
+
+def test_a_cpu_stand_in_prices_every_precision_and_says_so(cluster):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=2, dp=1,
+                         micro_batch=2, recompute="none")
+    base = analytic_profile(model, cluster)
+    cpu = Profile(devices={"cpu": DeviceClass("cpu", "cpu", "cpu: test", None)},
+                  device_types={"A100-80GB": DeviceBinding("cpu", stand_in=True)},
+                  compute=tuple(ComputeEntry(**{**e.__dict__, "device": "cpu", "precision": "fp32",
+                                                "fwd_s": e.fwd_s * 100, "bwd_s": e.bwd_s * 100})
+                                for e in base.compute))
+    p = Simulator(model, cluster, profile=cpu).simulate(plan)
+    q = Simulator(model, cluster, profile=base).simulate(plan)
+    assert p.breakdown[0]["compute_s"] == pytest.approx(100 * q.breakdown[0]["compute_s"])
+    prov = p.provenance["device_types"]["A100-80GB"]
+    assert prov["compute"] == "measured" and prov["stand_in"] is True and prov["precision_measured"] == "fp32"
+    assert "not on real A100-80GBs" in prov["note"]
+    assert "from" in prov["error_band"]
+
+
+def test_interpolation_is_exact_at_measured_points_and_keeps_the_fixed_cost():
+    xs, ts = [10.0, 20.0, 40.0], [2.0, 3.0, 5.0]  # 1 s fixed + 0.1 s per unit of work
+    assert [_interp(xs, ts, x) for x in xs] == ts
+    assert _interp(xs, ts, 30.0) == pytest.approx(4.0)
+    assert _interp(xs, ts, 5.0) == pytest.approx(1.5)  # along the first segment: the fixed cost stays
+    assert _interp(xs, ts, 80.0) == pytest.approx(10.0)  # beyond: in proportion
+    assert _interp([10.0], [2.0], 5.0) == pytest.approx(1.0)
+
+
+def test_latency_and_bandwidth_are_recovered_from_a_sweep():
+    points = [(b, 50e-6 + b / 2e9) for b in (1e3, 1e4, 1e5, 1e6, 1e7)]
+    lat, per_byte = fit_latency_bandwidth(points)
+    assert lat == pytest.approx(50e-6, rel=1e-6) and 1 / per_byte == pytest.approx(2e9, rel=1e-6)
+
+
+def test_round_trip(tmp_path, cluster):
+    prof = analytic_profile(_model(), cluster)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = load_profile(path)
+    assert back.to_dict() == prof.to_dict()
+    assert back.fingerprint == prof.fingerprint and back.source == str(path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(format="other"), r"p\.json: format: 'other' is not 'hetpart-profile'"),
+    (lambda d: d.update(version=9), r"p\.json: version: 9: this hetpart reads version 1"),
+    (lambda d: d["compute"][0].update(fwd_s=-1), r"p\.json: compute\[0\]\.fwd_s \(seconds\): must be > 0"),
+    (lambda d: d["compute"][0].update(precision="int4"), r"compute\[0\]\.precision: 'int4'; use one of"),
+    (lambda d: d["compute"][0].update(device="gpu9"), r"compute\[0\]\.device: 'gpu9' is not under 'devices'"),
+    (lambda d: d["compute"][0].pop("bwd_s"), r"compute\[0\]\.bwd_s: missing required field"),
+    (lambda d: d["links"][0].update(scope="rack"), r"links\[0\]\.scope: 'rack'; use one of"),
+    (lambda d: d["device_types"]["A100-80GB"].update(stand_in="yes"), r"device_types\.A100-80GB\.stand_in"),
+])
+def test_a_bad_profile_is_one_clear_line(tmp_path, cluster, edit, match):
+    data = analytic_profile(_model(), cluster).to_dict()
+    edit(data)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match=match):
+        load_profile(path)
+
+
+def test_predict_with_a_bad_profile_exits_2_with_one_line(tmp_path, capsys, cluster):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "p.json").write_text("{not json")
+    code, out, err = run_cli(capsys, "predict", "--model", "gpt2-small", "--cluster", str(tmp_path / "c.yaml"),
+                             "--global-batch", "8", "--seq-len", "64", "--tp", "1", "--pp", "2", "--dp", "1",
+                             "--micro-batch", "2", "--profile", str(tmp_path / "p.json"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "p.json: not JSON" in err and "hetpart calibrate" in err
+
+
+def test_predict_and_plan_take_a_profile(tmp_path, capsys, cluster):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    analytic_profile(_model(), cluster).save(tmp_path / "p.json")
+    common = ["--model", "gpt2-small", "--cluster", str(tmp_path / "c.yaml"), "--global-batch", "8", "--seq-len", "64"]
+    code, out, err = run_cli(capsys, "predict", *common, "--tp", "1", "--pp", "2", "--dp", "1", "--micro-batch", "2",
+                             "--recompute", "none", "--profile", str(tmp_path / "p.json"), "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["provenance"]["device_types"]["A100-80GB"]["compute"] == "measured"
+    assert "+profile:" in answer["predictor_version"]
+    code, out, err = run_cli(capsys, "plan", *common, "--planner", "uniform", "--profile", str(tmp_path / "p.json"),
+                             "--json")
+    assert code == 0, err
+    assert json.loads(out)["provenance"]["device_types"]["A100-80GB"]["compute"] == "measured"
+    code, out, err = run_cli(capsys, "predict", *common, "--tp", "1", "--pp", "2", "--dp", "1", "--micro-batch", "2",
+                             "--predictor", "learned", "--profile", str(tmp_path / "p.json"))
+    assert code == 2 and "--profile: the 'learned' predictor takes no profile" in err
+
+
+def test_unit_compute_matches_per_unit(cluster):
+    model = _model()
+    gpu = cluster.groups[0].gpu
+    from hetpart.costmodel.profile import BoundProfile
+
+    bound = BoundProfile(analytic_profile(model, cluster), model, cluster)
+    fwd, bwd = unit_compute_s(model, gpu, 1, 2, "bf16", "none")
+    f, b = bound.unit_compute_s(gpu, 1, 2, "bf16", "none", np.zeros_like(fwd), np.zeros_like(bwd))
+    assert f == pytest.approx(fwd) and b == pytest.approx(bwd)
