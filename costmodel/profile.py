@@ -215,7 +215,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     """A :class:`Profile` from its JSON form, checked field by field."""
     data = require_mapping(SpecError, data, source, "")
     require_keys(SpecError, data, source, "", ("format", "version", "devices", "device_types"),
-                 ("meta", "model", "compute", "links"))
+                 ("meta", "model", "compute", "links", "source"))
     if data["format"] != PROFILE_FORMAT:
         raise fail(SpecError, source, "format", f"{data['format']!r} is not {PROFILE_FORMAT!r}; give a profile "
                    "written by 'hetpart calibrate --out'")
@@ -234,7 +234,8 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                   for i, e in enumerate(_list(data.get("links", []), source, "links")))
     return Profile(devices=devices, device_types=types, compute=compute, links=links,
                    model=dict(require_mapping(SpecError, data.get("model", {}), source, "model")),
-                   meta=dict(require_mapping(SpecError, data.get("meta", {}), source, "meta")), source=source)
+                   meta=dict(require_mapping(SpecError, data.get("meta", {}), source, "meta")),
+                   source=str(data.get("source") or source))
 
 
 def _list(value: Any, source: str, name: str) -> list:

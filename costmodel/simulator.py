@@ -1132,6 +1132,10 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         PlanError: an option the simulator does not take.
     """
     del workload  # every plan carries its own batch, sequence length, precision and recompute mode
+    if isinstance(profile, dict):  # a run record keeps the profile its prediction used as JSON
+        from hetpart.costmodel.profile import parse_profile
+
+        profile = parse_profile(profile, "predictor option 'profile'")
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
                         "overlap_grad_reduce, overlap_p2p, curve_of, profile")

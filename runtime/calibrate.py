@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile,
                                        fit_latency_bandwidth)
@@ -38,6 +38,8 @@ CPU_SEQ_LEN = 64
 """Default sequence length on a CPU: a full-size head at micro-batch 8 and 1,024 tokens takes a CPU
 core tens of seconds per call; a profile is interpolated in FLOPs per call, so shorter sequences at
 larger micro-batches still cover the work of longer ones."""
+IN_RUN = "measured by the ranks before and after their steps"
+"""The source of a profile a run measured itself (no ``--profile``)."""
 BLOCK_S = 0.02
 """On a CPU each timed repeat is a block of calls lasting about this long, and counts its mean: the
 median of single short calls misses the time slices a process waits for on a shared machine."""
@@ -431,4 +433,4 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
                    compute=tuple(compute), model={"name": spec.name, "seq_len": graph.seq_len, "precision": "fp32"},
                    meta={"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "method": f"every rank before and after its steps ({len(samples)} samples), median of "
-                                   "the medians"})
+                                   "the medians"}, source=IN_RUN)

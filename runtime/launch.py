@@ -85,6 +85,9 @@ class RunOptions:
     effects: dict[str, Any] | None = None
     """:class:`hetpart.runtime.emulation.EmulationEffects` as a dict: real-hardware effects the emulation
     adds and the simulator does not model (``hetpart loop``'s emulated ground); None: none."""
+    profile: str | None = None
+    """A measured profile of the model that runs (``hetpart calibrate --scale ...``) for the prediction;
+    None: every rank times its units before and after its steps (:func:`hetpart.runtime.calibrate.measure_here`)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup", "checkpoint_every", "max_restarts"):
@@ -646,6 +649,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
+    profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
     temporary = run_dir is None
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
@@ -657,11 +661,22 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         raise
     small = prep.run_plan
     measured = measure.summarize(results, small, prep.cluster, small.seq_len, warmup)
+    if profile is None and job.get("profile_units"):
+        from hetpart.runtime.calibrate import profile_from_samples
+
+        samples = [s for r in results for s in r.get("profile_samples", [])]
+        if samples:
+            profile = profile_from_samples(prep.runnable, prep.run_graph, samples, list(prep.cluster.gpu_types))
     emulation = {"enabled": options.emulate, "host": rates.to_dict()}
     predicted, emu = None, None
+    if profile is not None:
+        emulation["profile"] = profile_summary(profile, options.profile)
     if options.emulate:
-        emulation, emu = _emulation_used(prep, warmup, job, results, emulation)
-        predicted = measure.predict(prep.run_graph, emu, small)
+        emulation, emu = _emulation_used(prep, warmup, job, results, emulation, profile is not None)
+        used = emulated_profile(profile, prep.cluster, small, prep.plan.precision) if profile is not None else None
+        predicted = measure.predict(prep.run_graph, emu, small, profile=used)
+    elif profile is not None:  # this machine's own speed: the profile prices it directly
+        predicted = measure.predict(prep.run_graph, prep.cluster, small, profile=profile)
     from hetpart.records import append_record
     from hetpart.runtime.record import model_summary, run_record
 
@@ -750,6 +765,8 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
             "fault": options.fault.to_dict() if options.fault else None,
             "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
             "checkpoint_every": options.checkpoint_every,
+            # the ranks time their units before and after the steps: the prediction's profile
+            "profile_units": options.profile is None and prep.runnable.config is not None,
             # hetpart's watchdog must see a hang before gloo's own timeout turns it into a peer's error
             "comm_timeout_s": max(options.hang_timeout_s, options.startup_timeout_s) + 60.0}
 
@@ -762,12 +779,13 @@ def _flops_ratio(prep: PreparedRun) -> float:
 
 
 def _emulation_used(prep: PreparedRun, warmup: int, job: dict[str, Any], results: list[dict[str, Any]],
-                    summary: dict[str, Any]) -> tuple[dict[str, Any], Cluster]:
+                    summary: dict[str, Any], profiled: bool = False) -> tuple[dict[str, Any], Cluster]:
     """The emulated cluster the prediction uses, and its description for the record.
 
-    The ranks agreed on ``T`` and a unit-timing calibration before the first step; the rate they
-    really reached in the warm-up (pipeline overheads and the run's own contention included)
-    recalibrates the device peaks; ``T``, fixed before the run, keeps the links.
+    The ranks agreed on ``T`` and a unit-timing calibration before the first step. With a profile
+    (``profiled``) the prediction's compute comes from it and the peaks stay; without one, the rate
+    the ranks reached in the warm-up recalibrates the device peaks (one or two steps: noisy). ``T``,
+    fixed before the run, keeps the links.
     """
     from hetpart.runtime.emulation import EmulationParams, calibrated_peak_tflops
     from hetpart.runtime.measure import warmup_tflops
@@ -779,6 +797,9 @@ def _emulation_used(prep: PreparedRun, warmup: int, job: dict[str, Any], results
                    link_balance=job["emulation"].get("link_balance"),
                    calibrated_on="units", links=job["emulation"].get("shaped", "none"),
                    real_transport_s={str(r["rank"]): r["emulation"].get("transport", []) for r in results})
+    if profiled:
+        summary.update(calibrated_on="profile")
+        return summary, params.cluster(prep.cluster, small)
     warm = warmup_tflops(results, graph, small, warmup)
     if warm is not None:
         peak = calibrated_peak_tflops(warm, params_width(graph), small.micro_batch * small.seq_len)
@@ -803,6 +824,68 @@ def _netem_setup(prep: PreparedRun, options: RunOptions, width: int) -> dict[str
     params = resolve_emulation(small, prep.cluster, prep.plan.precision, cal.achieved_tflops, cal.optimizer_gbyte_s,
                                width, options.time_factor)
     return {"netem": True, "time_factor": params.time_factor, "link_params": params.to_dict()}
+
+
+def run_profile(prep: PreparedRun, options: RunOptions):
+    """The profile given as ``options.profile``, checked against the model that runs; None without one
+    (the ranks then measure their units before and after their steps, :func:`_job`).
+
+    Raises:
+        SpecError: a bad ``--profile`` file, or one without an entry for the model that runs.
+    """
+    from hetpart.costmodel.profile import load_profile
+    from hetpart.errors import SpecError
+
+    small = prep.run_plan
+    if options.profile is not None:
+        profile = load_profile(options.profile)
+        kinds = {(e.unit, e.params) for e in profile.compute}
+        missing = [u.name for u in prep.run_graph.units if (u.kind, u.params) not in kinds]
+        if missing:
+            raise SpecError(f"--profile: {options.profile} has no entry for unit {missing[0]} of the model that runs "
+                            f"({prep.run_graph.name}, hidden {prep.runnable.config.hidden_size if prep.runnable.config else '?'}); "
+                            f"measure one with 'hetpart calibrate --model {prep.model_spec} --scale {options.scale} "
+                            f"--seq-len {small.seq_len}'")
+        return profile
+    return None
+
+
+def profile_summary(profile, path: str | None) -> dict[str, Any]:
+    """What the run's profile measured, for the record and ``hetpart run --json``: per unit kind and
+    micro-batch, the median and the spread (fastest, slowest) of forward and backward."""
+    units = [{"unit": e.unit, "micro_batch": e.micro_batch, "repeats": e.repeats,
+              "fwd_ms": e.fwd_s * 1e3, "bwd_ms": e.bwd_s * 1e3,
+              "fwd_spread_pct": [(e.fwd_range_s[0] / e.fwd_s - 1) * 100, (e.fwd_range_s[1] / e.fwd_s - 1) * 100],
+              "bwd_spread_pct": [(e.bwd_range_s[0] / e.bwd_s - 1) * 100, (e.bwd_range_s[1] / e.bwd_s - 1) * 100]}
+             for e in profile.compute]
+    return {"file": path, "measured": "given" if path else "by every rank before and after its steps",
+            "date": profile.meta.get("date"), "fingerprint": profile.fingerprint, "units": units}
+
+
+def emulated_profile(profile, real: Cluster, plan: Plan, precision: str):
+    """The profile of the emulated devices: every device type of the plan is this machine (the
+    profile's device class that prices it) slowed by its speed ratio, as the ranks sleep it
+    (:meth:`~hetpart.runtime.emulation.Emulator.compute_delay_s`); the optimizer runs unslowed."""
+    import dataclasses
+
+    from hetpart.costmodel.profile import DeviceBinding, DeviceClass, Profile
+    from hetpart.runtime.emulation import speed_ratios
+
+    ratios = {real.device(d).gpu.name: r for d, r in speed_ratios(plan, real, precision).items()}
+    source = next(iter(profile.devices.values()))
+    devices, bindings, compute = {}, {}, []
+    for gpu, ratio in ratios.items():
+        name = f"{source.name} x{ratio:.4g}"
+        devices[name] = DeviceClass(name=name, kind=source.kind, description=f"{source.description} slowed "
+                                    f"{ratio:.3g}x (emulated {gpu})", adam_s_per_param=source.adam_s_per_param,
+                                    adam_fixed_s=source.adam_fixed_s)
+        bindings[f"emu-{gpu}"] = DeviceBinding(device=name, stand_in=True)
+        compute += [dataclasses.replace(e, device=name, fwd_s=e.fwd_s * ratio, bwd_s=e.bwd_s * ratio,
+                                        fwd_range_s=(e.fwd_range_s[0] * ratio, e.fwd_range_s[1] * ratio),
+                                        bwd_range_s=(e.bwd_range_s[0] * ratio, e.bwd_range_s[1] * ratio))
+                    for e in profile.compute if e.device == source.name]
+    return Profile(devices=devices, device_types=bindings, compute=tuple(compute), model=dict(profile.model),
+                   meta=dict(profile.meta), source=profile.source)
 
 
 def params_width(graph: ModelGraph) -> int:

@@ -152,13 +152,14 @@ def _stage_summary(ranks: Sequence[dict[str, Any]], plan) -> tuple[dict[str, Any
     return tuple(out)
 
 
-def predict(graph, cluster, plan) -> dict[str, Any]:
+def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
     """The simulator's prediction for ``plan`` of ``graph`` on ``cluster`` (the emulated one), as a dict.
 
     The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
     then the simulator's other metrics, ``predictor`` (name, version and options, for the run record)
     and its per-stage breakdown. The runtime all-reduces gradients
     after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``).
+    ``profile``: a measured profile whose entries replace the simulator's analytic terms.
     """
     from hetpart.costmodel.predictor import get_predictor
     from hetpart.workload import Workload
@@ -166,11 +167,15 @@ def predict(graph, cluster, plan) -> dict[str, Any]:
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
                         recompute=plan.recompute)
     options = {"overlap_grad_reduce": False}
-    chosen = get_predictor("simulator", graph, cluster, workload, **options)
+    chosen = get_predictor("simulator", graph, cluster, workload, **options,
+                           **({"profile": profile} if profile is not None else {}))
     pred = chosen.predict(plan, workload)
+    if profile is not None:  # the record keeps the profile itself: the prediction can be replayed exactly
+        options = dict(options, profile=profile.to_dict() | {"source": profile.source})
     out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
     out.update({k: v for k, v in pred.metrics.items() if k not in out})
     out["predictor"] = {"name": chosen.name, "version": chosen.version, "options": options}
+    out["provenance"] = pred.provenance
     out["breakdown"] = pred.breakdown
     return out
 

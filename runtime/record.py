@@ -78,7 +78,7 @@ def predicted_record(predicted: dict[str, Any] | None) -> Predicted | None:
     if predicted is None:
         return None
     head = ("step_time_s", "tokens_per_s", "samples_per_s")
-    metrics = {k: v for k, v in predicted.items() if k not in head and k not in ("breakdown", "predictor")}
+    metrics = {k: v for k, v in predicted.items() if k not in head and k not in ("breakdown", "predictor", "provenance")}
     who = predicted["predictor"]
     return Predicted(predictor=who["name"], version=who["version"], step_time_s=predicted["step_time_s"],
                      tokens_per_s=predicted["tokens_per_s"], samples_per_s=predicted["samples_per_s"],

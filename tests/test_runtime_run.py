@@ -271,7 +271,10 @@ def test_run_writes_a_complete_jsonl_record(emulated_run):
     assert rec.emulation.gpu_names == {"emu-A100-40GB": "A100-40GB", "emu-V100-16GB": "V100-16GB"}
     assert rec.measured.step_time_s == pytest.approx(summary["measured"]["step_time_s"])
     assert [r.device for r in rec.measured.ranks] == ["0/0/0", "1/0/0"] and len(rec.measured.stages) == 2
-    assert rec.predicted.predictor == "simulator" and rec.predicted.options == {"overlap_grad_reduce": False}
+    options = rec.predicted.options
+    assert rec.predicted.predictor == "simulator" and options["overlap_grad_reduce"] is False
+    assert options["profile"]["source"] == "measured by the ranks before and after their steps"
+    assert {e["unit"] for e in options["profile"]["compute"]} == {"embedding", "block", "head"}
     assert rec.predicted.step_time_s == summary["predicted"]["step_time_s"]
     assert rec.workload == {"global_batch": 4, "seq_len": rec.plan["seq_len"], "precision": "fp32",
                             "recompute": "none", "optimizer": "adam", "attention": "fused"}

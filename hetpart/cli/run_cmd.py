@@ -28,6 +28,8 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster's links (default: fastest peak / calibrated CPU peak, see --links)."),
         links: str = typer.Option("balanced", "--links", help="balanced: links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
+        profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the model that runs ('hetpart calibrate "
+                                              "--scale ...') for the prediction (default: one is measured before the ranks start)."),
         netem: bool = typer.Option(False, "--netem", help="Shape real traffic between per-rank network namespaces with tc (root + iproute2) instead of sleeping."),
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
@@ -47,7 +49,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
                          time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
                          checkpoint_every=checkpoint_every, max_restarts=max_restarts,
-                         hang_timeout_s=hang_timeout, netem=netem)
+                         hang_timeout_s=hang_timeout, netem=netem, profile=profile)
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
@@ -85,7 +87,8 @@ class _Progress:
             return
         if p.step is None:
             what = {"start": "starting the ranks", "rendezvous": "ranks joining", "build": "building the model",
-                    "calibrate": "calibrating the emulation", "steps": "running the first step"}.get(p.phase, p.phase)
+                    "calibrate": "calibrating the emulation and timing the units",
+                    "steps": "running the first step"}.get(p.phase, p.phase)
             self._say(what + (f" (resumed from step {p.resumed_from})" if p.resumed_from else ""))
             return
         if p.phase == "checkpoint":
