@@ -82,6 +82,12 @@ def _sharded() -> Section:
     return section()
 
 
+def _profile_truth() -> Section:
+    from hetpart.experiments.bench_profile_truth import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -93,6 +99,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "uneven-tp": _uneven_tp,
     "nic-sensitivity": _nic_sensitivity,
     "sharded": _sharded,
+    "profile-truth": _profile_truth,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
