@@ -27,9 +27,10 @@ __all__ = ["ERROR_BANDS", "prediction_provenance", "compute_kind"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
-        "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": True,
-        "from": "not validated yet: real (non-emulated) CPU runs predicted with a profile measured on the same "
-                "machine will fill this band (docs/BENCHMARKS.md 'Measured profiles')",
+        "mean_abs_pct": 12.1, "signed_pct": [-16.7, -5.7], "rows": 3, "held_out": True,
+        "from": "hetpart run (emulated, --scale tiny) of one plan three times on a quiet 16-core machine, predicted "
+                "from a profile its rank measured (experiments/data/quiet16_cpu_emulated_runs.json; "
+                "make bench BENCH=profile-truth, docs/BENCHMARKS.md 'Measured profiles')",
     },
     "fitted:ampere": {
         "mean_abs_pct": 3.1, "signed_pct": [-1.1, 8.0], "rows": 18, "held_out": False,
@@ -44,10 +45,10 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "paper's 8.3B run on 512 V100s (make bench BENCH=simulator-calibration)",
     },
     "assumed": {
-        "mean_abs_pct": 46.0, "signed_pct": [-88.0, 219.0], "rows": 122, "held_out": True,
-        "from": "the Ampere curve scaled by peak, compared with 120 per-unit times measured on an H100 "
-                "(experiments/data/h100_unit_profile.json: bf16, TF32 and fp32; python -m "
-                "hetpart.experiments.bench_gpu_profile) and Llama 3 405B on H100 (-11%, -14%)",
+        "mean_abs_pct": 80.9, "signed_pct": [-87.6, 598.8], "rows": 120, "held_out": True,
+        "from": "the Ampere curve scaled by peak against 120 per-unit times measured on an H100 (forward and "
+                "backward; bf16, TF32 and fp32; gpt2-small to llama2-7b; python -m "
+                "hetpart.experiments.bench_gpu_profile); end to end on Llama 3 405B -11% and -14%",
     },
 }
 """Error bands per kind of compute source (see the module docstring)."""

@@ -250,7 +250,7 @@ def _spread(rng, median: float) -> str:
     return f"-{(1 - lo / median) * 100:.0f}%/+{(hi / median - 1) * 100:.0f}%" if median > 0 else "n/a"
 
 
-def _adam(spec, device: str) -> tuple[float, float]:
+def _adam(spec, device: str, tick: Callable[[], None] | None = None) -> tuple[float, float]:
     """``(fixed_s, s_per_param)`` of one Adam step (fp32 master weights, torch's default implementation as
     the runtime uses it): the medians over one block's parameters and over every unit kind's, a line
     through the two."""
@@ -259,7 +259,7 @@ def _adam(spec, device: str) -> tuple[float, float]:
     units = build_units(spec, [0, 1, spec.num_units - 1], device=device)
     small = [p for p in units[1].parameters()]
     large = [p for u in units for p in u.parameters()]
-    points = [(sum(p.numel() for p in ps), _adam_step_s(ps, device)) for ps in (small, large)]
+    points = [(sum(p.numel() for p in ps), _adam_step_s(ps, device, tick=tick)) for ps in (small, large)]
     (n1, t1), (n2, t2) = points
     per_param = max((t2 - t1) / (n2 - n1), 0.0) if n2 > n1 else 0.0
     if per_param == 0.0:  # noise swamped the difference: all of it per parameter
@@ -267,7 +267,7 @@ def _adam(spec, device: str) -> tuple[float, float]:
     return max(t1 - per_param * n1, 0.0), per_param
 
 
-def _adam_step_s(params, device: str, repeats: int = 9) -> float:
+def _adam_step_s(params, device: str, repeats: int = 9, tick: Callable[[], None] | None = None) -> float:
     import torch
 
     for p in params:
@@ -283,6 +283,8 @@ def _adam_step_s(params, device: str, repeats: int = 9) -> float:
             torch.cuda.synchronize(device)
         if attempt:
             times.append(time.perf_counter() - t)
+        if tick is not None:
+            tick()
     return statistics.median(times)
 
 
@@ -397,14 +399,16 @@ def _allreduce(dist, buf, repeats: int, device) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ inside a run
-def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10) -> dict[str, Any]:
+def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
+                 tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 on the CPU, median of
     ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures before and after its steps,
     under the run's own contention (JSON-ready)."""
     from hetpart.runtime.profile import profile_units
 
-    rows = profile_units(spec, [micro_batch], seq_len, "fp32", "cpu", warmup=1, repeats=repeats, block_s=BLOCK_S)
-    fixed, per_param = _adam(spec, "cpu")
+    rows = profile_units(spec, [micro_batch], seq_len, "fp32", "cpu", warmup=1, repeats=repeats, block_s=BLOCK_S,
+                         tick=tick)
+    fixed, per_param = _adam(spec, "cpu", tick)
     return {"units": [r.to_dict() for r in rows], "adam_fixed_s": fixed, "adam_s_per_param": per_param}
 
 

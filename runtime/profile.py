@@ -101,7 +101,8 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
                   device: str | torch.device = "cpu", warmup: int = 3, repeats: int = 10,
                   block_index: int = 1, *, min_repeats: int | None = None, budget_s: float | None = None,
                   block_s: float | None = None,
-                  on_timing: Callable[[UnitTiming], None] | None = None) -> list[UnitTiming]:
+                  on_timing: Callable[[UnitTiming], None] | None = None,
+                  tick: Callable[[], None] | None = None) -> list[UnitTiming]:
     """Time the embedding, one block and the head of ``spec`` at each micro-batch size.
 
     Args:
@@ -118,6 +119,7 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
             counts their mean: on a shared CPU a short call's median misses the time slices the process
             waits for, a block's mean includes them as a training step does.
         on_timing: called with each :class:`UnitTiming` as soon as it is measured (progress).
+        tick: called after every repeat (a run's heartbeat: measuring is progress, not a hang).
 
     Returns:
         One :class:`UnitTiming` per unit kind and micro-batch size.
@@ -139,7 +141,7 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
     for index, unit in zip(indices, units):
         for b in micro_batches:
             timing = _time_unit(unit, spec, index, b, seq_len, device, dtype, clock, warmup, repeats, floor, budget_s,
-                                block_s)
+                                block_s, tick)
             out.append(timing)
             if on_timing is not None:
                 on_timing(timing)
@@ -149,7 +151,7 @@ def profile_units(spec: RunnableSpec, micro_batches: list[int], seq_len: int, pr
 def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batch: int, seq_len: int,
                device: torch.device, dtype: torch.dtype, clock: _Clock, warmup: int, repeats: int,
                min_repeats: int | None = None, budget_s: float | None = None,
-               block_s: float | None = None) -> UnitTiming:
+               block_s: float | None = None, tick: Callable[[], None] | None = None) -> UnitTiming:
     x = _unit_input(spec, index, micro_batch, seq_len, device, dtype)
     with torch.no_grad():
         grad = torch.randn_like(unit(x).float()).to(dtype) * 1e-3
@@ -168,6 +170,8 @@ def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batc
         for _ in range(calls if i >= warmup else 1):
             df, db = _call(unit, x, grad, clock)
             f, b = f + df, b + db
+        if tick is not None:
+            tick()
         if i >= warmup:
             fwd.append(f / calls)
             bwd.append(b / calls)

@@ -279,7 +279,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
 
         start = load_checkpoint(ckpt, executor)
         heartbeat.resumed_from = start if start else None
-    profiled = [_unit_profile(job, plan)]
+    profiled = [_unit_profile(job, plan, heartbeat)]
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
     every = int(job.get("checkpoint_every") or 0)
     steps = []
@@ -297,7 +297,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         if ckpt and (step + 1 == end or (every and (step + 1 - start) % every == 0)):
             _checkpoint(ckpt, executor, step + 1, heartbeat, fault, rank)
     peak = max(s["peak_memory_bytes"] for s in steps)
-    profiled.append(_unit_profile(job, plan))  # after too: the median brackets a load that drifts
+    profiled.append(_unit_profile(job, plan, heartbeat))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
@@ -305,14 +305,15 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
             "profile_samples": [p for p in profiled if p is not None]}
 
 
-def _unit_profile(job: dict[str, Any], plan) -> dict[str, Any] | None:
+def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat) -> dict[str, Any] | None:
     """This rank's unit timings for the run's prediction, when the launcher asks for them (no ``--profile``)."""
     if not job.get("profile_units"):
         return None
     from hetpart.runtime.calibrate import measure_here
     from hetpart.runtime.models import RunnableSpec
 
-    return measure_here(RunnableSpec.from_dict(job["runnable"]), plan.micro_batch, plan.seq_len)
+    return measure_here(RunnableSpec.from_dict(job["runnable"]), plan.micro_batch, plan.seq_len,
+                        tick=heartbeat.progress)
 
 
 def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,

@@ -29,7 +29,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         links: str = typer.Option("balanced", "--links", help="balanced: links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
         profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the model that runs ('hetpart calibrate "
-                                              "--scale ...') for the prediction (default: one is measured before the ranks start)."),
+                                              "--scale ...') for the prediction (default: every rank times its units before and after its steps)."),
         netem: bool = typer.Option(False, "--netem", help="Shape real traffic between per-rank network namespaces with tc (root + iproute2) instead of sleeping."),
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
@@ -87,8 +87,7 @@ class _Progress:
             return
         if p.step is None:
             what = {"start": "starting the ranks", "rendezvous": "ranks joining", "build": "building the model",
-                    "calibrate": "calibrating the emulation and timing the units",
-                    "steps": "running the first step"}.get(p.phase, p.phase)
+                    "calibrate": "calibrating the emulation", "steps": "running the first step"}.get(p.phase, p.phase)
             self._say(what + (f" (resumed from step {p.resumed_from})" if p.resumed_from else ""))
             return
         if p.phase == "checkpoint":
