@@ -462,18 +462,18 @@ class BoundProfile:
         import dataclasses
 
         from hetpart.cluster import ZoneLink
-        from hetpart.hardware import LinkSpec, NICSpec
 
         groups, anywhere = [], []
         for g in self.cluster.groups:
             intra, inter = self._link(kind, g.gpu, "intra_node"), self._link(kind, g.gpu, "inter_node")
-            if intra is not None:
-                g = dataclasses.replace(g, intra_node=LinkSpec(f"measured-{intra.backend or kind}",
-                                                               intra.bandwidth_gbyte_s, intra.latency_us,
-                                                               f"profile {self.profile.source}"))
+            if intra is not None:  # the spec's other facts (its achieved share, its kind) stay
+                g = dataclasses.replace(g, intra_node=dataclasses.replace(
+                    g.intra_node, bandwidth_gbyte_s=intra.bandwidth_gbyte_s, latency_us=intra.latency_us,
+                    source=f"profile {self.profile.source}"))
             if inter is not None:
-                g = dataclasses.replace(g, nic=NICSpec(f"measured-{inter.backend or kind}", inter.bandwidth_gbyte_s * 8,
-                                                       inter.latency_us, g.nic.rdma, f"profile {self.profile.source}"))
+                g = dataclasses.replace(g, nic=dataclasses.replace(
+                    g.nic, bandwidth_gbit_s=inter.bandwidth_gbyte_s * 8, latency_us=inter.latency_us,
+                    source=f"profile {self.profile.source}"))
                 if inter.scope == "any":
                     anywhere.append(inter)
             groups.append(g)
