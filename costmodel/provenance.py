@@ -27,10 +27,10 @@ __all__ = ["ERROR_BANDS", "prediction_provenance", "compute_kind"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
-        "mean_abs_pct": 12.1, "signed_pct": [-16.7, -5.7], "rows": 3, "held_out": True,
-        "from": "hetpart run (emulated, --scale tiny) of one plan three times on a quiet 16-core machine, predicted "
-                "from a profile its rank measured (experiments/data/quiet16_cpu_emulated_runs.json; "
-                "make bench BENCH=profile-truth, docs/BENCHMARKS.md 'Measured profiles')",
+        "mean_abs_pct": 7.3, "signed_pct": [-16.7, -0.5], "rows": 8, "held_out": True,
+        "from": "5 real CPU runs of 1-2 ranks (no emulation) predicted with a profile of the same machine (-0.5% to "
+                "-7.6%) and 3 emulated runs on a quiet machine from in-run profiles (-17% to -6%); more ranks than "
+                "cores: -54% (docs/BENCHMARKS.md 'Measured profiles'; make bench BENCH=profile-truth)",
     },
     "fitted:ampere": {
         "mean_abs_pct": 2.7, "signed_pct": [-1.1, 8.0], "rows": 18, "held_out": False,
