@@ -462,17 +462,21 @@ class BoundProfile:
         import dataclasses
 
         from hetpart.cluster import ZoneLink
+        from hetpart.costmodel.links import RDMA_EFFICIENCY, TCP_FRAMING_EFFICIENCY
 
         groups, anywhere = [], []
         for g in self.cluster.groups:
             intra, inter = self._link(kind, g.gpu, "intra_node"), self._link(kind, g.gpu, "inter_node")
-            if intra is not None:  # the spec's other facts (its achieved share, its kind) stay
+            # A measured bandwidth is what transfers reached already: the achieved-rate discounts of
+            # hetpart.costmodel.links must not apply to it a second time.
+            if intra is not None:  # the spec's kind stays; its achieved share becomes 1
                 g = dataclasses.replace(g, intra_node=dataclasses.replace(
                     g.intra_node, bandwidth_gbyte_s=intra.bandwidth_gbyte_s, latency_us=intra.latency_us,
-                    source=f"profile {self.profile.source}"))
-            if inter is not None:
+                    efficiency=1.0, source=f"profile {self.profile.source}"))
+            if inter is not None:  # a line rate that nic_gbyte_s turns back into the measured rate
+                share = RDMA_EFFICIENCY if g.nic.rdma else TCP_FRAMING_EFFICIENCY
                 g = dataclasses.replace(g, nic=dataclasses.replace(
-                    g.nic, bandwidth_gbit_s=inter.bandwidth_gbyte_s * 8, latency_us=inter.latency_us,
+                    g.nic, bandwidth_gbit_s=inter.bandwidth_gbyte_s / share * 8, latency_us=inter.latency_us,
                     source=f"profile {self.profile.source}"))
                 if inter.scope == "any":
                     anywhere.append(inter)
