@@ -492,12 +492,12 @@ def _supervise(proc: subprocess.Popen, watchdog: Watchdog, tracker: _ProgressTra
     while True:
         rc = proc.poll()
         states = watchdog.states()
+        tracker.update(states)  # first: the steps every rank finished before a fault or the end are reported too
         fault = watchdog.check(states)
         if fault is not None:
             raise fault
         if rc is not None:
             return
-        tracker.update(states)
         time.sleep(_POLL_S)
 
 
