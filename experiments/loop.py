@@ -473,27 +473,28 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     cfg, state, say = loop.cfg, loop.state.data, loop.say
     records = loop.records()
     correction = loop.correction(records)
-    predictor = loop.predictor(correction)
     if "loop_plan" not in state:
-        pool = [plan for plan, _ in loop.proposals(predictor, policy_path, cfg.iterations, records)]
-        pool += [_record_plan(r) for r in records if _role(r) != "final"]
-        scored = []
-        for plan in pool:
-            if _plan_key(plan) in loop.refused:
+        # the loop ends with the fastest plan it measured (median of its runs): the policy and the
+        # corrected model chose what to measure; a prediction alone never overrules a measurement
+        measured: dict[str, tuple] = {}
+        for r in records:
+            if _role(r) == "final" or r.measured is None:
                 continue
-            p = predictor.predict(plan, loop.workload, validate=False)
-            if not p.metrics.get("fits_in_memory", True):
-                continue
-            std = p.metrics["uncertainty"]["relative_std"]
-            scored.append((p.tokens_per_s * math.exp(-std), plan))
-        best = max(scored, key=lambda s: s[0])[1]
+            plan = _record_plan(r)
+            measured.setdefault(_plan_key(plan), (plan, []))[1].append(r.measured.tokens_per_s)
+        if not measured:
+            raise RuntimeFault("loop: no run was measured; run the loop again with --out to retry")
+        best = max(measured.values(), key=lambda v: statistics.median(v[1]))[0]
         state["loop_plan"] = best.to_dict()
         loop.state.save()
     loop_plan = Plan.from_dict(state["loop_plan"])
     say(f"final: loop plan {_describe(loop_plan)} vs simulator plan {_describe(simulator_plan)}, "
         f"{cfg.repeats} interleaved runs each")
     done = [r for r in records if _role(r) == "final"]
-    order = [("simulator_plan", simulator_plan), ("loop_plan", loop_plan)] * cfg.repeats
+    same = _plan_key(simulator_plan) == _plan_key(loop_plan)
+    # one plan is measured once per repeat and reported for both (the same runs, not two noisy draws)
+    order = [("simulator_plan", simulator_plan)] * cfg.repeats if same else \
+        [("simulator_plan", simulator_plan), ("loop_plan", loop_plan)] * cfg.repeats
     for which, plan in order[len(done):]:
         rec = loop.run(plan, "final", cfg.iterations)
         if rec is None:
@@ -503,6 +504,8 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
                                "step_time_s": rec.measured.step_time_s})
         loop.state.save()
     tok = {w: [f["tokens_per_s"] for f in state["final"] if f["plan"] == w] for w in ("simulator_plan", "loop_plan")}
+    if same:
+        tok["loop_plan"] = list(tok["simulator_plan"])
     records = loop.records()
     errors = _held_out_errors(loop, records, correction)
     result = {"iterations": state["iterations"], "ground": cfg.ground, "cluster": loop.cluster.name,
@@ -514,7 +517,7 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
               "tokens_per_s_std_loop_plan": _std(tok["loop_plan"]),
               "measured_tokens_per_s_runs": tok,
               "simulator_plan": _describe(simulator_plan), "loop_plan": _describe(loop_plan),
-              "same_plan": _plan_key(simulator_plan) == _plan_key(loop_plan),
+              "same_plan": same,
               "measured_runs": len(records), "trained_on": len(correction.r), "out": str(loop.out),
               "effects": loop.effects}
     tracker.log({"loop/final_simulator_plan_tokens_per_s": result["measured_tokens_per_s_simulator_plan"],
