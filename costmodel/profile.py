@@ -180,6 +180,39 @@ class Profile:
     def binding(self, device_type: str) -> DeviceBinding | None:
         return self.device_types.get(device_type)
 
+    def sharing_cores(self, processes: int, cores: int, threads: int = 1) -> "Profile":
+        """This profile for ``processes`` processes of ``threads`` threads each running at once on one
+        host of ``cores`` cores, when they need more cores than there are.
+
+        ``hetpart calibrate`` times a CPU's units in one process with a core to itself; when a run's
+        ranks outnumber the cores, the operating system time-slices them and each gets
+        ``cores / (processes * threads)`` of a core while all compute. So every ``cpu`` class's unit
+        and optimizer times stretch by ``processes * threads / cores`` (links are measured between
+        processes already). This is the steady state of a run whose ranks compute at the same time
+        (data parallelism, a full pipeline); in a pipeline's fill and drain fewer ranks compute and get
+        more of a core, so a pipeline's prediction errs slow there. The profile itself when the
+        cores suffice, or for GPU classes.
+        """
+        factor = processes * threads / max(cores, 1)
+        cpu = {name for name, d in self.devices.items() if d.kind == "cpu"}
+        if factor <= 1.0 or not cpu:
+            return self
+        from dataclasses import replace
+
+        def stretched(e: ComputeEntry) -> ComputeEntry:
+            if e.device not in cpu:
+                return e
+            return replace(e, fwd_s=e.fwd_s * factor, bwd_s=e.bwd_s * factor,
+                           fwd_range_s=(e.fwd_range_s[0] * factor, e.fwd_range_s[1] * factor),
+                           bwd_range_s=(e.bwd_range_s[0] * factor, e.bwd_range_s[1] * factor))
+
+        devices = {name: replace(d, adam_s_per_param=None if d.adam_s_per_param is None
+                                 else d.adam_s_per_param * factor, adam_fixed_s=d.adam_fixed_s * factor)
+                   if name in cpu else d for name, d in self.devices.items()}
+        meta = dict(self.meta, shared_cores={"processes": processes, "threads": threads, "cores": cores,
+                                             "stretch": round(factor, 4)})
+        return replace(self, devices=devices, compute=tuple(stretched(e) for e in self.compute), meta=meta)
+
 
 def _entry_dict(e: ComputeEntry) -> dict[str, Any]:
     out = asdict(e)

@@ -123,9 +123,14 @@ class Capacity:
                 f"available / {self.per_process_gb:.2f} GB per process = {by_memory} by memory")
 
 
+def host_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def host_capacity(per_process_gb: float) -> Capacity:
     """This machine's limit on worker processes for workers of ``per_process_gb`` each."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = host_cores()
     available = _memory_available_gb()
     limit = min(cores * PROCESSES_PER_CORE, int(available // per_process_gb))
     return Capacity(cores=cores, memory_available_gb=available, per_process_gb=per_process_gb, max_processes=limit)
@@ -676,6 +681,8 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         used = emulated_profile(profile, prep.cluster, small, prep.plan.precision) if profile is not None else None
         predicted = measure.predict(prep.run_graph, emu, small, profile=used)
     elif profile is not None:  # this machine's own speed: the profile prices it directly
+        if options.profile is not None:  # timed one process at a time: the ranks share this host's cores
+            profile = profile.sharing_cores(len(results), host_cores())
         predicted = measure.predict(prep.run_graph, prep.cluster, small, profile=profile)
     from hetpart.records import append_record
     from hetpart.runtime.record import model_summary, run_record

@@ -10,7 +10,7 @@ from hetpart import load_cluster, load_model
 from hetpart.costmodel import Simulator, megatron_plan
 from hetpart.costmodel.compute import unit_compute_s
 from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, _interp,
-                                       fit_latency_bandwidth, load_profile)
+                                       fit_latency_bandwidth, load_profile, parse_profile)
 from hetpart.costmodel.simulator import OPTIMIZER_BYTES_PER_PARAM
 from hetpart.errors import SpecError
 from hetpart.workload import Workload
@@ -127,6 +127,29 @@ def test_a_cpu_stand_in_prices_every_precision_and_says_so(cluster):
     assert prov["compute"] == "measured" and prov["stand_in"] is True and prov["precision_measured"] == "fp32"
     assert "not on real A100-80GBs" in prov["note"]
     assert "from" in prov["error_band"]
+
+
+def test_ranks_outnumbering_the_cores_stretch_a_cpu_profile_by_their_share(cluster):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=1, dp=4,
+                         micro_batch=2, recompute="none")
+    base = analytic_profile(model, cluster)
+    cpu = Profile(devices={"cpu": DeviceClass("cpu", "cpu", "cpu: test", 1e-9, 1e-4)},
+                  device_types={"A100-80GB": DeviceBinding("cpu", stand_in=True)},
+                  compute=tuple(ComputeEntry(**{**e.__dict__, "device": "cpu"}) for e in base.compute),
+                  links=tuple(LinkEntry(**{**e.__dict__, "devices": ("cpu", "cpu")}) for e in base.links))
+    assert cpu.sharing_cores(2, 2) is cpu and cpu.sharing_cores(1, 8) is cpu  # a core each: as measured
+    shared = cpu.sharing_cores(4, 2)  # four ranks on two cores: half a core each
+    assert [e.fwd_s for e in shared.compute] == pytest.approx([2 * e.fwd_s for e in cpu.compute])
+    assert [e.bwd_range_s[1] for e in shared.compute] == pytest.approx([2 * e.bwd_range_s[1] for e in cpu.compute])
+    assert shared.devices["cpu"].adam_s_per_param == pytest.approx(2e-9)
+    assert shared.meta["shared_cores"] == {"processes": 4, "threads": 1, "cores": 2, "stretch": 2.0}
+    assert shared.links == cpu.links  # links were measured between processes already
+    one, two = (Simulator(model, cluster, overlap_grad_reduce=False, profile=p).simulate(plan) for p in (cpu, shared))
+    assert [b["compute_s"] for b in two.breakdown] == pytest.approx([2 * b["compute_s"] for b in one.breakdown])
+    assert parse_profile(json.loads(json.dumps(shared.to_dict()))).fingerprint == shared.fingerprint  # replayable
+    gpu = analytic_profile(model, cluster)  # a measured GPU is not shared
+    assert gpu.sharing_cores(8, 2) is gpu
 
 
 def test_interpolation_is_exact_at_measured_points_and_keeps_the_fixed_cost():
