@@ -136,7 +136,26 @@ def get_predictor(name: Optional[str], model: "ModelGraph", cluster: "Cluster",
     """
     name = name or _DEFAULT[0]
     _check_name(name)
-    return _resolve(name)(model, cluster, workload, **options)
+    factory = _resolve(name)
+    _check_options(name, factory, options)
+    return factory(model, cluster, workload, **options)
+
+
+def _check_options(name: str, factory: PredictorFactory, options: dict[str, Any]) -> None:
+    """Refuse an option the predictor's factory does not take (one line, naming it), instead of a TypeError."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: let the call itself decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise PlanError(f"--predictor {name}: it does not take {flags}; drop {'it' if len(unknown) == 1 else 'them'} "
+                        "or use --predictor simulator")
 
 
 def lower_bound_of(predictor: Predictor) -> Optional[Callable[["Plan"], float]]:

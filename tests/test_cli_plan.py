@@ -168,3 +168,20 @@ def test_predict_plans_without_a_precision_follow_the_devices(capsys, tmp_path: 
     code, stdout, err = _run(capsys, "predict", *small, "--plans", str(plans), "--json")
     assert code == 0, err
     assert "metrics" in json.loads(stdout.splitlines()[0])
+
+
+def test_engine_options_reach_the_simulator_and_a_predictor_without_them_refuses(capsys):
+    grid = ("predict", "--model", "gpt3-6.7b", "--cluster", "ib-roce-ethernet", "--global-batch", "256", "--seq-len",
+            "2048", "--tp", "8", "--pp", "2", "--dp", "2", "--micro-batch", "1", "--json")
+    base = _json(capsys, *grid)
+    overlapped = _json(capsys, *grid, "--overlap-p2p")  # the inter-node pipeline sends (RDMA) leave the sender free
+    after = _json(capsys, *grid, "--no-overlap-grad-reduce")  # gradients all-reduced after the whole backward
+    assert overlapped["metrics"]["step_time_s"] < base["metrics"]["step_time_s"] < after["metrics"]["step_time_s"]
+    assert overlapped["predictor_version"].endswith("+overlap-p2p")
+    assert after["predictor_version"].endswith("+no-overlap-grad-reduce")
+    planned = _json(capsys, "plan", "--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8",
+                       "--seq-len", "128", "--overlap-p2p", "--json")
+    assert planned["metrics"]["step_time_s"] > 0
+    code, out, err = _run(capsys, "predict", "--model", "gpt2-small", "--cluster", "tiny-mixed", "--tp", "1", "--pp",
+                             "2", "--dp", "2", "--micro-batch", "1", "--predictor", "learned", "--overlap-p2p", "--json")
+    assert code == 2 and "does not take --overlap-p2p" in json.loads(out)["error"]

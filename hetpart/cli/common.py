@@ -26,6 +26,11 @@ OptimizerOpt = typer.Option("adam", "--optimizer", help="adam, sgd (momentum) or
 AttentionOpt = typer.Option("fused", "--attention", help="fused (flash/SDPA: no attention-score matrix stored) or "
                             "eager (scores stored for the backward).")
 JsonFlag = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+OverlapP2POpt = typer.Option(False, "--overlap-p2p", help="The engine overlaps pipeline sends with compute over "
+                             "RDMA (asynchronous p2p); default: sends block the sender, as Megatron-LM's 1F1B does.")
+OverlapGradOpt = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Gradient all-reduces "
+                              "run bucket by bucket during the backward (default, DDP and Megatron-LM's "
+                              "--overlap-grad-reduce) or after it (engines that sync after the backward).")
 
 
 _PIPE_WIDTH = 200
@@ -86,3 +91,14 @@ def workload_from(global_batch: int, seq_len: int, precision: str, recompute: st
 
     return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute, zero=zero,
                     optimizer=optimizer, attention=attention)
+
+
+def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool) -> dict:
+    """The simulator options of ``--overlap-p2p`` and ``--no-overlap-grad-reduce``, only where they differ
+    from the defaults (a predictor that does not take them then refuses them with one clear line)."""
+    out = {}
+    if overlap_p2p:
+        out["overlap_p2p"] = True
+    if not overlap_grad_reduce:
+        out["overlap_grad_reduce"] = False
+    return out

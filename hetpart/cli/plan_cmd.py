@@ -9,8 +9,9 @@ from typing import Any, Optional
 import typer
 
 from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
-from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, Precision,
-                                RecomputeOpt, SeqLen, ZeroOpt, console, emit_json, resolve_precision, workload_from)
+from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, OverlapGradOpt,
+                                OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
+                                engine_options, resolve_precision, workload_from)
 
 __all__ = ["register"]
 
@@ -53,6 +54,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                  planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  profile_path: Optional[Path] = ProfileOpt,
+                 overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
@@ -63,9 +65,9 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
     workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention)
-    options = {"profile": profile} if profile is not None else {}
+    options = ({"profile": profile} if profile is not None else {}) | engine_options(overlap_p2p, overlap_grad_reduce)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
-        chosen_predictor = _predictor(predictor, graph, cl, workload, profile)
+        chosen_predictor = _predictor(predictor, graph, cl, workload, options)
         result = plan(graph, cl, workload, planner, predictor=chosen_predictor)
         bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options)
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
@@ -87,13 +89,14 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
               + (f"; plan written to {out}" if out else ""))
 
 
-def _predictor(name, graph, cl, workload, profile):
-    """The predictor by name (None when no profile: planners take the registry's default themselves)."""
-    if profile is None:
+def _predictor(name, graph, cl, workload, options: dict):
+    """The predictor by name, built with ``options`` (a profile, engine options); just the name when there
+    are none: planners take the registry's default themselves."""
+    if not options:
         return name
     from hetpart.costmodel.predictor import get_predictor
 
-    return get_predictor(name or "simulator", graph, cl, workload, profile=profile)
+    return get_predictor(name or "simulator", graph, cl, workload, **options)
 
 
 def _provenance_lines(con, provenance: dict) -> None:
@@ -197,6 +200,7 @@ def predict_command(
         plans_path: Optional[Path] = typer.Option(None, "--plans", help="Score many plans: a JSONL file, one plan "
                                                   "per line; prints one JSON line per plan (with --json)."),
         profile_path: Optional[Path] = ProfileOpt,
+        overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
@@ -209,7 +213,7 @@ def predict_command(
         return predict_records(records, predictor, json_out)
     if plans_path is not None:
         _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out,
-                       profile)
+                       profile, engine_options(overlap_p2p, overlap_grad_reduce))
         return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
@@ -234,7 +238,8 @@ def predict_command(
     if plan_path is not None and recompute is None:
         workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero,
                                  workload.optimizer, workload.attention)
-    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}))
+    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
+                           **engine_options(overlap_p2p, overlap_grad_reduce))
     prediction = chosen.predict(plan, workload, validate=True)
     if json_out:
         answer = {"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
@@ -251,7 +256,7 @@ def predict_command(
 
 def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[str], cluster: Optional[str],
                    global_batch: Optional[int], seq_len: Optional[int], precision: Optional[str],
-                   predictor: Optional[str], json_out: bool, profile=None) -> None:
+                   predictor: Optional[str], json_out: bool, profile=None, engine: dict | None = None) -> None:
     """``predict --plans``: one process, one model, cluster and predictor, one answer line per plan."""
     import json
     import sys
@@ -286,7 +291,8 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
                                  precision or stated)
     workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
-    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}))
+    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
+                           **(engine or {}))
     answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path))
     if json_out:
         for answer in answers:
