@@ -442,9 +442,11 @@ class BoundProfile:
     def _curve(self, device: str, precision: str, unit: "Unit") -> _Curve | None:
         return self._curves.get((device, precision, unit.kind, int(unit.params)))
 
-    def unit_compute_s(self, gpu: "GPUSpec", tp: int, micro_batch: int, precision: str, recompute: str,
+    def unit_compute_s(self, gpu: "GPUSpec", tp: "float | np.ndarray", micro_batch: int, precision: str, recompute: str,
                        fwd: np.ndarray, bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones."""
+        """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones.
+
+        ``tp``: the tensor-parallel degree, or per unit ``1 / the device's share`` of an uneven split."""
         device = self.device_class(gpu)
         measured_precision = self.precision_for(device, precision) if device is not None else None
         if measured_precision is None:
@@ -455,7 +457,7 @@ class BoundProfile:
             curve = self._curve(device, measured_precision, u)
             if curve is None:
                 continue
-            shard = tp if u.tp_shardable else 1
+            shard = (float(tp[i]) if np.ndim(tp) else tp) if u.tp_shardable else 1
             work = u.fwd_flops * micro_batch / shard if u.fwd_flops > 0 else float(micro_batch * self.model.seq_len)
             f, b = curve.at(work)
             share = u.recompute_flops[recompute] / u.fwd_flops if u.fwd_flops > 0 else 0.0

@@ -280,7 +280,7 @@ class Simulator:
                      split: TPSplit | None = None, attention: str = "fused") -> _UnitPrefix:
         g = self._group(devices)
         if split is not None or not g.alike:
-            return self._uneven_prefix(g, tp, mb, precision, recompute, split, attention)
+            return self._uneven_prefix(g, tp, mb, precision, recompute, split, attention, devices)
         key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute, attention)
         hit = self._units.get(key)
         if hit is None:
@@ -297,7 +297,7 @@ class Simulator:
         return hit
 
     def _uneven_prefix(self, g: DeviceGroupFacts, tp: int, mb: int, precision: str, recompute: str,
-                       split: TPSplit | None, attention: str = "fused") -> _UnitPrefix:
+                       split: TPSplit | None, attention: str = "fused", devices: tuple[str, ...] = ()) -> _UnitPrefix:
         """Unlike devices or an uneven split: per unit, the slowest device's time for its share of the
         split work (at its local width) plus the work every rank repeats, over its speed factor. The
         Megatron all-reduces keep their full size (each rank adds a full-width partial sum)."""
@@ -310,9 +310,14 @@ class Simulator:
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention)
+                if self._profiled is not None:  # measured units at this device's share of each
+                    f, b = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f, b)
                 f, b = f / speed, b / speed
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
+            tp_link = g.tp_link
+            if self._profiled is not None and tp > 1 and devices:  # the measured all-reduce hops, as for alike groups
+                tp_link = device_group_facts(self._ar_cluster, devices).tp_link
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = self._units[key] = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
         return hit

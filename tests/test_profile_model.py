@@ -233,3 +233,29 @@ def test_unit_compute_matches_per_unit(cluster):
     fwd, bwd = unit_compute_s(model, gpu, 1, 2, "bf16", "none")
     f, b = bound.unit_compute_s(gpu, 1, 2, "bf16", "none", np.zeros_like(fwd), np.zeros_like(bwd))
     assert f == pytest.approx(fwd) and b == pytest.approx(bwd)
+
+
+def test_an_uneven_tensor_parallel_group_is_priced_from_the_profile_too(tmp_path):
+    """Unlike devices in one TP group (a measured slow factor, an uneven split): each device's units come
+    from the profile at its share, then its speed factor; a profile equal to the analytic terms changes
+    nothing, a profile three times slower triples the compute."""
+    from hetpart.plan import Plan, Replica, Stage, TPSplit
+
+    path = tmp_path / "slow.yaml"
+    path.write_text(CLUSTER + 'slow: {"0/0/1": 0.5}\n')
+    cluster = load_cluster(str(path))
+    model = _model()
+    stage = Stage((0, model.num_units), ("0/0/0", "0/0/1"), tp=2, tp_split=TPSplit(heads=(8, 4), ffn=(2048, 1024)))
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=64, recompute="none", precision="bf16",
+                replicas=(Replica(1.0, (stage,)),))
+    base = analytic_profile(model, cluster)
+    three = Profile(devices=base.devices, device_types=base.device_types, links=base.links,
+                    compute=tuple(ComputeEntry(**{**e.__dict__, "fwd_s": e.fwd_s * 3, "bwd_s": e.bwd_s * 3})
+                                  for e in base.compute))
+    plain = Simulator(model, cluster).simulate(plan)
+    same = Simulator(model, cluster, profile=base).simulate(plan)
+    slow = Simulator(model, cluster, profile=three).simulate(plan)
+    # the shares' work lies between measured micro-batches: interpolated linearly, close to the curve
+    assert same.breakdown[0]["compute_s"] == pytest.approx(plain.breakdown[0]["compute_s"], rel=0.01)
+    assert same.breakdown[0]["tp_comm_s"] == pytest.approx(plain.breakdown[0]["tp_comm_s"], rel=1e-6)
+    assert slow.breakdown[0]["compute_s"] == pytest.approx(3 * same.breakdown[0]["compute_s"], rel=1e-9)
