@@ -1,0 +1,161 @@
+"""Activation bytes a unit keeps for its backward (per sequence): what the memory model counts.
+
+Two kernel sets, because what a block saves depends on the kernels that run it more than on its math:
+
+* ``torch`` -- hetpart's runtime: Hugging Face ``transformers`` GPT-2 and Llama blocks and hetpart's own
+  GPT block (OPT and BERT shapes), on PyTorch's kernels (SDPA attention). **MEASURED**: bytes autograd
+  saves for one forward (``torch.autograd.graph.saved_tensors_hooks``, one count per storage, parameters
+  left out), fitted per token over 10 shapes each, exactly (largest residual < 0.01%):
+  ``experiments/data/activation_bytes.json``, produced by ``python -m hetpart.experiments.measure_activations``
+  (torch 2.13, transformers 5.23, CPU). Per token and block, 16-bit activations (fp32: see
+  :data:`TORCH_BLOCK`), SDPA, no recomputation:
+
+  - GPT-2 (transformers): ``16 h + 10 f + 4 a + 8``: its tanh-GELU is composed of five element-wise
+    operators that each save an ``f``-wide tensor (Korthikanti's fused GeLU keeps 2);
+  - Llama (transformers): ``20 h + 4 kv + 8 f + 4 a + 8 + 4 d``: each RMSNorm keeps an fp32 copy of its
+    input (``4 h``) besides its 16-bit output; SwiGLU keeps gate, up, silu(gate) and their product;
+  - hetpart's GPT block: ``16 h + 4 f + 4 a + 8`` (Korthikanti's ``34 s h`` for GPT without dropout,
+    plus the attention kernel's fp32 log-sum-exp ``4 a`` and the norms' fp32 statistics);
+  - full recomputation keeps the block's input (``2 h``); selective (the attention sublayer
+    checkpointed) keeps its input instead of q, k, v and the output.
+
+  The head (final norm, vocabulary projection, fp32 cross-entropy as the runtime computes it) keeps
+  ``4 V`` (fp32 log-probabilities) plus 4-12 ``h``.
+
+* ``fused`` -- Megatron-Core with Transformer Engine, what published large runs use (the default).
+  DERIVED, kernel by kernel, from what each fused kernel saves (not measured here: no GPU): the fused
+  norm + linear keeps the norm's input and output (``2 p h`` each norm), flash attention q, k, v, its
+  output and an fp32 log-sum-exp, the fused bias-SwiGLU its input (gate and up, ``2 p f``) and the second
+  linear its output (``p f``), a GeLU MLP its two ``f``-wide tensors, dropout a 1-byte mask per output:
+  ``p (6 h + 2 kv + n f) + 2 d h + 4 a`` per token (``n`` 3 for SwiGLU, 2 for GeLU; Korthikanti et al.
+  2022's ``34 s h`` for GPT with dropout, ``12 h + 4 kv + 6 f`` for a 16-bit Llama block). The pieces
+  that coincide with the runtime's kernels agree with the measurement (q, k, v, output and ``4 a`` of the
+  attention kernel; the input kept by full recomputation). Eager attention adds Korthikanti's
+  ``a s (p + d (1 + p))`` score terms, selective recomputation drops them. The embedding and head keep
+  what the unit graph says (token ids; norm and projection inputs, fp32 log-probabilities).
+
+Graphs traced from modules (no transformer config) keep their traced ``act_bytes`` under both sets.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetpart.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.graph.model_graph import ModelGraph
+
+__all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "unit_saved_bytes", "check_kernels"]
+
+KERNELS = ("fused", "torch")
+"""Kernel sets the memory model knows (module docstring)."""
+DEFAULT_KERNELS = "fused"
+
+# MEASURED (experiments/data/activation_bytes.json): bytes per token and block by
+# (runtime implementation, activation precision, attention, recompute); terms: h width, kv key/value
+# width, f MLP width, a heads, one constant, d head dim (rotary tables, per sequence position), as heads x
+# sequence (eager attention's score matrix).
+TORCH_BLOCK: dict[tuple[str, str, str, str], dict[str, float]] = {
+    ("gpt2", "bf16", "sdpa", "none"): {"h": 16, "f": 10, "a": 4, "one": 8},
+    ("gpt2", "bf16", "sdpa", "selective"): {"h": 8, "f": 10, "one": 8},
+    ("gpt2", "bf16", "eager", "none"): {"h": 16, "f": 10, "one": 8, "as": 2},
+    ("gpt2", "bf16", "eager", "selective"): {"h": 8, "f": 10, "one": 8},
+    ("gpt2", "fp32", "sdpa", "none"): {"h": 32, "f": 20, "a": 4, "one": 16},
+    ("gpt2", "fp32", "sdpa", "selective"): {"h": 16, "f": 20, "one": 16},
+    ("gpt2", "fp32", "eager", "none"): {"h": 32, "f": 20, "one": 16, "as": 4},
+    ("gpt2", "fp32", "eager", "selective"): {"h": 16, "f": 20, "one": 16},
+    ("llama", "bf16", "sdpa", "none"): {"h": 20, "kv": 4, "f": 8, "a": 4, "one": 8, "d": 4},
+    ("llama", "bf16", "sdpa", "selective"): {"h": 14, "f": 8, "one": 8},
+    ("llama", "bf16", "eager", "none"): {"h": 24, "f": 8, "one": 8, "d": 4, "as": 6},
+    ("llama", "bf16", "eager", "selective"): {"h": 14, "f": 8, "one": 8},
+    ("llama", "fp32", "sdpa", "none"): {"h": 32, "kv": 8, "f": 16, "a": 4, "one": 8, "d": 8},
+    ("llama", "fp32", "sdpa", "selective"): {"h": 20, "f": 16, "one": 8},
+    ("llama", "fp32", "eager", "none"): {"h": 40, "f": 16, "one": 8, "d": 8, "as": 4},
+    ("llama", "fp32", "eager", "selective"): {"h": 20, "f": 16, "one": 8},
+    ("gpt", "bf16", "sdpa", "none"): {"h": 16, "f": 4, "a": 4, "one": 8},
+    ("gpt", "bf16", "sdpa", "selective"): {"h": 8, "f": 4, "one": 8},
+    ("gpt", "fp32", "sdpa", "none"): {"h": 32, "f": 8, "a": 4, "one": 16},
+    ("gpt", "fp32", "sdpa", "selective"): {"h": 16, "f": 8, "one": 16},
+}
+"""Full recomputation keeps the block's input, ``p h`` (measured: 2 h in bf16, 4 h in fp32, every family)."""
+TORCH_HEAD: dict[tuple[str, str], dict[str, float]] = {
+    ("gpt2", "bf16"): {"h": 4, "V": 4, "one": 12}, ("gpt2", "fp32"): {"h": 8, "V": 4, "one": 16},
+    ("llama", "bf16"): {"h": 8, "V": 4, "one": 12}, ("llama", "fp32"): {"h": 12, "V": 4, "one": 12},
+    ("gpt", "bf16"): {"h": 4, "V": 4, "one": 12}, ("gpt", "fp32"): {"h": 8, "V": 4, "one": 16},
+}
+"""MEASURED: the head with the runtime's loss (cross-entropy of the fp32 logits), bytes per token."""
+
+
+def check_kernels(kernels: str) -> str:
+    if kernels not in KERNELS:
+        raise PlanError(f"kernels: unknown kernel set {kernels!r}; use {' or '.join(KERNELS)}")
+    return kernels
+
+
+def _torch_impl(family: str) -> str:
+    """The runtime's implementation of a family: transformers for GPT-2 and Llama, hetpart's GPT else."""
+    return family if family in ("gpt2", "llama") else "gpt"
+
+
+def _terms(cfg, seq_len: int) -> dict[str, float]:
+    return {"h": cfg.hidden_size, "kv": cfg.kv_dim, "f": cfg.ffn, "a": cfg.num_heads, "one": 1.0,
+            "d": cfg.head_dim, "as": cfg.num_heads * seq_len, "V": cfg.vocab_size}
+
+
+def _dot(coef: dict[str, float], terms: dict[str, float]) -> float:
+    return sum(c * terms[k] for k, c in coef.items())
+
+
+def _torch_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> float:
+    prec = "fp32" if p >= 4 else "bf16"
+    if recompute == "full":
+        return float(p * cfg.hidden_size * seq_len)
+    impl = _torch_impl(cfg.family)
+    att = "sdpa" if attention == "fused" else "eager"
+    coef = TORCH_BLOCK.get((impl, prec, att, recompute))
+    if coef is None:  # hetpart's GPT block runs SDPA only; its eager form adds GPT-2's measured scores
+        coef = dict(TORCH_BLOCK[(impl, prec, "sdpa", recompute)])
+        if recompute == "none":
+            coef.pop("a", None)
+            coef["as"] = TORCH_BLOCK[("gpt2", prec, "eager", "none")]["as"]
+    return _dot(coef, _terms(cfg, seq_len)) * seq_len
+
+
+def _fused_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> float:
+    h, kv, f, a, s = cfg.hidden_size, cfg.kv_dim, cfg.ffn, cfg.num_heads, seq_len
+    if recompute == "full":
+        return float(p * h * s)
+    d = 1 if cfg.dropout else 0
+    n = 3 if cfg.activation == "swiglu" else 2
+    per_token = p * (6 * h + 2 * kv + n * f) + 2 * d * h
+    if attention == "fused":
+        per_token += 4 * a  # flash attention's fp32 log-sum-exp
+    elif recompute == "none":
+        per_token += a * s * (p + d * (1 + p))  # scores: softmax output, dropout mask and output
+    return float(per_token * s)
+
+
+def unit_saved_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
+                     kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Bytes each unit of ``model`` keeps for its backward, per sequence, under ``recompute`` with the
+    ``attention`` kernel and the ``kernels`` set (module docstring)."""
+    from hetpart.costmodel.compute import saved_act_mode
+
+    check_kernels(kernels)
+    cfg = model.config
+    if cfg is None:  # traced: what the trace measured
+        mode = saved_act_mode(recompute, attention)
+        return [float(u.act_bytes[mode]) for u in model.units]
+    p, s = model.dtype_bytes, model.seq_len
+    out = []
+    for u in model.units:
+        if u.kind == "block":
+            block = _torch_block if kernels == "torch" else _fused_block
+            out.append(block(cfg, s, p, recompute, attention))
+        elif u.kind == "head" and kernels == "torch":
+            prec = "fp32" if p >= 4 else "bf16"
+            out.append(_dot(TORCH_HEAD[(_torch_impl(cfg.family), prec)], _terms(cfg, s)) * s)
+        else:
+            out.append(float(u.act_bytes[saved_act_mode(recompute, attention)]))
+    return out
