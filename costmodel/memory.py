@@ -8,13 +8,13 @@ Per device of a stage holding units ``[first, last)`` with tensor parallelism ``
   gradients (4) and moments (8), also 16. Momentum SGD keeps one moment (12 either way); 8-bit Adam
   (Dettmers et al. 2022, bitsandbytes) two 1-byte moments (10; its block-wise scales are ~0.2%).
   Tensor-parallel units are split ``tp`` ways; a tied embedding copy counts where it is held.
-* activations saved for backward, ``act_bytes[recompute] * micro_batch / tp`` per unit (the graph
-  follows Korthikanti: ``34 s h + 5 a s^2`` per layer without recompute, the ``s^2`` term dropped by
-  selective recompute, ``2 s h`` with full recompute; sequence parallelism assumed, so every term
-  divides by ``tp``), times the micro-batches in flight for the schedule; with full recompute one
-  unit's full activations are live again while it is recomputed. Fused attention (flash / SDPA, the
-  default) stores no ``a s^2`` score matrix, so without recomputation a block saves what selective
-  recomputation saves (:func:`hetpart.costmodel.compute.saved_act_mode`); eager attention stores it;
+* activations saved for backward, per unit ``saved * micro_batch / tp`` with ``saved`` the bytes per
+  sequence of :func:`hetpart.costmodel.activations.unit_saved_bytes` (the ``fused`` kernel set of
+  Megatron-Core / Transformer Engine by default, Korthikanti's ``34 s h + 5 a s^2`` per GPT layer with
+  dropout; the ``torch`` set measured on hetpart's runtime modules), sequence parallelism assumed so
+  every term divides by ``tp``, times the micro-batches in flight for the schedule; with full recompute
+  one unit's full activations are live again while it is recomputed. Fused attention (flash / SDPA,
+  the default) stores no ``a s^2`` score matrix; eager attention stores it;
 * a framework overhead (CUDA context, cuBLAS workspaces, NCCL buffers, allocator fragmentation),
   taken off the device's capacity by :func:`memory_capacity_gb`.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-from hetpart.costmodel.compute import saved_act_mode
+from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
@@ -86,7 +86,7 @@ def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,
                     recompute: str, precision: str = "bf16", optimizer: str = "adam",
-                    attention: str = "fused") -> float:
+                    attention: str = "fused", kernels: str = DEFAULT_KERNELS) -> float:
     """Peak memory of one device of a stage, GB (without the framework overhead).
 
     Args:
@@ -100,16 +100,17 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
             bytes are already at the graph's precision).
         optimizer: ``adam``, ``sgd`` or ``adam8bit`` (:data:`OPTIMIZER_STATE_BYTES`).
         attention: ``fused`` or ``eager`` (whether the score matrix is stored).
+        kernels: the kernel set whose saved activations count (:mod:`~hetpart.costmodel.activations`).
     """
     del precision
     states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer)
     units = model.units[first:last]
-    mode = saved_act_mode(recompute, attention)
-    per_mb = sum(u.act_bytes[mode] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
+    saved = unit_saved_bytes(model, recompute, attention, kernels)[first:last]
+    per_mb = sum(b / (tp if u.tp_shardable else 1) for u, b in zip(units, saved)) * micro_batch
     acts = per_mb * in_flight
     if recompute == "full" and units:
-        whole = saved_act_mode("none", attention)
-        acts += max(u.act_bytes[whole] / (tp if u.tp_shardable else 1) for u in units) * micro_batch
+        whole = unit_saved_bytes(model, "none", attention, kernels)[first:last]
+        acts += max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, whole)) * micro_batch
     return (states + acts) / 1e9
 
 
@@ -119,7 +120,7 @@ class PrefixTables:
     Same accounting as :func:`stage_memory_gb` (tests compare the two); planners may use it too.
     """
 
-    def __init__(self, model: ModelGraph) -> None:
+    def __init__(self, model: ModelGraph, kernels: str = DEFAULT_KERNELS) -> None:
         def prefix(values):
             return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))]).tolist()
 
@@ -129,11 +130,14 @@ class PrefixTables:
         self._p_rep = prefix([u.params * (1 - f) for u, f in zip(units, sh)])
         self._s_sh = prefix([u.shared_params * f for u, f in zip(units, sh)])
         self._s_rep = prefix([u.shared_params * (1 - f) for u, f in zip(units, sh)])
-        self._act = {mode: (prefix([u.act_bytes[mode] * f for u, f in zip(units, sh)]),
-                            prefix([u.act_bytes[mode] * (1 - f) for u, f in zip(units, sh)]))
-                     for mode in ("none", "selective", "full")}
-        self._whole = {att: ([u.act_bytes[saved_act_mode("none", att)] * f for u, f in zip(units, sh)],
-                             [u.act_bytes[saved_act_mode("none", att)] * (1 - f) for u, f in zip(units, sh)])
+        self.kernels = kernels
+        saved = {(mode, att): unit_saved_bytes(model, mode, att, kernels)
+                 for mode in ("none", "selective", "full") for att in ("fused", "eager")}
+        self._act = {key: (prefix([b * f for b, f in zip(acts, sh)]), prefix([b * (1 - f) for b, f in zip(acts, sh)]))
+                     for key, acts in saved.items()}
+        """Per (recompute, attention), prefix sums of the (sharded, replicated) saved activations."""
+        self._whole = {att: ([b * f for b, f in zip(saved[("none", att)], sh)],
+                             [b * (1 - f) for b, f in zip(saved[("none", att)], sh)])
                        for att in ("fused", "eager")}
         """Per attention kernel, (sharded, replicated) activations of each unit without recomputation."""
         self.owner = model.tied_owner_index
@@ -158,7 +162,7 @@ class PrefixTables:
         if arr is None:
             arr = self._np = {"p_sh": np.asarray(self._p_sh), "p_rep": np.asarray(self._p_rep),
                               "s_sh": np.asarray(self._s_sh), "s_rep": np.asarray(self._s_rep),
-                              **{f"act_{m}": (np.asarray(sh), np.asarray(rep)) for m, (sh, rep) in self._act.items()}}
+                              **{("act", *k): (np.asarray(sh), np.asarray(rep)) for k, (sh, rep) in self._act.items()}}
         return arr
 
     def params_per_device_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray) -> np.ndarray:
@@ -206,7 +210,7 @@ class PrefixTables:
                 sel = (recompute == code) & kind
                 if not sel.any():
                     continue
-                sh, rep = t[f"act_{saved_act_mode(mode, attention)}"]
+                sh, rep = t[("act", mode, attention)]
                 sa, sz, stp = a[sel], z[sel], tp[sel]
                 val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
                 if mode == "full":
@@ -221,7 +225,7 @@ class PrefixTables:
 
     def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str,
                   optimizer: str = "adam", attention: str = "fused") -> float:
-        sh, rep = self._act[saved_act_mode(recompute, attention)]
+        sh, rep = self._act[(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
         if recompute == "full" and z > a:
             whole_sh, whole_rep = self._whole[attention]

@@ -52,6 +52,7 @@ from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
+from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
 from hetpart.costmodel.profile import BoundProfile, Profile
@@ -241,13 +242,15 @@ class Simulator:
     def __init__(self, model: ModelGraph, cluster: Cluster,
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
-                 grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None) -> None:
+                 grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None,
+                 kernels: str = DEFAULT_KERNELS) -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
         models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
         data-parallel bucket (Megatron-LM's 40M; PyTorch DDP's 25 MB is 6.25M fp32) (module docstring);
         ``profile``: measured entries replace the analytic terms where it has them
-        (:mod:`hetpart.costmodel.profile`)."""
+        (:mod:`hetpart.costmodel.profile`); ``kernels``: whose saved activations the memory model counts
+        (``fused``: Megatron-Core/Transformer Engine, ``torch``: hetpart's runtime; :mod:`~hetpart.costmodel.activations`)."""
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
         self.profile = profile
@@ -259,7 +262,8 @@ class Simulator:
         self.overlap_p2p = overlap_p2p
         self.cluster = cluster
         self._curve_of = curve_of
-        self._tables = PrefixTables(model)
+        self.kernels = check_kernels(kernels)
+        self._tables = PrefixTables(model, kernels)
         self._out_bytes = [u.out_act_bytes for u in model.units]
         self._units: dict[tuple, tuple[list[float], ...]] = {}
         self._groups: dict[tuple[str, ...], DeviceGroupFacts] = {}
@@ -928,7 +932,8 @@ class Simulator:
 
         return (f"{__version__}" + ("" if self.overlap_grad_reduce else "+no-overlap-grad-reduce")
                 + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated")
-                + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}"))
+                + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}")
+                + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -1130,7 +1135,7 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
 def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
-                        profile: "Profile | None" = None, **unknown: Any) -> Simulator:
+                        profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
     Raises:
@@ -1143,6 +1148,6 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         profile = parse_profile(profile, "predictor option 'profile'")
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, overlap_p2p, curve_of, profile")
+                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels")
     return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
-                     profile=profile)
+                     profile=profile, kernels=kernels)

@@ -20,7 +20,8 @@ from functools import lru_cache
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.costmodel.compute import saved_act_mode, unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes
+from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
@@ -107,8 +108,9 @@ class CostTable:
     """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute) for one model and cluster."""
 
     def __init__(self, model: ModelGraph, cluster: Cluster, precision: str, optimizer: str = "adam",
-                 attention: str = "fused") -> None:
+                 attention: str = "fused", kernels: str = DEFAULT_KERNELS) -> None:
         self.model = model
+        self.kernels = kernels
         self.cluster = cluster
         self.precision = precision
         self.optimizer = optimizer
@@ -132,11 +134,12 @@ class CostTable:
                 held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
             states = states + held * state_bytes / 1e9
             grads = grads + held * (4 if self.precision == "fp32" else 2)
-        mode, whole = saved_act_mode(recompute, self.attention), saved_act_mode("none", self.attention)
-        acts = _range_sum(np.array([u.act_bytes[mode] for u in model.units]) / div) * micro_batch / 1e9
+        saved = np.array(unit_saved_bytes(model, recompute, self.attention, self.kernels))
+        acts = _range_sum(saved / div) * micro_batch / 1e9
         extra = np.zeros_like(acts)
         if recompute == "full":
-            extra = _range_max(np.array([u.act_bytes[whole] for u in model.units]) / div) * micro_batch / 1e9
+            whole = np.array(unit_saved_bytes(model, "none", self.attention, self.kernels))
+            extra = _range_max(whole / div) * micro_batch / 1e9
         return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
                           self.precision, self.optimizer)
 

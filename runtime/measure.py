@@ -158,7 +158,8 @@ def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
     The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
     then the simulator's other metrics, ``predictor`` (name, version and options, for the run record)
     and its per-stage breakdown. The runtime all-reduces gradients
-    after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``).
+    after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``), and
+    it counts the activations the runtime's own modules save (``kernels="torch"``).
     ``profile``: a measured profile whose entries replace the simulator's analytic terms.
     """
     from hetpart.costmodel.predictor import get_predictor
@@ -166,7 +167,8 @@ def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
 
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
                         recompute=plan.recompute)
-    options = {"overlap_grad_reduce": False}
+    # the runtime runs PyTorch's kernels (transformers modules): its saved activations are measured ones
+    options = {"overlap_grad_reduce": False, "kernels": "torch"}
     chosen = get_predictor("simulator", graph, cluster, workload, **options,
                            **({"profile": profile} if profile is not None else {}))
     pred = chosen.predict(plan, workload)
