@@ -35,6 +35,17 @@ Two kernel sets, because what a block saves depends on the kernels that run it m
   what the unit graph says (token ids; norm and projection inputs, fp32 log-probabilities).
 
 Graphs traced from modules (no transformer config) keep their traced ``act_bytes`` under both sets.
+
+**Working set** (:func:`unit_working_bytes`): what a unit's backward allocates on top of what was saved,
+alive while it runs (one unit at a time, so a stage adds its largest): MEASURED on the runtime's units
+(the allocator's in-use bytes, ``mallinfo2``, sampled after every operator; /tmp-free script in
+``experiments/measure_activations.py --working-set``): the head's cross-entropy backward holds the fp32
+gradients of the log-probabilities and of the logits, ``8 V`` bytes per token (8.0-8.1 V measured, fp32
+and bf16); a block's MLP backward two ``f``-wide gradients, ``2 p f`` (8.0-8.5 f measured in fp32 at
+micro-batch 2-4; 4.9-5.0 f in bf16). For the fused set: Megatron's vocabulary-parallel cross-entropy
+computes its gradient in place in the saved fp32 softmax and casts it, ``p V``; the MLP backward the
+gradients of the fc1 output and of the activation, ``p n f``. Under full recomputation the unit being
+recomputed also holds its whole activations again.
 """
 
 from __future__ import annotations
@@ -46,7 +57,8 @@ from hetpart.errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
 
-__all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "unit_saved_bytes", "check_kernels"]
+__all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "unit_saved_bytes", "unit_working_bytes",
+           "check_kernels"]
 
 KERNELS = ("fused", "torch")
 """Kernel sets the memory model knows (module docstring)."""
@@ -159,3 +171,23 @@ def unit_saved_bytes(model: "ModelGraph", recompute: str, attention: str = "fuse
         else:
             out.append(float(u.act_bytes[saved_act_mode(recompute, attention)]))
     return out
+
+
+def unit_working_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
+                       kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Bytes each unit holds on top of its saved activations while its backward runs, per sequence (module
+    docstring): its backward's transient gradients, plus under full recomputation its activations
+    recomputed without recomputation."""
+    check_kernels(kernels)
+    out = unit_saved_bytes(model, "none", attention, kernels) if recompute == "full" else [0.0] * model.num_units
+    cfg = model.config
+    if cfg is None:
+        return out
+    p, s = model.dtype_bytes, model.seq_len
+    n = 3 if cfg.activation == "swiglu" else 2
+    for i, u in enumerate(model.units):
+        if u.kind == "block":
+            out[i] += (2 if kernels == "torch" else n) * p * cfg.ffn * s
+        elif u.kind == "head":
+            out[i] += (8 if kernels == "torch" else p) * cfg.vocab_size * s
+    return [float(b) for b in out]

@@ -26,7 +26,7 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes
+from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
@@ -108,9 +108,9 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
     saved = unit_saved_bytes(model, recompute, attention, kernels)[first:last]
     per_mb = sum(b / (tp if u.tp_shardable else 1) for u, b in zip(units, saved)) * micro_batch
     acts = per_mb * in_flight
-    if recompute == "full" and units:
-        whole = unit_saved_bytes(model, "none", attention, kernels)[first:last]
-        acts += max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, whole)) * micro_batch
+    if units:  # the running unit's working set (full recompute: its activations live again)
+        work = unit_working_bytes(model, recompute, attention, kernels)[first:last]
+        acts += max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, work)) * micro_batch
     return (states + acts) / 1e9
 
 
@@ -136,10 +136,12 @@ class PrefixTables:
         self._act = {key: (prefix([b * f for b, f in zip(acts, sh)]), prefix([b * (1 - f) for b, f in zip(acts, sh)]))
                      for key, acts in saved.items()}
         """Per (recompute, attention), prefix sums of the (sharded, replicated) saved activations."""
-        self._whole = {att: ([b * f for b, f in zip(saved[("none", att)], sh)],
-                             [b * (1 - f) for b, f in zip(saved[("none", att)], sh)])
-                       for att in ("fused", "eager")}
-        """Per attention kernel, (sharded, replicated) activations of each unit without recomputation."""
+        self._work = {}
+        """Per (recompute, attention), (sharded, replicated) working set of each unit while it runs."""
+        for mode in ("none", "selective", "full"):
+            for att in ("fused", "eager"):
+                work = unit_working_bytes(model, mode, att, kernels)
+                self._work[(mode, att)] = ([b * f for b, f in zip(work, sh)], [b * (1 - f) for b, f in zip(work, sh)])
         self.owner = model.tied_owner_index
         self.sharers = [i for i, u in enumerate(units) if u.shared_params]
 
@@ -213,21 +215,25 @@ class PrefixTables:
                 sh, rep = t[("act", mode, attention)]
                 sa, sz, stp = a[sel], z[sel], tp[sel]
                 val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
-                if mode == "full":
-                    live = sz > sa
-                    if live.any():
-                        la, lz = sa[live], sz[live]
-                        whole_sh, whole_rep = self._whole[attention]
-                        val[live] += np.maximum(self._range_max(whole_sh, la, lz) / stp[live],
-                                                self._range_max(whole_rep, la, lz)) * micro_batch[sel][live]
+                live = sz > sa
+                if live.any():
+                    la, lz = sa[live], sz[live]
+                    work_sh, work_rep = self._work[(mode, attention)]
+                    val[live] += np.maximum(self._range_max(work_sh, la, lz) / stp[live],
+                                            self._range_max(work_rep, la, lz)) * micro_batch[sel][live]
                 acts[sel] = val
         return (self.params_per_device_many(a, z, tp) * state_bytes + acts) / 1e9
+
+    def saved_gb(self, a: int, z: int, tp: int, micro_batch: int, recompute: str, attention: str = "fused") -> float:
+        """Activations units ``[a, z)`` save for one micro-batch on one device, GB."""
+        sh, rep = self._act[(recompute, attention)]
+        return ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch / 1e9
 
     def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str,
                   optimizer: str = "adam", attention: str = "fused") -> float:
         sh, rep = self._act[(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
-        if recompute == "full" and z > a:
-            whole_sh, whole_rep = self._whole[attention]
-            acts += max(max(whole_sh[a:z]) / tp, max(whole_rep[a:z])) * micro_batch
+        if z > a:
+            work_sh, work_rep = self._work[(recompute, attention)]
+            acts += max(max(work_sh[a:z]) / tp, max(work_rep[a:z])) * micro_batch
         return (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer) + acts) / 1e9

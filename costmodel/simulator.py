@@ -54,7 +54,7 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches
-from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb
+from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb, state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
@@ -861,6 +861,8 @@ class Simulator:
                         params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
                     # the states tables.memory_gb counted whole, sharded instead
                     memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
+                    if self.kernels == "torch" and flight >= m:
+                        memory[(r, d)] -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
                     optim[(r, d)] = self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
                     continue
                 gbs = np.zeros(len(group.gpus))
@@ -874,6 +876,16 @@ class Simulator:
                 memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
                 optim[(r, d)] = max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus))
         return memory, optim
+
+    def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float) -> float:
+        """What a device's peak holds less when its engine frees the gradients at each step's start (hetpart's
+        runtime: ``p.grad = None``) and runs every forward before its first backward: the gradients are then
+        allocated while that backward frees one micro-batch's activations, so the peak holds the larger of
+        the two, not both: ``min(gradients, one micro-batch's activations)``, GB."""
+        grads = params * state_bytes(plan.precision, plan.optimizer)[1] * (fraction if zero >= 2 else 1.0) / 1e9
+        one = sum(self._tables.saved_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, plan.recompute,
+                                        plan.attention) for k in range(d, rep.pp, pp))
+        return min(grads, one)
 
     def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
         """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set)."""

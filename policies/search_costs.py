@@ -6,7 +6,7 @@ For a pool, tensor-parallel degree, micro-batch and recompute mode, :class:`Stag
   tensor-parallel all-reduces) as range matrices ``[n + 1, n + 1]`` (prefix sums), and
 * the memory of a stage holding any range ``[a, b)``, split like
   :func:`hetpart.costmodel.memory.stage_memory_gb` into model states, activations per micro-batch in
-  flight and the extra unit live under full recompute, so that a mask for any number of
+  flight and the running unit's working set (its activations again under full recompute), so that a mask for any number of
   micro-batches in flight costs a few array operations.
 
 ``tests/test_search.py`` checks both against the simulator's own functions on random ranges.
@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes
+from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
@@ -136,10 +136,9 @@ class CostTable:
             grads = grads + held * (4 if self.precision == "fp32" else 2)
         saved = np.array(unit_saved_bytes(model, recompute, self.attention, self.kernels))
         acts = _range_sum(saved / div) * micro_batch / 1e9
-        extra = np.zeros_like(acts)
-        if recompute == "full":
-            whole = np.array(unit_saved_bytes(model, "none", self.attention, self.kernels))
-            extra = _range_max(whole / div) * micro_batch / 1e9
+        # the running unit's working set (its backward's transients; under full recompute its activations again)
+        work = np.array(unit_working_bytes(model, recompute, self.attention, self.kernels))
+        extra = _range_max(work / div) * micro_batch / 1e9
         return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
                           self.precision, self.optimizer)
 

@@ -85,3 +85,54 @@ def test_fused_kernels_count_megatron_llama_and_korthikanti_gpt():
     # the runtime's modules save more than fused kernels: GPT-2's composed tanh-GELU, Llama's fp32 norm copies
     assert unit_saved_bytes(gpt2, "none", kernels="torch")[1] > unit_saved_bytes(gpt2, "none")[1]
     assert unit_saved_bytes(llama, "none", kernels="torch")[1] > unit_saved_bytes(llama, "none")[1]
+
+
+def _pipeline_plan(micro_batch: int, recompute: str = "none", schedule: str = "1f1b"):
+    from hetpart import Plan, Replica, Stage
+
+    return Plan(global_batch=8, micro_batch=micro_batch, seq_len=32, schedule=schedule, recompute=recompute,
+                precision="fp32", replicas=(Replica(1.0, (Stage((0, 7), ("0/0/0",), 1), Stage((7, 14), ("0/0/1",), 1))),))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from hetpart.runtime.models import runnable_spec
+
+    cfg = runnable_spec("gpt2-small", "tiny").config
+    return transformer_graph(cfg, "gpt2-small@tiny", 32, 4)
+
+
+@pytest.mark.parametrize("kernels", ["fused", "torch"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_memory_grows_with_the_micro_batch(tiny, kernels, recompute):
+    from hetpart import load_cluster
+    from hetpart.costmodel import Simulator
+
+    sim = Simulator(tiny, load_cluster("tiny-mixed"), kernels=kernels)
+    peaks = [max(sim.simulate(_pipeline_plan(b, recompute)).memory_gb.values()) for b in (1, 2, 4, 8)]
+    assert all(a < b for a, b in zip(peaks, peaks[1:])), peaks
+
+
+def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_working_set(tiny):
+    """hetpart's runtime frees the gradients at each step's start: a stage that runs every forward before its
+    first backward peaks at rest + max(k A, G + (k - 1) A) + W, the last stage (forward, then backward, then
+    forward again) at rest + G + A + W with W its head's fp32 loss gradients (8 V bytes per token)."""
+    from hetpart import load_cluster
+    from hetpart.costmodel import Simulator
+    from hetpart.costmodel.memory import PrefixTables
+
+    b, s = 2, 32
+    plan = _pipeline_plan(b)  # 2 micro-batches: stage 0 holds both before its first backward
+    pred = Simulator(tiny, load_cluster("tiny-mixed"), kernels="torch").simulate(plan)
+    t = PrefixTables(tiny, "torch")
+    saved = unit_saved_bytes(tiny, "none", "fused", "torch")
+    cfg = tiny.config
+    for (a, z), dev, k in (((0, 7), "0/0/0", 2), ((7, 14), "0/0/1", 1)):
+        params = t.params_per_device(a, z, 1)
+        rest, grads = params * 12, params * 4  # fp32 weights and Adam moments; gradients
+        one = sum(saved[a:z]) * b
+        work = max(2 * 4 * cfg.ffn * s if tiny.units[u].kind == "block" else
+                   8 * cfg.vocab_size * s if tiny.units[u].kind == "head" else 0 for u in range(a, z)) * b
+        late = k >= plan.num_microbatches(0)
+        want = rest + (max(k * one, grads + (k - 1) * one) if late else grads + k * one) + work
+        assert pred.memory_gb[dev] * 1e9 == pytest.approx(want, rel=1e-9)
