@@ -82,6 +82,12 @@ def _sharded() -> Section:
     return section()
 
 
+def _memory_validation() -> Section:
+    from hetpart.experiments.bench_memory import section
+
+    return section()
+
+
 def _profile_truth() -> Section:
     from hetpart.experiments.bench_profile_truth import section
 
@@ -100,6 +106,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "nic-sensitivity": _nic_sensitivity,
     "sharded": _sharded,
     "profile-truth": _profile_truth,
+    "memory-validation": _memory_validation,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

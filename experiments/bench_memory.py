@@ -1,0 +1,153 @@
+"""Benchmark: peak memory of real CPU runs against the simulator (issue 9's and issue 10's memory targets).
+
+Each case is a real ``hetpart run`` on this machine (gloo, one process per plan device, shrunken
+gpt2-small): a 2-stage 1F1B pipeline (tiny and small scale, recompute none and full) and a ZeRO-3
+(FSDP2) data-parallel pair. The runtime reports, per rank, the peak resident-set growth during a
+measured step (``rss_peak_delta``: VmHWM reset at the step's start, minus VmRSS then). So that the
+resident set follows the live tensors, the runs use a fixed ``MALLOC_MMAP_THRESHOLD_=65536``: glibc
+then maps every tensor above 64 KiB on its own and unmaps it when freed (with its default, adaptive
+threshold, freed memory stays resident and the growth depends on the allocation order: the same run
+measured 195 and 211 MB on rank 0).
+
+What is compared is the same quantity on both sides: the growth during a step is the device's
+predicted peak (:class:`~hetpart.costmodel.Simulator`, with the options of the run record: the
+``torch`` kernel set, the activations the runtime's modules were measured to save) less what is
+resident when the step starts (weights and optimizer states, sharded as the plan's level shards them;
+the runtime frees the gradients at the start of each step).
+
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 6 minutes on the shared
+2-core machine); ``--write`` rewrites the ``memory-validation`` section of docs/BENCHMARKS.md;
+``--records FILE`` re-predicts records measured before instead of running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["CASES", "run_case", "compare", "section", "main"]
+
+_PIPE = {"global_batch": 8, "seq_len": 512, "schedule": "1f1b", "interleave": 1, "precision": "bf16",
+         "replicas": [{"batch_share": 1.0, "stages": [{"layers": [0, 7], "devices": ["0/0/0"], "tp": 1},
+                                                      {"layers": [7, 14], "devices": ["0/0/1"], "tp": 1}]}],
+         "meta": {"model": "gpt2-small", "cluster": "tiny-mixed"}}
+_ZERO = {"global_batch": 8, "micro_batch": 2, "seq_len": 128, "schedule": "1f1b", "recompute": "none",
+         "replicas": [{"batch_share": 0.5, "stages": [{"layers": [0, 14], "devices": ["0/0/0"], "tp": 1}]},
+                      {"batch_share": 0.5, "stages": [{"layers": [0, 14], "devices": ["0/0/1"], "tp": 1}]}],
+         "meta": {"model": "gpt2-small", "cluster": "tiny-mixed"}}
+
+CASES = [
+    ("pipeline, tiny (h=64, seq 32)", "tiny", dict(_PIPE, micro_batch=2, recompute="none")),
+    ("pipeline, small (h=256, seq 128)", "small", dict(_PIPE, micro_batch=4, recompute="none")),
+    ("pipeline, small, full recompute", "small", dict(_PIPE, micro_batch=4, recompute="full")),
+    ("ZeRO-3 (FSDP2) x 2, small", "small", dict(_ZERO, zero=3)),
+    ("ZeRO-1 x 2, small", "small", dict(_ZERO, zero=1)),
+]
+"""(label, scale, plan): the runs of the comparison."""
+
+
+def run_case(plan: dict, scale: str, out: Path, steps: int = 3) -> None:
+    """One real ``hetpart run`` of ``plan``, its record appended to ``out``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(plan, fh)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    cmd = [sys.executable, "-m", "hetpart", "run", fh.name, "--model", "gpt2-small", "--cluster", "tiny-mixed",
+           "--scale", scale, "--steps", str(steps), "--out", str(out)]
+    try:
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+    finally:
+        os.unlink(fh.name)
+
+
+def _at_rest_gb(plan, model, replica: int, stage: int) -> float:
+    """What a device holds when a step starts: weights and optimizer states (sharded as the plan's level
+    shards them); the runtime frees the gradients at each step's start."""
+    from hetpart.costmodel.memory import PrefixTables
+    from hetpart.costmodel.sharding import state_bytes
+
+    rep = plan.replicas[replica]
+    pp = rep.pp // plan.chunks_per_device
+    tables = PrefixTables(model)
+    params = sum(tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp) for k in range(stage, rep.pp, pp))
+    w, _, opt = state_bytes(plan.precision, plan.optimizer)
+    zero = plan.zero if plan.dp > 1 else 0
+    f = plan.shard_fraction(replica)
+    return params * ((w * (f if zero >= 3 else 1.0)) + opt * (f if zero >= 1 else 1.0)) / 1e9
+
+
+def compare(record) -> list[dict]:
+    """Per rank of ``record``: measured growth, predicted growth (peak less the states at rest), and the
+    recorded prediction's full account (what the section compared before)."""
+    from hetpart.costmodel.predictor import get_predictor
+    from hetpart.workload import Workload
+
+    graph, plan, wl = record.model_graph(), record.run_plan("record"), Workload(**record.workload)
+    options = dict(record.predicted.options) if record.predicted is not None else {}
+    options.pop("profile", None)
+    pred = get_predictor("simulator", graph, record.prediction_cluster("record"), wl, **options).predict(plan, wl)
+    by_device = {dev: (b["replica"], b["stage"], b["memory_gb"]) for b in pred.breakdown for dev in b["devices"]}
+    rows = []
+    for r in record.measured.ranks:
+        rank = r if isinstance(r, dict) else r.__dict__
+        replica, stage, peak = by_device[rank["device"]]
+        rest = _at_rest_gb(plan, graph, replica, stage)
+        rows.append({"rank": rank["rank"], "device": rank["device"], "measured_mb": rank["peak_memory_gb"] * 1e3,
+                     "predicted_peak_mb": peak * 1e3, "at_rest_mb": rest * 1e3, "predicted_mb": (peak - rest) * 1e3,
+                     "ratio": (peak - rest) / rank["peak_memory_gb"], "kernels": options.get("kernels", "fused"),
+                     "micro_batch": plan.micro_batch, "recompute": plan.recompute, "zero": plan.zero})
+    return rows
+
+
+def section(records: Path | None = None):
+    from hetpart.experiments.benchdoc import Section, load, machine
+    from hetpart.records import load_records
+
+    host = machine()
+    if records is None:
+        records = Path(tempfile.mkdtemp()) / "memory_runs.jsonl"
+        for _, scale, plan in CASES:
+            run_case(plan, scale, records)
+    lines = ["| run | rank | measured growth (MB) | predicted peak (MB) | at rest (MB) | predicted growth (MB) | "
+             "predicted / measured |", "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for (label, _, _), rec in zip(CASES, load_records(records)):
+        for row in compare(rec):
+            ratios.append(row["ratio"])
+            lines.append(f"| {label} | {row['rank']} | {row['measured_mb']:.1f} | {row['predicted_peak_mb']:.1f} | "
+                         f"{row['at_rest_mb']:.1f} | {row['predicted_mb']:.1f} | {row['ratio']:.3f} |")
+    lines += ["", f"Predicted / measured over {len(ratios)} ranks: {min(ratios):.3f} to {max(ratios):.3f}.",
+              f"Records: `{records}` (a temporary file unless `--records` named one)."]
+    return Section(key="memory-validation", title="Peak memory of real CPU runs against the simulator (issues 9, 10)",
+                   body="\n".join(lines) + "\n", command="OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory",
+                   machine=host, load_after=load())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=Path, help="re-predict these run records (JSON lines) instead of running")
+    ap.add_argument("--keep", type=Path, help="append the new run records to this file")
+    ap.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    records = args.records
+    if records is None and args.keep is not None:
+        for _, scale, plan in CASES:
+            run_case(plan, scale, args.keep)
+        records = args.keep
+    sec = section(records)
+    if args.write:
+        from hetpart.experiments.benchdoc import write_section
+
+        print(write_section(sec))
+    else:
+        print(sec.body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
