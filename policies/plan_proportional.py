@@ -15,11 +15,12 @@ Both run over a small grid (tensor-parallel degree, pipeline depth, micro-batch,
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from hetpart.costmodel.evaluator import Evaluated, Evaluator
+from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options
-from hetpart.plan import Plan
+from hetpart.plan import Plan, Replica, Stage
 from hetpart.policies.common import (FunctionPlanner, microbatch_options, no_plan_error, recompute_modes,
                                      with_full_shard_fallback)
 from hetpart.policies.layout import assemble, proportional_bounds, proportional_counts
@@ -44,10 +45,20 @@ def _pool_tp(pool: Pool, model: "ModelGraph", tp: int) -> int | None:
     return max(fitting) if fitting else None
 
 
-def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
-    """Identical replicas, each one pipeline across every pool; layers by speed, batch even.
+@dataclass(frozen=True)
+class _Layout:
+    """One layout of the grid: per replica its stage device groups, layer bounds and micro-batches."""
 
-    Yields one iterator per layout: the same plan under each allowed recompute mode, least first."""
+    groups: list[list[tuple[str, ...]]]
+    bounds: list[tuple[int, ...]]
+    counts: tuple[int, ...]
+    micro_batch: int
+
+    def plan(self, recompute: str, workload: "Workload") -> Plan:
+        return assemble(self.groups, self.bounds, self.counts, self.micro_batch, recompute, workload)
+
+
+def _holmes_layouts(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[_Layout]:
     pools = _zone_order(device_pools(cluster))
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -63,13 +74,10 @@ def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
             replicas = [[grp for g, s in zip(groups, per) for grp in g[r * s:(r + 1) * s]] for r in range(dp)]
             samples = workload.global_batch // dp
             for mb in microbatch_options(samples):
-                yield _variants(replicas, [bounds] * dp, [samples // mb] * dp, mb, workload)
+                yield _Layout(replicas, [bounds] * dp, (samples // mb,) * dp, mb)
 
 
-def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[list[Plan]]:
-    """Each pool runs its own ``pp``-stage replicas; batch shares in proportion to replica speed.
-
-    Yields one iterator per layout, like :func:`holmes_plans`."""
+def _hap_layouts(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[_Layout]:
     pools = device_pools(cluster)
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
@@ -87,14 +95,30 @@ def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> 
                 counts = proportional_counts(speeds, workload.global_batch // mb)
                 if counts is None:
                     continue
-                yield _variants(replicas, [bounds] * len(replicas), counts, mb, workload)
+                yield _Layout(replicas, [bounds] * len(replicas), counts, mb)
 
 
-def _variants(replicas, bounds, counts, mb: int, workload: "Workload") -> Iterator[Plan]:
+def holmes_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[Iterator[Plan]]:
+    """Identical replicas, each one pipeline across every pool; layers by speed, batch even.
+
+    Yields one iterator per layout: the same plan under each allowed recompute mode, least first."""
+    for layout in _holmes_layouts(model, cluster, workload):
+        yield _variants(layout, workload)
+
+
+def hap_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[Iterator[Plan]]:
+    """Each pool runs its own ``pp``-stage replicas; batch shares in proportion to replica speed.
+
+    Yields one iterator per layout, like :func:`holmes_plans`."""
+    for layout in _hap_layouts(model, cluster, workload):
+        yield _variants(layout, workload)
+
+
+def _variants(layout: _Layout, workload: "Workload") -> Iterator[Plan]:
     """One layout under each allowed recompute mode, least first, assembled only when asked for (a
     1,024-GPU plan takes milliseconds to build, and the first mode that fits ends the walk)."""
     for rc in recompute_modes(workload):
-        yield assemble(replicas, bounds, counts, mb, rc, workload)
+        yield layout.plan(rc, workload)
 
 
 def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
@@ -117,10 +141,96 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
 
 
 def _best_proportional(model, cluster, workload, evaluate: Evaluator) -> Evaluated | None:
+    layouts = [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]
+    if evaluate.pruning and not workload.zero:
+        found = _best_by_class(layouts, cluster, workload, evaluate)
+        if found is not _UNDECIDED:
+            return found
     # more recomputation of the same layout is only slower: keep the least that fits
-    layouts = (*holmes_plans(model, cluster, workload), *hap_plans(model, cluster, workload))
-    fitting = (next((p for p in variants if evaluate.fits(p)), None) for variants in layouts)
+    fitting = (next((p for p in _variants(layout, workload) if evaluate.fits(p)), None) for layout in layouts)
     return evaluate.best(p for p in fitting if p is not None)
+
+
+_UNDECIDED = object()
+
+
+def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator):
+    """What :meth:`Evaluator.best` picks among the layouts' least-recompute fitting plans, checking
+    memory and ordering by the lower bound on one representative replica per class of interchangeable
+    replicas (same device facts per stage, same layers and micro-batches: without sharding, memory and
+    the bound are per replica, so a class answers for all its members); only the plans branch and bound
+    prices are built whole. ``_UNDECIDED`` when a stage mixes unlike devices (their uneven TP splits go
+    through the evaluator)."""
+    kinds = _GroupKinds(cluster)
+    fitting = []
+    for i, layout in enumerate(layouts):
+        keep = _representatives(layout, kinds)
+        if keep is None:
+            return _UNDECIDED
+        few = _Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
+                      tuple(layout.counts[r] for r in keep), layout.micro_batch)
+        for rc in recompute_modes(workload):
+            small = _partial_plan(few, rc, workload)
+            if evaluate.fits(small):
+                fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
+                break
+    best = None
+    for bound, _, layout, rc in sorted(fitting, key=lambda t: (t[0], t[1])):
+        if best is not None and bound > best.step_time_s:
+            break
+        best = best_of([best, evaluate(layout.plan(rc, workload), split=False)])
+    return best
+
+
+def _representatives(layout: _Layout, kinds: "_GroupKinds") -> list[int] | None:
+    """Indices of one replica per class (None when some stage group mixes unlike devices)."""
+    seen: dict[tuple, int] = {}
+    for r, groups in enumerate(layout.groups):
+        sig = tuple(map(kinds.of, groups))
+        if None in sig:
+            return None
+        seen.setdefault((sig, layout.bounds[r], layout.counts[r]), r)
+    return sorted(seen.values())
+
+
+class _GroupKinds:
+    """A small id per kind of stage group (None: unlike devices). Groups with the same node group,
+    local index and speed per device, sharing nodes alike, have the same device facts (their GPUs,
+    and the links between them: :func:`~hetpart.costmodel.links.achieved_link` reads nothing else),
+    so the facts are derived once per such shape."""
+
+    def __init__(self, cluster: "Cluster") -> None:
+        self.cluster = cluster
+        self._of_group: dict[tuple[str, ...], int | None] = {}
+        self._of_shape: dict[tuple, int | None] = {}
+        self._ids: dict[tuple, int] = {}
+
+    def of(self, group: tuple[str, ...]) -> int | None:
+        if group in self._of_group:
+            return self._of_group[group]
+        from hetpart.costmodel.device_group import device_group_facts
+
+        nodes: dict[tuple[int, int], int] = {}
+        shape = tuple((d.group, d.local, d.speed, nodes.setdefault(d.node_key, len(nodes)))
+                      for d in map(self.cluster.device, group))
+        if shape not in self._of_shape:
+            f = device_group_facts(self.cluster, group)
+            kind = (f.gpus, f.speeds, f.tp_link)
+            self._of_shape[shape] = self._ids.setdefault(kind, len(self._ids)) if f.alike else None
+        self._of_group[group] = self._of_shape[shape]
+        return self._of_group[group]
+
+
+def _partial_plan(layout: _Layout, recompute: str, workload: "Workload") -> Plan:
+    """Some replicas of a layout as a plan (their batch shares kept: it covers part of the batch);
+    what memory and the lower bound say of it holds for those replicas in the whole plan."""
+    replicas = tuple(Replica(c * layout.micro_batch / workload.global_batch,
+                             tuple(Stage((int(a), int(b)), tuple(g), len(g))
+                                   for g, a, b in zip(groups, cuts[:-1], cuts[1:])))
+                     for groups, cuts, c in zip(layout.groups, layout.bounds, layout.counts))
+    return Plan(global_batch=workload.global_batch, micro_batch=layout.micro_batch, seq_len=workload.seq_len,
+                replicas=replicas, schedule="1f1b", recompute=recompute, precision=workload.precision, zero=0,
+                optimizer=workload.optimizer, attention=workload.attention)
 
 
 PROPORTIONAL = FunctionPlanner("proportional", plan_proportional, frozenset(),

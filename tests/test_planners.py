@@ -194,3 +194,27 @@ def test_a_registered_planner_is_planned_with_like_the_built_in_ones(tiny, plann
     register_planner("broken", "hetpart.policies.common:spec_name")
     with pytest.raises(PlanError, match=r"planner 'broken': function is not a Planner"):
         get_planner("broken")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_proportional_by_replica_class_picks_what_the_whole_plans_pick(seed: int) -> None:
+    """The fast path (memory and lower bound on one replica per class) against every plan built whole."""
+    import importlib
+
+    import numpy as np
+
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.envs.scenarios import ScenarioDistribution, sample_scenario
+
+    prop = importlib.import_module("hetpart.policies.plan_proportional")
+    model, cluster, workload = sample_scenario(np.random.default_rng(seed),
+                                               ScenarioDistribution(min_devices=8, max_devices=48))
+    layouts = [*prop._holmes_layouts(model, cluster, workload), *prop._hap_layouts(model, cluster, workload)]
+    whole = Evaluator(model, cluster, workload)
+    fitting = (next((p for p in prop._variants(lay, workload) if whole.fits(p)), None) for lay in layouts)
+    expected = whole.best(p for p in fitting if p is not None)
+    found = prop._best_by_class(layouts, cluster, workload, Evaluator(model, cluster, workload))
+    assert found is not prop._UNDECIDED
+    assert (found is None) == (expected is None)
+    if found is not None:
+        assert found.plan == expected.plan and found.tokens_per_s == expected.tokens_per_s
