@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Split", "pipeline_objective_s", "split_layers", "brute_force_split", "allocate_microbatches",
+__all__ = ["Split", "pipeline_objective_s", "split_layers", "minimax_split", "brute_force_split", "allocate_microbatches",
            "brute_force_allocate", "range_cost_matrix"]
 
 
@@ -152,6 +152,82 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
         if candidate.objective_s < best.objective_s:
             best = candidate
     return best if best.objective_s < give_up_above else None
+
+
+def minimax_split(costs: Sequence[np.ndarray], num_microbatches: int, give_up_above: float = math.inf,
+                  tolerance: float = 1e-3) -> Split | None:
+    """A split with (nearly always) the smallest bottleneck, found without the dynamic program: a fast
+    stand-in for :func:`split_layers` when a pipeline has dozens of stages (a walk over structures
+    prices hundreds of them).
+
+    Whether every stage can stay under a cap ``tau`` is decided by filling stages greedily, each as
+    far as it reaches (memory and time only grow with a range, so each row of a stage's matrix rises
+    with its end), and a bisection finds the smallest cap the greedy fill meets (to ``tolerance``,
+    relative). Farthest reach is exact unless a stage pushed far leaves the next one a single unit
+    it cannot take. The split is that greedy one, so its objective ``(m - 1) * max + sum`` is never
+    below :func:`split_layers`' (the sum is not minimised): the estimate of a real split. None when
+    the greedy fill finds nothing that fits, or the objective is not below ``give_up_above``.
+    """
+    if not costs:
+        return None
+    n = costs[0].shape[0] - 1
+    pp = len(costs)
+    if pp > n:
+        return None
+    low = _greedy_low(costs)
+    if not math.isfinite(low):
+        return None
+    distinct = {id(c): c for c in costs}.values()
+    hi = max(float(np.max(c, where=np.isfinite(c), initial=0.0)) for c in distinct)  # memory alone binds
+    found = _greedy_bounds(costs, hi)
+    if found is None:
+        return None
+    hi = _bottleneck(costs, found)
+    lo = low
+    while hi - lo > tolerance * hi:  # the smallest feasible cap, to ``tolerance``
+        mid = 0.5 * (lo + hi)
+        bounds = _greedy_bounds(costs, mid)
+        if bounds is None:
+            lo = mid
+        else:
+            found, hi = bounds, _bottleneck(costs, bounds)
+    best = _evaluate(costs, found, num_microbatches)
+    return best if best.objective_s < give_up_above else None
+
+
+def _bottleneck(costs: Sequence[np.ndarray], bounds: Sequence[int]) -> float:
+    return max(float(c[a, b]) for c, a, b in zip(costs, bounds[:-1], bounds[1:]))
+
+
+def _greedy_low(costs: Sequence[np.ndarray]) -> float:
+    """No split has a bottleneck below the largest single-unit time every stage could take."""
+    n = costs[0].shape[0] - 1
+    distinct = {id(c): c for c in costs}.values()
+    cheapest = np.min(np.stack([np.diagonal(c, offset=1) for c in distinct]), axis=0)
+    return float(np.max(cheapest)) if n else 0.0
+
+
+def _greedy_bounds(costs: Sequence[np.ndarray], cap: float) -> tuple[int, ...] | None:
+    """Stage boundaries with each stage reaching as far as it can under ``cap`` (leaving one unit to
+    every later stage); None when the units do not all fit."""
+    n = costs[0].shape[0] - 1
+    pp, a = len(costs), 0
+    bounds = [0]
+    for j, c in enumerate(costs):
+        last = n - (pp - 1 - j)
+        if j == pp - 1:
+            if not c[a, n] <= cap:
+                return None
+            b = n
+        else:
+            row = c[a, a + 1:last + 1]
+            reach = int(np.searchsorted(row, cap, side="right"))  # rows rise with the range's end
+            if reach == 0:
+                return None
+            b = a + reach
+        bounds.append(b)
+        a = b
+    return tuple(bounds)
 
 
 def brute_force_split(costs: Sequence[np.ndarray], num_microbatches: int) -> Split | None:

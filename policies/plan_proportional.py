@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
@@ -126,35 +127,43 @@ def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
 
 
 def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
-                      evaluator: Evaluator | None = None) -> Evaluated:
+                      evaluator: Evaluator | None = None, incumbent: Evaluated | None = None) -> Evaluated:
     """The faster fitting plan of the Holmes and HAP layouts.
+
+    Args:
+        incumbent: a plan already in hand: layouts whose lower bound cannot beat it are never
+            simulated, and it is returned itself when no layout beats it (a caller that only needs
+            the baseline when it wins, as the policy planner does, saves the simulations).
 
     Raises:
         WorkloadError: when no layout of the grid fits in memory.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
-    best = with_full_shard_fallback(_best_proportional, model, cluster, workload, evaluate)
+    best = with_full_shard_fallback(partial(_best_proportional, incumbent=incumbent), model, cluster, workload,
+                                    evaluate)
     if best is None:
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")
     return best
 
 
-def _best_proportional(model, cluster, workload, evaluate: Evaluator) -> Evaluated | None:
+def _best_proportional(model, cluster, workload, evaluate: Evaluator, incumbent: Evaluated | None = None
+                       ) -> Evaluated | None:
     layouts = [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]
     if evaluate.pruning and not workload.zero:
-        found = _best_by_class(layouts, cluster, workload, evaluate)
+        found = _best_by_class(layouts, cluster, workload, evaluate, incumbent)
         if found is not _UNDECIDED:
             return found
     # more recomputation of the same layout is only slower: keep the least that fits
     fitting = (next((p for p in _variants(layout, workload) if evaluate.fits(p)), None) for layout in layouts)
-    return evaluate.best(p for p in fitting if p is not None)
+    return evaluate.best((p for p in fitting if p is not None), incumbent=incumbent)
 
 
 _UNDECIDED = object()
 
 
-def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator):
+def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator,
+                   incumbent: Evaluated | None = None):
     """What :meth:`Evaluator.best` picks among the layouts' least-recompute fitting plans, checking
     memory and ordering by the lower bound on one representative replica per class of interchangeable
     replicas (same device facts per stage, same layers and micro-batches: without sharding, memory and
@@ -174,7 +183,7 @@ def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Worklo
             if evaluate.fits(small):
                 fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
                 break
-    best = None
+    best = incumbent
     for bound, _, layout, rc in sorted(fitting, key=lambda t: (t[0], t[1])):
         if best is not None and bound > best.step_time_s:
             break

@@ -222,13 +222,14 @@ def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[fl
                 yield _lower_bound_s(ctx, costs, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key)
 
 
-def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key) -> Callable[[float], Scored | None]:
+def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_layers
+                  ) -> Callable[[float], Scored | None]:
     def score(threshold: float) -> Scored | None:
         pp = len(costs)
         stages = _mixed_groups(order, tps, dp, "pp")
         p2p = _p2p_s(ctx, stages[0], mb)
         masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
-        split = split_layers(masks, m, give_up_above=threshold - p2p)
+        split = splitter(masks, m, give_up_above=threshold - p2p)
         if split is None:
             return None
         peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]

@@ -4,10 +4,12 @@ One pass of the network per decision, batched over ``1 + samples`` decodes (the 
 ``samples`` sampled ones, all masked). Every distinct finished structure is completed exactly (the
 search's layer split and batch shares), the completions are ordered by the search's estimate and
 the best few are simulated together (branch and bound, :meth:`Evaluator.best`): that is the
-policy alone. Optionally (on by default) a refinement follows, under a time budget: for the best
-few structures, replicas, micro-batch and recompute are re-decided exactly with their pools, order
-and TP kept (:mod:`hetpart.policies.renumber`), and the winner is hill-climbed as ``search`` refines
-its own (:func:`hetpart.policies.refine.refine`: layer boundaries, micro-batches, interleaving).
+policy alone. Optionally (on by default) a refinement follows: from the decoded structures a walk
+over structures (:mod:`hetpart.policies.neighbourhood`: one pool's TP, a pool added, dropped or
+moved, replicas, micro-batch, recompute, the other family) prices its way to better points with
+the search's estimate, never simulating; the best few are simulated, and the winner and the
+``proportional`` baseline are hill-climbed as ``search`` refines its own
+(:func:`hetpart.policies.refine.refine`: layer boundaries, micro-batches, interleaving).
 
 :func:`decode` returns what each stage contributes (greedy alone, best of K, refined), so benchmarks
 can say what the network itself is worth.
@@ -114,23 +116,32 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
 
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
-           simulate_top: int = 4, refine: bool = True, refine_steps: int = 40, time_budget_s: float = 1.5,
+           simulate_top: int = 6, refine: bool = True, refine_steps: int = 40, walk_points: int = 400,
+           time_budget_s: float = 4.0,
            seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None,
-           renumber_top: int = 3, baseline: bool = True) -> Decoded:
+           baseline: bool = True, network_alone: bool = True) -> Decoded:
     """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
 
     Args:
         samples: sampled decodes beside the greedy one.
-        simulate_top: structures (best estimates first) whose plans are simulated.
-        refine: re-decide replicas, micro-batch and recompute exactly for the ``renumber_top`` best
-            structures (their pools, order and TP kept), then hill-climb the winner as ``search``
-            does (within the time budget).
-        time_budget_s: completion and refinement stop starting new work this many seconds after
-            decoding ends (the greedy structure is always completed).
+        simulate_top: points (best estimates first, plus the best of every family and set of pools)
+            whose plans are simulated, for the decodes and again after the structure walk.
+        refine: walk from the decoded structures to better ones under the search's estimate
+            (:mod:`hetpart.policies.neighbourhood`, at most ``walk_points`` points priced), simulate the
+            best points, then hill-climb the winner and the baseline as ``search`` does (at most
+            ``refine_steps`` simulations per climb).
+        time_budget_s: a safety net, not the budget that shapes the answer (that is ``walk_points`` and
+            ``refine_steps``, so a busy machine gives the same plan): planning stops starting new work
+            this many seconds after it began (loading the network excluded): the walk by 45% of it,
+            simulating candidates by 60%, the climb at 100%; the greedy structure, the walk's best
+            point, the baseline and the final report are always completed.
         evaluator: its predictor prices the plans (default: the default predictor).
         baseline: also plan with ``proportional`` (Holmes/HAP layouts: layers and batch in proportion
             to speed) and hill-climb from its plan too, so the result is never below that baseline.
             ``greedy`` and ``sampled`` stay the network's own contribution.
+        network_alone: also simulate the greedy decode and the best of the decodes by themselves
+            (``greedy``, ``sampled``: what the network contributes, for reports); the walk starts from
+            the same structures either way, so the planner skips this when it refines.
     """
     loading = time.perf_counter()
     policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
@@ -140,11 +151,58 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     timings = {"load_s": start - loading}
     if not scenario.feasible:
         raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
+    states = _decode_structures(policy, scenario, samples, seed)
+    timings["decode_s"] = time.perf_counter() - start
+    distinct: dict[tuple, StructureState] = {}
+    for s in states:
+        distinct.setdefault(s.key(), s)
+    greedy = sampled = refined = base = None
+    if network_alone or not refine:
+        greedy = _complete(evaluator, states[0])  # the network's own answer is always completed
+        evaluator.deadline = start + 0.6 * time_budget_s
+        scored = sorted(sc for s in distinct.values() if (sc := s.scored()) is not None)
+        sampled = evaluator.best(_plans([sc for _, sc in _shortlist([(None, sc) for sc in scored], simulate_top)]),
+                                 incumbent=greedy)
+        timings["sample_s"] = time.perf_counter() - start - timings["decode_s"]
+    if refine:
+        from hetpart.policies.neighbourhood import Neighbourhood, improve, point_of
+
+        walk = time.perf_counter()
+        hood = Neighbourhood(scenario)
+        found = improve(hood, [point_of(s) for s in distinct.values()], start + 0.45 * time_budget_s,
+                        limit=walk_points)
+        timings["walk_s"] = time.perf_counter() - walk
+        timings["walk_points"] = hood.priced
+        evaluator.deadline = start + 0.6 * time_budget_s
+        ranked = sorted(found.items(), key=lambda pair: pair[1])
+        exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top) if (sc := hood.exact(point)) is not None)
+        deadline, evaluator.deadline = evaluator.deadline, math.inf  # the walk's best is always simulated
+        refined = evaluator.best(_plans(exact[:1]), incumbent=sampled)
+        evaluator.deadline = deadline
+        refined = evaluator.best(_plans(exact[1:]), incumbent=refined)
+    if baseline:
+        began = time.perf_counter()
+        base = _baseline(model, cluster, workload, evaluator, incumbent=refined)
+        timings["baseline_s"] = time.perf_counter() - began
+    if refine:
+        from hetpart.policies.refine import refine as hill_climb
+
+        evaluator.deadline = start + time_budget_s
+        climbed = [hill_climb(evaluator, e, refine_steps) for e in (refined, base) if e is not None]
+        refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
+    elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
+        refined = base
+    timings["total_s"] = time.perf_counter() - start
+    return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+
+
+def _decode_structures(policy, scenario: Scenario, samples: int, seed: int) -> list[StructureState]:
+    """The greedy decode and ``samples`` sampled ones, finished (one network pass per decision)."""
+    import torch
+
     static = StaticFeatures(scenario)
     states = [StructureState(scenario) for _ in range(1 + samples)]
     rng = np.random.default_rng(seed)
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # batches of a few dozen rows: more threads only spin on a busy machine
     try:
@@ -152,50 +210,41 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
             _run_network(policy, states, static, rng)
     finally:
         torch.set_num_threads(threads)
-    timings["decode_s"] = time.perf_counter() - start
-    start = time.perf_counter()  # the budget below is for completion and refinement
-    distinct: dict[tuple, StructureState] = {}
-    for s in states:
-        distinct.setdefault(s.key(), s)
-    greedy = _complete(evaluator, states[0])
-    deadline = start + time_budget_s / 3  # a third for completing samples, the rest for refinement
-    scored = [(greedy_scored, states[0])] if (greedy_scored := states[0].scored()) is not None else []
-    best_estimate = scored[0][0].estimate_s if scored else math.inf
-    for s in sorted(distinct.values(), key=StructureState.bound_s):
-        if s is states[0] or time.perf_counter() > deadline:
-            continue
-        found = s.scored(threshold=best_estimate * 1.25)  # the estimate is a model: keep near misses
-        if found is not None:
-            scored.append((found, s))
-            best_estimate = min(best_estimate, found.estimate_s)
-    scored.sort(key=lambda pair: pair[0])
-    evaluator.deadline = start + time_budget_s
-    sampled = evaluator.best([p for sc, _ in scored[:simulate_top] for p in sc.build()], incumbent=greedy)
-    timings["sample_s"] = time.perf_counter() - start
-    base = _baseline(model, cluster, workload, evaluator) if baseline else None
-    timings["baseline_s"] = time.perf_counter() - start - timings["sample_s"]
-    refined = None
-    if refine and (sampled is not None or base is not None):
-        refined = _refine(evaluator, sampled, [s for _, s in scored[:renumber_top]], start + 2 * time_budget_s / 3,
-                          refine_steps, simulate_top, base)
-    elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
-        refined = base
-    timings["total_s"] = time.perf_counter() - start
-    return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+    return states
 
 
-def _baseline(model, cluster, workload, evaluator: Evaluator) -> Evaluated | None:
-    """The ``proportional`` planner's plan priced by ``evaluator`` (None when none of its layouts fits)."""
+def _shortlist(ranked: list, top: int) -> list:
+    """The ``top`` best of ``ranked`` (pairs of anything and a :class:`Scored`, best first) plus the
+    best of every family and set of pools (the estimate is a model: as in ``search``, the simulator
+    decides between groups)."""
+    from hetpart.policies.plan_search import _group
+
+    chosen = dict.fromkeys(range(min(top, len(ranked))))
+    groups: dict[tuple, int] = {}
+    for i, (_, sc) in enumerate(ranked):
+        groups.setdefault(_group(sc.key), i)
+    return [ranked[i] for i in sorted(chosen.keys() | groups.values())]
+
+
+def _plans(shortlist: list) -> list:
+    return [p for sc in shortlist for p in sc.build()]
+
+
+def _baseline(model, cluster, workload, evaluator: Evaluator, incumbent: Evaluated | None = None
+              ) -> Evaluated | None:
+    """The ``proportional`` planner's plan priced by ``evaluator`` (None when none of its layouts fits,
+    or, given an ``incumbent``, when none beats it: then its layouts are pruned by their bounds)."""
     from hetpart.errors import WorkloadError
     from hetpart.policies.plan_proportional import plan_proportional
 
     deadline, evaluator.deadline = evaluator.deadline, math.inf  # a baseline is never cut short
     try:
-        return plan_proportional(model, cluster, workload, evaluator=evaluator)
+        found = plan_proportional(model, cluster, workload, evaluator=evaluator, incumbent=incumbent)
     except WorkloadError:
         return None
     finally:
         evaluator.deadline = deadline
+    return None if incumbent is not None and found is incumbent else found
 
 
 def sample_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16, seed: int = 0,
@@ -207,31 +256,12 @@ def sample_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
     scenario = Scenario(model, cluster, workload, evaluator=evaluator)
     if not scenario.feasible:
         raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
-    static = StaticFeatures(scenario)
-    states = [StructureState(scenario) for _ in range(1 + samples)]
-    rng = np.random.default_rng(seed)
-    while not all(s.done for s in states):
-        _run_network(policy, states, static, rng)
+    states = _decode_structures(policy, scenario, samples, seed)
     distinct: dict[tuple, StructureState] = {}
     for s in states:
         distinct.setdefault(s.key(), s)
     found = [_complete(evaluator, s) for s in distinct.values()]
     return [f for f in found if f is not None]
-
-
-def _refine(evaluator: Evaluator, sampled: Evaluated | None, states: list[StructureState], deadline: float,
-            refine_steps: int, simulate_top: int, base: Evaluated | None = None) -> Evaluated:
-    """Re-decide replicas, micro-batch and recompute of the best structures exactly
-    (:func:`~hetpart.policies.renumber.renumber`), then hill-climb the winner as ``search`` does, and
-    the baseline's plan too when it is given; the faster of the two climbs."""
-    from hetpart.policies.refine import refine as hill_climb
-    from hetpart.policies.renumber import renumber
-
-    points = sorted(p for s in states for p in renumber(s, deadline))
-    best = evaluator.best([plan for p in points[:simulate_top] for plan in p.build()], incumbent=sampled)
-    starts = [e for e in (best, base) if e is not None]
-    climbed = [hill_climb(evaluator, e, refine_steps) for e in starts]
-    return max(climbed, key=lambda e: e.tokens_per_s)
 
 
 def _complete(evaluator: Evaluator, state: StructureState) -> Evaluated | None:
@@ -246,14 +276,15 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: no structure fits in memory.
     """
+    options.setdefault("network_alone", not options.get("refine", True))
     found = decode(model, cluster, workload, evaluator=evaluator, **options).best
     if found is None:
         raise no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found
 
 
-OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "time_budget_s", "seed", "checkpoint",
-                     "renumber_top", "baseline"})
+OPTIONS = frozenset({"samples", "simulate_top", "refine", "refine_steps", "walk_points", "time_budget_s", "seed",
+                     "checkpoint", "baseline"})
 
 
 @dataclass(frozen=True)

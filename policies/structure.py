@@ -37,7 +37,7 @@ import numpy as np
 from hetpart.costmodel.evaluator import Evaluator
 from hetpart.costmodel.pools import Pool, divisors, tp_groups, tp_options
 from hetpart.policies.common import microbatch_options, recompute_modes
-from hetpart.policies.partition import split_layers
+from hetpart.policies.partition import minimax_split, split_layers
 from hetpart.rules import RULES
 from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
                                           _PoolConfig, _sync_s, _typed_scorer, make_context)
@@ -134,14 +134,18 @@ class Scenario:
         return [self.ctx.table.get(self.pools[p], t, mb, rc)
                 for p, t in zip(order, tps) for _ in range((self.pools[p].num_devices // t) // dp)]
 
-    def mixed_scored(self, order, tps, dp: int, mb: int, rc: str, threshold: float = math.inf) -> Scored | None:
+    def mixed_scored(self, order, tps, dp: int, mb: int, rc: str, threshold: float = math.inf,
+                     quick: bool = False) -> Scored | None:
         """The search's point for this mixed structure (exact layer split), None when nothing fits
-        or (with ``threshold``) when its estimate cannot go below it."""
+        or (with ``threshold``) when its estimate cannot go below it. ``quick``: the greedy
+        smallest-bottleneck split instead (:func:`~hetpart.policies.partition.minimax_split`: never
+        below the exact estimate, far cheaper for long pipelines)."""
         pools = tuple(self.pools[p] for p in order)
         costs = self._mixed_costs(order, tps, dp, mb, rc)
         m = self.workload.global_batch // (dp * mb)
         key = ("mixed", tuple(p.key for p in pools), tuple(tps), dp, mb, rc)
-        return _mixed_scorer(self.ctx, pools, tuple(tps), dp, mb, rc, costs, m, key)(threshold)
+        splitter = minimax_split if quick else split_layers
+        return _mixed_scorer(self.ctx, pools, tuple(tps), dp, mb, rc, costs, m, key, splitter)(threshold)
 
     def mixed_bound_s(self, order, tps, dp: int, mb: int, rc: str) -> float:
         """The search's lower bound on this mixed structure's estimate."""
@@ -200,10 +204,10 @@ class Scenario:
 
     def min_dp(self, pool: int, mb: int, rc: str) -> int | None:
         """The fewest replicas of any fitting (tp, pp) of the pool (None: nothing fits)."""
-        def compute():
-            dps = [self.pools[pool].num_devices // (t * pp) for t in self.tps[pool] for pp in self.pp_options(pool, t)
-                   if self.pool_fits(pool, t, pp, mb, rc)]
-            return min(dps, default=None)
+        def compute():  # the widest replica that fits has the fewest replicas: try the widest first
+            shapes = sorted(((t * pp, t, pp) for t in self.tps[pool] for pp in self.pp_options(pool, t)), reverse=True)
+            width = next((w for w, t, pp in shapes if self.pool_fits(pool, t, pp, mb, rc)), None)
+            return None if width is None else self.pools[pool].num_devices // width
 
         return self._memo(("min_dp", pool, mb, rc), compute)
 
@@ -217,12 +221,14 @@ class Scenario:
     def typed_ok(self, mb: int, rc: str) -> bool:
         return len(self.pools) >= 2 and self.typed_can_finish(0, 0, 0, mb, rc)
 
-    def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> _PoolConfig | None:
-        """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them."""
+    def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool = False) -> _PoolConfig | None:
+        """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them
+        (``quick``: with :func:`~hetpart.policies.partition.minimax_split`, as :meth:`mixed_scored`)."""
         def compute():
             p = self.pools[pool]
             costs = self.ctx.table.get(p, tp, mb, rc)
-            split = split_layers([costs.masked(pp - j) for j in range(pp)], self._m_est(pool, tp, pp, mb))
+            splitter = minimax_split if quick else split_layers
+            split = splitter([costs.masked(pp - j) for j in range(pp)], self._m_est(pool, tp, pp, mb))
             if split is None:
                 return None
             groups = tp_groups(p, tp)
@@ -233,10 +239,12 @@ class Scenario:
             sync = _sync_s(self.ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
             return _PoolConfig(p, tp, pp, split, fill + sync)
 
-        return self._memo(("config", pool, tp, pp, mb, rc), compute)
+        return self._memo(("config", pool, tp, pp, mb, rc, quick), compute)
 
-    def typed_scored(self, chosen: list[tuple[int, int, int]], mb: int, rc: str) -> Scored | None:
-        configs = [self.pool_config(p, tp, pp, mb, rc) for p, tp, pp in chosen]
+    def typed_scored(self, chosen: list[tuple[int, int, int]], mb: int, rc: str, quick: int = 0) -> Scored | None:
+        """The search's point for these typed replicas; pools deeper than ``quick`` stages (0: none)
+        are split with :func:`~hetpart.policies.partition.minimax_split`."""
+        configs = [self.pool_config(p, tp, pp, mb, rc, bool(quick) and pp > quick) for p, tp, pp in chosen]
         if any(c is None for c in configs) or sum(c.dp for c in configs) > self.total_microbatches(mb):
             return None
         key = ("typed", tuple((c.pool.key, c.tp, c.pp) for c in configs), mb, rc)

@@ -1,0 +1,276 @@
+"""Local search over plan structures, priced by the search's estimate, from the policy's proposals.
+
+The network proposes structures (:mod:`hetpart.policies.structure`); this walks from them to better
+ones one structural move at a time, every point priced exactly as ``search`` prices its own (exact
+layer split, integer batch shares), never simulated. A point is the structure with its numbers:
+
+* ``("mixed", order, tps, dp, mb, rc)``: pools in pipeline order, each pool's TP degree, replicas,
+  micro-batch and recompute mode;
+* ``("typed", ((pool, tp, pp), ...), mb, rc)``: each used pool's own replicas.
+
+Moves: one pool's TP degree (typed: its ``(tp, pp)``), a pool added (at every place its zone allows),
+dropped or swapped with its neighbour (each structural move under every replica count), the replica count, micro-batch and recompute mode one option
+up or down, and the family switched over the same pools. Every move keeps the runtime's rules and
+the zone order (:class:`~hetpart.policies.structure.Scenario` says which are allowed) and must fit in
+memory. A neighbour is skipped when the search's lower bound says it cannot beat the best point so
+far, and the walk is first-improvement with a deadline, so it always returns what it has.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import TYPE_CHECKING, Iterator
+
+from hetpart.rules import RULES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.policies.plan_search import Scored
+    from hetpart.policies.structure import Scenario, StructureState
+
+__all__ = ["point_of", "improve", "Neighbourhood"]
+
+Point = tuple
+QUICK_STAGES = 8
+"""Pipelines with more stages are priced during the walk with the greedy smallest-bottleneck
+split (:func:`~hetpart.policies.partition.minimax_split`: the estimate of a real split, never below
+the exact one, at a fraction of the dynamic program's cost); :meth:`Neighbourhood.exact` prices the
+walk's best points exactly before they are built."""
+
+
+def point_of(state: "StructureState") -> Point:
+    """The point a finished decode stands for."""
+    if state.family == "mixed":
+        return ("mixed", state.order, state.tps, state.dp, state.mb, state.rc)
+    return ("typed", tuple(state.typed), state.mb, state.rc)
+
+
+class Neighbourhood:
+    """Moves and prices of points of one scenario (prices memoised)."""
+
+    def __init__(self, scenario: "Scenario") -> None:
+        self.s = scenario
+        self._priced: dict[Point, tuple[float, "Scored | None"]] = {}
+        self.priced = 0
+        """Points priced (layer splits run)."""
+
+    # ------------------------------------------------------------------------------------- pricing
+    def valid(self, point: Point) -> bool:
+        """Allowed by the rules and the zone order (typed replicas: and fits in memory; a mixed point's
+        pricing finds whether it fits)."""
+        s = self.s
+        if point[0] == "mixed":
+            _, order, tps, dp, mb, rc = point
+            if not order or len(set(order)) != len(order) or not _zone_contiguous(s, order):
+                return False
+            if any(t not in s.tps[p] for p, t in zip(order, tps)):
+                return False
+            if not RULES.stages_may_differ_in_tp("1f1b") and len(set(tps)) > 1:
+                return False
+            return dp in s.dp_options(order, tps) and mb in s.mb_options(dp) and rc in s.modes  # pricing checks memory
+        _, typed, mb, rc = point
+        pools = [p for p, _, _ in typed]
+        if len(typed) < 2 or len(set(pools)) != len(pools) or rc not in s.modes or mb not in s.mb_options(1):
+            return False
+        if not RULES.replicas_may_differ_in_tp and len({t for _, t, _ in typed}) > 1:
+            return False
+        if any(t not in s.tps[p] or pp not in s.pp_options(p, t) for p, t, pp in typed):
+            return False
+        replicas = sum(s.pools[p].num_devices // (t * pp) for p, t, pp in typed)
+        return replicas <= s.total_microbatches(mb) and all(s.pool_fits(p, t, pp, mb, rc) for p, t, pp in typed)
+
+    def bound_s(self, point: Point) -> float:
+        """A lower bound on the point's estimate (0 for typed replicas: their pricing is cheap)."""
+        if point[0] == "mixed":
+            return self.s.mixed_bound_s(*point[1:])
+        return 0.0
+
+    def price(self, point: Point, threshold: float = math.inf) -> "Scored | None":
+        """The point's estimate (None: does not fit, or cannot go below ``threshold``)."""
+        done = self._priced.get(point)
+        if done is not None and (done[1] is not None or done[0] >= threshold):
+            return done[1]
+        self.priced += 1
+        if point[0] == "mixed":
+            found = self.s.mixed_scored(*point[1:], threshold=threshold, quick=self.stages(point) > QUICK_STAGES)
+        else:
+            typed = sorted(point[1])  # the search's own order: pools in cluster order
+            found = self.s.typed_scored(typed, point[2], point[3], quick=QUICK_STAGES)
+            threshold = math.inf
+        self._priced[point] = (threshold, found)
+        return found
+
+    def stages(self, point: Point) -> int:
+        """Pipeline stages of a mixed point (0 for typed replicas)."""
+        if point[0] != "mixed":
+            return 0
+        return sum(g // point[3] for g in self.s.groups(point[1], point[2]))
+
+    def exact(self, point: Point) -> "Scored | None":
+        """The point priced with the exact layer split, whatever the walk used."""
+        if point[0] == "mixed":
+            return self.s.mixed_scored(*point[1:]) if self.stages(point) > QUICK_STAGES else self.price(point)
+        return self.s.typed_scored(sorted(point[1]), point[2], point[3])
+
+    def switched(self, point: Point) -> Iterator[Point]:
+        """The same pools and TP degrees in the other family (mixed: every replica count and order)."""
+        s = self.s
+        if point[0] == "mixed":
+            _, order, tps, _, mb, rc = point
+            if len(order) > 1:
+                typed = tuple(sorted((p, t, self._best_pp(p, t, mb, rc)) for p, t in zip(order, tps)))
+                if all(q is not None for _, _, q in typed):
+                    yield ("typed", typed, mb, rc)
+            return
+        _, typed, mb, rc = point
+        tp_of = {p: t for p, t, _ in typed}
+        for order in itertools.permutations(sorted(tp_of)):
+            if _zone_contiguous(s, order):
+                yield from self._renumbered(order, tuple(tp_of[p] for p in order), 1, mb, rc)
+
+    # ------------------------------------------------------------------------------------- moves
+    def neighbours(self, point: Point) -> Iterator[Point]:
+        """Every point one move away (not yet checked for validity)."""
+        if point[0] == "mixed":
+            yield from self._mixed_moves(*point[1:])
+        else:
+            yield from self._typed_moves(*point[1:])
+
+    def _near(self, options: list[int], value: int) -> list[int]:
+        """The options next to ``value`` (one below and one above, or the nearest when it is gone)."""
+        if not options:
+            return []
+        if value in options:
+            i = options.index(value)
+            return options[max(0, i - 1):i] + options[i + 1:i + 2]
+        return [min(options, key=lambda o: abs(math.log(o) - math.log(value)))]
+
+    def _renumbered(self, order, tps, dp: int, mb: int, rc: str) -> Iterator[Point]:
+        """A new structure under every replica count it allows, the micro-batch kept (or the nearest)
+        and 1: a structural move rarely pays off at the old numbers (TP 2 -> 1 wants twice the stages)."""
+        for d in self.s.dp_options(order, tps):
+            mbs = self.s.mb_options(d)
+            for b in dict.fromkeys(([mb] if mb in mbs else self._near(mbs, mb)) + [1]):
+                yield ("mixed", order, tps, d, b, rc)
+
+    def _mixed_moves(self, order, tps, dp, mb, rc) -> Iterator[Point]:
+        s = self.s
+        for i, p in enumerate(order):  # one pool's TP degree
+            for t in s.tps[p]:
+                if t != tps[i]:
+                    yield from self._renumbered(order, tps[:i] + (t,) + tps[i + 1:], dp, mb, rc)
+        for p in range(len(s.pools)):  # a pool added, at every place
+            if p in order:
+                continue
+            for t in s.tps[p]:
+                for i in range(len(order) + 1):
+                    yield from self._renumbered(order[:i] + (p,) + order[i:], tps[:i] + (t,) + tps[i:], dp, mb, rc)
+        if len(order) > 1:
+            for i in range(len(order)):  # a pool dropped
+                yield from self._renumbered(order[:i] + order[i + 1:], tps[:i] + tps[i + 1:], dp, mb, rc)
+            for i in range(len(order) - 1):  # neighbours swapped
+                o, t = list(order), list(tps)
+                o[i], o[i + 1], t[i], t[i + 1] = o[i + 1], o[i], t[i + 1], t[i]
+                yield ("mixed", tuple(o), tuple(t), dp, mb, rc)
+        for d in self._near(s.dp_options(order, tps), dp):
+            for b in ([mb] if mb in s.mb_options(d) else self._near(s.mb_options(d), mb)):
+                yield ("mixed", order, tps, d, b, rc)
+        for b in self._near(s.mb_options(dp), mb):
+            yield ("mixed", order, tps, dp, b, rc)
+        for r in s.modes:
+            if r != rc:
+                yield ("mixed", order, tps, dp, mb, r)
+        yield from self.switched(("mixed", order, tps, dp, mb, rc))
+
+    def _typed_moves(self, typed, mb, rc) -> Iterator[Point]:
+        s = self.s
+        used = {p for p, _, _ in typed}
+        for i, (p, t0, pp0) in enumerate(typed):  # one pool's (tp, pp)
+            for t in s.tps[p]:
+                for pp in s.pp_options(p, t):
+                    if (t, pp) != (t0, pp0):
+                        yield ("typed", typed[:i] + ((p, t, pp),) + typed[i + 1:], mb, rc)
+        for p in range(len(s.pools)):  # a pool added at its best depth
+            if p not in used:
+                for t in s.tps[p]:
+                    pp = self._best_pp(p, t, mb, rc)
+                    if pp is not None:
+                        yield ("typed", tuple(sorted(typed + ((p, t, pp),))), mb, rc)
+        if len(typed) > 2:
+            for i in range(len(typed)):
+                yield ("typed", typed[:i] + typed[i + 1:], mb, rc)
+        for b in self._near(s.mb_options(1), mb):
+            yield ("typed", typed, b, rc)
+        for r in s.modes:
+            if r != rc:
+                yield ("typed", typed, mb, r)
+        yield from self.switched(("typed", typed, mb, rc))
+
+    def _best_pp(self, pool: int, tp: int, mb: int, rc: str) -> int | None:
+        """The pool's pipeline depth whose replicas run the most micro-batches per second."""
+        best, rate = None, 0.0
+        for pp in self.s.pp_options(pool, tp):
+            if not self.s.pool_fits(pool, tp, pp, mb, rc):
+                continue
+            config = self.s.pool_config(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
+            if config is not None and config.rate > rate:
+                best, rate = pp, config.rate
+        return best
+
+
+def _zone_contiguous(s: "Scenario", order: tuple[int, ...]) -> bool:
+    zones = [s.pools[p].zone for p in order]
+    return sum(1 for a, b in zip(zones, zones[1:]) if a != b) == len(set(zones)) - 1
+
+
+def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: int = 4, seeds: int = 8,
+            limit: int = 400) -> dict[Point, "Scored"]:
+    """First-improvement walks from the best-priced starts until no move helps, ``limit`` points have
+    been priced (the budget that makes the answer the same on a busy machine) or the deadline passes
+    (a safety net); every point priced on the way with its price.
+
+    The starts are joined by their counterparts in the other family (the same pools and TP degrees:
+    a network that favours one family still seeds the other), the ``seeds`` of lowest bound priced;
+    the ``walks / 2`` best points of each family are walked from. Neighbours are priced in order of
+    their lower bound, so a walk step stops at the first bound that cannot beat the point it is at.
+    """
+    found: dict[Point, "Scored"] = {}
+    for p in starts:
+        if hood.valid(p) and (scored := hood.price(p)) is not None:
+            found[p] = scored
+    others = {q for p in found for q in hood.switched(p) if q not in found and hood.valid(q)}
+    for q in sorted(others, key=lambda q: (hood.bound_s(q), q))[:seeds]:
+        if time.perf_counter() > deadline or hood.priced >= limit:
+            break
+        if (scored := hood.price(q)) is not None:
+            found[q] = scored
+    ranked = sorted(found, key=lambda p: found[p].estimate_s)
+    chosen = [p for p in ranked if p[0] == "mixed"][:walks // 2] + [p for p in ranked if p[0] == "typed"][:walks // 2]
+    walked: set[Point] = set()
+    for start in sorted(chosen, key=lambda p: found[p].estimate_s):
+        point = start
+        while point not in walked and time.perf_counter() < deadline and hood.priced < limit:
+            walked.add(point)
+            point = _step(hood, point, found, deadline, limit)
+            if point is None:
+                break
+    return found
+
+
+def _step(hood: Neighbourhood, point: Point, found: dict, deadline: float, limit: int = 400, gain: float = 1e-3
+          ) -> Point | None:
+    """The first neighbour of ``point``, in order of bound, that beats it by ``gain`` (None when none
+    does); priced points go to ``found``."""
+    best_s = found[point].estimate_s * (1 - gain)
+    queue = sorted((hood.bound_s(nb), i, nb) for i, nb in enumerate(dict.fromkeys(hood.neighbours(point)))
+                   if nb not in found and hood.valid(nb))
+    for bound, _, nb in queue:
+        if bound >= best_s or time.perf_counter() > deadline or hood.priced >= limit:
+            break
+        scored = hood.price(nb, threshold=best_s)
+        if scored is not None:
+            found[nb] = scored
+            if scored.estimate_s < best_s:
+                return nb
+    return None
