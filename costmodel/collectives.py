@@ -16,6 +16,7 @@ a data-parallel group each reduce their own shard): they share each node's NICs.
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter, eq
 from typing import Sequence
 
 from hetpart.cluster import Cluster, PathLink
@@ -25,6 +26,8 @@ from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_r
     node_nic_gbyte_s
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
+
+_ID, _INDEX, _GROUP, _NODE = attrgetter("id"), attrgetter("index"), attrgetter("group"), attrgetter("node")
 
 
 def p2p_time_s(num_bytes: float, path_link: PathLink | None) -> float:
@@ -48,29 +51,45 @@ def ring_allreduce_time_s(num_bytes: float, members: int, bandwidth_gbyte_s: flo
     return steps * latency_us * 1e-6 + steps / members * num_bytes / (bandwidth_gbyte_s * 1e9)
 
 
-def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | None = None) -> tuple[float, float]:
+def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | None = None,
+               links: dict | None = None) -> tuple[float, float]:
     """Slowest bandwidth and largest latency over the hops of a ring in the given order.
 
     A hop's link depends only on the two node groups and whether it stays inside a node, so each
-    kind of hop is looked up once. ``devices``: the members' :class:`Device` objects, if at hand.
+    kind of hop is looked up once, at its first pair in ring order (the kinds of a ring of hundreds
+    of members are found with C-level ``zip``/``map``, not a Python loop over the members).
+    ``devices``: the members' :class:`Device` objects, if at hand; ``links``: a cache of hop links
+    (:func:`_hop_link`) to reuse across calls on the same cluster.
     """
-    bw, lat = float("inf"), 0.0
     devices = devices if devices is not None else [cluster.device(d) for d in device_ids]
-    seen: set[tuple] = set()
     n = len(devices)
-    for i in range(n):
+    groups = list(map(_GROUP, devices))
+    keys = list(zip(groups, map(_NODE, devices)))
+    ids = list(map(_ID, devices))
+    kinds = list(zip(map(eq, keys, keys[1:] + keys[:1]), groups, groups[1:] + groups[:1],
+                     map(eq, ids, ids[1:] + ids[:1])))
+    first = dict(zip(reversed(kinds), range(n - 1, -1, -1)))  # kind -> its first pair (the smallest index wins)
+    bw, lat = float("inf"), 0.0
+    for i in sorted(first.values()):
         a, b = devices[i], devices[(i + 1) % n]
-        kind = (a.node_key == b.node_key, a.group, b.group, a.id == b.id)
-        if kind in seen:
-            continue
-        seen.add(kind)
-        link = achieved_link(cluster, a.id, b.id)
+        link = _hop_link(cluster, a, b, links)
         if link is None:
             raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; "
                             "add one under 'links'")
         if link.kind != "self":
             bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
     return bw, lat
+
+
+def _hop_link(cluster: Cluster, a, b, links: dict | None) -> PathLink | None:
+    """:func:`achieved_link` between devices ``a`` and ``b``, through ``links`` when given: between nodes
+    it depends on the two node groups only, inside a node on the group and the two GPUs' places."""
+    if links is None or a.id == b.id:
+        return achieved_link(cluster, a.id, b.id)
+    key = (a.group, a.local, b.local) if (a.group, a.node) == (b.group, b.node) else (a.group, b.group)
+    if key not in links:
+        links[key] = achieved_link(cluster, a.id, b.id)
+    return links[key]
 
 
 def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) -> float:
@@ -85,20 +104,22 @@ def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tup
     return steps * latency_us * 1e-6, steps / members / (bandwidth_gbyte_s * 1e9)
 
 
-def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> tuple[tuple[float, float], ...]:
+def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1,
+                   links: dict | None = None) -> tuple[tuple[float, float], ...]:
     """The all-reduce among ``device_ids`` as candidate ``(fixed_s, per_byte_s)`` lines; NCCL takes the
     fastest, so the time of ``b`` bytes is ``min(fixed + per_byte * b)`` (empty: no communication).
+    ``links``: a dict the caller keeps to cache hop links across calls on the same cluster.
 
     Raises:
         PlanError: when two members' zones have no link.
     """
-    devices = sorted({d: cluster.device(d) for d in device_ids}.values(), key=lambda x: x.index)
+    devices = sorted({d: cluster.device(d) for d in device_ids}.values(), key=_INDEX)
     n = len(devices)
     if n <= 1:
         return ()
-    ids = [d.id for d in devices]
-    nodes = Counter(d.node_key for d in devices)
-    bw, lat = _ring_hops(ids, cluster, devices)
+    ids = list(map(_ID, devices))
+    nodes = Counter(zip(map(_GROUP, devices), map(_NODE, devices)))  # Device.node_key
+    bw, lat = _ring_hops(ids, cluster, devices, links)
     if len(nodes) == 1:  # NCCL rings the members as the node's wires allow (a cube-mesh is no switch)
         bw = intra_node_ring_gbyte_s(cluster.groups[devices[0].group], [d.local for d in devices])
     if len(nodes) > 1:  # the NIC share depends on the node's group only
@@ -107,7 +128,7 @@ def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int 
     per_node = set(nodes.values())
     if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
         return (flat,)
-    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent, devices)
+    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent, devices, links)
 
 
 def _one_node_per_group(nodes: Counter) -> list[tuple[int, int]]:
@@ -133,7 +154,7 @@ def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Clust
 
 
 def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int,
-                       devices: Sequence) -> tuple[float, float]:
+                       devices: Sequence, links: dict | None = None) -> tuple[float, float]:
     k = next(iter(nodes.values()))
     groups = {key[0] for key in nodes}
     local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
@@ -145,7 +166,7 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
     for d in devices:  # the first member on each node, in ring order
         first_on.setdefault(d.node_key, d)
     leaders = [first_on[key] for key in nodes]
-    bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders)
+    bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders, links)
     bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)))
     across = _ring_cost(len(nodes), bw, lat)  # on bytes / k
     return inside[0] + across[0], inside[1] + across[1] / k
