@@ -32,12 +32,16 @@ def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workl
     if many is not None:  # a predictor that prices a whole batch in one pass (the learned one)
         yield from _predict_batched(lines, many, workload, source)
         return
+    metrics_of = getattr(predictor, "predict_metrics", None)  # the metrics alone, where a predictor has them
+    if metrics_of is None:
+        def metrics_of(plan: Plan, workload: "Workload | None", validate: bool) -> dict[str, Any]:
+            return predictor.predict(plan, workload, validate=validate).metrics
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             plan = Plan.from_json(line, f"{source}:{number}")
-            metrics = predictor.predict(plan, workload, validate=True).metrics
+            metrics = metrics_of(plan, workload, validate=True)
         except HetpartError as exc:
             message = " ".join(str(exc).split())
             yield {"error": message if message.startswith(source) else f"{source}:{number}: {message}"}

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 from hetpart.cluster import Cluster
@@ -46,7 +47,7 @@ class DeviceGroupFacts:
     speeds: tuple[float, ...] = ()
     """Every device's measured speed factor (``slow:`` in the cluster file; 1.0 for most)."""
 
-    @property
+    @cached_property
     def alike(self) -> bool:
         """True when every device is the same type at full speed: an even split is then the best one,
         and the simulator prices the group as one device type (the fast path)."""

@@ -269,9 +269,17 @@ class Simulator:
         self._groups: dict[tuple[str, ...], DeviceGroupFacts] = {}
         self._p2p: dict[tuple, PathLink] = {}
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._nodes: dict[str, int] = {}
-        self._node_numbers: dict[tuple[int, int], int] = {}
+        self._hop_links: dict[tuple, PathLink | None] = {}
+        """Links between ring neighbours on the all-reduce cluster (:func:`allreduce_cost`'s cache)."""
+        numbers: dict[tuple[int, int], int] = {}
+        self._nodes: dict[str, int] = {d.id: numbers.setdefault(d.node_key, len(numbers)) for d in cluster.devices}
+        """Node number of each device (cluster order)."""
+        self._node_rdma = np.array([cluster.groups[g].nic.rdma for g, _ in numbers], dtype=bool)
+        """Per node number: whether its NICs are RDMA (:meth:`_crosses_tcp`)."""
         self._unit_params: dict[int, list[float]] = {}
+        self._stage_units: dict[tuple, _UnitPrefix] = {}
+        """(devices, tp, split, (micro_batch, precision, recompute, attention)) -> :meth:`_unit_prefix`."""
+        self._peaks: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
 
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
@@ -352,13 +360,14 @@ class Simulator:
         return 1.0 / float(param_shares(self.model, stage.tp, stage.tp_split).max())
 
     def _p2p_s(self, src, dst, micro_batch: int, flows: dict[int, int]) -> float:
-        tp = max(src.tp, dst.tp)
+        tp = src.tp if src.tp >= dst.tp else dst.tp
         a, b = src.devices[0], dst.devices[0]
-        na, nb = self._node_id(a), self._node_id(b)
-        share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb else (tp, tp)
+        na, nb = self._nodes.get(a), self._nodes.get(b)
+        share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
         key = (a, b, share)
         link = self._p2p.get(key)
         if link is None:
+            self._node_id(a), self._node_id(b)  # an unknown device: its clear error
             link = self._p2p[key] = self._p2p_link(a, b, share)
         nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
         return p2p_time_s(nbytes, link)
@@ -413,12 +422,17 @@ class Simulator:
     def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, flows: dict[int, int],
               shard_comm: dict | None = None) -> _Pipe:
         rep = plan.replicas[r]
+        stages = rep.stages
         v = plan.chunks_per_device
         m = microbatches_run(plan, r)
         fwd, bwd, compute, tp, prefix = [], [], [], [], []
-        for k, s in enumerate(rep.stages):
-            units = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
-                                     plan.attention)
+        settings = (plan.micro_batch, plan.precision, plan.recompute, plan.attention)
+        stage_units = self._stage_units
+        for k, s in enumerate(stages):
+            units = stage_units.get((s.devices, s.tp, s.tp_split, settings))
+            if units is None:
+                units = stage_units[(s.devices, s.tp, s.tp_split, settings)] = self._unit_prefix(
+                    s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split, plan.attention)
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
@@ -429,15 +443,18 @@ class Simulator:
             tp.append(tpf + tpb)
             prefix.append(units)
         k_total = rep.pp
-        p2p = [self._p2p_s(rep.stages[k], rep.stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
-        blocks = [self._send_blocks(rep.stages[k], rep.stages[k + 1]) for k in range(k_total - 1)]
+        p2p = [self._p2p_s(stages[k], stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
         # a blocking send keeps its device busy after the operation and the receiver gets the data
         # when it ends; an overlapped one only delays the receiver
-        fwd_send = [p2p[k] if k < k_total - 1 and blocks[k] else 0.0 for k in range(k_total)]
-        bwd_send = [p2p[k - 1] if k > 0 and blocks[k - 1] else 0.0 for k in range(k_total)]
+        if self.overlap_p2p:
+            blocks = [self._send_blocks(stages[k], stages[k + 1]) for k in range(k_total - 1)]
+            fwd_send = [p2p[k] if k < k_total - 1 and blocks[k] else 0.0 for k in range(k_total)]
+            bwd_send = [p2p[k - 1] if k > 0 and blocks[k - 1] else 0.0 for k in range(k_total)]
+            delay = [0.0 if blocked else t for t, blocked in zip(p2p, blocks)]
+        else:  # every send blocks
+            fwd_send, bwd_send, delay = p2p + [0.0], [0.0] + p2p, [0.0] * (k_total - 1)
         fwd = [f + x for f, x in zip(fwd, fwd_send)]
         bwd = [b + x for b, x in zip(bwd, bwd_send)]
-        delay = [0.0 if blocked else t for t, blocked in zip(p2p, blocks)]
         pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix, fwd_send=fwd_send,
                      bwd_send=bwd_send)
         if trace:
@@ -455,30 +472,38 @@ class Simulator:
     # --------------------------------------------------------------------------------- data parallel
     def _stage_table(self, plan: Plan, pipes: list[_Pipe] | None = None) -> _StageTable:
         """Every (replica, virtual stage) of ``plan`` numbered flat, with what the all-reduces need."""
-        offsets, first_device, node, tp, group, last_bwd, device_done, shard_tp = [], [], [], [], [], [], [], []
+        offsets, first_device, tp, group, last_bwd, device_done, shard_tp = [], [], [], [], [], [], []
         group_count = 0
         for r, rep in enumerate(plan.replicas):
             offsets.append(len(first_device))
             pp = plan.pipeline_devices(r)
-            for k, stage in enumerate(rep.stages):
-                first_device.append(stage.devices[0])
-                node.append(self._node_id(stage.devices[0]))
-                tp.append(stage.tp)
-                shard_tp.append(self._shard_tp(stage))
-                group.append(group_count + k % pp)
-                if pipes is not None:
-                    ends = pipes[r].last_bwd
-                    last_bwd.append(ends[k])
-                    device_done.append(max(e for j, e in enumerate(ends) if j % pp == k % pp))
+            stages = rep.stages
+            first_device += [s.devices[0] for s in stages]
+            tp += [s.tp for s in stages]
+            shard_tp += [self._shard_tp(s) if s.tp_split is not None else s.tp for s in stages]
+            group += [group_count + k % pp for k in range(len(stages))]
+            if pipes is not None:
+                ends = pipes[r].last_bwd
+                last_bwd += ends
+                if pp == len(ends):
+                    device_done += ends
+                else:  # interleaved: a device is done after the last backward of all its chunks
+                    done = [max(ends[d::pp]) for d in range(pp)]
+                    device_done += [done[k % pp] for k in range(len(ends))]
             group_count += pp
-        return _StageTable(np.array(offsets), first_device, np.array(node), np.array(tp), np.array(group),
-                           np.array(last_bwd), np.array(device_done), np.array(shard_tp, dtype=float))
+        nodes = self._nodes
+        return _StageTable(np.array(offsets), first_device, np.array([nodes[d] for d in first_device]), np.array(tp),
+                           np.array(group), np.array(last_bwd), np.array(device_done), np.array(shard_tp, dtype=float))
 
     def _dp_segments(self, plan: Plan, table: _StageTable | None = None) -> list[_Segment]:
         """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
         bytes per device (the smallest TP shard among the holders) and those of unit ``a`` alone (the
         last bucket the backward finishes), plus tied-embedding copies (one bucket each, ``a = z = -1``)."""
-        table = table or self._stage_table(plan)
+        return self._dp_runs(plan, table or self._stage_table(plan))[0]
+
+    def _dp_runs(self, plan: Plan, table: _StageTable) -> tuple[list[_Segment], np.ndarray]:
+        """:meth:`_dp_segments`, and ``[runs, dp]``: the flat stage numbers of each run's holders, one per
+        replica in replica order (the segments before the tied copies, row by row)."""
         grad_bytes = grad_reduce_bytes(plan.precision)
         bucket = self.grad_bucket_params * grad_bytes
         cuts = np.array(sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units}))
@@ -487,9 +512,9 @@ class Simulator:
         held = np.stack([np.searchsorted(st, cuts[:-1], side="right") - 1 for st in starts], axis=1)
         flat = held + table.offsets[None, :]
         replicas = np.arange(plan.dp)
-        out = []
+        out, rows = [], []
         if plan.dp > 1:
-            tp_min = table.shard_tp[flat].min(axis=1)
+            tp_min = table.shard_tp[flat].min(axis=1).tolist()
             for i, (a, z) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
                 sharded, whole = self._tables.params(a, z)
                 first_sharded, first_whole = self._tables.params(a, a + 1)
@@ -498,7 +523,8 @@ class Simulator:
                     first = (first_sharded / tp_min[i] + first_whole) * grad_bytes
                     out.append(_Segment(np.column_stack((replicas, held[i])), a, z, nbytes,
                                         min(nbytes, max(first, bucket))))
-        return out + self._tied_segments(plan, cuts, held, table, grad_bytes)
+                    rows.append(i)
+        return out + self._tied_segments(plan, cuts, held, table, grad_bytes), flat[rows]
 
     def _tied_segments(self, plan: Plan, cuts: np.ndarray, held: np.ndarray, table: _StageTable,
                        grad_bytes: int) -> list[_Segment]:
@@ -526,7 +552,7 @@ class Simulator:
         key, members, concurrent = ring
         lines = self._ar.get(key)
         if lines is None:
-            lines = self._ar[key] = allreduce_cost(members(), self._ar_cluster, concurrent)
+            lines = self._ar[key] = allreduce_cost(members(), self._ar_cluster, concurrent, self._hop_links)
         return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
 
     @staticmethod
@@ -571,11 +597,11 @@ class Simulator:
         return len(nodes) > 1 and not all(self.cluster.groups[g].nic.rdma for g, _ in nodes)
 
     def _node_id(self, device_id: str) -> int:
-        node = self._nodes.get(device_id)
-        if node is None:
-            key = self.cluster.device(device_id).node_key
-            node = self._nodes[device_id] = self._node_numbers.setdefault(key, len(self._node_numbers))
-        return node
+        try:
+            return self._nodes[device_id]
+        except KeyError:
+            self.cluster.device(device_id)  # raises SpecError naming the unknown id
+            raise
 
     def _ready(self, plan: Plan, pipes: list[_Pipe], alike: list[int]) -> np.ndarray:
         """``[dp, units]``: when each replica has the gradient of each unit (its stage's last backward
@@ -591,6 +617,86 @@ class Simulator:
             rows[r] = np.concatenate(pieces)
         return np.stack([rows[a] for a in alike])
 
+    def _dp_jobs(self, plan: Plan, pipes: list[_Pipe], table: _StageTable, segments: list[_Segment],
+                 runs: np.ndarray) -> list[_Job]:
+        """One job per all-reduce of :meth:`_dp_sync` over stage tables: the runs (``runs``, one row each)
+        all at once in numpy, then the tied copies one by one."""
+        overlap = self.overlap_grad_reduce
+        ready = self._ready(plan, pipes, _alike(plan, pipes)).max(axis=0).tolist() if overlap else None
+        pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
+        tied = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments[len(runs):]]
+        nodes = table.node[runs]
+        crossing = nodes.min(axis=1) != nodes.max(axis=1)
+        flows = self._table_flows(table, runs[crossing], tied)
+        rings = self._run_rings(table, runs, nodes, flows)
+        tcp = (crossing & ~self._node_rdma[nodes].all(axis=1)).tolist()  # _crosses_tcp of each run
+        groups = list(table.group[runs])  # one per replica, ascending: np.unique's order
+        done = table.device_done[runs].max(axis=1).tolist() if not overlap else None
+        jobs = []
+        for i, seg in enumerate(segments):
+            if plan.zero >= 2 and seg.a >= 0:
+                continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
+            if seg.a >= 0:
+                ring, group = rings[i], groups[i]
+            else:
+                flat = tied[i - len(runs)]
+                ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
+            t = self._allreduce_s(seg.nbytes, ring) * (pad if seg.a >= 0 else 1.0)
+            if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
+                end = done[i] if seg.a >= 0 else float(table.device_done[flat].max())  # the devices' whole backward
+                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a)))
+            elif seg.a < 0:
+                end = float(table.last_bwd[flat].max())
+                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None))
+            elif tcp[i]:  # after the backward that holds it: no overlap over TCP
+                jobs.append(_Job(ready[seg.a], ready[seg.a], group, t, t, None))
+            else:
+                jobs.append(_Job(ready[seg.z - 1], ready[seg.a], group, t,
+                                 self._allreduce_s(seg.last_bytes, ring) * pad, None))
+        return jobs
+
+    @staticmethod
+    def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray]) -> dict[int, int]:
+        """:meth:`_ring_flows` over stage tables: ``crossing``, the runs whose holders span nodes (a row
+        each); ``tied``, the flat holders of each tied copy. A device group's stages share its devices,
+        so its node and ``tp`` are those of any of its stages."""
+        mask = np.zeros(int(table.group.max()) + 1, dtype=bool)
+        mask[table.group[crossing].ravel()] = True
+        for flat in tied:
+            if table.node[flat].min() != table.node[flat].max():
+                mask[table.group[flat]] = True
+        if not mask.any():
+            return {}
+        group_tp = np.zeros(len(mask), dtype=np.int64)
+        np.maximum.at(group_tp, table.group, table.tp)
+        group_node = np.zeros(len(mask), dtype=np.int64)
+        group_node[table.group] = table.node
+        per_node = np.bincount(group_node[mask], weights=group_tp[mask])
+        return {n: int(c) for n, c in enumerate(per_node.tolist()) if c}
+
+    @staticmethod
+    def _run_rings(table: _StageTable, runs: np.ndarray, nodes: np.ndarray, flows: dict[int, int]) -> list[tuple]:
+        """:meth:`_ring` of every run at once (``runs``: flat holders, a row each; ``nodes``: their nodes):
+        the same keys and concurrency, element by element."""
+        if not len(runs):
+            return []
+        concurrent = table.tp[runs].max(axis=1).tolist()
+        if flows:
+            width = max(int(nodes.max()), max(flows)) + 1
+            count = np.bincount((np.arange(len(runs))[:, None] * width + nodes).ravel(),
+                                minlength=len(runs) * width).reshape(len(runs), width)
+            share = np.zeros(width)
+            share[list(flows)] = list(flows.values())
+            # flows.get(n, 0) / (members on n), the largest over the ring's nodes
+            most = np.divide(share, count, out=np.zeros(count.shape), where=count > 0).max(axis=1).tolist()
+            concurrent = [c if c >= m else m for c, m in zip(concurrent, most)]
+        ordered = np.sort(nodes, axis=1)
+
+        def members(row: np.ndarray) -> Callable[[], tuple[str, ...]]:
+            return lambda: tuple(dict.fromkeys(table.first_device[i] for i in row.tolist()))
+
+        return [((ordered[i].tobytes(), c), members(runs[i]), c) for i, c in enumerate(concurrent)]
+
     def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
 
@@ -604,34 +710,10 @@ class Simulator:
         if plan.dp < _VECTOR_MIN_REPLICAS or (plan.zero and plan.shard_group):
             return self._dp_sync_small(plan, pipes, trace)
         table = self._stage_table(plan, pipes)
-        segments = self._dp_segments(plan, table)
+        segments, runs = self._dp_runs(plan, table)
         if not segments:
             return 0.0, {}, []
-        ready = self._ready(plan, pipes, _alike(plan, pipes)) if self.overlap_grad_reduce else None
-        jobs = []
-        pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
-        flats = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments]
-        flows = self._ring_flows(list(zip(table.node[f].tolist(), table.group[f].tolist(), table.tp[f].tolist()))
-                                 for f in flats)
-        for seg in segments:
-            if plan.zero >= 2 and seg.a >= 0:
-                continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
-            ring = self._ring(plan, seg.holders, table, flows)
-            t = self._allreduce_s(seg.nbytes, ring) * (pad if seg.a >= 0 else 1.0)
-            flat = table.offsets[seg.holders[:, 0]] + seg.holders[:, 1]
-            groups = np.unique(table.group[flat])
-            if not self.overlap_grad_reduce:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
-                done = float(table.device_done[flat].max())  # the devices' whole backward
-                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a)))
-            elif seg.a < 0:
-                done = float(table.last_bwd[flat].max())
-                jobs.append(_Job(done, done, groups, t, self._allreduce_s(seg.last_bytes, ring), None))
-            elif self._crosses_tcp([table.first_device[i] for i in flat.tolist()]):
-                done = float(ready[:, seg.a].max())  # after the backward that holds it: no overlap over TCP
-                jobs.append(_Job(done, done, groups, t, t, None))
-            else:
-                first, last = float(ready[:, seg.z - 1].max()), float(ready[:, seg.a].max())
-                jobs.append(_Job(first, last, groups, t, self._allreduce_s(seg.last_bytes, ring) * pad, None))
+        jobs = self._dp_jobs(plan, pipes, table, segments, runs)
         jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
         free = np.zeros(int(table.group.max()) + 1)
         spent = np.zeros_like(free)
@@ -993,13 +1075,19 @@ class Simulator:
         self._check(plan, workload, validate)
         run = self._run(plan, trace)
         breakdown = self._breakdown(plan, run)
-        metrics = self._metrics(plan, run, breakdown)
+        metrics = self._metrics(plan, run)
         per_device = {dev: b["memory_gb"] for b in breakdown for dev in b["devices"]}
         timeline = self._timeline(run) if trace else []
         return Prediction(step_time_s=float(run.step), tokens_per_s=metrics["tokens_per_s"],
                           samples_per_s=metrics["samples_per_s"], fits_in_memory=metrics["fits_in_memory"],
                           metrics=metrics, memory_gb=per_device, breakdown=breakdown, timeline=timeline,
                           provenance=self.provenance(plan))
+
+    def predict_metrics(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True) -> dict[str, Any]:
+        """The CONTRACT metrics of ``plan`` alone: ``predict(plan).metrics``, without building the breakdown,
+        per-device memory and provenance (the batch scorer's path, :mod:`hetpart.costmodel.batch`)."""
+        self._check(plan, workload, validate)
+        return self._metrics(plan, self._run(plan))
 
     def provenance(self, plan: Plan) -> dict[str, Any]:
         """Where each device type's compute came from and how far to trust it (:mod:`~hetpart.costmodel.provenance`)."""
@@ -1035,7 +1123,6 @@ class Simulator:
             for d in range(pipe.pp):
                 ks = range(d, rep.pp, pipe.pp)
                 group = self._group(rep.stages[d].devices)
-                busy = sum(pipe.fwd[k] + pipe.bwd[k] for k in ks) * pipe.m
                 # activations sent down to k+1, gradients sent up to k-1
                 sends = sum((pipe.p2p[k] if k < rep.pp - 1 else 0.0) + (pipe.p2p[k - 1] if k > 0 else 0.0)
                             for k in ks) * pipe.m
@@ -1049,7 +1136,7 @@ class Simulator:
                     "pp_blocked_s": sum(pipe.fwd_send[k] + pipe.bwd_send[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
-                    "bubble_s": float(pipe.makespan - busy),
+                    "bubble_s": self._bubble_s(rep, pipe, d),
                     "sync_wait_s": float(run.sync_end - pipe.makespan),
                     "optimizer_s": run.optim[(r, d)],
                     "memory_gb": run.memory[(r, d)],
@@ -1057,7 +1144,22 @@ class Simulator:
                 })
         return out
 
-    def _metrics(self, plan: Plan, run: _Step, breakdown: list[dict[str, Any]]) -> dict[str, Any]:
+    @staticmethod
+    def _bubble_s(rep, pipe: _Pipe, d: int) -> float:
+        """Seconds device group ``d`` of a replica idles inside its pipeline."""
+        busy = sum(pipe.fwd[k] + pipe.bwd[k] for k in range(d, rep.pp, pipe.pp)) * pipe.m
+        return float(pipe.makespan - busy)
+
+    def _group_peaks(self, devices: tuple[str, ...], precision: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """The group's GPU names, and each device's peak FLOP/s at ``precision``, in the group's order."""
+        key = (devices, precision)
+        hit = self._peaks.get(key)
+        if hit is None:
+            gpus = self._group(devices).gpus
+            hit = self._peaks[key] = (tuple(g.name for g in gpus), tuple(g.tflops(precision) * 1e12 for g in gpus))
+        return hit
+
+    def _metrics(self, plan: Plan, run: _Step) -> dict[str, Any]:
         samples = plan.global_batch
         model_flops = self.model.train_flops * samples
         # what the recompute mode runs again (Narayanan et al.'s hardware FLOPs); under fused attention
@@ -1066,14 +1168,21 @@ class Simulator:
         recompute = sum(u.recompute_flops[mode] for u in self.model.units) * samples
         peak = span = bubble = 0.0
         n = 0
+        fits = True
         peak_mem: dict[str, float] = {}
-        for b in breakdown:
-            for gpu in self._group(tuple(b["devices"])).gpus:
-                peak_mem[gpu.name] = max(peak_mem.get(gpu.name, 0.0), b["memory_gb"])
-                peak += gpu.tflops(plan.precision) * 1e12
-            n += len(b["devices"])
-            span += run.pipes[b["replica"]].makespan
-            bubble += b["bubble_s"]
+        for r, rep in enumerate(plan.replicas):  # per (replica, device group), in the breakdown's order
+            pipe = run.pipes[r]
+            for d in range(pipe.pp):
+                devices = rep.stages[d].devices
+                names, flops = self._group_peaks(devices, plan.precision)
+                memory = run.memory[(r, d)]
+                for name, f in zip(names, flops):
+                    peak_mem[name] = max(peak_mem.get(name, 0.0), memory)
+                    peak += f
+                n += len(devices)
+                span += pipe.makespan
+                bubble += self._bubble_s(rep, pipe, d)
+                fits = fits and memory <= self._group(devices).capacity_gb
         step = float(run.step)
         return {
             "step_time_s": step,
@@ -1084,7 +1193,7 @@ class Simulator:
             "mfu": float(model_flops / step / peak),
             "bubble_fraction": float(bubble / span) if span > 0 else 0.0,
             "peak_memory_gb": {k: float(x) for k, x in peak_mem.items()},
-            "fits_in_memory": all(b["memory_gb"] <= b["capacity_gb"] for b in breakdown),
+            "fits_in_memory": fits,
         }
 
     def _timeline(self, run: _Step) -> list[dict[str, Any]]:
