@@ -349,16 +349,17 @@ class Plan:
     def _check_devices(self, cluster: "Cluster") -> list[str]:
         out = []
         uses: Counter[str] = Counter()
+        unknown = {d for r in self.replicas for s in r.stages for d in s.devices if not cluster.has_device(d)}
         for i, r in enumerate(self.replicas):
             groups = [s.devices for s in r.stages]
             for j, s in enumerate(r.stages):
                 if s.tp != len(s.devices):
                     out.append(f"replicas[{i}].stages[{j}].tp: {s.tp} but {len(s.devices)} devices listed; "
                                "tp must equal the number of devices")
-                if len(set(s.devices)) != len(s.devices):
+                if len(s.devices) > 1 and len(set(s.devices)) != len(s.devices):
                     out.append(f"replicas[{i}].stages[{j}].devices: a device is listed twice")
-                for d in s.devices:
-                    if not cluster.has_device(d):
+                for d in s.devices if unknown else ():
+                    if d in unknown:
                         out.append(f"replicas[{i}].stages[{j}].devices: {d!r} does not exist in cluster "
                                    f"{cluster.name!r} ({cluster.num_devices} devices)")
             distinct = list(dict.fromkeys(groups))
@@ -376,6 +377,9 @@ class Plan:
 
     def _check_zones(self, cluster: "Cluster") -> list[str]:
         out = []
+        names = cluster.zones
+        if all(cluster.zones_connected(a, b) for a in names for b in names):
+            return out  # every rule below is about two zones without a link
 
         def zones(stage: Stage) -> list[str]:
             return list(dict.fromkeys(cluster.device(d).zone for d in stage.devices if cluster.has_device(d)))
@@ -528,7 +532,27 @@ def _fractions(value: Any, source: str) -> tuple[float, ...] | None:
                  for i, f in enumerate(value))
 
 
+_PLAIN_STAGE_KEYS = frozenset(("layers", "devices", "tp"))
+
+
+def _plain_stage(data: Any) -> Stage | None:
+    """The common stage (layers, devices, tp; no split) when it is well-formed, else None: a fast path
+    that accepts only what :func:`_stage` accepts, and builds the same stage."""
+    if type(data) is not dict or not data.keys() <= _PLAIN_STAGE_KEYS:
+        return None
+    layers, devices, tp = data.get("layers"), data.get("devices"), data.get("tp")
+    if (type(layers) is list and len(layers) == 2 and type(layers[0]) is int and type(layers[1]) is int
+            and 0 <= layers[0] <= _MAX_UNITS and 0 <= layers[1] <= _MAX_UNITS
+            and type(devices) is list and devices and all(type(d) is str for d in devices)
+            and type(tp) is int and 1 <= tp <= 1024):
+        return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp)
+    return None
+
+
 def _stage(data: Any, source: str, field: str) -> Stage:
+    plain = _plain_stage(data)
+    if plain is not None:
+        return plain
     data = v.require_mapping(PlanError, data, source, field)
     v.require_keys(PlanError, data, source, field, ["layers", "devices"], ["tp", "tp_split"])
     layers = data["layers"]
@@ -545,6 +569,11 @@ def _stage(data: Any, source: str, field: str) -> Stage:
 
 
 def _replica(data: Any, source: str, field: str) -> Replica:
+    if type(data) is dict and len(data) == 2 and type(data.get("stages")) is list and data["stages"]:
+        share = data.get("batch_share")  # the common replica, checked quickly (what the full path accepts)
+        stages = [_plain_stage(s) for s in data["stages"]]
+        if type(share) is float and 0.0 < share <= 1.0 + _SHARE_TOL and all(s is not None for s in stages):
+            return Replica(batch_share=share, stages=tuple(stages))
     data = v.require_mapping(PlanError, data, source, field)
     v.require_keys(PlanError, data, source, field, ["batch_share", "stages"], [])
     share = v.number(PlanError, data["batch_share"], source, f"{field}.batch_share", maximum=1.0 + _SHARE_TOL)

@@ -206,6 +206,8 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
                 seen.add(s.tp)
                 for why in tp_problems(model, s.tp, rules):
                     out.append(f"replicas[{i}].stages[{j}].tp: {why}")
+            if len(s.devices) < 2:
+                continue  # one device sits on one node
             nodes = {cluster.device(d).node_key for d in s.devices if cluster.has_device(d)}
             if rules.tp_within_node and len(nodes) > 1 and not plan.allow_cross_node_tp:
                 out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
