@@ -188,6 +188,22 @@ class _StageTable(NamedTuple):
     """When the stage's device finishes its whole backward (with pipes)."""
     shard_tp: np.ndarray
     """``tp``, or for an uneven split 1 / the largest device share (what a gradient exchange is padded to)."""
+    first_unit: np.ndarray
+    """The stage's first unit."""
+    ready_base: np.ndarray
+    """``last_bwd`` less the blocking send that ends it: when the stage's first unit has its gradient (with pipes)."""
+    prefix_row: np.ndarray
+    """Row of the stage's unit prefix sums in ``bwd_prefix`` and ``tp_bwd_prefix`` (with pipes)."""
+    bwd_prefix: np.ndarray
+    """``[prefixes, units + 1]``: backward compute prefix sums of the plan's stage configurations."""
+    tp_bwd_prefix: np.ndarray
+    """The same for the backward's TP all-reduces."""
+
+    def grad_ready_s(self, flat: np.ndarray, unit: np.ndarray) -> np.ndarray:
+        """When stage ``flat`` has the gradient of ``unit`` (:meth:`_Pipe.grad_ready_s`, element by element)."""
+        row, first = self.prefix_row[flat], self.first_unit[flat]
+        b, tb = self.bwd_prefix, self.tp_bwd_prefix
+        return (self.ready_base[flat] - (b[row, unit] - b[row, first])) - (tb[row, unit] - tb[row, first])
 
 
 class _Segment(NamedTuple):
@@ -472,7 +488,10 @@ class Simulator:
     # --------------------------------------------------------------------------------- data parallel
     def _stage_table(self, plan: Plan, pipes: list[_Pipe] | None = None) -> _StageTable:
         """Every (replica, virtual stage) of ``plan`` numbered flat, with what the all-reduces need."""
-        offsets, first_device, tp, group, last_bwd, device_done, shard_tp = [], [], [], [], [], [], []
+        offsets, first_device, tp, group, shard_tp, first_unit = [], [], [], [], [], []
+        last_bwd, device_done, sends, rows = [], [], [], []
+        prefixes: dict[int, int] = {}
+        tables: list[_UnitPrefix] = []
         group_count = 0
         for r, rep in enumerate(plan.replicas):
             offsets.append(len(first_device))
@@ -481,10 +500,19 @@ class Simulator:
             first_device += [s.devices[0] for s in stages]
             tp += [s.tp for s in stages]
             shard_tp += [self._shard_tp(s) if s.tp_split is not None else s.tp for s in stages]
+            first_unit += [s.layers[0] for s in stages]
             group += [group_count + k % pp for k in range(len(stages))]
             if pipes is not None:
-                ends = pipes[r].last_bwd
+                pipe = pipes[r]
+                ends = pipe.last_bwd
                 last_bwd += ends
+                sends += pipe.bwd_send
+                for units in pipe.bwd_prefix:
+                    row = prefixes.get(id(units))
+                    if row is None:
+                        row = prefixes[id(units)] = len(tables)
+                        tables.append(units)
+                    rows.append(row)
                 if pp == len(ends):
                     device_done += ends
                 else:  # interleaved: a device is done after the last backward of all its chunks
@@ -492,8 +520,13 @@ class Simulator:
                     device_done += [done[k % pp] for k in range(len(ends))]
             group_count += pp
         nodes = self._nodes
+        last = np.array(last_bwd)
+        width = self.model.num_units + 1
         return _StageTable(np.array(offsets), first_device, np.array([nodes[d] for d in first_device]), np.array(tp),
-                           np.array(group), np.array(last_bwd), np.array(device_done), np.array(shard_tp, dtype=float))
+                           np.array(group), last, np.array(device_done), np.array(shard_tp, dtype=float),
+                           np.array(first_unit), last - np.array(sends), np.array(rows, dtype=np.int64),
+                           np.array([u.bwd_np for u in tables]).reshape(-1, width),
+                           np.array([u.tp_bwd_np for u in tables]).reshape(-1, width))
 
     def _dp_segments(self, plan: Plan, table: _StageTable | None = None) -> list[_Segment]:
         """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
@@ -506,11 +539,14 @@ class Simulator:
         replica in replica order (the segments before the tied copies, row by row)."""
         grad_bytes = grad_reduce_bytes(plan.precision)
         bucket = self.grad_bucket_params * grad_bytes
-        cuts = np.array(sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units}))
-        starts = [np.array([s.layers[0] for s in rep.stages]) for rep in plan.replicas]
-        # stage of each replica holding each run: [runs, dp]
-        held = np.stack([np.searchsorted(st, cuts[:-1], side="right") - 1 for st in starts], axis=1)
-        flat = held + table.offsets[None, :]
+        units = self.model.num_units
+        cuts = np.array(sorted(set(table.first_unit.tolist()) | {units}))
+        # the stage of each replica holding each run, [runs, dp]: one search over every replica's stage
+        # starts, each replica's shifted past the last one's (a replica's stages start in ascending order)
+        replica_of = np.repeat(np.arange(plan.dp), np.diff(np.append(table.offsets, len(table.first_unit))))
+        keys = replica_of * (units + 1) + table.first_unit
+        flat = np.searchsorted(keys, np.arange(plan.dp)[None, :] * (units + 1) + cuts[:-1, None], side="right") - 1
+        held = flat - table.offsets[None, :]
         replicas = np.arange(plan.dp)
         out, rows = [], []
         if plan.dp > 1:
@@ -603,26 +639,15 @@ class Simulator:
             self.cluster.device(device_id)  # raises SpecError naming the unknown id
             raise
 
-    def _ready(self, plan: Plan, pipes: list[_Pipe], alike: list[int]) -> np.ndarray:
-        """``[dp, units]``: when each replica has the gradient of each unit (its stage's last backward
-        runs from its last unit down, so a unit is done once only the units below it are left)."""
-        rows: dict[int, np.ndarray] = {}
-        for r in dict.fromkeys(alike):
-            pipe, pieces = pipes[r], []
-            for k in np.argsort([s.layers[0] for s in plan.replicas[r].stages], kind="stable").tolist():
-                a, z = plan.replicas[r].stages[k].layers
-                units = pipe.bwd_prefix[k]
-                b, tb = units.bwd_np, units.tp_bwd_np
-                pieces.append((pipe.last_bwd[k] - pipe.bwd_send[k] - (b[a:z] - b[a])) - (tb[a:z] - tb[a]))
-            rows[r] = np.concatenate(pieces)
-        return np.stack([rows[a] for a in alike])
-
     def _dp_jobs(self, plan: Plan, pipes: list[_Pipe], table: _StageTable, segments: list[_Segment],
                  runs: np.ndarray) -> list[_Job]:
         """One job per all-reduce of :meth:`_dp_sync` over stage tables: the runs (``runs``, one row each)
         all at once in numpy, then the tied copies one by one."""
         overlap = self.overlap_grad_reduce
-        ready = self._ready(plan, pipes, _alike(plan, pipes)).max(axis=0).tolist() if overlap else None
+        if overlap:  # when every holder has the gradient of a run's first (last bucket) and last unit (first)
+            last = table.grad_ready_s(runs, np.array([seg.a for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
+            first = table.grad_ready_s(runs, np.array([seg.z - 1 for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
+            ready_last, ready_first = last.max(axis=1).tolist(), first.max(axis=1).tolist()
         pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
         tied = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments[len(runs):]]
         nodes = table.node[runs]
@@ -649,9 +674,9 @@ class Simulator:
                 end = float(table.last_bwd[flat].max())
                 jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None))
             elif tcp[i]:  # after the backward that holds it: no overlap over TCP
-                jobs.append(_Job(ready[seg.a], ready[seg.a], group, t, t, None))
+                jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None))
             else:
-                jobs.append(_Job(ready[seg.z - 1], ready[seg.a], group, t,
+                jobs.append(_Job(ready_first[i], ready_last[i], group, t,
                                  self._allreduce_s(seg.last_bytes, ring) * pad, None))
         return jobs
 
@@ -1216,18 +1241,6 @@ class Simulator:
             events.append({"replica": r, "stage": d, "microbatch": -1, "kind": "optim", "start_s": run.sync_end,
                            "end_s": run.sync_end + t})
         return events
-
-
-def _alike(plan: Plan, pipes: list[_Pipe]) -> list[int]:
-    """Per replica, the first replica with the same stage cuts and the same timing objects (the
-    simulator shares them between equal replicas), whose gradients are therefore ready at the same times."""
-    first: dict[tuple, int] = {}
-    out = []
-    for r, pipe in enumerate(pipes):
-        key = (id(pipe.last_bwd), tuple(id(u) for u in pipe.bwd_prefix),
-               tuple(s.layers[0] for s in plan.replicas[r].stages))
-        out.append(first.setdefault(key, r))
-    return out
 
 
 def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload | None = None, *,
