@@ -117,7 +117,7 @@ def _run_network(policy, states: list[StructureState], static: StaticFeatures, r
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,
            simulate_top: int = 6, refine: bool = True, refine_steps: int = 40, walk_points: int = 400,
-           time_budget_s: float = 4.0,
+           time_budget_s: float = 10.0,
            seed: int = 0, checkpoint: str | Path | None = None, evaluator: Evaluator | None = None,
            baseline: bool = True, network_alone: bool = True) -> Decoded:
     """Greedy + ``samples`` sampled decodes, exact completion, batch simulation, optional refinement.
@@ -129,7 +129,7 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         refine: walk from the decoded structures to better ones under the search's estimate
             (:mod:`hetpart.policies.neighbourhood`, at most ``walk_points`` points priced), simulate the
             best points, then hill-climb the winner and the baseline as ``search`` does (at most
-            ``refine_steps`` simulations per climb).
+            ``refine_steps`` simulations per climb, fewer beyond 128 GPUs: :func:`_climb_steps`).
         time_budget_s: a safety net, not the budget that shapes the answer (that is ``walk_points`` and
             ``refine_steps``, so a busy machine gives the same plan): planning stops starting new work
             this many seconds after it began (loading the network excluded): the walk by 45% of it,
@@ -188,12 +188,20 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         from hetpart.policies.refine import refine as hill_climb
 
         evaluator.deadline = start + time_budget_s
-        climbed = [hill_climb(evaluator, e, refine_steps) for e in (refined, base) if e is not None]
+        steps = _climb_steps(refine_steps, cluster.num_devices)
+        climbed = [hill_climb(evaluator, e, steps) for e in (refined, base) if e is not None]
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
         refined = base
     timings["total_s"] = time.perf_counter() - start
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+
+
+def _climb_steps(refine_steps: int, devices: int) -> int:
+    """Simulations per climb: ``refine_steps`` up to 128 GPUs, fewer beyond (a simulation costs in
+    proportion to the plan's devices, and at that scale the walk's exact split leaves little to move),
+    at least 4."""
+    return max(min(refine_steps, 4), refine_steps * 128 // max(devices, 128))
 
 
 def _decode_structures(policy, scenario: Scenario, samples: int, seed: int) -> list[StructureState]:
