@@ -1,8 +1,10 @@
 """The policy planner against exact search: quality on public and held-out scenarios, time at scale.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --out runs/bench-policy
+    OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --scale CLUSTER.yaml ... [--scale-search]
 
-* **public**: every entry of ``shared/scenarios/suite.yaml`` (given with ``--suite``);
+* **public**: every entry of ``shared/scenarios/suite.yaml`` (given with ``--suite``; several suites
+  joined with commas);
 * **held out** (never in training, :data:`hetpart.envs.scenarios.HELD_OUT`): held-out catalog models
   (llama2-7b, llama3-8b, llama2-13b, gpt3-13b) on random clusters; models on 4-type clusters; models
   on 160 to 512 GPUs; drawn with a fixed seed;
@@ -22,7 +24,7 @@ import math
 import time
 from pathlib import Path
 
-__all__ = ["held_out_scenarios", "compare", "main"]
+__all__ = ["held_out_scenarios", "compare", "scale_times", "main"]
 
 
 def held_out_scenarios(seed: int = 7, per_kind: int = 3):
@@ -87,16 +89,51 @@ def _geo(values) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
+def scale_times(clusters: list[str], model_name: str = "llama2-70b", global_batch: int = 1024, seq_len: int = 4096,
+                repeats: int = 3, search: bool = False) -> list[dict]:
+    """``plan(..., "policy")``'s ``wall_time_s`` (the network loaded first, as ``hetpart plan`` does) on
+    each cluster, the median of ``repeats``, with its tokens/s; ``search`` adds search's time and ratio."""
+    import statistics
+
+    from hetpart import load_cluster, load_model
+    from hetpart.policies import plan
+    from hetpart.policies.policy_planner import POLICY
+    from hetpart.workload import Workload
+
+    POLICY.prepare()
+    model, workload = load_model(model_name, seq_len=seq_len), Workload(global_batch, seq_len)
+    rows = []
+    for path in clusters:
+        cluster = load_cluster(path)
+        runs = [plan(model, cluster, workload, "policy") for _ in range(repeats)]
+        row = {"cluster": Path(path).stem, "devices": cluster.num_devices, "model": model_name,
+               "policy_s": statistics.median(r.wall_time_s for r in runs),
+               "policy_tokens_per_s": runs[0].prediction.tokens_per_s}
+        if search:
+            found = plan(model, cluster, workload, "search")
+            row |= {"search_s": found.wall_time_s,
+                    "policy_over_search": row["policy_tokens_per_s"] / found.prediction.tokens_per_s}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="../shared/scenarios/suite.yaml")
     ap.add_argument("--out", default="runs/bench-policy")
     ap.add_argument("--held-out", type=int, default=3, help="scenarios per held-out kind (0: none)")
+    ap.add_argument("--scale", nargs="*", default=None, metavar="CLUSTER",
+                    help="only time the policy on these clusters (llama2-70b, batch 1024 x 4096)")
+    ap.add_argument("--scale-search", action="store_true", help="with --scale: search's time and ratio beside")
     args = ap.parse_args(argv)
+    if args.scale is not None:
+        scale_times(args.scale, search=args.scale_search)
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    groups = [("public", list(_suite(args.suite)) if args.suite else [])]
+    groups = [("public", [s for path in args.suite.split(",") if path for s in _suite(path)])]
     if args.held_out:
         groups.append(("held-out", held_out_scenarios(per_kind=args.held_out)))
     for group, scenarios in groups:

@@ -1,5 +1,6 @@
 """Learnability (SB3's identity-env tests are the model): on a toy scenario whose optimum is known by
-enumerating every masked structure, MaskablePPO with the GNN policy finds it within a small budget."""
+enumerating every masked structure, and clear (the next structure is more than 4% behind),
+MaskablePPO with the GNN policy finds it within a small budget, far above what random decodes reach."""
 
 import copy
 
@@ -11,26 +12,36 @@ from hetpart.envs import PartitionEnv
 from hetpart.policies.structure import Scenario, StructureState
 
 
-def _optimum(scenario: Scenario) -> float:
-    best, stack = 0.0, [StructureState(scenario)]
+def _values(scenario: Scenario) -> dict[tuple, float]:
+    """tokens/s of every masked structure (0 when its plans do not fit), by structure key."""
+    out, stack = {}, [StructureState(scenario)]
     while stack:
         state = stack.pop()
         if state.done:
             found = state.complete()
-            best = max(best, found.tokens_per_s if found else 0.0)
+            out[state.key()] = found.tokens_per_s if found else 0.0
             continue
         for action in np.flatnonzero(state.action_mask()):
             nxt = copy.copy(state)
             nxt.typed = list(state.typed)
             nxt.step(int(action))
             stack.append(nxt)
-    return best
+    return out
+
+
+def _random_policy_mean(scenario: Scenario, values: dict[tuple, float], episodes: int = 200) -> float:
+    """Mean tokens/s of uniformly random masked decodes (what learning has to beat)."""
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for _ in range(episodes):
+        state = StructureState(scenario)
+        while not state.done:
+            state.step(int(rng.choice(np.flatnonzero(state.action_mask()))))
+        total += values[state.key()]
+    return total / episodes
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue-9 compute model: the toy scenario's best two structures are now 1.8% apart (tp1 x dp2 "
-                   "mb 8 vs tp2 mb 16) and seed 0 with 2,500 steps lands on the second; the policy's owner to re-pick "
-                   "the toy scenario or budget", strict=False)
 def test_ppo_reaches_the_known_optimum_on_a_toy_scenario():
     import torch
 
@@ -48,17 +59,25 @@ def _learn_and_check():
 
     from hetpart.policies.gnn import PointerPolicy
 
-    problem = (load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256))
-    optimum = _optimum(Scenario(*problem))
+    # batch 32 x 1,024: the optimum (data parallelism over the two A100s, micro-batch 16, selective or no
+    # recompute: a tie) is 8% ahead of the next structure under the current simulator, and random decodes
+    # reach about 40% of it; seed 0 finds it after 2,000 steps (measured 2026-11-24)
+    problem = (load_model("gpt2-small", seq_len=1024), load_cluster("tiny-mixed"), Workload(32, 1024))
+    scenario = Scenario(*problem)
+    values = _values(scenario)
+    optimum = max(values.values())
+    ranked = sorted(values.values(), reverse=True)
+    runner_up = next(v for v in ranked if v < optimum * (1 - 1e-9))
+    assert runner_up < 0.96 * optimum  # the toy's optimum is clear
+    random_mean = _random_policy_mean(scenario, values)
     env = PartitionEnv(scenario=problem)
     model = MaskablePPO(PointerPolicy, env, n_steps=128, batch_size=64, n_epochs=8, learning_rate=3e-3, gamma=1.0,
                         ent_coef=0.0, seed=0, device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(hidden=32)))
-    # 3,500 steps: since the simulator prices communication as engines pay it (issue 9), this toy's optimum
-    # is data parallelism over the two A100s, 5% ahead of TP=2 (the optimum before, found in 2,500)
-    model.learn(3500)
+    model.learn(3000)
     obs, _ = env.reset(seed=0)
     done = False
     while not done:
         action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
         obs, _, done, _, info = env.step(int(action))
-    assert info["tokens_per_s"] >= 0.99 * optimum, (info["structure"], info["tokens_per_s"], optimum)
+    assert info["tokens_per_s"] >= 0.99 * optimum, (info["structure"], info["tokens_per_s"], optimum, random_mean)
+    assert info["tokens_per_s"] > 2 * random_mean  # learned, not stumbled on
