@@ -1,5 +1,5 @@
 """The vectorised plan encoder against the first (plan-at-a-time) encoder, and the surrogate's fast
-paths (deduplicated transfers, depth buckets, the numpy ring scan) against its plain ones."""
+paths (deduplicated transfers, wavefront pipeline passes, the numpy ring scan) against its plain ones."""
 
 import random
 from dataclasses import replace
@@ -46,7 +46,7 @@ def test_vectorised_encoder_gives_the_reference_arrays_on_random_plans(seed):
     for _ in range(3):
         sc = random_scenario(rng, max_devices=48)
         plans = _plans(rng, sc, 12)
-        new = encode_plans(ScenarioContext(sc.model, sc.cluster), plans)
+        new = encode_plans(ScenarioContext(sc.model, sc.cluster), plans, physics=False)
         _assert_same(new, encode_plans_reference(ScenarioContext(sc.model, sc.cluster), plans))
         # the headroom the predictor used to compute from the plan's devices
         from hetpart.costmodel.memory import memory_capacity_gb
@@ -68,7 +68,7 @@ def test_vectorised_encoder_gives_the_reference_arrays_on_mixed_card_nodes():
     rng = random.Random(9)
     plans = [p for p in (random_plan(rng, model, cluster, 32, 4) for _ in range(30)) if p]
     assert plans
-    _assert_same(encode_plans(ScenarioContext(model, cluster), plans),
+    _assert_same(encode_plans(ScenarioContext(model, cluster), plans, physics=False),
                  encode_plans_reference(ScenarioContext(model, cluster), plans))
 
 
@@ -85,13 +85,13 @@ def test_plans_the_encoder_cannot_price_are_left_out_with_the_reference_messages
     unknown = replace(plans[0], replicas=(Replica(1.0, (Stage((0, 14), ("7/0/0",), 1),)),))
     starved = replace(plans[1], global_batch=1, micro_batch=4)
     batch = [plans[0], unknown, *plans[1:6], starved, *plans[6:]]
-    new = encode_plans(ScenarioContext(model, cluster), batch)
+    new = encode_plans(ScenarioContext(model, cluster), batch, physics=False)
     old = encode_plans_reference(ScenarioContext(model, cluster), batch)
     assert set(new.errors) == set(old.errors) and {1, 7} <= set(new.errors)
     assert any("zones without a link" in m for m in new.errors.values())
     assert new.errors == old.errors and new.rows == old.rows
     ok = [p for i, p in enumerate(batch) if i not in new.errors]
-    _assert_same(encode_plans(ScenarioContext(model, cluster), ok), encode_plans_reference(ScenarioContext(model, cluster), ok))
+    _assert_same(encode_plans(ScenarioContext(model, cluster), ok, physics=False), encode_plans_reference(ScenarioContext(model, cluster), ok))
 
 
 def test_teacher_labels_keep_the_reference_members():
@@ -136,14 +136,15 @@ def test_surrogate_fast_paths_agree_with_the_plain_ones(monkeypatch):
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    monkeypatch.setattr(surrogate_module, "_BUCKET_MIN_REPLICAS", 8)  # depth buckets on
+    monkeypatch.setattr(surrogate_module, "_WAVEFRONT_MIN_STAGE_ROWS", 1)  # wavefront pipeline passes on
     with torch.no_grad():
         fast = net.details(tb)
     with torch.enable_grad():
         scan = net.details(tb)  # the torch ring scan
     plain = dict(tb)
     plain.pop("p2p_uid")
-    monkeypatch.setattr(surrogate_module, "_BUCKET_MIN_REPLICAS", 10 ** 9)
+    monkeypatch.setattr(surrogate_module, "_WAVEFRONT_MIN_STAGE_ROWS", 10 ** 9)
+    surrogate_module._WAVE_CACHE.clear()
     with torch.no_grad():
         slow = net.details(surrogate_module.TensorBatch(plain))
     for k in fast:

@@ -1,7 +1,8 @@
 """Plans as arrays for the learned cost model: one :class:`PlanBatch` holds many plans of one scenario.
 
 The surrogate (:mod:`hetpart.costmodel.learned.surrogate`) reads a plan as a graph whose node and
-edge inputs are raw physical quantities, never the simulator's results:
+edge inputs are raw physical quantities and analytic leaf costs (per unit, transfer and all-reduce:
+:mod:`hetpart.costmodel.learned.physics`), never the simulator's plan-level results:
 
 * **unit x configuration** rows: every unit of the model under every (device pool, tensor-parallel
   degree, micro-batch, recompute mode) that some stage of the batch uses, with the shared unit and
@@ -32,6 +33,7 @@ from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.features import cluster_pools, log_scale, pool_features, unit_features
 from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb, state_bytes_per_param
+from hetpart.costmodel.learned.physics import add_physics
 
 __all__ = ["ScenarioContext", "PlanBatch", "encode_plans", "RECOMPUTE", "CONFIG_FEATURES", "P2P_FEATURES",
            "DP_FEATURES", "PLAN_FEATURES"]
@@ -151,6 +153,14 @@ class PlanBatch:
     p2p_first: np.ndarray | None = None    # [P] flat index into p2p_x[R, K-1] of each distinct transfer
     configs: list | None = None            # the configuration of each row of unit_x
     seg_members: list | None = None        # per segment (members, concurrent, bytes) (teacher labels only)
+    # analytic leaf terms (hetpart.costmodel.learned.physics): what the surrogate's networks correct
+    unit_exact: np.ndarray | None = None     # [C, U, 4] forward, backward compute; TP forward, backward (s)
+    p2p_exact: np.ndarray | None = None      # [R, K-1] seconds of each pipeline transfer (NICs shared)
+    rep_sched: np.ndarray | None = None      # [R] 0 1f1b, 1 gpipe, 2 interleaved
+    opt_exact: np.ndarray | None = None      # [R, D] optimizer step seconds per pipeline device
+    seg_exact: np.ndarray | None = None      # [G] all-reduce seconds of each gradient segment
+    seg_last_exact: np.ndarray | None = None  # [G] seconds of its last bucket
+    seg_tcp: np.ndarray | None = None        # [G] leaves a node over TCP: not overlapped with the backward
 
 
 def _ls(x: float, centre: float, spread: float) -> float:
@@ -293,18 +303,23 @@ def _config_table(ctx: ScenarioContext, configs: list[tuple]) -> tuple[np.ndarra
     return np.stack([cache[c][0] for c in configs]), np.stack([cache[c][1] for c in configs])
 
 
-def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = False) -> PlanBatch:
+def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = False, physics: bool = True) -> PlanBatch:
     """Encode ``plans`` (all of ``ctx``'s model and cluster) into one :class:`PlanBatch`.
 
     A plan that cannot be encoded (a device the cluster lacks, zones without a link, a replica
     without a micro-batch) is left out and named in ``errors``; the caller reports it. With
-    ``members`` the batch also keeps ``configs`` and ``seg_members`` (the teacher's inputs).
+    ``members`` the batch also keeps ``configs`` and ``seg_members`` (the teacher's inputs). With
+    ``physics`` (the default) it carries the analytic leaf terms the surrogate composes
+    (:func:`~hetpart.costmodel.learned.physics.add_physics`).
     """
     _context_tables(ctx)
     if ctx._vec is None:  # more node groups or pools than a bit mask holds: the plan-at-a-time encoder
         from hetpart.costmodel.learned.encode_reference import encode_plans_reference
 
-        return encode_plans_reference(ctx, plans)
+        batch = encode_plans_reference(ctx, plans)
+        if physics:
+            add_physics(ctx, plans, batch)
+        return batch
     keep = list(range(len(plans)))
     errors: dict[int, str] = {}
     while True:
@@ -317,6 +332,8 @@ def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = Fal
             keep = [i for j, i in enumerate(keep) if j not in skip.bad]
     batch.errors = dict(sorted(errors.items()))
     batch.rows = keep
+    if physics:
+        add_physics(ctx, plans, batch)
     return batch
 
 
@@ -757,20 +774,14 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
 
 
 def teacher_labels(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
-    """:func:`encode_plans` plus the simulator's own per-unit and per-ring seconds (the teacher's
-    leaf labels for training; never inputs)."""
-    from hetpart.costmodel.collectives import allreduce_time_s
-    from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
-
+    """:func:`encode_plans` plus the teacher's leaf labels for training: the simulator's own per-unit
+    seconds (compute + tensor-parallel) and per-ring seconds (the analytic leaf terms the surrogate
+    corrects, so the leaf loss keeps its corrections near the teacher's leaves)."""
     batch = encode_plans(ctx, plans, members=True)
     if batch.errors:
         raise ValueError(next(iter(batch.errors.values())))
-    labels = []
-    for pool, tp, mb, rc, (bw, lat) in batch.configs:
-        fwd, bwd = unit_compute_s(ctx.model, ctx.gpus[pool], tp, mb, ctx.precision, rc)
-        tpf, tpb = unit_tp_comm_s(ctx.model, tp, mb, rc, bw, lat)
-        labels.append(np.stack([fwd + tpf, bwd + tpb], -1))
-    batch.unit_label = np.asarray(labels, float).reshape(batch.unit_base.shape[:2] + (2,))
-    batch.seg_label = np.asarray([allreduce_time_s(nb, members, ctx.cluster, conc)
-                                  for members, conc, nb in batch.seg_members], float)
+    u = np.asarray(batch.unit_exact, float)
+    batch.unit_label = np.stack([u[..., 0] + u[..., 2], u[..., 1] + u[..., 3]], -1).reshape(
+        batch.unit_base.shape[:2] + (2,))
+    batch.seg_label = np.asarray(batch.seg_exact, float)
     return batch

@@ -97,9 +97,6 @@ class LearnedPredictor:
         return self._ctx[precision]
 
     def _check(self, plan: Plan) -> None:
-        if plan.zero:
-            raise PlanError(f"plan: zero: {plan.zero} (sharded data parallelism) is outside what the learned predictor "
-                            "was trained on; use --predictor simulator")
         if plan.precision not in DTYPE_BYTES:
             raise PlanError(f"plan: precision: {plan.precision!r} is not one the learned predictor knows "
                             f"({', '.join(DTYPE_BYTES)}); use --predictor simulator")

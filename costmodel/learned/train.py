@@ -3,8 +3,8 @@
 The loss per scenario batch (all plans of one scenario):
 
 * squared error of the log step time (the simulator's);
-* a pairwise ranking term: logistic loss on every ordered pair of the scenario's plans (TpuGraphs'
-  pairwise loss), so plans are ordered as the simulator orders them;
+* a pairwise ranking term: a hinge on every ordered pair of the scenario's plans (TpuGraphs'
+  pairwise hinge), so plans are ordered as the simulator orders them;
 * leaf terms: squared log error of the unit and ring seconds against the simulator's own unit costs
   and all-reduce times (the decomposition is supervised where it is cheap to, as NeuSight trains on
   kernels);
@@ -51,7 +51,12 @@ class TrainConfig:
     leaf_weight: float = 0.5
     """Weight of the leaf (unit and ring seconds) terms."""
     rank_temperature: float = 0.03
-    """Log-time difference at which a pair counts as clearly ordered."""
+    """Largest predicted log-time gap the ranking hinge asks of a pair (it asks half the true gap)."""
+    adam_eps: float = 1e-2
+    """Adam's epsilon. Large on purpose: the surrogate starts at the analytic composition, where the
+    gradients on simulator labels are rounding noise; a small epsilon would turn that noise into
+    full-size steps (a random walk away from the composition), a large one keeps steps in proportion
+    to the gradient until there is a real residual to learn."""
     hidden: int = 64
     edge_hidden: int = 32
     seed: int = 0
@@ -106,7 +111,11 @@ def _loss(model: Surrogate, tb, y: torch.Tensor, cfg: TrainConfig) -> tuple[torc
     mse = ((mu - y) ** 2).mean()
     diff = y[:, None] - y[None, :]
     clear = diff.abs() > 1e-3
-    pair = torch.nn.functional.softplus(-torch.sign(diff) * (mu[:, None] - mu[None, :]) / cfg.rank_temperature)
+    # pairwise hinge (TpuGraphs' baseline loss): a pair costs when the predicted gap falls short of half
+    # the true one (capped at the temperature) in the right direction; the true gap itself, rounding
+    # included, costs nothing
+    margin = (0.5 * diff.abs()).clamp(max=cfg.rank_temperature)
+    pair = torch.relu(margin - torch.sign(diff) * (mu[:, None] - mu[None, :])) / cfg.rank_temperature
     rank = (pair * clear).sum() / clear.sum().clamp(min=1)
     nll = 0.5 * (torch.exp(-log_var) * (mu.detach() - y) ** 2 + log_var).mean()
     pf, pb = model.unit_times(tb)
@@ -215,7 +224,7 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
         raise SpecError(f"{cfg.dataset}: no training scenarios; build a larger data set")
     data = _prepare(train_recs, dev)
     model = Surrogate(SurrogateConfig(cfg.hidden, cfg.edge_hidden)).to(dev)
-    opt = torch.optim.Adam(model.parameters(), cfg.lr)
+    opt = torch.optim.Adam(model.parameters(), cfg.lr, eps=cfg.adam_eps)
     total = cfg.epochs * len(data)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     start_epoch, step = 0, 0
