@@ -183,9 +183,14 @@ def test_predict_takes_zero_and_refuses_a_bad_level(capsys):
     assert code == 2 and "--zero: 4 is not a sharding level" in out + err
 
 
-def test_the_learned_predictor_refuses_sharded_plans_it_never_saw(gpt2, mixed):
+def test_the_learned_predictor_answers_sharded_plans_with_the_sharded_collective_terms(gpt2, mixed):
     from hetpart.costmodel.predictor import get_predictor
 
     learned = get_predictor("learned", gpt2, mixed, Workload(32, S))
-    with pytest.raises(PlanError, match=r"zero: 1 \(sharded data parallelism\) is outside what the learned predictor"):
-        learned.predict(_dp_plan(zero=1), Workload(32, S))
+    sim = Simulator(gpt2, mixed)
+    for zero in (1, 2, 3):
+        plan = _dp_plan(zero=zero)
+        got = learned.predict(plan, Workload(32, S)).metrics
+        want = sim.simulate(plan)
+        assert got["step_time_s"] == pytest.approx(want.step_time_s, rel=0.02)
+        assert got["peak_memory_gb"] == pytest.approx(want.metrics["peak_memory_gb"], rel=1e-6)

@@ -37,7 +37,6 @@ Output: log step time (seconds) and its log variance per plan.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
