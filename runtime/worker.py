@@ -296,7 +296,10 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         heartbeat.finished_step(step, float(out.loss), steps[-1]["wall_s"])
         if ckpt and (step + 1 == end or (every and (step + 1 - start) % every == 0)):
             _checkpoint(ckpt, executor, step + 1, heartbeat, fault, rank)
-    peak = max(s["peak_memory_bytes"] for s in steps)
+    # the peak of the measured steps: a warm-up step's growth includes states allocated for good during it
+    # (the optimizer's moments at the first step), which the steps after it hold from their start
+    measure_from = int(job.get("measure_from", int(job.get("first_step", 0)) + job["warmup"]))
+    peak = max(s["peak_memory_bytes"] for s in ([s for s in steps if s["step"] >= measure_from] or steps))
     profiled.append(_unit_profile(job, plan, heartbeat))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
