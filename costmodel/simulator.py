@@ -970,6 +970,10 @@ class Simulator:
                     memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
                     if self.kernels == "torch" and flight >= m:
                         memory[(r, d)] -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
+                    if self.kernels == "torch" and zero in (1, 2):
+                        # hetpart's runtime runs levels 1-2 on FSDP2 without resharding after the forward:
+                        # each parameter's shard stays allocated beside its gathered copy
+                        memory[(r, d)] += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
                     optim[(r, d)] = self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
                     continue
                 gbs = np.zeros(len(group.gpus))

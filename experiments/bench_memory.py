@@ -12,12 +12,15 @@ measured 195 and 211 MB on rank 0).
 What is compared is the same quantity on both sides: the growth during a step is the device's
 predicted peak (:class:`~hetpart.costmodel.Simulator`, with the options of the run record: the
 ``torch`` kernel set, the activations the runtime's modules were measured to save) less what is
-resident when the step starts (weights and optimizer states, sharded as the plan's level shards them;
-the runtime frees the gradients at the start of each step).
+resident when the probe starts the step (weights, the previous step's gradients and the optimizer
+states, sharded as the plan's level shards them; the runtime frees the gradients only when the next
+forward starts, and the simulator's ``torch`` peak counts them back when the first backward allocates them).
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 6 minutes on the shared
 2-core machine); ``--write`` rewrites the ``memory-validation`` section of docs/BENCHMARKS.md;
-``--records FILE`` re-predicts records measured before instead of running.
+``--records FILE`` re-predicts records measured before instead of running (the runs of docs/BENCHMARKS.md:
+``experiments/data/cpu_memory_runs_mmap.jsonl``). The tiny case is below what the resident set resolves:
+its tensors (16 KiB) stay under the 64 KiB threshold, in heap pages that stay resident once touched.
 """
 
 from __future__ import annotations
@@ -65,19 +68,21 @@ def run_case(plan: dict, scale: str, out: Path, steps: int = 3) -> None:
 
 
 def _at_rest_gb(plan, model, replica: int, stage: int) -> float:
-    """What a device holds when a step starts: weights and optimizer states (sharded as the plan's level
-    shards them); the runtime frees the gradients at each step's start."""
+    """What a device holds when the runtime's memory probe starts a step: weights, gradients (the previous
+    step's: the runtime frees them only when the next forward starts, after the probe has read the
+    resident set) and optimizer states, sharded as the plan's level shards them."""
     from hetpart.costmodel.memory import PrefixTables
-    from hetpart.costmodel.sharding import state_bytes
+    from hetpart.costmodel.sharding import sharded_state_bytes
 
     rep = plan.replicas[replica]
     pp = rep.pp // plan.chunks_per_device
     tables = PrefixTables(model)
     params = sum(tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp) for k in range(stage, rep.pp, pp))
-    w, _, opt = state_bytes(plan.precision, plan.optimizer)
     zero = plan.zero if plan.dp > 1 else 0
-    f = plan.shard_fraction(replica)
-    return params * ((w * (f if zero >= 3 else 1.0)) + opt * (f if zero >= 1 else 1.0)) / 1e9
+    # the runtime runs every level on FSDP2, whose parameters, gradients and optimizer states are all sharded
+    # between steps (levels 1-2 gather the parameters at the first forward and keep them until the step ends)
+    return sharded_state_bytes(params, plan.precision, 3 if zero else 0, plan.shard_fraction(replica),
+                               plan.optimizer) / 1e9
 
 
 def compare(record) -> list[dict]:
