@@ -385,13 +385,18 @@ def pipeline_summary(fwd_s: list[float], bwd_s: list[float], p2p_s: list[float],
     p2p = list(p2p_s) or [0.0]
     end = [0.0]
     push = end.append
-    for p, d, s, q in zip(prev, dep, slot, link):
-        t = end[p]
-        if d:
-            r = end[d] + p2p[q]
-            if r > t:
-                t = r
-        push(t + durations[s])
+    if any(p2p):
+        for p, d, s, q in zip(prev, dep, slot, link):
+            t = end[p]
+            if d:
+                r = end[d] + p2p[q]
+                if r > t:
+                    t = r
+            push(t + durations[s])
+    else:  # no transfer delays (blocking sends): the same loop without them; end[0] = 0 stands for "no input"
+        for p, d, s in zip(prev, dep, slot):
+            t, r = end[p], end[d]
+            push((r if r > t else t) + durations[s])
     return max(end[i] for i in last_op), [end[i] for i in last_bwd]
 
 

@@ -283,13 +283,17 @@ class Simulator:
         self._out_bytes = [u.out_act_bytes for u in model.units]
         self._units: dict[tuple, tuple[list[float], ...]] = {}
         self._groups: dict[tuple[str, ...], DeviceGroupFacts] = {}
+        self._facts: dict[DeviceGroupFacts, DeviceGroupFacts] = {}
         self._p2p: dict[tuple, PathLink] = {}
+        """Pipeline links by :meth:`_p2p_key`."""
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._hop_links: dict[tuple, PathLink | None] = {}
         """Links between ring neighbours on the all-reduce cluster (:func:`allreduce_cost`'s cache)."""
         numbers: dict[tuple[int, int], int] = {}
         self._nodes: dict[str, int] = {d.id: numbers.setdefault(d.node_key, len(numbers)) for d in cluster.devices}
         """Node number of each device (cluster order)."""
+        self._places: dict[str, tuple[int, int]] = {d.id: (d.group, d.local) for d in cluster.devices}
+        """Node group and place in its node of each device."""
         self._node_rdma = np.array([cluster.groups[g].nic.rdma for g, _ in numbers], dtype=bool)
         """Per node number: whether its NICs are RDMA (:meth:`_crosses_tcp`)."""
         self._unit_params: dict[int, list[float]] = {}
@@ -300,8 +304,9 @@ class Simulator:
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
         hit = self._groups.get(devices)
-        if hit is None:
-            hit = self._groups[devices] = device_group_facts(self.cluster, devices)
+        if hit is None:  # equal facts are one object (caches key on it)
+            facts = device_group_facts(self.cluster, devices)
+            hit = self._groups[devices] = self._facts.setdefault(facts, facts)
         return hit
 
     def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str,
@@ -380,13 +385,22 @@ class Simulator:
         a, b = src.devices[0], dst.devices[0]
         na, nb = self._nodes.get(a), self._nodes.get(b)
         share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
-        key = (a, b, share)
+        key = self._p2p_key(a, b, na, nb, share)
         link = self._p2p.get(key)
         if link is None:
             self._node_id(a), self._node_id(b)  # an unknown device: its clear error
             link = self._p2p[key] = self._p2p_link(a, b, share)
         nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
         return p2p_time_s(nbytes, link)
+
+    def _p2p_key(self, a: str, b: str, na: int | None, nb: int | None, share: tuple[int, int]) -> tuple:
+        """What :meth:`_p2p_link` depends on: inside a node, the node group and the two GPUs' places (a
+        cube-mesh wires some pairs only); between nodes, the two node groups (their NICs, zones and
+        the link between the zones) and the flows sharing each node's NICs; nothing for one device."""
+        if a == b:
+            return ("self",)
+        (ga, la), (gb, lb) = self._places.get(a, (a, a)), self._places.get(b, (b, b))
+        return (ga, la, lb) if na == nb and na is not None else (ga, gb, share)
 
     def _pipeline_flows(self, plan: Plan) -> dict[int, int]:
         """Per node: how many pipeline transfers cross its NICs at once, shards counted (each of a
@@ -946,47 +960,58 @@ class Simulator:
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:
         memory: dict[tuple[int, int], float] = {}
         optim: dict[tuple[int, int], float] = {}
+        alike: dict[tuple, tuple[float, float]] = {}  # device groups of one kind, cut alike, hold and step alike
+        for r, rep in enumerate(plan.replicas):
+            pp, m = pipes[r].pp, pipes[r].m
+            fraction = plan.shard_fraction(r)
+            for d in range(pp):
+                key = (id(self._group(rep.stages[d].devices)), d, pp, m, fraction,
+                       tuple((s.layers, s.tp, s.tp_split) for s in rep.stages[d::pp]))
+                hit = alike.get(key)
+                if hit is None:
+                    hit = alike[key] = self._device_memory_and_optimizer(plan, rep, d, pp, m, fraction)
+                memory[(r, d)], optim[(r, d)] = hit
+        return memory, optim
+
+    def _device_memory_and_optimizer(self, plan: Plan, rep, d: int, pp: int, m: int,
+                                     fraction: float) -> tuple[float, float]:
+        """(peak memory GB, optimizer step s) of device group ``d`` of a replica (``pp`` device groups,
+        ``m`` micro-batches, ``fraction`` of the sharded states)."""
         v = plan.chunks_per_device
         tables = self._tables
         zero = plan.zero if plan.dp > 1 else 0  # one replica has nothing to shard
-        for r, rep in enumerate(plan.replicas):
-            pp, m = pipes[r].pp, pipes[r].m
-            for d in range(pp):
-                flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                group = self._group(rep.stages[d].devices)
-                fraction = plan.shard_fraction(r)
-                largest = 0.0
-                if zero >= 2:
-                    largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
-                                  for k in range(d, rep.pp, pp))
-                if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
-                    gb = params = 0.0
-                    for k in range(d, rep.pp, pp):
-                        s = rep.stages[k]
-                        gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
-                                               plan.optimizer, plan.attention)
-                        params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
-                    # the states tables.memory_gb counted whole, sharded instead
-                    memory[(r, d)] = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
-                    if self.kernels == "torch" and flight >= m:
-                        memory[(r, d)] -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
-                    if self.kernels == "torch" and zero in (1, 2):
-                        # hetpart's runtime runs levels 1-2 on FSDP2 without resharding after the forward:
-                        # each parameter's shard stays allocated beside its gathered copy
-                        memory[(r, d)] += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
-                    optim[(r, d)] = self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
-                    continue
-                gbs = np.zeros(len(group.gpus))
-                held = np.zeros(len(group.gpus))
-                for k in range(d, rep.pp, pp):
-                    s = rep.stages[k]
-                    gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                                  plan.attention)
-                    held += self._device_params(s, *s.layers)
-                gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
-                memory[(r, d)] = float(gbs.max())  # against the smallest capacity of the group
-                optim[(r, d)] = max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus))
-        return memory, optim
+        flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+        group = self._group(rep.stages[d].devices)
+        largest = 0.0
+        if zero >= 2:
+            largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
+                          for k in range(d, rep.pp, pp))
+        if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
+            gb = params = 0.0
+            for k in range(d, rep.pp, pp):
+                s = rep.stages[k]
+                gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
+                                       plan.optimizer, plan.attention)
+                params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
+            # the states tables.memory_gb counted whole, sharded instead
+            memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
+            if self.kernels == "torch" and flight >= m:
+                memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
+            if self.kernels == "torch" and zero in (1, 2):
+                # hetpart's runtime runs levels 1-2 on FSDP2 without resharding after the forward:
+                # each parameter's shard stays allocated beside its gathered copy
+                memory += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
+            return memory, self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
+        gbs = np.zeros(len(group.gpus))
+        held = np.zeros(len(group.gpus))
+        for k in range(d, rep.pp, pp):
+            s = rep.stages[k]
+            gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+                                          plan.attention)
+            held += self._device_params(s, *s.layers)
+        gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
+        return (float(gbs.max()),  # against the smallest capacity of the group
+                max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus)))
 
     def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float) -> float:
         """What a device's peak holds less when its engine frees the gradients at each step's start (hetpart's
@@ -1179,13 +1204,15 @@ class Simulator:
         busy = sum(pipe.fwd[k] + pipe.bwd[k] for k in range(d, rep.pp, pipe.pp)) * pipe.m
         return float(pipe.makespan - busy)
 
-    def _group_peaks(self, devices: tuple[str, ...], precision: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
-        """The group's GPU names, and each device's peak FLOP/s at ``precision``, in the group's order."""
+    def _group_peaks(self, devices: tuple[str, ...], precision: str) -> tuple[tuple[str, ...], tuple[float, ...], float]:
+        """The group's GPU names (once each), each device's peak FLOP/s at ``precision`` in the group's
+        order, and the group's memory capacity."""
         key = (devices, precision)
         hit = self._peaks.get(key)
         if hit is None:
-            gpus = self._group(devices).gpus
-            hit = self._peaks[key] = (tuple(g.name for g in gpus), tuple(g.tflops(precision) * 1e12 for g in gpus))
+            group = self._group(devices)
+            hit = self._peaks[key] = (tuple(dict.fromkeys(g.name for g in group.gpus)),
+                                      tuple(g.tflops(precision) * 1e12 for g in group.gpus), group.capacity_gb)
         return hit
 
     def _metrics(self, plan: Plan, run: _Step) -> dict[str, Any]:
@@ -1199,19 +1226,24 @@ class Simulator:
         n = 0
         fits = True
         peak_mem: dict[str, float] = {}
+        bubbles: dict[tuple[int, int], float] = {}  # pipes of equal replicas share their last_bwd list
         for r, rep in enumerate(plan.replicas):  # per (replica, device group), in the breakdown's order
             pipe = run.pipes[r]
             for d in range(pipe.pp):
-                devices = rep.stages[d].devices
-                names, flops = self._group_peaks(devices, plan.precision)
+                names, flops, capacity = self._group_peaks(rep.stages[d].devices, plan.precision)
                 memory = run.memory[(r, d)]
-                for name, f in zip(names, flops):
+                for name in names:
                     peak_mem[name] = max(peak_mem.get(name, 0.0), memory)
+                for f in flops:
                     peak += f
-                n += len(devices)
+                n += len(flops)
                 span += pipe.makespan
-                bubble += self._bubble_s(rep, pipe, d)
-                fits = fits and memory <= self._group(devices).capacity_gb
+                key = (id(pipe.last_bwd), d)
+                idle = bubbles.get(key)
+                if idle is None:
+                    idle = bubbles[key] = self._bubble_s(rep, pipe, d)
+                bubble += idle
+                fits = fits and memory <= capacity
         step = float(run.step)
         return {
             "step_time_s": step,

@@ -533,6 +533,7 @@ def _fractions(value: Any, source: str) -> tuple[float, ...] | None:
 
 
 _PLAIN_STAGE_KEYS = frozenset(("layers", "devices", "tp"))
+_new_stage = object.__new__
 
 
 def _plain_stage(data: Any) -> Stage | None:
@@ -545,7 +546,11 @@ def _plain_stage(data: Any) -> Stage | None:
             and 0 <= layers[0] <= _MAX_UNITS and 0 <= layers[1] <= _MAX_UNITS
             and type(devices) is list and devices and all(type(d) is str for d in devices)
             and type(tp) is int and 1 <= tp <= 1024):
-        return Stage(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp)
+        # Stage(...) itself, without the frozen dataclass's four object.__setattr__ calls (plans of
+        # 1,024 GPUs bring hundreds of stages each): same fields, same object
+        stage = _new_stage(Stage)
+        stage.__dict__.update(layers=(layers[0], layers[1]), devices=tuple(devices), tp=tp, tp_split=None)
+        return stage
     return None
 
 
