@@ -113,7 +113,8 @@ def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int 
     Raises:
         PlanError: when two members' zones have no link.
     """
-    devices = sorted({d: cluster.device(d) for d in device_ids}.values(), key=_INDEX)
+    ids = device_ids if isinstance(device_ids, (list, tuple)) else list(device_ids)
+    devices = sorted(dict(zip(ids, map(cluster.device, ids))).values(), key=_INDEX)  # each member once
     n = len(devices)
     if n <= 1:
         return ()

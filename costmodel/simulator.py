@@ -450,19 +450,35 @@ class Simulator:
 
     # --------------------------------------------------------------------------------- pipelines
     def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, flows: dict[int, int],
-              shard_comm: dict | None = None) -> _Pipe:
+              shard_comm: dict | None = None, alike: dict | None = None) -> _Pipe:
+        """Replica ``r``'s pipeline. ``seen``: pipeline timings by their stage costs, and ``alike``: pipes
+        by what they are computed from, both shared by the replicas of one plan (equal replicas share one
+        :class:`_Pipe`; nothing changes a pipe once built)."""
         rep = plan.replicas[r]
         stages = rep.stages
         v = plan.chunks_per_device
         m = microbatches_run(plan, r)
-        fwd, bwd, compute, tp, prefix = [], [], [], [], []
         settings = (plan.micro_batch, plan.precision, plan.recompute, plan.attention)
         stage_units = self._stage_units
-        for k, s in enumerate(stages):
+        prefix = []
+        for s in stages:
             units = stage_units.get((s.devices, s.tp, s.tp_split, settings))
             if units is None:
                 units = stage_units[(s.devices, s.tp, s.tp_split, settings)] = self._unit_prefix(
                     s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split, plan.attention)
+            prefix.append(units)
+        k_total = rep.pp
+        p2p = [self._p2p_s(stages[k], stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
+        blocks = [self._send_blocks(stages[k], stages[k + 1]) for k in range(k_total - 1)] if self.overlap_p2p else None
+        key = None
+        if alike is not None and not trace and not shard_comm:  # unit costs live in caches: their ids are stable
+            key = (m, tuple(map(id, prefix)), tuple(s.layers for s in stages), tuple(p2p),
+                   tuple(blocks) if blocks is not None else None)
+            hit = alike.get(key)
+            if hit is not None:
+                return hit
+        fwd, bwd, compute, tp = [], [], [], []
+        for k, (s, units) in enumerate(zip(stages, prefix)):
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
             cf, cb, tpf, tpb = f[z] - f[a], b[z] - b[a], tf[z] - tf[a], tb[z] - tb[a]
@@ -471,13 +487,9 @@ class Simulator:
             bwd.append(cb + tpb + xb)
             compute.append(cf + cb)
             tp.append(tpf + tpb)
-            prefix.append(units)
-        k_total = rep.pp
-        p2p = [self._p2p_s(stages[k], stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
         # a blocking send keeps its device busy after the operation and the receiver gets the data
         # when it ends; an overlapped one only delays the receiver
-        if self.overlap_p2p:
-            blocks = [self._send_blocks(stages[k], stages[k + 1]) for k in range(k_total - 1)]
+        if blocks is not None:
             fwd_send = [p2p[k] if k < k_total - 1 and blocks[k] else 0.0 for k in range(k_total)]
             bwd_send = [p2p[k - 1] if k > 0 and blocks[k - 1] else 0.0 for k in range(k_total)]
             delay = [0.0 if blocked else t for t, blocked in zip(p2p, blocks)]
@@ -493,10 +505,12 @@ class Simulator:
             pipe.timing, pipe.makespan = timing, timing.makespan_s
             pipe.last_bwd = timing.last_backward_end_s(rep.pp).tolist()
             return pipe
-        key = (tuple(fwd), tuple(bwd), tuple(delay), m)  # equal replicas are simulated once
-        if key not in seen:
-            seen[key] = pipeline_summary(fwd, bwd, delay, plan.schedule, m, v)
-        pipe.makespan, pipe.last_bwd = seen[key]
+        timing_key = (tuple(fwd), tuple(bwd), tuple(delay), m)  # equal pipelines are simulated once
+        if timing_key not in seen:
+            seen[timing_key] = pipeline_summary(fwd, bwd, delay, plan.schedule, m, v)
+        pipe.makespan, pipe.last_bwd = seen[timing_key]
+        if key is not None:
+            alike[key] = pipe
         return pipe
 
     # --------------------------------------------------------------------------------- data parallel
@@ -965,8 +979,9 @@ class Simulator:
             pp, m = pipes[r].pp, pipes[r].m
             fraction = plan.shard_fraction(r)
             for d in range(pp):
-                key = (id(self._group(rep.stages[d].devices)), d, pp, m, fraction,
-                       tuple((s.layers, s.tp, s.tp_split) for s in rep.stages[d::pp]))
+                s = rep.stages[d]
+                key = (id(self._group(s.devices)), d, pp, m, fraction, s.layers, s.tp, s.tp_split,
+                       tuple((c.layers, c.tp, c.tp_split) for c in rep.stages[d + pp::pp]) if rep.pp > pp else ())
                 hit = alike.get(key)
                 if hit is None:
                     hit = alike[key] = self._device_memory_and_optimizer(plan, rep, d, pp, m, fraction)
@@ -1052,7 +1067,8 @@ class Simulator:
         seen: dict = {}
         shard_comm = self._shard_comm(plan) if plan.zero and plan.dp > 1 else None
         flows = self._pipeline_flows(plan)
-        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None)
+        alike: dict = {}
+        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None, alike)
                  for r in range(plan.dp)]
         dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
         memory, optim = self._memory_and_optimizer(plan, pipes)
