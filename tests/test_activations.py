@@ -136,3 +136,23 @@ def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_work
         late = k >= plan.num_microbatches(0)
         want = rest + (max(k * one, grads + (k - 1) * one) if late else grads + k * one) + work
         assert pred.memory_gb[dev] * 1e9 == pytest.approx(want, rel=1e-9)
+
+
+def test_runtime_level_one_keeps_the_parameter_shards_beside_the_gathered_copy(tiny):
+    """hetpart's runtime runs ZeRO-1 on FSDP2 without resharding after the forward: on top of the
+    simulator's level-1 account (whole weights and gradients, sharded optimizer) each device keeps its
+    shard of the weights (w f per parameter); Megatron's distributed optimizer (kernels 'fused') does not."""
+    from hetpart import Plan, Replica, Stage, load_cluster
+    from hetpart.costmodel import Simulator
+    from hetpart.costmodel.memory import PrefixTables
+
+    def plan(zero):
+        return Plan(global_batch=8, micro_batch=2, seq_len=32, schedule="1f1b", recompute="none", precision="fp32",
+                    zero=zero, replicas=(Replica(0.5, (Stage((0, 14), ("0/0/0",), 1),)),
+                                         Replica(0.5, (Stage((0, 14), ("0/0/1",), 1),))))
+    cluster = load_cluster("tiny-mixed")
+    params = PrefixTables(tiny).params_per_device(0, 14, 1)
+    for kernels, extra in (("torch", 4 * 0.5 * params), ("fused", 0.0)):
+        sim = Simulator(tiny, cluster, kernels=kernels)
+        zero0, zero1 = (sim.simulate(plan(z)).memory_gb["0/0/0"] * 1e9 for z in (0, 1))
+        assert zero0 - zero1 == pytest.approx(8 * 0.5 * params - extra, rel=1e-9)  # Adam's 8 fp32 bytes halved
