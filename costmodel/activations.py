@@ -50,6 +50,8 @@ recomputed also holds its whole activations again.
 
 from __future__ import annotations
 
+import weakref
+
 from typing import TYPE_CHECKING
 
 from hetpart.errors import PlanError
@@ -148,13 +150,35 @@ def _fused_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> f
     return float(per_token * s)
 
 
+_CACHE: dict[int, tuple["weakref.ref[ModelGraph]", dict[tuple, tuple[float, ...]]]] = {}
+"""Per model (by identity: graphs are frozen but hold lists, so they do not hash), the answers of
+:func:`unit_saved_bytes` and :func:`unit_working_bytes` by their arguments; planners' memory checks ask
+them thousands of times per plan. An entry leaves with its graph."""
+
+
+def _cached(model: "ModelGraph", key: tuple, compute) -> list[float]:
+    entry = _CACHE.get(id(model))
+    if entry is None or entry[0]() is not model:
+        ident = id(model)
+        entry = _CACHE[ident] = (weakref.ref(model, lambda _ref: _CACHE.pop(ident, None)), {})
+    hit = entry[1].get(key)
+    if hit is None:
+        hit = entry[1][key] = tuple(compute())
+    return list(hit)
+
+
 def unit_saved_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
                      kernels: str = DEFAULT_KERNELS) -> list[float]:
     """Bytes each unit of ``model`` keeps for its backward, per sequence, under ``recompute`` with the
     ``attention`` kernel and the ``kernels`` set (module docstring)."""
+    check_kernels(kernels)
+    return _cached(model, ("saved", recompute, attention, kernels),
+                   lambda: _unit_saved_bytes(model, recompute, attention, kernels))
+
+
+def _unit_saved_bytes(model: "ModelGraph", recompute: str, attention: str, kernels: str) -> list[float]:
     from hetpart.costmodel.compute import saved_act_mode
 
-    check_kernels(kernels)
     cfg = model.config
     if cfg is None:  # traced: what the trace measured
         mode = saved_act_mode(recompute, attention)
@@ -179,6 +203,11 @@ def unit_working_bytes(model: "ModelGraph", recompute: str, attention: str = "fu
     docstring): its backward's transient gradients, plus under full recomputation its activations
     recomputed without recomputation."""
     check_kernels(kernels)
+    return _cached(model, ("working", recompute, attention, kernels),
+                   lambda: _unit_working_bytes(model, recompute, attention, kernels))
+
+
+def _unit_working_bytes(model: "ModelGraph", recompute: str, attention: str, kernels: str) -> list[float]:
     out = unit_saved_bytes(model, "none", attention, kernels) if recompute == "full" else [0.0] * model.num_units
     cfg = model.config
     if cfg is None:
