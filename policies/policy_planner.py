@@ -170,7 +170,7 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         walk = time.perf_counter()
         hood = Neighbourhood(scenario)
         found = improve(hood, [point_of(s) for s in distinct.values()], start + 0.45 * time_budget_s,
-                        limit=walk_points)
+                        limit=_walk_points(walk_points, cluster.num_devices))
         timings["walk_s"] = time.perf_counter() - walk
         timings["walk_points"] = hood.priced
         evaluator.deadline = start + 0.6 * time_budget_s
@@ -195,6 +195,13 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
         refined = base
     timings["total_s"] = time.perf_counter() - start
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+
+
+def _walk_points(walk_points: int, devices: int) -> int:
+    """Points the walk prices: ``walk_points`` up to 256 GPUs, fewer beyond (pricing a point costs more on
+    more pools and replicas, and the walk starts from both families' decodes), at least 100. On the
+    1,024-GPU public entry 100 points reach 0.996 of what 400 reach, in 0.2 s instead of 0.5 s."""
+    return max(min(walk_points, 100), walk_points * 256 // max(devices, 256))
 
 
 def _climb_steps(refine_steps: int, devices: int) -> int:
