@@ -158,7 +158,7 @@ def write_plots(points: Sequence[ScalingPoint], out: Path) -> list[Path]:
 
 
 def section(model_name: str = "llama2-13b", sizes: Sequence[int] = (16, 64, 256, 1024, 4096),
-            types: Sequence[int] = (1, 2, 3, 4), planners: Sequence[str] = ("uniform", "proportional", "search"),
+            types: Sequence[int] = (1, 2, 3, 4), planners: Sequence[str] = ("uniform", "proportional", "policy", "search"),
             runs_dir: str | Path = "runs", budget_s: float = 60.0):
     """Run the study and return docs/BENCHMARKS.md's scaling block (plots to docs/benchmarks/)."""
     from hetpart.experiments.bench import DOC_IMAGES
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> list[ScalingPoint]:
     parser.add_argument("--model", default="llama2-13b")
     parser.add_argument("--sizes", default="16,64,256,1024,4096")
     parser.add_argument("--types", default="1,2,3,4")
-    parser.add_argument("--planners", default="uniform,proportional,search")
+    parser.add_argument("--planners", default="uniform,proportional,policy,search")
     parser.add_argument("--out", default="out/scaling")
     parser.add_argument("--tracker", default="tensorboard")
     parser.add_argument("--runs-dir", default="runs")
