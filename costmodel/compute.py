@@ -33,7 +33,7 @@ from hetpart.hardware import GPUSpec
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "unit_ops",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "unit_ops",
            "saved_act_mode"]
 
 OPS_PER_UNIT: dict[str, tuple[int, int]] = {
@@ -90,22 +90,19 @@ def _unit_arrays(model: ModelGraph, recompute: str, attention: str = "eager") ->
     }
 
 
-def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
-                   recompute: str, curve: EfficiencyCurve | None = None,
-                   attention: str = "fused") -> tuple[np.ndarray, np.ndarray]:
-    """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
-
-    The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
-    ``curve`` overrides the device's efficiency curve (calibration uses it); ``attention`` is the
-    workload's kernel (``fused`` or ``eager``).
-    """
+def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
+                curve: EfficiencyCurve | None, cp: int = 1, u: dict | None = None
+                ) -> tuple[np.ndarray, np.ndarray, EfficiencyCurve, str]:
+    """``(FLOP/s of each unit on one device, its TP shard, the curve, the effective precision)``: the
+    device's peak times the efficiency at the unit's per-device width and tokens (``micro_batch`` whole
+    sequences, or ``1/cp`` of them under context parallelism)."""
     precision = effective_precision(gpu, precision)
     peak_tflops = gpu.tflops(precision)
     curve = curve or curve_for(gpu)
-    u = _unit_arrays(model, recompute, attention)
+    u = u if u is not None else _unit_arrays(model, "none")
     shard = np.where(u["shardable"], tp, 1)
     width = np.maximum(np.where(u["inner"], u["width"] / shard, u["width"]), 1.0)  # see unit_gemm_width
-    tokens = max(micro_batch * model.seq_len, 1)
+    tokens = max(micro_batch * model.seq_len, 1) if cp == 1 else max(micro_batch * model.seq_len / cp, 1.0)
     size16 = gpu.tflops_bf16  # the device's size (SMs) sets where its products saturate
     eff = curve.e_peak(precision) / (1.0 + (curve.w0(size16) / width) ** curve.alpha
                                      + (curve.t0(size16) / tokens) ** curve.alpha)
@@ -113,8 +110,26 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     if vocab and not aligned(vocab, precision):
         cap = UNALIGNED_FRACTION * gpu.tflops_bf16 / peak_tflops
         eff = np.where(u["head"], np.minimum(eff, cap), eff)
-    rate = peak_tflops * 1e12 * eff * shard
-    memory = curve.act_traffic * u["none"] * micro_batch / shard / (gpu.hbm_gbyte_s * 1e9)
+    return peak_tflops * 1e12 * eff * shard, shard, curve, precision
+
+
+def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
+                   recompute: str, curve: EfficiencyCurve | None = None,
+                   attention: str = "fused", cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
+
+    The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
+    ``curve`` overrides the device's efficiency curve (calibration uses it); ``attention`` is the
+    workload's kernel (``fused`` or ``eager``). ``cp``: context parallelism
+    (:mod:`~hetpart.costmodel.context_parallel`): the device holds ``1/cp`` of each sequence, so every
+    unit's FLOPs (the attention core's too: the load-balanced causal split gives each rank an equal
+    share of the score blocks) and activation traffic divide by ``cp``, its products run on ``1/cp`` of
+    the tokens, and each block launches :data:`CP_OPS_PER_STEP` more operators per extra ring step.
+    """
+    u = _unit_arrays(model, recompute, attention)
+    rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u)
+    work = micro_batch if cp == 1 else micro_batch / cp  # sequences' worth of tokens on this device
+    memory = curve.act_traffic * u["none"] * work / shard / (gpu.hbm_gbyte_s * 1e9)
     if recompute == "full":
         extra = memory
     elif recompute == "selective":
@@ -123,11 +138,35 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     else:
         extra = np.zeros_like(memory)
     ops_fwd, ops_bwd = unit_ops(model)
+    if cp > 1:  # the ring's extra attention calls, corrections and send/recv launches, per block
+        blocks = np.array([un.kind == "block" for un in model.units], dtype=float)
+        ops_fwd = ops_fwd + blocks * (cp - 1) * CP_OPS_PER_STEP[0]
+        ops_bwd = ops_bwd + blocks * (cp - 1) * CP_OPS_PER_STEP[1]
     host = curve.host_us_per_op * 1e-6
     host_bwd = ops_bwd + (ops_fwd if recompute == "full" else 0.0)
-    fwd = u["fwd"] * micro_batch / rate + memory + host * ops_fwd
-    bwd = u["bwd"] * micro_batch / rate + 2 * memory + extra + host * host_bwd
+    fwd = u["fwd"] * work / rate + memory + host * ops_fwd
+    bwd = u["bwd"] * work / rate + 2 * memory + extra + host * host_bwd
     return fwd, bwd
+
+
+CP_OPS_PER_STEP = (4, 4)
+"""ASSUMED (counted from Transformer Engine's ring-attention loop, ``AttnFuncWithCPAndKVP2P``, not
+measured): operators a block launches per extra context-parallel ring step, ``(forward, backward)``:
+one attention kernel, two output / log-sum-exp corrections (forward) or gradient accumulations
+(backward), and one batched send/receive."""
+
+
+def unit_attention_core_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
+                          curve: EfficiencyCurve | None = None, cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd_s[units], bwd_s[units])``: the part of :func:`unit_compute_s` (fused attention) that the
+    attention core's products take on one device for one micro-batch: ``Q K^T`` and the product with
+    ``V`` forward (the graph's ``4 s^2 h``, its selective-recompute FLOPs), and their gradients plus
+    the recomputed scores backward (2.5 times that); 0 for units without attention. Context
+    parallelism's ring overlaps its transfers with this (:mod:`~hetpart.costmodel.context_parallel`)."""
+    rate, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp)
+    core = np.array([un.recompute_flops["selective"] if un.kind == "block" else 0.0 for un in model.units])
+    fwd = core * micro_batch / cp / rate
+    return fwd, 2.5 * fwd
 
 
 def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str, bandwidth_gbyte_s: float,

@@ -5,7 +5,9 @@ innermost first: ``tp-dp-pp`` (the default) is Megatron-LM's (``initialize_model
 and torchtitan place them the same way): consecutive ``tp`` devices form a tensor-parallel group
 (inside one node), consecutive groups are the data-parallel replicas of one stage, and the pipeline
 stages are outermost (stage ``k`` of every replica sits on the ``k``-th block of ``tp * dp`` devices).
-``tp-pp-dp`` puts consecutive groups in one pipeline and the replicas outermost. Transformer blocks are split evenly over the ``pp * interleave`` virtual
+``tp-pp-dp`` puts consecutive groups in one pipeline and the replicas outermost. Context parallelism
+(``cp > 1``) sits just outside tensor parallelism, as in Megatron-Core (``tp-cp-ep-dp-pp``): a stage's
+``cp`` tensor-parallel groups are consecutive, so the orders read ``tp-cp-dp-pp`` and ``tp-cp-pp-dp``. Transformer blocks are split evenly over the ``pp * interleave`` virtual
 stages (the remainder goes to the first stages, one block each); as in Megatron-LM the embedding
 rides with the first stage and the head with the last. The batch is split evenly over replicas.
 """
@@ -47,14 +49,17 @@ def even_layer_split(num_units: int, num_stages: int, has_ends: bool = True) -> 
 
 
 def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
-                micro_batch: int) -> None:
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch)):
+                micro_batch: int, cp: int = 1) -> None:
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("cp", cp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
-    need = tp * pp * dp
+    need = tp * cp * pp * dp
     if need > cluster.num_devices:
-        raise PlanError(f"--tp/--pp/--dp: {tp} x {pp} x {dp} = {need} devices but cluster {cluster.name!r} has "
-                        f"{cluster.num_devices}; lower pp or dp")
+        if cp == 1:
+            raise PlanError(f"--tp/--pp/--dp: {tp} x {pp} x {dp} = {need} devices but cluster {cluster.name!r} has "
+                            f"{cluster.num_devices}; lower pp or dp")
+        raise PlanError(f"--tp/--cp/--pp/--dp: {tp} x {cp} x {pp} x {dp} = {need} devices but cluster "
+                        f"{cluster.name!r} has {cluster.num_devices}; lower cp, pp or dp")
     if workload.global_batch % (dp * micro_batch):
         raise WorkloadError(f"--global-batch: {workload.global_batch} is not divisible by dp x micro_batch = "
                             f"{dp} x {micro_batch}; use a multiple of {dp * micro_batch}")
@@ -65,15 +70,19 @@ def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int
 
 def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int, pp: int, dp: int,
                   micro_batch: int, schedule: str = "1f1b", interleave: int = 1,
-                  recompute: str = "selective", zero: int | None = None, order: str = DEFAULT_ORDER) -> Plan:
-    """The Megatron-LM plan of the given grid (see the module docstring); ``order`` places the ranks.
+                  recompute: str = "selective", zero: int | None = None, order: str = DEFAULT_ORDER,
+                  cp: int = 1) -> Plan:
+    """The Megatron-LM plan of the given grid (see the module docstring); ``order`` places the ranks
+    (``tp-cp-dp-pp`` and ``tp-cp-pp-dp`` are accepted for ``tp-dp-pp`` and ``tp-pp-dp``); ``cp``:
+    context parallelism, each stage on ``tp x cp`` consecutive devices.
 
     Raises:
         PlanError: the grid needs more devices than the cluster has, a TP group would cross a node,
             or there are fewer layers than stages.
         WorkloadError: the global batch does not split into ``dp`` replicas of whole micro-batches.
     """
-    _check_grid(model, cluster, workload, tp, pp, dp, micro_batch)
+    _check_grid(model, cluster, workload, tp, pp, dp, micro_batch, cp)
+    order = order.replace("tp-cp-", "tp-") if isinstance(order, str) else order
     if order not in RANK_ORDERS:
         raise PlanError(f"--order: unknown rank order {order!r}; use {' or '.join(RANK_ORDERS)} "
                         "(innermost first; Megatron-LM's is tp-dp-pp)")
@@ -84,12 +93,14 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
         raise PlanError(f"--interleave: {interleave} needs --schedule interleaved")
     devices = cluster.devices
     groups = []
-    for g in range(pp * dp):
+    for g in range(pp * dp * cp):  # tensor-parallel groups; a stage holds cp consecutive ones
         members = devices[g * tp:(g + 1) * tp]
         if len({d.node_key for d in members}) > 1:
             raise PlanError(f"--tp: {tp} devices from {members[0].id} cross a node boundary; use a tp that divides "
                             f"the GPUs per node ({cluster.groups[members[0].group].gpus_per_node})")
         groups.append(tuple(d.id for d in members))
+    if cp > 1:
+        groups = [sum(groups[g * cp:(g + 1) * cp], ()) for g in range(pp * dp)]
     has_ends = (not model.traced or model.tied_owner is not None) and model.num_units >= 3
     ranges = even_layer_split(model.num_units, pp * v, has_ends)
     replicas = []
@@ -98,9 +109,12 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
         stages = tuple(Stage(ranges[k], pipe[k % pp], tp) for k in range(pp * v))
         replicas.append(Replica(1.0 / dp, stages))
     recompute = "selective" if recompute == "auto" else recompute
+    meta = {"planner": "megatron", "grid": [tp, pp, dp], "order": order, "model": model.name,
+            "cluster": cluster.name}
+    if cp > 1:
+        meta.update(order=order.replace("tp-", "tp-cp-", 1), cp=cp)
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
                 zero=workload.zero or 0 if zero is None else zero,
-                precision=workload.precision, optimizer=workload.optimizer, attention=workload.attention,
-                meta={"planner": "megatron", "grid": [tp, pp, dp], "order": order,
-                                                    "model": model.name, "cluster": cluster.name})
+                precision=workload.precision, optimizer=workload.optimizer, attention=workload.attention, cp=cp,
+                meta=meta)

@@ -27,6 +27,10 @@ One training step of a :class:`~hetpart.plan.Plan`:
 
 Memory per device follows :mod:`~hetpart.costmodel.memory`.
 
+Context parallelism (``plan.cp > 1``, :mod:`~hetpart.costmodel.context_parallel`): each stage's ``cp``
+tensor-parallel groups run ``1/cp`` of every sequence, pay the key/value ring beside their attention,
+send ``1/cp`` of each pipeline transfer, and reduce (or shard) gradients over ``dp x cp`` ranks.
+
 :meth:`Simulator.estimate` runs the same model and returns only the step time and the memory fit
 (the planners' and the RL reward's inner loop); :meth:`Simulator.simulate` adds metrics, the
 breakdown and, on request, the timeline.
@@ -35,7 +39,7 @@ breakdown and, on request, the timeline.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -44,16 +48,17 @@ from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
-from hetpart.plan import Plan, TPSplit
+from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
-from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.compute import unit_attention_core_s, unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
-from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches
+from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches, state_bytes_per_param
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb, state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
@@ -102,7 +107,9 @@ class Prediction:
     bubble_s (idle inside the pipeline), sync_wait_s (after the pipeline, until every gradient
     all-reduce is done: exposed DP communication or a slower replica), optimizer_s; pp_comm_s and
     dp_comm_s are link time (overlapped or not); plus devices, gpu, tp, layers, memory_gb,
-    capacity_gb. For every entry, busy + bubble_s + sync_wait_s + the slowest optimizer_s = step."""
+    capacity_gb; with context parallelism (``cp > 1``) also cp, cp_comm_s (the ring's exposed seconds:
+    busy, like tp_comm_s) and cp_link_s (its transfer time, overlapped or not). For every entry, busy +
+    bubble_s + sync_wait_s + the slowest optimizer_s = step."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """With ``trace=True``: events ``{replica, stage, microbatch, kind, start_s, end_s}``, kind in
     ``fwd``, ``bwd``, ``send``, ``dp_sync``, ``optim`` (stage = pipeline device group)."""
@@ -140,6 +147,12 @@ class _UnitPrefix(NamedTuple):
     bwd_np: np.ndarray
     """``bwd`` as an array (gradient readiness of many replicas at once)."""
     tp_bwd_np: np.ndarray
+    cp_fwd: list[float] | None = None
+    """With context parallelism: the ring's exposed seconds (:mod:`~hetpart.costmodel.context_parallel`),
+    also counted in ``tp_fwd`` (communication inside the stage); None without."""
+    cp_bwd: list[float] | None = None
+    cp_link: list[float] | None = None
+    """The ring's whole transfer time, forward and backward, overlapped or not."""
 
 
 @dataclass
@@ -163,6 +176,11 @@ class _Pipe:
     (included in ``fwd``; 0 where the send overlaps compute)."""
     bwd_send: list[float] = field(default_factory=list)
     """The same for the gradients sent back after each backward (included in ``bwd``)."""
+    cp: list[float] = field(default_factory=list)
+    """Per virtual stage with context parallelism: the ring's exposed seconds (in ``fwd`` and ``bwd``,
+    not in ``tp``); empty without."""
+    cp_link: list[float] = field(default_factory=list)
+    """Per virtual stage with context parallelism: the ring's transfer seconds, overlapped or not."""
 
     def grad_ready_s(self, k: int, first: int, unit: int) -> float:
         """When virtual stage ``k`` (units from ``first``) has the gradient of ``unit`` for the step:
@@ -300,6 +318,8 @@ class Simulator:
         self._stage_units: dict[tuple, _UnitPrefix] = {}
         """(devices, tp, split, (micro_batch, precision, recompute, attention)) -> :meth:`_unit_prefix`."""
         self._peaks: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+        self._cp_rings: dict[tuple, tuple[tuple[PathLink, ...], bool]] = {}
+        """Context-parallel rings by (devices, tp, cp, NIC flows of their nodes): :meth:`_cp_ring`."""
 
     # --------------------------------------------------------------------------------- cached facts
     def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
@@ -355,6 +375,136 @@ class Simulator:
             hit = self._units[key] = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
         return hit
 
+    def _cp_unit_prefix(self, stage, plan: Plan, flows: dict[int, int]) -> _UnitPrefix:
+        """A stage's unit costs under context parallelism (:mod:`~hetpart.costmodel.context_parallel`): per
+        unit, the slowest device of any of its ``cp`` tensor-parallel groups on its ``1/cp`` of the tokens,
+        the slowest group's TP all-reduces on ``1/cp`` of the bytes, plus the ring's exposed seconds (in
+        ``tp_fwd`` / ``tp_bwd``, and alone in ``cp_fwd`` / ``cp_bwd``). Measured profile entries (taken at
+        whole sequences) are scaled by the analytic ratio of the split to the whole."""
+        cp, tp, mb = plan.cp, stage.tp, plan.micro_batch
+        links, overlap = self._cp_ring(stage.devices, tp, cp, flows)
+        subs = {}
+        for c in range(cp):
+            devices = stage.devices[c * tp:(c + 1) * tp]
+            subs.setdefault(self._group(devices), devices)
+        key = ("cp", tuple(subs), links, overlap, tp, cp, mb, plan.precision, plan.recompute)
+        hit = self._units.get(key)
+        if hit is not None:
+            return hit
+        model, precision, recompute = self.model, plan.precision, plan.recompute
+        fwd = bwd = core_f = core_b = None
+        bandwidth, latency = float("inf"), 0.0
+        for g, devices in subs.items():
+            for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
+                curve = self._curve_of(gpu) if self._curve_of else None
+                f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp)
+                if self._profiled is not None:
+                    f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused")
+                    mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1)
+                    f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
+                    b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
+                cf, cb = unit_attention_core_s(model, gpu, tp, mb, precision, curve, cp)
+                f, b, cf, cb = f / speed, b / speed, cf / speed, cb / speed
+                if fwd is None:
+                    fwd, bwd, core_f, core_b = f, b, cf, cb
+                else:
+                    fwd, bwd = np.maximum(fwd, f), np.maximum(bwd, b)
+                    core_f, core_b = np.maximum(core_f, cf), np.maximum(core_b, cb)
+            tp_link = g.tp_link
+            if self._profiled is not None and tp > 1:
+                tp_link = device_group_facts(self._ar_cluster, devices).tp_link
+            bandwidth, latency = min(bandwidth, tp_link[0]), max(latency, tp_link[1])
+        tpf, tpb = unit_tp_comm_s(model, tp, mb / cp, recompute, bandwidth, latency)
+        kv = kv_bytes_per_step(model, tp, cp, mb)
+        xf, xb, link = ring_exposed_s(core_f, core_b, ring_step_s(kv, links), ring_step_s(2 * kv, links), cp,
+                                      overlap, recompute == "full")
+        arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf + xf, tpb + xb, xf, xb, link)]
+        lists = [a.tolist() for a in arrays]
+        hit = self._units[key] = _UnitPrefix(*lists[:4], arrays[1], arrays[3], *lists[4:])
+        return hit
+
+    def _cp_flows(self, plan: Plan) -> dict[int, int]:
+        """Per node: the context-parallel ring transfers leaving it at once: per stage (interleaved chunks
+        of one device group once), each hop that leaves its node carries the ``tp`` shards of its rank.
+        Every replica's stages compute attention at about the same time, so their rings share the NICs."""
+        out: dict[int, int] = {}
+        seen = set()
+        for rep in plan.replicas:
+            for s in rep.stages:
+                if s.devices in seen:
+                    continue
+                seen.add(s.devices)
+                for a, b in ring_hops(s.devices, s.tp, plan.cp):
+                    na = self._node_id(a)
+                    if na != self._node_id(b):
+                        out[na] = out.get(na, 0) + s.tp
+        return out
+
+    def _cp_ring(self, devices: tuple[str, ...], tp: int, cp: int, flows: dict[int, int]
+                 ) -> tuple[tuple[PathLink, ...], bool]:
+        """The links of a stage's context-parallel ring (one per hop, NICs shared by ``flows``) and whether
+        its transfers overlap compute (not when a hop leaves a node over a TCP NIC)."""
+        hops = ring_hops(devices, tp, cp)
+        nodes = [(self._node_id(a), self._node_id(b)) for a, b in hops]
+        key = (devices, tp, cp, tuple(flows.get(n, tp) for pair in nodes for n in pair))
+        hit = self._cp_rings.get(key)
+        if hit is None:
+            links, overlap = [], True
+            for (a, b), (na, nb) in zip(hops, nodes):
+                if achieved_link(self._p2p_cluster, a, b) is None:
+                    raise PlanError(f"cp: devices {a} and {b} of a context-parallel ring sit in zones without a "
+                                    "link; add one under 'links'")
+                links.append(self._p2p_link(a, b, (flows.get(na, tp), flows.get(nb, tp))))
+                if na != nb and not (self._node_rdma[na] and self._node_rdma[nb]):
+                    overlap = False
+            hit = self._cp_rings[key] = (tuple(links), overlap)
+        return hit
+
+    @staticmethod
+    def _dp_view(plan: Plan) -> Plan:
+        """The plan as its gradient reduction sees it: each context-parallel rank of a replica as a replica
+        of its own (stages of ``tp`` devices, ``1/cp`` of the replica's share and of its shard fraction),
+        so the data-parallel all-reduces and the sharding run over ``dp x cp`` ranks, in the rank order
+        ``(replica, cp rank)`` (Megatron-Core's data-parallel group with context parallelism)."""
+        cp = plan.cp
+        replicas = tuple(Replica(r.batch_share / cp, tuple(Stage(s.layers, s.devices[c * s.tp:(c + 1) * s.tp], s.tp)
+                                                           for s in r.stages))
+                         for r in plan.replicas for c in range(cp))
+        fractions = (tuple(f / cp for f in plan.shard_fractions for _ in range(cp))
+                     if plan.shard_fractions is not None else None)
+        return replace(plan, replicas=replicas, cp=1, shard_group=plan.shard_group * cp, shard_fractions=fractions)
+
+    @staticmethod
+    def _fraction(plan: Plan, replica: int) -> float:
+        """The fraction of the sharded states each device of ``replica`` holds: sharding runs over the
+        ``dp x cp`` ranks holding a unit (:meth:`_dp_view`)."""
+        if plan.cp == 1:
+            return plan.shard_fraction(replica)
+        return plan.shard_fraction(replica) / plan.cp if plan.zero else 1.0
+
+    def _dp_sync_cp(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
+        """:meth:`_dp_sync` with context parallelism: over :meth:`_dp_view`, each replica's pipe standing for
+        its ``cp`` ranks; per (replica, device group) the busiest rank's seconds, events once each."""
+        cp = plan.cp
+        end, spent, events = self._dp_sync(self._dp_view(plan), [p for p in pipes for _ in range(cp)], trace)
+        merged: dict[tuple[int, int], float] = {}
+        for (r, d), t in spent.items():
+            merged[(r // cp, d)] = max(merged.get((r // cp, d), 0.0), t)
+        unique = {}
+        for e in events:
+            e = dict(e, replica=e["replica"] // cp)
+            unique.setdefault(tuple(e.items()), e)
+        return end, merged, list(unique.values())
+
+    def _cp_memory_gb(self, s, plan: Plan, flight: float) -> float:
+        """:meth:`PrefixTables.memory_gb` of a stage with context parallelism: model states whole, every
+        activation term (saved and working set: per token) over ``cp``."""
+        a, z = s.layers
+        total = self._tables.memory_gb(a, z, s.tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+                                       plan.attention)
+        states = self._tables.params_per_device(a, z, s.tp) * state_bytes_per_param(plan.optimizer) / 1e9
+        return states + (total - states) / plan.cp
+
     def _device_params(self, stage, a: int, z: int) -> list[float]:
         """Parameters each device of ``stage`` holds for units ``[a, z)`` (its share of the split ones)."""
         if stage.tp_split is None:
@@ -380,8 +530,10 @@ class Simulator:
             return stage.tp
         return 1.0 / float(param_shares(self.model, stage.tp, stage.tp_split).max())
 
-    def _p2p_s(self, src, dst, micro_batch: int, flows: dict[int, int]) -> float:
-        tp = src.tp if src.tp >= dst.tp else dst.tp
+    def _p2p_s(self, src, dst, micro_batch: int, flows: dict[int, int], cp: int = 1) -> float:
+        """One pipeline transfer: each of the ``tp x cp`` ranks of the wider side sends its shard (with
+        context parallelism, rank ``c`` of one stage to rank ``c`` of the next: its ``1/cp`` of the sequence)."""
+        tp = (src.tp if src.tp >= dst.tp else dst.tp) * cp
         a, b = src.devices[0], dst.devices[0]
         na, nb = self._nodes.get(a), self._nodes.get(b)
         share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
@@ -420,7 +572,7 @@ class Simulator:
                 if na == nb or pair in seen:
                     continue
                 seen.add(pair)
-                shards = max(src.tp, dst.tp)
+                shards = max(src.tp, dst.tp) * plan.cp
                 out[na] = out.get(na, 0) + shards
                 into[nb] = into.get(nb, 0) + shards
         return {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
@@ -450,10 +602,10 @@ class Simulator:
 
     # --------------------------------------------------------------------------------- pipelines
     def _pipe(self, plan: Plan, r: int, trace: bool, seen: dict, flows: dict[int, int],
-              shard_comm: dict | None = None, alike: dict | None = None) -> _Pipe:
+              shard_comm: dict | None = None, alike: dict | None = None, cp_flows: dict[int, int] | None = None) -> _Pipe:
         """Replica ``r``'s pipeline. ``seen``: pipeline timings by their stage costs, and ``alike``: pipes
         by what they are computed from, both shared by the replicas of one plan (equal replicas share one
-        :class:`_Pipe`; nothing changes a pipe once built)."""
+        :class:`_Pipe`; nothing changes a pipe once built). ``cp_flows``: :meth:`_cp_flows` (``cp > 1``)."""
         rep = plan.replicas[r]
         stages = rep.stages
         v = plan.chunks_per_device
@@ -462,13 +614,16 @@ class Simulator:
         stage_units = self._stage_units
         prefix = []
         for s in stages:
+            if plan.cp > 1:
+                prefix.append(self._cp_unit_prefix(s, plan, cp_flows))
+                continue
             units = stage_units.get((s.devices, s.tp, s.tp_split, settings))
             if units is None:
                 units = stage_units[(s.devices, s.tp, s.tp_split, settings)] = self._unit_prefix(
                     s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split, plan.attention)
             prefix.append(units)
         k_total = rep.pp
-        p2p = [self._p2p_s(stages[k], stages[k + 1], plan.micro_batch, flows) for k in range(k_total - 1)]
+        p2p = [self._p2p_s(stages[k], stages[k + 1], plan.micro_batch, flows, plan.cp) for k in range(k_total - 1)]
         blocks = [self._send_blocks(stages[k], stages[k + 1]) for k in range(k_total - 1)] if self.overlap_p2p else None
         key = None
         if alike is not None and not trace and not shard_comm:  # unit costs live in caches: their ids are stable
@@ -477,7 +632,7 @@ class Simulator:
             hit = alike.get(key)
             if hit is not None:
                 return hit
-        fwd, bwd, compute, tp = [], [], [], []
+        fwd, bwd, compute, tp, ring, ring_link = [], [], [], [], [], []
         for k, (s, units) in enumerate(zip(stages, prefix)):
             f, b, tf, tb = units.fwd, units.bwd, units.tp_fwd, units.tp_bwd
             a, z = s.layers
@@ -486,7 +641,13 @@ class Simulator:
             fwd.append(cf + tpf + xf)
             bwd.append(cb + tpb + xb)
             compute.append(cf + cb)
-            tp.append(tpf + tpb)
+            if units.cp_fwd is None:
+                tp.append(tpf + tpb)
+                continue
+            exposed = (units.cp_fwd[z] - units.cp_fwd[a]) + (units.cp_bwd[z] - units.cp_bwd[a])
+            tp.append(tpf + tpb - exposed)
+            ring.append(exposed)
+            ring_link.append(units.cp_link[z] - units.cp_link[a])
         # a blocking send keeps its device busy after the operation and the receiver gets the data
         # when it ends; an overlapped one only delays the receiver
         if blocks is not None:
@@ -498,7 +659,7 @@ class Simulator:
         fwd = [f + x for f, x in zip(fwd, fwd_send)]
         bwd = [b + x for b, x in zip(bwd, bwd_send)]
         pipe = _Pipe(rep.pp // v, m, fwd, bwd, compute, tp, p2p, 0.0, [], prefix, fwd_send=fwd_send,
-                     bwd_send=bwd_send)
+                     bwd_send=bwd_send, cp=ring, cp_link=ring_link)
         if trace:
             timing = pipeline_timing(np.repeat(np.array(fwd)[:, None], m, axis=1),
                                      np.repeat(np.array(bwd)[:, None], m, axis=1), delay, plan.schedule, v)
@@ -977,7 +1138,7 @@ class Simulator:
         alike: dict[tuple, tuple[float, float]] = {}  # device groups of one kind, cut alike, hold and step alike
         for r, rep in enumerate(plan.replicas):
             pp, m = pipes[r].pp, pipes[r].m
-            fraction = plan.shard_fraction(r)
+            fraction = self._fraction(plan, r)
             for d in range(pp):
                 s = rep.stages[d]
                 key = (id(self._group(s.devices)), d, pp, m, fraction, s.layers, s.tp, s.tp_split,
@@ -994,7 +1155,7 @@ class Simulator:
         ``m`` micro-batches, ``fraction`` of the sharded states)."""
         v = plan.chunks_per_device
         tables = self._tables
-        zero = plan.zero if plan.dp > 1 else 0  # one replica has nothing to shard
+        zero = plan.zero if plan.dp * plan.cp > 1 else 0  # one replica (of one rank) has nothing to shard
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
@@ -1005,8 +1166,11 @@ class Simulator:
             gb = params = 0.0
             for k in range(d, rep.pp, pp):
                 s = rep.stages[k]
-                gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
-                                       plan.optimizer, plan.attention)
+                if plan.cp > 1:
+                    gb += self._cp_memory_gb(s, plan, flight)
+                else:
+                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
+                                           plan.optimizer, plan.attention)
                 params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
             # the states tables.memory_gb counted whole, sharded instead
             memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
@@ -1036,7 +1200,7 @@ class Simulator:
         grads = params * state_bytes(plan.precision, plan.optimizer)[1] * (fraction if zero >= 2 else 1.0) / 1e9
         one = sum(self._tables.saved_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, plan.recompute,
                                         plan.attention) for k in range(d, rep.pp, pp))
-        return min(grads, one)
+        return min(grads, one if plan.cp == 1 else one / plan.cp)
 
     def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
         """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set)."""
@@ -1065,12 +1229,21 @@ class Simulator:
     # --------------------------------------------------------------------------------- the step
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
         seen: dict = {}
-        shard_comm = self._shard_comm(plan) if plan.zero and plan.dp > 1 else None
+        cp = plan.cp
+        if cp == 1:
+            shard_comm = self._shard_comm(plan) if plan.zero and plan.dp > 1 else None
+        else:  # sharded over dp x cp; each replica's pipe takes its first rank's collectives (all alike)
+            whole = self._shard_comm(self._dp_view(plan)) if plan.zero else None
+            shard_comm = {(r // cp, k): t for (r, k), t in whole.items() if r % cp == 0} if whole else None
         flows = self._pipeline_flows(plan)
+        cp_flows = self._cp_flows(plan) if cp > 1 else None
         alike: dict = {}
-        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None, alike)
+        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None, alike, cp_flows)
                  for r in range(plan.dp)]
-        dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
+        if cp == 1:
+            dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
+        else:
+            dp_end, dp_spent, dp_events = self._dp_sync_cp(plan, pipes, trace)
         memory, optim = self._memory_and_optimizer(plan, pipes)
         if shard_comm and plan.zero <= 2:
             self._add_param_gather(plan, pipes, shard_comm, optim)
@@ -1120,13 +1293,15 @@ class Simulator:
         """
         v = plan.chunks_per_device
         pipe = optim = 0.0
+        cp_flows = self._cp_flows(plan) if plan.cp > 1 else None
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, plan.num_microbatches(r)
             per_device = [0.0] * pp
             params = [0.0] * pp
             for k, s in enumerate(rep.stages):
-                u = self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
-                                     plan.attention)
+                u = (self._cp_unit_prefix(s, plan, cp_flows) if cp_flows is not None else
+                     self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
+                                       plan.attention))
                 f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
                 a, z = s.layers
                 per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])
@@ -1135,7 +1310,7 @@ class Simulator:
             for d in range(pp):
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
-                optim = max(optim, self._optimizer_s(rep.stages[d].devices, params[d] * plan.shard_fraction(r),
+                optim = max(optim, self._optimizer_s(rep.stages[d].devices, params[d] * self._fraction(plan, r),
                                                      plan.optimizer))
         return (pipe + optim) * _BOUND_SLACK
 
@@ -1196,13 +1371,14 @@ class Simulator:
                 # activations sent down to k+1, gradients sent up to k-1
                 sends = sum((pipe.p2p[k] if k < rep.pp - 1 else 0.0) + (pipe.p2p[k - 1] if k > 0 else 0.0)
                             for k in ks) * pipe.m
-                out.append({
+                entry = {
                     "replica": r, "stage": d, "layers": [list(rep.stages[k].layers) for k in ks],
                     "devices": list(rep.stages[d].devices), "gpu": group.gpu.name, "tp": rep.stages[d].tp,
                     "compute_s": sum(pipe.compute[k] for k in ks) * pipe.m,
                     "tp_comm_s": sum(pipe.tp[k] for k in ks) * pipe.m,
                     "zero_comm_s": float(sum(pipe.fwd[k] + pipe.bwd[k] - pipe.compute[k] - pipe.tp[k]
-                                             - pipe.fwd_send[k] - pipe.bwd_send[k] for k in ks) * pipe.m),
+                                             - pipe.fwd_send[k] - pipe.bwd_send[k] - (pipe.cp[k] if pipe.cp else 0.0)
+                                             for k in ks) * pipe.m),
                     "pp_blocked_s": sum(pipe.fwd_send[k] + pipe.bwd_send[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
@@ -1211,7 +1387,11 @@ class Simulator:
                     "optimizer_s": run.optim[(r, d)],
                     "memory_gb": run.memory[(r, d)],
                     "capacity_gb": group.capacity_gb,
-                })
+                }
+                if plan.cp > 1:  # context parallelism's ring: exposed (busy) and its whole link time
+                    entry.update(cp=plan.cp, cp_comm_s=sum(pipe.cp[k] for k in ks) * pipe.m,
+                                 cp_link_s=sum(pipe.cp_link[k] for k in ks) * pipe.m)
+                out.append(entry)
         return out
 
     @staticmethod

@@ -68,9 +68,11 @@ class Stage:
     layers: tuple[int, int]
     """Units ``[first, last)`` of the model graph this stage runs."""
     devices: tuple[str, ...]
-    """Device ids of the tensor-parallel group, ``"<node-group>/<node>/<gpu>"``."""
+    """Device ids of the stage, ``"<node-group>/<node>/<gpu>"``: its tensor-parallel group, or with
+    context parallelism (:attr:`Plan.cp`) the ``cp`` groups of ``tp`` devices one after another
+    (tensor parallelism innermost: context-parallel rank ``c`` holds ``devices[c * tp:(c + 1) * tp]``)."""
     tp: int = 1
-    """Tensor-parallel degree (``len(devices)``)."""
+    """Tensor-parallel degree (``len(devices) / cp``)."""
     tp_split: TPSplit | None = None
     """Uneven split of the group's work (None: even, Megatron's ``1/tp`` each)."""
 
@@ -128,6 +130,17 @@ class Plan:
     shard_fractions: tuple[float, ...] | None = None
     """Per replica, the fraction of its shard group's states it holds (each group's fractions sum to 1);
     None: even shards. Uneven fractions let a small device hold less."""
+    cp: int = 1
+    """Context parallelism (Megatron-Core's ``context_parallel_size``): every stage's sequence is split
+    ``cp`` ways, each context-parallel rank holding two of ``2 cp`` chunks (load-balanced causal split) and
+    exchanging keys and values with the others in a ring inside attention; parameters are replicated
+    over the ``cp`` ranks and their gradients reduced over ``dp x cp``. Each stage then lists ``tp x cp``
+    devices (:attr:`Stage.devices`). It is one degree for the whole plan, not per stage, because the
+    activations a stage hands to the next are split along the sequence: a stage with another degree
+    would need a re-split at every boundary, which no engine does (Megatron-Core, torchtitan and NeMo
+    all take one ``cp`` for the model), while tensor parallelism may differ per stage because the
+    boundary carries the full hidden state. 1: no context parallelism (the field is then left out of
+    the JSON). Prediction only: ``hetpart run`` refuses ``cp > 1``."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     """Free-form provenance: model, cluster, planner."""
 
@@ -187,6 +200,7 @@ class Plan:
             "attention": self.attention,
             "allow_cross_node_tp": self.allow_cross_node_tp,
             "zero": self.zero,
+            **({"cp": self.cp} if self.cp != 1 else {}),
             **({"shard_group": self.shard_group} if self.shard_group else {}),
             **({"shard_fractions": list(self.shard_fractions)} if self.shard_fractions is not None else {}),
             "replicas": [
@@ -206,7 +220,7 @@ class Plan:
         data = v.require_mapping(PlanError, data, source, "")
         v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
                        ["schedule", "interleave", "recompute", "precision", "optimizer", "attention",
-                        "allow_cross_node_tp", "meta", "zero", "shard_group", "shard_fractions"])
+                        "allow_cross_node_tp", "meta", "zero", "shard_group", "shard_fractions", "cp"])
         schedule = data.get("schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise v.fail(PlanError, source, "schedule", f"unknown schedule {v.show(schedule)}; use {', '.join(SCHEDULES)}")
@@ -239,6 +253,7 @@ class Plan:
             shard_group=v.integer(PlanError, data.get("shard_group", 0), source, "shard_group", minimum=0,
                                   maximum=10**6),
             shard_fractions=_fractions(data.get("shard_fractions"), source),
+            cp=v.integer(PlanError, data.get("cp", 1), source, "cp", maximum=1024),
             meta=meta if isinstance(meta, dict) else {},
         )
 
@@ -266,6 +281,7 @@ class Plan:
         problems: list[str] = []
         problems += self._check_batch()
         problems += self._check_sharding()
+        problems += self._check_context(model)
         problems += self._check_layers(model)
         problems += self._check_devices(cluster)
         problems += rules.check(self, model, cluster)  # both skip unknown devices, reported above
@@ -328,6 +344,33 @@ class Plan:
                            "group's states, not 1; rescale them")
         return out
 
+    def _check_context(self, model: "ModelGraph") -> list[str]:
+        """Context parallelism's rules (Megatron-Core's): the sequence splits into ``2 cp`` equal chunks
+        (two per rank, for the load-balanced causal split), attention runs in the fused kernel (the
+        ring exchange lives inside Transformer Engine's flash attention), and the model is a
+        transformer (a traced module has no attention to split)."""
+        cp = self.cp
+        if cp == 1:
+            return []
+        out = []
+        if cp < 1:
+            return [f"cp: {cp} must be a whole number >= 1 (1: no context parallelism)"]
+        if self.seq_len % (2 * cp):
+            out.append(f"cp: seq_len {self.seq_len} is not divisible by 2 x cp = {2 * cp} (each context-parallel "
+                       f"rank holds two equal chunks of the sequence); use a seq_len that is a multiple of {2 * cp} "
+                       "or another cp")
+        if self.attention != "fused":
+            out.append(f"cp: context parallelism runs inside the fused attention kernel; set attention 'fused' "
+                       f"(not {self.attention!r}) or cp 1")
+        if model.config is None:
+            out.append(f"cp: {model.name} has no transformer config (no attention to split); use cp 1")
+        for i, r in enumerate(self.replicas):
+            for j, s in enumerate(r.stages):
+                if s.tp_split is not None:
+                    out.append(f"replicas[{i}].stages[{j}].tp_split: an uneven tensor-parallel split is not "
+                               f"modelled with cp {cp}; drop tp_split or use cp 1")
+        return out
+
     def _check_layers(self, model: "ModelGraph") -> list[str]:
         out = []
         n = model.num_units
@@ -353,9 +396,13 @@ class Plan:
         for i, r in enumerate(self.replicas):
             groups = [s.devices for s in r.stages]
             for j, s in enumerate(r.stages):
-                if s.tp != len(s.devices):
+                if self.cp == 1 and s.tp != len(s.devices):
                     out.append(f"replicas[{i}].stages[{j}].tp: {s.tp} but {len(s.devices)} devices listed; "
                                "tp must equal the number of devices")
+                elif s.tp * self.cp != len(s.devices):
+                    out.append(f"replicas[{i}].stages[{j}].devices: {len(s.devices)} devices listed, but tp {s.tp} x "
+                               f"cp {self.cp} = {s.tp * self.cp}; list tp x cp devices (tensor-parallel groups one "
+                               "after another) or change tp")
                 if len(s.devices) > 1 and len(set(s.devices)) != len(s.devices):
                     out.append(f"replicas[{i}].stages[{j}].devices: a device is listed twice")
                 for d in s.devices if unknown else ():
@@ -420,7 +467,7 @@ class Plan:
 
         t = Table(title=f"plan: dp={self.dp}, micro_batch={self.micro_batch}, schedule={self.schedule}"
                         f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}"
-                        f"{self._sharding_text()}")
+                        f"{self._sharding_text()}{f', cp={self.cp}' if self.cp > 1 else ''}")
         for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp"):
             t.add_column(col, justify="right" if col in ("share", "tp") else "left")
 

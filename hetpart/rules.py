@@ -206,12 +206,16 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
                 seen.add(s.tp)
                 for why in tp_problems(model, s.tp, rules):
                     out.append(f"replicas[{i}].stages[{j}].tp: {why}")
-            if len(s.devices) < 2:
+            cp = getattr(plan, "cp", 1)
+            if len(s.devices) < 2 or (cp > 1 and s.tp < 2):
                 continue  # one device sits on one node
-            nodes = {cluster.device(d).node_key for d in s.devices if cluster.has_device(d)}
-            if rules.tp_within_node and len(nodes) > 1 and not plan.allow_cross_node_tp:
-                out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
-                           "keep it inside one node or set allow_cross_node_tp")
+            # with context parallelism the stage lists cp tensor-parallel groups, which may sit on other nodes
+            for group in [s.devices] if cp == 1 else [s.devices[c * s.tp:(c + 1) * s.tp] for c in range(cp)]:
+                nodes = {cluster.device(d).node_key for d in group if cluster.has_device(d)}
+                if rules.tp_within_node and len(nodes) > 1 and not plan.allow_cross_node_tp:
+                    out.append(f"replicas[{i}].stages[{j}].devices: tensor-parallel group spans {len(nodes)} nodes; "
+                               "keep it inside one node or set allow_cross_node_tp")
+                    break
     if not rules.replicas_may_differ_in_tp and len({s.tp for r in plan.replicas for s in r.stages}) > 1:
         out.append("replicas: tensor-parallel degrees differ between replicas; use one tp everywhere")
     return out

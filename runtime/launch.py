@@ -210,6 +210,9 @@ class RunProgress:
 
 def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions) -> PreparedRun:
     """Check the plan, shrink the model and check this machine's capacity; starts nothing."""
+    if plan.cp != 1:
+        raise PlanError(f"plan: cp: {plan.cp}: context parallelism is prediction-only for now (hetpart predict prices "
+                        "it); hetpart run executes plans with cp 1")
     from hetpart.graph.transformer import transformer_graph
     from hetpart.runtime.engine import require_runnable
     from hetpart.runtime.models import runnable_spec, scaled_seq_len

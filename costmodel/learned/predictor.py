@@ -8,7 +8,8 @@ accounting), never learned.
 Every answer carries its uncertainty (``metrics["uncertainty"]``): the variance head's relative
 standard deviation, and ``out_of_distribution`` when some input lies outside what the model was
 trained on (then the relative standard deviation is at least ``OOD_RELATIVE_STD``). It never refuses
-an input the simulator accepts.
+an input the simulator accepts, except context-parallel plans (``cp > 1``): none were in its training
+set and its features have no place for them, so it names the simulator instead.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class LearnedPredictor:
         return self._ctx[precision]
 
     def _check(self, plan: Plan) -> None:
+        if plan.cp != 1:  # its features describe stages of tp devices holding whole sequences
+            raise PlanError(f"plan: cp: {plan.cp}: the learned predictor was trained on plans without context "
+                            "parallelism and cannot price one; use --predictor simulator")
         if plan.precision not in DTYPE_BYTES:
             raise PlanError(f"plan: precision: {plan.precision!r} is not one the learned predictor knows "
                             f"({', '.join(DTYPE_BYTES)}); use --predictor simulator")

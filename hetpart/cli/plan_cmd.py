@@ -142,7 +142,7 @@ def _write_plan(plan, out: Path) -> None:
         raise PlanError(f"--out: cannot write {out} ({exc.strerror or exc}); check the directory") from None
 
 
-def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave, order=None):
+def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, schedule, interleave, order=None, cp=None):
     from hetpart.costmodel.megatron import megatron_plan
     from hetpart.errors import PlanError
 
@@ -158,7 +158,8 @@ def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, sch
     from hetpart.costmodel.megatron import DEFAULT_ORDER
 
     return megatron_plan(graph, cl, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
-                         interleave=interleave, recompute=workload.recompute, order=order or DEFAULT_ORDER)
+                         interleave=interleave, recompute=workload.recompute, order=order or DEFAULT_ORDER,
+                         **({"cp": cp} if cp is not None else {}))
 
 
 def _from_plan_meta(plan_path: Optional[Path], model: Optional[str], cluster: Optional[str]) -> tuple[str, str, Any]:
@@ -193,7 +194,11 @@ def predict_command(
         schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
         interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
         order: Optional[str] = typer.Option(None, "--order", help="Rank order of the --tp --pp --dp grid, innermost "
-                                            "first: tp-dp-pp (Megatron-LM's, the default) or tp-pp-dp."),
+                                            "first: tp-dp-pp (Megatron-LM's, the default) or tp-pp-dp; with --cp, "
+                                            "context parallelism sits next to tp (tp-cp-dp-pp, Megatron-Core's)."),
+        cp: Optional[int] = typer.Option(None, "--cp", help="Context parallelism of the grid: each stage splits every "
+                                         "sequence over cp tensor-parallel groups (ring attention, Megatron-Core's "
+                                         "scheme; prediction only). Default 1."),
         predictor: Optional[str] = PredictorOpt,
         records: Optional[Path] = typer.Option(None, "--records", help="Re-predict every run record of this file "
                                                "('hetpart run --out'); one JSON line each with --json."),
@@ -226,13 +231,15 @@ def predict_command(
     attention = attention or (plan.attention if plan else "fused")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
                              recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention)
-    if plan is not None and order is not None:
+    if plan is not None and (order is not None or cp is not None):
         from hetpart.errors import PlanError
 
-        raise PlanError(f"--order: {plan_path} already places its ranks; --order applies to the --tp --pp --dp grid")
+        flag = "--order" if order is not None else "--cp"
+        raise PlanError(f"{flag}: {plan_path} already places its ranks; {flag} applies to the --tp --pp --dp grid"
+                        + (" (a plan file sets its context parallelism in its 'cp' field)" if flag == "--cp" else ""))
     if plan is not None:  # the options override what the plan file says
         plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention)
-    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order)
+    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     if zero is not None and plan.zero != zero:
         plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
     if plan_path is not None and recompute is None:
