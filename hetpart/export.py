@@ -137,6 +137,8 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     if kv and kv != arch.get("num_heads"):
         args.update({"--group-query-attention": True, "--num-query-groups": kv})
     args.update(_megatron_recompute(plan.recompute))
+    if getattr(plan, "cp", 1) > 1:
+        args["--context-parallel-size"] = plan.cp
     if plan.precision in ("bf16", "fp16"):
         args[f"--{plan.precision}"] = True
     if getattr(plan, "zero", 0) >= 1:
@@ -151,13 +153,17 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
 
 
 def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
-    """Which device each rank must run on, in the engine's rank order (TP innermost, then DP, then PP)."""
+    """Which device each rank must run on, in the engine's rank order (TP innermost, then CP, then DP, then
+    PP: Megatron-Core's ``tp-cp-ep-dp-pp`` and torchtitan's device mesh agree)."""
     if shape.problems:
         return ()
-    order = [r.stages[k].devices[t] for k in range(shape.pp) for r in plan.replicas for t in range(shape.tp)]
+    cp = getattr(plan, "cp", 1)
+    order = [r.stages[k].devices[c * shape.tp + t] for k in range(shape.pp) for r in plan.replicas
+             for c in range(cp) for t in range(shape.tp)]
     from hetpart.plan import compress_device_ids
 
-    return (f"{engine} orders ranks TP innermost, then DP, then PP: start rank r on device r of "
+    dims = "TP innermost, then CP, then DP" if cp > 1 else "TP innermost, then DP"
+    return (f"{engine} orders ranks {dims}, then PP: start rank r on device r of "
             f"[{compress_device_ids(order)}] (hetpart ids group/node/gpu)",)
 
 
@@ -212,6 +218,7 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
         "data_parallel_replicate_degree": shape.dp if zero < 3 else 1,
         "data_parallel_shard_degree": shape.dp if zero >= 3 else 1,
         "tensor_parallel_degree": shape.tp,
+        **({"context_parallel_degree": plan.cp} if getattr(plan, "cp", 1) > 1 else {}),
         "pipeline_parallel_degree": shape.pp,
         "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.micro_batch,
@@ -276,6 +283,9 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
                         "with one chunk per stage")
     if plan.schedule == "gpipe":
         problems.append("schedule gpipe: DeepSpeed's pipeline engine runs 1F1B")
+    if getattr(plan, "cp", 1) > 1:
+        problems.append(f"context parallelism (cp {plan.cp}, ring attention): DeepSpeed's sequence parallelism is "
+                        "Ulysses (all-to-all over heads), another scheme")
     if zero >= 2 and shape.pp > 1:
         problems.append(f"ZeRO stage {zero} with pipeline parallelism: DeepSpeed supports ZeRO-1 with pipelines")
     if plan.recompute == "selective":

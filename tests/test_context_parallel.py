@@ -194,3 +194,15 @@ def test_run_and_the_learned_predictor_refuse_cp(capsys, tmp_path):
     assert code == 2 and "context parallelism is prediction-only" in err
     code, _, err = run_cli(capsys, "predict", "--plan", str(path), "--predictor", "learned")
     assert code == 2 and "cp: 2: the learned predictor" in err and "--predictor simulator" in err
+
+
+def test_export_names_cp_in_each_engine():
+    from hetpart.export import export_plan
+
+    cluster = load_cluster("a100-8")
+    plan = megatron_plan(MODEL, cluster, Workload(8, SEQ), tp=2, pp=1, dp=2, micro_batch=1, cp=2)
+    megatron = export_plan(plan, MODEL, "megatron")
+    assert megatron.data["--context-parallel-size"] == 2 and not megatron.cannot_express
+    assert "TP innermost, then CP, then DP, then PP" in megatron.notes[0] and "0/0/0-7" in megatron.notes[0]
+    assert export_plan(plan, MODEL, "torchtitan").data["parallelism"]["context_parallel_degree"] == 2
+    assert any("context parallelism" in p for p in export_plan(plan, MODEL, "deepspeed").cannot_express)
