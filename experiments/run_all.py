@@ -94,6 +94,12 @@ def _profile_truth() -> Section:
     return section()
 
 
+def _context_parallel() -> Section:
+    from hetpart.experiments.bench_context_parallel import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -107,6 +113,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "sharded": _sharded,
     "profile-truth": _profile_truth,
     "memory-validation": _memory_validation,
+    "context-parallel": _context_parallel,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
