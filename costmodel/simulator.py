@@ -531,10 +531,18 @@ class Simulator:
         return 1.0 / float(param_shares(self.model, stage.tp, stage.tp_split).max())
 
     def _p2p_s(self, src, dst, micro_batch: int, flows: dict[int, int], cp: int = 1) -> float:
-        """One pipeline transfer: each of the ``tp x cp`` ranks of the wider side sends its shard (with
-        context parallelism, rank ``c`` of one stage to rank ``c`` of the next: its ``1/cp`` of the sequence)."""
-        tp = (src.tp if src.tp >= dst.tp else dst.tp) * cp
-        a, b = src.devices[0], dst.devices[0]
+        """One pipeline transfer: each of the ``tp`` ranks of the wider side sends its shard; with context
+        parallelism each context-parallel rank ``c`` of one stage sends its ``1/cp`` of the sequence to rank
+        ``c`` of the next, and the slowest of those pairs paces the transfer."""
+        tp = src.tp if src.tp >= dst.tp else dst.tp
+        nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
+        if cp == 1:
+            return p2p_time_s(nbytes, self._pair_link(src.devices[0], dst.devices[0], tp, flows))
+        return max(p2p_time_s(nbytes / cp, self._pair_link(src.devices[c * src.tp], dst.devices[c * dst.tp], tp, flows))
+                   for c in range(cp))
+
+    def _pair_link(self, a: str, b: str, tp: int, flows: dict[int, int]) -> PathLink:
+        """The link of a pipeline transfer from ``a``'s group to ``b``'s (first devices), cached by :meth:`_p2p_key`."""
         na, nb = self._nodes.get(a), self._nodes.get(b)
         share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
         key = self._p2p_key(a, b, na, nb, share)
@@ -542,8 +550,7 @@ class Simulator:
         if link is None:
             self._node_id(a), self._node_id(b)  # an unknown device: its clear error
             link = self._p2p[key] = self._p2p_link(a, b, share)
-        nbytes = self._out_bytes[src.layers[1] - 1] * micro_batch / tp
-        return p2p_time_s(nbytes, link)
+        return link
 
     def _p2p_key(self, a: str, b: str, na: int | None, nb: int | None, share: tuple[int, int]) -> tuple:
         """What :meth:`_p2p_link` depends on: inside a node, the node group and the two GPUs' places (a
@@ -567,14 +574,16 @@ class Simulator:
             seen = set()
             for k in range(rep.pp - 1):
                 src, dst = rep.stages[k], rep.stages[k + 1]
-                na, nb = self._node_id(src.devices[0]), self._node_id(dst.devices[0])
                 pair = (k % pp, (k + 1) % pp)
-                if na == nb or pair in seen:
-                    continue
-                seen.add(pair)
-                shards = max(src.tp, dst.tp) * plan.cp
-                out[na] = out.get(na, 0) + shards
-                into[nb] = into.get(nb, 0) + shards
+                for c in range(plan.cp):  # context-parallel rank c sends to rank c of the next stage
+                    na = self._node_id(src.devices[c * src.tp])
+                    nb = self._node_id(dst.devices[c * dst.tp])
+                    if na == nb or (pair, c) in seen:
+                        continue
+                    seen.add((pair, c))
+                    shards = max(src.tp, dst.tp)
+                    out[na] = out.get(na, 0) + shards
+                    into[nb] = into.get(nb, 0) + shards
         return {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
 
     def _send_blocks(self, src, dst) -> bool:

@@ -206,3 +206,24 @@ def test_export_names_cp_in_each_engine():
     assert "TP innermost, then CP, then DP, then PP" in megatron.notes[0] and "0/0/0-7" in megatron.notes[0]
     assert export_plan(plan, MODEL, "torchtitan").data["parallelism"]["context_parallel_degree"] == 2
     assert any("context parallelism" in p for p in export_plan(plan, MODEL, "deepspeed").cannot_express)
+
+
+def test_pipeline_sends_go_rank_to_rank_each_over_its_own_nodes_nic():
+    """pp 2 x cp 2 on four one-GPU nodes: rank c of stage 0 sends its half of the sequence to rank c of
+    stage 1, each pair over its own nodes' NICs; against two cp 1 replicas on the same pairs, each sends
+    half the bytes over a link of the same share (one flow per node)."""
+    nic = {"bandwidth_gbit_s": 25, "latency_us": 5.0, "rdma": True}
+    four = parse_cluster({"name": "four", "nodes": [
+        {"count": 4, "gpus_per_node": 1, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": nic}]})
+    half = N // 2
+    cp2 = Plan(global_batch=4, micro_batch=1, seq_len=SEQ, cp=2, recompute="none", replicas=(
+        Replica(1.0, (Stage((0, half), ("0/0/0", "0/1/0")), Stage((half, N), ("0/2/0", "0/3/0")))),))
+    dp2 = Plan(global_batch=8, micro_batch=1, seq_len=SEQ, recompute="none", replicas=tuple(
+        Replica(0.5, (Stage((0, half), (a,)), Stage((half, N), (b,)))) for a, b in (("0/0/0", "0/2/0"),
+                                                                                   ("0/1/0", "0/3/0"))))
+    sim = Simulator(MODEL, four)
+    sends_cp = sim.simulate(cp2).breakdown[0]["pp_comm_s"]
+    sends_dp = sim.simulate(dp2).breakdown[0]["pp_comm_s"]
+    assert sends_dp / 2 < sends_cp < sends_dp
+    # per transfer: latency + bytes / bw against latency + bytes / (2 bw); four micro-batches of a 5 us hop
+    assert 2 * sends_cp - sends_dp == pytest.approx(4 * 5e-6, rel=1e-6)
