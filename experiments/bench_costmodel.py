@@ -50,36 +50,50 @@ def _plans(model, cluster, n: int, seed: int, batch: int = 512):
     return out
 
 
-def speed(devices=(16, 64, 256), models=("gpt3-1.3b", "llama2-7b", "llama2-70b"), plans: int = 1000,
-          batch: int = 1000) -> list[dict]:
-    """Predictions per second, learned (batched) and simulator, per (devices, model)."""
-    import torch
+def _predictor(name: str, model, cluster):
+    from hetpart.costmodel.predictor import get_predictor
 
+    return get_predictor(name, model, cluster)
+
+
+def speed(devices=(16, 64, 256), models=("gpt3-1.3b", "llama2-7b", "llama2-70b"), plans: int = 1000,
+          batch: int = 1000, predictor: str = "learned") -> list[dict]:
+    """Predictions per second, learned (batched) and simulator, per (devices, model): ``cold`` on
+    plans the predictor has not seen (new leaf costs, new ring shapes), ``warm`` a second pass over
+    the same plans (what a planner's loop over one scenario reaches once its caches fill)."""
     from hetpart import load_model
-    from hetpart.costmodel.learned.predictor import LearnedPredictor
     from hetpart.costmodel.simulator import Simulator
 
-    torch.set_num_threads(1)
+    if predictor == "learned":
+        import torch
+
+        torch.set_num_threads(1)
     rows = []
     for d in devices:
         cluster = _cluster(d)
         for name in models:
             model = load_model(name, seq_len=2048)
             ps = _plans(model, cluster, plans, seed=d)
-            pred = LearnedPredictor(model, cluster)
+            pred = _predictor(predictor, model, cluster)
             pred.estimate_batch(ps[:8])  # warm the caches (unit features) as a planner's loop would
             t = time.perf_counter()
             for i in range(0, len(ps), batch):
                 pred.estimate_batch(ps[i:i + batch])
             learned = len(ps) / (time.perf_counter() - t)
+            t = time.perf_counter()
+            for i in range(0, len(ps), batch):
+                pred.estimate_batch(ps[i:i + batch])
+            warm = len(ps) / (time.perf_counter() - t)
             sim = Simulator(model, cluster)
             some = ps[:200]
             t = time.perf_counter()
             for p in some:
                 sim.estimate(p)
             simulated = len(some) / (time.perf_counter() - t)
-            rows.append({"devices": d, "model": name, "units": model.num_units, "learned_plans_per_s": learned,
-                         "simulator_plans_per_s": simulated})
+            stages = sum(len(r.stages) for p in ps for r in p.replicas) / len(ps)
+            rows.append({"predictor": predictor, "devices": d, "model": name, "units": model.num_units,
+                         "stages_per_plan": round(stages, 1), "learned_plans_per_s": round(learned),
+                         "warm_plans_per_s": round(warm), "simulator_plans_per_s": round(simulated)})
             print(rows[-1], flush=True)
     return rows
 
@@ -119,13 +133,12 @@ def train_step(dataset: str, scenarios: int = 40) -> dict[str, float]:
     return out
 
 
-def accuracy(suites: list[str], plans: int = 200, seeds: int = 5) -> list[dict]:
+def accuracy(suites: list[str], plans: int = 200, seeds: int = 5, predictor: str = "learned") -> list[dict]:
     """Per suite entry: error and Kendall tau of the learned predictor against the simulator."""
     import yaml
 
     from hetpart import load_cluster, load_model
-    from hetpart.costmodel.learned.predictor import LearnedPredictor
-    from hetpart.costmodel.learned.train import kendall_tau
+    from hetpart.costmodel.learned.closed import kendall_tau
     from hetpart.costmodel.simulator import Simulator
 
     rows = []
@@ -137,7 +150,7 @@ def accuracy(suites: list[str], plans: int = 200, seeds: int = 5) -> list[dict]:
             cl = e["cluster"] if not str(e["cluster"]).endswith(".yaml") else str(base / e["cluster"])
             mdl = e["model"] if not str(e["model"]).endswith(".json") else str(base / e["model"])
             model, cluster = load_model(mdl, seq_len=e["seq_len"]), load_cluster(cl)
-            sim, pred = Simulator(model, cluster), LearnedPredictor(model, cluster)
+            sim, pred = Simulator(model, cluster), _predictor(predictor, model, cluster)
             errs, taus, regrets = [], [], []
             for seed in range(seeds):
                 ps = _any_plans(model, cluster, plans, seed, e["global_batch"])
@@ -146,7 +159,8 @@ def accuracy(suites: list[str], plans: int = 200, seeds: int = 5) -> list[dict]:
                 errs.append(float(np.mean(np.abs(yh / y - 1)) * 100))
                 taus.append(kendall_tau(yh, y))
                 regrets.append(float(y[int(np.argmin(yh))] / y.min() - 1) * 100)
-            rows.append({"entry": e["name"], "error_pct": statistics.mean(errs), "tau_mean": statistics.mean(taus),
+            rows.append({"entry": e["name"], "plans": len(ps), "error_pct": statistics.mean(errs),
+                         "error_std": statistics.pstdev(errs), "tau_mean": statistics.mean(taus),
                          "tau_std": statistics.pstdev(taus), "top1_regret_pct": statistics.mean(regrets)})
             print(rows[-1], flush=True)
     return rows
@@ -172,13 +186,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--plans", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--predictor", default="learned", help="learned or learned-closed")
+    ap.add_argument("--devices", default="16,64,256")
     args = ap.parse_args(argv)
     if args.what == "speed":
-        speed(plans=args.plans or 1000)
+        speed(tuple(int(d) for d in args.devices.split(",")), plans=args.plans or 1000, predictor=args.predictor)
     elif args.what == "train-step":
         train_step(args.dataset)
     else:
-        accuracy(args.suite, plans=args.plans or 200, seeds=args.seeds)
+        rows = accuracy(args.suite, plans=args.plans or 200, seeds=args.seeds, predictor=args.predictor)
+        if rows:
+            print({"mean_error_pct": statistics.mean(r["error_pct"] for r in rows),
+                   "mean_tau": statistics.mean(r["tau_mean"] for r in rows),
+                   "min_tau": min(r["tau_mean"] for r in rows),
+                   "mean_top1_regret_pct": statistics.mean(r["top1_regret_pct"] for r in rows)}, flush=True)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,7 @@ class PlanBatch:
     p2p_first: np.ndarray | None = None    # [P] flat index into p2p_x[R, K-1] of each distinct transfer
     configs: list | None = None            # the configuration of each row of unit_x
     seg_members: list | None = None        # per segment (members, concurrent, bytes) (teacher labels only)
+    raw: dict | None = None                # structure for closed.py (vectorised encoder only)
     # analytic leaf terms (hetpart.costmodel.learned.physics): what the surrogate's networks correct
     unit_exact: np.ndarray | None = None     # [C, U, 4] forward, backward compute; TP forward, backward (s)
     p2p_exact: np.ndarray | None = None      # [R, K-1] seconds of each pipeline transfer (NICs shared)
@@ -380,12 +381,12 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
             raise _Skip(bad)
     lay = np.fromiter(chain.from_iterable([s.layers for s in flat]), np.int64, 2 * len(flat))
     tps = np.fromiter([s.tp for s in flat], np.int64, len(flat))
-    return lay, tps, np.asarray(infos, np.int64), nst, share, nrep, pl
+    return lay, tps, np.asarray(infos, np.int64), nst, share, nrep, pl, flat
 
 
 def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch:
     V = ctx._vec
-    lay, tps, infos, nst, share, nrep, pl = _read(ctx, plans)
+    lay, tps, infos, nst, share, nrep, pl, flat = _read(ctx, plans)
     tab = _info_arrays(ctx)
     N = len(plans)
     n_units = ctx.model.num_units
@@ -544,6 +545,13 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     batch.headroom_gb = headroom
     batch.p2p_uid, batch.p2p_first = p2p_uid, p2p_first
     batch.configs = configs
+    # raw structure for compositions that price leaves themselves (closed.py): the stages, the plan
+    # of each stage, a stage of each configuration, and each transfer's ends, shards and bytes
+    batch.raw = {"stages": flat, "stage_plan": st_plan, "stage_rep": st_rep, "stage_k": st_k, "stage_tp": st_tp,
+                 "stage_dev": tab["first"][st_info], "config_stage": reps, "p2p_rep": pr, "p2p_k": pk,
+                 "p2p_da": da, "p2p_db": db, "p2p_na": na, "p2p_nb": nb, "p2p_tp": tp, "p2p_bytes": nbytes,
+                 "rep_pp": r_pp, "seg_bytes": seg["raw"]["bytes"], "seg_first_bytes": seg["raw"]["first"],
+                 "seg_tied": seg["raw"]["tied"], "hold_dev": seg["raw"]["hold_dev"], "hold_tp": seg["raw"]["hold_tp"]}
     if members:
         batch.seg_members = seg["members"]()
     return batch
@@ -770,7 +778,9 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
               "seg_plan": sg["plan"][k_].astype(np.int64), "hold_seg": g, "hold_rep": rep, "hold_k": k,
               "hold_first": st_a[hs], "hold_hi": np.where(tied, -1, z - 1), "hold_lo": np.where(tied, -1, a),
               "hold_cfg": st_cfg[hs], "hold_group": hold_group, "seg_groups": seg_groups, "num_groups": num_groups}
-    return {"arrays": arrays, "members": members}
+    raw = {"bytes": nb, "first": last, "tied": sg["tied"][k_], "hold_dev": tab["first"][st_info[hs]],
+           "hold_tp": st_tp[hs]}
+    return {"arrays": arrays, "members": members, "raw": raw}
 
 
 def teacher_labels(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:

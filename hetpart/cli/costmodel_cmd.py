@@ -1,4 +1,4 @@
-"""``hetpart costmodel dataset|train|evaluate``: build, train and score the learned cost model."""
+"""``hetpart costmodel dataset|train|train-closed|evaluate``: build, train and score the learned cost model."""
 
 from __future__ import annotations
 
@@ -174,6 +174,43 @@ def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.p
         emit_json({"checkpoint": str(path), "dataset": str(dataset), "report": report})
         return
     _print_report(report, f"{path} on {dataset}")
+
+
+@costmodel_app.command("train-closed")
+def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.pt"), "--dataset",
+                                                      help="A data set from 'hetpart costmodel dataset'."),
+                         out: Path = typer.Option(Path("runs/costmodel/closed.npz"), "--out",
+                                                  help="Where to write the head (numpy .npz, a few KB)."),
+                         epochs: int = typer.Option(60, "--epochs", help="Passes over the training scenarios."),
+                         seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the order."),
+                         json_out: bool = JsonFlag) -> None:
+    """Fit the closed-form surrogate's learned head (--predictor learned-closed) on a data set's train split."""
+    import time
+
+    from hetpart.costmodel.learned.closed import ClosedTrainConfig, record_examples, save_head, train_closed
+    from hetpart.costmodel.learned.dataset import load_dataset
+    from hetpart.errors import SpecError
+
+    if epochs < 1:
+        raise SpecError(f"--epochs: expected a whole number >= 1, got {epochs}")
+    began = time.time()
+    data_cfg, records = load_dataset(dataset)
+    update, bar = _progress(json_out, "composing")
+    with bar:
+        examples = record_examples(records, update)
+    cfg = ClosedTrainConfig(epochs=epochs, seed=seed)
+    update, bar = _progress(json_out, "training")
+    with bar:
+        head, report = train_closed(examples, cfg, update)
+    heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
+    meta = {"epochs": epochs, "seed": seed, "dataset": str(dataset), "heldout": heldout, "report": report,
+            "wall_time_s": time.time() - began}
+    save_head(head, out, meta)
+    if json_out:
+        emit_json({"out": str(out), **meta})
+        return
+    _print_report({k: v for k, v in report.items() if k != "composition_only"}, f"head {out}")
+    _print_report(report["composition_only"], "the composition alone (no learned correction)")
 
 
 @costmodel_app.command("correct")

@@ -1,0 +1,759 @@
+"""A closed-form learned surrogate: leaf costs in numpy, its own composition, learned corrections.
+
+The surrogate of :mod:`~hetpart.costmodel.learned.surrogate` runs the simulator's own schedule and
+composition methods; this one composes a step itself, for a whole batch of plans at once, from leaf
+costs only:
+
+* **leaves** (allowed inputs): per unit and stage configuration the forward and backward compute
+  seconds (:func:`~hetpart.costmodel.compute.unit_compute_s`) and tensor-parallel all-reduce seconds
+  (:func:`~hetpart.costmodel.compute.unit_tp_comm_s`) on the group's slowest hop
+  (:func:`~hetpart.costmodel.device_group.device_group_facts`); the link between two devices
+  (:func:`~hetpart.costmodel.links.achieved_link`) and a node's NIC bandwidth; the cost lines of one
+  ring all-reduce among given members at a given concurrency
+  (:func:`~hetpart.costmodel.collectives.allreduce_cost`). All cached per scenario.
+* **composition** (this module's, numpy over every replica and gradient run of the batch):
+  pipeline transfers whose NICs are shared by the cross-node transfers leaving each node at once,
+  sends that block their sender (a stage's forward ends after its send, its backward after the
+  gradient sent back); the pipeline's makespan in closed form (1F1B: fill + ``(m - 1)`` periods,
+  the period the slowest stage or, with few micro-batches in flight, the slowest cycle through the
+  stages below; interleaved: ``m`` periods of the busiest device + the fill over ``v``; GPipe: the
+  forward and backward flow shops); each stage's last backward from the makespan; gradient runs
+  all-reduced bucket by bucket from when their first bucket is ready, their last bucket exposed,
+  rings crossing a TCP NIC only after the backward, the NICs shared by the rings crossing each node,
+  rings of one device group one after another; the optimizer step after the slowest ring.
+* **learned** (:class:`ClosedHead`): a small MLP on pooled plan features (the composed terms, the
+  pipeline's shape and imbalance) adds a log correction to the composed step, trained on simulator
+  labels with a pairwise ranking term (:func:`train_closed`).
+
+Plans it does not compose (ZeRO sharding, uneven tensor-parallel splits, clusters with more node
+groups than the vectorised encoder handles) are priced by the simulator (``priced_by``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetpart.cluster import Cluster
+from hetpart.graph.model_graph import ModelGraph
+from hetpart.plan import Plan
+from hetpart.workload import DTYPE_BYTES
+
+__all__ = ["ClosedContext", "Composed", "compose", "ClosedHead", "HEAD_FEATURES", "ClosedTrainConfig", "train_closed",
+           "record_examples", "evaluate_examples", "save_head", "load_head", "ClosedPredictor", "closed_predictor",
+           "kendall_tau"]
+
+_BUCKET_PARAMS = 40_000_000
+"""Gradients per data-parallel bucket (Megatron-LM's DDP: the last bucket of a stage is exposed)."""
+_STEP_BYTES = {"adam": 28.0, "sgd": 12.0, "adam8bit": 16.0}
+
+HEAD_FEATURES = ("log_step", "pipe_share", "dp_over_pipe", "opt_share", "log_m", "log_pp", "m_over_pp",
+                 "interleaved", "gpipe", "log_v", "fill_share", "imbalance", "suffix_over_max", "send_share",
+                 "log_dp", "tcp_share", "dp_exposed", "mixed", "tp_share", "bwd_over_fwd")
+
+
+def _step_bytes(optimizer: str) -> float:
+    from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES
+
+    return float(OPTIMIZER_STEP_BYTES.get(optimizer, _STEP_BYTES.get(optimizer, 28.0)))
+
+
+def _grad_reduce_bytes(precision: str) -> int:
+    return 2 if precision == "fp16" else 4
+
+
+@dataclass
+class ClosedContext:
+    """Per (model, cluster, precision): the encoder's context and the leaf caches."""
+
+    model: ModelGraph
+    cluster: Cluster
+    precision: str = "bf16"
+    enc: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        from hetpart.costmodel.learned.encode import ScenarioContext
+
+        self.enc = ScenarioContext(self.model, self.cluster, self.precision)
+        self._units: dict = {}
+        self._facts: dict = {}
+        self._links: dict = {}
+        self._hops: dict = {}
+        self._rings: dict = {}
+        self._ready = False
+
+    def tables(self) -> None:
+        """Per device of the encoder's table: its physical node; per node: NIC GB/s, RDMA (once)."""
+        if self._ready:
+            return
+        from hetpart.costmodel.links import node_nic_gbyte_s
+
+        V = self.enc._vec
+        cl = self.cluster
+        nodes: dict = {}
+        self.dev_node = np.array([nodes.setdefault(cl.device(i).node_key, len(nodes)) for i in V["dev_ids"]],
+                                 np.int64)
+        keys = list(nodes)
+        self.node_nic = np.array([node_nic_gbyte_s(cl.groups[g]) for g, _ in keys], float)
+        self.node_rdma = np.array([cl.groups[g].nic.rdma for g, _ in keys], bool)
+        self.num_nodes = max(len(keys), 1)
+        rng = np.random.default_rng(12345)
+        self.node_hash = rng.integers(1, 2 ** 62, size=(self.num_nodes, 2), dtype=np.int64)
+        self._ready = True
+
+    def facts(self, devices: tuple[str, ...]):
+        hit = self._facts.get(devices)
+        if hit is None:
+            from hetpart.costmodel.device_group import device_group_facts
+
+            hit = self._facts[devices] = device_group_facts(self.cluster, devices)
+        return hit
+
+    def unit_row(self, devices: tuple[str, ...], tp: int, mb: int, recompute: str, attention: str) -> np.ndarray:
+        """``[2, U]``: forward and backward seconds (compute + tensor-parallel) of each unit for one
+        micro-batch on the group's devices (the slowest device's share where the group mixes cards)."""
+        g = self.facts(devices)
+        key = (g, tp, mb, recompute, attention)
+        hit = self._units.get(key)
+        if hit is None:
+            from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
+
+            if g.alike:
+                f, b = unit_compute_s(self.model, g.gpu, tp, mb, self.precision, recompute, None, attention)
+            else:
+                from hetpart.costmodel.tp_split import unit_shares
+
+                shares = unit_shares(self.model, tp, None)
+                f = b = None
+                for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
+                    fi, bi = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, self.precision, recompute, None,
+                                            attention)
+                    fi, bi = fi / speed, bi / speed
+                    f, b = (fi, bi) if f is None else (np.maximum(f, fi), np.maximum(b, bi))
+            tf, tb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
+            hit = self._units[key] = np.stack([f + tf, b + tb, tf + tb])
+        return hit
+
+    def link(self, a: str, b: str) -> tuple[int, float, float]:
+        """(kind: 0 self, 1 inside a node, 2 between nodes; GB/s; latency us) of one transfer."""
+        key = (a, b)
+        hit = self._links.get(key)
+        if hit is None:
+            from hetpart.costmodel.links import achieved_link
+            from hetpart.errors import PlanError
+
+            link = achieved_link(self.cluster, a, b)
+            if link is None:
+                raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
+            kind = 0 if link.kind == "self" else 1 if link.kind == "intra_node" else 2
+            hit = self._links[key] = (kind, link.bandwidth_gbyte_s, link.latency_us)
+        return hit
+
+    def ring_lines(self, key: tuple, members: list[str], concurrent: float) -> tuple:
+        hit = self._rings.get(key)
+        if hit is None:
+            from hetpart.costmodel.collectives import allreduce_cost
+
+            hit = self._rings[key] = allreduce_cost(members, self.cluster, concurrent, self._hops)
+        return hit
+
+
+@dataclass
+class Composed:
+    """What :func:`compose` returns per encoded plan (rows of ``batch.rows``)."""
+
+    step: np.ndarray
+    pipe_end: np.ndarray
+    dp_end: np.ndarray
+    opt: np.ndarray
+    features: np.ndarray
+    batch: Any
+    busy: np.ndarray
+    """Per replica: its devices' busy seconds (micro-batches x stage seconds, summed over devices)."""
+    span: np.ndarray
+    """Per replica: pipeline devices x makespan (the bubble fraction is 1 - busy / span)."""
+
+
+def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
+    """Compose the step of every plan ``encode_plans`` could encode (``batch.rows``)."""
+    from hetpart.costmodel.learned.encode import encode_plans
+
+    if batch is None:
+        batch = encode_plans(cc.enc, list(plans), physics=False)
+    cc.tables()
+    raw = batch.raw
+    kept = [plans[i] for i in batch.rows]
+    N = batch.num_plans
+    R, K = batch.rep_stages.shape
+    # ---- leaves: unit rows per configuration
+    stages = raw["stages"]
+    rows = []
+    for s in raw["config_stage"].tolist():
+        st = stages[s]
+        plan = kept[int(raw["stage_plan"][s])]
+        rows.append(cc.unit_row(st.devices, st.tp, plan.micro_batch, plan.recompute, plan.attention))
+    U = cc.model.num_units
+    C = len(rows)
+    unit = np.stack(rows) if rows else np.zeros((0, 3, U))
+    zero = np.zeros((C, 1))
+    pf = np.concatenate([zero, unit[:, 0].cumsum(1)], 1)
+    pb = np.concatenate([zero, unit[:, 1].cumsum(1)], 1)
+    cfg, a, z = batch.stage_cfg, batch.stage_a, batch.stage_z
+    f = pf[cfg, z] - pf[cfg, a]
+    b = pb[cfg, z] - pb[cfg, a]
+    tpc = np.concatenate([zero, unit[:, 2].cumsum(1)], 1)
+    tp_s = tpc[cfg, z] - tpc[cfg, a]
+    # ---- leaves and composition: pipeline transfers, NICs shared per node
+    pr, pk = raw["p2p_rep"], raw["p2p_k"]
+    P = np.zeros((R, max(K - 1, 1)))
+    if len(pr):
+        ids = cc.enc._vec["dev_ids"]
+        da, db = raw["p2p_da"], raw["p2p_db"]
+        nd = len(ids)
+        lk = da * nd + db
+        lu, linv = np.unique(lk, return_inverse=True)
+        linv = linv.reshape(-1)
+        facts = np.array([cc.link(ids[k // nd], ids[k % nd]) for k in lu.tolist()], float).reshape(-1, 3)
+        kind, bw, lat = facts[linv, 0], facts[linv, 1], facts[linv, 2]
+        na, nb = cc.dev_node[da], cc.dev_node[db]
+        tp = raw["p2p_tp"].astype(float)
+        plan_of = batch.rep_plan[pr]
+        pp = raw["rep_pp"][pr]
+        cross = na != nb
+        # interleaved chunks of one device pair send one after another: counted once
+        pair = (pr * (K + 1) + pk % pp) * (K + 1) + (pk + 1) % pp
+        sel = np.nonzero(cross)[0]
+        if len(sel):
+            _, first = np.unique(pair[sel], return_index=True)
+            sel = sel[first]
+        NN = cc.num_nodes
+        out = np.bincount(plan_of[sel] * NN + na[sel], weights=tp[sel], minlength=N * NN)
+        into = np.bincount(plan_of[sel] * NN + nb[sel], weights=tp[sel], minlength=N * NN)
+        flows = np.maximum(out, into)
+        fa = np.maximum(flows[plan_of * NN + na], 1.0)
+        fb = np.maximum(flows[plan_of * NN + nb], 1.0)
+        share = np.minimum(cc.node_nic[na] / fa, cc.node_nic[nb] / fb)
+        bw = np.where(cross, np.minimum(bw, share), bw)
+        nbytes = raw["p2p_bytes"]
+        t = np.where((kind == 0) | (nbytes <= 0), 0.0, lat * 1e-6 + nbytes / (bw * 1e9))
+        P[pr, pk] = t
+    # ---- pipelines
+    mask = batch.rep_stages >= 0
+    idx = np.maximum(batch.rep_stages, 0)
+    Fs, Bs = f[idx] * mask, b[idx] * mask
+    TPs = tp_s[idx] * mask
+    Pk = P[:, :K - 1] if K > 1 else np.zeros((R, 0))
+    zc = np.zeros((R, 1))
+    send_f = np.concatenate([Pk, zc], 1)[:, :K] * mask
+    send_b = np.concatenate([zc, Pk], 1)[:, :K] * mask
+    F, B = Fs + send_f, Bs + send_b
+    T = F + B
+    m, v = batch.rep_m, batch.rep_v
+    kdepth = mask.sum(1)
+    pp = np.maximum(kdepth // np.maximum(v, 1).astype(np.int64), 1)
+    total = T.sum(1)
+    maxT = T.max(1)
+    kk = np.arange(K)[None, :]
+    suffix = T[:, ::-1].cumsum(1)[:, ::-1]
+    flight = np.maximum(pp[:, None] - kk, 1)
+    lim = np.where(mask & (m[:, None] > flight), suffix / flight, 0.0).max(1)
+    period = np.maximum(maxT, lim)
+    ms = total + (m - 1) * period
+    inter = v > 1
+    if inter.any():
+        ii = np.nonzero(inter)[0]
+        dev = kk % pp[ii][:, None]
+        W = np.zeros((len(ii), K))
+        np.add.at(W, (np.repeat(np.arange(len(ii)), K), dev.ravel()), T[ii].ravel())
+        busy = W.max(1)
+        ms[ii] = m[ii] * busy + (total[ii] - busy) / v[ii]
+        period[ii] = busy
+    gp = batch.rep_gpipe
+    if gp.any():
+        gi = np.nonzero(gp)[0]
+        ms[gi] = F[gi].sum(1) + (m[gi] - 1) * F[gi].max(1) + B[gi].sum(1) + (m[gi] - 1) * B[gi].max(1)
+        period[gi] = F[gi].max(1) + B[gi].max(1)
+    before = np.concatenate([zc, B.cumsum(1)[:, :-1]], 1)
+    last_bwd = (ms[:, None] - before) * mask
+    pipe_end = np.zeros(N)
+    np.maximum.at(pipe_end, batch.rep_plan, ms)
+    # ---- gradient rings
+    dp_end, tcp_share, exposed = _rings(cc, batch, kept, pb, last_bwd, send_b, N)
+    # ---- optimizer
+    ob = np.array([_step_bytes(p.optimizer) for p in kept])
+    opt_r = batch.opt_base.max(1) * ob[batch.rep_plan]
+    opt = np.zeros(N)
+    np.maximum.at(opt, batch.rep_plan, opt_r)
+    step = np.maximum(pipe_end, dp_end) + opt
+    # ---- features of the replica that ends last
+    worst = np.full(N, -1.0)
+    np.maximum.at(worst, batch.rep_plan, ms)
+    is_worst = ms >= worst[batch.rep_plan]
+    wr = np.zeros(N, np.int64)
+    wr[batch.rep_plan[is_worst]] = np.nonzero(is_worst)[0]
+    eps = 1e-12
+    fw = Fs.sum(1) + 1e-30
+    meanT = total / np.maximum(kdepth, 1)
+    dp = np.bincount(batch.rep_plan, minlength=N).astype(float)
+    mixed = batch.plan_x[:, 7] if batch.plan_x.shape[1] > 7 else np.zeros(N)
+    feats = np.stack([
+        np.log(step + eps) / 5,
+        np.log((pipe_end + eps) / (step + eps)),
+        np.clip(np.log((dp_end + eps) / (pipe_end + eps)), -5, 5) / 5,
+        np.log((opt + eps) / (step + eps)) / 10,
+        np.log(m[wr]) / 3, np.log(pp[wr]) / 3, np.minimum(m[wr] / pp[wr], 8) / 8,
+        inter[wr].astype(float), gp[wr].astype(float), np.log(v[wr]),
+        (total[wr] - period[wr]) / (ms[wr] + eps),
+        np.log(maxT[wr] / (meanT[wr] + eps) + eps) / 2,
+        np.log(period[wr] / (maxT[wr] + eps) + eps),
+        (send_f[wr].sum(1) + send_b[wr].sum(1)) / (total[wr] + eps),
+        np.log(dp) / 4, tcp_share, exposed,
+        mixed,
+        TPs[wr].sum(1) / (total[wr] + eps),
+        np.log(Bs[wr].sum(1) / fw[wr] + eps) / 2,
+    ], 1)
+    return Composed(step, pipe_end, dp_end, opt, feats, batch, m * total, pp * ms)
+
+
+def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
+    """End of the last gradient all-reduce per plan, the share of a plan's rings over TCP and how far
+    the rings end after the pipelines (their exposed part over the pipeline end, per plan)."""
+    raw = batch.raw
+    G = batch.seg_x.shape[0]
+    dp_end = np.zeros(N)
+    if G == 0:
+        return dp_end, np.zeros(N), np.zeros(N)
+    hseg = batch.hold_seg
+    hdev = raw["hold_dev"]
+    hnode = cc.dev_node[hdev]
+    htp = raw["hold_tp"].astype(float)
+    seg_plan = batch.seg_plan
+    # distinct members (first devices) of each ring
+    key = hseg * (len(cc.dev_node) + 1) + hdev
+    uk, ui = np.unique(key, return_index=True)
+    m_seg, m_dev = hseg[ui], hdev[ui]
+    m_node = cc.dev_node[m_dev]
+    nmin = np.full(G, np.iinfo(np.int64).max)
+    nmax = np.zeros(G, np.int64)
+    np.minimum.at(nmin, m_seg, m_node)
+    np.maximum.at(nmax, m_seg, m_node)
+    crossing = nmin != nmax
+    # NIC sharing: per plan and node, the tp shards of the device groups holding a crossing ring
+    grp = batch.hold_group
+    hc = crossing[hseg]
+    NG = batch.num_groups
+    gtp = np.zeros(NG + 1)
+    gnode = np.zeros(NG + 1, np.int64)
+    gplan = np.zeros(NG + 1, np.int64)
+    if hc.any():
+        np.maximum.at(gtp, grp[hc], htp[hc])
+        gnode[grp[hc]] = hnode[hc]
+        gplan[grp[hc]] = seg_plan[hseg[hc]]
+    NN = cc.num_nodes
+    flows = np.bincount(gplan * NN + gnode, weights=gtp, minlength=N * NN)
+    # members per (ring, node)
+    rn = m_seg * NN + m_node
+    rnu, rnc = np.unique(rn, return_counts=True)
+    rseg, rnode = rnu // NN, rnu % NN
+    per = flows[seg_plan[rseg] * NN + rnode] / rnc
+    conc = np.zeros(G)
+    np.maximum.at(conc, hseg, htp)
+    np.maximum.at(conc, rseg, np.where(crossing[rseg], per, 0.0))
+    # ring cost lines, keyed by the members' nodes and the concurrency
+    h = cc.node_hash[m_node]
+    h1 = np.zeros(G, np.int64)
+    h2 = np.zeros(G, np.int64)
+    np.add.at(h1, m_seg, h[:, 0])
+    np.add.at(h2, m_seg, h[:, 1])
+    rkey = np.stack([h1, h2, np.round(conc * 1e6).astype(np.int64)], 1)
+    ku, kfirst, kinv = np.unique(rkey, axis=0, return_index=True, return_inverse=True)
+    kinv = kinv.reshape(-1)
+    ids = cc.enc._vec["dev_ids"]
+    starts = np.searchsorted(m_seg, np.arange(G))
+    ends = np.searchsorted(m_seg, np.arange(G), side="right")
+    lines = np.full((len(ku), 2, 2), np.inf)
+    for j, (k, g) in enumerate(zip(map(tuple, ku.tolist()), kfirst.tolist())):
+        members = [ids[d] for d in m_dev[starts[g]:ends[g]].tolist()]
+        ls = cc.ring_lines(k, members, float(conc[g]))
+        for i, (fixed, per_byte) in enumerate(ls[:2]):
+            lines[j, i] = (fixed, per_byte)
+    prec = cc.precision
+    scale = _grad_reduce_bytes(prec) / DTYPE_BYTES[prec]
+    nb = raw["seg_bytes"] * scale
+    first_b = raw["seg_first_bytes"] * scale
+    tied = raw["seg_tied"]
+    last_b = np.where(tied, nb, np.minimum(nb, np.maximum(first_b, _BUCKET_PARAMS * _grad_reduce_bytes(prec))))
+    L = lines[kinv]
+
+    def cost(x):
+        c = L[:, :, 0] + L[:, :, 1] * x[:, None]
+        c = np.where(np.isfinite(c), c, np.inf).min(1)
+        return np.where((x > 0) & np.isfinite(c), c, 0.0)
+
+    t, t_last = cost(nb), cost(last_b)
+    rdma_all = np.ones(G, bool)
+    np.logical_and.at(rdma_all, m_seg, cc.node_rdma[m_node])
+    tcp = crossing & ~rdma_all & ~tied
+    # readiness: the holder's last backward (less the blocking send that ends it), less the units
+    # still to run below the bucket's unit
+    c = batch.hold_cfg
+    whole = batch.hold_hi < 0
+    done = last_bwd[batch.hold_rep, batch.hold_k] - np.where(whole, 0.0, send_b[batch.hold_rep, batch.hold_k])
+    hi, lo = np.maximum(batch.hold_hi, 0), np.maximum(batch.hold_lo, 0)
+    start = pb[c, batch.hold_first]
+    ready_first = np.where(whole, done, done - (pb[c, hi] - start))
+    ready_last = np.where(whole, done, done - (pb[c, lo] - start))
+    sf = np.zeros(G)
+    sl = np.zeros(G)
+    np.maximum.at(sf, hseg, ready_first)
+    np.maximum.at(sl, hseg, ready_last)
+    sf = np.where(tcp, sl, sf)
+    t_last = np.where(tcp, t, t_last)
+    # rings in order of readiness per plan; rings of one device group one after another
+    order = np.lexsort((sf, seg_plan))
+    plan_of = seg_plan[order]
+    counts = np.bincount(plan_of, minlength=N)
+    offsets = np.cumsum(counts) - counts
+    rank = np.arange(G) - offsets[plan_of]
+    slots = np.full((N, int(counts.max())), -1, np.int64)
+    slots[plan_of, rank] = order
+    groups = batch.seg_groups
+    free = np.zeros(batch.num_groups + 1)
+    for j in range(slots.shape[1]):
+        col = slots[:, j]
+        live = np.nonzero(col >= 0)[0]
+        seg = col[live]
+        gs = groups[seg]
+        begin = np.maximum(sf[seg], free[gs].max(1))
+        end = np.maximum(begin + t[seg], sl[seg] + t_last[seg])
+        real = gs != batch.num_groups
+        free[gs[real]] = np.broadcast_to(end[:, None], gs.shape)[real]
+        dp_end[live] = np.maximum(dp_end[live], end)
+    cnt = np.maximum(np.bincount(seg_plan, minlength=N), 1)
+    tcp_share = np.bincount(seg_plan, weights=tcp.astype(float), minlength=N) / cnt
+    tsum = np.bincount(seg_plan, weights=t, minlength=N)
+    exposed = np.log1p(tsum / (np.bincount(batch.rep_plan, weights=last_bwd.max(1), minlength=N)
+                               / np.maximum(np.bincount(batch.rep_plan, minlength=N), 1) + 1e-12))
+    return dp_end, tcp_share, exposed
+
+
+class ClosedHead:
+    """The learned part: an MLP (numpy at inference) from :data:`HEAD_FEATURES` to a log correction
+    of the composed step and a log variance."""
+
+    def __init__(self, weights: dict[str, np.ndarray] | None = None) -> None:
+        self.w = weights or {}
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.w:
+            return np.zeros(len(x)), np.full(len(x), -6.0)
+        mu, sd = self.w["mean"], self.w["std"]
+        h = (x - mu) / sd
+        for i in range(self.w["layers"].item()):
+            h = h @ self.w[f"W{i}"] + self.w[f"b{i}"]
+            if i < self.w["layers"].item() - 1:
+                h = h / (1 + np.exp(-h))  # SiLU
+        return h[:, 0], np.clip(h[:, 1], -12, 4)
+
+
+# --------------------------------------------------------------------------------------------- training
+def kendall_tau(a, b) -> float:
+    """Kendall's tau-a between two sequences (ties count as neither)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    s = np.sign(a[:, None] - a[None, :]) * np.sign(b[:, None] - b[None, :])
+    iu = np.triu_indices(len(a), 1)
+    c, d = (s[iu] > 0).sum(), (s[iu] < 0).sum()
+    return float((c - d) / max(1, c + d))
+
+
+def record_examples(records: list[dict], progress=None) -> list[dict]:
+    """Per data-set record (scenario): the composed log step, the head's features and the simulator's
+    log step of each plan it composes, with the record's split."""
+    from hetpart.costmodel.learned.sampling import Scenario
+
+    out = []
+    for i, r in enumerate(records):
+        model, cluster = Scenario.rebuild(r["model_spec"], r["cluster_spec"])
+        plans = [Plan.from_dict(p) for p in r["plans"]]
+        keep = [j for j, p in enumerate(plans) if _composable(p)]
+        cc = ClosedContext(model, cluster)
+        if cc.enc.__dict__.get("_vec", 0) is None:
+            continue
+        comp = compose(cc, [plans[j] for j in keep])
+        rows = [keep[j] for j in comp.batch.rows]
+        y = np.asarray(r["log_step_s"], float)[rows]
+        out.append({"name": r["name"], "split": r["split"], "family": r.get("family"), "shape": r.get("shape"),
+                    "x": comp.features.astype(np.float32), "base": np.log(comp.step), "y": y})
+        if progress:
+            progress(i + 1, len(records))
+    return out
+
+
+def _composable(plan: Plan) -> bool:
+    """Whether :func:`compose` prices ``plan`` (else the simulator does)."""
+    return (not plan.zero or plan.dp < 2) and all(s.tp_split is None for r in plan.replicas for s in r.stages) \
+        and int(getattr(plan, "cp", 1) or 1) <= 1
+
+
+@dataclass(frozen=True)
+class ClosedTrainConfig:
+    """`hetpart costmodel train-closed` settings."""
+
+    epochs: int = 200
+    lr: float = 3e-3
+    hidden: int = 32
+    rank_weight: float = 0.5
+    rank_temperature: float = 0.02
+    weight_decay: float = 1e-4
+    adam_eps: float = 1e-8
+    seed: int = 0
+
+
+def evaluate_examples(head: ClosedHead, examples: list[dict]) -> dict[str, float]:
+    """Mean and p90 step-time error (%), Kendall tau per scenario (mean, spread), top-1 regret (%)."""
+    errs, taus, regrets, n = [], [], [], 0
+    for ex in examples:
+        mu = ex["base"] + head(ex["x"])[0]
+        y = ex["y"]
+        errs += list(np.abs(np.exp(mu - y) - 1))
+        n += len(y)
+        if len(y) >= 2:
+            taus.append(kendall_tau(mu, y))
+            regrets.append(float(np.exp(y[int(np.argmin(mu))] - y.min()) - 1))
+    return {"scenarios": len(examples), "plans": n,
+            "error_pct_mean": float(np.mean(errs) * 100) if errs else float("nan"),
+            "error_pct_p90": float(np.percentile(errs, 90) * 100) if errs else float("nan"),
+            "tau_mean": float(np.mean(taus)) if taus else float("nan"),
+            "tau_std": float(np.std(taus)) if taus else float("nan"),
+            "top1_regret_pct": float(np.mean(regrets) * 100) if regrets else float("nan")}
+
+
+def train_closed(examples: list[dict], cfg: ClosedTrainConfig = ClosedTrainConfig(), progress=None) -> tuple[ClosedHead, dict]:
+    """Fit the head on the ``train`` examples (the ``val`` ones pick the epoch; ``test`` is never
+    looked at here): squared log error + a pairwise hinge per scenario + the variance head's
+    Gaussian likelihood. Returns the head and a report per split."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    train = [e for e in examples if e["split"] == "train"]
+    val = [e for e in examples if e["split"] == "val"]
+    if not train:
+        from hetpart.errors import SpecError
+
+        raise SpecError("train-closed: the data set has no training scenario")
+    X = np.concatenate([e["x"] for e in train])
+    mean, std = X.mean(0), X.std(0) + 1e-3
+    F = X.shape[1]
+    last = nn.Linear(cfg.hidden, 2)
+    nn.init.zeros_(last.weight)
+    with torch.no_grad():
+        last.bias.copy_(torch.tensor([0.0, -6.0]))
+    net = nn.Sequential(nn.Linear(F, cfg.hidden), nn.SiLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.SiLU(), last)
+    opt = torch.optim.AdamW(net.parameters(), cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.epochs * len(train), eta_min=cfg.lr * 0.05)
+    data = [(torch.from_numpy((e["x"] - mean) / std).float(), torch.from_numpy(e["base"]).float(),
+             torch.from_numpy(e["y"]).float()) for e in train]
+
+    def head_now() -> ClosedHead:
+        w = {"mean": mean.astype(np.float64), "std": std.astype(np.float64), "layers": np.array(3)}
+        lin = [m for m in net if isinstance(m, nn.Linear)]
+        for i, m in enumerate(lin):
+            w[f"W{i}"] = m.weight.detach().double().numpy().T.copy()
+            w[f"b{i}"] = m.bias.detach().double().numpy().copy()
+        return ClosedHead(w)
+
+    best, best_score = head_now(), evaluate_examples(head_now(), val)["error_pct_mean"] if val else float("inf")
+    for epoch in range(cfg.epochs):
+        for j in rng.permutation(len(data)).tolist():
+            x, base, y = data[j]
+            out = net(x)
+            mu, log_var = base + out[:, 0], out[:, 1].clamp(-12, 4)
+            err = (mu - y).abs().mean()  # the metric's own shape: a few large misses do not steer the rest
+            diff = y[:, None] - y[None, :]
+            clear = diff.abs() > 1e-3
+            margin = (0.5 * diff.abs()).clamp(max=cfg.rank_temperature)
+            pair = torch.relu(margin - torch.sign(diff) * (mu[:, None] - mu[None, :])) / cfg.rank_temperature
+            rank = (pair * clear).sum() / clear.sum().clamp(min=1)
+            nll = 0.5 * (torch.exp(-log_var) * (mu.detach() - y) ** 2 + log_var).mean()
+            loss = err * 10 + cfg.rank_weight * rank + 0.01 * nll
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        if val and (epoch % 10 == 9 or epoch == cfg.epochs - 1):
+            score = evaluate_examples(head_now(), val)["error_pct_mean"]
+            if score < best_score:
+                best, best_score = head_now(), score
+        if progress:
+            progress(epoch + 1, cfg.epochs)
+    if not val:
+        best = head_now()
+    report = {s: evaluate_examples(best, [e for e in examples if e["split"] == s]) for s in ("train", "val", "test")}
+    report["composition_only"] = {s: evaluate_examples(ClosedHead(), [e for e in examples if e["split"] == s])
+                                  for s in ("train", "val", "test")}
+    best.w["x_lo"] = X.min(0).astype(np.float64)
+    best.w["x_hi"] = X.max(0).astype(np.float64)
+    return best, report
+
+
+def save_head(head: ClosedHead, path, meta: dict) -> None:
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, meta=np.array(json.dumps(meta)), **head.w)
+
+
+def load_head(path) -> tuple[ClosedHead, dict]:
+    import json
+
+    with np.load(path) as z:
+        w = {k: z[k] for k in z.files if k != "meta"}
+        meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+    return ClosedHead(w), meta
+
+
+# --------------------------------------------------------------------------------------------- predictor
+def default_head():
+    """``$HETPART_CLOSED_HEAD`` or the head shipped with the package (a :class:`~pathlib.Path`)."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("HETPART_CLOSED_HEAD")
+    return Path(env) if env else Path(__file__).parent / "checkpoints" / "closed.npz"
+
+
+_HEADS: dict = {}
+_OOD_MARGIN = 0.25
+"""How far outside the training range (in the feature's training spread) a feature may go unflagged."""
+
+
+def _predictor_base():
+    from hetpart.costmodel.learned.predictor import LearnedPredictor
+
+    return LearnedPredictor
+
+
+class _SimRow:
+    """A plan the simulator priced, in the shape ``LearnedPredictor._estimate`` reads."""
+
+    def __init__(self, fits: bool, headroom: float, memory: dict, bubble: float) -> None:
+        self.headroom_gb, self.fits, self.memory_gb, self.bubble = [headroom], [fits], [memory], [bubble]
+
+
+def closed_predictor(model, cluster, workload=None, *, checkpoint=None):
+    """Registry factory for ``learned-closed`` (:mod:`hetpart.costmodel.predictor`)."""
+    return ClosedPredictor(model, cluster, workload, checkpoint=checkpoint)
+
+
+class ClosedPredictor(_predictor_base()):
+    """The Predictor protocol over :func:`compose` and the learned :class:`ClosedHead`: many plans in
+    one numpy pass. Memory is analytic. Plans it does not compose (ZeRO, uneven tensor-parallel
+    splits, context parallelism) are priced by the simulator (``metrics["priced_by"]``)."""
+
+    name = "learned-closed"
+
+    def __init__(self, model, cluster, workload=None, *, checkpoint=None, precision=None) -> None:
+        from pathlib import Path
+
+        from hetpart.errors import PlanError
+
+        self.model, self.cluster, self.workload = model, cluster, workload
+        path = Path(checkpoint) if checkpoint else default_head()
+        key = str(path.resolve())
+        if key not in _HEADS:
+            if not path.is_file():
+                raise PlanError(f"--predictor learned-closed: no head at {path}; train one with "
+                                "'hetpart costmodel train-closed' or set HETPART_CLOSED_HEAD")
+            _HEADS[key] = load_head(path)
+        self.head, meta = _HEADS[key]
+        self.version = f"closed:{path.name}:epochs{meta.get('epochs', '?')}"
+        self._ctx: dict = {}
+        self._sim = None
+        self._precision = precision
+
+    def _closed(self, precision: str) -> ClosedContext:
+        if precision not in self._ctx:
+            self._ctx[precision] = ClosedContext(self.model, self.cluster, precision)
+        return self._ctx[precision]
+
+    def _simulated(self, plan: Plan):
+        from hetpart.costmodel.simulator import Simulator
+        from hetpart.errors import HetpartError
+
+        if self._sim is None:
+            self._sim = Simulator(self.model, self.cluster)
+        try:
+            est = self._sim.estimate(plan)
+            metrics = self._sim.predict_metrics(plan, validate=False)
+        except HetpartError as exc:
+            return str(exc)
+        row = _SimRow(est.fits_in_memory, est.memory_headroom_gb, metrics["peak_memory_gb"],
+                      metrics["bubble_fraction"])
+        return (math.log(est.step_time_s), -12.0, False, row, 0)
+
+    def _ood(self, x: np.ndarray) -> np.ndarray:
+        lo, hi = self.head.w.get("x_lo"), self.head.w.get("x_hi")
+        if lo is None:
+            return np.zeros(len(x), bool)
+        spread = self.head.w["std"]
+        return ((x < lo - _OOD_MARGIN * spread) | (x > hi + _OOD_MARGIN * spread)).any(1)
+
+    def _run(self, plans):
+        from hetpart.errors import PlanError
+
+        out: list = [None] * len(plans)
+        by_precision: dict[str, list[int]] = {}
+        for i, plan in enumerate(plans):
+            try:
+                self._check(plan)
+            except PlanError as exc:
+                out[i] = str(exc)
+                continue
+            if not _composable(plan):
+                out[i] = self._simulated(plan)
+                continue
+            by_precision.setdefault(plan.precision, []).append(i)
+        for precision, idx in by_precision.items():
+            try:
+                cc = self._closed(precision)
+                from hetpart.costmodel.learned.encode import _context_tables
+
+                _context_tables(cc.enc)
+            except (KeyError, ValueError, ZeroDivisionError) as exc:
+                for i in idx:
+                    out[i] = f"plan: precision: {precision!r}: the learned predictor cannot price it ({exc}); use " \
+                             "--predictor simulator"
+                continue
+            if cc.enc._vec is None:  # more node groups than the vectorised encoder takes
+                for i in idx:
+                    out[i] = self._simulated(plans[i])
+                continue
+            comp = compose(cc, [plans[i] for i in idx])
+            batch = comp.batch
+            for j, msg in batch.errors.items():
+                out[idx[j]] = msg
+            if batch.num_plans:
+                corr, log_var = self.head(comp.features)
+                mu = np.log(comp.step) + corr
+                ood = self._ood(comp.features)
+                busy = np.bincount(batch.rep_plan, weights=comp.busy, minlength=batch.num_plans)
+                span = np.bincount(batch.rep_plan, weights=comp.span, minlength=batch.num_plans)
+                batch.bubble = (1 - busy / np.maximum(span, 1e-30)).clip(0, 1).tolist()
+                for row, j in enumerate(batch.rows):
+                    out[idx[j]] = (float(mu[row]), float(log_var[row]), bool(ood[row]), batch, row)
+        return out, {}
+
+    def predict_many(self, plans, workload=None, *, validate: bool = False) -> list:
+        """The CONTRACT report of each plan (see :class:`LearnedPredictor`), with ``metrics["priced_by"]``:
+        ``learned-closed``, or ``simulator`` for the plans it defers."""
+        out = super().predict_many(plans, workload, validate=validate)
+        for plan, res in zip(plans, out):
+            if not isinstance(res, str):
+                res.metrics["priced_by"] = self.name if _composable(plan) else "simulator"
+        return out
