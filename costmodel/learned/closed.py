@@ -85,6 +85,13 @@ class ClosedContext:
         self._rings: dict = {}
         self._ready = False
 
+    def vectorised(self) -> bool:
+        """Whether the vectorised encoder takes this cluster (at most 62 node groups and device types)."""
+        from hetpart.costmodel.learned.encode import _context_tables
+
+        _context_tables(self.enc)
+        return self.enc._vec is not None
+
     def tables(self) -> None:
         """Per device of the encoder's table: its physical node; per node: NIC GB/s, RDMA (once)."""
         if self._ready:
@@ -182,7 +189,7 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
     from hetpart.costmodel.learned.encode import encode_plans
 
     if batch is None:
-        batch = encode_plans(cc.enc, list(plans), physics=False)
+        batch = encode_plans(cc.enc, list(plans), physics=False, lean=True)
     cc.tables()
     raw = batch.raw
     kept = [plans[i] for i in batch.rows]
@@ -208,7 +215,13 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
     tp_s = tpc[cfg, z] - tpc[cfg, a]
     # ---- leaves and composition: pipeline transfers, NICs shared per node
     pr, pk = raw["p2p_rep"], raw["p2p_k"]
-    P = np.zeros((R, max(K - 1, 1)))
+    S = len(cfg)
+    r_off = batch.rep_stages[:, 0]
+    nst = np.diff(np.append(r_off, S))
+    srep = np.repeat(np.arange(R), nst)
+    sk = np.arange(S) - r_off[srep]
+    send_f = np.zeros(S)  # a stage's blocking send of its activations (ends its forward)
+    send_b = np.zeros(S)  # and of the gradients back (ends its backward)
     if len(pr):
         ids = cc.enc._vec["dev_ids"]
         da, db = raw["p2p_da"], raw["p2p_db"]
@@ -239,49 +252,46 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
         bw = np.where(cross, np.minimum(bw, share), bw)
         nbytes = raw["p2p_bytes"]
         t = np.where((kind == 0) | (nbytes <= 0), 0.0, lat * 1e-6 + nbytes / (bw * 1e9))
-        P[pr, pk] = t
-    # ---- pipelines
-    mask = batch.rep_stages >= 0
-    idx = np.maximum(batch.rep_stages, 0)
-    Fs, Bs = f[idx] * mask, b[idx] * mask
-    TPs = tp_s[idx] * mask
-    Pk = P[:, :K - 1] if K > 1 else np.zeros((R, 0))
-    zc = np.zeros((R, 1))
-    send_f = np.concatenate([Pk, zc], 1)[:, :K] * mask
-    send_b = np.concatenate([zc, Pk], 1)[:, :K] * mask
-    F, B = Fs + send_f, Bs + send_b
+        src = r_off[pr] + pk
+        send_f[src] = t
+        send_b[src + 1] = t
+    # ---- pipelines (per stage, in replica order; reductions per replica)
+    F, B = f + send_f, b + send_b
     T = F + B
     m, v = batch.rep_m, batch.rep_v
-    kdepth = mask.sum(1)
-    pp = np.maximum(kdepth // np.maximum(v, 1).astype(np.int64), 1)
-    total = T.sum(1)
-    maxT = T.max(1)
-    kk = np.arange(K)[None, :]
-    suffix = T[:, ::-1].cumsum(1)[:, ::-1]
-    flight = np.maximum(pp[:, None] - kk, 1)
-    lim = np.where(mask & (m[:, None] > flight), suffix / flight, 0.0).max(1)
+    pp = np.maximum(nst // np.maximum(v, 1).astype(np.int64), 1)
+    total = np.add.reduceat(T, r_off)
+    maxT = np.maximum.reduceat(T, r_off)
+    cT = np.concatenate([[0.0], np.cumsum(T)])
+    suffix = cT[(r_off + nst)[srep]] - cT[:-1]  # the stage and those below it
+    flight = np.maximum(pp[srep] - sk, 1)
+    lim = np.maximum.reduceat(np.where(m[srep] > flight, suffix / flight, 0.0), r_off)
     period = np.maximum(maxT, lim)
     ms = total + (m - 1) * period
     inter = v > 1
     if inter.any():
         ii = np.nonzero(inter)[0]
-        dev = kk % pp[ii][:, None]
-        W = np.zeros((len(ii), K))
-        np.add.at(W, (np.repeat(np.arange(len(ii)), K), dev.ravel()), T[ii].ravel())
+        sel = inter[srep]
+        width = int(pp[ii].max())
+        local = (np.cumsum(inter) - 1)[srep[sel]]
+        W = np.bincount(local * width + sk[sel] % pp[srep[sel]], weights=T[sel],
+                        minlength=len(ii) * width).reshape(len(ii), width)
         busy = W.max(1)
         ms[ii] = m[ii] * busy + (total[ii] - busy) / v[ii]
         period[ii] = busy
     gp = batch.rep_gpipe
     if gp.any():
         gi = np.nonzero(gp)[0]
-        ms[gi] = F[gi].sum(1) + (m[gi] - 1) * F[gi].max(1) + B[gi].sum(1) + (m[gi] - 1) * B[gi].max(1)
-        period[gi] = F[gi].max(1) + B[gi].max(1)
-    before = np.concatenate([zc, B.cumsum(1)[:, :-1]], 1)
-    last_bwd = (ms[:, None] - before) * mask
+        sF, xF = np.add.reduceat(F, r_off)[gi], np.maximum.reduceat(F, r_off)[gi]
+        sB, xB = np.add.reduceat(B, r_off)[gi], np.maximum.reduceat(B, r_off)[gi]
+        ms[gi] = sF + (m[gi] - 1) * xF + sB + (m[gi] - 1) * xB
+        period[gi] = xF + xB
+    cB = np.concatenate([[0.0], np.cumsum(B)])
+    last_bwd = ms[srep] - (cB[:-1] - cB[r_off][srep])  # the last backward runs back up through the stages above
     pipe_end = np.zeros(N)
     np.maximum.at(pipe_end, batch.rep_plan, ms)
     # ---- gradient rings
-    dp_end, tcp_share, exposed = _rings(cc, batch, kept, pb, last_bwd, send_b, N)
+    dp_end, tcp_share, exposed = _rings(cc, batch, kept, pb, last_bwd, send_b, r_off, N)
     # ---- optimizer
     ob = np.array([_step_bytes(p.optimizer) for p in kept])
     opt_r = batch.opt_base.max(1) * ob[batch.rep_plan]
@@ -295,8 +305,8 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
     wr = np.zeros(N, np.int64)
     wr[batch.rep_plan[is_worst]] = np.nonzero(is_worst)[0]
     eps = 1e-12
-    fw = Fs.sum(1) + 1e-30
-    meanT = total / np.maximum(kdepth, 1)
+    fw = np.add.reduceat(f, r_off) + 1e-30
+    meanT = total / np.maximum(nst, 1)
     dp = np.bincount(batch.rep_plan, minlength=N).astype(float)
     mixed = batch.plan_x[:, 7] if batch.plan_x.shape[1] > 7 else np.zeros(N)
     feats = np.stack([
@@ -309,16 +319,16 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
         (total[wr] - period[wr]) / (ms[wr] + eps),
         np.log(maxT[wr] / (meanT[wr] + eps) + eps) / 2,
         np.log(period[wr] / (maxT[wr] + eps) + eps),
-        (send_f[wr].sum(1) + send_b[wr].sum(1)) / (total[wr] + eps),
+        np.add.reduceat(send_f + send_b, r_off)[wr] / (total[wr] + eps),
         np.log(dp) / 4, tcp_share, exposed,
         mixed,
-        TPs[wr].sum(1) / (total[wr] + eps),
-        np.log(Bs[wr].sum(1) / fw[wr] + eps) / 2,
+        np.add.reduceat(tp_s, r_off)[wr] / (total[wr] + eps),
+        np.log(np.add.reduceat(b, r_off)[wr] / fw[wr] + eps) / 2,
     ], 1)
     return Composed(step, pipe_end, dp_end, opt, feats, batch, m * total, pp * ms)
 
 
-def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
+def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     """End of the last gradient all-reduce per plan, the share of a plan's rings over TCP and how far
     the rings end after the pipelines (their exposed part over the pipeline end, per plan)."""
     raw = batch.raw
@@ -336,11 +346,9 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
     uk, ui = np.unique(key, return_index=True)
     m_seg, m_dev = hseg[ui], hdev[ui]
     m_node = cc.dev_node[m_dev]
-    nmin = np.full(G, np.iinfo(np.int64).max)
-    nmax = np.zeros(G, np.int64)
-    np.minimum.at(nmin, m_seg, m_node)
-    np.maximum.at(nmax, m_seg, m_node)
-    crossing = nmin != nmax
+    starts = np.searchsorted(m_seg, np.arange(G))  # every ring has members (>= 2)
+    hstarts = np.searchsorted(hseg, np.arange(G))
+    crossing = np.minimum.reduceat(m_node, starts) != np.maximum.reduceat(m_node, starts)
     # NIC sharing: per plan and node, the tp shards of the device groups holding a crossing ring
     grp = batch.hold_group
     hc = crossing[hseg]
@@ -359,23 +367,20 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
     rnu, rnc = np.unique(rn, return_counts=True)
     rseg, rnode = rnu // NN, rnu % NN
     per = flows[seg_plan[rseg] * NN + rnode] / rnc
-    conc = np.zeros(G)
-    np.maximum.at(conc, hseg, htp)
+    conc = np.maximum.reduceat(htp, hstarts)
     np.maximum.at(conc, rseg, np.where(crossing[rseg], per, 0.0))
     # ring cost lines, keyed by the members' nodes and the concurrency
-    h = cc.node_hash[m_node]
-    h1 = np.zeros(G, np.int64)
-    h2 = np.zeros(G, np.int64)
-    np.add.at(h1, m_seg, h[:, 0])
-    np.add.at(h2, m_seg, h[:, 1])
-    rkey = np.stack([h1, h2, np.round(conc * 1e6).astype(np.int64)], 1)
-    ku, kfirst, kinv = np.unique(rkey, axis=0, return_index=True, return_inverse=True)
+    # (a sum of random 62-bit words per member node, wrapping: equal node multisets give equal sums)
+    ends = np.append(starts[1:], len(m_seg))
+    with np.errstate(over="ignore"):
+        h1 = np.add.reduceat(cc.node_hash[m_node, 0], starts)
+        h2 = np.add.reduceat(cc.node_hash[m_node, 1], starts)
+        rkey = h1 * np.int64(1_000_003) + h2 + np.round(conc * 1024).astype(np.int64)
+    ku, kfirst, kinv = np.unique(rkey, return_index=True, return_inverse=True)
     kinv = kinv.reshape(-1)
     ids = cc.enc._vec["dev_ids"]
-    starts = np.searchsorted(m_seg, np.arange(G))
-    ends = np.searchsorted(m_seg, np.arange(G), side="right")
     lines = np.full((len(ku), 2, 2), np.inf)
-    for j, (k, g) in enumerate(zip(map(tuple, ku.tolist()), kfirst.tolist())):
+    for j, (k, g) in enumerate(zip(ku.tolist(), kfirst.tolist())):
         members = [ids[d] for d in m_dev[starts[g]:ends[g]].tolist()]
         ls = cc.ring_lines(k, members, float(conc[g]))
         for i, (fixed, per_byte) in enumerate(ls[:2]):
@@ -394,22 +399,20 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
         return np.where((x > 0) & np.isfinite(c), c, 0.0)
 
     t, t_last = cost(nb), cost(last_b)
-    rdma_all = np.ones(G, bool)
-    np.logical_and.at(rdma_all, m_seg, cc.node_rdma[m_node])
+    rdma_all = np.logical_and.reduceat(cc.node_rdma[m_node], starts)
     tcp = crossing & ~rdma_all & ~tied
     # readiness: the holder's last backward (less the blocking send that ends it), less the units
     # still to run below the bucket's unit
     c = batch.hold_cfg
     whole = batch.hold_hi < 0
-    done = last_bwd[batch.hold_rep, batch.hold_k] - np.where(whole, 0.0, send_b[batch.hold_rep, batch.hold_k])
+    flat = r_off[batch.hold_rep] + batch.hold_k
+    done = last_bwd[flat] - np.where(whole, 0.0, send_b[flat])
     hi, lo = np.maximum(batch.hold_hi, 0), np.maximum(batch.hold_lo, 0)
     start = pb[c, batch.hold_first]
     ready_first = np.where(whole, done, done - (pb[c, hi] - start))
     ready_last = np.where(whole, done, done - (pb[c, lo] - start))
-    sf = np.zeros(G)
-    sl = np.zeros(G)
-    np.maximum.at(sf, hseg, ready_first)
-    np.maximum.at(sl, hseg, ready_last)
+    sf = np.maximum.reduceat(ready_first, hstarts)
+    sl = np.maximum.reduceat(ready_last, hstarts)
     sf = np.where(tcp, sl, sf)
     t_last = np.where(tcp, t, t_last)
     # rings in order of readiness per plan; rings of one device group one after another
@@ -435,7 +438,7 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, N: int):
     cnt = np.maximum(np.bincount(seg_plan, minlength=N), 1)
     tcp_share = np.bincount(seg_plan, weights=tcp.astype(float), minlength=N) / cnt
     tsum = np.bincount(seg_plan, weights=t, minlength=N)
-    exposed = np.log1p(tsum / (np.bincount(batch.rep_plan, weights=last_bwd.max(1), minlength=N)
+    exposed = np.log1p(tsum / (np.bincount(batch.rep_plan, weights=np.maximum.reduceat(last_bwd, r_off), minlength=N)
                                / np.maximum(np.bincount(batch.rep_plan, minlength=N), 1) + 1e-12))
     return dp_end, tcp_share, exposed
 
@@ -480,7 +483,7 @@ def record_examples(records: list[dict], progress=None) -> list[dict]:
         plans = [Plan.from_dict(p) for p in r["plans"]]
         keep = [j for j, p in enumerate(plans) if _composable(p)]
         cc = ClosedContext(model, cluster)
-        if cc.enc.__dict__.get("_vec", 0) is None:
+        if not cc.vectorised():
             continue
         comp = compose(cc, [plans[j] for j in keep])
         rows = [keep[j] for j in comp.batch.rows]
@@ -722,15 +725,13 @@ class ClosedPredictor(_predictor_base()):
         for precision, idx in by_precision.items():
             try:
                 cc = self._closed(precision)
-                from hetpart.costmodel.learned.encode import _context_tables
-
-                _context_tables(cc.enc)
+                vectorised = cc.vectorised()
             except (KeyError, ValueError, ZeroDivisionError) as exc:
                 for i in idx:
                     out[i] = f"plan: precision: {precision!r}: the learned predictor cannot price it ({exc}); use " \
                              "--predictor simulator"
                 continue
-            if cc.enc._vec is None:  # more node groups than the vectorised encoder takes
+            if not vectorised:  # more node groups than the vectorised encoder takes
                 for i in idx:
                     out[i] = self._simulated(plans[i])
                 continue

@@ -304,14 +304,16 @@ def _config_table(ctx: ScenarioContext, configs: list[tuple]) -> tuple[np.ndarra
     return np.stack([cache[c][0] for c in configs]), np.stack([cache[c][1] for c in configs])
 
 
-def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = False, physics: bool = True) -> PlanBatch:
+def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = False, physics: bool = True,
+                 lean: bool = False) -> PlanBatch:
     """Encode ``plans`` (all of ``ctx``'s model and cluster) into one :class:`PlanBatch`.
 
     A plan that cannot be encoded (a device the cluster lacks, zones without a link, a replica
     without a micro-batch) is left out and named in ``errors``; the caller reports it. With
     ``members`` the batch also keeps ``configs`` and ``seg_members`` (the teacher's inputs). With
     ``physics`` (the default) it carries the analytic leaf terms the surrogate composes
-    (:func:`~hetpart.costmodel.learned.physics.add_physics`).
+    (:func:`~hetpart.costmodel.learned.physics.add_physics`). With ``lean`` it leaves out the link
+    features (``p2p_x``, ``p2p_base`` empty), which :mod:`~hetpart.costmodel.learned.closed` does not read.
     """
     _context_tables(ctx)
     if ctx._vec is None:  # more node groups or pools than a bit mask holds: the plan-at-a-time encoder
@@ -325,7 +327,7 @@ def encode_plans(ctx: ScenarioContext, plans: list[Plan], *, members: bool = Fal
     errors: dict[int, str] = {}
     while True:
         try:
-            batch = _encode([plans[i] for i in keep], ctx, members)
+            batch = _encode([plans[i] for i in keep], ctx, members, lean)
             break
         except _Skip as skip:
             for j, msg in skip.bad.items():
@@ -384,7 +386,7 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
     return lay, tps, np.asarray(infos, np.int64), nst, share, nrep, pl, flat
 
 
-def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch:
+def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool = False) -> PlanBatch:
     V = ctx._vec
     lay, tps, infos, nst, share, nrep, pl, flat = _read(ctx, plans)
     tab = _info_arrays(ctx)
@@ -475,26 +477,31 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool) -> PlanBatch
     bw = np.where(slow, np.minimum(bw, np.minimum(ng[V["dev_group"][da]] / tp, ng[V["dev_group"][db]] / tp)), bw)
     nbytes = V["out_bytes"][st_z[src] - 1] * st_mb[src] / tp
     live = kind != 0
-    base = np.where(live, nbytes / (bw * 1e9), 0.0)
-    px = np.stack([_lsv(nbytes, 6.0, 2.0), _lsv(bw, 1.5, 1.0), _lsv(lat, 0.5, 1.0), kind == 1, kind == 2, kind == 3,
-                   np.log2(tp) / 3, _lsv(base, -3.0, 2.0)], 1)
-    px = np.where(live[:, None], px, 0.0)
-    K1 = max(K - 1, 1)
-    p2p_x = np.zeros((R, K1, len(P2P_FEATURES)), np.float32)
-    p2p_base = np.zeros((R, K1, 2))
     pr, pk = st_rep[src], st_k[src]
-    p2p_x[pr, pk] = px
-    p2p_base[pr, pk, 0] = base
-    p2p_base[pr, pk, 1] = np.where(live, lat * 1e-6, 0.0)
-    # identical transfers share one row of the link network (the surrogate evaluates each once)
-    ukey = np.where(live, (lkey * (int(tp.max(initial=0)) + 1) + tp) * (n_units + 1) + st_z[src], -1)
-    ukey = ukey * (int(st_mb.max(initial=0)) + 1) + st_mb[src]
-    uu, uinv = np.unique(ukey, return_inverse=True)
-    ufirst = np.zeros(len(uu), np.int64)
-    ufirst[uinv[::-1]] = np.arange(len(uinv))[::-1]
-    p2p_uid = np.full((R, K1), -1, np.int64)
-    p2p_uid[pr, pk] = uinv.reshape(-1)
-    p2p_first = (pr * K1 + pk)[ufirst]
+    K1 = max(K - 1, 1)
+    if lean:  # closed.py prices the transfers itself and reads no link features
+        p2p_x = np.zeros((0, K1, len(P2P_FEATURES)), np.float32)
+        p2p_base = np.zeros((0, K1, 2))
+        p2p_uid = p2p_first = None
+    else:
+        base = np.where(live, nbytes / (bw * 1e9), 0.0)
+        px = np.stack([_lsv(nbytes, 6.0, 2.0), _lsv(bw, 1.5, 1.0), _lsv(lat, 0.5, 1.0), kind == 1, kind == 2, kind == 3,
+                       np.log2(tp) / 3, _lsv(base, -3.0, 2.0)], 1)
+        px = np.where(live[:, None], px, 0.0)
+        p2p_x = np.zeros((R, K1, len(P2P_FEATURES)), np.float32)
+        p2p_base = np.zeros((R, K1, 2))
+        p2p_x[pr, pk] = px
+        p2p_base[pr, pk, 0] = base
+        p2p_base[pr, pk, 1] = np.where(live, lat * 1e-6, 0.0)
+        # identical transfers share one row of the link network (the surrogate evaluates each once)
+        ukey = np.where(live, (lkey * (int(tp.max(initial=0)) + 1) + tp) * (n_units + 1) + st_z[src], -1)
+        ukey = ukey * (int(st_mb.max(initial=0)) + 1) + st_mb[src]
+        uu, uinv = np.unique(ukey, return_inverse=True)
+        ufirst = np.zeros(len(uu), np.int64)
+        ufirst[uinv[::-1]] = np.arange(len(uinv))[::-1]
+        p2p_uid = np.full((R, K1), -1, np.int64)
+        p2p_uid[pr, pk] = uinv.reshape(-1)
+        p2p_first = (pr * K1 + pk)[ufirst]
     # ---- memory per pipeline device (its virtual stages d, d + pp, ...) and the optimizer term
     D = int(r_pp.max(initial=0))
     mrep = np.repeat(np.arange(R), r_pp)
