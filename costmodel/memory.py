@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetpart.graph.model_graph import ModelGraph
-from hetpart.hardware import GPUSpec
+from hetpart.hardware import GIB, GPUSpec
 
 from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 
@@ -53,8 +53,12 @@ FRAGMENTATION_FRACTION = 0.05
 
 
 def memory_capacity_gb(gpu: GPUSpec) -> float:
-    """Memory a training process can use on ``gpu`` after framework overhead and fragmentation, GB."""
-    return gpu.memory_gb * (1.0 - FRAGMENTATION_FRACTION) - FRAMEWORK_OVERHEAD_GB
+    """Memory a training process can use on ``gpu`` after framework overhead and fragmentation, GB.
+
+    The marketed size is in GiB (:attr:`~hetpart.hardware.GPUSpec.memory_gb`): an H100-80GB holds 85.9 GB,
+    of which 80.1 GB remain here. The driver's own reserve (nvidia-smi totals are 0-1.4% under the nominal
+    GiB) falls inside the fragmentation share."""
+    return gpu.memory_gb * GIB * (1.0 - FRAGMENTATION_FRACTION) - FRAMEWORK_OVERHEAD_GB
 
 
 def in_flight_microbatches(schedule: str, stage_index: int, pp: int, num_microbatches: int,

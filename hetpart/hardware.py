@@ -1,6 +1,7 @@
 """Typed descriptions of hardware: accelerators, intra-node links and network cards.
 
-Every physical quantity carries its unit in its name. ``_gb`` is 10^9 bytes, ``_gbyte_s`` is
+Every physical quantity carries its unit in its name. ``_gb`` is 10^9 bytes (except the marketed
+:attr:`GPUSpec.memory_gb`, binary as vendors count it), ``_gbyte_s`` is
 10^9 bytes per second, ``_gbit_s`` is 10^9 bits per second, ``_us`` is microseconds.
 """
 
@@ -9,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Vendor", "GPUSpec", "LinkSpec", "NICSpec"]
+__all__ = ["Vendor", "GPUSpec", "LinkSpec", "NICSpec", "GIB"]
 
 Vendor = Literal["nvidia", "amd", "huawei", "intel", "other"]
+
+
+GIB = 2**30 / 1e9
+"""GB (10^9 bytes) in one GiB: the factor from a marketed device-memory size (:attr:`GPUSpec.memory_gb`) to GB."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,10 @@ class GPUSpec:
     tflops_fp32: float
     """Dense fp32 peak in TFLOPS without TF32 tensor cores."""
     memory_gb: float
-    """Device memory in GB (10^9 bytes), as marketed."""
+    """Device memory as marketed. Vendors' "GB" of device memory are binary gigabytes (GiB, 2^30 bytes): an
+    "80GB" A100 or H100 holds 80 GiB of HBM (nvidia-smi reports 81,920 and 81,559 MiB), an "RTX 3090 24GB"
+    24 GiB. Consumers of this field convert with :data:`GIB` (:func:`hetpart.costmodel.memory.memory_capacity_gb`
+    does); everything else in hetpart counts memory in GB of 10^9 bytes."""
     hbm_gbyte_s: float
     """Device memory bandwidth in GB/s."""
     vendor: Vendor = "other"

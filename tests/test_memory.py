@@ -85,10 +85,12 @@ def test_interleaving_costs_korthikantis_extra_factor_on_the_first_stage():
     assert in_flight_microbatches("interleaved", 0, pp, m, v) == pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
 
 
-def test_capacity_leaves_room_for_the_framework():
+def test_capacity_counts_marketed_gib_and_leaves_room_for_the_framework():
     a100 = GPU_CATALOG["A100-80GB"]
-    assert memory_capacity_gb(a100) < a100.memory_gb - FRAMEWORK_OVERHEAD_GB
-    assert memory_capacity_gb(a100) > 0.9 * a100.memory_gb - FRAMEWORK_OVERHEAD_GB
+    physical_gb = 80 * 2**30 / 1e9  # "80GB" of HBM is 80 GiB (nvidia-smi: 81,920 MiB)
+    assert memory_capacity_gb(a100) < physical_gb - FRAMEWORK_OVERHEAD_GB
+    assert memory_capacity_gb(a100) > 0.9 * physical_gb - FRAMEWORK_OVERHEAD_GB
+    assert memory_capacity_gb(a100) > a100.memory_gb - FRAMEWORK_OVERHEAD_GB - 0.5  # not the 10^9-byte reading
 
 
 def test_simulator_memory_matches_the_reference_accounting(gpt2):
