@@ -105,6 +105,11 @@ def spec_name(source: str, fallback: str) -> str:
     return source if source and not source.startswith("<") else fallback
 
 
+LONG_SEQUENCE = 16384
+"""From this many tokens a plan that does not fit is told about context parallelism (Megatron-Core and
+torchtitan recipes turn it on for sequences of 16K-32K tokens and beyond)."""
+
+
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
     """A :class:`WorkloadError` that says why nothing fits and what would."""
     from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
@@ -120,5 +125,9 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     else:
         fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
                "a shorter --seq-len, or more devices")
+        if workload.seq_len >= LONG_SEQUENCE and model.config is not None:
+            fix += ("; at this sequence length the activations are what does not fit: context parallelism splits "
+                    "them (the planners do not choose it yet; price a grid with 'hetpart predict ... --cp 2' "
+                    "(or 4, 8), prediction only)")
     return WorkloadError(f"{planner} planner: no plan for {model.name} (global batch {workload.global_batch}, seq "
                          f"{workload.seq_len}) fits {cluster.name}: {why}; {hint}; {fix}")

@@ -227,3 +227,35 @@ def test_pipeline_sends_go_rank_to_rank_each_over_its_own_nodes_nic():
     assert sends_dp / 2 < sends_cp < sends_dp
     # per transfer: latency + bytes / bw against latency + bytes / (2 bw); four micro-batches of a 5 us hop
     assert 2 * sends_cp - sends_dp == pytest.approx(4 * 5e-6, rel=1e-6)
+
+
+def test_a_long_sequence_that_fits_nowhere_is_told_about_cp():
+    from hetpart.policies.common import no_plan_error
+
+    cluster = two_nodes(100)
+    long = no_plan_error(MODEL, cluster, Workload(4, SEQ), "uniform", "nothing fits")
+    short = no_plan_error(MODEL, cluster, Workload(4, 1024), "uniform", "nothing fits")
+    assert "hetpart predict ... --cp 2" in str(long) and "context parallelism" not in str(short)
+
+
+def test_a_profile_equal_to_the_analytic_terms_predicts_the_same_cp_step(tmp_path):
+    """Measured entries (whole sequences) are scaled by the analytic ratio of the split: a profile that
+    copies the analytic terms must leave a cp plan's step where the analytic model puts it."""
+    from hetpart.costmodel.profile import ComputeEntry, Profile
+    from tests.test_profile_model import CLUSTER, _model, analytic_profile
+
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    cluster = load_cluster(str(tmp_path / "c.yaml"))
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=2, dp=1,
+                         micro_batch=2, cp=2, recompute="none")
+    plain = Simulator(model, cluster).simulate(plan)
+    base = analytic_profile(model, cluster)
+    profiled = Simulator(model, cluster, profile=base).simulate(plan)
+    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+    assert [b["compute_s"] for b in profiled.breakdown] == pytest.approx([b["compute_s"] for b in plain.breakdown])
+    slow = Profile(devices=base.devices, device_types=base.device_types, links=base.links,
+                   compute=tuple(ComputeEntry(**{**e.__dict__, "fwd_s": e.fwd_s * 3, "bwd_s": e.bwd_s * 3})
+                                 for e in base.compute))
+    three = Simulator(model, cluster, profile=slow).simulate(plan)
+    assert [b["compute_s"] for b in three.breakdown] == pytest.approx([3 * b["compute_s"] for b in plain.breakdown])
