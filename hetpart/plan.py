@@ -275,7 +275,9 @@ class Plan:
     # ------------------------------------------------------------------------------- rules
     def validate(self, model: "ModelGraph", cluster: "Cluster") -> list[str]:
         """Every rule the plan breaks for ``model`` on ``cluster`` (empty when valid): its structure and
-        the runtime's rules (:mod:`hetpart.rules`), so a valid plan is one that ``hetpart run`` executes."""
+        the runtime's rules (:mod:`hetpart.rules`), so a valid plan is one that ``hetpart run`` executes,
+        except context parallelism (``cp > 1``), which is valid for prediction and refused by the runtime
+        (no planner emits it)."""
         from hetpart import rules
 
         problems: list[str] = []

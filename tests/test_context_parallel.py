@@ -259,3 +259,18 @@ def test_a_profile_equal_to_the_analytic_terms_predicts_the_same_cp_step(tmp_pat
                                  for e in base.compute))
     three = Simulator(model, cluster, profile=slow).simulate(plan)
     assert [b["compute_s"] for b in three.breakdown] == pytest.approx([3 * b["compute_s"] for b in plain.breakdown])
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4, 8])
+def test_the_two_chunk_split_gives_every_ring_step_the_same_causal_work(cp):
+    """The premise of pricing each ring step as ``1/cp`` of a rank's attention: with rank r holding chunks
+    r and 2cp-1-r of 2cp, each (rank, step) pair computes two half-chunk-squared blocks of the causal
+    mask (brute force over chunk pairs; a diagonal block counts half)."""
+    def work(q: int, kv: int) -> float:
+        return 1.0 if kv < q else 0.5 if kv == q else 0.0
+
+    chunks = {r: (r, 2 * cp - 1 - r) for r in range(cp)}
+    per_step = {(r, i): sum(work(q, k) for q in chunks[r] for k in chunks[(r - i) % cp])
+                for r in range(cp) for i in range(cp)}
+    assert set(per_step.values()) == {2.0}
+    assert sum(per_step.values()) == (2 * cp) ** 2 / 2  # the whole causal square, split evenly
