@@ -220,7 +220,7 @@ def _split_problems(stage, cfg, where: str) -> list[str]:
     """An uneven split must add up to the sizes of the model that runs, in whole key/value groups."""
     out = []
     group = cfg.num_heads // cfg.kv_heads
-    for dim, total in (("heads", cfg.num_heads), ("ffn", cfg.ffn)):
+    for dim, total in (("heads", cfg.num_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab_size)):
         parts = getattr(stage.tp_split, dim)
         if parts and (len(parts) != stage.tp or sum(parts) != total or min(parts) <= 0
                       or (dim == "heads" and any(p % group for p in parts))):
@@ -408,6 +408,8 @@ class Executor:
         self._tie_local(built)
         self._slices: dict[str, tuple[int, int, int]] = {}
         """Canonical key -> (dim, offset, length) of this rank's slice under an uneven split."""
+        self._vocab_loss: tuple[int, Any] | None = None
+        """(offset of this rank's vocabulary rows, TP group) where its last stage's head is vocabulary-split."""
         if self.role.tp > 1:
             uneven = {j for j in built if stages[j].tp_split is not None}
             ranks = self.layout.tp_groups[(self.replica, self.role.stages[0] % self.pp)]
@@ -424,13 +426,17 @@ class Executor:
                     if j not in uneven:
                         _parallelize(module, mesh, reporter)
             if uneven:
-                from hetpart.runtime.uneven_tp import parallelize_uneven, runtime_split
+                from hetpart.runtime.uneven_tp import parallelize_uneven, parallelize_vocab, runtime_split
 
                 group = self.groups.group(ranks)
                 for j in sorted(uneven):
                     split = runtime_split(stages[j].tp_split, self.spec.config, self.role.tp)
                     self._slices.update(parallelize_uneven(built[j].units, split, self.role.tp_index,
                                                            self.spec.config, group, reporter))
+                    self._slices.update(parallelize_vocab(built[j].units, split, self.role.tp_index, group, reporter))
+                    if split.vocab and j == len(stages) - 1:
+                        self._vocab_loss = (split.offset("vocab", self.role.tp_index), group)
+                self._tie_local(built)  # a tied head shares its embedding's new slice
         return [built[j] for j in self.role.stages]
 
     def _tie_local(self, built: dict[int, _StageModule]) -> None:
@@ -499,7 +505,14 @@ class Executor:
                                      self.groups.group((self.rank,)) if fanout is not None else None)
             stages.append(stage)
         m = self.microbatches_run
-        loss = self._timed_loss(self._padded(loss_fn_for(self.spec, self.plan.micro_batch / self.plan.global_batch)))
+        scale = self.plan.micro_batch / self.plan.global_batch
+        if self._vocab_loss is not None:
+            from hetpart.runtime.uneven_tp import vocab_parallel_loss
+
+            base = vocab_parallel_loss(scale, *self._vocab_loss)
+        else:
+            base = loss_fn_for(self.spec, scale)
+        loss = self._timed_loss(self._padded(base))
         kind = self.plan.schedule
         if kind == "1f1b" and m < num_stages:
             kind = "gpipe"  # torch's 1F1B needs >= pp micro-batches; GPipe computes the same step
@@ -642,6 +655,8 @@ class Executor:
 
     def _shard(self, key: str) -> ParamInfo:
         info = self._param_info[key]
+        if key in self._slices:  # an uneven slice (the vocabulary's too, which no tp_plan names)
+            return replace(info, tp_dim=self._slices[key][0])
         return info if self.role.tp > 1 else replace(info, tp_dim=None)
 
     def global_loss(self, local: float) -> float:

@@ -12,11 +12,16 @@ runs its blocks the way Megatron-LM does by hand:
   the row-parallel bias is added once;
 * attention runs on the local heads (hetpart's GPT and Llama reshape with ``-1`` heads; GPT-2's
   ``split_size`` is set to the local width);
-* the vocabulary is not split: the embedding and the output head run whole on every rank of the group
-  (as the even runtime does), so a plan's ``tp_split.vocab`` is priced by the simulator but runs
-  replicated (:func:`runtime_split` drops it and says so in ``notes``).
+* a ``vocab`` split cuts the vocabulary rows the same way (Megatron's ``VocabParallelEmbedding`` and
+  vocabulary-parallel cross-entropy): the embedding keeps rows ``[o, o + n)`` of the token table, looks
+  up the ids it owns, zeroes the rest and all-reduces (``reduce from``); the output head keeps the same
+  rows of its matrix behind ``copy to`` and returns the local logits slice; the loss all-reduces the
+  slice's maximum, its sum of exponentials and the target logit (each from the rank that owns the
+  target), and its backward is local (softmax minus the one-hot of the owned targets). A tied head
+  shares the sliced tensor with its embedding. Without a ``vocab`` split both run whole on every rank.
 
-gloo's ``all_gather`` refuses unequal sizes, so nothing here gathers: the all-reduces are full size.
+gloo's ``all_gather`` refuses unequal sizes, so nothing here gathers: every exchange is an all-reduce
+(full size for the blocks; a few scalars per token for the loss).
 """
 
 from __future__ import annotations
@@ -34,15 +39,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.transformer import TransformerConfig
     from hetpart.plan import Plan, TPSplit
 
-__all__ = ["LocalSplit", "runtime_split", "scale_plan_splits", "parallelize_uneven", "split_heads_multiple"]
+__all__ = ["LocalSplit", "runtime_split", "scale_plan_splits", "parallelize_uneven", "parallelize_vocab",
+           "vocab_parallel_cross_entropy", "vocab_parallel_loss", "split_heads_multiple"]
 
 
 @dataclass(frozen=True)
 class LocalSplit:
-    """Heads and feed-forward columns of every rank of one TP group, in the runtime model's sizes."""
+    """Heads, feed-forward columns and vocabulary rows of every rank of one TP group, in the runtime
+    model's sizes (``vocab`` empty: the vocabulary runs whole on every rank)."""
 
     heads: tuple[int, ...]
     ffn: tuple[int, ...]
+    vocab: tuple[int, ...] = ()
 
     def offset(self, dim: str, rank: int) -> int:
         return sum(getattr(self, dim)[:rank])
@@ -70,7 +78,11 @@ def runtime_split(split: "TPSplit | None", cfg: "TransformerConfig", tp: int) ->
         ffn = tuple(split.ffn) if sum(split.ffn) == cfg.ffn else _largest_remainder(split.ffn, cfg.ffn)
     else:
         ffn = (cfg.ffn // tp,) * tp
-    return LocalSplit(heads, ffn)
+    vocab: tuple[int, ...] = ()
+    if split is not None and split.vocab:
+        vocab = tuple(split.vocab) if sum(split.vocab) == cfg.vocab_size else _largest_remainder(
+            split.vocab, cfg.vocab_size)
+    return LocalSplit(heads, ffn, vocab)
 
 
 def split_heads_multiple(plan: "Plan", cap: int = 32) -> int:
@@ -89,8 +101,8 @@ def split_heads_multiple(plan: "Plan", cap: int = 32) -> int:
 
 
 def scale_plan_splits(plan: "Plan", cfg: "TransformerConfig") -> tuple["Plan", list[str]]:
-    """``plan`` with every ``tp_split`` in the sizes of ``cfg`` (the model that runs), the vocabulary
-    split dropped (the runtime keeps the vocabulary whole), and notes on what changed."""
+    """``plan`` with every ``tp_split`` in the sizes of ``cfg`` (the model that runs), and notes on what
+    changed (a vocabulary split of the full model's vocabulary keeps its ratio in the shrunken one)."""
     from hetpart.plan import TPSplit
 
     notes: list[str] = []
@@ -100,15 +112,16 @@ def scale_plan_splits(plan: "Plan", cfg: "TransformerConfig") -> tuple["Plan", l
         for j, s in enumerate(r.stages):
             if s.tp_split is not None:
                 local = runtime_split(s.tp_split, cfg, s.tp)
-                if s.tp_split.vocab:
-                    notes.append(f"replicas[{i}].stages[{j}]: vocabulary split {list(s.tp_split.vocab)} runs whole "
-                                 "on every rank (the runtime does not split the vocabulary)")
                 heads = local.heads if s.tp_split.heads else ()
                 ffn = local.ffn if s.tp_split.ffn else ()
                 if heads and tuple(s.tp_split.heads) != heads:
                     notes.append(f"replicas[{i}].stages[{j}]: heads {list(s.tp_split.heads)} run as {list(heads)} "
                                  f"of the {cfg.num_heads} heads of the shrunken model")
-                s = replace(s, tp_split=TPSplit(heads=heads, ffn=ffn) if heads or ffn else None)
+                if local.vocab and tuple(s.tp_split.vocab) != local.vocab:
+                    notes.append(f"replicas[{i}].stages[{j}]: vocabulary {list(s.tp_split.vocab)} runs as "
+                                 f"{list(local.vocab)} of the {cfg.vocab_size} rows of the shrunken model")
+                split = TPSplit(heads=heads, ffn=ffn, vocab=local.vocab)
+                s = replace(s, tp_split=None if split.empty else split)
             stages.append(s)
         replicas.append(replace(r, stages=tuple(stages)))
     return replace(plan, replicas=tuple(replicas)), notes
@@ -252,3 +265,105 @@ def parallelize_uneven(units, split: LocalSplit, rank: int, cfg: "TransformerCon
             if hasattr(sub, "split_size") and hasattr(sub, "head_dim"):
                 sub.split_size = split.heads[rank] * cfg.head_dim
     return slices
+
+
+# ------------------------------------------------------------------------------------- vocabulary
+_TOKEN_TABLES = ("wte", "embed_tokens")
+"""The token embedding of each runtime family (positions stay whole: they are not vocabulary rows)."""
+
+
+def _vocab_parallel_embedding(emb: nn.Embedding, offset: int, length: int, group: Any, reporter: Any) -> None:
+    """Cut ``emb`` to rows ``[offset, offset + length)``: ids outside them look up zeros, and the
+    partial embeddings are summed over the group (each id is owned by exactly one rank)."""
+    with torch.no_grad():
+        emb.weight = nn.Parameter(emb.weight[offset:offset + length].clone())
+    emb.num_embeddings = length
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        local = ids - offset
+        outside = (local < 0) | (local >= length)
+        y = F.embedding(local.masked_fill(outside, 0), emb.weight)
+        return _ReduceFromTP.apply(y.masked_fill(outside.unsqueeze(-1), 0.0), group, reporter)
+
+    emb.forward = forward  # type: ignore[method-assign]
+
+
+def parallelize_vocab(units, split: LocalSplit, rank: int, group: Any, reporter: Any
+                      ) -> dict[str, tuple[int, int, int]]:
+    """Cut the token embedding and the output head among ``units`` to this rank's vocabulary rows (in
+    place; nothing happens without a ``vocab`` split). A tied head must be re-tied to the embedding's
+    new tensor by the caller where both sit on this rank.
+
+    Returns:
+        canonical parameter key -> ``(0, offset, length)`` of the sliced tables.
+    """
+    if not split.vocab:
+        return {}
+    offset, length = split.offset("vocab", rank), split.vocab[rank]
+    slices: dict[str, tuple[int, int, int]] = {}
+    for unit in units:
+        names = unit.canonical_names()
+        if unit.unit_name == "embedding":
+            for leaf in _TOKEN_TABLES:
+                if leaf in unit.body:
+                    _vocab_parallel_embedding(unit.body[leaf], offset, length, group, reporter)
+                    slices[names[f"body.{leaf}.weight"]] = (0, offset, length)
+        elif unit.unit_name == "head" and "lm_head" in unit.body:
+            head = unit.body["lm_head"]
+            _copy_in(head, "", group, reporter)
+            _column_slice(head, offset, length)
+            slices[names["body.lm_head.weight"]] = (0, offset, length)
+    return slices
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Megatron's vocabulary-parallel cross-entropy over a local logits slice ``[tokens, rows]``.
+
+    Forward: the global maximum (all-reduce MAX), the target logit (all-reduce SUM of each rank's owned
+    targets, zero elsewhere) and the sum of exponentials (all-reduce SUM); per-token loss
+    ``log(sum exp) - target logit``. Backward is local: ``softmax - onehot(owned target)``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, offset: int, group: Any) -> torch.Tensor:
+        ctx.dtype = logits.dtype
+        logits = logits.float()
+        top = logits.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - top.unsqueeze(-1)
+        local = targets - offset
+        outside = (local < 0) | (local >= logits.shape[-1])
+        local = local.masked_fill(outside, 0)
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = shifted.exp()
+        sums = torch.stack([exp.sum(dim=-1), picked])
+        dist.all_reduce(sums, group=group)  # one exchange for both sums
+        ctx.save_for_backward(exp.div_(sums[0].unsqueeze(-1)), local, outside)
+        return sums[0].log() - sums[1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        softmax, local, outside = ctx.saved_tensors
+        g = softmax.clone()
+        owned = (~outside).to(g.dtype)
+        g.scatter_add_(-1, local.unsqueeze(-1), -owned.unsqueeze(-1))
+        return (g * grad.unsqueeze(-1)).to(ctx.dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, offset: int, group: Any) -> torch.Tensor:
+    """Per-token cross-entropy of the whole vocabulary from this rank's logits slice.
+
+    Shapes:
+        logits: ``[..., rows]`` (this rank's vocabulary rows from ``offset``); targets: ``[...]`` global
+        token ids. Returns ``[...]`` (equal on every rank of ``group``).
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    return _VocabParallelCE.apply(flat, targets.reshape(-1), offset, group).view(targets.shape)
+
+
+def vocab_parallel_loss(scale: float, offset: int, group: Any):
+    """The engine's per-micro-batch loss (:func:`hetpart.runtime.engine.loss_fn_for`) for a head whose
+    vocabulary is split: the mean token cross-entropy times ``scale``."""
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, targets, offset, group).mean() * scale
+    return loss

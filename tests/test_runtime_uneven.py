@@ -1,8 +1,9 @@
 """Uneven tensor parallelism at run time (issue 17): a partitioned run equals the single-process reference.
 
 Splits 4:2 and 5:1 of 6 heads (hetpart's GPT, transformers GPT-2), a 3-way 5:4:3 of 12 heads, a
-grouped-query Llama split in whole key/value groups, alone, inside a pipeline (uneven stage next to an
-even one and a TP1 stage), and in replicas with uneven batch shares whose splits differ (gradients
+grouped-query Llama split in whole key/value groups, vocabulary splits 5:3 and 30:20:14 (tied and untied
+embeddings, vocabulary-parallel cross-entropy), alone, inside a pipeline (uneven stage next to an
+even one and a TP1 stage; a split embedding with a whole tied head and the reverse), and in replicas with uneven batch shares whose splits differ (gradients
 exchanged at full size, slices at prefix-sum offsets): loss within 1e-6 relative, every local gradient
 slice equal to the reference's slice at its offset, and the losses and parameters equal after several
 optimizer steps (SGD, see ``LR``).
@@ -38,8 +39,8 @@ def _llama() -> TransformerConfig:  # 8 heads in 4 key/value groups of 2
                              activation="swiglu", norm="rmsnorm", bias=False, learned_positions=False, dropout=False)
 
 
-def _st(first: int, last: int, devices, heads=(), ffn=()) -> Stage:
-    split = TPSplit(heads=tuple(heads), ffn=tuple(ffn)) if heads or ffn else None
+def _st(first: int, last: int, devices, heads=(), ffn=(), vocab=()) -> Stage:
+    split = TPSplit(heads=tuple(heads), ffn=tuple(ffn), vocab=tuple(vocab)) if heads or ffn or vocab else None
     return Stage((first, last), tuple(devices), len(devices), split)
 
 
@@ -66,6 +67,25 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
     # uneven batch shares 2/3 : 1/3, a 5:1 TP2 replica next to a TP1 replica (full-size gradient exchange)
     "dp_uneven_vs_tp1": (RunnableSpec("gpt2", _gpt(), impl="transformers"),
                          _plan(Replica(2 / 3, (_st(0, 4, A, (5, 1), (80, 16)),)), Replica(1 / 3, (_st(0, 4, B),)))),
+    # the vocabulary split 5:3 (40:24 of 64 rows) with heads 4:2, tied embedding and head on one stage
+    "gpt_vocab_5_3": (RunnableSpec("gpt", _gpt(), impl="hetpart"),
+                      _plan(Replica(1.0, (_st(0, 4, A, (4, 2), (64, 32), (40, 24)),)))),
+    # a 3-way vocabulary split alone (heads and MLP even), transformers GPT-2 (tied)
+    "gpt2_vocab_3way": (RunnableSpec("gpt2", _gpt(12, 192), impl="transformers"),
+                        _plan(Replica(1.0, (_st(0, 4, C, vocab=(30, 20, 14)),)), schedule="1f1b")),
+    # an untied Llama: embedding and head sliced on their own, 5:3
+    "llama_vocab_5_3": (RunnableSpec("llama", _llama(), impl="transformers"),
+                        _plan(Replica(1.0, (_st(0, 4, A, (6, 2), (40, 24), (40, 24)),)), batch=4, mb=2)),
+    # a pipeline: the embedding split 5:3 in a TP2 stage, the (tied) head whole on a TP1 stage
+    "pipe_vocab_then_tp1": (RunnableSpec("gpt", _gpt(), impl="hetpart"),
+                            _plan(Replica(1.0, (_st(0, 2, A, vocab=(40, 24)), _st(2, 4, B))), schedule="1f1b")),
+    # a pipeline: the embedding whole on a TP1 stage, the head split 3:5 (and heads 2:4) in a TP2 stage
+    "pipe_tp1_then_vocab": (RunnableSpec("gpt2", _gpt(), impl="transformers"),
+                            _plan(Replica(1.0, (_st(0, 2, B), _st(2, 4, A, (2, 4), vocab=(24, 40)))))),
+}
+RESUME = {  # a checkpoint written under the case's split, resumed under another one
+    "gpt_4_2": (_st(0, 4, A, (2, 4), (32, 64)),),
+    "gpt_vocab_5_3": (_st(0, 4, A, (2, 4), (32, 64), (20, 44)),),
 }
 
 
@@ -87,18 +107,18 @@ def _job(rank: int, world: int, out: str, names: list[str]) -> None:
         params = {k: (p.detach().clone(), grads[k]) for k, p in ex.params.items()}
         torch.save({"loss": loss, "grads": grads, "losses": losses, "params": params,
                     "state": ex.state_dict()["tp_slices"]}, Path(out, f"{name}_{rank}.pt"))
-        if name == "gpt_4_2":  # a checkpoint of the 4:2 split resumed under 2:4
+        if name in RESUME:  # a checkpoint of the split resumed under another one
             from hetpart.runtime.checkpoint import _state, load_checkpoint, save_checkpoint
 
             ex.optimizer = torch.optim.Adam(list(ex.params.values()))  # checkpoints hold Adam's state:
             _state(ex, create=True)  # zeros here (the run trained with SGD)
-            save_checkpoint(Path(out, "ckpt"), ex, STEPS)
-            other = Plan(global_batch=6, micro_batch=1, seq_len=SEQ, schedule="gpipe", replicas=(
-                Replica(1.0, (_st(0, 4, A, (2, 4), (32, 64)),)),))
+            save_checkpoint(Path(out, f"ckpt_{name}"), ex, STEPS)
+            other = Plan(global_batch=6, micro_batch=1, seq_len=SEQ, schedule="gpipe",
+                         replicas=(Replica(1.0, RESUME[name]),))
             resumed = Executor(other, spec, rank, world)
-            assert load_checkpoint(Path(out, "ckpt"), resumed) == STEPS
+            assert load_checkpoint(Path(out, f"ckpt_{name}"), resumed) == STEPS
             torch.save({k: (p.detach().clone(), resumed._slices.get(k)) for k, p in resumed.params.items()},
-                       Path(out, f"resumed_{rank}.pt"))
+                       Path(out, f"resumed_{name}_{rank}.pt"))
 
 
 def _reference(name: str):
@@ -155,15 +175,31 @@ def test_slices_sit_at_prefix_sum_offsets(out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_resumes_under_another_split(out: Path) -> None:
-    """Saved under 4:2 heads, loaded under 2:4: every rank holds the reference's slice at its new offset."""
-    _, _, _, params = _reference("gpt_4_2")
+@pytest.mark.parametrize("name", list(RESUME))
+def test_a_checkpoint_resumes_under_another_split(out: Path, name: str) -> None:
+    """Saved under 4:2 heads (and 5:3 vocabulary rows), loaded under 2:4 (and 20:44): every rank holds the
+    reference's slice at its new offset."""
+    _, _, _, params = _reference(name)
     for rank in range(2):
-        got = torch.load(out / f"resumed_{rank}.pt", weights_only=False)
+        got = torch.load(out / f"resumed_{name}_{rank}.pt", weights_only=False)
         for key, (p, where) in got.items():
             want = params[key] if where is None else params[key].narrow(where[0], where[1], where[2])
             torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-7, msg=lambda m, k=key, r=rank: f"rank {r} {k}: {m}")
     assert got["block_0.attn.q.weight"][1] == (0, 16, 32)  # rank 1 now holds 4 heads of 8 from head 2
+    if name == "gpt_vocab_5_3":
+        assert got["embedding.wte.weight"][1] == (0, 20, 44)  # and vocabulary rows 20..63
+
+
+@pytest.mark.slow
+def test_vocabulary_slices_are_tied_and_sit_at_prefix_sum_offsets(out: Path) -> None:
+    """3-way 30:20:14 of 64 rows: the tied head is the embedding's slice (one parameter per rank)."""
+    offsets = [torch.load(out / f"gpt2_vocab_3way_{r}.pt", weights_only=False)["state"] for r in range(3)]
+    assert [o["embedding.wte.weight"] for o in offsets] == [(0, 0, 30), (0, 30, 20), (0, 50, 14)]
+    grads = torch.load(out / "gpt2_vocab_3way_1.pt", weights_only=False)["grads"]
+    assert "head.lm_head.weight" not in grads and grads["embedding.wte.weight"].grad.shape == (20, 96)
+    untied = [torch.load(out / f"llama_vocab_5_3_{r}.pt", weights_only=False)["state"] for r in range(2)]
+    assert [o["head.lm_head.weight"] for o in untied] == [(0, 0, 40), (0, 40, 24)]
+    assert [o["embedding.embed_tokens.weight"] for o in untied] == [(0, 0, 40), (0, 40, 24)]
 
 
 def test_runtime_split_scales_a_plan_split_to_the_shrunken_model() -> None:
@@ -174,4 +210,19 @@ def test_runtime_split_scales_a_plan_split_to_the_shrunken_model() -> None:
     cfg = scaled_config(MODEL_CATALOG["gpt2-medium"], "tiny", heads_multiple_of=16)
     split = runtime_split(TPSplit(heads=(5, 5, 3, 3), ffn=(1280, 1280, 768, 768)), cfg, 4)
     assert split.heads == (5, 5, 3, 3) and sum(split.ffn) == cfg.ffn
-    assert split.ffn[0] > split.ffn[3]
+    assert split.ffn[0] > split.ffn[3] and split.vocab == ()
+    vocab = runtime_split(TPSplit(vocab=(20000, 20000, 5129, 5128)), cfg, 4).vocab  # 50,257 rows -> 256
+    assert vocab == (102, 102, 26, 26)  # largest remainder: 101.9, 101.9, 26.1, 26.1
+
+
+def test_a_plan_vocabulary_split_keeps_its_ratio_in_the_shrunken_model() -> None:
+    from hetpart.catalog.models import MODEL_CATALOG
+    from hetpart.runtime.models import scaled_config
+    from hetpart.runtime.uneven_tp import scale_plan_splits
+
+    cfg = scaled_config(MODEL_CATALOG["gpt2-medium"], "tiny", heads_multiple_of=2)
+    plan = _plan(Replica(1.0, (_st(0, 26, A, vocab=(31411, 18846)),)))
+    scaled, notes = scale_plan_splits(plan, cfg)
+    assert scaled.replicas[0].stages[0].tp_split == TPSplit(vocab=(160, 96))
+    assert notes == ["replicas[0].stages[0]: vocabulary [31411, 18846] runs as [160, 96] of the 256 rows of the "
+                     "shrunken model"]
