@@ -78,6 +78,10 @@ class RankTimes:
     cpu_step_time_s: float = 0.0
     emulated_slowdown_s: float = 0.0
     """Sleep added to emulate a slower device."""
+    measured_compute_s: float = 0.0
+    """The rank's own compute, waiting inside tensor-parallel all-reduces excluded and before any emulated
+    slowdown (0 in records written before it was kept); with ``emulated_slowdown_s``, what its device
+    computed (:mod:`hetpart.runtime.speeds`)."""
     emulated_comm_s: float = 0.0
     """Sleep added to emulate links."""
 

@@ -133,6 +133,7 @@ def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
             "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "optimizer_s": mean("optimizer_s"),
             "idle_s": mean("idle_s"),
             "emulated_slowdown_s": mean("slowdown_s"), "emulated_comm_s": mean("emulated_comm_s"),
+            "measured_compute_s": mean("measured_compute_s"),
             "peak_memory_gb": float(result.get("peak_memory_bytes", 0)) / 1e9}
 
 

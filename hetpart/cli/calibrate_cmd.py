@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from hetpart.cli.common import ClusterArg, JsonFlag, ModelArg, console, emit_json
+from hetpart.cli.common import ClusterArg, JsonFlag, console, emit_json
 
 __all__ = ["register", "load_profile_option"]
 
@@ -16,8 +16,16 @@ ProfileOpt = typer.Option(None, "--profile", help="A measured profile ('hetpart 
 
 
 def calibrate_command(
-        cluster: str = ClusterArg, model: str = ModelArg,
-        out: Path = typer.Option(..., "--out", help="Where to write the profile JSON."),
+        cluster: str = ClusterArg,
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, path to a HF config.json, or "
+                                            "python:MODULE:FUNCTION (not with --speeds-from: the records name it)."),
+        out: Path = typer.Option(..., "--out", help="Where to write the profile JSON (with --speeds-from: the cluster "
+                                 "YAML with the measured slow:)."),
+        speeds_from: Optional[Path] = typer.Option(None, "--speeds-from", help="Run records ('hetpart run --out'): "
+                                                   "write CLUSTER with each device's measured speed factor in slow: "
+                                                   "(against the fastest device of its type) instead of a profile."),
+        tolerance: float = typer.Option(0.1, "--tolerance", help="With --speeds-from: factors above 1 - this are "
+                                        "noise and get no slow: entry."),
         micro_batches: str = typer.Option("1,2,4,8", "--micro-batches", help="Micro-batch sizes to measure, comma-separated."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's own, at "
                                               "most 2048, on a GPU; at most 64 on a CPU: entries are interpolated in FLOPs)."),
@@ -30,11 +38,19 @@ def calibrate_command(
         links: bool = typer.Option(True, "--links/--no-links", help="Also measure p2p and all-reduce between two local processes."),
         device: str = typer.Option("auto", "--device", help="auto (CUDA when present, else this CPU), cpu or cuda."),
         json_out: bool = JsonFlag) -> None:
-    """Measure per-unit compute, optimizer and link times on the devices at hand; write a profile."""
+    """Measure per-unit compute, optimizer and link times on the devices at hand; write a profile. With
+    --speeds-from: each device's speed factor from the runs' own timings; write the cluster with slow:."""
     import sys
 
     from hetpart.errors import PlanError
     from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
+    if speeds_from is not None:
+        _speeds(cluster, speeds_from, out, tolerance, json_out)
+        return
+    if model is None:
+        raise PlanError("--model: missing; give the model to measure (a catalog name such as gpt2-small), or "
+                        "--speeds-from RUNS.jsonl to measure device speeds from run records")
 
     try:
         sizes = tuple(int(x) for x in micro_batches.split(",") if x.strip())
@@ -64,12 +80,39 @@ def calibrate_command(
                                 else f"measured on {profile.devices[b.device].description}"))
 
 
-def _check_writable(out: Path) -> None:
+def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_out: bool) -> None:
+    """``--speeds-from``: the measured factors of the records, written into the cluster file as ``slow:``."""
+    from hetpart.errors import PlanError
+    from hetpart.records import iter_records
+    from hetpart.runtime.speeds import speed_factors, with_measured_slow
+    import yaml
+
+    if not 0 <= tolerance < 1:
+        raise PlanError(f"--tolerance: {tolerance}; give a fraction in [0, 1) such as 0.1")
+    _check_writable(out, "measured-cluster.yaml")
+    records = [(f"{records_path}:{n}", r) for n, r in iter_records(records_path)]
+    estimate = speed_factors(records, tolerance)
+    data = with_measured_slow(cluster, estimate.slow, [d.device for d in estimate.devices])
+    out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+    summary = {"cluster": str(out), "records": estimate.records, "tolerance": tolerance, "slow": estimate.slow,
+               "devices": [{"device": d.device, "gpu": d.gpu, "tflops": d.tflops, "factor": d.factor,
+                            "compared_with": d.compared_with} for d in estimate.devices]}
+    if json_out:
+        emit_json(summary)
+        return
+    con = console()
+    con.print(f"cluster written to {out} from {estimate.records} run record(s): slow: {estimate.slow or 'none'}")
+    for d in estimate.devices:
+        note = "" if d.compared_with else " (only device of its type: no factor)"
+        con.print(f"  {d.device} {d.gpu}: {d.tflops:.4f} TFLOPS measured, factor {d.factor:.2f}{note}")
+
+
+def _check_writable(out: Path, example: str = "profile.json") -> None:
     from hetpart.errors import PlanError
 
     parent = out.resolve().parent
     if out.is_dir():
-        raise PlanError(f"--out: {out} is a directory; give a file name such as profile.json")
+        raise PlanError(f"--out: {out} is a directory; give a file name such as {example}")
     if not parent.is_dir():
         raise PlanError(f"--out: {parent} does not exist; create it or give another path")
 
