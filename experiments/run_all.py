@@ -76,6 +76,12 @@ def _uneven_tp() -> Section:
     return section()
 
 
+def _uneven_tp_mixed() -> Section:
+    from hetpart.experiments.bench_uneven_mixed import section
+
+    return section()
+
+
 def _sharded() -> Section:
     from hetpart.experiments.bench_sharded import section
 
@@ -109,6 +115,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "engine": _engine,
     "loop": _loop,
     "uneven-tp": _uneven_tp,
+    "uneven-tp-mixed": _uneven_tp_mixed,
     "nic-sensitivity": _nic_sensitivity,
     "sharded": _sharded,
     "profile-truth": _profile_truth,

@@ -212,3 +212,19 @@ def test_an_uneven_split_with_sharded_data_parallelism_is_refused(workstation, g
     plan = replace(_plan(TPSplit(heads=(4, 4, 2, 2))), zero=1)
     with pytest.raises(PlanError, match=r"tp_split: an uneven split does not run with sharded data parallelism"):
         plan.check(gpt, workstation)
+
+
+def test_the_mixed_benchmark_compares_even_proportional_and_an_uneven_hetpart_plan(tmp_path) -> None:
+    """experiments/bench_uneven_mixed.py's premise: on the node with a throttled GPU, the simulator ranks even
+    batches < proportional batches (24:40) <= hetpart's plan, whose stage on the throttled pair is split."""
+    from hetpart import load_cluster
+    from hetpart.experiments import bench_uneven_mixed as bench
+
+    (tmp_path / "c.yaml").write_text(bench._CLUSTER)
+    plans = bench.plans(tmp_path / "c.yaml")
+    cluster, model = load_cluster(tmp_path / "c.yaml"), load_model(bench.MODEL, seq_len=bench.SEQ_LEN)
+    step = {k: Simulator(model, cluster).simulate(Plan.from_dict(p)).step_time_s for k, p in plans.items()}
+    assert step["even"] > step["proportional"] >= step["hetpart"]
+    assert [r["batch_share"] for r in plans["proportional"]["replicas"]] == [0.375, 0.625]
+    split = [s for r in plans["hetpart"]["replicas"] for s in r["stages"] if "0/0/1" in s["devices"]]
+    assert split and split[0]["tp_split"]["heads"][1] < split[0]["tp_split"]["heads"][0]
