@@ -274,3 +274,13 @@ def test_the_two_chunk_split_gives_every_ring_step_the_same_causal_work(cp):
                 for r in range(cp) for i in range(cp)}
     assert set(per_step.values()) == {2.0}
     assert sum(per_step.values()) == (2 * cp) ** 2 / 2  # the whole causal square, split evenly
+
+
+def test_learned_closed_defers_a_cp_plan_to_the_simulator(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    Plan(global_batch=4, micro_batch=1, seq_len=1024, cp=2, meta={"model": "gpt2-small", "cluster": "tiny-mixed"},
+         replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0", "0/0/1")),)),)).save(path)
+    out = cli_json(capsys, "predict", "--plan", str(path), "--predictor", "learned-closed", "--json")
+    assert out["metrics"]["priced_by"] == "simulator"
+    simulated = cli_json(capsys, "predict", "--plan", str(path), "--json")
+    assert out["metrics"]["step_time_s"] == pytest.approx(simulated["metrics"]["step_time_s"])

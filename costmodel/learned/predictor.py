@@ -98,9 +98,6 @@ class LearnedPredictor:
         return self._ctx[precision]
 
     def _check(self, plan: Plan) -> None:
-        if plan.cp != 1:  # its features describe stages of tp devices holding whole sequences
-            raise PlanError(f"plan: cp: {plan.cp}: the learned predictor was trained on plans without context "
-                            "parallelism and cannot price one; use --predictor simulator")
         if plan.precision not in DTYPE_BYTES:
             raise PlanError(f"plan: precision: {plan.precision!r} is not one the learned predictor knows "
                             f"({', '.join(DTYPE_BYTES)}); use --predictor simulator")
@@ -159,6 +156,10 @@ class LearnedPredictor:
                 self._check(plan)
             except PlanError as exc:
                 out[i] = str(exc)
+                continue
+            if plan.cp != 1:  # its features describe stages of tp devices holding whole sequences
+                out[i] = (f"plan: cp: {plan.cp}: the learned predictor was trained on plans without context "
+                          "parallelism and cannot price one; use --predictor simulator")
                 continue
             by_precision.setdefault(plan.precision, []).append(i)
         batches = {}
