@@ -470,8 +470,8 @@ class Plan:
         t = Table(title=f"plan: dp={self.dp}, micro_batch={self.micro_batch}, schedule={self.schedule}"
                         f"{f' x{self.interleave}' if self.interleave > 1 else ''}, recompute={self.recompute}"
                         f"{self._sharding_text()}{f', cp={self.cp}' if self.cp > 1 else ''}")
-        for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp"):
-            t.add_column(col, justify="right" if col in ("share", "tp") else "left")
+        for col in ("replica", "share", "stage", "units", "devices", "gpu", "tp") + (("cp",) if self.cp > 1 else ()):
+            t.add_column(col, justify="right" if col in ("share", "tp", "cp") else "left")
 
         def gpus(s: Stage) -> str:
             if cluster is None or not all(cluster.has_device(d) for d in s.devices):
@@ -494,7 +494,7 @@ class Plan:
                 devices = [d for m in members for d in self.replicas[m].stages[j].devices]
                 tp = str(s.tp) if s.tp_split is None else f"{s.tp} ({_split_text(s.tp_split)})"
                 t.add_row(label if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
-                          _devices_text(devices, len(members)), gpus(s), tp)
+                          _devices_text(devices, len(members)), gpus(s), tp, *((str(self.cp),) if self.cp > 1 else ()))
         if len(groups) < len(self.replicas):
             t.caption = (f"{t.caption}; " if t.caption else "") + (f"{len(self.replicas)} replicas in {len(groups)} group{'s' if len(groups) > 1 else ''} of "
                          "identical ones (--full lists each)")

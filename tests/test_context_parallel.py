@@ -284,3 +284,11 @@ def test_learned_closed_defers_a_cp_plan_to_the_simulator(capsys, tmp_path):
     assert out["metrics"]["priced_by"] == "simulator"
     simulated = cli_json(capsys, "predict", "--plan", str(path), "--json")
     assert out["metrics"]["step_time_s"] == pytest.approx(simulated["metrics"]["step_time_s"])
+
+
+def test_the_table_has_a_cp_column_only_with_cp():
+    cluster = two_nodes(100)
+    with_cp = one_stage(("0/0/0", "0/1/0"), cp=2).table(cluster, MODEL)
+    without = one_stage(("0/0/0",), cp=1).table(cluster, MODEL)
+    assert [c.header for c in with_cp.columns][-2:] == ["tp", "cp"] and "cp=2" in str(with_cp.title)
+    assert "cp" not in [c.header for c in without.columns] and "cp=" not in str(without.title)
