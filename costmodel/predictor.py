@@ -67,8 +67,8 @@ PredictorFactory = Callable[..., Predictor]
 
 _FACTORIES: dict[str, Union[PredictorFactory, str]] = {
     "simulator": "hetpart.costmodel.simulator:simulator_predictor",
-    "learned": "hetpart.costmodel.learned.predictor:learned_predictor",
-    "learned-closed": "hetpart.costmodel.learned.closed:closed_predictor",
+    "learned": "hetpart.costmodel.learned.closed:closed_predictor",
+    "learned-graph": "hetpart.costmodel.learned.predictor:learned_predictor",
     "corrected": "hetpart.costmodel.learned.corrected:corrected_predictor",
 }
 _PLACEHOLDERS: dict[str, str] = {}

@@ -1,7 +1,8 @@
 """Benchmark: the learned surrogate's batched speed and its agreement with the simulator.
 
-* ``speed``: plan predictions per second of :meth:`LearnedPredictor.estimate_batch` (encoding and the
-  forward pass, one call per batch) on seeded random valid plans, for clusters of 8 to 512 devices
+* ``speed``: plan predictions per second of a learned predictor's ``estimate_batch`` (encoding and the
+  forward pass, one call per batch; wall time and this process's CPU time, which a shared machine's
+  load does not inflate) on seeded random valid plans, for clusters of 8 to 512 devices
   and models of 26 to 82 units; the simulator's ``estimate`` on the same plans beside it.
 * ``train-step``: seconds per training step of the surrogate (one scenario of a data set: forward,
   loss, backward, Adam) on the CPU with 1 and 4 threads and on CUDA when torch sees one (the second
@@ -76,24 +77,29 @@ def speed(devices=(16, 64, 256), models=("gpt3-1.3b", "llama2-7b", "llama2-70b")
             ps = _plans(model, cluster, plans, seed=d)
             pred = _predictor(predictor, model, cluster)
             pred.estimate_batch(ps[:8])  # warm the caches (unit features) as a planner's loop would
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for i in range(0, len(ps), batch):
                 pred.estimate_batch(ps[i:i + batch])
             learned = len(ps) / (time.perf_counter() - t)
-            t = time.perf_counter()
+            learned_cpu = len(ps) / (time.process_time() - c)
+            t, c = time.perf_counter(), time.process_time()
             for i in range(0, len(ps), batch):
                 pred.estimate_batch(ps[i:i + batch])
             warm = len(ps) / (time.perf_counter() - t)
+            warm_cpu = len(ps) / (time.process_time() - c)  # per second of this process's CPU time (one thread)
             sim = Simulator(model, cluster)
             some = ps[:200]
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for p in some:
                 sim.estimate(p)
             simulated = len(some) / (time.perf_counter() - t)
+            simulated_cpu = len(some) / (time.process_time() - c)
             stages = sum(len(r.stages) for p in ps for r in p.replicas) / len(ps)
             rows.append({"predictor": predictor, "devices": d, "model": name, "units": model.num_units,
                          "stages_per_plan": round(stages, 1), "learned_plans_per_s": round(learned),
-                         "warm_plans_per_s": round(warm), "simulator_plans_per_s": round(simulated)})
+                         "learned_plans_per_cpu_s": round(learned_cpu), "warm_plans_per_s": round(warm),
+                         "warm_plans_per_cpu_s": round(warm_cpu), "simulator_plans_per_s": round(simulated),
+                         "simulator_plans_per_cpu_s": round(simulated_cpu)})
             print(rows[-1], flush=True)
     return rows
 
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--plans", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--predictor", default="learned", help="learned or learned-closed")
+    ap.add_argument("--predictor", default="learned", help="learned (closed form) or learned-graph")
     ap.add_argument("--devices", default="16,64,256")
     args = ap.parse_args(argv)
     if args.what == "speed":

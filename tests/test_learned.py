@@ -125,9 +125,9 @@ def checkpoint(tiny_records, tmp_path_factory):
 
 def test_learned_predictor_follows_the_protocol(checkpoint):
     model, cluster = _setup()
-    pred = get_predictor("learned", model, cluster, checkpoint=checkpoint)
+    pred = get_predictor("learned-graph", model, cluster, checkpoint=checkpoint)
     assert isinstance(pred, Predictor) and isinstance(pred, LearnedPredictor)
-    assert pred.name == "learned" and "surrogate.pt" in pred.version
+    assert pred.name == "learned-graph" and "surrogate.pt" in pred.version
     assert getattr(pred, "lower_bound_s", None) is None  # search must not prune with it
     plan = _plan(("0/0/0", "0/0/1", "0/1/0", "0/1/1", "1/0/0", "1/0/1", "1/1/0", "1/1/1"))
     est = pred.estimate_batch([plan, plan])
@@ -216,15 +216,16 @@ def test_cli_predict_learned_one_plan_and_a_batch_with_a_bad_line(capsys, tmp_pa
     small = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "128"]
     out = tmp_path / "p.json"
     cli_json(capsys, "plan", *small, "--planner", "uniform", "--out", str(out), "--json")
-    one = cli_json(capsys, "predict", *small, "--plan", str(out), "--predictor", "learned", "--json")
-    assert one["predictor"] == "learned" and one["metrics"]["step_time_s"] > 0
+    one = cli_json(capsys, "predict", *small, "--plan", str(out), "--predictor", "learned-graph", "--json")
+    assert one["predictor"] == "learned-graph" and one["metrics"]["step_time_s"] > 0
     assert "out_of_distribution" in one["metrics"]["uncertainty"]
     good = json.loads(out.read_text())
     bad = json.loads(out.read_text())
     bad["replicas"][0]["stages"][0]["devices"] = ["7/0/0"]
     plans = tmp_path / "plans.jsonl"
     plans.write_text("\n".join([json.dumps(good), json.dumps(bad), json.dumps(good)]) + "\n")
-    code, stdout, err = run_cli(capsys, "predict", *small, "--plans", str(plans), "--predictor", "learned", "--json")
+    code, stdout, err = run_cli(capsys, "predict", *small, "--plans", str(plans), "--predictor", "learned-graph",
+                                "--json")
     assert code == 0, err
     lines = [json.loads(line) for line in stdout.splitlines()]
     assert len(lines) == 3 and "'7/0/0' does not exist" in lines[1]["error"]
@@ -244,7 +245,7 @@ def test_shipped_checkpoint_loads_and_agrees_with_the_simulator_on_a_small_plan(
     plan = Plan(global_batch=32, micro_batch=2, seq_len=1024, recompute="selective", replicas=(
         Replica(0.5, (Stage((0, 14), ids[0:2], 2), Stage((14, 26), ids[4:6], 2))),
         Replica(0.5, (Stage((0, 14), ids[2:4], 2), Stage((14, 26), ids[6:8], 2)))))
-    got = get_predictor("learned", model, cluster).predict(plan).metrics["step_time_s"]
+    got = get_predictor("learned-graph", model, cluster).predict(plan).metrics["step_time_s"]
     assert got == pytest.approx(simulate(model, cluster, plan).step_time_s, rel=0.15)
 
 

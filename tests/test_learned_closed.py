@@ -1,4 +1,4 @@
-"""The closed-form learned surrogate (``--predictor learned-closed``): its own composition of leaf costs
+"""The closed-form learned surrogate (``--predictor learned``): its own composition of leaf costs
 stays near the simulator's step, it is the same under relabelled devices, it defers what it does not
 compose to the simulator, and its head trains, saves and loads."""
 
@@ -63,12 +63,12 @@ def test_relabelling_devices_inside_a_node_changes_nothing():
 
 def test_the_predictor_answers_batches_and_defers_sharded_plans(tmp_path):
     model, cluster, plans = _scenario(IB_CLUSTER, n=12, seed=1)
-    pred = get_predictor("learned-closed", model, cluster)
+    pred = get_predictor("learned", model, cluster)
     est = pred.estimate_batch(plans)
     assert len(est) == len(plans) and all(e.step_time_s > 0 and e.relative_std >= 0 for e in est)
     one = pred.predict(plans[0])
     assert one.step_time_s == pytest.approx(est[0].step_time_s, rel=1e-12)
-    assert one.metrics["priced_by"] == "learned-closed" and "uncertainty" in one.metrics
+    assert one.metrics["priced_by"] == "learned" and "uncertainty" in one.metrics
     sharded = megatron_plan(model, cluster, Workload(64, 256), tp=1, pp=2, dp=4, micro_batch=2, zero=2)
     got = pred.predict(sharded)
     assert got.metrics["priced_by"] == "simulator"
@@ -97,3 +97,29 @@ def test_the_head_trains_saves_and_loads(tmp_path):
     np.testing.assert_allclose(loaded(x)[0], head(x)[0])
     assert meta["epochs"] == 3 and ClosedHead()(x)[0].tolist() == [0.0] * len(x)
     assert record_examples([]) == []
+
+
+def test_the_shipped_head_is_small_and_answers_the_cli_one_plan_and_a_batch(capsys, tmp_path, monkeypatch):
+    import json
+
+    from tests._cli import cli_json, run_cli
+    from hetpart.costmodel.learned.closed import default_head
+
+    monkeypatch.delenv("HETPART_CLOSED_HEAD", raising=False)
+    assert default_head().is_file() and default_head().stat().st_size < 5e6
+    small = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "128"]
+    out = tmp_path / "p.json"
+    cli_json(capsys, "plan", *small, "--planner", "uniform", "--out", str(out), "--json")
+    one = cli_json(capsys, "predict", *small, "--plan", str(out), "--predictor", "learned", "--json")
+    sim = cli_json(capsys, "predict", *small, "--plan", str(out), "--predictor", "simulator", "--json")
+    assert one["predictor"] == "learned" and "out_of_distribution" in one["metrics"]["uncertainty"]
+    assert one["metrics"]["step_time_s"] == pytest.approx(sim["metrics"]["step_time_s"], rel=0.05)
+    good, bad = json.loads(out.read_text()), json.loads(out.read_text())
+    bad["replicas"][0]["stages"][0]["devices"] = ["7/0/0"]
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text("\n".join([json.dumps(good), json.dumps(bad), json.dumps(good)]) + "\n")
+    code, stdout, err = run_cli(capsys, "predict", *small, "--plans", str(plans), "--predictor", "learned", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert len(lines) == 3 and "'7/0/0' does not exist" in lines[1]["error"]
+    assert lines[0]["metrics"]["step_time_s"] == pytest.approx(one["metrics"]["step_time_s"], rel=1e-9)

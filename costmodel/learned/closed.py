@@ -107,8 +107,16 @@ class ClosedContext:
         self.node_nic = np.array([node_nic_gbyte_s(cl.groups[g]) for g, _ in keys], float)
         self.node_rdma = np.array([cl.groups[g].nic.rdma for g, _ in keys], bool)
         self.num_nodes = max(len(keys), 1)
+        self.node_group = np.array([g for g, _ in keys], np.int64)
+        devs = [cl.device(i) for i in V["dev_ids"]]
+        self.dev_group = np.array([d.group for d in devs], np.int64)
+        self.dev_local = np.array([d.local for d in devs], np.int64)
+        self.width = int(max(self.dev_local.max(initial=0), len(cl.groups))) + 1
+        # a link depends on the two node groups (between nodes) or on the group and the two GPUs'
+        # places (inside a node: a cube-mesh wires some pairs only): per device, its key's parts
         rng = np.random.default_rng(12345)
-        self.node_hash = rng.integers(1, 2 ** 62, size=(self.num_nodes, 2), dtype=np.int64)
+        self.dev_hash = rng.integers(1, 2 ** 62, size=len(devs), dtype=np.int64)
+        self.group_hash = rng.integers(1, 2 ** 62, size=len(cl.groups), dtype=np.int64)
         self._ready = True
 
     def facts(self, devices: tuple[str, ...]):
@@ -144,9 +152,9 @@ class ClosedContext:
             hit = self._units[key] = np.stack([f + tf, b + tb, tf + tb])
         return hit
 
-    def link(self, a: str, b: str) -> tuple[int, float, float]:
-        """(kind: 0 self, 1 inside a node, 2 between nodes; GB/s; latency us) of one transfer."""
-        key = (a, b)
+    def link(self, a: str, b: str, key) -> tuple[int, float, float]:
+        """(kind: 0 self, 1 inside a node, 2 between nodes; GB/s; latency us) of one transfer from
+        ``a`` to ``b`` (``key``: what the link depends on, see :func:`compose`)."""
         hit = self._links.get(key)
         if hit is None:
             from hetpart.costmodel.links import achieved_link
@@ -225,13 +233,15 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
     if len(pr):
         ids = cc.enc._vec["dev_ids"]
         da, db = raw["p2p_da"], raw["p2p_db"]
-        nd = len(ids)
-        lk = da * nd + db
-        lu, linv = np.unique(lk, return_inverse=True)
-        linv = linv.reshape(-1)
-        facts = np.array([cc.link(ids[k // nd], ids[k % nd]) for k in lu.tolist()], float).reshape(-1, 3)
-        kind, bw, lat = facts[linv, 0], facts[linv, 1], facts[linv, 2]
         na, nb = cc.dev_node[da], cc.dev_node[db]
+        w = cc.width
+        lk = np.where(da == db, -1, np.where(na == nb, (cc.dev_group[da] * w + cc.dev_local[da]) * w + cc.dev_local[db],
+                                              -2 - (cc.dev_group[da] * w + cc.dev_group[db])))
+        lu, lfirst, linv = np.unique(lk, return_index=True, return_inverse=True)
+        linv = linv.reshape(-1)
+        facts = np.array([cc.link(ids[da[j]], ids[db[j]], k) for k, j in zip(lu.tolist(), lfirst.tolist())],
+                         float).reshape(-1, 3)
+        kind, bw, lat = facts[linv, 0], facts[linv, 1], facts[linv, 2]
         tp = raw["p2p_tp"].astype(float)
         plan_of = batch.rep_plan[pr]
         pp = raw["rep_pp"][pr]
@@ -370,12 +380,17 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     conc = np.maximum.reduceat(htp, hstarts)
     np.maximum.at(conc, rseg, np.where(crossing[rseg], per, 0.0))
     # ring cost lines, keyed by the members' nodes and the concurrency
-    # (a sum of random 62-bit words per member node, wrapping: equal node multisets give equal sums)
+    # across nodes the cost depends on the node groups (NICs, zones, links between them), how many
+    # members each node holds and the concurrency, not on which node of a group: a ring's key is a
+    # sum of random 62-bit words per (node group, members on the node), wrapping; inside one node
+    # it depends on the members' places (a sum of per-device words)
     ends = np.append(starts[1:], len(m_seg))
+    rstarts = np.searchsorted(rseg, np.arange(G))
     with np.errstate(over="ignore"):
-        h1 = np.add.reduceat(cc.node_hash[m_node, 0], starts)
-        h2 = np.add.reduceat(cc.node_hash[m_node, 1], starts)
-        rkey = h1 * np.int64(1_000_003) + h2 + np.round(conc * 1024).astype(np.int64)
+        across = np.add.reduceat(cc.group_hash[cc.node_group[rnode]] * (rnc.astype(np.int64) * 2654435761 + 1),
+                                 rstarts)
+        inside = np.add.reduceat(cc.dev_hash[m_dev], starts)
+        rkey = np.where(crossing, across, inside) * np.int64(1_000_003) + np.round(conc * 1024).astype(np.int64)
     ku, kfirst, kinv = np.unique(rkey, return_index=True, return_inverse=True)
     kinv = kinv.reshape(-1)
     ids = cc.enc._vec["dev_ids"]
@@ -650,7 +665,7 @@ class _SimRow:
 
 
 def closed_predictor(model, cluster, workload=None, *, checkpoint=None):
-    """Registry factory for ``learned-closed`` (:mod:`hetpart.costmodel.predictor`)."""
+    """Registry factory for ``learned`` (:mod:`hetpart.costmodel.predictor`)."""
     return ClosedPredictor(model, cluster, workload, checkpoint=checkpoint)
 
 
@@ -659,7 +674,7 @@ class ClosedPredictor(_predictor_base()):
     one numpy pass. Memory is analytic. Plans it does not compose (ZeRO, uneven tensor-parallel
     splits, context parallelism) are priced by the simulator (``metrics["priced_by"]``)."""
 
-    name = "learned-closed"
+    name = "learned"
 
     def __init__(self, model, cluster, workload=None, *, checkpoint=None, precision=None) -> None:
         from pathlib import Path
@@ -671,7 +686,7 @@ class ClosedPredictor(_predictor_base()):
         key = str(path.resolve())
         if key not in _HEADS:
             if not path.is_file():
-                raise PlanError(f"--predictor learned-closed: no head at {path}; train one with "
+                raise PlanError(f"--predictor learned: no head at {path}; train one with "
                                 "'hetpart costmodel train-closed' or set HETPART_CLOSED_HEAD")
             _HEADS[key] = load_head(path)
         self.head, meta = _HEADS[key]
@@ -752,7 +767,7 @@ class ClosedPredictor(_predictor_base()):
 
     def predict_many(self, plans, workload=None, *, validate: bool = False) -> list:
         """The CONTRACT report of each plan (see :class:`LearnedPredictor`), with ``metrics["priced_by"]``:
-        ``learned-closed``, or ``simulator`` for the plans it defers."""
+        ``learned``, or ``simulator`` for the plans it defers."""
         out = super().predict_many(plans, workload, validate=validate)
         for plan, res in zip(plans, out):
             if not isinstance(res, str):

@@ -1,4 +1,5 @@
-"""The learned predictor: the surrogate behind the Predictor protocol (``--predictor learned``).
+"""The graph surrogate behind the Predictor protocol (``--predictor learned-graph``; ``learned`` is the
+closed-form surrogate of :mod:`~hetpart.costmodel.learned.closed`, which reuses this class's reports).
 
 It prices plans without running the simulator: the shipped checkpoint
 (``costmodel/learned/checkpoints/surrogate.pt``, or ``checkpoint=`` / ``HETPART_SURROGATE``) maps a
@@ -65,7 +66,7 @@ def _load(path: Path):
     key = str(path.resolve())
     if key not in _MODELS:
         if not path.is_file():
-            raise PlanError(f"--predictor learned: no surrogate checkpoint at {path}; train one with "
+            raise PlanError(f"--predictor learned-graph: no surrogate checkpoint at {path}; train one with "
                             "'hetpart costmodel train' or set HETPART_SURROGATE")
         from hetpart.costmodel.learned.train import load_checkpoint
 
@@ -76,7 +77,7 @@ def _load(path: Path):
 class LearnedPredictor:
     """Predictor protocol (``name``, ``version``, ``estimate_batch``, ``predict``); no lower bound."""
 
-    name = "learned"
+    name = "learned-graph"
 
     def __init__(self, model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                  checkpoint: str | Path | None = None, precision: str | None = None) -> None:

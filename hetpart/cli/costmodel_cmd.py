@@ -184,7 +184,7 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
                          epochs: int = typer.Option(60, "--epochs", help="Passes over the training scenarios."),
                          seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the order."),
                          json_out: bool = JsonFlag) -> None:
-    """Fit the closed-form surrogate's learned head (--predictor learned-closed) on a data set's train split."""
+    """Fit the closed-form surrogate's learned head (--predictor learned) on a data set's train split."""
     import time
 
     from hetpart.costmodel.learned.closed import ClosedTrainConfig, record_examples, save_head, train_closed
