@@ -611,6 +611,13 @@ def train_closed(examples: list[dict], cfg: ClosedTrainConfig = ClosedTrainConfi
             progress(epoch + 1, cfg.epochs)
     if not val:
         best = head_now()
+    # the variance head's level: its mean variance matched to the squared log errors on the validation
+    # split (or train), so that metrics.uncertainty says how far off the step time typically is
+    calib = val or train
+    r2 = np.concatenate([(e["base"] + best(e["x"])[0] - e["y"]) ** 2 for e in calib])
+    lv = np.concatenate([best(e["x"])[1] for e in calib])
+    best.w["b2"] = best.w["b2"].copy()
+    best.w["b2"][1] += math.log(max(float(r2.mean()), 1e-12)) - math.log(float(np.exp(lv).mean()))
     report = {s: evaluate_examples(best, [e for e in examples if e["split"] == s]) for s in ("train", "val", "test")}
     report["composition_only"] = {s: evaluate_examples(ClosedHead(), [e for e in examples if e["split"] == s])
                                   for s in ("train", "val", "test")}
