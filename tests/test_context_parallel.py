@@ -185,14 +185,14 @@ def test_predict_refuses_cp_beside_a_plan_file(capsys, tmp_path):
     assert code == 2 and "--cp" in err and "'cp' field" in err
 
 
-def test_run_and_the_learned_predictor_refuse_cp(capsys, tmp_path):
+def test_run_and_the_graph_surrogate_refuse_cp(capsys, tmp_path):
     path = tmp_path / "plan.json"
     plan = Plan(global_batch=4, micro_batch=1, seq_len=1024, cp=2, meta={"model": "gpt2-small", "cluster": "tiny-mixed"},
                 replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0", "0/0/1")),)),))
     plan.save(path)
     code, _, err = run_cli(capsys, "run", str(path))
     assert code == 2 and "context parallelism is prediction-only" in err
-    code, _, err = run_cli(capsys, "predict", "--plan", str(path), "--predictor", "learned")
+    code, _, err = run_cli(capsys, "predict", "--plan", str(path), "--predictor", "learned-graph")
     assert code == 2 and "cp: 2: the learned predictor" in err and "--predictor simulator" in err
 
 
@@ -276,11 +276,11 @@ def test_the_two_chunk_split_gives_every_ring_step_the_same_causal_work(cp):
     assert sum(per_step.values()) == (2 * cp) ** 2 / 2  # the whole causal square, split evenly
 
 
-def test_learned_closed_defers_a_cp_plan_to_the_simulator(capsys, tmp_path):
+def test_the_learned_predictor_defers_a_cp_plan_to_the_simulator(capsys, tmp_path):
     path = tmp_path / "plan.json"
     Plan(global_batch=4, micro_batch=1, seq_len=1024, cp=2, meta={"model": "gpt2-small", "cluster": "tiny-mixed"},
          replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0", "0/0/1")),)),)).save(path)
-    out = cli_json(capsys, "predict", "--plan", str(path), "--predictor", "learned-closed", "--json")
+    out = cli_json(capsys, "predict", "--plan", str(path), "--predictor", "learned", "--json")
     assert out["metrics"]["priced_by"] == "simulator"
     simulated = cli_json(capsys, "predict", "--plan", str(path), "--json")
     assert out["metrics"]["step_time_s"] == pytest.approx(simulated["metrics"]["step_time_s"])
