@@ -36,7 +36,7 @@ DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = DATA / "published_runs.csv"
 METRICS = ("step_time_s", "hw_tflops_per_gpu", "model_tflops_per_gpu")
 _INT_FIELDS = ("nodes", "gpus_per_node", "nics_per_node", "layers", "hidden", "heads", "vocab", "seq_len",
-               "global_batch", "tp", "pp", "dp", "interleave")
+               "global_batch", "tp", "pp", "dp", "cp", "interleave")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ def load_published(path: Path = PUBLISHED) -> list[PublishedRow]:
 def _setup(f: dict) -> str:
     mb = f["micro_batch"]
     return (f"{f['gpu']} x {f['nodes'] * f['gpus_per_node']}, h={f['hidden']} L={f['layers']}, seq {f['seq_len']}, "
-            f"batch {f['global_batch']}/mb {mb}, TP{f['tp']} PP{f['pp']} DP{f['dp']}, {f['recompute']}, "
+            f"batch {f['global_batch']}/mb {mb}, TP{f['tp']} PP{f['pp']} DP{f['dp']}"
+            f"{f' CP' + str(f['cp']) if f['cp'] > 1 else ''}, {f['recompute']}, "
             f"{f['precision']}")
 
 
@@ -130,7 +131,7 @@ def predict_published(row: PublishedRow) -> Result:
         if per_replica % mb:
             continue
         plan = megatron_plan(model, cluster, workload, f["tp"], f["pp"], f["dp"], mb, schedule=f["schedule"],
-                             interleave=f["interleave"], recompute=f["recompute"])
+                             interleave=f["interleave"], recompute=f["recompute"], cp=f["cp"])
         pred = sim.simulate(plan, validate=False)
         value = {"step_time_s": pred.step_time_s, "hw_tflops_per_gpu": pred.metrics["hardware_tflops_per_device"],
                  "model_tflops_per_gpu": pred.metrics["model_tflops_per_device"]}[f["metric"]]
