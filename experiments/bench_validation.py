@@ -99,7 +99,7 @@ def _setup(f: dict) -> str:
     mb = f["micro_batch"]
     return (f"{f['gpu']} x {f['nodes'] * f['gpus_per_node']}, h={f['hidden']} L={f['layers']}, seq {f['seq_len']}, "
             f"batch {f['global_batch']}/mb {mb}, TP{f['tp']} PP{f['pp']} DP{f['dp']}"
-            f"{f' CP' + str(f['cp']) if f['cp'] > 1 else ''}, {f['recompute']}, "
+            f"{' CP' + str(f['cp']) if f['cp'] > 1 else ''}, {f['recompute']}, "
             f"{f['precision']}")
 
 
