@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan, Replica
 
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
-           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "sharding_problems", "check"]
+           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "sharding_problems",
+           "uneven_shard_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -56,6 +57,9 @@ class RuntimeRules:
     """Sharding levels 2-3 gather or reduce each unit every micro-batch; the members of a unit's shard
     group must issue those collectives in one order, which the runtime guarantees only when the
     replicas of a shard group cut the model alike (same stages, TP degrees). Level 1 has no such rule."""
+    uneven_shard_levels: tuple[int, ...] = (1, 2)
+    """Sharding levels that run with uneven ``shard_fractions`` (hetpart's distributed optimizer; level 3
+    is torch FSDP2's, whose shards are equal ``torch.chunk`` pieces)."""
     interleaved_whole_rounds: bool = True
     """Interleaved 1F1B: a replica's micro-batches are a whole number of rounds of ``pp`` (torch's
     ``ScheduleInterleaved1F1B`` runs ``max(1, m // pp)`` rounds and needs ``m`` divisible by them)."""
@@ -247,6 +251,26 @@ def sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
                            f"{'zero 1' if plan.zero >= 2 and not with_tp else 'zero 0'}")
                 break
     return out
+
+
+def uneven_shard_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
+    """Uneven ``shard_fractions`` the runtime cannot execute: levels 1-2 run on hetpart's distributed
+    optimizer with uneven ranges (:mod:`hetpart.runtime.dist_optimizer`); level 3 runs on torch FSDP2,
+    which cuts every parameter into equal ``torch.chunk`` pieces; hybrid sharding is not built for them.
+
+    Not part of :func:`check` (so not of :meth:`Plan.validate`): the simulator prices such plans, as a
+    what-if. The runtime refuses them (:func:`hetpart.runtime.sharded.sharding_problems`) and the planners
+    that choose fractions ask this first (:func:`hetpart.policies.shard_fractions.choose_shard_fractions`)."""
+    if plan.shard_fractions is None or len(set(plan.shard_fractions)) < 2 or not plan.zero:
+        return []
+    if plan.zero not in rules.uneven_shard_levels:
+        return [f"shard_fractions: uneven shards do not run at zero {plan.zero}: torch FSDP2 splits each parameter "
+                "into equal torch.chunk pieces (shard_placement_fn only picks the dimension); use zero "
+                f"{' or '.join(map(str, rules.uneven_shard_levels))} or even shards (drop shard_fractions)"]
+    if plan.shard_group:
+        return ["shard_fractions: uneven shards with hybrid sharding (shard_group) do not run; use shard_group 0 "
+                "or even shards (drop shard_fractions)"]
+    return []
 
 
 def schedule_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:

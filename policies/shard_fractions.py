@@ -11,6 +11,7 @@ planner's, chosen for speed, and enter here through the micro-batches in flight)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,10 +68,13 @@ def water_fill(limits: list[float]) -> list[float] | None:
 
 
 def choose_shard_fractions(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> tuple[float, ...] | None:
-    """The water-filled fractions of every shard group of ``plan`` (level >= 1), or None where even
-    shards already fit every device (even is then optimal) or where nothing makes them fit."""
-    if not plan.zero or plan.dp < 2:
-        return None
+    """The water-filled fractions of every shard group of ``plan`` (levels 1-2, no hybrid sharding:
+    :func:`hetpart.rules.uneven_shard_problems`), or None where even shards already fit every device (even
+    is then optimal), where nothing makes them fit, or where the runtime could not run them."""
+    from hetpart.rules import uneven_shard_problems
+
+    if not plan.zero or plan.dp < 2 or uneven_shard_problems(replace(plan, shard_fractions=(1.0,) + (0.0,) * (plan.dp - 1))):
+        return None  # the runtime runs uneven shards at levels 1-2 without hybrid sharding only
     limits = fraction_limits(model, cluster, plan)
     groups = plan.shard_groups()
     if all(limits[r] >= 1.0 / len(g) for g in groups for r in g):

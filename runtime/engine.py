@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from hetpart.errors import PlanError, RuntimeFault
 from hetpart.plan import Plan
+from hetpart.runtime.dist_optimizer import uses_sharded_adam
 from hetpart.runtime.groups import (DEFAULT_BUCKET_CAP, CommLayout, FanOut, ProcessGroups, RankRole, comm_layout,
                                     fuse_buckets)
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
@@ -367,14 +368,23 @@ class Executor:
         self.dp_tp_mesh = None
         self.stage_modules = self._build_stage_modules()
         self.sharded_keys: set[str] = set()
-        if plan.zero:
+        # levels 1-2 with uneven shard fractions: the sharded keys' Adam (hetpart.runtime.dist_optimizer)
+        self.dist_optimizer = None
+        if plan.zero and not uses_sharded_adam(plan):
             from hetpart.runtime.sharded import apply_sharding
 
             self.sharded_keys = apply_sharding(self)  # FSDP2 reduce-scatters these; the buckets keep the rest
         self.params = self._canonical_params()
+        if uses_sharded_adam(plan):
+            from hetpart.runtime.dist_optimizer import ShardedAdam
+            from hetpart.runtime.sharded import shardable_keys
+
+            self.sharded_keys = shardable_keys(self)
+            self.dist_optimizer = ShardedAdam(self, self.sharded_keys, lr=lr)
         self.grad_buckets = fuse_buckets(self._unsharded_buckets(), self._sync_numel, bucket_cap)
         self.schedule, self.schedule_used = self._build_schedule()
-        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr)
+        rest = [p for k, p in self.params.items() if self.dist_optimizer is None or k not in self.sharded_keys]
+        self.optimizer = torch.optim.Adam(rest or [torch.zeros(0, requires_grad=True)], lr=lr)
 
     # ------------------------------------------------------------------------------- building
     @property
@@ -416,7 +426,7 @@ class Executor:
             reporter = _TPReporter(ranks, self.hooks, self.clock)
             if len(uneven) < len(built):
                 mesh, _ = self._tp_mesh()
-                if self.plan.zero:  # FSDP2 composes with TP on one 2-D (dp, tp) mesh, as torchtitan builds it
+                if self.plan.zero and not uses_sharded_adam(self.plan):  # FSDP2 composes with TP on one 2-D (dp, tp) mesh, as torchtitan builds it
                     from hetpart.runtime.sharded import dp_tp_mesh
 
                     self.dp_tp_mesh = dp_tp_mesh(self)
@@ -590,13 +600,16 @@ class Executor:
         holds_last = self.plan.replicas[self.replica].pp - 1 in self.role.stages
         losses: list[torch.Tensor] = []
         args = (inputs,) if holds_first else ()
-        if self.plan.zero == 2:
+        fsdp2 = self.plan.zero == 2 and self.dist_optimizer is None
+        if fsdp2:
             from hetpart.runtime.sharded import keep_gathered
 
             keep_gathered(self, True)
+        if self.dist_optimizer is not None:
+            self.dist_optimizer.start_step()
         self.schedule.step(*args, target=targets if holds_last else None, losses=losses if holds_last else None,
                            return_outputs=False)
-        if self.plan.zero == 2:
+        if fsdp2:
             keep_gathered(self, False)
         if holds_last and self.role.tp_index == 0:
             return float(sum(loss.detach().float().item() for loss in losses))
@@ -607,7 +620,13 @@ class Executor:
         return math.prod(self._param_info[key].shape)
 
     def sync_gradients(self) -> None:
-        """All-reduce (sum) every fused gradient bucket this rank belongs to, in the global order."""
+        """All-reduce (sum) every fused gradient bucket this rank belongs to, in the global order (then the
+        uneven shards' reduce-scatters, :meth:`ShardedAdam.finish_backward`)."""
+        self._all_reduce_buckets()
+        if self.dist_optimizer is not None:
+            self.dist_optimizer.finish_backward()
+
+    def _all_reduce_buckets(self) -> None:
         for bucket in self.grad_buckets:
             if self.rank not in bucket.ranks:
                 continue
@@ -674,6 +693,8 @@ class Executor:
         self.sync_gradients()
         opt_start = time.perf_counter()
         self.optimizer.step()
+        if self.dist_optimizer is not None:
+            self.dist_optimizer.step()
         end = time.perf_counter()
         peak, source = mem.peak()
         loss = self.global_loss(local) if sync_loss else float("nan")
@@ -690,7 +711,12 @@ class Executor:
         from hetpart.runtime.sharded import full_gradient
 
         out = {}
+        whole = self.dist_optimizer.full_gradients() if self.dist_optimizer is not None else {}
         for key, p in self.params.items():
+            if key in whole:  # reduced into uneven shards: all-gathered whole
+                out[key] = LocalGrad(whole[key].detach().clone(), self.role.tp, self.role.tp_index,
+                                     self._shard(key).tp_dim)
+                continue
             if key in self.sharded_keys:  # FSDP's shard: gathered whole (a collective, in key order)
                 out[key] = LocalGrad(full_gradient(p).detach().clone(), 1, 0, None)
                 continue

@@ -25,9 +25,15 @@ With tensor parallelism, the units are split over a 2-D ``(dp, tp)`` mesh: TP on
 its ``dp`` columns (torchtitan's composition; replicas of a sharded plan with TP are cut alike, one TP
 degree, :func:`hetpart.rules.sharding_problems`).
 
-Not run (and refused by :func:`sharding_problems`): uneven ``shard_fractions`` -- FSDP2 splits every
-parameter with ``torch.chunk`` into equal pieces along one dimension (``shard_placement_fn`` only picks
-the dimension), so a rank cannot hold a chosen fraction; and hybrid sharding together with TP (a 3-D mesh).
+Uneven ``shard_fractions`` at levels 1-2 do not come here: they run on hetpart's distributed optimizer
+with uneven ranges (:mod:`hetpart.runtime.dist_optimizer`). Not run (and refused by
+:func:`sharding_problems`, :func:`hetpart.rules.uneven_shard_problems`): uneven fractions at level 3 --
+FSDP2 splits every parameter with ``torch.chunk`` into equal pieces along one dimension
+(``FSDPParam._init_sharded_param`` in torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``,
+line 298: ``chunks = _chunk_with_empty(param_data, shard_world_size, dim=shard_dim)``, which is
+``torch.chunk``, ``_fsdp_common.py`` line 137; ``shard_placement_fn`` only picks the dimension, and a
+nonzero dimension must even divide), so a rank cannot hold a chosen fraction of the parameters it gathers
+per unit; uneven fractions with hybrid sharding; and hybrid sharding together with TP (a 3-D mesh).
 """
 
 from __future__ import annotations
@@ -47,17 +53,22 @@ def sharding_problems(plan: "Plan") -> list[str]:
     """The sharded plans this runtime cannot execute (empty when it can)."""
     if not plan.zero:
         return []
-    out = []
-    if plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1:
-        out.append("shard_fractions: uneven shards do not run: torch FSDP2 splits each parameter into equal "
-                   "torch.chunk pieces (shard_placement_fn only picks the dimension); use even shards "
-                   "(drop shard_fractions)")
+    from hetpart.rules import uneven_shard_problems
+
+    out = uneven_shard_problems(plan)
     if any(s.tp_split is not None for r in plan.replicas for s in r.stages):
         out.append("zero: sharding with uneven tensor parallelism (tp_split) does not run; use zero 0 or even TP")
     if plan.shard_group and any(s.tp > 1 for r in plan.replicas for s in r.stages):
         out.append("shard_group: hybrid sharding with tensor parallelism (a 3-D mesh) does not run; use "
                    "shard_group 0 or tp 1")
     return out
+
+
+def shardable_keys(ex: "Executor") -> set[str]:
+    """The canonical keys a sharding level shards on this rank: held by two or more ranks, not tied
+    (what :func:`apply_sharding` gives FSDP2, and the uneven distributed optimizer its ranges)."""
+    tied = _tied_keys(ex)
+    return {k for b in ex.layout.buckets if ex.rank in b.ranks and len(b.ranks) >= 2 for k in b.keys if k not in tied}
 
 
 def dp_tp_mesh(ex: "Executor"):

@@ -106,8 +106,8 @@ def test_runtime_refuses_what_fsdp2_cannot_run() -> None:
     from hetpart.runtime.engine import require_runnable
 
     uneven = dataclasses.replace(_four_single(3, (0.25,) * 4, 8), shard_fractions=(0.4, 0.3, 0.2, 0.1))
-    with pytest.raises(PlanError, match=r"shard_fractions: uneven shards do not run: torch FSDP2 splits each "
-                                        r"parameter into equal torch.chunk pieces"):
+    with pytest.raises(PlanError, match=r"shard_fractions: uneven shards do not run at zero 3: torch FSDP2 splits "
+                                        r"each parameter into equal torch.chunk pieces"):
         require_runnable(uneven, GPT2)
     hybrid_tp = Plan(global_batch=8, micro_batch=1, seq_len=SEQ, zero=1, shard_group=2, replicas=tuple(
         Replica(0.25, (_st(0, 6, f"{g}/0/{i}", f"{g}/0/{i + 1}"),)) for g in (0, 1) for i in (0, 2)))
@@ -127,7 +127,7 @@ def test_levels_two_and_three_need_replicas_cut_alike() -> None:
     assert "sharding with tensor parallelism runs on one (dp, tp) mesh per stage" in sharding_problems(mixed_tp)[0]
 
 
-def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards() -> None:
+def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards_at_level_3() -> None:
     """``hetpart run`` shrinks the model and rebuilds the plan for it: the sharding must survive."""
     from hetpart.runtime.launch import RunOptions, prepare_run
 
@@ -136,8 +136,11 @@ def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards() -> Non
     prep = prepare_run(plan, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
     assert prep.run_plan.zero == 3
     uneven = dataclasses.replace(plan, shard_fractions=(0.8, 0.2))
-    with pytest.raises(PlanError, match=r"plan \(the gpt2-small that runs\): shard_fractions: uneven shards do not run"):
+    with pytest.raises(PlanError, match=r"plan \(the gpt2-small that runs\): shard_fractions: uneven shards do not run at zero 3"):
         prepare_run(uneven, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
+    for zero in (1, 2):  # hetpart's distributed optimizer runs them
+        prep = prepare_run(dataclasses.replace(uneven, zero=zero), "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
+        assert (prep.run_plan.zero, prep.run_plan.shard_fractions) == (zero, (0.8, 0.2))
 
 
 @pytest.mark.slow
