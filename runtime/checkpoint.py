@@ -7,6 +7,8 @@ DCP keeps one copy; tensor-parallel shards are DTensors, which DCP saves as shar
 Slices of an uneven split (:mod:`hetpart.runtime.uneven_tp`; DTensor cannot describe them) are put
 together into the whole tensor over their TP group before saving, and cut at their prefix-sum offset
 after loading, so a checkpoint does not depend on the split.
+Adam's states of uneven shards (:mod:`hetpart.runtime.dist_optimizer`) are all-gathered whole the same
+way and cut back into each rank's ranges after loading, so such a checkpoint resumes under any fractions.
 Rank 0 then writes ``hetpart_checkpoint.json`` with the next step, so a resumed run feeds the same
 synthetic batches (they depend on the step only) to the same weights and optimizer state: its
 losses continue those of an uninterrupted run.
@@ -43,8 +45,11 @@ def _state(executor, *, create: bool) -> dict[str, Any]:
     import torch
 
     state: dict[str, Any] = {}
+    dist_opt = getattr(executor, "dist_optimizer", None)
     for key, p in executor.params.items():
         state[f"model.{key}"] = p
+        if dist_opt is not None and key in executor.sharded_keys:
+            continue  # uneven shards: whole tensors from ShardedAdam.whole_states
         opt = executor.optimizer.state.get(p)
         if not opt and create:
             opt = {"step": torch.tensor(0.0, dtype=torch.float32), "exp_avg": torch.zeros_like(p),
@@ -63,7 +68,10 @@ def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    dcp.save(_whole_slices(executor, _state(executor, create=False)), checkpoint_id=str(directory))
+    state = _whole_slices(executor, _state(executor, create=False))
+    if getattr(executor, "dist_optimizer", None) is not None:
+        state.update(executor.dist_optimizer.whole_states())
+    dcp.save(state, checkpoint_id=str(directory))
     if not dist.is_initialized() or dist.get_rank() == 0:
         info = {"next_step": next_step, "model": executor.spec.name, "num_units": len(executor.infos),
                 **(meta or {})}
@@ -87,12 +95,17 @@ def load_checkpoint(directory: str | Path, executor) -> int:
                            f"({info.get('model')}) but this run has {len(executor.infos)}; give another --checkpoint")
     local = _state(executor, create=True)
     state = _whole_slices(executor, local, gather=False)
+    dist_opt = getattr(executor, "dist_optimizer", None)
+    if dist_opt is not None:
+        state.update(dist_opt.whole_states())  # tensors of the right shapes, which dcp.load overwrites
     try:
         dcp.load(state, checkpoint_id=str(directory))
     except Exception as exc:  # DCP raises plain exceptions (missing keys, shape mismatches)
         raise RuntimeFault(f"{directory}: cannot resume from this checkpoint "
                            f"({' '.join(str(exc).split())[:200]}); it was written for another model or plan") from None
     _cut_slices(executor, local, state)
+    if dist_opt is not None:
+        dist_opt.load_whole_states(state)
     return int(info["next_step"])
 
 

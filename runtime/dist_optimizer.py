@@ -293,3 +293,41 @@ class ShardedAdam:
             if self.master is not None:
                 out[f"{key}.master"] = self.master[at: at + length]
         return out
+
+    def whole_states(self) -> dict[str, torch.Tensor]:
+        """Adam's states of every owned key as whole tensors, shaped as the parameter this rank holds
+        (``optim.<key>.exp_avg`` / ``.exp_avg_sq`` / ``.step``), all-gathered from the shards: a checkpoint
+        written so does not depend on the fractions (a collective; every holder gets the same values)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, shard in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+            for bucket in self.buckets:
+                _, length = bucket.mine
+                flat = self._all_gather(bucket, shard[bucket.shard_at: bucket.shard_at + length])
+                for key, p, piece in zip(bucket.keys, bucket.params, torch.split(flat, bucket.numels)):
+                    out[f"optim.{key}.{name}"] = _like_param(piece.view_as(_local(p)).clone(), p)
+        for bucket in self.buckets:
+            for key in bucket.keys:
+                out[f"optim.{key}.step"] = self.step_count.clone()
+        return out
+
+    def load_whole_states(self, states: dict[str, torch.Tensor]) -> None:
+        """Cut this rank's ranges out of :meth:`whole_states`' tensors (as loaded from a checkpoint)."""
+        with torch.no_grad():
+            for name, shard in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+                for bucket in self.buckets:
+                    start, length = bucket.mine
+                    flat = torch.cat([_local(states[f"optim.{key}.{name}"]).reshape(-1) for key in bucket.keys])
+                    shard[bucket.shard_at: bucket.shard_at + length] = flat[start: start + length]
+            if self.buckets:
+                self.step_count.copy_(states[f"optim.{self.buckets[0].keys[0]}.step"])
+            if self.master is not None:
+                self.master = self._owned_params()
+
+
+def _like_param(t: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``t`` (this rank's local shape) as the parameter is held: a DTensor on its mesh under TP."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return DTensor.from_local(t, param.device_mesh, param.placements, run_check=False)
+    return t
