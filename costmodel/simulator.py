@@ -1185,9 +1185,10 @@ class Simulator:
             memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
             if self.kernels == "torch" and flight >= m:
                 memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
-            if self.kernels == "torch" and zero in (1, 2):
-                # hetpart's runtime runs levels 1-2 on FSDP2 without resharding after the forward:
-                # each parameter's shard stays allocated beside its gathered copy
+            if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan):
+                # hetpart's runtime runs even levels 1-2 on FSDP2 without resharding after the forward:
+                # each parameter's shard stays allocated beside its gathered copy (uneven fractions run
+                # on hetpart.runtime.dist_optimizer, whose parameters stay whole, unsharded)
                 memory += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
             return memory, self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
         gbs = np.zeros(len(group.gpus))
@@ -1526,3 +1527,8 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
                         "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels")
     return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
                      profile=profile, kernels=kernels)
+
+
+def _uneven(plan: Plan) -> bool:
+    """Uneven shard fractions (levels 1-2 run them on hetpart's distributed optimizer, not FSDP2)."""
+    return plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1
