@@ -50,6 +50,8 @@ CASES = [
     ("pipeline, small, full recompute", "small", dict(_PIPE, micro_batch=4, recompute="full")),
     ("ZeRO-3 (FSDP2) x 2, small", "small", dict(_ZERO, zero=3)),
     ("ZeRO-1 x 2, small", "small", dict(_ZERO, zero=1)),
+    ("ZeRO-1 x 2, uneven 0.75/0.25, small", "small", dict(_ZERO, zero=1, shard_fractions=[0.75, 0.25])),
+    ("ZeRO-2 x 2, uneven 0.75/0.25, small", "small", dict(_ZERO, zero=2, shard_fractions=[0.75, 0.25])),
 ]
 """(label, scale, plan): the runs of the comparison."""
 
@@ -72,13 +74,18 @@ def _at_rest_gb(plan, model, replica: int, stage: int) -> float:
     step's: the runtime frees them only when the next forward starts, after the probe has read the
     resident set) and optimizer states, sharded as the plan's level shards them."""
     from hetpart.costmodel.memory import PrefixTables
-    from hetpart.costmodel.sharding import sharded_state_bytes
+    from hetpart.costmodel.sharding import sharded_state_bytes, state_bytes
 
     rep = plan.replicas[replica]
     pp = rep.pp // plan.chunks_per_device
     tables = PrefixTables(model)
     params = sum(tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp) for k in range(stage, rep.pp, pp))
     zero = plan.zero if plan.dp > 1 else 0
+    if zero in (1, 2) and plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1:
+        # hetpart's distributed optimizer (uneven fractions): whole weights and the shard's optimizer states;
+        # the gradients were freed into the shard when they were reduce-scattered
+        w, _, opt = state_bytes(plan.precision, plan.optimizer)
+        return params * (w + opt * plan.shard_fraction(replica)) / 1e9
     # the runtime runs every level on FSDP2, whose parameters, gradients and optimizer states are all sharded
     # between steps (levels 1-2 gather the parameters at the first forward and keep them until the step ends)
     return sharded_state_bytes(params, plan.precision, 3 if zero else 0, plan.shard_fraction(replica),
@@ -108,19 +115,19 @@ def compare(record) -> list[dict]:
     return rows
 
 
-def section(records: Path | None = None):
+def section(records: Path | None = None, cases=None):
     from hetpart.experiments.benchdoc import Section, load, machine
     from hetpart.records import load_records
 
     host = machine()
     if records is None:
         records = Path(tempfile.mkdtemp()) / "memory_runs.jsonl"
-        for _, scale, plan in CASES:
+        for _, scale, plan in cases or CASES:
             run_case(plan, scale, records)
     lines = ["| run | rank | measured growth (MB) | predicted peak (MB) | at rest (MB) | predicted growth (MB) | "
              "predicted / measured |", "|---|---|---|---|---|---|---|"]
     ratios = []
-    for (label, _, _), rec in zip(CASES, load_records(records)):
+    for (label, _, _), rec in zip(cases or CASES, load_records(records)):
         for row in compare(rec):
             ratios.append(row["ratio"])
             lines.append(f"| {label} | {row['rank']} | {row['measured_mb']:.1f} | {row['predicted_peak_mb']:.1f} | "
@@ -137,14 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=Path, help="re-predict these run records (JSON lines) instead of running")
     ap.add_argument("--keep", type=Path, help="append the new run records to this file")
     ap.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
+    ap.add_argument("--only", help="run and compare only the cases whose label contains this text")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     records = args.records
+    cases = [c for c in CASES if args.only in c[0]] if args.only else CASES
     if records is None and args.keep is not None:
-        for _, scale, plan in CASES:
+        for _, scale, plan in cases:
             run_case(plan, scale, args.keep)
         records = args.keep
-    sec = section(records)
+    sec = section(records, cases)
     if args.write:
         from hetpart.experiments.benchdoc import write_section
 

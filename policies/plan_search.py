@@ -73,10 +73,11 @@ class SearchOptions:
     """Lift memory limits (the upper bound uses this for types that cannot hold the model alone)."""
     configs_per_pool: int = 4
     """Typed replicas: best (tp, pp) configurations kept per pool before combining pools."""
-    uneven_shards: bool = False
+    uneven_shards: bool = True
     """Sharded typed replicas (data-parallel groups of unlike devices) hold uneven shard fractions,
-    water-filled to each device's memory (:mod:`hetpart.policies.shard_fractions`). Off by default:
-    torch FSDP2, which the runtime runs, shards evenly only (:mod:`hetpart.runtime.sharded`)."""
+    water-filled to each device's memory (:mod:`hetpart.policies.shard_fractions`), at the levels the
+    runtime runs them (1-2, no hybrid sharding: :func:`hetpart.rules.uneven_shard_problems`; they run on
+    :mod:`hetpart.runtime.dist_optimizer`). ``False``: even shards only."""
 
 
 @dataclass(frozen=True, order=True)
@@ -278,7 +279,7 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             costs = ctx.table.get(pool, tp, mb, rc)
             # sharded over at least this pool's replicas (the plan shards over every pool's: it holds less);
             # with uneven shards a small device may hold next to nothing of them (the fractions come later)
-            fraction = 0.0 if ctx.options.uneven_shards else 1.0 / dp
+            fraction = 0.0 if _uneven(ctx) else 1.0 / dp
             split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction)
                                   for j in range(pp)], m_est)
             if split is None:
@@ -330,7 +331,7 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
 
         def build() -> list[Plan]:
             plan = assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)
-            if ctx.options.uneven_shards and plan.zero:
+            if _uneven(ctx) and plan.zero:
                 from hetpart.policies.shard_fractions import choose_shard_fractions
 
                 fractions = choose_shard_fractions(ctx.model, ctx.cluster, plan)
@@ -340,6 +341,13 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         return Scored(estimate, key + (tuple(counts),), build)
 
     return score
+
+
+def _uneven(ctx: _Context) -> bool:
+    """Whether typed replicas may hold uneven shard fractions at this level (what the runtime runs)."""
+    from hetpart.rules import RULES
+
+    return ctx.options.uneven_shards and ctx.zero in RULES.uneven_shard_levels
 
 
 def _max_grad(ctx: _Context, c: _PoolConfig, mb: int, rc: str) -> float:

@@ -21,10 +21,12 @@ Then every rank steps its shard with Adam (torch's own functional ``adam``, so t
 reference's, element by element) and the updated ranges are all-gathered back into every member's
 parameters.
 
-Uneven pieces through gloo: ``reduce_scatter``/``all_gather`` of lists refuse unequal sizes, so the
-default pads every piece to the largest (``reduce_scatter_tensor`` / ``all_gather_into_tensor`` on
-``n * max(length)`` elements, what the simulator prices, :func:`hetpart.costmodel.sharding.collective_pad`);
-``method="all_to_all"`` sends each member exactly its piece with ``all_to_all_single`` instead.
+Uneven pieces: gloo's ``reduce_scatter``/``all_gather`` of lists refuse unequal sizes. ``padded`` pads
+every piece to the largest (``reduce_scatter_tensor`` / ``all_gather_into_tensor`` on ``n * max(length)``
+elements, what the simulator prices, :func:`hetpart.costmodel.sharding.collective_pad`; the default on
+NCCL); ``all_to_all`` sends each member exactly its piece with ``all_to_all_single`` (the default on gloo,
+where it measured cheapest: ``experiments/bench_dist_optimizer.py``); ``all_reduce`` all-reduces the whole
+bucket.
 
 Buckets are processed in the layout's global order (unit, then ranks), so ranks that share several
 buckets issue their collectives in one order.
@@ -44,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["uneven_ranges", "ShardedAdam", "uses_sharded_adam"]
 
-Method = Literal["padded", "all_to_all"]
+Method = Literal["padded", "all_to_all", "all_reduce"]
 
 
 def uses_sharded_adam(plan) -> bool:
@@ -109,11 +111,15 @@ class ShardedAdam:
         ex: the executor (its plan, layout, process groups and parameters).
         keys: the canonical keys this optimizer owns (sharded among two or more holders, not tied).
         lr, betas, eps: Adam's (torch's defaults, as the executor's unsharded Adam).
-        method: how uneven pieces cross gloo/NCCL (``padded`` or ``all_to_all``).
+        method: how uneven pieces cross the backend: ``all_to_all`` (default on gloo, the cheapest there:
+            ``experiments/bench_dist_optimizer.py``), ``padded`` (default on NCCL, whose reduce-scatter and
+            all-gather are native) or ``all_reduce``.
     """
 
     def __init__(self, ex: "Executor", keys: set[str], *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, method: Method = "padded"):
+                 eps: float = 1e-8, method: Method | None = None):
+        if method is None:
+            method = "padded" if ex.device.type == "cuda" else "all_to_all"
         self.ex, self.lr, self.betas, self.eps, self.method = ex, lr, betas, eps, method
         self.level = ex.plan.zero
         self.buckets: list[_Bucket] = []
@@ -188,8 +194,12 @@ class ShardedAdam:
 
     def _reduce_scatter(self, bucket: _Bucket, flat: torch.Tensor) -> torch.Tensor:
         begin = time.perf_counter()
-        n, (_, mine) = len(bucket.ranks), bucket.mine
-        if self.method == "all_to_all":
+        n, (start, mine) = len(bucket.ranks), bucket.mine
+        if self.method == "all_reduce":
+            flat = flat.clone()
+            dist.all_reduce(flat, group=bucket.group)
+            piece = flat[start: start + mine]
+        elif self.method == "all_to_all":
             out = torch.empty(n * mine, dtype=flat.dtype, device=flat.device)
             dist.all_to_all_single(out, flat, output_split_sizes=[mine] * n,
                                    input_split_sizes=[length for _, length in bucket.ranges], group=bucket.group)
@@ -208,7 +218,12 @@ class ShardedAdam:
     def _all_gather(self, bucket: _Bucket, piece: torch.Tensor) -> torch.Tensor:
         begin = time.perf_counter()
         n = len(bucket.ranks)
-        if self.method == "all_to_all":
+        if self.method == "all_reduce":
+            start, mine = bucket.mine
+            flat = torch.zeros(bucket.numel, dtype=piece.dtype, device=piece.device)
+            flat[start: start + mine] = piece
+            dist.all_reduce(flat, group=bucket.group)
+        elif self.method == "all_to_all":
             flat = torch.empty(bucket.numel, dtype=piece.dtype, device=piece.device)
             dist.all_to_all_single(flat, piece.repeat(n), output_split_sizes=[length for _, length in bucket.ranges],
                                    input_split_sizes=[piece.numel()] * n, group=bucket.group)

@@ -124,8 +124,24 @@ def _resume(rank: int, world: int, out: str, spec: RunnableSpec, plan: Plan) -> 
                Path(out, f"resume_{rank}.pt"))
 
 
+def _methods(rank: int, world: int, out: str, spec: RunnableSpec, plan: Plan) -> None:
+    """The same step's gradients through each way of moving uneven pieces."""
+    from hetpart.runtime.engine import Executor
+
+    ex = Executor(plan, spec, rank, world)
+    grads = {}
+    for method in ("padded", "all_to_all", "all_reduce"):
+        ex.dist_optimizer.method = method
+        ex.forward_backward(0)
+        ex.sync_gradients()
+        grads[method] = {k: g.grad for k, g in ex.local_gradients().items()}
+    torch.save(grads, Path(out, f"methods_{rank}.pt"))
+
+
 def _job(rank: int, world: int, out: str, cases: dict) -> None:
     _one_step(rank, world, out, cases)
+    if world == 3:
+        _methods(rank, world, out, *cases["u2_alone_3_llama"])
     for name in TRAINED[world]:
         _train(rank, world, out, name, *cases[name])
     if world == 4:
@@ -217,3 +233,20 @@ def test_a_checkpoint_with_uneven_ranges_resumes_to_the_same_parameters_and_opti
         for name in got["saved"]:
             torch.testing.assert_close(got["loaded"][name], got["saved"][name], rtol=0, atol=0)
             torch.testing.assert_close(got["resumed"][name], got["whole"][name], rtol=0, atol=0)
+
+
+def test_every_way_of_moving_uneven_pieces_gives_the_reference_gradient(outs) -> None:
+    from hetpart.runtime.reference import Reference
+
+    spec, plan = CASES_3["u2_alone_3_llama"]
+    ref = Reference(spec, plan.global_batch, plan.seq_len)
+    ref.forward_backward(0)
+    expected = ref.gradients()
+    for rank in range(3):
+        got = torch.load(outs[3] / f"methods_{rank}.pt", weights_only=False)
+        assert set(got) == {"padded", "all_to_all", "all_reduce"}
+        for method, grads in got.items():
+            assert set(grads) == set(expected)
+            for key, g in grads.items():
+                torch.testing.assert_close(g, expected[key], rtol=1e-4, atol=1e-6,
+                                           msg=lambda m, where=f"{method} rank {rank} {key}": f"{where}: {m}")
