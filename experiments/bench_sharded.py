@@ -145,6 +145,22 @@ def _layout(plan) -> str:
     return " + ".join(f"{n} x pp{pp} tp{tp}" for (pp, tp), n in shapes.items())
 
 
+def mixed_table(mixed: list[dict]) -> list[str]:
+    """The mixed-memory suite as a markdown table (gain: against the best other row of the cluster)."""
+    lines = ["### Mixed-memory clusters: search without sharding, with even shards, with uneven fractions", "",
+             "Best plan found per row (even: the best of levels 1-3; uneven: levels 1-2, where the runtime runs "
+             "uneven fractions, search free to keep them even).", "",
+             "| cluster | model | sharding | tokens/s | vs best other | zero | fractions | replicas | plan s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in mixed:
+        others = [o["tokens_per_s"] for o in mixed if o["cluster"] == r["cluster"] and o["how"] != r["how"]]
+        gain = (r["tokens_per_s"] / max(others) - 1) * 100 if others and max(others) > 0 and r["fits"] else float("nan")
+        fr = "even" if r["fractions"] is None else "/".join(f"{f:.2f}" for f in r["fractions"])
+        lines.append(f"| {r['cluster']} | {r['model']} | {r['how']} | {r['tokens_per_s']:,.0f} | {gain:+.1f}% | "
+                     f"{r['zero']} | {fr if r['fits'] else '-'} | {r['layout']} | {r['plan_s']:.1f} |")
+    return lines
+
+
 def section(reach: bool = True):
     from hetpart.experiments.benchdoc import Section, machine
 
@@ -155,18 +171,7 @@ def section(reach: bool = True):
     for r in pub:
         lines.append(f"| {r['zero']} | {r['fits']} | {r['peak_gb']:.1f} | {r['tflops']:.0f} | "
                      f"{(r['tflops'] - 400) / 400 * 100:+.1f}% | {r['step_s']:.2f} |")
-    mixed = mixed_memory()
-    lines += ["", "### Mixed-memory clusters: search without sharding, with even shards, with uneven fractions", "",
-              "Best plan found per row (even: the best of levels 1-3; uneven: levels 1-2, where the runtime runs "
-              "uneven fractions, search free to keep them even).", "",
-              "| cluster | model | sharding | tokens/s | vs best other | zero | fractions | replicas | plan s |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in mixed:
-        others = [o["tokens_per_s"] for o in mixed if o["cluster"] == r["cluster"] and o["how"] != r["how"]]
-        gain = (r["tokens_per_s"] / max(others) - 1) * 100 if others and max(others) > 0 and r["fits"] else float("nan")
-        fr = "even" if r["fractions"] is None else "/".join(f"{f:.2f}" for f in r["fractions"])
-        lines.append(f"| {r['cluster']} | {r['model']} | {r['how']} | {r['tokens_per_s']:,.0f} | {gain:+.1f}% | "
-                     f"{r['zero']} | {fr if r['fits'] else '-'} | {r['layout']} | {r['plan_s']:.1f} |")
+    lines += [""] + mixed_table(mixed_memory())
     if reach:
         rows = catalog_reach()
         lines += ["", "### Catalog reach on H100 (global batch 2,048 on 1,024 GPUs, 4,096 on 16,384)", "",
@@ -189,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.mixed_only:
-        for r in mixed_memory():
-            print(r)
+        print(f"load {os.getloadavg()[0]:.1f}")
+        print("\n".join(mixed_table(mixed_memory())))
+        print(f"load after {os.getloadavg()[0]:.1f}")
         return 0
     sec = section(reach=not args.no_reach)
     if args.write:
