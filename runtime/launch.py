@@ -874,14 +874,21 @@ def profile_summary(profile, path: str | None) -> dict[str, Any]:
 
 def emulated_profile(profile, real: Cluster, plan: Plan, precision: str):
     """The profile of the emulated devices: every device type of the plan is this machine (the
-    profile's device class that prices it) slowed by its speed ratio, as the ranks sleep it
-    (:meth:`~hetpart.runtime.emulation.Emulator.compute_delay_s`); the optimizer runs unslowed."""
+    profile's device class that prices it) slowed by its type's ratio to the plan's fastest device, as
+    :func:`~hetpart.runtime.emulation.emulated_cluster` slows the type's peak; the optimizer runs unslowed.
+
+    A device's own speed factor (``slow:``) is NOT in the type's ratio: the emulated cluster keeps it and
+    the simulator applies it per device, so the ranks' sleep (:meth:`~hetpart.runtime.emulation.Emulator.
+    compute_delay_s`, type ratio over speed factor) is priced once. (Keying the per-device ratios by type
+    priced a slowed device's factor twice and every other device of its type as slow: the +72-86% of the
+    uneven-tp benchmark's per-run predictions.)"""
     import dataclasses
 
     from hetpart.costmodel.profile import DeviceBinding, DeviceClass, Profile
-    from hetpart.runtime.emulation import speed_ratios
+    from hetpart.runtime.emulation import _effective_tflops
 
-    ratios = {real.device(d).gpu.name: r for d, r in speed_ratios(plan, real, precision).items()}
+    fastest = max(_effective_tflops(real, d, precision) for d in plan.devices)
+    ratios = {real.device(d).gpu.name: fastest / real.device(d).gpu.tflops(precision) for d in plan.devices}
     source = next(iter(profile.devices.values()))
     devices, bindings, compute = {}, {}, []
     for gpu, ratio in ratios.items():

@@ -228,3 +228,28 @@ def test_the_mixed_benchmark_compares_even_proportional_and_an_uneven_hetpart_pl
     assert [r["batch_share"] for r in plans["proportional"]["replicas"]] == [0.375, 0.625]
     split = [s for r in plans["hetpart"]["replicas"] for s in r["stages"] if "0/0/1" in s["devices"]]
     assert split and split[0]["tp_split"]["heads"][1] < split[0]["tp_split"]["heads"][0]
+
+
+def test_an_emulated_profile_prices_a_slowed_device_once() -> None:
+    """hetpart run's in-run profile of the emulated cluster: each type is slowed by its ratio to the plan's
+    fastest device; a device's own speed factor stays in the cluster for the simulator to apply per device.
+    (It was keyed by type with the slowed device's ratio: a 0.5x device priced 4x, its healthy peer 2x.)"""
+    from hetpart.costmodel.profile import ComputeEntry, DeviceBinding, DeviceClass, Profile
+    from hetpart.runtime.launch import emulated_profile
+
+    cpu = Profile(devices={"cpu": DeviceClass("cpu", "cpu", "this CPU", 1e-9)},
+                  device_types={"A100-80GB": DeviceBinding("cpu", True), "V100-32GB": DeviceBinding("cpu", True)},
+                  compute=(ComputeEntry("cpu", "fp32", "block", 1, 8, 1, 1e9, 1.0, 2.0),), model={}, meta={})
+    pair = parse_cluster({"name": "p", "nodes": [{"count": 1, "gpus_per_node": 2, "gpu": "A100-80GB",
+                                                  "intra_node": "NVLink3", "nic": "IB-HDR"}], "slow": {"0/0/1": 0.5}}, "p")
+    plan = Plan(4, 1, 8, (Replica(1.0, (Stage((0, 3), ("0/0/0", "0/0/1"), 2),)),))
+    emu = emulated_profile(cpu, pair, plan, "bf16")
+    assert [(e.fwd_s, e.bwd_s) for e in emu.compute] == [(1.0, 2.0)]  # the type is the fastest: unslowed
+    mixed = parse_cluster({"name": "m", "nodes": [{"count": 1, "gpus": [{"gpu": "A100-80GB", "count": 1},
+                                                                        {"gpu": "V100-32GB", "count": 1}],
+                                                   "intra_node": "PCIe4", "nic": "IB-HDR"}], "slow": {"0/0/0": 0.5}}, "m")
+    emu = emulated_profile(cpu, mixed, plan, "fp16")
+    a100, v100 = (mixed.device(d).gpu.tflops("fp16") for d in ("0/0/0", "0/0/1"))
+    fastest = max(a100 * 0.5, v100)  # the slowed A100 against the V100
+    by_ratio = sorted(e.fwd_s for e in emu.compute)
+    assert by_ratio == pytest.approx(sorted([fastest / a100, fastest / v100]))
