@@ -238,7 +238,9 @@ class ShardedAdam:
         return flat
 
     def _report(self, kind: str, flat: torch.Tensor, bucket: _Bucket, begin: float) -> None:
-        self.ex.hooks.on_collective(kind, flat.numel() * flat.element_size(), bucket.ranks)
+        # what the simulator prices: the bucket padded to n x the largest range (an emulated run pays that)
+        padded = len(bucket.ranks) * max(length for _, length in bucket.ranges)
+        self.ex.hooks.on_collective(kind, padded * flat.element_size(), bucket.ranks)
         elapsed = time.perf_counter() - begin
         self.comm_s += elapsed
         self.ex.clock.comm += elapsed
