@@ -163,7 +163,9 @@ def section(repeats: int = 2, steps: int = 3):
         "GPT-2 block of width 768 (12 heads, MLP 3072, vocabulary 256; `--hidden-size 768`, sequences of 256, "
         f"global batch 4 in micro-batches of 2), {steps} measured steps per run after 2 warm-up steps, "
         f"{repeats} runs of each split interleaved (even, uneven, even, ...). Predicted: the simulator on the "
-        "emulated cluster, as `hetpart run` reports it.\n\n" + "\n".join(lines) +
+        "emulated cluster, as `hetpart run` reports it (its compute from the profile the ranks measure before "
+        "and after their steps; until 2026-11-24 that profile priced the half-speed device's factor twice and its "
+        "healthy peer as slow too, which was the +72-86% these predictions showed).\n\n" + "\n".join(lines) +
         f"\n\nSpeed-up of the split by speed (8:4 heads, 2048:1024 columns) over the even one: measured "
         f"**{p['speedup_measured']:.2f}x** (ratio of the medians; run by run "
         f"{', '.join(f'{x:.2f}' for x in p['speedup_paired'])}), predicted {p['speedup_predicted']:.2f}x (both plans "
