@@ -283,3 +283,30 @@ def test_uneven_shard_fractions_fit_where_even_ones_do_not_and_beat_every_fracti
     best = min((p.step_time_s for p in grid if p.fits_in_memory), default=math.inf)
     assert got.fits_in_memory and chosen[1] < 0.5 and got.step_time_s <= best * (1 + 1e-12)
 
+
+
+def test_typed_replicas_hold_uneven_fractions_by_default_where_the_runtime_runs_them() -> None:
+    """The search's default lets a data-parallel group of an A100-80GB and a T4-16GB hold water-filled
+    fractions at levels 1-2 (hetpart's distributed optimizer runs them); at level 3 (FSDP2: equal
+    torch.chunk shards) it keeps them even, and ``uneven_shards=False`` keeps every level even."""
+    from hetpart.policies.plan_search import SearchOptions, make_context, typed_structures
+    from hetpart.rules import uneven_shard_problems
+
+    model = tiny_model(hidden=4096, layers=8, seq_len=256)
+    wl = Workload(4, 256, recompute="full")
+
+    def built(zero: int, **options) -> list:
+        ctx = make_context(model, A100_T4, wl, SearchOptions(**options), zero)
+        return [p for _, _, score in typed_structures(ctx) for s in [score(math.inf)] if s is not None for p in s.build()]
+
+    from hetpart.policies.shard_fractions import choose_shard_fractions
+
+    for zero in (1, 2):
+        plans = built(zero)
+        assert plans and all(p.shard_fractions is not None and p.shard_fractions[1] < 0.5 for p in plans)
+        assert all(uneven_shard_problems(p) == [] for p in plans)
+        assert all(p.shard_fractions is None for p in built(zero, uneven_shards=False))
+    even = replace(plans[0], shard_fractions=None)
+    assert choose_shard_fractions(model, A100_T4, even) is not None
+    assert choose_shard_fractions(model, A100_T4, replace(even, zero=3)) is None
+    assert choose_shard_fractions(model, A100_T4, replace(even, shard_group=2)) is None
