@@ -96,6 +96,14 @@ MIXED = (  # (label, model, global batch, seq, nodes: (count, gpus/node, gpu, in
      ((1, 4, "A100-80GB", "NVLink3"), (8, 1, "L4-24GB", "PCIe4")), "Ethernet-100"),
     ("H100-80GB x2 + A10-24GB x8, Ethernet-100", "llama2-7b", 32, 2048,
      ((1, 2, "H100-80GB", "NVLink4"), (1, 8, "A10-24GB", "PCIe4")), "Ethernet-100"),
+    # small clusters where every device is a data-parallel replica (Cephalo's regime: the model fits each
+    # device's compute, not its share of even states)
+    ("A100-80GB x2 + V100-16GB x2, IB-HDR", "gpt3-1.3b", 32, 2048,
+     ((1, 2, "A100-80GB", "NVLink3"), (1, 2, "V100-16GB", "NVLink2")), "IB-HDR"),
+    ("A100-80GB x4 + T4-16GB x4, IB-HDR", "gpt3-1.3b", 64, 2048,
+     ((1, 4, "A100-80GB", "NVLink3"), (1, 4, "T4-16GB", "PCIe3")), "IB-HDR"),
+    ("H100-80GB x2 + A10-24GB x2, Ethernet-100", "gpt3-2.7b", 32, 2048,
+     ((1, 2, "H100-80GB", "NVLink4"), (1, 2, "A10-24GB", "PCIe4")), "Ethernet-100"),
 )
 """The mixed-memory suite: 80 GB devices next to 16-24 GB ones."""
 
