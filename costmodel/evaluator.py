@@ -82,7 +82,7 @@ class Evaluator:
         self._bound = lower_bound_of(self.predictor)
         self.simulations = 0
         """Plans priced so far (the work branch and bound saves)."""
-        self._stage_gb: dict[tuple, float] = {}
+        self._stage_gb: dict[tuple, tuple[float, float] | float] = {}
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
@@ -103,37 +103,52 @@ class Evaluator:
     def fits(self, plan: Plan) -> bool:
         """Whether every device of ``plan`` holds its stages (the simulator's memory rule, without
         simulating the schedule)."""
-        from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
-        from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
-        from hetpart.costmodel.tp_split import param_shares
+        from hetpart.costmodel.memory import memory_capacity_gb
 
         if self.ignore_memory:
             return True
+        for (r, d), need in self._needs_gb(plan):
+            devices = plan.replicas[r].stages[d].devices
+            if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in devices):
+                return False
+        return True
+
+    def device_memory_gb(self, plan: Plan) -> dict[tuple[int, int], float]:
+        """(replica, pipeline device group) -> the peak :meth:`fits` checks, GB (its largest device under an
+        uneven tensor-parallel split)."""
+        return dict(self._needs_gb(plan))
+
+    def _needs_gb(self, plan: Plan):
+        """Yields ``((replica, device group), peak GB)`` in plan order."""
+        from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb, stage_working_gb
+        from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
+        from hetpart.costmodel.tp_split import param_shares
+
         v = plan.chunks_per_device
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, microbatches_run(plan, r)
             for d in range(pp):
                 flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                need = params = largest = 0.0
+                need = params = largest = work = 0.0
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
                     key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
                            plan.attention)
                     tp = s.tp if s.tp_split is None else 1.0 / float(
                         param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
-                    if key not in self._stage_gb:
-                        self._stage_gb[key] = stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight,
-                                                              plan.recompute, plan.precision, plan.optimizer,
-                                                              plan.attention)
-                    need += self._stage_gb[key]
+                    if key not in self._stage_gb:  # (chunk without its working set, its working set)
+                        self._stage_gb[key] = (
+                            stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight, plan.recompute,
+                                            plan.precision, plan.optimizer, plan.attention, working_set=False),
+                            stage_working_gb(self.model, *s.layers, tp, plan.micro_batch, plan.recompute,
+                                             plan.attention))
+                    need += self._stage_gb[key][0]
+                    work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
                     if plan.zero and plan.dp > 1:
                         params += self.model.range_params(*s.layers, tp)
                         largest = max(largest, self._largest_unit(s.layers, tp))
-                need += sharded_delta_gb(params, largest, plan.precision, plan.zero, plan.shard_fraction(r),
-                                         plan.optimizer)
-                if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in rep.stages[d].devices):
-                    return False
-        return True
+                yield (r, d), need + work + sharded_delta_gb(params, largest, plan.precision, plan.zero,
+                                                             plan.shard_fraction(r), plan.optimizer)
 
     def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
         key = ("largest", layers, tp)

@@ -15,6 +15,10 @@ Per device of a stage holding units ``[first, last)`` with tensor parallelism ``
   every term divides by ``tp``, times the micro-batches in flight for the schedule; with full recompute
   one unit's full activations are live again while it is recomputed. Fused attention (flash / SDPA,
   the default) stores no ``a s^2`` score matrix; eager attention stores it;
+* the running unit's working set (its backward's transients; under full recompute its activations again),
+  once per *device*: a device runs one unit at a time, so a device hosting several model chunks
+  (interleaved schedules) adds the largest of its chunks' working sets, not their sum
+  (:func:`device_memory_gb`);
 * a framework overhead (CUDA context, cuBLAS workspaces, NCCL buffers, allocator fragmentation),
   taken off the device's capacity by :func:`memory_capacity_gb`.
 """
@@ -30,7 +34,7 @@ from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, uni
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
-           "PrefixTables"]
+           "stage_working_gb", "device_memory_gb", "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
 """Weights + gradients + Adam states per parameter (mixed precision or fp32), bytes."""
@@ -90,12 +94,13 @@ def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,
                     recompute: str, precision: str = "bf16", optimizer: str = "adam",
-                    attention: str = "fused", kernels: str = DEFAULT_KERNELS) -> float:
+                    attention: str = "fused", kernels: str = DEFAULT_KERNELS, working_set: bool = True) -> float:
     """Peak memory of one device of a stage, GB (without the framework overhead).
 
     Args:
         model: the unit graph.
-        first, last: units ``[first, last)`` of the stage (all virtual chunks of the device).
+        first, last: units ``[first, last)`` of the stage (one model chunk; a device hosting several
+            chunks adds them with :func:`device_memory_gb`).
         tp: tensor-parallel degree of the stage.
         micro_batch: sequences per micro-batch.
         in_flight: micro-batches whose activations are held at the peak (:func:`in_flight_microbatches`).
@@ -105,6 +110,7 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
         optimizer: ``adam``, ``sgd`` or ``adam8bit`` (:data:`OPTIMIZER_STATE_BYTES`).
         attention: ``fused`` or ``eager`` (whether the score matrix is stored).
         kernels: the kernel set whose saved activations count (:mod:`~hetpart.costmodel.activations`).
+        working_set: whether to add the running unit's working set (:func:`stage_working_gb`).
     """
     del precision
     states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer)
@@ -112,10 +118,33 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
     saved = unit_saved_bytes(model, recompute, attention, kernels)[first:last]
     per_mb = sum(b / (tp if u.tp_shardable else 1) for u, b in zip(units, saved)) * micro_batch
     acts = per_mb * in_flight
-    if units:  # the running unit's working set (full recompute: its activations live again)
-        work = unit_working_bytes(model, recompute, attention, kernels)[first:last]
-        acts += max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, work)) * micro_batch
-    return (states + acts) / 1e9
+    work = stage_working_gb(model, first, last, tp, micro_batch, recompute, attention, kernels) if working_set else 0.0
+    return (states + acts) / 1e9 + work
+
+
+def stage_working_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, recompute: str,
+                     attention: str = "fused", kernels: str = DEFAULT_KERNELS) -> float:
+    """The largest working set of units ``[first, last)`` on one device of a ``tp``-way stage, GB: what the
+    running unit's backward holds on top of the saved activations (full recompute: its activations live
+    again); 0 for an empty range."""
+    units = model.units[first:last]
+    if not units:
+        return 0.0
+    work = unit_working_bytes(model, recompute, attention, kernels)[first:last]
+    return max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, work)) * micro_batch / 1e9
+
+
+def device_memory_gb(model: ModelGraph, chunks, micro_batch: int, in_flight: float, recompute: str,
+                     precision: str = "bf16", optimizer: str = "adam", attention: str = "fused",
+                     kernels: str = DEFAULT_KERNELS) -> float:
+    """Peak memory of one device hosting the model chunks ``chunks`` (``(first, last, tp)`` each: the
+    stages ``d, d + pp, ...`` of an interleaved schedule, or one stage), GB: every chunk's states and
+    saved activations, plus the working set once, the largest of the chunks' (one unit runs at a time)."""
+    chunks = list(chunks)
+    base = sum(stage_memory_gb(model, a, z, tp, micro_batch, in_flight, recompute, precision, optimizer, attention,
+                               kernels, working_set=False) for a, z, tp in chunks)
+    return base + max((stage_working_gb(model, a, z, tp, micro_batch, recompute, attention, kernels)
+                       for a, z, tp in chunks), default=0.0)
 
 
 class PrefixTables:
@@ -204,7 +233,7 @@ class PrefixTables:
     def memory_gb_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray, micro_batch: np.ndarray,
                        in_flight: np.ndarray, recompute: np.ndarray, modes: tuple = ("none", "selective", "full"),
                        state_bytes: np.ndarray | float = MODEL_STATE_BYTES_PER_PARAM,
-                       fused: np.ndarray | bool = True) -> np.ndarray:
+                       fused: np.ndarray | bool = True, working_set: bool = True) -> np.ndarray:
         """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``;
         ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer) and ``fused`` per
         element (its attention kernel is fused)."""
@@ -218,26 +247,55 @@ class PrefixTables:
                     continue
                 sh, rep = t[("act", mode, attention)]
                 sa, sz, stp = a[sel], z[sel], tp[sel]
-                val = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
-                live = sz > sa
-                if live.any():
-                    la, lz = sa[live], sz[live]
-                    work_sh, work_rep = self._work[(mode, attention)]
-                    val[live] += np.maximum(self._range_max(work_sh, la, lz) / stp[live],
-                                            self._range_max(work_rep, la, lz)) * micro_batch[sel][live]
-                acts[sel] = val
-        return (self.params_per_device_many(a, z, tp) * state_bytes + acts) / 1e9
+                acts[sel] = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
+        out = (self.params_per_device_many(a, z, tp) * state_bytes + acts) / 1e9
+        if working_set:
+            out = out + self.working_gb_many(a, z, tp, micro_batch, recompute, modes, fused)
+        return out
+
+    def working_gb_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray, micro_batch: np.ndarray,
+                        recompute: np.ndarray, modes: tuple = ("none", "selective", "full"),
+                        fused: np.ndarray | bool = True) -> np.ndarray:
+        """:meth:`working_gb` of many stages (arrays as :meth:`memory_gb_many`; 0 where ``z <= a``)."""
+        out = np.zeros(len(a))
+        fused = np.broadcast_to(np.asarray(fused, dtype=bool), a.shape)
+        for code, mode in enumerate(modes):
+            for attention, kind in (("fused", fused), ("eager", ~fused)):
+                sel = (recompute == code) & kind & (z > a)
+                if not sel.any():
+                    continue
+                work_sh, work_rep = self._work[(mode, attention)]
+                la, lz = a[sel], z[sel]
+                out[sel] = np.maximum(self._range_max(work_sh, la, lz) / tp[sel],
+                                      self._range_max(work_rep, la, lz)) * micro_batch[sel] / 1e9
+        return out
 
     def saved_gb(self, a: int, z: int, tp: int, micro_batch: int, recompute: str, attention: str = "fused") -> float:
         """Activations units ``[a, z)`` save for one micro-batch on one device, GB."""
         sh, rep = self._act[(recompute, attention)]
         return ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch / 1e9
 
-    def memory_gb(self, a: int, z: int, tp: int, micro_batch: int, in_flight: float, recompute: str,
-                  optimizer: str = "adam", attention: str = "fused") -> float:
+    def working_gb(self, a: int, z: int, tp: float, micro_batch: int, recompute: str, attention: str = "fused") -> float:
+        """The largest working set of units ``[a, z)`` on one device, GB (:func:`stage_working_gb`)."""
+        if z <= a:
+            return 0.0
+        work_sh, work_rep = self._work[(recompute, attention)]
+        return max(max(work_sh[a:z]) / tp, max(work_rep[a:z])) * micro_batch / 1e9
+
+    def memory_gb(self, a: int, z: int, tp: float, micro_batch: int, in_flight: float, recompute: str,
+                  optimizer: str = "adam", attention: str = "fused", working_set: bool = True) -> float:
+        """:func:`stage_memory_gb` of units ``[a, z)`` (``working_set=False``: without the working set,
+        which a device adds once over all its chunks: :meth:`device_memory_gb`)."""
         sh, rep = self._act[(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
-        if z > a:
-            work_sh, work_rep = self._work[(recompute, attention)]
-            acts += max(max(work_sh[a:z]) / tp, max(work_rep[a:z])) * micro_batch
-        return (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer) + acts) / 1e9
+        out = (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer) + acts) / 1e9
+        return out + self.working_gb(a, z, tp, micro_batch, recompute, attention) if working_set else out
+
+    def device_memory_gb(self, chunks, micro_batch: int, in_flight: float, recompute: str, optimizer: str = "adam",
+                         attention: str = "fused") -> float:
+        """:func:`device_memory_gb`: chunks ``(a, z, tp)`` of one device, the working set once."""
+        chunks = list(chunks)
+        base = sum(self.memory_gb(a, z, tp, micro_batch, in_flight, recompute, optimizer, attention, working_set=False)
+                   for a, z, tp in chunks)
+        return base + max((self.working_gb(a, z, tp, micro_batch, recompute, attention) for a, z, tp in chunks),
+                          default=0.0)

@@ -13,6 +13,7 @@ from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.collectives import allreduce_time_s
+from hetpart.costmodel.activations import unit_working_bytes
 from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
 
@@ -37,13 +38,19 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             total = 0.0
             params = 0.0
             largest = 0.0
+            work = 0.0  # the running unit's working set: one unit of the device runs at a time
+            transient = unit_working_bytes(model, plan.recompute, plan.attention)
             for k in range(d, rep.pp, pp):
                 s = rep.stages[k]
                 total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
-                                         plan.recompute, plan.precision, plan.optimizer, plan.attention) * 1e9
+                                         plan.recompute, plan.precision, plan.optimizer, plan.attention,
+                                         working_set=False) * 1e9
                 params += model.range_params(s.layers[0], s.layers[1], s.tp)
                 for u in range(*s.layers):
                     largest = max(largest, model.range_params(u, u + 1, s.tp))
+                    split = s.tp if model.units[u].tp_shardable else 1
+                    work = max(work, transient[u] / split * plan.micro_batch)
+            total += work
             total -= params * (w + g + opt)  # the unsharded states stage_memory_gb counted
             f = plan.shard_fraction(r)
             zero = plan.zero if plan.dp > 1 else 0

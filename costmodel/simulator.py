@@ -497,11 +497,11 @@ class Simulator:
         return end, merged, list(unique.values())
 
     def _cp_memory_gb(self, s, plan: Plan, flight: float) -> float:
-        """:meth:`PrefixTables.memory_gb` of a stage with context parallelism: model states whole, every
-        activation term (saved and working set: per token) over ``cp``."""
+        """:meth:`PrefixTables.memory_gb` of a stage with context parallelism, without the working set:
+        model states whole, the saved activations (per token) over ``cp``."""
         a, z = s.layers
         total = self._tables.memory_gb(a, z, s.tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                       plan.attention)
+                                       plan.attention, working_set=False)
         states = self._tables.params_per_device(a, z, s.tp) * state_bytes_per_param(plan.optimizer) / 1e9
         return states + (total - states) / plan.cp
 
@@ -511,13 +511,24 @@ class Simulator:
             return [self._tables.params_per_device(a, z, stage.tp)] * stage.tp
         return [self._tables.params_per_device(a, z, 1.0 / f) for f in param_shares(self.model, stage.tp, stage.tp_split)]
 
+    def _device_tps(self, stage) -> list[float]:
+        """Per device of ``stage``, the divisor of its split units: ``tp``, or 1 / its share of an uneven split."""
+        if stage.tp_split is None:
+            return [stage.tp] * stage.tp
+        return [1.0 / f for f in param_shares(self.model, stage.tp, stage.tp_split)]
+
     def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str, optimizer: str = "adam",
                           attention: str = "fused") -> list[float]:
+        """Per device of ``stage``, its chunk's memory without the working set (added once per device)."""
         a, z = stage.layers
-        if stage.tp_split is None:
-            return [self._tables.memory_gb(a, z, stage.tp, micro_batch, flight, recompute, optimizer, attention)] * stage.tp
-        return [self._tables.memory_gb(a, z, 1.0 / f, micro_batch, flight, recompute, optimizer, attention)
-                for f in param_shares(self.model, stage.tp, stage.tp_split)]
+        return [self._tables.memory_gb(a, z, tp, micro_batch, flight, recompute, optimizer, attention, working_set=False)
+                for tp in self._device_tps(stage)]
+
+    def _device_working_gb(self, stage, plan: Plan) -> list[float]:
+        """Per device of ``stage``, its chunk's largest working set, GB."""
+        a, z = stage.layers
+        return [self._tables.working_gb(a, z, tp, plan.micro_batch, plan.recompute, plan.attention)
+                for tp in self._device_tps(stage)]
 
     def _shard_tp(self, stage) -> float:
         """``tp``, or for an uneven split 1 / the largest fraction of a split gradient one device holds.
@@ -1172,15 +1183,19 @@ class Simulator:
             largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
                           for k in range(d, rep.pp, pp))
         if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
-            gb = params = 0.0
+            gb = params = work = 0.0
             for k in range(d, rep.pp, pp):
                 s = rep.stages[k]
                 if plan.cp > 1:
                     gb += self._cp_memory_gb(s, plan, flight)
                 else:
                     gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
-                                           plan.optimizer, plan.attention)
+                                           plan.optimizer, plan.attention, working_set=False)
+                # one unit runs at a time: the device's working set is its chunks' largest, once
+                work = max(work, tables.working_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, plan.recompute,
+                                                   plan.attention) / plan.cp)
                 params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
+            gb += work
             # the states tables.memory_gb counted whole, sharded instead
             memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
             if self.kernels == "torch" and flight >= m:
@@ -1193,11 +1208,14 @@ class Simulator:
             return memory, self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
+        work = np.zeros(len(group.gpus))
         for k in range(d, rep.pp, pp):
             s = rep.stages[k]
             gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
                                           plan.attention)
+            work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
+        gbs += work
         gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
         return (float(gbs.max()),  # against the smallest capacity of the group
                 max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus)))

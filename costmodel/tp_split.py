@@ -149,14 +149,16 @@ def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curv
     return np.array(full), np.array(rest)
 
 
-def _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute):
-    """Per device ``(replicated GB, GB of the whole split part, capacity GB)`` of the stage."""
+def _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks=None):
+    """Per device ``(replicated GB, GB of the whole split part, capacity GB)`` of the device group holding
+    ``stage``: every model chunk it hosts (``chunks``, layer ranges; default the stage's alone), each split
+    like this one, and the working set once, the largest of the chunks' (one unit runs at a time)."""
     from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb
 
     tables = PrefixTables(model)
-    a, z = stage.layers
-    whole = tables.memory_gb(a, z, 1, micro_batch, in_flight, recompute)
-    rep = tables.memory_gb(a, z, 10**9, micro_batch, in_flight, recompute)
+    ranges = [tuple(c) for c in chunks] if chunks else [stage.layers]
+    whole = tables.device_memory_gb([(a, z, 1) for a, z in ranges], micro_batch, in_flight, recompute)
+    rep = tables.device_memory_gb([(a, z, 10**9) for a, z in ranges], micro_batch, in_flight, recompute)
     caps = np.array([memory_capacity_gb(cluster.device(d).gpu) for d in stage.devices])
     return rep, whole - rep, caps
 
@@ -196,12 +198,14 @@ def _solve(time_a, time_m, rest, mem, fixed_heads=None):
 
 
 def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batch: int, precision: str,
-             recompute: str, in_flight: float = 1.0, curve_of=None) -> "TPSplit | None":
+             recompute: str, in_flight: float = 1.0, curve_of=None, chunks=None) -> "TPSplit | None":
     """The uneven split of ``stage`` that an LP finds fastest within each device's memory, in whole units.
 
     Args:
         in_flight: micro-batches whose activations the stage holds at once (its pipeline position).
         curve_of: efficiency curve per device type (calibration), as the simulator takes it.
+        chunks: layer ranges of every model chunk the stage's devices host (interleaved schedules),
+            which share their memory; default the stage's alone.
 
     Returns:
         A :class:`~hetpart.plan.TPSplit` of heads and feed-forward columns, or None where the group is
@@ -216,7 +220,7 @@ def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batc
         return None
     full, rest = _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of)
     wa, wm = block_weights(model)
-    rep, split_gb, caps = _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute)
+    rep, split_gb, caps = _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks)
     mem = (rep, split_gb, caps, *_param_weights(model))
     first = _solve(full * wa, full * wm, rest, mem)
     if first is None:
@@ -257,7 +261,8 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
             if s.tp < 2 or s.tp_split is not None or devices_alike(cluster, s.devices):
                 continue
             flight = in_flight_microbatches(plan.schedule, k % pp, pp, m, v)
-            split = lp_split(model, cluster, s, plan.micro_batch, plan.precision, plan.recompute, flight, curve_of)
+            split = lp_split(model, cluster, s, plan.micro_batch, plan.precision, plan.recompute, flight, curve_of,
+                             chunks=[c.layers for c in rep.stages[k % pp::pp]])
             if split is not None:
                 stages[k] = replace(s, tp_split=split)
                 changed = True

@@ -25,7 +25,7 @@ __all__ = ["fraction_limits", "water_fill", "choose_shard_fractions"]
 def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> list[float]:
     """Per replica, the largest fraction of the sharded states its devices hold (may exceed 1, or be
     negative when even its unsharded part does not fit)."""
-    from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb
+    from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb, stage_working_gb
     from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
 
     out = []
@@ -35,13 +35,16 @@ def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> li
         limit = float("inf")
         for d in range(pp):
             flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-            base = params = largest = 0.0
+            base = params = largest = work = 0.0
             for k in range(d, rep.pp, pp):
                 s = rep.stages[k]
                 base += stage_memory_gb(model, *s.layers, s.tp, plan.micro_batch, flight, plan.recompute, plan.precision,
-                                        plan.optimizer, plan.attention)
+                                        plan.optimizer, plan.attention, working_set=False)
+                work = max(work, stage_working_gb(model, *s.layers, s.tp, plan.micro_batch, plan.recompute,
+                                                  plan.attention))  # once per device: one unit runs at a time
                 params += model.range_params(*s.layers, s.tp)
                 largest = max([largest] + [model.range_params(u, u + 1, s.tp) for u in range(*s.layers)])
+            base += work
             at0 = base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 0.0, plan.optimizer)
             slope = base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 1.0, plan.optimizer) - at0
             capacity = min(memory_capacity_gb(cluster.device(x).gpu) for x in rep.stages[d].devices)

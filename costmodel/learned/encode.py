@@ -512,6 +512,7 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool =
                       np.where(msched == 0, np.minimum(mpp - md, mm).astype(float),
                                np.minimum(mm * mv, 2 * (mpp - md - 1) + (mv - 1) * mpp + 1) / mv))
     gb = np.zeros(len(mrep))
+    work = np.zeros(len(mrep))  # the working set, once per device: the largest of its chunks'
     params = np.zeros(len(mrep))
     mplan = r_plan[mrep]
     for j in range(int((r_nst // np.maximum(r_pp, 1)).max(initial=0)) + 1):
@@ -520,10 +521,14 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool =
         if not sel.any():
             break
         s = r_off[mrep[sel]] + k[sel]
+        fused = p_fused[mplan[sel]].astype(bool)
         gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]], flight[sel],
                                                       p_rc[mplan[sel]], state_bytes=p_state[mplan[sel]],
-                                                      fused=p_fused[mplan[sel]].astype(bool))
+                                                      fused=fused, working_set=False)
+        work[sel] = np.maximum(work[sel], ctx.tables.working_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]],
+                                                                     p_rc[mplan[sel]], fused=fused))
         params[sel] = params[sel] + ctx.tables.params_per_device_many(st_a[s], st_z[s], st_tp[s])
+    gb = gb + work
     s0 = r_off[mrep] + md
     g0 = st_info[s0]
     opt = np.zeros((R, max(D, 1) if R else 1))

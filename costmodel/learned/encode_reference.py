@@ -217,8 +217,8 @@ class _Encoder:
             key = (chunks, flight, plan.micro_batch, plan.recompute, plan.optimizer, plan.attention)
             hit = ctx._cache.get(key)
             if hit is None:
-                gb = sum(ctx.tables.memory_gb(a, z, tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                              plan.attention) for (a, z), tp in chunks)
+                gb = ctx.tables.device_memory_gb([(a, z, tp) for (a, z), tp in chunks], plan.micro_batch, flight,
+                                                 plan.recompute, plan.optimizer, plan.attention)
                 params = sum(ctx.tables.params_per_device(a, z, tp) for (a, z), tp in chunks)
                 hit = ctx._cache[key] = (gb, params)
             gb, params = hit
