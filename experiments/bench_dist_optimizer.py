@@ -51,7 +51,9 @@ class _Opt:
         from hetpart.runtime.dist_optimizer import ShardedAdam
 
         self.method, self.comm_s = method, 0.0
-        self.ex = SimpleNamespace(hooks=SimpleNamespace(on_collective=lambda *a: None), clock=SimpleNamespace(comm=0.0))
+        from hetpart.runtime.engine import _Clock
+
+        self.ex = SimpleNamespace(hooks=SimpleNamespace(on_collective=lambda *a: None), clock=_Clock())
         self._reduce_scatter = ShardedAdam._reduce_scatter.__get__(self)
         self._all_gather = ShardedAdam._all_gather.__get__(self)
         self._report = ShardedAdam._report.__get__(self)

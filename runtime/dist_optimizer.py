@@ -243,7 +243,9 @@ class ShardedAdam:
         self.ex.hooks.on_collective(kind, padded * flat.element_size(), bucket.ranks)
         elapsed = time.perf_counter() - begin
         self.comm_s += elapsed
-        self.ex.clock.comm += elapsed
+        # level 2 runs from the backward's hooks, inside a compute chunk: this is not compute (an emulated
+        # slow device would otherwise stretch the collective and its emulated link time by its slowdown)
+        self.ex.clock.communicated(elapsed)
 
     # --------------------------------------------------------------------------- the step
     def _owned_params(self) -> torch.Tensor:

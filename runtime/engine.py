@@ -146,7 +146,9 @@ class _Clock:
     bwd: float = 0.0
     comm: float = 0.0
     tp_hooks: float = 0.0
-    """Time spent in on_collective hooks of tensor-parallel all-reduces (inside compute chunks)."""
+    """Communication inside compute chunks, taken out of their compute: on_collective hooks of
+    tensor-parallel all-reduces, and level-2 gradient reduce-scatters that run (with their hooks) from
+    inside the backward (:meth:`communicated`)."""
     in_chunk: bool = False
     segment_start: float = 0.0
     """When this rank's compute since its last uneven-TP all-reduce (or since the chunk began) started."""
@@ -155,6 +157,15 @@ class _Clock:
 
     def reset(self) -> None:
         self.fwd = self.bwd = self.comm = self.tp_hooks = 0.0
+
+    def communicated(self, seconds: float) -> None:
+        """Book ``seconds`` of communication. Inside a compute chunk (a collective run from a backward hook)
+        they are not compute: :meth:`chunk` moves them to ``comm``, and the hooks' ``on_compute`` (an
+        emulated slow device's sleep, proportional to its compute) never sees them."""
+        if self.in_chunk:
+            self.tp_hooks += seconds
+        else:
+            self.comm += seconds
 
     def chunk(self, kind: str, stage_index: int, start: float, tp_before: float, hooks: "Hooks") -> None:
         """Book a compute chunk: TP hook time is communication, the rest is compute (+ its hook)."""
