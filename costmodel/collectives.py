@@ -22,12 +22,17 @@ from typing import Sequence
 from hetpart.cluster import Cluster, PathLink
 from hetpart.errors import PlanError
 
+from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_ring_gbyte_s, nic_gbyte_s, \
     node_nic_gbyte_s
+from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINKS, CollectiveLine, RingShape, nccl_lines
 
-__all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost"]
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost", "allreduce_lines",
+           "allreduce_choice"]
 
 _ID, _INDEX, _GROUP, _NODE = attrgetter("id"), attrgetter("index"), attrgetter("group"), attrgetter("node")
+_NVLINK_LIKE = ("NVLink", "xGMI", "HCCS")
+"""Intra-node link families NCCL (RCCL, HCCL) drives like NVLink: direct GPU-to-GPU, low-latency steps."""
 
 
 def p2p_time_s(num_bytes: float, path_link: PathLink | None) -> float:
@@ -53,7 +58,18 @@ def ring_allreduce_time_s(num_bytes: float, members: int, bandwidth_gbyte_s: flo
 
 def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | None = None,
                links: dict | None = None) -> tuple[float, float]:
-    """Slowest bandwidth and largest latency over the hops of a ring in the given order.
+    """Slowest bandwidth and largest latency over the hops of a ring in the given order
+    (:func:`_ring_hop_kinds`, all kinds together)."""
+    bw, lat = float("inf"), 0.0
+    for hop_bw, hop_lat in _ring_hop_kinds(device_ids, cluster, devices, links).values():
+        bw, lat = min(bw, hop_bw), max(lat, hop_lat)
+    return bw, lat
+
+
+def _ring_hop_kinds(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | None = None,
+                    links: dict | None = None) -> dict[str, tuple[float, float]]:
+    """Per kind of hop (``intra_node``, ``nic``, ``inter_zone``): the slowest bandwidth and the largest
+    latency over the hops of a ring in the given order.
 
     A hop's link depends only on the two node groups and whether it stays inside a node, so each
     kind of hop is looked up once, at its first pair in ring order (the kinds of a ring of hundreds
@@ -69,7 +85,7 @@ def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | 
     kinds = list(zip(map(eq, keys, keys[1:] + keys[:1]), groups, groups[1:] + groups[:1],
                      map(eq, ids, ids[1:] + ids[:1])))
     first = dict(zip(reversed(kinds), range(n - 1, -1, -1)))  # kind -> its first pair (the smallest index wins)
-    bw, lat = float("inf"), 0.0
+    out: dict[str, tuple[float, float]] = {}
     for i in sorted(first.values()):
         a, b = devices[i], devices[(i + 1) % n]
         link = _hop_link(cluster, a, b, links)
@@ -77,8 +93,9 @@ def _ring_hops(device_ids: Sequence[str], cluster: Cluster, devices: Sequence | 
             raise PlanError(f"all-reduce: members in zones {a.zone!r} and {b.zone!r} have no link; "
                             "add one under 'links'")
         if link.kind != "self":
-            bw, lat = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
-    return bw, lat
+            bw, lat = out.get(link.kind, (float("inf"), 0.0))
+            out[link.kind] = min(bw, link.bandwidth_gbyte_s), max(lat, link.latency_us)
+    return out
 
 
 def _hop_link(cluster: Cluster, a, b, links: dict | None) -> PathLink | None:
@@ -104,10 +121,13 @@ def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tup
     return steps * latency_us * 1e-6, steps / members / (bandwidth_gbyte_s * 1e9)
 
 
-def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1,
-                   links: dict | None = None) -> tuple[tuple[float, float], ...]:
-    """The all-reduce among ``device_ids`` as candidate ``(fixed_s, per_byte_s)`` lines; NCCL takes the
-    fastest, so the time of ``b`` bytes is ``min(fixed + per_byte * b)`` (empty: no communication).
+def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: float = 1,
+                    links: dict | None = None) -> tuple[CollectiveLine, ...]:
+    """The all-reduce among ``device_ids`` as NCCL's candidate algorithm x protocol lines
+    (:mod:`hetpart.costmodel.nccl`), plus hetpart's hierarchical all-reduce when every node holds the
+    same number ``k > 1`` of members; NCCL runs the fastest, so the time of ``b`` bytes is
+    ``min(line.time_s(b))`` (empty: no communication). Over measured links (a profile's) the lines are
+    the plain ring and the hierarchical all-reduce on the measured latency and bandwidth.
     ``links``: a dict the caller keeps to cache hop links across calls on the same cluster.
 
     Raises:
@@ -120,16 +140,88 @@ def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: int 
         return ()
     ids = list(map(_ID, devices))
     nodes = Counter(zip(map(_GROUP, devices), map(_NODE, devices)))  # Device.node_key
-    bw, lat = _ring_hops(ids, cluster, devices, links)
-    if len(nodes) == 1:  # NCCL rings the members as the node's wires allow (a cube-mesh is no switch)
-        bw = intra_node_ring_gbyte_s(cluster.groups[devices[0].group], [d.local for d in devices])
-    if len(nodes) > 1:  # the NIC share depends on the node's group only
-        bw = min(bw, min(_nic_share_gbyte_s(cluster, key, concurrent) for key in _one_node_per_group(nodes)))
-    flat = _ring_cost(n, bw, lat)
+    hops = _ring_hop_kinds(ids, cluster, devices, links)
+    groups = [cluster.groups[g] for g in sorted({key[0] for key in nodes})]
     per_node = set(nodes.values())
-    if len(nodes) == 1 or len(per_node) != 1 or per_node == {1}:
-        return (flat,)
-    return flat, _hierarchical_cost(ids, nodes, cluster, concurrent, devices, links)
+    k = min(per_node)
+    if len(nodes) == 1:  # NCCL rings the members as the node's wires allow (a cube-mesh is no switch)
+        bus = intra_node_ring_gbyte_s(groups[0], [d.local for d in devices])
+    else:
+        # NCCL's channels spread a ring over the NICs next to the members: k members per node drive
+        # up to k NICs (each flow at most one NIC), shared with the other rings crossing the node
+        share = min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes))
+        bus = min(hops.get("intra_node", (float("inf"), 0))[0], k * min(hops.get("nic", (float("inf"), 0))[0], share),
+                  hops.get("inter_zone", (float("inf"), 0))[0])
+        if per_node != {1} and len(per_node) == 1:
+            local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
+            bus = min(bus, min(intra_node_ring_gbyte_s(g, local) for g in groups))
+    hier = (len(nodes) > 1 and len(per_node) == 1 and per_node != {1})
+    if any(_measured(g) for g in groups):  # measured hops: the plain ring on their latency
+        lat = max(h[1] for h in hops.values())
+        flat = CollectiveLine("ring", "Simple", *_ring_cost(n, bus, lat))
+        if not hier:
+            return (flat,)
+        return flat, CollectiveLine("hierarchical", "Simple",
+                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links))
+    shape = _shape(n, nodes, groups, bus, hops)
+    lines = nccl_lines(shape)
+    if hier:
+        lines.append(CollectiveLine("hierarchical", "Simple",
+                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, shape)))
+    return tuple(lines)
+
+
+def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: float = 1,
+                   links: dict | None = None) -> tuple[tuple[float, float], ...]:
+    """:func:`allreduce_lines` as bare ``(fixed_s, per_byte_s)`` pairs (the time of ``b`` bytes is
+    ``min(fixed + per_byte * b)``; empty: no communication).
+
+    Raises:
+        PlanError: when two members' zones have no link.
+    """
+    return tuple((line.fixed_s, line.per_byte_s) for line in allreduce_lines(device_ids, cluster, concurrent, links))
+
+
+def allreduce_choice(num_bytes: float, device_ids: Sequence[str], cluster: Cluster,
+                     concurrent: float = 1) -> CollectiveLine | None:
+    """The line NCCL would run for an all-reduce of ``num_bytes`` among ``device_ids`` (None: nothing to do)."""
+    if num_bytes <= 0:
+        return None
+    return min(allreduce_lines(device_ids, cluster, concurrent), key=lambda line: line.time_s(num_bytes), default=None)
+
+
+def _measured(group) -> bool:
+    """Whether a node group's links come from a measured profile (:meth:`BoundProfile.link_cluster`)."""
+    return group.intra_node.source.startswith("profile") or group.nic.source.startswith("profile")
+
+
+def _intra_class(group) -> tuple[str, float]:
+    """NCCL's hardware class of a node group's GPU-to-GPU hops and the latency floor of a step: direct
+    links (NVLink and its kin, PCIe peer-to-peer) take NCCL's table; a link through host memory, or
+    one hetpart does not know, never steps faster than its own latency."""
+    link = intra_node_link(group)
+    if link.name.startswith(_NVLINK_LIKE):
+        return "nvlink", 0.0
+    if link.name.startswith("PCIe") and not link.name.endswith("-host") and LINK_CATALOG.get(link.name) == link:
+        return "pci", 0.0
+    return "pci", link.latency_us
+
+
+def _shape(n: int, nodes: Counter, groups: list, bus: float, hops: dict) -> RingShape:
+    classes = [_intra_class(g) for g in groups]
+    intra_hw = "nvlink" if all(c == "nvlink" for c, _ in classes) else "pci"
+    inter_floor = max((hops[kind][1] for kind in ("nic", "inter_zone") if kind in hops), default=0.0)
+    gpus = {g.gpu for g in groups}
+    arch = {"volta": "volta", "turing": "volta", "pascal": "volta", "hopper": "hopper"}.get(groups[0].gpu.arch, "ampere")
+    ll128 = (len({g.arch for g in gpus}) == 1 and all(g.name in LL128_GPUS for g in gpus)
+             and all(c == "nvlink" or g.gpus_per_node == 1 for (c, _), g in zip(classes, groups))
+             and (len(nodes) == 1 or all(g.nic.rdma for g in groups)))
+    nvls = 0.0
+    if len(nodes) == 1 and intra_node_link(groups[0]).name in NVLS_LINKS and groups[0].gpu.arch == "hopper":
+        nvls = intra_node_link(groups[0]).achieved_gbyte_s
+    return RingShape(ranks=n, nodes=len(nodes), per_node=max(nodes.values()), bus_gbyte_s=bus, intra_hw=intra_hw,
+                     intra_floor_us=max(f for _, f in classes), inter_floor_us=inter_floor, arch=arch, ll128=ll128,
+                     nvls_gbyte_s=nvls)
 
 
 def _one_node_per_group(nodes: Counter) -> list[tuple[int, int]]:
@@ -150,24 +242,32 @@ def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Clust
     """
     if num_bytes <= 0:
         return 0.0
-    return min((fixed + per_byte * num_bytes for fixed, per_byte in allreduce_cost(device_ids, cluster, concurrent)),
-               default=0.0)
+    return min((line.time_s(num_bytes) for line in allreduce_lines(device_ids, cluster, concurrent)), default=0.0)
 
 
-def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: int,
-                       devices: Sequence, links: dict | None = None) -> tuple[float, float]:
+def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: float,
+                       devices: Sequence, links: dict | None = None,
+                       shape: RingShape | None = None) -> tuple[float, float]:
+    """``(fixed_s, per_byte_s)`` of reduce-scatter inside each node, ``k`` parallel rings across nodes on
+    ``bytes / k`` each (sharing the node's NICs), all-gather inside each node. Steps take NCCL's ring
+    Simple latencies of ``shape`` (once the call's base latency), or the measured hop latencies."""
     k = next(iter(nodes.values()))
     groups = {key[0] for key in nodes}
     local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
     intra_bw = min(intra_node_ring_gbyte_s(cluster.groups[g], local) for g in groups)
     intra_lat = max(intra_node_link(cluster.groups[g]).latency_us for g in groups)
-    # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
-    inside = _ring_cost(k, intra_bw, intra_lat)
     first_on: dict[tuple[int, int], object] = {}
     for d in devices:  # the first member on each node, in ring order
         first_on.setdefault(d.node_key, d)
     leaders = [first_on[key] for key in nodes]
     bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders, links)
     bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)))
+    base = 0.0
+    if shape is not None:
+        intra_lat, lat = max(HW_LAT_US[shape.intra_hw][("ring", "Simple")], shape.intra_floor_us), \
+            max(HW_LAT_US["net"][("ring", "Simple")], shape.inter_floor_us)
+        base = BASE_LAT_US[("ring", "Simple")] * 1e-6
+    # reduce-scatter + all-gather inside the node = one intra-node ring all-reduce's traffic
+    inside = _ring_cost(k, intra_bw, intra_lat)
     across = _ring_cost(len(nodes), bw, lat)  # on bytes / k
-    return inside[0] + across[0], inside[1] + across[1] / k
+    return base + inside[0] + across[0], inside[1] + across[1] / k

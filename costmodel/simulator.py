@@ -12,7 +12,9 @@ One training step of a :class:`~hetpart.plan.Plan`:
    receiver waits, except over TCP);
 2. data-parallel gradient all-reduces, per unit, among the replicas holding it (replicas may cut the
    model differently and mix device types: the slowest member paces the ring), in fp32 under bf16 as
-   Megatron-LM does. Gradients go out in buckets of ``grad_bucket_params`` (Megatron's 40M): a bucket
+   Megatron-LM does. Gradients go out in buckets of ``grad_bucket_params`` (Megatron's 40M), one NCCL
+   call each, priced at NCCL's fastest algorithm and protocol for the bucket's bytes
+   (:mod:`~hetpart.costmodel.nccl`; the breakdown's ``dp_collective`` names it): a bucket
    leaves when its last gradient is ready in every holder's last backward, so the all-reduces overlap
    with the rest of that backward and with the backward of earlier stages, and the last bucket of a
    stage is exposed (``overlap_grad_reduce=False``: they start once every holder's backward is over,
@@ -38,6 +40,7 @@ breakdown and, on request, the timeline.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
@@ -51,7 +54,7 @@ from hetpart.hardware import GPUSpec
 from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
-from hetpart.costmodel.collectives import allreduce_cost, p2p_time_s
+from hetpart.costmodel.collectives import allreduce_lines, p2p_time_s
 from hetpart.costmodel.compute import unit_attention_core_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
@@ -247,6 +250,8 @@ class _Job(NamedTuple):
     last_time_s: float
     order: Any
     """Sort key without overlap (largest first)."""
+    collective: str = ""
+    """NCCL's algorithm/protocol for one bucket of the all-reduce (``ring/Simple``, ``tree/LL128``, ...)."""
 
 
 @dataclass
@@ -259,6 +264,8 @@ class _Step:
     memory: dict[tuple[int, int], float]
     sync_end: float
     step: float
+    dp_collective: dict[tuple[int, int], str] = field(default_factory=dict)
+    """Per (replica, device group): the algorithm/protocol of its largest gradient all-reduce's buckets."""
 
 
 class Simulator:
@@ -305,6 +312,8 @@ class Simulator:
         self._p2p: dict[tuple, PathLink] = {}
         """Pipeline links by :meth:`_p2p_key`."""
         self._ar: dict[tuple, tuple[tuple[float, float], ...]] = {}
+        """All-reduce cost lines by ring key (:meth:`_ring`); their names in ``_ar_names``."""
+        self._ar_names: dict[tuple, tuple[str, ...]] = {}
         self._hop_links: dict[tuple, PathLink | None] = {}
         """Links between ring neighbours on the all-reduce cluster (:func:`allreduce_cost`'s cache)."""
         numbers: dict[tuple[int, int], int] = {}
@@ -482,19 +491,22 @@ class Simulator:
             return plan.shard_fraction(replica)
         return plan.shard_fraction(replica) / plan.cp if plan.zero else 1.0
 
-    def _dp_sync_cp(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
+    def _dp_sync_cp(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list, dict]:
         """:meth:`_dp_sync` with context parallelism: over :meth:`_dp_view`, each replica's pipe standing for
         its ``cp`` ranks; per (replica, device group) the busiest rank's seconds, events once each."""
         cp = plan.cp
-        end, spent, events = self._dp_sync(self._dp_view(plan), [p for p in pipes for _ in range(cp)], trace)
+        end, spent, events, chosen = self._dp_sync(self._dp_view(plan), [p for p in pipes for _ in range(cp)], trace)
         merged: dict[tuple[int, int], float] = {}
+        names: dict[tuple[int, int], str] = {}
         for (r, d), t in spent.items():
+            if t >= merged.get((r // cp, d), 0.0) and (r, d) in chosen:
+                names[(r // cp, d)] = chosen[(r, d)]
             merged[(r // cp, d)] = max(merged.get((r // cp, d), 0.0), t)
         unique = {}
         for e in events:
             e = dict(e, replica=e["replica"] // cp)
             unique.setdefault(tuple(e.items()), e)
-        return end, merged, list(unique.values())
+        return end, merged, list(unique.values()), names
 
     def _cp_memory_gb(self, s, plan: Plan, flight: float) -> float:
         """:meth:`PrefixTables.memory_gb` of a stage with context parallelism, without the working set:
@@ -792,13 +804,37 @@ class Simulator:
                     out.append(_Segment(holders, -1, -1, nbytes, nbytes))
         return out
 
-    def _allreduce_s(self, nbytes: float, ring: tuple) -> float:
-        """All-reduce of ``nbytes`` over ``ring`` (from :meth:`_ring`)."""
+    def _allreduce_lines(self, ring: tuple) -> tuple[tuple[float, float], ...]:
+        """``(fixed_s, per_byte_s)`` of NCCL's candidate lines for ``ring`` (from :meth:`_ring`)."""
         key, members, concurrent = ring
         lines = self._ar.get(key)
         if lines is None:
-            lines = self._ar[key] = allreduce_cost(members(), self._ar_cluster, concurrent, self._hop_links)
-        return min((fixed + per_byte * nbytes for fixed, per_byte in lines), default=0.0) if nbytes > 0 else 0.0
+            found = allreduce_lines(members(), self._ar_cluster, concurrent, self._hop_links)
+            lines = self._ar[key] = tuple((line.fixed_s, line.per_byte_s) for line in found)
+            self._ar_names[key] = tuple(line.name for line in found)
+        return lines
+
+    def _allreduce_s(self, nbytes: float, ring: tuple) -> float:
+        """All-reduce of ``nbytes`` over ``ring`` (from :meth:`_ring`): NCCL's fastest line."""
+        if nbytes <= 0:
+            return 0.0
+        return min((fixed + per_byte * nbytes for fixed, per_byte in self._allreduce_lines(ring)), default=0.0)
+
+    def _bucketed_s(self, nbytes: float, bucket_bytes: float, ring: tuple) -> float:
+        """A run of ``nbytes`` of gradients all-reduced as ``ceil(nbytes / bucket_bytes)`` equal calls:
+        each call pays NCCL's latency (a ring's grows with its members) at its own algorithm."""
+        if nbytes <= 0:
+            return 0.0
+        calls = max(1, math.ceil(nbytes / bucket_bytes - 1e-9)) if bucket_bytes > 0 else 1
+        return calls * self._allreduce_s(nbytes / calls, ring)
+
+    def _collective(self, nbytes: float, ring: tuple) -> str:
+        """The name (``algorithm/protocol``) of the line NCCL runs for ``nbytes`` over ``ring``."""
+        lines = self._allreduce_lines(ring)
+        if nbytes <= 0 or not lines:
+            return ""
+        best = min(range(len(lines)), key=lambda i: lines[i][0] + lines[i][1] * nbytes)
+        return self._ar_names[ring[0]][best]
 
     @staticmethod
     def _ring_flows(rings) -> dict[int, int]:
@@ -875,18 +911,21 @@ class Simulator:
             else:
                 flat = tied[i - len(runs)]
                 ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
-            t = self._allreduce_s(seg.nbytes, ring) * (pad if seg.a >= 0 else 1.0)
+            # sharded plans reduce-scatter the run as one call (as sharding_reference prices them)
+            t = (self._allreduce_s(seg.nbytes, ring) * pad if plan.zero and seg.a >= 0
+                 else self._bucketed_s(seg.nbytes, seg.last_bytes, ring))
+            name = self._collective(seg.last_bytes, ring)
             if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
                 end = done[i] if seg.a >= 0 else float(table.device_done[flat].max())  # the devices' whole backward
-                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a)))
+                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a), name))
             elif seg.a < 0:
                 end = float(table.last_bwd[flat].max())
-                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None))
+                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None, name))
             elif tcp[i]:  # after the backward that holds it: no overlap over TCP
-                jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None))
+                jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None, name))
             else:
                 jobs.append(_Job(ready_first[i], ready_last[i], group, t,
-                                 self._allreduce_s(seg.last_bytes, ring) * pad, None))
+                                 self._allreduce_s(seg.last_bytes, ring) * pad, None, name))
         return jobs
 
     @staticmethod
@@ -931,7 +970,7 @@ class Simulator:
 
         return [((ordered[i].tobytes(), c), members(runs[i]), c) for i, c in enumerate(concurrent)]
 
-    def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
+    def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list, dict]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
 
         A run of units is all-reduced bucket by bucket while the last backward still runs: it ends at
@@ -946,27 +985,33 @@ class Simulator:
         table = self._stage_table(plan, pipes)
         segments, runs = self._dp_runs(plan, table)
         if not segments:
-            return 0.0, {}, []
+            return 0.0, {}, [], {}
         jobs = self._dp_jobs(plan, pipes, table, segments, runs)
         jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
         free = np.zeros(int(table.group.max()) + 1)
         spent = np.zeros_like(free)
         used = np.zeros(free.shape, dtype=bool)
+        largest = np.zeros_like(free)  # per group: its largest all-reduce's seconds and job
+        which = np.full(free.shape, -1, dtype=np.int64)
         events = []
         end_all = 0.0
         keys = [(r, d) for r, pipe in enumerate(pipes) for d in range(pipe.pp)]  # flat group -> (replica, device)
-        for job in jobs:
+        for j, job in enumerate(jobs):
             start = max(job.first, float(free[job.groups].max()))
             end = max(start + job.time_s, job.last + job.last_time_s)
             free[job.groups] = end
             spent[job.groups] += job.time_s
             used[job.groups] = True
+            bigger = job.groups[largest[job.groups] < job.time_s]
+            largest[bigger], which[bigger] = job.time_s, j
             end_all = max(end_all, end)
             if trace:
                 events += [{"replica": r, "stage": d, "microbatch": -1, "kind": "dp_sync", "start_s": start,
                             "end_s": end} for r, d in (keys[g] for g in job.groups.tolist())]
-        per_group = {keys[g]: float(spent[g]) for g in np.flatnonzero(used).tolist()}
-        return end_all, per_group, events
+        groups = np.flatnonzero(used).tolist()
+        per_group = {keys[g]: float(spent[g]) for g in groups}
+        chosen = {keys[g]: jobs[which[g]].collective for g in groups if which[g] >= 0}
+        return end_all, per_group, events, chosen
 
     # --------------------------------------------------------------------------------- data parallel, few replicas
     def _dp_segments_small(self, plan: Plan) -> list[_Segment]:
@@ -1032,7 +1077,7 @@ class Simulator:
             last = max(last, pipes[r].grad_ready_s(k, start, a))
         return first, last
 
-    def _dp_sync_small(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list]:
+    def _dp_sync_small(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list, dict]:
         """:meth:`_dp_sync` for plans of few replicas: the same model in scalar Python (less overhead).
 
         A run of units is all-reduced bucket by bucket while the last backward still runs: it ends at
@@ -1054,21 +1099,23 @@ class Simulator:
                     continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
                 t, t_last = (self._sharded_sync_s(plan, holders, n) for n in (seg.nbytes, seg.last_bytes))
             else:
-                t, t_last = self._allreduce_s(seg.nbytes, ring), self._allreduce_s(seg.last_bytes, ring)
+                t, t_last = self._bucketed_s(seg.nbytes, seg.last_bytes, ring), self._allreduce_s(seg.last_bytes, ring)
+            name = self._collective(seg.last_bytes, ring)
             groups = {(r, k % pipes[r].pp) for r, k in holders}
             if self.overlap_grad_reduce:
                 first, last = self._segment_ready_small(plan, pipes, holders, seg.a, seg.z)
                 if self._crosses_tcp(ring[1]()):  # after the backward that holds it: no overlap over TCP
-                    jobs.append(_Job(last, last, groups, t, t, None))
+                    jobs.append(_Job(last, last, groups, t, t, None, name))
                 else:
-                    jobs.append(_Job(first, last, groups, t, t_last, None))
+                    jobs.append(_Job(first, last, groups, t, t_last, None, name))
             else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
                 done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
                            if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
-                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a)))
+                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a), name))
         jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
         free: dict[tuple[int, int], float] = {}
         spent: dict[tuple[int, int], float] = {}
+        largest: dict[tuple[int, int], tuple[float, str]] = {}
         events = []
         end_all = 0.0
         for job in jobs:
@@ -1077,11 +1124,13 @@ class Simulator:
             for g in job.groups:
                 free[g] = end
                 spent[g] = spent.get(g, 0.0) + job.time_s
+                if job.time_s > largest.get(g, (0.0, ""))[0]:
+                    largest[g] = (job.time_s, job.collective)
                 if trace:
                     events.append({"replica": g[0], "stage": g[1], "microbatch": -1, "kind": "dp_sync",
                                    "start_s": start, "end_s": end})
             end_all = max(end_all, end)
-        return end_all, spent, events
+        return end_all, spent, events, {g: name for g, (_, name) in largest.items()}
 
     # --------------------------------------------------------------------------------- sharded data parallel
     def _sharded_sync_s(self, plan: Plan, holders, nbytes: float) -> float:
@@ -1269,14 +1318,15 @@ class Simulator:
         pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None, alike, cp_flows)
                  for r in range(plan.dp)]
         if cp == 1:
-            dp_end, dp_spent, dp_events = self._dp_sync(plan, pipes, trace)
+            dp_end, dp_spent, dp_events, dp_collective = self._dp_sync(plan, pipes, trace)
         else:
-            dp_end, dp_spent, dp_events = self._dp_sync_cp(plan, pipes, trace)
+            dp_end, dp_spent, dp_events, dp_collective = self._dp_sync_cp(plan, pipes, trace)
         memory, optim = self._memory_and_optimizer(plan, pipes)
         if shard_comm and plan.zero <= 2:
             self._add_param_gather(plan, pipes, shard_comm, optim)
         sync_end = max(max(p.makespan for p in pipes), dp_end)
-        return _Step(pipes, dp_end, dp_spent, dp_events, optim, memory, sync_end, sync_end + max(optim.values()))
+        return _Step(pipes, dp_end, dp_spent, dp_events, optim, memory, sync_end, sync_end + max(optim.values()),
+                     dp_collective)
 
     def estimate(self, plan: Plan, *, validate: bool = False) -> Estimate:
         """Step time and memory fit only: the same model as :meth:`simulate`, without the report."""
@@ -1410,6 +1460,7 @@ class Simulator:
                     "pp_blocked_s": sum(pipe.fwd_send[k] + pipe.bwd_send[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
+                    "dp_collective": run.dp_collective.get((r, d), ""),
                     "bubble_s": self._bubble_s(rep, pipe, d),
                     "sync_wait_s": float(run.sync_end - pipe.makespan),
                     "optimizer_s": run.optim[(r, d)],

@@ -31,7 +31,7 @@ def test_the_core_contract_names_every_core_module() -> None:
         assert not missing, f"pyproject.toml: contract {contract!r}: add hetpart.{', hetpart.'.join(missing)}"
 
 
-DOCTESTED = ["hetpart.vocabulary", "hetpart.costmodel.device_group", "hetpart.costmodel.predictor", "hetpart.costmodel.simulator", "hetpart.policies.registry",
+DOCTESTED = ["hetpart.vocabulary", "hetpart.costmodel.device_group", "hetpart.costmodel.predictor", "hetpart.costmodel.simulator", "hetpart.costmodel.nccl", "hetpart.policies.registry",
              "hetpart.policies.common"]
 
 

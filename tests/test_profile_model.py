@@ -68,9 +68,12 @@ def test_a_profile_equal_to_the_analytic_terms_predicts_the_same_step(cluster, s
     plain = Simulator(model, cluster, overlap_grad_reduce=False).simulate(plan)
     profiled = Simulator(model, cluster, overlap_grad_reduce=False,
                          profile=analytic_profile(model, cluster)).simulate(plan)
-    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+    # all-reduces over measured links are a plain ring on the measured latency; the analytic ones NCCL's
+    # tuner's lines (tens of microseconds of protocol latency more): the same up to those
+    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-3)
     assert [b["compute_s"] for b in profiled.breakdown] == pytest.approx([b["compute_s"] for b in plain.breakdown])
-    assert [b["dp_comm_s"] for b in profiled.breakdown] == pytest.approx([b["dp_comm_s"] for b in plain.breakdown])
+    assert [b["dp_comm_s"] for b in profiled.breakdown] == pytest.approx([b["dp_comm_s"] for b in plain.breakdown],
+                                                                         rel=1e-3, abs=1e-4)
     assert profiled.provenance["device_types"]["A100-80GB"]["compute"] == "measured"
     assert plain.provenance["device_types"]["A100-80GB"]["compute"] == "fitted"
 

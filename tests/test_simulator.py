@@ -252,7 +252,8 @@ def test_gradient_all_reduce_after_the_backward_when_not_overlapped(gpt2):
         Replica(0.5, (Stage((0, 12), ("0/2/0",)), Stage((12, 34), ("0/3/0",))))))
     sim = Simulator(llama, cluster, overlap_grad_reduce=False)
     run = sim._run(cut)
-    t = {(seg.a, seg.z): sim._allreduce_s(seg.nbytes, sim._ring(cut, seg.holders)) for seg in sim._dp_segments(cut)}
+    t = {(seg.a, seg.z): sim._bucketed_s(seg.nbytes, seg.last_bytes, sim._ring(cut, seg.holders))
+         for seg in sim._dp_segments(cut)}
     assert set(t) == {(0, 12), (12, 20), (20, 34)}
     done = [p.last_bwd for p in run.pipes]  # per replica, per stage
     first_two = max(max(done[0][0], done[1][0]) + t[(0, 12)], max(done[0][1], done[1][1]) + t[(20, 34)])
@@ -302,11 +303,15 @@ def test_simulator_matches_the_event_reference_on_seeded_random_plans(gpt2, monk
 
 def test_allreduce_cost_lines_give_the_time_and_depend_only_on_the_nodes():
     from hetpart.costmodel import allreduce_cost
+    from hetpart.costmodel.collectives import allreduce_lines
 
     c = load_cluster("h100-a100-two-zones")
     ids = [f"0/{n}/{i}" for n in range(2) for i in range(8)]
     lines = allreduce_cost(ids, c)
-    assert len(lines) == 2  # flat ring and hierarchical
+    # NCCL's ring and tree under LL, LL128 and Simple (H100 over NVLink and InfiniBand), and the hierarchical
+    assert {line.name for line in allreduce_lines(ids, c)} == {
+        f"{a}/{p}" for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")} | {"hierarchical/Simple"}
+    assert len(lines) == 7
     for nbytes in (1e3, 1e6, 1e9):
         assert allreduce_time_s(nbytes, ids, c) == pytest.approx(min(a + b * nbytes for a, b in lines))
     # other devices on the same nodes: same cost (the simulator caches by member nodes)

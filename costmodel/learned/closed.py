@@ -9,7 +9,7 @@ costs only:
   (:func:`~hetpart.costmodel.compute.unit_tp_comm_s`) on the group's slowest hop
   (:func:`~hetpart.costmodel.device_group.device_group_facts`); the link between two devices
   (:func:`~hetpart.costmodel.links.achieved_link`) and a node's NIC bandwidth; the cost lines of one
-  ring all-reduce among given members at a given concurrency
+  all-reduce among given members at a given concurrency (NCCL's algorithm x protocol candidates)
   (:func:`~hetpart.costmodel.collectives.allreduce_cost`). All cached per scenario.
 * **composition** (this module's, numpy over every replica and gradient run of the batch):
   pipeline transfers whose NICs are shared by the cross-node transfers leaving each node at once,
@@ -394,11 +394,14 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     ku, kfirst, kinv = np.unique(rkey, return_index=True, return_inverse=True)
     kinv = kinv.reshape(-1)
     ids = cc.enc._vec["dev_ids"]
-    lines = np.full((len(ku), 2, 2), np.inf)
-    for j, (k, g) in enumerate(zip(ku.tolist(), kfirst.tolist())):
+    found = []
+    for k, g in zip(ku.tolist(), kfirst.tolist()):
         members = [ids[d] for d in m_dev[starts[g]:ends[g]].tolist()]
-        ls = cc.ring_lines(k, members, float(conc[g]))
-        for i, (fixed, per_byte) in enumerate(ls[:2]):
+        found.append(cc.ring_lines(k, members, float(conc[g])))
+    # every candidate line of NCCL's tuner (algorithm x protocol, and the hierarchical all-reduce)
+    lines = np.full((len(ku), max(map(len, found), default=1) or 1, 2), np.inf)
+    for j, ls in enumerate(found):
+        for i, (fixed, per_byte) in enumerate(ls):
             lines[j, i] = (fixed, per_byte)
     prec = cc.precision
     scale = _grad_reduce_bytes(prec) / DTYPE_BYTES[prec]
@@ -413,7 +416,9 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
         c = np.where(np.isfinite(c), c, np.inf).min(1)
         return np.where((x > 0) & np.isfinite(c), c, 0.0)
 
-    t, t_last = cost(nb), cost(last_b)
+    # one NCCL call per bucket, each at its own algorithm (the simulator's _bucketed_s)
+    calls = np.where(last_b > 0, np.maximum(1.0, np.ceil(nb / np.where(last_b > 0, last_b, 1.0) - 1e-9)), 1.0)
+    t, t_last = calls * cost(nb / calls), cost(last_b)
     rdma_all = np.logical_and.reduceat(cc.node_rdma[m_node], starts)
     tcp = crossing & ~rdma_all & ~tied
     # readiness: the holder's last backward (less the blocking send that ends it), less the units
