@@ -50,8 +50,8 @@ def test_ring_wins_large_messages_on_few_nodes():
 
 def test_latency_linear_for_rings_logarithmic_for_trees():
     def fixed(nodes, algorithm):
-        return {l.algorithm: l.fixed_s for l in nccl_lines(RingShape(nodes, nodes, 1, 24.0, "nvlink"))
-                if l.protocol == "Simple"}[algorithm]
+        return {line.algorithm: line.fixed_s for line in nccl_lines(RingShape(nodes, nodes, 1, 24.0, "nvlink"))
+                if line.protocol == "Simple"}[algorithm]
 
     ring = [fixed(n, "ring") for n in (2, 4, 8, 16, 32)]
     tree = [fixed(n, "tree") for n in (2, 4, 8, 16, 32)]
@@ -78,7 +78,7 @@ def test_the_time_rises_with_bytes_and_with_members():
 
 def test_protocols_follow_what_nccl_enables():
     def names(c, ids):
-        return {l.name for l in allreduce_lines(ids, c)}
+        return {line.name for line in allreduce_lines(ids, c)}
 
     a100 = _cluster(1)
     assert names(a100, _all(a100)) == {"ring/LL", "ring/LL128", "ring/Simple"}
@@ -100,16 +100,16 @@ def test_protocols_follow_what_nccl_enables():
 def test_slow_hops_pay_their_own_latency():
     # 20 us per step through host memory, 20 us per TCP hop (the catalog's): a protocol saves no wire time
     host = _cluster(1, gpu="RTX3090-24GB", intra="PCIe4-host")
-    ll = {l.name: l for l in allreduce_lines(_all(host), host)}["ring/LL"]
+    ll = {line.name: line for line in allreduce_lines(_all(host), host)}["ring/LL"]
     assert ll.fixed_s == pytest.approx((BASE_LAT_US[("ring", "LL")] + 14 * 20.0) * 1e-6)
     tcp = _cluster(4, nic="Ethernet-100", nics=1)
-    ring = {l.name: l for l in allreduce_lines(_one_per_node(tcp), tcp)}["ring/Simple"]
+    ring = {line.name: line for line in allreduce_lines(_one_per_node(tcp), tcp)}["ring/Simple"]
     assert ring.fixed_s == pytest.approx((BASE_LAT_US[("ring", "Simple")] + 6 * tcp.groups[0].nic.latency_us) * 1e-6)
 
 
 def test_the_hierarchical_all_reduce_is_still_a_candidate_and_shares_the_nics():
     c = _cluster(4, nics=1)
-    names = {l.name for l in allreduce_lines(_all(c), c)}
+    names = {line.name for line in allreduce_lines(_all(c), c)}
     assert "hierarchical/Simple" in names and "tree/Simple" in names
     alone, shared = allreduce_time_s(1e9, _one_per_node(c), c), allreduce_time_s(1e9, _one_per_node(c), c, 4)
     assert shared == pytest.approx(4 * alone, rel=0.01)  # four rings through one NIC per node
