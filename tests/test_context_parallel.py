@@ -252,7 +252,9 @@ def test_a_profile_equal_to_the_analytic_terms_predicts_the_same_cp_step(tmp_pat
     plain = Simulator(model, cluster).simulate(plan)
     base = analytic_profile(model, cluster)
     profiled = Simulator(model, cluster, profile=base).simulate(plan)
-    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+    # measured links price all-reduces as a plain ring on their latency, the analytic ones as NCCL's
+    # tuner (protocol latencies of tens of microseconds more): the same up to those
+    assert profiled.step_time_s == pytest.approx(plain.step_time_s, rel=1e-3)
     assert [b["compute_s"] for b in profiled.breakdown] == pytest.approx([b["compute_s"] for b in plain.breakdown])
     slow = Profile(devices=base.devices, device_types=base.device_types, links=base.links,
                    compute=tuple(ComputeEntry(**{**e.__dict__, "fwd_s": e.fwd_s * 3, "bwd_s": e.bwd_s * 3})

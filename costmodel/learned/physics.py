@@ -222,5 +222,5 @@ def _rings(sim, plan: Plan, mine: list[int], seg_a, seg_t, seg_last, seg_tcp, se
             seg_t[g] = sim._sharded_sync_s(plan, pairs, seg.nbytes)
             seg_last[g] = sim._sharded_sync_s(plan, pairs, seg.last_bytes)
             continue
-        seg_t[g] = sim._allreduce_s(seg.nbytes, ring)
+        seg_t[g] = sim._bucketed_s(seg.nbytes, seg.last_bytes, ring)  # one NCCL call per bucket
         seg_last[g] = sim._allreduce_s(seg.last_bytes, ring)
