@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["SCENARIOS", "rows", "section", "BEFORE_COMMIT"]
+__all__ = ["SCENARIOS", "rows", "rows_at_commit", "section", "BEFORE_COMMIT"]
 
 BEFORE_COMMIT = "e1e3621"
 """main before issue 9's communication work (links at line rate, sends hidden, unit-sized buckets)."""
@@ -73,7 +73,13 @@ def rows() -> list[dict]:
 
 
 def _before_rows() -> list[dict] | None:
-    """:func:`rows` under the simulator of :data:`BEFORE_COMMIT` (None when git cannot check it out).
+    """:func:`rows` under the simulator of :data:`BEFORE_COMMIT` (None when git cannot check it out)."""
+    return rows_at_commit(BEFORE_COMMIT, __file__)
+
+
+def rows_at_commit(commit: str, script: str) -> list[dict] | None:
+    """The JSON lines ``script`` prints when run against the tree of ``commit`` (None when git cannot
+    check it out).
 
     The old tree is imported alone: ``python -S`` skips the editable install's hooks (they would map
     ``hetpart`` back onto this checkout) and ``PYTHONPATH`` names the old tree, then the dependencies."""
@@ -86,7 +92,7 @@ def _before_rows() -> list[dict] | None:
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="hetpart-before-") as tmp:
         where = Path(tmp) / "tree"
-        added = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(where), BEFORE_COMMIT],
+        added = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(where), commit],
                                capture_output=True, text=True)
         if added.returncode != 0:
             return None
@@ -96,7 +102,7 @@ def _before_rows() -> list[dict] | None:
                     (where / "hetpart" / part).symlink_to(Path("..") / part)
             path = os.pathsep.join([str(where), sysconfig.get_paths()["purelib"]])
             env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-            run = subprocess.run([sys.executable, "-S", str(Path(__file__).resolve())], capture_output=True,
+            run = subprocess.run([sys.executable, "-S", str(Path(script).resolve())], capture_output=True,
                                  text=True, env=env, cwd=tmp, check=True)
             return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
         finally:

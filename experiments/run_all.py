@@ -52,6 +52,12 @@ def _nic_sensitivity() -> Section:
     return section()
 
 
+def _nccl_choice() -> Section:
+    from hetpart.experiments.bench_nccl import section
+
+    return section()
+
+
 def _simulator_validation() -> Section:
     from hetpart.experiments.bench_validation import section
 
@@ -117,6 +123,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "uneven-tp": _uneven_tp,
     "uneven-tp-mixed": _uneven_tp_mixed,
     "nic-sensitivity": _nic_sensitivity,
+    "nccl-choice": _nccl_choice,
     "sharded": _sharded,
     "profile-truth": _profile_truth,
     "memory-validation": _memory_validation,
