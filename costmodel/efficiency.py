@@ -34,10 +34,19 @@ Curves (``CURVES``), one per architecture (``GPUSpec.arch``):
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
   (``calibration.anchor_volta_e_max``); plain fp32 products reach 70% of the fp32 peak (outside
   checks of published V100 fp32 runs), not the tensor cores' fraction.
-* ``turing`` (Volta's tensor-core generation, fp16 only), ``ada`` (Ampere's SM and tensor cores),
-  ``cdna2``/``cdna3`` (AMD), ``pascal``, ``davinci`` and unknown types -- ASSUMED: the curve of the
-  nearest generation named in :data:`_ASSUMED_FROM`, scaled by peak; no published end-to-end figure
-  with enough setup detail was found to fit them.
+* ``cdna3`` (MI300X), ``cdna2`` (MI250X), ``ada`` (RTX 4090, L20) and the T4 -- PUBLISHED: ``e_max``
+  set, per precision where a number exists, to one published large-product GEMM measurement
+  (:mod:`hetpart.costmodel.published_gemm`: AMD's Max-Achievable FLOPs table for MI300X, a MAMF
+  sweep for one MI250X GCD, cuBLAS on an L20 for Ada, a cuBLAS run on a power-capped 70 W T4); the
+  published fraction of peak is taken as the plateau itself (such best-shape figures sit 2-6% above
+  the fitted ``e_max`` on A100 and H100). Precisions without a published number keep their earlier
+  assumed fraction, and the size fall-off (``w0``, ``t0``), memory-bound traffic and per-operator cost
+  stay the nearest fitted generation's, scaled by peak: no source gives sizes small enough to fit them.
+* ``turing`` (RTX 2080 Ti, TITAN RTX: Volta's tensor-core generation, fp16 only), ``pascal``,
+  ``davinci``, the L4 and unknown types -- ASSUMED: the curve of the nearest generation named in
+  :data:`_ASSUMED_FROM` (per device type: :data:`DEVICE_CURVES`), scaled by peak; no fair published
+  measurement was found for them (the T4's power-capped figure does not speak for 250-280 W boards, the
+  L20's for the 72 W L4).
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from dataclasses import dataclass, replace
 
 from hetpart.hardware import GPUSpec
 
-__all__ = ["EfficiencyCurve", "CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width", "HOST_US_PER_OP",
+__all__ = ["EfficiencyCurve", "CURVES", "DEVICE_CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width", "HOST_US_PER_OP",
            "UNALIGNED_FRACTION", "aligned", "effective_precision"]
 
 HOST_US_PER_OP = 11.2
@@ -78,7 +87,7 @@ class EfficiencyCurve:
     peak_ref_tflops: float
     """Dense 16-bit peak of the reference device of the curve, TFLOPS."""
     status: str
-    """``fitted``, ``anchored`` or ``assumed``, and to what."""
+    """``fitted``, ``anchored``, ``published`` or ``assumed``, and to what."""
     act_traffic: float = 0.0
     """Memory-bound work (norms, softmax, dropout, activations, residuals): HBM bytes moved in a
     forward pass per byte of activations a unit saves without recomputation (the backward moves twice
@@ -89,6 +98,11 @@ class EfficiencyCurve:
     """Fraction of the TF32 peak reached by very large products (0: ``e_max``)."""
     e_max_fp32: float = 0.0
     """Fraction of the plain fp32 (CUDA-core) peak reached by very large products (0: ``e_max``)."""
+    e_max_fp16: float = 0.0
+    """Fraction of the 16-bit peak reached by very large fp16 products where it differs from bf16's
+    (0: ``e_max``; MI300X runs fp16 products at a lower clock than bf16)."""
+    e_max_fp8: float = 0.0
+    """Fraction of the fp8 peak reached by very large fp8 products (0: ``e_max``)."""
     host_us_per_op: float = HOST_US_PER_OP
     """Fixed host dispatch + launch cost per operator, microseconds (0 for emulated devices)."""
 
@@ -106,6 +120,10 @@ class EfficiencyCurve:
             return self.e_max_fp32 or self.e_max
         if precision == "tf32":
             return self.e_max_tf32 or self.e_max
+        if precision == "fp16":
+            return self.e_max_fp16 or self.e_max
+        if precision == "fp8":
+            return self.e_max_fp8 or self.e_max
         return self.e_max
 
     def efficiency(self, width: float, tokens: float, peak_tflops: float, precision: str = "bf16") -> float:
@@ -134,16 +152,53 @@ _VOLTA = EfficiencyCurve("volta", e_max=0.4616, w0_ref=_AMPERE.w0_ref, alpha=_AM
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
                          act_traffic=_AMPERE.act_traffic, t0_ref=_AMPERE.t0_ref, e_max_fp32=0.70)
 
-_ASSUMED_FROM = {"turing": _VOLTA, "pascal": _VOLTA, "ada": _AMPERE, "cdna2": _AMPERE, "cdna3": _AMPERE,
-                 "davinci": _AMPERE}
-"""Architectures without a fit: the curve of the nearest generation (Turing's tensor cores are Volta's
-generation with the same fp16-only units; Ada's SM is Ampere's; AMD and Huawei: the Ampere curve)."""
+# Published: e_max per precision = one published GEMM throughput / the dense peak it was measured
+# against (hetpart.costmodel.published_gemm; tests/test_fidelity.py checks they reproduce it). The
+# shape, memory-bound traffic and host cost are Ampere's (Volta's for the T4) scaled by peak, and a
+# precision without a published number keeps the value the architecture was assumed to have before.
+_CDNA3 = replace(_AMPERE, name="cdna3", e_max=0.5415, e_max_fp16=0.5002, e_max_fp8=0.4868,
+                 e_max_tf32=_AMPERE.e_max,
+                 status="published: AMD ROCm blog 'Measuring Max-Achievable FLOPs - Part 2' (2025), Table 1: "
+                        "MI300X hipBLASLt bf16 708, fp16 654, fp8 1273 TFLOPS")
+"""MI300X: bf16 0.5415, fp16 0.5002, fp8 0.4868 of the dense peaks (1307.4 / 2614.9 TFLOPS). TF32 keeps
+the Ampere fraction it was assumed to have (0.8081, no published xf32 figure) and plain fp32 Ampere's
+0.8982 (ASSUMED). A MAMF sweep with warm caches reached 781.9 TFLOPS bf16 (ml-engineering, ROCm 6.2):
+10% above AMD's figure, which is the one used."""
+_CDNA2 = replace(_AMPERE, name="cdna2", e_max=0.7676,
+                 status="published: ml-engineering MAMF table (Bekman), MI250X one GCD bf16 147.0 TFLOPS of 191.5 "
+                        "(ROCm 6.2)")
+"""One MI250X GCD: 16-bit products at 0.7676 of 191.5 TFLOPS (bf16 measured; fp16 runs at the same rate
+on CDNA2 and is taken equal). CDNA2 has no TF32 (fp32 runs plain, Ampere's 0.8982: ASSUMED)."""
+_ADA = replace(_AMPERE, name="ada", e_max=0.9728, e_max_tf32=_AMPERE.e_max, e_max_fp8=_AMPERE.e_max,
+               status="published: xlite-dev/LeetCUDA hgemm README, cuBLAS fp16 116.25 TFLOPS of 119.5 on an L20 "
+                      "(AD102, fp32 accumulate)")
+"""Ada with the GeForce AD102 rate (the L20's 512 FLOP/SM/clock, the rate of the catalog's RTX 4090
+peak with fp32 accumulation): 16-bit products at 0.9728. TF32 and fp8 keep the Ampere fraction they were
+assumed to have (0.8081), plain fp32 Ampere's 0.8982: no published Ada figure for them (ASSUMED)."""
+_T4 = replace(_VOLTA, name="turing", e_max=0.3692,
+              status="published: NVIDIA Developer Forums 'About GPU peak performance', T4 cuBLAS fp16 ~24 TFLOPS "
+                     "of 65 at 4096^3 (70 W power cap)")
+"""T4 (70 W): continuous fp16 products at 0.3692 of 65 TFLOPS, NVIDIA confirming the clock drop under its
+power cap as expected. Its plain fp32 keeps Volta's 0.70 (ASSUMED; the same cap likely lowers it too)."""
+
+_ASSUMED_FROM = {"turing": _VOLTA, "pascal": _VOLTA, "davinci": _AMPERE}
+"""Architectures without a fit or a published figure: the curve of the nearest generation (Turing's tensor
+cores are Volta's generation with the same fp16-only units; Huawei: the Ampere curve)."""
 
 CURVES: dict[str, EfficiencyCurve] = {
-    "ampere": _AMPERE, "hopper": _HOPPER, "volta": _VOLTA,
+    "ampere": _AMPERE, "hopper": _HOPPER, "volta": _VOLTA, "cdna3": _CDNA3, "cdna2": _CDNA2, "ada": _ADA,
     **{arch: replace(base, name=arch, status=f"assumed: the {base.name} curve, scaled by peak")
        for arch, base in _ASSUMED_FROM.items()},
 }
+
+DEVICE_CURVES: dict[str, EfficiencyCurve] = {
+    "T4-16GB": _T4,
+    "L4-24GB": replace(_AMPERE, name="ada",
+                       status="assumed: the ampere curve, scaled by peak (the published Ada figure is a 275 W "
+                              "L20's; the 72 W L4 is power-capped as the T4 is, by an unmeasured amount)"),
+}
+"""Catalog types whose curve is not their architecture's: the T4 (its own published, power-capped
+figure) and the L4 (kept on the assumption it had, since the Ada figure does not speak for it)."""
 
 _EMULATED = replace(_AMPERE, name="unknown", status="assumed: the ampere curve, scaled by peak", host_us_per_op=0.0,
                     e_max_fp32=0.0)
@@ -152,7 +207,11 @@ devices): the Ampere curve without fixed per-operator costs (an emulating CPU pr
 
 
 def curve_for(gpu: GPUSpec) -> EfficiencyCurve:
-    """The efficiency curve of ``gpu``'s architecture (:data:`_EMULATED` when it names none)."""
+    """The efficiency curve of ``gpu``: its type's own (:data:`DEVICE_CURVES`), else its architecture's
+    (:data:`_EMULATED` when it names none)."""
+    own = DEVICE_CURVES.get(gpu.name)
+    if own is not None and own.name == gpu.arch:
+        return own
     return CURVES.get(gpu.arch, _EMULATED)
 
 

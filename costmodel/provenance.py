@@ -6,7 +6,10 @@ Every prediction says, for each device type of the plan, whether its compute cam
   device or on a stand-in (``stand_in: true``: this machine's CPU measured for a cluster that names
   GPUs; the numbers then price running the plan on this machine);
 * ``fitted``: an efficiency curve fitted (or anchored) to published measurements of that generation;
-* ``assumed``: another generation's curve scaled by the device's peak;
+* ``published``: a curve whose large-product efficiency is a published GEMM measurement of that
+  generation (:mod:`hetpart.costmodel.published_gemm`), the rest of it another generation's;
+* ``assumed``: another generation's curve scaled by the device's peak (or a fitted/published curve
+  carried over to a device type it does not speak for);
 
 and carries the error band of that kind: the residuals of the predictions of that kind against
 measurements, with where they come from. The bands below are copied from ``docs/BENCHMARKS.md``
@@ -50,6 +53,16 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
         "from": "anchored to one published point (Shoeybi et al. 2019, 1.2B on one V100); checked on the same "
                 "paper's 8.3B run on 512 V100s (make bench BENCH=simulator-calibration)",
     },
+    "published": {
+        "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
+        "from": "large-product efficiency from one published GEMM figure per architecture (AMD's MAF table for "
+                "MI300X, a MAMF sweep for MI250X, cuBLAS on an L20 for Ada, a power-capped T4 run; "
+                "costmodel/published_gemm.py); no training run on these GPUs was used or checked. The rest of the "
+                "curve (small products, memory-bound kernels, per-operator cost) is Ampere's or Volta's scaled by "
+                "peak. The same kind of best-shape GEMM figure sits 6% (A100) and 2% (H100) above those "
+                "generations' fitted e_max: expect compute a few % optimistic on large work, and the small-work "
+                "errors of the fitted curves (2-50x too fast at micro-batch 1 on an H100)",
+    },
     "assumed": {
         "mean_abs_pct": 80.9, "signed_pct": [-87.6, 598.8], "rows": 120, "held_out": True,
         "from": "the Ampere curve scaled by peak against 120 per-unit times measured on an H100 (forward and "
@@ -61,7 +74,7 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
 
 
 def compute_kind(gpu, curve_of: Callable | None = None) -> tuple[str, str]:
-    """``(kind, curve description)`` of the analytic compute of ``gpu``: fitted or assumed."""
+    """``(kind, curve description)`` of the analytic compute of ``gpu``: fitted, published or assumed."""
     from hetpart.costmodel.efficiency import curve_for
 
     if curve_of is not None:
@@ -69,15 +82,19 @@ def compute_kind(gpu, curve_of: Callable | None = None) -> tuple[str, str]:
         return "fitted", f"{curve.name} (calibrated in this process: {curve.status})"
     curve = curve_for(gpu)
     status = curve.status.split(":", 1)[0].strip().lower()
-    kind = "fitted" if status in ("fitted", "anchored") else "assumed"
-    if kind == "fitted" and gpu.name.split("-")[0] not in _GENERATION_REFERENCE.get(curve.name, (gpu.name.split("-")[0],)):
+    kind = {"fitted": "fitted", "anchored": "fitted", "published": "published"}.get(status, "assumed")
+    family = gpu.name.split("-")[0]
+    if kind != "assumed" and family not in _GENERATION_REFERENCE.get(curve.name, (family,)):
         kind = "assumed"  # a generation's curve carried over to a type it was not fitted on
     return kind, f"{curve.name} ({curve.status})"
 
 
-_GENERATION_REFERENCE = {"ampere": ("A100", "A10", "A30", "A40", "A6000", "RTX3090", "RTX3080")}
-"""Device types an Ampere-fitted curve speaks for (the fit used A100s; other Ampere parts share the
-architecture). Other types priced with the Ampere curve are ``assumed``."""
+_GENERATION_REFERENCE = {"ampere": ("A100", "A10", "A30", "A40", "A6000", "RTX3090", "RTX3080"),
+                         "ada": ("L20", "RTX4090"), "cdna3": ("MI300X",), "cdna2": ("MI250X", "MI250"),
+                         "turing": ("T4",)}
+"""Device types a fitted or published curve speaks for (Ampere: the fit used A100s, other Ampere parts share
+the architecture; Ada: the L20 measured and the RTX 4090, the same AD102 tensor rate; the T4's curve is its
+own). Other types priced with such a curve (an L40S, an inline ``arch: ada`` type) are ``assumed``."""
 
 
 def _band(kind: str, curve_name: str) -> dict[str, Any]:
