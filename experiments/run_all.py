@@ -112,6 +112,12 @@ def _context_parallel() -> Section:
     return section()
 
 
+def _arch_efficiency() -> Section:
+    from hetpart.experiments.bench_arch_curves import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -128,6 +134,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "profile-truth": _profile_truth,
     "memory-validation": _memory_validation,
     "context-parallel": _context_parallel,
+    "arch-efficiency": _arch_efficiency,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
