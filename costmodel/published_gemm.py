@@ -12,7 +12,13 @@ Fair sources only (issue 9): GPU microbenchmarks and vendor-library GEMM results
 used, so the rest of each curve (how it falls for small products, the memory-bound kernels, the fixed
 cost per operator) stays the nearest fitted generation's, scaled by peak.
 
-``tests/test_fidelity.py`` checks that each published curve's constants reproduce its ``sets`` rows.
+``tests/test_published_curves.py`` checks that each published curve's constants reproduce its ``sets`` rows.
+
+Found and not used: a cuBLAS fp16 benchmark comment giving 92.7 TFLOPS on a TITAN RTX at 5376 x 5376 x
+2048 (a fork of KnowingNothing/MatmulTutorial's ``call_cublas.cu`` whose repository could not be
+identified to cite; its inputs are small integers, a low-toggle pattern that raises clocks, and the same
+file's A100 figures vary from 151 to 212 TFLOPS). No fair GEMM figure was found for the RTX 2080 Ti, the
+L4, Pascal or Ascend.
 """
 
 from __future__ import annotations
