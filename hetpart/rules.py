@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan, Replica
 
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
-           "split_sizes", "split_granularity", "tp_split_problems", "schedule_problems", "sharding_problems",
-           "uneven_shard_problems", "check"]
+           "split_sizes", "split_granularity", "tp_split_problems", "split_sharding_problems", "schedule_problems",
+           "sharding_problems", "uneven_shard_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -200,10 +200,7 @@ def check(plan: "Plan", model: "ModelGraph", cluster: "Cluster", rules: RuntimeR
         for j, s in enumerate(r.stages):
             if s.tp_split is not None:
                 out += tp_split_problems(model, s, f"replicas[{i}].stages[{j}]")
-                if getattr(plan, "zero", 0):
-                    out.append(f"replicas[{i}].stages[{j}].tp_split: an uneven split does not run with sharded data "
-                               f"parallelism (zero {plan.zero}: FSDP over uneven slices is not built); drop tp_split "
-                               "or use zero 0")
+                out += [f"replicas[{i}].stages[{j}].{why}" for why in split_sharding_problems(plan, rules)]
                 problems = [why for why in tp_problems(model, s.tp, rules) if not _split_covers(s.tp_split, why)]
                 out += [f"replicas[{i}].stages[{j}].tp: {why}" for why in problems]
             elif s.tp not in seen:
@@ -251,6 +248,24 @@ def sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
                            f"{'zero 1' if plan.zero >= 2 and not with_tp else 'zero 0'}")
                 break
     return out
+
+
+def split_sharding_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
+    """Why sharded data parallelism does not run beside an uneven ``tp_split`` in ``plan`` (empty when it
+    does). Levels 1-2 run on hetpart's distributed optimizer, whose ranges are cut from each rank's local
+    slice (:mod:`hetpart.runtime.dist_optimizer`); level 3 is torch FSDP2's, whose DTensor shards follow
+    ``torch.chunk`` and cannot hold an uneven slice; hybrid sharding is not built for them."""
+    zero = getattr(plan, "zero", 0)
+    if not zero:
+        return []
+    if zero not in rules.uneven_shard_levels:
+        return [f"tp_split: an uneven split does not run at zero {zero} (torch FSDP2 shards DTensors, which "
+                f"cannot hold an uneven slice); use zero {' or '.join(map(str, rules.uneven_shard_levels))}, "
+                "or drop tp_split"]
+    if plan.shard_group:
+        return ["tp_split: an uneven split does not run with hybrid sharding (shard_group); use shard_group 0, "
+                "or drop tp_split"]
+    return []
 
 
 def uneven_shard_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:

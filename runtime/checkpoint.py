@@ -68,10 +68,10 @@ def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = _whole_slices(executor, _state(executor, create=False))
+    state = _state(executor, create=False)
     if getattr(executor, "dist_optimizer", None) is not None:
         state.update(executor.dist_optimizer.whole_states())
-    dcp.save(state, checkpoint_id=str(directory))
+    dcp.save(_whole_slices(executor, state), checkpoint_id=str(directory))
     if not dist.is_initialized() or dist.get_rank() == 0:
         info = {"next_step": next_step, "model": executor.spec.name, "num_units": len(executor.infos),
                 **(meta or {})}
@@ -94,10 +94,10 @@ def load_checkpoint(directory: str | Path, executor) -> int:
         raise RuntimeFault(f"{directory}: the checkpoint holds a model of {info.get('num_units')} units "
                            f"({info.get('model')}) but this run has {len(executor.infos)}; give another --checkpoint")
     local = _state(executor, create=True)
-    state = _whole_slices(executor, local, gather=False)
     dist_opt = getattr(executor, "dist_optimizer", None)
-    if dist_opt is not None:
-        state.update(dist_opt.whole_states())  # tensors of the right shapes, which dcp.load overwrites
+    sharded = dist_opt.whole_states() if dist_opt is not None else {}  # shaped as held here; dcp.load fills them
+    local.update(sharded)
+    state = _whole_slices(executor, local, gather=False)
     try:
         dcp.load(state, checkpoint_id=str(directory))
     except Exception as exc:  # DCP raises plain exceptions (missing keys, shape mismatches)
@@ -105,7 +105,7 @@ def load_checkpoint(directory: str | Path, executor) -> int:
                            f"({' '.join(str(exc).split())[:200]}); it was written for another model or plan") from None
     _cut_slices(executor, local, state)
     if dist_opt is not None:
-        dist_opt.load_whole_states(state)
+        dist_opt.load_whole_states({k: local[k] for k in sharded})  # loaded in place, slices cut in
     return int(info["next_step"])
 
 

@@ -30,12 +30,22 @@ bucket.
 
 Buckets are processed in the layout's global order (unit, then ranks), so ranks that share several
 buckets issue their collectives in one order.
+
+Uneven tensor parallelism (``tp_split``): each rank holds a slice of every split parameter. Where the
+replicas of a unit are split alike, every data-parallel peer holds the same slice and the flat space is
+that of the local slices. Where they are split differently (one replica 11:11:11:7 heads, the other
+even), the layout gives one bucket of every holder (``full``); here each key is cut at every holder's
+slice boundary along its TP dimension, and the pieces held by the same ranks (one per replica) form one
+bucket. Its flat space is then that of the piece, and each holder owns its fraction of it, so a rank's
+states are its replica's fraction of its own slice, and a gradient crosses only its data-parallel peers
+of that piece (no full-size exchange). A copy held by a whole TP group (norms, a stage split evenly by
+DTensor holding what another replica slices) counts ``1 / tp`` from each of its holders.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -50,9 +60,13 @@ Method = Literal["padded", "all_to_all", "all_reduce"]
 
 
 def uses_sharded_adam(plan) -> bool:
-    """Whether ``plan`` runs on this optimizer: levels 1-2 with uneven shard fractions (even shards run
-    on FSDP2, :mod:`hetpart.runtime.sharded`)."""
-    return plan.zero in (1, 2) and plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1
+    """Whether ``plan`` runs on this optimizer: levels 1-2 with uneven shard fractions, or with an uneven
+    tensor-parallel split (``tp_split``: local slices, which FSDP2's DTensor shards cannot hold). Other
+    sharded plans run on FSDP2 (:mod:`hetpart.runtime.sharded`)."""
+    if plan.zero not in (1, 2):
+        return False
+    uneven = plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1
+    return uneven or any(s.tp_split is not None for r in plan.replicas for s in r.stages)
 
 
 def uneven_ranges(numel: int, fractions: list[float]) -> list[tuple[int, int]]:
@@ -72,22 +86,50 @@ def uneven_ranges(numel: int, fractions: list[float]) -> list[tuple[int, int]]:
     return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """One piece of a bucket's flat space: this rank's parameter ``param`` whole (``dim`` None), or its
+    elements ``[start, start + length)`` along ``dim`` (its slice of an uneven split, cut where the other
+    replicas' slices start and end)."""
+
+    param: torch.nn.Parameter
+    key: str
+    dim: int | None = None
+    start: int = 0
+    length: int = 0
+    scale: float = 1.0
+    """What this rank's gradient counts for: ``1 / tp`` where the rank holds a copy that its whole TP
+    group holds too (the group adds up to one replica's gradient), else 1."""
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        """The segment's part of ``t`` (a tensor shaped as the parameter is held here)."""
+        return t if self.dim is None else t.narrow(self.dim, self.start, self.length)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.view(_local(self.param)).shape
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
 @dataclass
 class _Bucket:
-    """The parameters of one unit held by one set of ranks, and this rank's range of their flat space."""
+    """Segments held by one set of ranks, and this rank's range of their flat space."""
 
     ranks: tuple[int, ...]
-    keys: tuple[str, ...]
-    params: list[torch.nn.Parameter]
+    segments: list[_Segment]
     ranges: list[tuple[int, int]]
     """Per member (in ``ranks`` order): ``(start, length)`` in the bucket's flat space."""
     me: int
     shard_at: int
     """Where this rank's range starts in its shard (the owned ranges of its buckets, one after another)."""
     group: Any
-    pending: int = 0
-    """Level 2: parameters whose gradient this micro-batch's backward has produced so far."""
-    numels: list[int] = field(default_factory=list)
+
+    @property
+    def numels(self) -> list[int]:
+        return [s.numel for s in self.segments]
 
     @property
     def numel(self) -> int:
@@ -97,11 +139,117 @@ class _Bucket:
     def mine(self) -> tuple[int, int]:
         return self.ranges[self.me]
 
+    def flat(self, tensors: dict[str, torch.Tensor], scaled: bool = False) -> torch.Tensor:
+        """The bucket's flat space cut from ``tensors`` (key -> this rank's tensor of that parameter)."""
+        parts = []
+        for s in self.segments:
+            t = s.view(tensors[s.key]).reshape(-1)
+            parts.append(t * s.scale if scaled and s.scale != 1.0 else t)
+        return torch.cat(parts)
+
+    def scatter(self, flat: torch.Tensor, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the bucket's flat space back into ``tensors`` (key -> this rank's tensor)."""
+        for s, piece in zip(self.segments, torch.split(flat, self.numels)):
+            s.view(tensors[s.key]).copy_(piece.view(s.shape))
+
+
+@dataclass
+class _Unit:
+    """The parameters of one layout bucket (one unit's keys held by one set of ranks) and the buckets its
+    flat space is cut into: one where the holders' slices match, one per holder set where replicas are
+    split differently (:func:`_pieces`)."""
+
+    params: list[torch.nn.Parameter]
+    keys: list[str]
+    buckets: list[_Bucket]
+    pending: int = 0
+    """Level 2: parameters whose gradient this micro-batch's backward has produced so far."""
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     from hetpart._torch_compat import local_tensor
 
     return local_tensor(t)
+
+
+def _slice_table(ex: "Executor") -> dict[str, tuple[int | None, int, int, int]]:
+    """Key -> ``(dim, offset, length, tp)`` of what this rank holds of each of its parameters: its slice
+    along ``dim`` (the TP dimension) at ``offset``, or the whole tensor (``dim`` None), and its TP degree."""
+    out = {}
+    for key, p in ex.params.items():
+        local = _local(p)
+        dim = ex._shard(key).tp_dim
+        if dim is None:
+            out[key] = (None, 0, 0, ex.role.tp)
+        else:
+            out[key] = (dim, ex._offset(key, local, dim), local.shape[dim], ex.role.tp)
+    return out
+
+
+def _pieces(key: str, ranks: tuple[int, ...], tables: list[dict], size: dict[str, tuple[int, ...]]
+            ) -> list[tuple[tuple[int, ...], int | None, int, int]]:
+    """Where replicas are split differently, the pieces of ``key``: ``(holders, dim, start, end)`` for each
+    run of its TP dimension between two consecutive slice boundaries of any holder, with the ranks whose
+    slice covers it (one per replica whose stage splits the key; a replica holding it whole counts every
+    rank of its TP group). A key no holder splits is one piece held by all."""
+    dims = {tables[r][key][0] for r in ranks} - {None}
+    if not dims:
+        return [(ranks, None, 0, 0)]
+    if len(dims) > 1:
+        raise RuntimeError(f"dist_optimizer: {key} is split along different dimensions by its holders")
+    dim = dims.pop()
+    extent = size[key][dim]
+    spans = {}
+    for r in ranks:
+        d, off, length, _ = tables[r][key]
+        spans[r] = (0, extent) if d is None else (off, off + length)
+    cuts = sorted({0, extent} | {x for span in spans.values() for x in span})
+    return [(tuple(r for r in ranks if spans[r][0] <= a and b <= spans[r][1]), dim, a, b)
+            for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _cuts(ex: "Executor", tables) -> list:
+    """Every layout bucket of two or more ranks (tied keys aside, every rank cuts every bucket, so that all
+    create the same groups): ``(bucket, keys, [(holders, [(key, dim, start, end), ...]), ...])``, one
+    entry of the list per set of holders (the bucket's ranks where they hold alike slices)."""
+    from hetpart.runtime.sharded import _tied_keys
+
+    sizes = {k: tuple(info.shape) for k, info in ex._param_info.items()}
+    tied = _tied_keys(ex)
+    out = []
+    for b in ex.layout.buckets:
+        held = tuple(k for k in b.keys if k not in tied)
+        if len(b.ranks) < 2 or not held:
+            continue
+        if not b.full:
+            out.append((b, held, [(b.ranks, [(k, None, 0, 0) for k in held])]))
+            continue
+        groups: dict[tuple[int, ...], list] = {}
+        for key in held:
+            for holders, dim, a, z in _pieces(key, b.ranks, tables, sizes):
+                groups.setdefault(holders, []).append((key, dim, a, z))
+        out.append((b, held, list(groups.items())))
+    return out
+
+
+def _copy_scale(entry: tuple[int | None, int, int, int]) -> float:
+    """``1 / tp`` for a rank that holds a whole copy its TP group holds too (slice table ``entry``), else 1."""
+    dim, _, _, tp = entry
+    return 1.0 / tp if dim is None and tp > 1 else 1.0
+
+
+def _segment(ex: "Executor", full: bool, key: str, dim: int | None, a: int, z: int, tables) -> _Segment:
+    """This rank's segment of the piece ``[a, z)`` along ``dim`` of ``key`` (the whole tensor when ``dim``
+    is None); in a ``full`` bucket a copy that the whole TP group holds counts ``1 / tp``."""
+    p = ex.params[key]
+    if not full:
+        return _Segment(p, key)
+    mine = tables[ex.rank][key]
+    scale = _copy_scale(mine)
+    if dim is None:
+        return _Segment(p, key, scale=scale)
+    offset = 0 if mine[0] is None else mine[1]
+    return _Segment(p, key, dim, a - offset, z - a, scale)
 
 
 class ShardedAdam:
@@ -122,25 +270,15 @@ class ShardedAdam:
             method = "padded" if ex.device.type == "cuda" else "all_to_all"
         self.ex, self.lr, self.betas, self.eps, self.method = ex, lr, betas, eps, method
         self.level = ex.plan.zero
-        self.buckets: list[_Bucket] = []
+        self.units = self._units(ex, keys)
+        self.buckets: list[_Bucket] = [b for u in self.units for b in u.buckets]
         at = 0
-        for b in ex.layout.buckets:
-            if ex.rank not in b.ranks:
-                continue
-            mine = tuple(k for k in b.keys if k in keys)
-            if not mine:
-                continue
-            params = [ex.params[k] for k in mine]
-            numels = [_local(p).numel() for p in params]
-            fractions = [ex.plan.shard_fraction(ex.layout.roles[r].replica) for r in b.ranks]
-            ranges = uneven_ranges(sum(numels), fractions)
-            me = b.ranks.index(ex.rank)
-            self.buckets.append(_Bucket(b.ranks, mine, params, ranges, me, at, ex.groups.group(b.ranks),
-                                        numels=numels))
-            at += ranges[me][1]
+        for bucket in self.buckets:
+            bucket.shard_at = at
+            at += bucket.mine[1]
         self.numel = at
         """Elements of this rank's shard."""
-        dtype = self.buckets[0].params[0].dtype if self.buckets else torch.float32
+        dtype = self.units[0].params[0].dtype if self.units else torch.float32
         self.keeps_master = dtype != torch.float32
         device = ex.device
         self.exp_avg = torch.zeros(at, dtype=torch.float32, device=device)
@@ -152,45 +290,83 @@ class ShardedAdam:
         self.comm_s = 0.0
         self._hooks = []
         if self.level == 2:
-            for bucket in self.buckets:
-                for p in bucket.params:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook_for(bucket)))
+            for unit in self.units:
+                for p in unit.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook_for(unit)))
+
+    @staticmethod
+    def _units(ex: "Executor", keys: set[str]) -> list[_Unit]:
+        """The layout's buckets this rank holds keys of, each cut into the buckets that move its flat space.
+
+        Where every holder holds the same slice (replicas split alike), a unit is one bucket of whole
+        local tensors. Where replicas are split differently (a ``full`` layout bucket), each key is cut at
+        every holder's slice boundaries (:func:`_pieces`) and the pieces with the same holders form one
+        bucket, so each rank's states are its fraction of its own slice. Pieces need every holder's
+        slices (one all-gather of the tables over the world, where the plan has such buckets) and the
+        groups of their holder sets (created collectively)."""
+        plan, roles = ex.plan, ex.layout.roles
+        tables = None
+        if any(b.full for b in ex.layout.buckets):
+            tables = [None] * dist.get_world_size()
+            dist.all_gather_object(tables, _slice_table(ex))
+        cuts = _cuts(ex, tables)
+        if tables is not None:
+            ex.groups.add([h for _, _, subs in cuts for h, _ in subs])
+        units = []
+        for b, held, subs in cuts:
+            mine = [k for k in held if k in keys]
+            if ex.rank not in b.ranks or not mine:
+                continue
+            buckets = []
+            for holders, pieces in subs:
+                pieces = [piece for piece in pieces if piece[0] in keys]
+                if ex.rank not in holders or not pieces:
+                    continue
+                segments = [_segment(ex, b.full, key, dim, a, z, tables) for key, dim, a, z in pieces]
+                weights = [plan.shard_fraction(roles[r].replica) * (_copy_scale(tables[r][pieces[0][0]]) if b.full
+                                                                   else 1.0) for r in holders]
+                buckets.append(_Bucket(holders, segments, uneven_ranges(sum(s.numel for s in segments), weights),
+                                       holders.index(ex.rank), 0, ex.groups.group(holders)))
+            units.append(_Unit([ex.params[k] for k in mine], mine, buckets))
+        return units
 
     # --------------------------------------------------------------------------- gradients
     def start_step(self) -> None:
         """Before a step's first forward: no gradient shard yet (level 2 accumulates into a fresh one)."""
         self.grad_shard = torch.zeros(self.numel, dtype=torch.float32, device=self.ex.device) if self.level == 2 else None
-        for bucket in self.buckets:
-            bucket.pending = 0
+        for unit in self.units:
+            unit.pending = 0
 
-    def _hook_for(self, bucket: _Bucket):
+    def _hook_for(self, unit: _Unit):
         def hook(_param: torch.Tensor) -> None:
-            bucket.pending += 1
-            if bucket.pending == len(bucket.params):
-                self._reduce_into_shard(bucket)
+            unit.pending += 1
+            if unit.pending == len(unit.params):
+                self._reduce_into_shard(unit)
         return hook
 
     def finish_backward(self) -> None:
-        """After the last backward: level 1 reduce-scatters every bucket's accumulated gradient; level 2
-        reduces what no hook has (a parameter that got no gradient this micro-batch), in bucket order."""
+        """After the last backward: level 1 reduce-scatters every unit's accumulated gradient; level 2
+        reduces what no hook has (a parameter that got no gradient this micro-batch), in unit order."""
         if self.level == 1:
             self.grad_shard = torch.zeros(self.numel, dtype=torch.float32, device=self.ex.device)
-            for bucket in self.buckets:
-                self._reduce_into_shard(bucket)
+            for unit in self.units:
+                self._reduce_into_shard(unit)
         else:
-            for bucket in self.buckets:
-                if bucket.pending:
-                    self._reduce_into_shard(bucket)
+            for unit in self.units:
+                if unit.pending:
+                    self._reduce_into_shard(unit)
 
-    def _reduce_into_shard(self, bucket: _Bucket) -> None:
-        flat = torch.cat([_local(p.grad).reshape(-1) if p.grad is not None else
-                          torch.zeros(n, dtype=p.dtype, device=self.ex.device) for p, n in zip(bucket.params, bucket.numels)])
-        for p in bucket.params:
+    def _reduce_into_shard(self, unit: _Unit) -> None:
+        grads = {k: _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+                 for k, p in zip(unit.keys, unit.params)}
+        flats = [bucket.flat(grads, scaled=True) for bucket in unit.buckets]
+        for p in unit.params:
             p.grad = None  # freed: the shard holds what this rank owns of it
-        piece = self._reduce_scatter(bucket, flat)
-        start, length = bucket.mine
-        self.grad_shard[bucket.shard_at: bucket.shard_at + length] += piece.float()
-        bucket.pending = 0
+        for bucket, flat in zip(unit.buckets, flats):
+            piece = self._reduce_scatter(bucket, flat)
+            _, length = bucket.mine
+            self.grad_shard[bucket.shard_at: bucket.shard_at + length] += piece.float()
+        unit.pending = 0
 
     def _reduce_scatter(self, bucket: _Bucket, flat: torch.Tensor) -> torch.Tensor:
         begin = time.perf_counter()
@@ -248,14 +424,32 @@ class ShardedAdam:
         self.ex.clock.communicated(elapsed)
 
     # --------------------------------------------------------------------------- the step
-    def _owned_params(self) -> torch.Tensor:
-        """This rank's ranges of the parameters, in fp32 (a new tensor)."""
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """Key -> this rank's (local) tensor of each parameter the optimizer owns a range of."""
+        return {k: _local(p) for u in self.units for k, p in zip(u.keys, u.params)}
+
+    def _cut(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This rank's ranges of ``tensors`` (key -> a tensor shaped as the parameter is held here), in
+        fp32, one bucket after another (a new tensor)."""
         pieces = []
         for bucket in self.buckets:
             start, length = bucket.mine
-            flat = torch.cat([_local(p).detach().reshape(-1) for p in bucket.params])
-            pieces.append(flat[start: start + length].float())
+            pieces.append(bucket.flat(tensors)[start: start + length].float())
         return torch.cat(pieces) if pieces else torch.zeros(0)
+
+    def _gathered(self, shard: torch.Tensor, into: dict[str, torch.Tensor]) -> None:
+        """All-gather every bucket's ranges of ``shard`` (this rank's) into ``into`` (key -> a tensor shaped
+        as the parameter is held here), in ``into``'s dtypes."""
+        for bucket in self.buckets:
+            _, length = bucket.mine
+            dtype = into[bucket.segments[0].key].dtype
+            flat = self._all_gather(bucket, shard[bucket.shard_at: bucket.shard_at + length].to(dtype))
+            bucket.scatter(flat, into)
+
+    def _owned_params(self) -> torch.Tensor:
+        """This rank's ranges of the parameters, in fp32 (a new tensor)."""
+        with torch.no_grad():
+            return self._cut({k: t.detach() for k, t in self._tensors().items()})
 
     def step(self) -> None:
         """Adam on the shard, then the updated ranges all-gathered into every member's parameters."""
@@ -269,48 +463,16 @@ class ShardedAdam:
              maximize=False)
         self.grad_shard = None
         with torch.no_grad():
-            for bucket in self.buckets:
-                _, length = bucket.mine
-                dtype = bucket.params[0].dtype
-                flat = self._all_gather(bucket, shard[bucket.shard_at: bucket.shard_at + length].to(dtype))
-                for p, piece in zip(bucket.params, torch.split(flat, bucket.numels)):
-                    _local(p).copy_(piece.view_as(_local(p)))
+            self._gathered(shard, self._tensors())
 
     # --------------------------------------------------------------------------- inspection, checkpoints
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """The summed gradient of every owned key, whole (all-gathered from the shards; a collective)."""
+        """The summed gradient of every owned key, shaped as this rank holds the parameter (its whole local
+        tensor or slice; all-gathered from the shards: a collective)."""
         if self.grad_shard is None:
             raise RuntimeError("ShardedAdam.full_gradients before finish_backward")
-        out = {}
-        for bucket in self.buckets:
-            _, length = bucket.mine
-            flat = self._all_gather(bucket, self.grad_shard[bucket.shard_at: bucket.shard_at + length])
-            for key, p, piece in zip(bucket.keys, bucket.params, torch.split(flat, bucket.numels)):
-                out[key] = piece.view_as(_local(p)).to(p.dtype)
-        return out
-
-    def owned(self) -> dict[str, tuple[int, int, int]]:
-        """Key -> ``(offset in the shard, offset in the key's flat tensor, length)`` of each owned piece."""
-        out = {}
-        for bucket in self.buckets:
-            start, length = bucket.mine
-            at = 0
-            for key, n in zip(bucket.keys, bucket.numels):
-                lo, hi = max(start, at), min(start + length, at + n)
-                if hi > lo:
-                    out[key] = (bucket.shard_at + lo - start, lo - at, hi - lo)
-                at += n
-        return out
-
-    def state_pieces(self) -> dict[str, torch.Tensor]:
-        """``name -> tensor`` views of the shard's states per owned piece (``exp_avg``, ``exp_avg_sq`` and
-        ``master`` where kept), for checkpoints."""
-        out = {}
-        for key, (at, _, length) in self.owned().items():
-            out[f"{key}.exp_avg"] = self.exp_avg[at: at + length]
-            out[f"{key}.exp_avg_sq"] = self.exp_avg_sq[at: at + length]
-            if self.master is not None:
-                out[f"{key}.master"] = self.master[at: at + length]
+        out = {k: torch.zeros_like(t) for k, t in self._tensors().items()}
+        self._gathered(self.grad_shard, out)
         return out
 
     def whole_states(self) -> dict[str, torch.Tensor]:
@@ -318,27 +480,22 @@ class ShardedAdam:
         (``optim.<key>.exp_avg`` / ``.exp_avg_sq`` / ``.step``), all-gathered from the shards: a checkpoint
         written so does not depend on the fractions (a collective; every holder gets the same values)."""
         out: dict[str, torch.Tensor] = {}
+        params = dict((k, p) for u in self.units for k, p in zip(u.keys, u.params))
         for name, shard in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
-            for bucket in self.buckets:
-                _, length = bucket.mine
-                flat = self._all_gather(bucket, shard[bucket.shard_at: bucket.shard_at + length])
-                for key, p, piece in zip(bucket.keys, bucket.params, torch.split(flat, bucket.numels)):
-                    out[f"optim.{key}.{name}"] = _like_param(piece.view_as(_local(p)).clone(), p)
-        for bucket in self.buckets:
-            for key in bucket.keys:
-                out[f"optim.{key}.step"] = self.step_count.clone()
+            states = {k: torch.zeros_like(t, dtype=torch.float32) for k, t in self._tensors().items()}
+            self._gathered(shard, states)
+            out.update({f"optim.{k}.{name}": _like_param(t, params[k]) for k, t in states.items()})
+        out.update({f"optim.{k}.step": self.step_count.clone() for k in params})
         return out
 
     def load_whole_states(self, states: dict[str, torch.Tensor]) -> None:
         """Cut this rank's ranges out of :meth:`whole_states`' tensors (as loaded from a checkpoint)."""
+        keys = list(self._tensors())
         with torch.no_grad():
             for name, shard in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
-                for bucket in self.buckets:
-                    start, length = bucket.mine
-                    flat = torch.cat([_local(states[f"optim.{key}.{name}"]).reshape(-1) for key in bucket.keys])
-                    shard[bucket.shard_at: bucket.shard_at + length] = flat[start: start + length]
-            if self.buckets:
-                self.step_count.copy_(states[f"optim.{self.buckets[0].keys[0]}.step"])
+                shard.copy_(self._cut({k: _local(states[f"optim.{k}.{name}"]) for k in keys}))
+            if keys:
+                self.step_count.copy_(states[f"optim.{keys[0]}.step"])
             if self.master is not None:
                 self.master = self._owned_params()
 

@@ -725,8 +725,9 @@ class Executor:
         whole = self.dist_optimizer.full_gradients() if self.dist_optimizer is not None else {}
         for key, p in self.params.items():
             if key in whole:  # reduced into uneven shards: all-gathered whole
+                offset = self._slices[key][1] if key in self._slices else None
                 out[key] = LocalGrad(whole[key].detach().clone(), self.role.tp, self.role.tp_index,
-                                     self._shard(key).tp_dim)
+                                     self._shard(key).tp_dim, offset)
                 continue
             if key in self.sharded_keys:  # FSDP's shard: gathered whole (a collective, in key order)
                 out[key] = LocalGrad(full_gradient(p).detach().clone(), 1, 0, None)

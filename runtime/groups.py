@@ -320,18 +320,27 @@ class ProcessGroups:
     """
 
     def __init__(self, layout: CommLayout, cuda_ids: Sequence[str | None], timeout_s: float = 600.0):
+        self.layout = layout
+        self.backends: dict[tuple[int, ...], Backend] = {}
+        self._groups: dict[tuple[int, ...], object] = {}
+        self._created: set[tuple[int, ...]] = set()
+        self._cuda_ids, self._timeout_s = list(cuda_ids), timeout_s
+        self.add(layout.all_rank_sets())
+
+    def add(self, rank_sets: Sequence[Sequence[int]]) -> None:
+        """Create the groups of ``rank_sets`` not created yet (collective: every rank calls it with the
+        same sets, in the same order; new_group is collective over the world)."""
         from datetime import timedelta
 
         import torch.distributed as dist
 
-        self.layout = layout
-        self.backends: dict[tuple[int, ...], Backend] = {}
-        self._groups: dict[tuple[int, ...], object] = {}
         me = dist.get_rank()
-        # Every rank creates every group in the same order (new_group is collective over the world).
-        for ranks in layout.all_rank_sets():
-            backend = backend_for(ranks, cuda_ids)
-            group = dist.new_group(list(ranks), backend=backend, timeout=timedelta(seconds=timeout_s))
+        for ranks in dict.fromkeys(tuple(sorted(r)) for r in rank_sets):
+            if ranks in self._created:
+                continue
+            self._created.add(ranks)
+            backend = backend_for(ranks, self._cuda_ids)
+            group = dist.new_group(list(ranks), backend=backend, timeout=timedelta(seconds=self._timeout_s))
             if me in ranks:
                 self._groups[ranks] = group
                 self.backends[ranks] = backend

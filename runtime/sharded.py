@@ -25,8 +25,9 @@ With tensor parallelism, the units are split over a 2-D ``(dp, tp)`` mesh: TP on
 its ``dp`` columns (torchtitan's composition; replicas of a sharded plan with TP are cut alike, one TP
 degree, :func:`hetpart.rules.sharding_problems`).
 
-Uneven ``shard_fractions`` at levels 1-2 do not come here: they run on hetpart's distributed optimizer
-with uneven ranges (:mod:`hetpart.runtime.dist_optimizer`). Not run (and refused by
+Uneven ``shard_fractions`` at levels 1-2, and levels 1-2 of plans with an uneven tensor-parallel split
+(``tp_split``), do not come here: they run on hetpart's distributed optimizer with uneven ranges
+(:mod:`hetpart.runtime.dist_optimizer`). Not run (and refused by
 :func:`sharding_problems`, :func:`hetpart.rules.uneven_shard_problems`): uneven fractions at level 3 --
 FSDP2 splits every parameter with ``torch.chunk`` into equal pieces along one dimension
 (``FSDPParam._init_sharded_param`` in torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``,
@@ -53,11 +54,11 @@ def sharding_problems(plan: "Plan") -> list[str]:
     """The sharded plans this runtime cannot execute (empty when it can)."""
     if not plan.zero:
         return []
-    from hetpart.rules import uneven_shard_problems
+    from hetpart.rules import split_sharding_problems, uneven_shard_problems
 
     out = uneven_shard_problems(plan)
     if any(s.tp_split is not None for r in plan.replicas for s in r.stages):
-        out.append("zero: sharding with uneven tensor parallelism (tp_split) does not run; use zero 0 or even TP")
+        out += split_sharding_problems(plan)
     if plan.shard_group and any(s.tp > 1 for r in plan.replicas for s in r.stages):
         out.append("shard_group: hybrid sharding with tensor parallelism (a 3-D mesh) does not run; use "
                    "shard_group 0 or tp 1")
