@@ -1163,7 +1163,8 @@ class Simulator:
                 held = tuple(holders[r] for r in members)
                 if len(held) < 2:
                     continue
-                tp_min = min(plan.replicas[r].stages[k].tp for r, k in held)
+                # an uneven split gathers each device's own slice: the largest of them paces the group
+                tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
                 ring = self._ring_small(plan, held)
                 pad = collective_pad(plan, members) / 2
                 times = [(u, self._allreduce_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes,

@@ -123,10 +123,11 @@ def largest_remainder(shares: Sequence[float], units: int) -> list[int] | None:
     return out.tolist()
 
 
-def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of=None):
-    """Per device: seconds of the stage's whole split work (at the even split's local width) and of the
-    rest (units every rank runs whole, the embedding/head at their even share, and every operator's fixed
-    host cost, which a rank pays whatever its share)."""
+def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of=None, widths=None):
+    """Per device: seconds of the stage's whole split work (at the even split's local width, or at
+    ``widths[i]``: the device's share of the block as ``1 / share``) and of the rest (units every rank
+    runs whole, the embedding/head at their even share, and every operator's fixed host cost, which a
+    rank pays whatever its share)."""
     from dataclasses import replace
 
     from hetpart.costmodel.compute import unit_compute_s
@@ -136,7 +137,7 @@ def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curv
     tp = stage.tp
     blocks = np.array([u.kind == "block" for u in model.units[a:z]])
     full, rest = [], []
-    for d in stage.devices:
+    for i, d in enumerate(stage.devices):
         dev = cluster.device(d)
         curve = curve_of(dev.gpu) if curve_of else curve_for(dev.gpu)
         fwd, bwd = unit_compute_s(model, dev.gpu, tp, micro_batch, precision, recompute, curve)
@@ -144,21 +145,34 @@ def _device_rates(model, cluster, stage, micro_batch, precision, recompute, curv
                                         replace(curve, host_us_per_op=0.0))
         t = (work_f + work_b)[a:z] / dev.speed
         host = float((fwd + bwd - work_f - work_b)[a:z].sum())  # host time does not scale with the device
-        full.append(float(t[blocks].sum()) * tp)  # the whole split work at the even local width
+        width = tp if widths is None else float(widths[i])
+        if widths is not None:  # the split work at this device's own local width (its matrix efficiency)
+            wf, wb = unit_compute_s(model, dev.gpu, width, micro_batch, precision, recompute,
+                                    replace(curve, host_us_per_op=0.0))
+            t = np.where(blocks, (wf + wb)[a:z] / dev.speed, t)
+        full.append(float(t[blocks].sum()) * width)  # the whole split work at that local width
         rest.append(float(t[~blocks].sum()) + host)
     return np.array(full), np.array(rest)
 
 
-def _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks=None):
+def _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks=None, precision="bf16", zero=0,
+                 fraction=1.0):
     """Per device ``(replicated GB, GB of the whole split part, capacity GB)`` of the device group holding
     ``stage``: every model chunk it hosts (``chunks``, layer ranges; default the stage's alone), each split
-    like this one, and the working set once, the largest of the chunks' (one unit runs at a time)."""
+    like this one, and the working set once, the largest of the chunks' (one unit runs at a time). With
+    sharded data parallelism (``zero`` 1-2, this replica's ``fraction`` of the shards) each part's model
+    states are its shards (levels 1-2 shard in proportion to the parameters a device holds)."""
     from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb
+    from hetpart.costmodel.sharding import sharded_delta_gb
 
     tables = PrefixTables(model)
     ranges = [tuple(c) for c in chunks] if chunks else [stage.layers]
     whole = tables.device_memory_gb([(a, z, 1) for a, z in ranges], micro_batch, in_flight, recompute)
     rep = tables.device_memory_gb([(a, z, 10**9) for a, z in ranges], micro_batch, in_flight, recompute)
+    if zero in (1, 2):
+        shards = [sharded_delta_gb(sum(tables.params_per_device(a, z, tp) for a, z in ranges), 0.0, precision, zero,
+                                   fraction) for tp in (1, 10**9)]
+        whole, rep = whole + shards[0], rep + shards[1]
     caps = np.array([memory_capacity_gb(cluster.device(d).gpu) for d in stage.devices])
     return rep, whole - rep, caps
 
@@ -197,8 +211,88 @@ def _solve(time_a, time_m, rest, mem, fixed_heads=None):
     return (z, z) if fixed_heads is None else (fixed, z)
 
 
+class _BlockTimes:
+    """Seconds each device of a stage spends on its share of the blocks, priced as the simulator prices
+    them (its time at the local width ``1 / share``, over its speed; cached by share)."""
+
+    def __init__(self, model, cluster, stage, micro_batch, precision, recompute, curve_of=None):
+        from hetpart.costmodel.efficiency import curve_for
+
+        self.model, self.args = model, (micro_batch, precision, recompute)
+        a, z = stage.layers
+        self.span = slice(a, z)
+        self.blocks = np.array([u.kind == "block" for u in model.units[a:z]])
+        devs = [cluster.device(d) for d in stage.devices]
+        self.devices = [(d.gpu, d.speed, curve_of(d.gpu) if curve_of else curve_for(d.gpu)) for d in devs]
+        self.weights = block_weights(model)
+        sizes = split_sizes(model)
+        self.totals = (sizes["heads"], sizes["ffn"])
+        self._cache: dict[tuple[int, int, int], float] = {}
+
+    def share(self, heads: int, ffn: int) -> float:
+        return self.weights[0] * heads / self.totals[0] + self.weights[1] * ffn / self.totals[1]
+
+    def __call__(self, i: int, heads: int, ffn: int) -> float:
+        key = (i, heads, ffn)
+        if key not in self._cache:
+            from hetpart.costmodel.compute import unit_compute_s
+
+            gpu, speed, curve = self.devices[i]
+            f, b = unit_compute_s(self.model, gpu, 1.0 / self.share(heads, ffn), *self.args, curve)
+            self._cache[key] = float((f + b)[self.span][self.blocks].sum()) / speed
+        return self._cache[key]
+
+
+def _polish(times: _BlockTimes, heads: list[int], ffn: list[int], units: tuple[int, int], mem,
+            max_moves: int = 64) -> tuple[list[int], list[int]]:
+    """The rounded split improved under the simulator's own per-device prices: the LP is linear in each
+    share, but a device's matrices run at the efficiency of its own width, which steps where a width
+    crosses a tile (2,112 columns can cost more than 1,984). Moves of whole units (8, 4, 2 and 1 of them)
+    from the slowest device to another, while the slowest time falls and every device's memory holds."""
+    rep, split_gb, caps, pa, pm = mem
+    k = len(heads)
+
+    def fits(h, f) -> bool:
+        return all(rep + split_gb * (pa * h[i] / times.totals[0] + pm * f[i] / times.totals[1]) <= caps[i]
+                   for i in range(k))
+
+    def worst(h, f) -> tuple[float, list[float]]:
+        t = [times(i, h[i], f[i]) for i in range(k)]
+        return max(t), t
+
+    best, t = worst(heads, ffn)
+    check_memory = fits(heads, ffn)  # a split the LP could not fit in memory is only made faster
+    moves = 0
+    for step in (8, 4, 2, 1):
+        improved = True
+        while improved and moves < max_moves:
+            improved = False
+            slow = int(np.argmax(t))
+            for j in sorted(range(k), key=t.__getitem__):
+                if j == slow:
+                    continue
+                for dim in (1, 0):
+                    h, f = list(heads), list(ffn)
+                    part, n = (f, step * units[1]) if dim else (h, step * units[0])
+                    if part[slow] - n <= 0:
+                        continue
+                    part[slow] -= n
+                    part[j] += n
+                    if check_memory and not fits(h, f):
+                        continue
+                    moves += 1
+                    cost, times_now = worst(h, f)
+                    if cost < best * (1 - 1e-9):
+                        heads, ffn, best, t, improved = h, f, cost, times_now, True
+                        break
+                if improved:
+                    break
+    return heads, ffn
+
+
 def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batch: int, precision: str,
-             recompute: str, in_flight: float = 1.0, curve_of=None, chunks=None) -> "TPSplit | None":
+             recompute: str, in_flight: float = 1.0, curve_of=None, chunks=None, zero: int = 0,
+             fraction: float = 1.0) -> "TPSplit | None":
     """The uneven split of ``stage`` that an LP finds fastest within each device's memory, in whole units.
 
     Args:
@@ -206,6 +300,8 @@ def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batc
         curve_of: efficiency curve per device type (calibration), as the simulator takes it.
         chunks: layer ranges of every model chunk the stage's devices host (interleaved schedules),
             which share their memory; default the stage's alone.
+        zero, fraction: the plan's sharding level and this replica's fraction of the shards (levels 1-2
+            shrink each device's model states in proportion to the slice it holds).
 
     Returns:
         A :class:`~hetpart.plan.TPSplit` of heads and feed-forward columns, or None where the group is
@@ -220,11 +316,17 @@ def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batc
         return None
     full, rest = _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of)
     wa, wm = block_weights(model)
-    rep, split_gb, caps = _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks)
+    rep, split_gb, caps = _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunks, precision,
+                                       zero, fraction)
     mem = (rep, split_gb, caps, *_param_weights(model))
     first = _solve(full * wa, full * wm, rest, mem)
     if first is None:
         return None
+    # The rates were taken at the even split's width; a device's matrices run at its own share's width
+    # (wider ones more efficiently), as the simulator prices them: take the rates again there and re-solve.
+    full, rest = _device_rates(model, cluster, stage, micro_batch, precision, recompute, curve_of,
+                               widths=1.0 / np.maximum(first[0], 1e-3))
+    first = _solve(full * wa, full * wm, rest, mem) or first
     g_heads = split_granularity(model, "heads")
     heads = largest_remainder(first[0], sizes["heads"] // g_heads)
     if heads is None:
@@ -238,6 +340,8 @@ def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batc
         return None
     ffn = [f * g_ffn for f in ffn]
     ffn[-1] += sizes["ffn"] - sum(ffn)  # a width that is no multiple of the granularity: the rest to the last
+    heads, ffn = _polish(_BlockTimes(model, cluster, stage, micro_batch, precision, recompute, curve_of), heads, ffn,
+                         (g_heads, g_ffn), mem)
     even_h = sizes["heads"] % stage.tp == 0 and len(set(heads)) == 1
     even_f = sizes["ffn"] % stage.tp == 0 and len(set(ffn)) == 1
     if even_h and even_f:
@@ -254,6 +358,7 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
 
     replicas, changed = [], False
     v = plan.chunks_per_device
+    zero = plan.zero if plan.dp * plan.cp > 1 else 0  # one replica has nothing to shard (as the simulator)
     for r, rep in enumerate(plan.replicas):
         stages = list(rep.stages)
         pp, m = rep.pp // v, plan.num_microbatches(r)
@@ -262,7 +367,8 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
                 continue
             flight = in_flight_microbatches(plan.schedule, k % pp, pp, m, v)
             split = lp_split(model, cluster, s, plan.micro_batch, plan.precision, plan.recompute, flight, curve_of,
-                             chunks=[c.layers for c in rep.stages[k % pp::pp]])
+                             chunks=[c.layers for c in rep.stages[k % pp::pp]], zero=zero,
+                             fraction=plan.shard_fraction(r))
             if split is not None:
                 stages[k] = replace(s, tp_split=split)
                 changed = True

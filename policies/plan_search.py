@@ -14,7 +14,9 @@ The space (what "optimum of its own space" means in ``tests/test_search.py``):
 for every micro-batch size (up to 16) and every allowed recompute mode, schedule 1F1B, and one
 sharding level of data parallelism (``zero``): the workload's when it names one, else the lowest
 level, from 0 up, at which some point of the space fits in memory (sharding only adds communication
-once memory no longer binds, so a lower level that fits is the one engines run by default).
+once memory no longer binds, so a lower level that fits is the one engines run by default). When the
+best plan there splits a tensor-parallel group unevenly (its fast devices then hold more than their
+even share and bind memory first), the next level is searched too and the faster plan kept.
 
 Each point is scored by a cost estimate built from the simulator's primitives
 (:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
@@ -439,10 +441,12 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
                              evaluator.predictor if evaluator is not None else None)
     best = None
-    for zero in zero_levels(workload):  # the lowest level at which the space has a plan that fits
+    levels = zero_levels(workload)
+    for n, zero in enumerate(levels):  # the lowest level at which the space has a plan that fits
         ctx = make_context(model, cluster, workload, options, zero)
-        best = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
-        if best is not None or options.ignore_memory:
+        found = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
+        best = best_of([best, found])
+        if options.ignore_memory or (found is not None and not _split_wants_shards(found.plan, levels[n + 1:])):
             break
     if best is not None and options.refine_steps:
         best = refine(evaluate, best, options.refine_steps)
@@ -453,6 +457,17 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
                             "no point of the search space (mixed pipelines and typed replicas, every tensor-parallel "
                             "degree, pipeline depth, micro-batch and recompute mode) fits in memory")
     return best
+
+
+def _split_wants_shards(plan: Plan, higher: tuple[int, ...]) -> bool:
+    """Whether the next sharding level is worth a pass after ``plan`` fits: an uneven tensor-parallel split
+    gives its fast devices more than ``1 / tp`` of the parameters, so memory binds there before it binds
+    in the even plan, and sharded optimizer states (which run with a split at levels 1-2) can buy back the
+    larger micro-batch (the next level is searched once; the faster plan is kept)."""
+    from hetpart.rules import RULES
+
+    split = any(s.tp_split is not None for r in plan.replicas for s in r.stages)
+    return split and plan.dp > 1 and bool(higher) and higher[0] in RULES.uneven_shard_levels
 
 
 def _baselines(model, cluster, workload, evaluate: Evaluator) -> list[Evaluated]:
