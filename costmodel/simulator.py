@@ -1600,5 +1600,7 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
 
 
 def _uneven(plan: Plan) -> bool:
-    """Uneven shard fractions (levels 1-2 run them on hetpart's distributed optimizer, not FSDP2)."""
-    return plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1
+    """Uneven shard fractions or an uneven tensor-parallel split anywhere in the plan: levels 1-2 run them on
+    hetpart's distributed optimizer, not FSDP2 (:func:`hetpart.runtime.dist_optimizer.uses_sharded_adam`)."""
+    fractions = plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1
+    return fractions or any(s.tp_split is not None for r in plan.replicas for s in r.stages)
