@@ -10,6 +10,10 @@
    slow rank's wait but not the all-reduces).
 2. Planning: ``hetpart plan`` (search) on every public-suite entry with and without the LP splits
    (``Evaluator.split_tp``), interleaved: wall time and throughput (homogeneous clusters must not move).
+3. Recovery on a node of eight A100-80GB with one at 0.6x (llama2-13b, 64 x 2048; the acceptance check's
+   scenario and arithmetic): the search's plan with the slow GPU, the all-fast node's plan, and the
+   planned plan made naive (no split, even batch shares and layers); the share of the throughput the slow
+   GPU costs that the plan recovers. Also the search held at level 0 (no sharded states with the split).
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_uneven_tp [--repeats 3] [--steps 3]``
 (``make bench BENCH=uneven-tp``).
@@ -27,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["pair", "planning", "section", "main"]
+__all__ = ["pair", "planning", "recovery", "section", "main"]
 
 _CONFIG = {"model_type": "gpt2", "n_embd": 768, "n_layer": 1, "n_head": 12, "n_positions": 1024, "vocab_size": 256}
 _CLUSTER = """name: pair-one-slow
@@ -135,6 +139,74 @@ def planning(repeats: int = 1) -> list[dict]:
     return rows
 
 
+_SLOW_NODE = {"name": "one-slow", "nodes": [{"count": 1, "gpus_per_node": 8, "gpu": "A100-80GB",
+                                             "intra_node": "NVLink3", "nic": "IB-HDR"}], "slow": {"0/0/3": 0.6}}
+
+
+def _naive(plan):
+    """The acceptance check's naive version of ``plan``: no split, even batch shares, layers cut evenly."""
+    from dataclasses import replace
+
+    replicas = []
+    n = sum(s.layers[1] - s.layers[0] for s in plan.replicas[0].stages)
+    for r in plan.replicas:
+        k, a, stages = len(r.stages), 0, []
+        for i, s in enumerate(r.stages):
+            b = a + n // k + (1 if i < n % k else 0)
+            stages.append(replace(s, layers=(a, b), tp_split=None))
+            a = b
+        replicas.append(replace(r, batch_share=1.0 / len(plan.replicas), stages=tuple(stages)))
+    return replace(plan, replicas=tuple(replicas))
+
+
+def recovery() -> dict:
+    """Part 3: plans and predictions on the node with a throttled GPU (see the module docstring)."""
+    from dataclasses import replace
+
+    from hetpart import Workload, load_model
+    from hetpart.cluster import parse_cluster
+    from hetpart.costmodel.simulator import simulate
+    from hetpart.policies.plan_search import plan_search
+
+    model = load_model("llama2-13b", seq_len=2048)
+    slow = parse_cluster(_SLOW_NODE, "one-slow.yaml")
+    fast = replace(slow, slow=())
+    w = Workload(global_batch=64, seq_len=2048)
+    out = {}
+    for name, cluster, workload in (("slow", slow, w), ("fast", fast, w), ("slow_level0", slow, replace(w, zero=0))):
+        start = time.perf_counter()
+        best = plan_search(model, cluster, workload)
+        pred = simulate(model, cluster, best.plan)
+        out[name] = {"plan": best.plan, "tokens_per_s": pred.tokens_per_s, "plan_s": time.perf_counter() - start,
+                     "peak_gb": max(pred.memory_gb.values()), "memory_gb": pred.memory_gb}
+    for name in ("slow", "slow_level0"):
+        naive = simulate(model, slow, _naive(out[name]["plan"]))
+        lost = out["fast"]["tokens_per_s"] - naive.tokens_per_s
+        out[name]["naive_tokens_per_s"] = naive.tokens_per_s
+        out[name]["recovered"] = (out[name]["tokens_per_s"] - naive.tokens_per_s) / lost if lost > 0 else 1.0
+    return out
+
+
+def _recovery_lines(rec: dict) -> list[str]:
+    def what(plan) -> str:
+        splits = [str(dict(s.tp_split.to_dict())) for r in plan.replicas for s in r.stages if s.tp_split is not None]
+        shape = f"{plan.dp} x (pp {plan.replicas[0].pp}, tp {plan.replicas[0].stages[0].tp})"
+        return (f"{shape}, micro-batch {plan.micro_batch}, zero {plan.zero}, recompute {plan.recompute}"
+                + (f", split {'; '.join(splits)}" if splits else ""))
+
+    lines = ["| plan | what | tokens/s | peak GB/GPU (of 80) | naive tokens/s | recovered | plan s |",
+             "|---|---|---|---|---|---|---|"]
+    labels = {"fast": "all-fast node (search)", "slow": "slow GPU (search)",
+              "slow_level0": "slow GPU (search held at zero 0)"}
+    for name in ("fast", "slow", "slow_level0"):
+        r = rec[name]
+        naive = f"{r['naive_tokens_per_s']:,.0f}" if "naive_tokens_per_s" in r else ""
+        got = f"**{100 * r['recovered']:.0f}%**" if "recovered" in r else ""
+        lines.append(f"| {labels[name]} | {what(r['plan'])} | {r['tokens_per_s']:,.0f} | {r['peak_gb']:.1f} | "
+                     f"{naive} | {got} | {r['plan_s']:.1f} |")
+    return lines
+
+
 def section(repeats: int = 2, steps: int = 3):
     """docs/BENCHMARKS.md's uneven tensor parallelism section (``make bench BENCH=uneven-tp``)."""
     from hetpart.experiments.benchdoc import Section, load, machine
@@ -142,6 +214,7 @@ def section(repeats: int = 2, steps: int = 3):
     where = machine()
     p = pair(repeats, steps)
     rows = planning()
+    rec = recovery()
     err = {k: 100 * (p[k]["predicted"] / p[k]["measured"] - 1) for k in ("even", "uneven")}
     lines = ["| split | measured s/step (median) | runs | predicted s/step | error |", "|---|---|---|---|---|"]
     for k in ("even", "uneven"):
@@ -178,7 +251,17 @@ def section(repeats: int = 2, steps: int = 3):
            if p["speedup_measured"] > 1.5 else "\n\n") +
         "**Planning time with the LP.** `plan_search` on each public-suite entry with the evaluator's LP splits off "
         "and on (one process, interleaved). Only clusters with unlike tensor-parallel groups pay for the LP; "
-        "on the others the plan and its throughput must not move.\n\n" + "\n".join(plan_lines))
+        "on the others the plan and its throughput must not move.\n\n" + "\n".join(plan_lines) +
+        "\n\n**One GPU at 0.6x in a node of eight A100-80GB** (llama2-13b, global batch 64 x 2048; the acceptance "
+        "check's scenario and arithmetic: recovered = (planned - naive) / (all-fast - naive), naive = the planned plan "
+        "without its split, with even batch shares and layers). Predicted by the simulator.\n\n"
+        + "\n".join(_recovery_lines(rec)) +
+        "\n\nAt level 0 the split replica's fast devices hold more than their even quarter of the heads and columns, "
+        f"so the micro-batch the all-fast node runs ({rec['fast']['plan'].micro_batch}, at "
+        f"{rec['fast']['peak_gb']:.2f} GB) does not fit them; sharded optimizer "
+        "states (zero 1: each device keeps half of the Adam states of its own slice) buy it back. The search tries "
+        "the next level when its best plan has a split, and the runtime runs the pair on its distributed optimizer "
+        "(`tests/test_runtime_split_sharded.py`).")
     return Section("uneven-tp", "Uneven tensor parallelism", body,
                    f"OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_uneven_tp --repeats {repeats} --steps {steps}",
                    where, load_after=load())
