@@ -24,9 +24,13 @@ L4, Pascal or Ascend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["PublishedGemm", "PUBLISHED_GEMMS", "published_rows"]
+if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.costmodel.efficiency import EfficiencyCurve
+
+__all__ = ["PublishedGemm", "PublishedGemmSet", "PUBLISHED_GEMMS", "PUBLISHED_GEMM_SETS", "published_rows",
+           "gemm_efficiency", "modelled_set_efficiency", "modelled_set_over_best"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,75 @@ PUBLISHED_GEMMS: tuple[PublishedGemm, ...] = (
                   "same table, row NVIDIA H100 SXM (CUDA-12.1)", role="check"),
 )
 """Every published GEMM figure hetpart uses or shows (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class PublishedGemmSet:
+    """A published throughput over a fixed set of product shapes (FLOP-weighted harmonic mean: total FLOPs
+    over total time), beside the best-shape figure measured under the same conditions. Their ratio says
+    how fast efficiency falls from the best shape to workload shapes: a check of a curve's size terms."""
+
+    arch: str
+    device: str
+    precision: str
+    shapes: tuple[tuple[int, int, int], ...]
+    """``(m, n, k)`` of every product in the set."""
+    tflops: float
+    """The set's FLOP-weighted harmonic-mean throughput, TFLOPS."""
+    best_shape: tuple[int, int, int]
+    best_tflops: float
+    """The best-shape (MAF) throughput under the same conditions, TFLOPS."""
+    source: str
+    where: str
+    note: str = ""
+
+    @property
+    def over_best(self) -> float:
+        """Set throughput over best-shape throughput."""
+        return self.tflops / self.best_tflops
+
+
+_AMD_TAF = ("AMD ROCm blog, B. Sander, T. Schluessler, A. Gupta, E. Masters, J. Bennett, 'Completing the GPU "
+            "Performance Picture: Understanding TAF Alongside Peak FLOPs and MAF', 06 Oct 2026, "
+            "https://rocm.blogs.amd.com/artificial-intelligence/taf-blog/README.html")
+_TAF_SHAPES = tuple((m, n, k) for m in (32, 32768)
+                    for n, k in ((2112, 7168), (3072, 1536), (7168, 2048), (4608, 7168), (7168, 256)))
+
+PUBLISHED_GEMM_SETS: tuple[PublishedGemmSet, ...] = tuple(
+    PublishedGemmSet("cdna3", "AMD Instinct MI325X", precision, _TAF_SHAPES, taf, best, maf, _AMD_TAF,
+                     f"Table 1 (TAF {precision.upper()}), the table comparing the three metrics, footnote 1 (MAF "
+                     f"shape); the 10 DeepSeek-V3 shapes of its TAF Methodology table",
+                     note="normal-distribution inputs, 30 s per shape, one MI325X at 1000 W; the earlier MAF table "
+                          "(used for the MI300X above) ran 'trig_float' inputs, which AMD says lower switching and "
+                          "raise clocks: on MI325X its MAF figures were 1.4% (bf16), 0.8% (fp16) and 7.3% (fp8) "
+                          "above these")
+    for precision, taf, maf, best in (("bf16", 616.0, 831.40, (4096, 4864, 32896)),
+                                      ("fp16", 606.0, 787.25, (4096, 4864, 32896)),
+                                      ("fp8", 1143.0, 1408.06, (4096, 3648, 32896))))
+"""AMD's Typical Attained FLOPs on one MI325X (CDNA3, the MI300X's compute die at 1000 W)."""
+
+
+def gemm_efficiency(curve: "EfficiencyCurve", m: int, n: int, k: int, peak16_tflops: float,
+                    precision: str = "bf16") -> float:
+    """Fraction of the ``precision`` peak ``curve`` gives one ``(m x k) @ (k x n)`` product: the curve's
+    width is the product's smaller inner/outer dimension (a unit's products are ``tokens x w x c*w``) and
+    its tokens are ``m``."""
+    return curve.efficiency(min(n, k), m, peak16_tflops, precision)
+
+
+def modelled_set_efficiency(curve: "EfficiencyCurve", row: PublishedGemmSet, peak16_tflops: float) -> float:
+    """The FLOP-weighted harmonic mean of ``curve``'s efficiency over the set's shapes (fraction of peak)."""
+    flops = [2.0 * m * n * k for m, n, k in row.shapes]
+    time = sum(f / gemm_efficiency(curve, m, n, k, peak16_tflops, row.precision)
+               for f, (m, n, k) in zip(flops, row.shapes))
+    return sum(flops) / time
+
+
+def modelled_set_over_best(curve: "EfficiencyCurve", row: PublishedGemmSet, peak16_tflops: float) -> float:
+    """What ``curve`` predicts for :attr:`PublishedGemmSet.over_best`: its set efficiency over its efficiency
+    at the best shape."""
+    return (modelled_set_efficiency(curve, row, peak16_tflops)
+            / gemm_efficiency(curve, *row.best_shape, peak16_tflops, row.precision))
 
 
 def published_rows(arch: str, role: str = "sets") -> list[PublishedGemm]:

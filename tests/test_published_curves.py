@@ -9,7 +9,8 @@ import pytest
 from hetpart.catalog.hardware import GPU_CATALOG
 from hetpart.costmodel.efficiency import CURVES, DEVICE_CURVES, curve_for, matmul_efficiency
 from hetpart.costmodel.provenance import ERROR_BANDS, compute_kind
-from hetpart.costmodel.published_gemm import PUBLISHED_GEMMS, published_rows
+from hetpart.costmodel.published_gemm import (PUBLISHED_GEMM_SETS, PUBLISHED_GEMMS, modelled_set_over_best,
+                                              published_rows)
 from hetpart.hardware import GPUSpec
 
 AMPERE, VOLTA = CURVES["ampere"], CURVES["volta"]
@@ -90,3 +91,14 @@ def test_a_published_figure_sits_near_the_fitted_plateau_where_both_exist():
     for arch in ("ampere", "hopper"):
         (row,) = published_rows(arch, role="check")
         assert 1.0 < row.fraction / CURVES[arch].e_max < 1.07
+
+
+def test_a_gemm_set_is_a_flop_weighted_harmonic_mean():
+    from dataclasses import replace
+
+    bf16 = next(r for r in PUBLISHED_GEMM_SETS if r.precision == "bf16")
+    assert bf16.over_best == pytest.approx(616.0 / 831.40) and len(bf16.shapes) == 10
+    flat = replace(AMPERE, w0_ref=1e-9, t0_ref=1e-9)  # no size terms: every shape at the plateau
+    assert modelled_set_over_best(flat, bf16, 1307.4) == pytest.approx(1.0)
+    # the CDNA3 curve falls less from the best shape to DeepSeek-V3 shapes than AMD measured (documented)
+    assert modelled_set_over_best(CURVES["cdna3"], bf16, 1307.4) > bf16.over_best
