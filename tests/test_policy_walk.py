@@ -89,3 +89,94 @@ def test_walk_reaches_the_search_estimate_on_a_small_case(walk_case) -> None:
     found = improve(hood, [start], deadline=math.inf)
     searched = _top_scored(s.ctx)[0]
     assert min(found.values()).estimate_s <= searched.estimate_s * 1.02
+
+
+def test_search_lower_bound_does_not_depend_on_stage_order_and_stays_below_the_estimate(walk_case) -> None:
+    """The same stages in the other order have the same bound (with the first stage's kind as the only
+    yardstick, A100 first and V100 first were bounded 0.110 s and 0.090 s here)."""
+    s = walk_case.s
+    for tps in itertools.product(s.tps[0], s.tps[1]):
+        for rc in s.modes:
+            ab, ba = ("mixed", (0, 1), tps, 1, 1, rc), ("mixed", (1, 0), tps[::-1], 1, 1, rc)
+            assert walk_case.bound_s(ab) == pytest.approx(walk_case.bound_s(ba), rel=1e-12)
+            for point in (ab, ba):
+                if (scored := s.mixed_scored(*point[1:])) is not None:
+                    assert walk_case.bound_s(point) <= scored.estimate_s
+
+
+def test_compound_move_changes_a_pools_tp_and_moves_the_pool(walk_case) -> None:
+    hood = walk_case
+    point = ("mixed", (0, 1), (1, 1), 1, 1, hood.s.modes[0])
+    compound = list(dict.fromkeys(hood.compound(point)))
+    assert compound and not set(compound) & set(hood.neighbours(point))  # two moves, not one
+    for _, order, tps, _, _, rc in compound:
+        assert order == (1, 0) and rc == point[5]
+        moved = dict(zip(order, tps))
+        assert sum(moved[p] != t for p, t in zip(point[1], point[2])) == 1  # one pool's TP changed
+    assert list(hood.compound(("typed", ((0, 1, 1), (1, 1, 1)), 1, hood.s.modes[0]))) == []
+
+
+class _FakeHood:
+    """A neighbourhood whose points are names with fixed estimates (what :func:`_step` needs of one)."""
+
+    def __init__(self, estimates: dict[str, float], plain: list[str], compound: list[str]) -> None:
+        self.estimates, self.plain, self.wide = estimates, plain, compound
+        self.priced, self.compound_asked = 0, False
+
+    def neighbours(self, point):
+        yield from self.plain
+
+    def compound(self, point):
+        self.compound_asked = True
+        yield from self.wide
+
+    def valid(self, point) -> bool:
+        return True
+
+    def bound_s(self, point) -> float:
+        return 0.0
+
+    def price(self, point, threshold=math.inf):
+        from hetpart.policies.plan_search import Scored
+
+        self.priced += 1
+        return Scored(self.estimates[point], (point,), list)
+
+
+def test_step_tries_compound_moves_only_where_no_single_move_helps() -> None:
+    from hetpart.policies.neighbourhood import _step
+    from hetpart.policies.plan_search import Scored
+
+    estimates = {"at": 10.0, "worse": 11.0, "better": 9.0, "both": 8.0}
+    hood = _FakeHood(estimates, plain=["worse", "better"], compound=["both"])
+    found = {"at": Scored(10.0, ("at",), list)}
+    assert _step(hood, "at", found, deadline=math.inf) == "better" and not hood.compound_asked
+
+    hood = _FakeHood(estimates, plain=["worse"], compound=["both"])
+    found = {"at": Scored(10.0, ("at",), list)}
+    assert _step(hood, "at", found, deadline=math.inf) == "both" and set(found) == {"at", "worse", "both"}
+
+    hood = _FakeHood(estimates, plain=["worse"], compound=["both"])  # the budget is spent: no compound move
+    assert _step(hood, "at", {"at": Scored(10.0, ("at",), list)}, deadline=math.inf, limit=1) is None
+    assert hood.priced == 1
+
+
+def test_points_that_cannot_fit_are_refused_before_pricing_and_not_counted() -> None:
+    """The walk's cheap memory check agrees with pricing (the layer split's own memory mask) on every
+    point of a small case where many points do not fit, and a refused point costs no budget."""
+    from hetpart.policies.neighbourhood import Neighbourhood
+    from hetpart.policies.structure import Scenario
+
+    hood = Neighbourhood(Scenario(load_model("gpt2-xl", seq_len=1024), load_cluster("tiny-mixed"), Workload(64, 1024)))
+    s = hood.s
+    points = [("mixed", order, tps, dp, mb, rc) for order in ((0,), (1,), (0, 1), (1, 0))
+              for tps in itertools.product(*(s.tps[p] for p in order)) for dp in s.dp_options(order, tps)
+              for mb in s.mb_options(dp) for rc in s.modes]
+    refused = 0
+    for point in points:
+        fits = hood.fits(point)
+        assert fits == (s.mixed_scored(*point[1:]) is not None)
+        before = hood.priced
+        assert (hood.price(point) is not None) == fits and hood.priced == before + fits
+        refused += not fits
+    assert 0 < refused < len(points)
