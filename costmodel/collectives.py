@@ -16,6 +16,7 @@ a data-parallel group each reduce their own shard): they share each node's NICs.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from operator import attrgetter, eq
 from typing import Sequence
 
@@ -164,7 +165,7 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
         return flat, CollectiveLine("hierarchical", "Simple",
                                     *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links))
     shape = _shape(n, nodes, groups, bus, hops)
-    lines = nccl_lines(shape)
+    lines = list(nccl_lines(shape))
     if hier:
         lines.append(CollectiveLine("hierarchical", "Simple",
                                     *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, shape)))
@@ -195,6 +196,7 @@ def _measured(group) -> bool:
     return group.intra_node.source.startswith("profile") or group.nic.source.startswith("profile")
 
 
+@lru_cache(maxsize=1024)
 def _intra_class(group) -> tuple[str, float]:
     """NCCL's hardware class of a node group's GPU-to-GPU hops and the latency floor of a step: direct
     links (NVLink and its kin, PCIe peer-to-peer) take NCCL's table; a link through host memory, or
@@ -208,18 +210,23 @@ def _intra_class(group) -> tuple[str, float]:
 
 
 def _shape(n: int, nodes: Counter, groups: list, bus: float, hops: dict) -> RingShape:
+    inter_floor = max((hops[kind][1] for kind in ("nic", "inter_zone") if kind in hops), default=0.0)
+    return _shape_of(n, len(nodes), max(nodes.values()), tuple(groups), bus, inter_floor)
+
+
+@lru_cache(maxsize=4096)
+def _shape_of(n: int, nodes: int, per_node: int, groups: tuple, bus: float, inter_floor: float) -> RingShape:
     classes = [_intra_class(g) for g in groups]
     intra_hw = "nvlink" if all(c == "nvlink" for c, _ in classes) else "pci"
-    inter_floor = max((hops[kind][1] for kind in ("nic", "inter_zone") if kind in hops), default=0.0)
     gpus = {g.gpu for g in groups}
     arch = {"volta": "volta", "turing": "volta", "pascal": "volta", "hopper": "hopper"}.get(groups[0].gpu.arch, "ampere")
     ll128 = (len({g.arch for g in gpus}) == 1 and all(g.name in LL128_GPUS for g in gpus)
              and all(c == "nvlink" or g.gpus_per_node == 1 for (c, _), g in zip(classes, groups))
-             and (len(nodes) == 1 or all(g.nic.rdma for g in groups)))
+             and (nodes == 1 or all(g.nic.rdma for g in groups)))
     nvls = 0.0
-    if len(nodes) == 1 and intra_node_link(groups[0]).name in NVLS_LINKS and groups[0].gpu.arch == "hopper":
+    if nodes == 1 and intra_node_link(groups[0]).name in NVLS_LINKS and groups[0].gpu.arch == "hopper":
         nvls = intra_node_link(groups[0]).achieved_gbyte_s
-    return RingShape(ranks=n, nodes=len(nodes), per_node=max(nodes.values()), bus_gbyte_s=bus, intra_hw=intra_hw,
+    return RingShape(ranks=n, nodes=nodes, per_node=per_node, bus_gbyte_s=bus, intra_hw=intra_hw,
                      intra_floor_us=max(f for _, f in classes), inter_floor_us=inter_floor, arch=arch, ll128=ll128,
                      nvls_gbyte_s=nvls)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 __all__ = ["CollectiveLine", "BASE_LAT_US", "HW_LAT_US", "PROTOCOL_BW", "LL_MAX_GBYTE_S", "TREE_BW_FRACTION",
@@ -194,7 +195,8 @@ def _tree_lines(shape: RingShape) -> list[CollectiveLine]:
     return out
 
 
-def nccl_lines(shape: RingShape) -> list[CollectiveLine]:
+@lru_cache(maxsize=4096)
+def nccl_lines(shape: RingShape) -> tuple[CollectiveLine, ...]:
     """NCCL's candidate all-reduce lines for ``shape``: rings and (across nodes) trees under each enabled
     protocol, and NVLS inside an NVLink SHARP node. The call's time is the minimum over them.
 
@@ -210,11 +212,11 @@ def nccl_lines(shape: RingShape) -> list[CollectiveLine]:
         ('tree/LL', 'tree/LL', 'ring/Simple')
     """
     if shape.ranks <= 1:
-        return []
+        return ()
     out = _ring_lines(shape)
     if shape.nodes > 1:
         out += _tree_lines(shape)
     if shape.nodes == 1 and shape.nvls_gbyte_s > 0:
         lat = HW_LAT_US["nvlink"][("nvls", "Simple")] + BASE_LAT_US[("nvls", "Simple")]
         out.append(CollectiveLine("nvls", "Simple", lat * 1e-6, 1 / (NVLS_ALG_FRACTION * shape.nvls_gbyte_s * 1e9)))
-    return out
+    return tuple(out)
