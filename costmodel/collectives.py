@@ -26,10 +26,11 @@ from hetpart.errors import PlanError
 from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_ring_gbyte_s, nic_gbyte_s, \
     node_nic_gbyte_s
-from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINKS, CollectiveLine, RingShape, nccl_lines
+from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINKS, Collective, CollectiveLine, \
+    RingShape, nccl_lines
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost", "allreduce_lines",
-           "allreduce_choice"]
+           "allreduce_choice", "reduce_scatter_time_s"]
 
 _ID, _INDEX, _GROUP, _NODE = attrgetter("id"), attrgetter("index"), attrgetter("group"), attrgetter("node")
 _NVLINK_LIKE = ("NVLink", "xGMI", "HCCS")
@@ -123,13 +124,15 @@ def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tup
 
 
 def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: float = 1,
-                    links: dict | None = None) -> tuple[CollectiveLine, ...]:
+                    links: dict | None = None, collective: Collective = "allreduce") -> tuple[CollectiveLine, ...]:
     """The all-reduce among ``device_ids`` as NCCL's candidate algorithm x protocol lines
     (:mod:`hetpart.costmodel.nccl`), plus hetpart's hierarchical all-reduce when every node holds the
     same number ``k > 1`` of members; NCCL runs the fastest, so the time of ``b`` bytes is
     ``min(line.time_s(b))`` (empty: no communication). Over measured links (a profile's) the lines are
     the plain ring and the hierarchical all-reduce on the measured latency and bandwidth.
     ``links``: a dict the caller keeps to cache hop links across calls on the same cluster.
+    ``collective="reduce_scatter"``: the lines of a reduce-scatter (or all-gather) of the whole buffer
+    instead, NCCL's rings only (half a ring all-reduce's steps and bytes).
 
     Raises:
         PlanError: when two members' zones have no link.
@@ -156,16 +159,19 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
         if per_node != {1} and len(per_node) == 1:
             local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
             bus = min(bus, min(intra_node_ring_gbyte_s(g, local) for g in groups))
-    hier = (len(nodes) > 1 and len(per_node) == 1 and per_node != {1})
+    hier = (len(nodes) > 1 and len(per_node) == 1 and per_node != {1}) and collective == "allreduce"
     if any(_measured(g) for g in groups):  # measured hops: the plain ring on their latency
         lat = max(h[1] for h in hops.values())
-        flat = CollectiveLine("ring", "Simple", *_ring_cost(n, bus, lat))
+        fixed, per_byte = _ring_cost(n, bus, lat)
+        if collective == "reduce_scatter":
+            return (CollectiveLine("ring", "Simple", fixed / 2, per_byte / 2),)
+        flat = CollectiveLine("ring", "Simple", fixed, per_byte)
         if not hier:
             return (flat,)
         return flat, CollectiveLine("hierarchical", "Simple",
                                     *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links))
     shape = _shape(n, nodes, groups, bus, hops)
-    lines = list(nccl_lines(shape))
+    lines = list(nccl_lines(shape, collective))
     if hier:
         lines.append(CollectiveLine("hierarchical", "Simple",
                                     *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, shape)))
@@ -233,6 +239,20 @@ def _shape_of(n: int, nodes: int, per_node: int, groups: tuple, bus: float, inte
 
 def _one_node_per_group(nodes: Counter) -> list[tuple[int, int]]:
     return list({key[0]: key for key in nodes}.values())
+
+
+def reduce_scatter_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster,
+                          concurrent: float = 1) -> float:
+    """Time of a reduce-scatter (or an all-gather) of a buffer of ``num_bytes`` among ``device_ids``:
+    NCCL's fastest ring (:func:`allreduce_lines` with ``collective="reduce_scatter"``).
+
+    Raises:
+        PlanError: when two members' zones have no link.
+    """
+    if num_bytes <= 0:
+        return 0.0
+    return min((line.time_s(num_bytes) for line in
+                allreduce_lines(device_ids, cluster, concurrent, collective="reduce_scatter")), default=0.0)
 
 
 def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> float:

@@ -25,7 +25,11 @@ use (:mod:`hetpart.costmodel.links`) and takes the minimum:
   (TCP sockets, staging through host memory, links between zones) pays its own latency instead
   (``max``): a protocol saves synchronisation, not wire time.
 
-Not modelled: NCCL's size-dependent tree correction (``treeCorrectionFactor``, up to 2x slower trees
+Reduce-scatter and all-gather (ZeRO's sharded collectives) are rings in NCCL's tuner (no tree): ``n - 1``
+steps, each moving ``bytes / n`` of the whole buffer; LL at 1/3 of the bus bandwidth inside one node
+(1/4 across nodes). :func:`nccl_lines` gives them with ``collective="reduce_scatter"``.
+
+Not modelled: NVLS for reduce-scatter and all-gather, NCCL's size-dependent tree correction (``treeCorrectionFactor``, up to 2x slower trees
 between 64 KB and 8 MB), the ring's "plateau" factor for large multi-node messages, per-channel
 bandwidth caps (the channel count is not known here), NVLS across nodes (NVLS-tree) and CollNet
 (SHARP switches). AMD (RCCL) and Huawei (HCCL) members are priced with the same algorithms, without
@@ -45,6 +49,7 @@ __all__ = ["CollectiveLine", "BASE_LAT_US", "HW_LAT_US", "PROTOCOL_BW", "LL_MAX_
 Algorithm = Literal["ring", "tree", "nvls", "hierarchical"]
 Protocol = Literal["LL", "LL128", "Simple"]
 HwClass = Literal["nvlink", "pci", "net"]
+Collective = Literal["allreduce", "reduce_scatter"]
 
 BASE_LAT_US: dict[tuple[str, str], float] = {
     ("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 0.0,
@@ -73,6 +78,8 @@ refinements, v2.19): LL carries 4 data bytes per 8-byte store (and waits on flag
 128 bytes. A ring's LL128 falls to :data:`LL128_ONE_PER_NODE` with one GPU per node; a tree's LL128 is
 7/9 inside one node. Trees first take :data:`TREE_BW_FRACTION` of the bus bandwidth."""
 
+LL_ONE_PASS_ONE_NODE = 1 / 3
+"""A ring's LL share for a reduce-scatter or all-gather inside one node (``tuning.cc``; 1/4 otherwise)."""
 LL128_ONE_PER_NODE = 0.7
 """A ring's LL128 share with one GPU per node (sending and receiving through the same NIC; ``tuning.cc``)."""
 TREE_BW_FRACTION = 0.92
@@ -161,22 +168,26 @@ def _protocols(shape: RingShape) -> tuple[str, ...]:
     return ("LL", "LL128", "Simple") if shape.ll128 else ("LL", "Simple")
 
 
-def _ring_lines(shape: RingShape) -> list[CollectiveLine]:
+def _ring_lines(shape: RingShape, passes: int = 2) -> list[CollectiveLine]:
+    """Ring lines of ``passes`` trips around the ring: 2 for an all-reduce (reduce-scatter, then
+    all-gather), 1 for a reduce-scatter or an all-gather."""
     n, nodes = shape.ranks, shape.nodes
-    inter_steps = 2 * (nodes - 1)
-    intra_steps = 2 * (n - 1) - inter_steps
+    inter_steps = passes * (nodes - 1)
+    intra_steps = passes * (n - 1) - inter_steps
     out = []
     for p in _protocols(shape):
         bus = shape.bus_gbyte_s * PROTOCOL_BW[("ring", p)]
         if p == "LL128" and nodes > 1 and shape.per_node < 2:
             bus = shape.bus_gbyte_s * LL128_ONE_PER_NODE
         if p == "LL":
+            if passes == 1 and nodes == 1:
+                bus = shape.bus_gbyte_s * LL_ONE_PASS_ONE_NODE
             bus = min(bus, _ll_cap(shape))
         intra, inter = _step_us(shape, "ring", p)
         if nodes > 1:
             intra = max(intra, NET_OVERHEAD_US * (3 if p == "Simple" else 1))
         fixed = BASE_LAT_US[("ring", p)] + intra_steps * intra + inter_steps * inter
-        out.append(CollectiveLine("ring", p, fixed * 1e-6, 2 * (n - 1) / n / (bus * 1e9)))
+        out.append(CollectiveLine("ring", p, fixed * 1e-6, passes * (n - 1) / n / (bus * 1e9)))
     return out
 
 
@@ -196,9 +207,10 @@ def _tree_lines(shape: RingShape) -> list[CollectiveLine]:
 
 
 @lru_cache(maxsize=4096)
-def nccl_lines(shape: RingShape) -> tuple[CollectiveLine, ...]:
-    """NCCL's candidate all-reduce lines for ``shape``: rings and (across nodes) trees under each enabled
-    protocol, and NVLS inside an NVLink SHARP node. The call's time is the minimum over them.
+def nccl_lines(shape: RingShape, collective: Collective = "allreduce") -> tuple[CollectiveLine, ...]:
+    """NCCL's candidate lines for ``shape``: for an all-reduce, rings and (across nodes) trees under each
+    enabled protocol, and NVLS inside an NVLink SHARP node; for a ``reduce_scatter`` (or an all-gather,
+    the same cost) rings only, ``bytes`` being the whole buffer. The call's time is the minimum over them.
 
     Inside one node the tree is a chain whose Simple step costs 28 us: NCCL's tuner does not prefer it
     to the ring there, so it is only offered across nodes.
@@ -213,6 +225,8 @@ def nccl_lines(shape: RingShape) -> tuple[CollectiveLine, ...]:
     """
     if shape.ranks <= 1:
         return ()
+    if collective == "reduce_scatter":
+        return tuple(_ring_lines(shape, passes=1))
     out = _ring_lines(shape)
     if shape.nodes > 1:
         out += _tree_lines(shape)

@@ -13,7 +13,7 @@ fraction ``f`` of its shard group's states keeps
 
 Communication over the replicas holding a unit (the links the all-reduce model of
 :mod:`~hetpart.costmodel.collectives` crosses; a reduce-scatter or an all-gather moves half an
-all-reduce's bytes on the same rings):
+all-reduce's bytes on the same rings, NCCL's rings only: :func:`~hetpart.costmodel.collectives.reduce_scatter_time_s`):
 
 * every level reduce-scatters the gradients instead of all-reducing them (after the last backward,
   overlapped with it as the unsharded all-reduce is), and the optimizer steps only the shard;

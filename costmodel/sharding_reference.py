@@ -1,7 +1,7 @@
 """A slow, unit-by-unit reference of the simulator's sharded data parallelism (tests compare the two).
 
 It walks every unit of every stage with the plain functions (:func:`~hetpart.costmodel.memory.stage_memory_gb`,
-:func:`~hetpart.costmodel.collectives.allreduce_time_s`) instead of the simulator's prefix tables, ring
+:func:`~hetpart.costmodel.collectives.reduce_scatter_time_s`) instead of the simulator's prefix tables, ring
 caches and segments, and states the model of :mod:`hetpart.costmodel.sharding` once more in loops.
 """
 
@@ -12,7 +12,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
-from hetpart.costmodel.collectives import allreduce_time_s
+from hetpart.costmodel.collectives import reduce_scatter_time_s
 from hetpart.costmodel.activations import unit_working_bytes
 from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
@@ -70,7 +70,7 @@ def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, rep
     nbytes = model.range_params(unit, unit + 1, tp) * DTYPE_BYTES[plan.precision]
     members = [s.devices[0] for s in stages]
     pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
-    return allreduce_time_s(nbytes, members, cluster, concurrent=max(s.tp for s in stages)) / 2 * pad
+    return reduce_scatter_time_s(nbytes, members, cluster, concurrent=max(s.tp for s in stages)) * pad
 
 
 def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,

@@ -804,15 +804,24 @@ class Simulator:
                     out.append(_Segment(holders, -1, -1, nbytes, nbytes))
         return out
 
-    def _allreduce_lines(self, ring: tuple) -> tuple[tuple[float, float], ...]:
-        """``(fixed_s, per_byte_s)`` of NCCL's candidate lines for ``ring`` (from :meth:`_ring`)."""
+    def _allreduce_lines(self, ring: tuple, collective: str = "allreduce") -> tuple[tuple[float, float], ...]:
+        """``(fixed_s, per_byte_s)`` of NCCL's candidate lines for ``ring`` (from :meth:`_ring`); a
+        ``reduce_scatter`` (or all-gather) of the whole buffer takes NCCL's rings only."""
         key, members, concurrent = ring
+        key = key if collective == "allreduce" else (collective, key)
         lines = self._ar.get(key)
         if lines is None:
-            found = allreduce_lines(members(), self._ar_cluster, concurrent, self._hop_links)
+            found = allreduce_lines(members(), self._ar_cluster, concurrent, self._hop_links, collective)
             lines = self._ar[key] = tuple((line.fixed_s, line.per_byte_s) for line in found)
             self._ar_names[key] = tuple(line.name for line in found)
         return lines
+
+    def _reduce_scatter_s(self, nbytes: float, ring: tuple) -> float:
+        """Reduce-scatter (or all-gather) of a buffer of ``nbytes`` over ``ring``: NCCL's fastest ring."""
+        if nbytes <= 0:
+            return 0.0
+        return min((fixed + per_byte * nbytes for fixed, per_byte in self._allreduce_lines(ring, "reduce_scatter")),
+                   default=0.0)
 
     def _allreduce_s(self, nbytes: float, ring: tuple) -> float:
         """All-reduce of ``nbytes`` over ``ring`` (from :meth:`_ring`): NCCL's fastest line."""
@@ -828,13 +837,13 @@ class Simulator:
         calls = max(1, math.ceil(nbytes / bucket_bytes - 1e-9)) if bucket_bytes > 0 else 1
         return calls * self._allreduce_s(nbytes / calls, ring)
 
-    def _collective(self, nbytes: float, ring: tuple) -> str:
+    def _collective(self, nbytes: float, ring: tuple, collective: str = "allreduce") -> str:
         """The name (``algorithm/protocol``) of the line NCCL runs for ``nbytes`` over ``ring``."""
-        lines = self._allreduce_lines(ring)
+        lines = self._allreduce_lines(ring, collective)
         if nbytes <= 0 or not lines:
             return ""
         best = min(range(len(lines)), key=lambda i: lines[i][0] + lines[i][1] * nbytes)
-        return self._ar_names[ring[0]][best]
+        return self._ar_names[ring[0] if collective == "allreduce" else (collective, ring[0])][best]
 
     @staticmethod
     def _ring_flows(rings) -> dict[int, int]:
@@ -893,7 +902,7 @@ class Simulator:
             last = table.grad_ready_s(runs, np.array([seg.a for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
             first = table.grad_ready_s(runs, np.array([seg.z - 1 for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
             ready_last, ready_first = last.max(axis=1).tolist(), first.max(axis=1).tolist()
-        pad = collective_pad(plan, range(plan.dp)) / 2 if plan.zero else 1.0  # a reduce-scatter: half an all-reduce
+        pad = collective_pad(plan, range(plan.dp)) if plan.zero else 1.0  # padded for uneven shards
         tied = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments[len(runs):]]
         nodes = table.node[runs]
         crossing = nodes.min(axis=1) != nodes.max(axis=1)
@@ -912,9 +921,12 @@ class Simulator:
                 flat = tied[i - len(runs)]
                 ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
             # sharded plans reduce-scatter the run as one call (as sharding_reference prices them)
-            t = (self._allreduce_s(seg.nbytes, ring) * pad if plan.zero and seg.a >= 0
+            scatter = bool(plan.zero) and seg.a >= 0
+            t = (self._reduce_scatter_s(seg.nbytes, ring) * pad if scatter
                  else self._bucketed_s(seg.nbytes, seg.last_bytes, ring))
-            name = self._collective(seg.last_bytes, ring)
+            last_t = self._reduce_scatter_s(seg.last_bytes, ring) * pad if scatter else \
+                self._allreduce_s(seg.last_bytes, ring)
+            name = self._collective(seg.last_bytes, ring, "reduce_scatter" if scatter else "allreduce")
             if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
                 end = done[i] if seg.a >= 0 else float(table.device_done[flat].max())  # the devices' whole backward
                 jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a), name))
@@ -924,8 +936,7 @@ class Simulator:
             elif tcp[i]:  # after the backward that holds it: no overlap over TCP
                 jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None, name))
             else:
-                jobs.append(_Job(ready_first[i], ready_last[i], group, t,
-                                 self._allreduce_s(seg.last_bytes, ring) * pad, None, name))
+                jobs.append(_Job(ready_first[i], ready_last[i], group, t, last_t, None, name))
         return jobs
 
     @staticmethod
@@ -1135,14 +1146,14 @@ class Simulator:
     # --------------------------------------------------------------------------------- sharded data parallel
     def _sharded_sync_s(self, plan: Plan, holders, nbytes: float) -> float:
         """The once-per-step gradient sync of a sharded plan among ``holders`` ((replica, stage) pairs):
-        a reduce-scatter inside each shard group (half an all-reduce, padded for uneven shards), plus,
+        a reduce-scatter inside each shard group (NCCL's rings, padded for uneven shards), plus,
         under hybrid sharding, the all-reduce of each shard across the groups."""
         by_replica = dict(holders)
         t = 0.0
         groups = plan.shard_groups()
         for members in groups:
             ring = self._ring_small(plan, tuple((r, by_replica[r]) for r in members))
-            t = max(t, self._allreduce_s(nbytes, ring) / 2 * collective_pad(plan, members))
+            t = max(t, self._reduce_scatter_s(nbytes, ring) * collective_pad(plan, members))
         if len(groups) > 1:
             shard = nbytes * max(plan.shard_fraction(r) for r in by_replica)
             across = tuple((g[0], by_replica[g[0]]) for g in groups)
@@ -1166,8 +1177,8 @@ class Simulator:
                 # an uneven split gathers each device's own slice: the largest of them paces the group
                 tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
                 ring = self._ring_small(plan, held)
-                pad = collective_pad(plan, members) / 2
-                times = [(u, self._allreduce_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes,
+                pad = collective_pad(plan, members)
+                times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes,
                                                ring) * pad) for u in range(a, z)]
                 for key in held:
                     out.setdefault(key, []).extend(times)

@@ -196,9 +196,9 @@ class Emulator:
 
     def collective_delay_s(self, kind: str, num_bytes: float, group_ranks: Sequence[int]) -> float:
         """Emulated time of an all-reduce of ``num_bytes`` among ``group_ranks`` (a ``reduce_scatter`` or
-        ``all_gather`` of ``num_bytes``: half of it, on the same rings, as :mod:`hetpart.costmodel.sharding`
-        prices them)."""
-        from hetpart.costmodel.collectives import allreduce_time_s
+        ``all_gather`` of ``num_bytes``: NCCL's rings for it, as :mod:`hetpart.costmodel.sharding` prices
+        them)."""
+        from hetpart.costmodel.collectives import allreduce_time_s, reduce_scatter_time_s
 
         if len(group_ranks) < 2 or num_bytes <= 0 or self.shaped == "all":
             return 0.0
@@ -206,8 +206,9 @@ class Emulator:
         if self.shaped == "bandwidth":
             return allreduce_time_s(1, members, self.cluster)  # the latency terms only
         congested = self.congestion_scale if len({_node(d) for d in members}) > 1 else 1.0
-        half = 0.5 if kind in ("reduce_scatter", "all_gather") else 1.0
-        return allreduce_time_s(num_bytes, members, self.cluster) * congested * half
+        if kind in ("reduce_scatter", "all_gather"):
+            return reduce_scatter_time_s(num_bytes, members, self.cluster) * congested
+        return allreduce_time_s(num_bytes, members, self.cluster) * congested
 
 
 def _node(device: str) -> str:

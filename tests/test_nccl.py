@@ -145,3 +145,21 @@ def test_bucketed_reduction_pays_the_latency_once_per_bucket():
     assert many > one  # each of the many small calls pays NCCL's latency
     params = sum(u.params for u in model.units)
     assert math.ceil(params / 1e6) > 10
+
+
+def test_reduce_scatter_and_all_gather_take_rings_only():
+    from hetpart.costmodel.collectives import reduce_scatter_time_s
+
+    many = _cluster(64)
+    lines = allreduce_lines(_all(many), many, collective="reduce_scatter")
+    assert {line.name for line in lines} == {"ring/LL", "ring/LL128", "ring/Simple"}  # no tree in NCCL's tuner
+    ring = {line.protocol: line for line in allreduce_lines(_all(many), many) if line.algorithm == "ring"}
+    for line in lines:  # one trip around the ring: half the all-reduce's bytes; its steps but the base latency
+        assert line.per_byte_s == pytest.approx(ring[line.protocol].per_byte_s / 2)
+        base = BASE_LAT_US[("ring", line.protocol)] * 1e-6
+        assert line.fixed_s - base == pytest.approx((ring[line.protocol].fixed_s - base) / 2)
+    # small buffers across 512 GPUs: the ring's 511 steps cost more than half a tree all-reduce
+    assert reduce_scatter_time_s(1e5, _all(many), many) > allreduce_time_s(1e5, _all(many), many) / 2
+    one = _cluster(1)  # large buffers inside a node: exactly half the ring all-reduce's time, less half its base
+    assert reduce_scatter_time_s(1e9, _all(one), one) == pytest.approx(
+        allreduce_time_s(1e9, _all(one), one) / 2 + BASE_LAT_US[("ring", "Simple")] * 1e-6 / 2)
