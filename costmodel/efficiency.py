@@ -34,19 +34,17 @@ Curves (``CURVES``), one per architecture (``GPUSpec.arch``):
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
   (``calibration.anchor_volta_e_max``); plain fp32 products reach 70% of the fp32 peak (outside
   checks of published V100 fp32 runs), not the tensor cores' fraction.
-* ``cdna3`` (MI300X), ``cdna2`` (MI250X), ``ada`` (RTX 4090, L20) and the T4 -- PUBLISHED: ``e_max``
-  set, per precision where a number exists, to one published large-product GEMM measurement
-  (:mod:`hetpart.costmodel.published_gemm`: AMD's Max-Achievable FLOPs table for MI300X, a MAMF
-  sweep for one MI250X GCD, cuBLAS on an L20 for Ada, a cuBLAS run on a power-capped 70 W T4); the
-  published fraction of peak is taken as the plateau itself (such best-shape figures sit 2-6% above
-  the fitted ``e_max`` on A100 and H100). Precisions without a published number keep their earlier
-  assumed fraction, and the size fall-off (``w0``, ``t0``), memory-bound traffic and per-operator cost
-  stay the nearest fitted generation's, scaled by peak: no source gives sizes small enough to fit them.
-* ``turing`` (RTX 2080 Ti, TITAN RTX: Volta's tensor-core generation, fp16 only), ``pascal``,
-  ``davinci``, the L4 and unknown types -- ASSUMED: the curve of the nearest generation named in
-  :data:`_ASSUMED_FROM` (per device type: :data:`DEVICE_CURVES`), scaled by peak; no fair published
-  measurement was found for them (the T4's power-capped figure does not speak for 250-280 W boards, the
-  L20's for the 72 W L4).
+* ``cdna3`` (MI300X), ``cdna2`` (MI250X), ``ada`` (RTX 4090, L20) and, per device type
+  (:data:`DEVICE_CURVES`), the T4, TITAN RTX, RTX 2080 Ti and L4 -- PUBLISHED: ``e_max`` set, per
+  precision where a number exists, to one published large-product GEMM measurement
+  (:mod:`hetpart.costmodel.published_gemm`: AMD's Max-Achievable FLOPs table for MI300X, a MAMF sweep
+  for one MI250X GCD, cuBLAS on an L20 for Ada, torch.mm tables for the Turing boards and the L4); the
+  published fraction of peak is taken as the plateau itself (such best-shape figures sit 2-6% above the
+  fitted ``e_max`` on A100 and H100). Precisions without a published number keep their earlier assumed
+  fraction, and the size fall-off (``w0``, ``t0``), memory-bound traffic and per-operator cost stay the
+  nearest fitted generation's, scaled by peak: no source gives sizes small enough to fit them.
+* ``turing`` types without their own figure, ``pascal``, ``davinci`` and unknown types -- ASSUMED: the
+  curve of the nearest generation named in :data:`_ASSUMED_FROM`, scaled by peak.
 """
 
 from __future__ import annotations
@@ -175,11 +173,25 @@ _ADA = replace(_AMPERE, name="ada", e_max=0.9728, e_max_tf32=_AMPERE.e_max, e_ma
 """Ada with the GeForce AD102 rate (the L20's 512 FLOP/SM/clock, the rate of the catalog's RTX 4090
 peak with fp32 accumulation): 16-bit products at 0.9728. TF32 and fp8 keep the Ampere fraction they were
 assumed to have (0.8081), plain fp32 Ampere's 0.8982: no published Ada figure for them (ASSUMED)."""
-_T4 = replace(_VOLTA, name="turing", e_max=0.3692,
-              status="published: NVIDIA Developer Forums 'About GPU peak performance', T4 cuBLAS fp16 ~24 TFLOPS "
-                     "of 65 at 4096^3 (70 W power cap)")
-"""T4 (70 W): continuous fp16 products at 0.3692 of 65 TFLOPS, NVIDIA confirming the clock drop under its
-power cap as expected. Its plain fp32 keeps Volta's 0.70 (ASSUMED; the same cap likely lowers it too)."""
+_TORCH_PERF = "zzc0721/torch-performence-test-data database.md (community torch.mm table)"
+_T4 = replace(_VOLTA, name="turing", e_max=0.6451, e_max_fp32=0.5370,
+              status=f"published: {_TORCH_PERF}, three cloud T4s: fp16 41.93 of 65, fp32 4.35 of 8.1 TFLOPS")
+"""T4 (70 W, full-rate fp32 accumulation): fp16 products at 0.6451 of 65 TFLOPS, fp32 at 0.5370 of 8.1 (median
+of three contributors' Colab/Kaggle T4s, within 2% of each other). A T4 without server airflow runs at its
+base clock: one forum user measured 24 TFLOPS (0.37), which NVIDIA called expected under the power cap."""
+_TITAN_RTX = replace(_VOLTA, name="turing", e_max=0.5082, e_max_fp32=0.7307,
+                     status=f"published: {_TORCH_PERF}, TITAN RTX fp16 66.32 of 130.5, fp32 11.91 of 16.3 TFLOPS")
+"""TITAN RTX (280 W, full-rate fp32 accumulation): fp16 products at 0.5082, fp32 at 0.7307 (one row)."""
+_RTX2080TI = replace(_VOLTA, name="turing", e_max=0.8346, e_max_fp32=0.8507,
+                     status="published: bewantbe/busy-gemm-benchmark, RTX 2080 Ti torch 8000^3 fp16 44.9 of 53.8, "
+                            "fp32 11.4 of 13.4 TFLOPS")
+"""RTX 2080 Ti (GeForce: fp32 accumulation at half rate, the catalog's 53.8): fp16 at 0.8346, fp32 at 0.8507.
+A memory-modified 22 GB card in the community table reached 58.58 (1.09 of the reference-clock peak)."""
+_L4 = replace(_ADA, e_max=0.5859, e_max_fp16=0.5688, e_max_tf32=0.5313, e_max_fp32=0.5076, e_max_fp8=0.0,
+              status=f"published: {_TORCH_PERF}, L4 bf16 70.89 of 121, fp16 68.83, TF32 31.88 of 60, fp32 15.38 "
+                     "of 30.3 TFLOPS")
+"""L4 (72 W, full-rate fp32 accumulation): bf16 0.5859, fp16 0.5688, TF32 0.5313, fp32 0.5076 (one row);
+fp8 ASSUMED at the bf16 fraction (the same power cap)."""
 
 _ASSUMED_FROM = {"turing": _VOLTA, "pascal": _VOLTA, "davinci": _AMPERE}
 """Architectures without a fit or a published figure: the curve of the nearest generation (Turing's tensor
@@ -192,13 +204,11 @@ CURVES: dict[str, EfficiencyCurve] = {
 }
 
 DEVICE_CURVES: dict[str, EfficiencyCurve] = {
-    "T4-16GB": _T4,
-    "L4-24GB": replace(_AMPERE, name="ada",
-                       status="assumed: the ampere curve, scaled by peak (the published Ada figure is a 275 W "
-                              "L20's; the 72 W L4 is power-capped as the T4 is, by an unmeasured amount)"),
+    "T4-16GB": _T4, "TitanRTX-24GB": _TITAN_RTX, "RTX2080Ti-11GB": _RTX2080TI, "L4-24GB": _L4,
 }
-"""Catalog types whose curve is not their architecture's: the T4 (its own published, power-capped
-figure) and the L4 (kept on the assumption it had, since the Ada figure does not speak for it)."""
+"""Catalog types with published figures of their own, which their architecture's curve does not speak for:
+boards accumulating fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach a fraction of their
+datasheet peak, GeForce boards at half rate reach about all of it (RTX 2080 Ti)."""
 
 _EMULATED = replace(_AMPERE, name="unknown", status="assumed: the ampere curve, scaled by peak", host_us_per_op=0.0,
                     e_max_fp32=0.0)

@@ -55,11 +55,11 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
     },
     "published": {
         "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
-        "from": "large-product efficiency from one published GEMM figure per architecture (AMD's MAF table for "
-                "MI300X, a MAMF sweep for MI250X, cuBLAS on an L20 for Ada, a power-capped T4 run; "
-                "costmodel/published_gemm.py); no training run on these GPUs was used or checked. The rest of the "
+        "from": "large-product efficiency from published GEMM figures (AMD's MAF table for MI300X, a MAMF sweep for "
+                "MI250X, cuBLAS on an L20 for Ada, community torch.mm tables for the T4, TITAN RTX, RTX 2080 Ti and "
+                "L4; costmodel/published_gemm.py); no training run on these GPUs was used or checked. The rest of the "
                 "curve (small products, memory-bound kernels, per-operator cost) is Ampere's or Volta's scaled by "
-                "peak. The same kind of best-shape GEMM figure sits 6% (A100) and 2% (H100) above those "
+                "peak. The same kind of best-shape GEMM figure sits 5-6% (A100) and 2-3% (H100) above those "
                 "generations' fitted e_max; on CDNA3 the curve is +8% (bf16), +4% (fp16), -1% (fp8) against AMD's "
                 "typical-shape GEMM throughput (TAF, MI325X) scaled to the MI300X. Expect compute a few % optimistic "
                 "on large work, and the small-work errors of the fitted curves (2-50x too fast at micro-batch 1 on an "
@@ -92,11 +92,12 @@ def compute_kind(gpu, curve_of: Callable | None = None) -> tuple[str, str]:
 
 
 _GENERATION_REFERENCE = {"ampere": ("A100", "A10", "A30", "A40", "A6000", "RTX3090", "RTX3080"),
-                         "ada": ("L20", "RTX4090"), "cdna3": ("MI300X",), "cdna2": ("MI250X", "MI250"),
-                         "turing": ("T4",)}
+                         "ada": ("L20", "RTX4090", "L4"), "cdna3": ("MI300X",), "cdna2": ("MI250X", "MI250"),
+                         "turing": ("T4", "TitanRTX", "RTX2080Ti")}
 """Device types a fitted or published curve speaks for (Ampere: the fit used A100s, other Ampere parts share
-the architecture; Ada: the L20 measured and the RTX 4090, the same AD102 tensor rate; the T4's curve is its
-own). Other types priced with such a curve (an L40S, an inline ``arch: ada`` type) are ``assumed``."""
+the architecture; Ada: the L20 measured and the RTX 4090, the same AD102 tensor rate, and the L4 with its own
+figure; Turing: the types with their own figures). Other types priced with such a curve (an L40S, an inline
+``arch: ada`` type) are ``assumed``."""
 
 
 def _band(kind: str, curve_name: str) -> dict[str, Any]:

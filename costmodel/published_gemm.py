@@ -14,11 +14,16 @@ cost per operator) stays the nearest fitted generation's, scaled by peak.
 
 ``tests/test_published_curves.py`` checks that each published curve's constants reproduce its ``sets`` rows.
 
+The community torch.mm table (zzc0721/torch-performence-test-data) is many contributors' one-off runs
+with their clocks, drivers and cooling unstated; where it is the only source (T4, TITAN RTX, L4) its
+rows are taken as published, and its rows for the fitted generations sit where MAMF's do (A100 0.85,
+H100 0.81 of peak).
+
 Found and not used: a cuBLAS fp16 benchmark comment giving 92.7 TFLOPS on a TITAN RTX at 5376 x 5376 x
 2048 (a fork of KnowingNothing/MatmulTutorial's ``call_cublas.cu`` whose repository could not be
 identified to cite; its inputs are small integers, a low-toggle pattern that raises clocks, and the same
-file's A100 figures vary from 151 to 212 TFLOPS). No fair GEMM figure was found for the RTX 2080 Ti, the
-L4, Pascal or Ascend.
+file's A100 figures vary from 151 to 212 TFLOPS). No fair GEMM figure was found for Pascal in training
+precisions or for Ascend (the community table's own note says its Ascend rows are not reliable).
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ _MAMF = ("S. Bekman, 'Machine Learning Engineering Open Book', compute/accelerat
          "https://github.com/stas00/ml-engineering (mamf-finder.py: best of a sweep of shapes, torch.matmul)")
 _LEETCUDA = ("xlite-dev/LeetCUDA (formerly DefTruth/CUDA-Learn-Notes), hgemm/README.md, "
              "https://github.com/xlite-dev/LeetCUDA/blob/main/hgemm/README.md")
+_TORCH_PERF = ("zzc0721/torch-performence-test-data, database.md: a community table of torch.mm TFLOPS per GPU "
+               "(its README: square products up to 10240 x 10240, warm-up, 20-30 timed runs; one row per contributor), "
+               "https://github.com/zzc0721/torch-performence-test-data/blob/main/database.md")
+_BUSY_GEMM = ("bewantbe/busy-gemm-benchmark, README.md, table 'By torch' (`python busy_pytorch_blas.py 8000 10`), "
+              "https://github.com/bewantbe/busy-gemm-benchmark")
 _T4_FORUM = ("NVIDIA Developer Forums, 'About GPU peak performance', with NVIDIA's reply, "
              "https://forums.developer.nvidia.com/t/about-gpu-peak-performance/264462")
 
@@ -105,18 +115,63 @@ PUBLISHED_GEMMS: tuple[PublishedGemm, ...] = (
                   "section 'NVIDIA L20': `python3 hgemm.py --M 16384 --N 16384 --K 8192 ...`, row (cublas)",
                   note="cuBLAS via torch.matmul, fp16 in/out, fp32 accumulate; the C++ cuBLAS TN runs of the same "
                        "README give 112.5-117.1 TFLOPS on cubes of 9216-12800"),
-    # Turing: the T4 is a 70 W board; under continuous products it runs far below its boost clock.
+    # Turing and the T4. Boards whose tensor cores accumulate fp32 at full rate (T4, TITAN RTX, L4, L40S)
+    # cannot hold their boost clock under continuous products and reach a fraction of the datasheet peak;
+    # GeForce boards at the half rate (RTX 2080 Ti, 3090, 4090) run at or above it.
+    PublishedGemm("turing", "NVIDIA Tesla T4 16GB", "T4-16GB", "fp16", 10240, 10240, 10240, 41.93, 65.0, _TORCH_PERF,
+                  "rows 'NVIDIA Tesla T4 16GB' (Google Colab 41.91, Kaggle 42.71, Kaggle T4 x2 41.93): the median",
+                  note="three contributors' cloud T4s (server airflow) agree within 2%; shape: the tool's largest"),
+    PublishedGemm("turing", "NVIDIA Tesla T4 16GB", "T4-16GB", "fp32", 10240, 10240, 10240, 4.35, 8.1, _TORCH_PERF,
+                  "same rows, fp32 column (4.17, 4.43, 4.35): the median"),
     PublishedGemm("turing", "NVIDIA T4", "T4-16GB", "fp16", 4096, 4096, 4096, 24.0, 65.0, _T4_FORUM,
                   "first post (cuBLAS, 4096 x 4096 x 4096, mean of 100 iterations: 'about 24T') and NVIDIA's "
                   "reply ('power capping ... expected behavior for approximately continuous matrix multiply "
-                  "operations on a T4')",
-                  note="one user's measurement, confirmed as expected by NVIDIA; T4-specific (power cap), not "
-                       "Turing's: the 250-280 W GeForce/TITAN boards are not throttled the same way"),
-    # Checks on the fitted generations (same table as the MI250X row).
+                  "operations on a T4')", role="check",
+                  note="one user's T4, 43% below the cloud T4s above (its 24 TFLOPS is the base clock's rate: a "
+                       "T4 without server airflow); not used"),
+    PublishedGemm("turing", "NVIDIA TITAN RTX", "TitanRTX-24GB", "fp16", 10240, 10240, 10240, 66.32, 130.5, _TORCH_PERF,
+                  "row 'NVIDIA TITAN RTX' (fp16 column)",
+                  note="one contributor's card, no notes; a full-rate fp32-accumulate board at 280 W"),
+    PublishedGemm("turing", "NVIDIA TITAN RTX", "TitanRTX-24GB", "fp32", 10240, 10240, 10240, 11.91, 16.3, _TORCH_PERF,
+                  "row 'NVIDIA TITAN RTX' (fp32 column)"),
+    PublishedGemm("turing", "NVIDIA RTX 2080 Ti", "RTX2080Ti-11GB", "fp16", 8000, 8000, 8000, 44.9, 53.8, _BUSY_GEMM,
+                  "row '2080Ti', fp16 column",
+                  note="torch.matmul; the same table's A100 (40G) row, 153 fp16, is far below other A100 figures, "
+                       "so this may be low"),
+    PublishedGemm("turing", "NVIDIA RTX 2080 Ti", "RTX2080Ti-11GB", "fp32", 8000, 8000, 8000, 11.4, 13.4, _BUSY_GEMM,
+                  "row '2080Ti', fp32 column"),
+    PublishedGemm("turing", "NVIDIA GeForce RTX 2080 Ti 22GB", "RTX2080Ti-11GB", "fp16", 10240, 10240, 10240, 58.58, 53.8,
+                  _TORCH_PERF, "row 'NVIDIA GeForce RTX 2080 Ti 22GB' (AutoDL)", role="check",
+                  note="a memory-modified card in a cloud, 30% above the stock-card figure used and 9% above the "
+                       "datasheet peak (GeForce boards boost above their reference clock); not used"),
+    # Ada beyond the L20: the L4 (72 W, full-rate accumulate) measured; the RTX 4090 as a check.
+    PublishedGemm("ada", "NVIDIA L4", "L4-24GB", "bf16", 10240, 10240, 10240, 70.89, 121.0, _TORCH_PERF,
+                  "row 'NVIDIA L4' (physical machine), bf16 column", note="one contributor's card"),
+    PublishedGemm("ada", "NVIDIA L4", "L4-24GB", "fp16", 10240, 10240, 10240, 68.83, 121.0, _TORCH_PERF,
+                  "row 'NVIDIA L4', fp16 column"),
+    PublishedGemm("ada", "NVIDIA L4", "L4-24GB", "fp32", 10240, 10240, 10240, 15.38, 30.3, _TORCH_PERF,
+                  "row 'NVIDIA L4', fp32 column"),
+    PublishedGemm("ada", "NVIDIA L4", "L4-24GB", "tf32", 10240, 10240, 10240, 31.88, 60.0, _TORCH_PERF,
+                  "row 'NVIDIA L4', tf32 column"),
+    PublishedGemm("ada", "NVIDIA RTX 4090 24GB", "RTX4090-24GB", "bf16", 10240, 10240, 10240, 164.81, 165.2, _TORCH_PERF,
+                  "the nine RTX 4090 rows (24 GB and 48 GB cards): median of the bf16 column (160.5-173.3)",
+                  role="check", note="2.6% above the L20 figure that sets Ada's e_max"),
+    PublishedGemm("ada", "NVIDIA L20", "", "bf16", 10240, 10240, 10240, 114.14, 119.5, _TORCH_PERF,
+                  "row 'NVIDIA L20' (AutoDL), bf16 column", role="check",
+                  note="1.8% below the LeetCUDA cuBLAS figure that sets Ada's e_max"),
+    # Checks on the fitted generations (MAMF: the same table as the MI250X row; torch.mm: the community table).
     PublishedGemm("ampere", "NVIDIA A100 SXM", "A100-80GB", "bf16", 6912, 16384, 2048, 267.9, 312.0, _MAMF,
                   "same table, row NVIDIA A100 SXM (CUDA-12.1)", role="check"),
     PublishedGemm("hopper", "NVIDIA H100 SXM", "H100-80GB", "bf16", 6144, 17920, 2816, 792.1, 989.0, _MAMF,
                   "same table, row NVIDIA H100 SXM (CUDA-12.1)", role="check"),
+    PublishedGemm("ampere", "NVIDIA A100 SXM4 80GB", "A100-80GB", "bf16", 10240, 10240, 10240, 264.53, 312.0,
+                  _TORCH_PERF, "row 'NVIDIA A100 SXM4 80GB', bf16 column", role="check"),
+    PublishedGemm("hopper", "NVIDIA H100 80GB HBM3", "H100-80GB", "bf16", 10240, 10240, 10240, 797.51, 989.0,
+                  _TORCH_PERF, "first row 'NVIDIA H100 80GB HBM3', bf16 column", role="check"),
+    PublishedGemm("volta", "NVIDIA Tesla V100-SXM2-16GB", "V100-16GB", "fp16", 10240, 10240, 10240, 94.84, 125.0,
+                  _TORCH_PERF, "first row 'NVIDIA Tesla V100-SXM2-16GB', fp16 column", role="check",
+                  note="0.76 of peak, against the anchored e_max of 0.46: Volta's e_max is end to end (Megatron-LM "
+                       "2019), not a GEMM figure"),
 )
 """Every published GEMM figure hetpart uses or shows (see the module docstring)."""
 

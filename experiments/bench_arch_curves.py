@@ -23,6 +23,7 @@ SCENARIOS = (
     # (GPU, intra-node link, GPUs in the node, model, seq, global batch, micro-batch, tp, dp, precision)
     ("T4-16GB", "PCIe3", 4, "gpt2-medium", 1024, 32, 4, 1, 4, "fp16"),
     ("RTX2080Ti-11GB", "PCIe3-host", 8, "gpt2-medium", 1024, 32, 2, 1, 8, "fp16"),
+    ("TitanRTX-24GB", "PCIe3-host", 8, "gpt2-large", 1024, 64, 4, 1, 8, "fp16"),
     ("RTX4090-24GB", "PCIe4-host", 8, "gpt2-large", 1024, 64, 4, 1, 8, "bf16"),
     ("L4-24GB", "PCIe4", 8, "gpt2-large", 1024, 64, 4, 1, 8, "bf16"),
     ("MI250X-GCD-64GB", "xGMI", 8, "gpt3-1.3b", 2048, 64, 4, 1, 8, "bf16"),
@@ -117,8 +118,11 @@ def _summary(table: list[dict]) -> str:
              for r in table if r["e_now"] != r["e_before"]]
     still = sorted({r["gpu"] for r in table if r["e_now"] == r["e_before"]})
     return (f"Predicted throughput moved by {', '.join(moved)} (less than `e_max` itself: communication, "
-            "memory-bound kernels and per-operator costs are unchanged); " + ", ".join(still)
-            + " did not move (still assumed).")
+            "memory-bound kernels and per-operator costs are unchanged)"
+            + (f"; {', '.join(still)} did not move (still assumed)." if still else ".")
+            + " The Turing boards move up because their assumption was Volta's anchored `e_max` (0.46), an end-to-end "
+            "figure of Megatron-LM 2019 that folds in overheads the model does not price; a V100's own GEMM figure is "
+            "0.76 of peak (check row above), so on Volta and its heirs the GEMM level and the anchor differ by that much.")
 
 
 def section():
@@ -146,13 +150,13 @@ def section():
         "published: the fall-off for small products (`w0`, `t0`), the memory-bound kernels and the per-operator "
         "cost stay the nearest fitted generation's scaled by peak (no source gives small sizes), and precisions "
         "without a figure keep the fraction they were assumed to have (Ada TF32/fp8 and MI300X TF32: 0.8081; "
-        "plain fp32: Ampere's 0.8982, Volta's 0.70 on the T4).\n\n"
+        "plain fp32: Ampere's 0.8982), except the L4's fp8, taken at its bf16 fraction (the same power cap). Boards "
+        "that accumulate fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach 0.51-0.65 of their "
+        "datasheet peak; GeForce boards at the half rate (RTX 2080 Ti, RTX 4090) 0.83-1.0.\n\n"
         + "\n".join(_constants_table()) + "\n\n"
-        "Still assumed (no fair measurement found): the 250-280 W Turing boards (RTX 2080 Ti, TITAN RTX: "
-        "Volta's anchored curve, as before; the T4's figure is its 70 W power cap, not Turing's), the L4 "
-        "(72 W; Ampere's curve as before: the L20's figure does not speak for a power-capped board), an Ada type "
-        "other than the L20 and RTX 4090 (an inline L40S is priced with the Ada curve and reported `assumed`), "
-        "Pascal and Ascend. Found and not used: a TITAN RTX cuBLAS figure (92.7 TFLOPS at 5376 x 5376 x 2048) in "
+        "Still assumed (no fair measurement found): Turing types other than the T4, TITAN RTX and RTX 2080 Ti "
+        "(Volta's anchored curve, scaled by peak), Ada types other than the L20, RTX 4090 and L4 (an inline L40S is "
+        "priced with the Ada curve and reported `assumed`), ""Pascal and Ascend. Found and not used: a TITAN RTX cuBLAS figure (92.7 TFLOPS at 5376 x 5376 x 2048) in "
         "a fork of a GEMM tutorial that could not be identified to cite, measured on low-toggle integer inputs.\n\n"
         "One representative plan per architecture (one node, Megatron placement, 1F1B, selective recompute, "
         "Adam); \"before\" prices it with the assumption the architecture had (Turing: Volta's curve, Ada and "
