@@ -167,12 +167,13 @@ _CDNA2 = replace(_AMPERE, name="cdna2", e_max=0.7676,
                         "(ROCm 6.2)")
 """One MI250X GCD: 16-bit products at 0.7676 of 191.5 TFLOPS (bf16 measured; fp16 runs at the same rate
 on CDNA2 and is taken equal). CDNA2 has no TF32 (fp32 runs plain, Ampere's 0.8982: ASSUMED)."""
-_ADA = replace(_AMPERE, name="ada", e_max=0.9728, e_max_tf32=_AMPERE.e_max, e_max_fp8=_AMPERE.e_max,
+_ADA = replace(_AMPERE, name="ada", e_max=0.9728, e_max_tf32=0.9726, e_max_fp32=0.6232, e_max_fp8=_AMPERE.e_max,
                status="published: xlite-dev/LeetCUDA hgemm README, cuBLAS fp16 116.25 TFLOPS of 119.5 on an L20 "
-                      "(AD102, fp32 accumulate)")
+                      "(AD102, fp32 accumulate); TF32 58.16 and fp32 37.27 of 59.8 (community torch.mm table, L20)")
 """Ada with the GeForce AD102 rate (the L20's 512 FLOP/SM/clock, the rate of the catalog's RTX 4090
-peak with fp32 accumulation): 16-bit products at 0.9728. TF32 and fp8 keep the Ampere fraction they were
-assumed to have (0.8081), plain fp32 Ampere's 0.8982: no published Ada figure for them (ASSUMED)."""
+peak with fp32 accumulation): 16-bit products at 0.9728, TF32 at 0.9726 and CUDA-core fp32 at 0.6232 (an
+L20 row of the community torch.mm table; the RTX 4090 rows give 1.04 and 0.66). fp8 keeps the Ampere
+fraction it was assumed to have (0.8081): no published Ada fp8 figure (ASSUMED)."""
 _TORCH_PERF = "zzc0721/torch-performence-test-data database.md (community torch.mm table)"
 _T4 = replace(_VOLTA, name="turing", e_max=0.6451, e_max_fp32=0.5370,
               status=f"published: {_TORCH_PERF}, three cloud T4s: fp16 41.93 of 65, fp32 4.35 of 8.1 TFLOPS")

@@ -25,6 +25,7 @@ SCENARIOS = (
     ("RTX2080Ti-11GB", "PCIe3-host", 8, "gpt2-medium", 1024, 32, 2, 1, 8, "fp16"),
     ("TitanRTX-24GB", "PCIe3-host", 8, "gpt2-large", 1024, 64, 4, 1, 8, "fp16"),
     ("RTX4090-24GB", "PCIe4-host", 8, "gpt2-large", 1024, 64, 4, 1, 8, "bf16"),
+    ("RTX4090-24GB", "PCIe4-host", 8, "gpt2-large", 1024, 64, 4, 1, 8, "tf32"),
     ("L4-24GB", "PCIe4", 8, "gpt2-large", 1024, 64, 4, 1, 8, "bf16"),
     ("MI250X-GCD-64GB", "xGMI", 8, "gpt3-1.3b", 2048, 64, 4, 1, 8, "bf16"),
     ("MI300X-192GB", "xGMI", 8, "llama2-7b", 2048, 64, 2, 1, 8, "bf16"),
@@ -49,7 +50,7 @@ def rows() -> list[dict]:
 
     out = []
     for gpu_name, link, gpus, model_name, seq, batch, micro, tp, dp, precision in SCENARIOS:
-        model = load_model(model_name, seq_len=seq)
+        model = load_model(model_name, seq_len=seq, precision=precision)
         cluster = parse_cluster({"name": f"1x{gpus}-{gpu_name}", "nodes": [
             {"count": 1, "gpus_per_node": gpus, "gpu": gpu_name, "intra_node": link, "nic": "Ethernet-25"}]})
         workload = Workload(batch, seq, precision=precision, recompute="selective")
@@ -149,8 +150,8 @@ def section():
         "6% and 2% above it, so a published curve may be a few % optimistic on large work. Only `e_max` is "
         "published: the fall-off for small products (`w0`, `t0`), the memory-bound kernels and the per-operator "
         "cost stay the nearest fitted generation's scaled by peak (no source gives small sizes), and precisions "
-        "without a figure keep the fraction they were assumed to have (Ada TF32/fp8 and MI300X TF32: 0.8081; "
-        "plain fp32: Ampere's 0.8982), except the L4's fp8, taken at its bf16 fraction (the same power cap). Boards "
+        "without a figure keep the fraction they were assumed to have (Ada fp8 and MI300X TF32: 0.8081; "
+        "MI300X/MI250X plain fp32: Ampere's 0.8982), except the L4's fp8, taken at its bf16 fraction (the same power cap). Boards "
         "that accumulate fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach 0.51-0.65 of their "
         "datasheet peak; GeForce boards at the half rate (RTX 2080 Ti, RTX 4090) 0.83-1.0.\n\n"
         + "\n".join(_constants_table()) + "\n\n"
