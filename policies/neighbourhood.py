@@ -171,9 +171,13 @@ class Neighbourhood:
         """A new structure under every replica count it allows, the micro-batch kept (or the nearest)
         and 1: a structural move rarely pays off at the old numbers (TP 2 -> 1 wants twice the stages)."""
         for d in self.s.dp_options(order, tps):
-            mbs = self.s.mb_options(d)
-            for b in dict.fromkeys(([mb] if mb in mbs else self._near(mbs, mb)) + [1]):
+            for b in self._kept_mbs(d, mb):
                 yield ("mixed", order, tps, d, b, rc)
+
+    def _kept_mbs(self, dp: int, mb: int) -> list[int]:
+        """The micro-batches a structural move tries at ``dp`` replicas: ``mb`` (or the nearest) and 1."""
+        mbs = self.s.mb_options(dp)
+        return list(dict.fromkeys(([mb] if mb in mbs else self._near(mbs, mb)) + [1]))
 
     def _mixed_moves(self, order, tps, dp, mb, rc) -> Iterator[Point]:
         s = self.s
@@ -207,7 +211,9 @@ class Neighbourhood:
     def compound(self, point: Point) -> Iterator[Point]:
         """Two moves at once (not yet checked for validity): one pool's TP degree changed and the pool
         moved to every other place in the pipeline, under every replica count (as any structural
-        move). Typed replicas have no pipeline order: none."""
+        move); and the TP change in place or moved with the micro-batch rescaled to keep the number
+        of micro-batches per replica (half the replicas, twice the micro-batch: the pipeline fills as
+        before). Typed replicas have no pipeline order: none."""
         if point[0] != "mixed":
             return
         _, order, tps, dp, mb, rc = point
@@ -217,9 +223,13 @@ class Neighbourhood:
                 if t == tps[i]:
                     continue
                 for j in range(len(order)):
+                    moved, moved_tps = rest[:j] + (p,) + rest[j:], rest_tps[:j] + (t,) + rest_tps[j:]
                     if j != i:
-                        yield from self._renumbered(rest[:j] + (p,) + rest[j:], rest_tps[:j] + (t,) + rest_tps[j:],
-                                                    dp, mb, rc)
+                        yield from self._renumbered(moved, moved_tps, dp, mb, rc)
+                    for d in self.s.dp_options(moved, moved_tps):
+                        b = mb * dp // d
+                        if mb * dp % d == 0 and b in self.s.mb_options(d) and (j != i or b not in self._kept_mbs(d, mb)):
+                            yield ("mixed", moved, moved_tps, d, b, rc)
 
     def _typed_moves(self, typed, mb, rc) -> Iterator[Point]:
         s = self.s
@@ -278,11 +288,14 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
         if hood.valid(p) and (scored := hood.price(p)) is not None:
             found[p] = scored
     others = {q for p in found for q in hood.switched(p) if q not in found and hood.valid(q)}
-    for q in sorted((q for q in others if hood.fits(q)), key=lambda q: (hood.bound_s(q), q))[:seeds]:
-        if time.perf_counter() > deadline or hood.priced >= limit:
+    tried = 0
+    for q in sorted(others, key=lambda q: (hood.bound_s(q), q)):
+        if tried >= seeds or time.perf_counter() > deadline or hood.priced >= limit:
             break
-        if (scored := hood.price(q)) is not None:
-            found[q] = scored
+        if hood.fits(q):  # the ``seeds`` of lowest bound that can fit
+            tried += 1
+            if (scored := hood.price(q)) is not None:
+                found[q] = scored
     ranked = sorted(found, key=lambda p: found[p].estimate_s)
     chosen = [p for p in ranked if p[0] == "mixed"][:walks // 2] + [p for p in ranked if p[0] == "typed"][:walks // 2]
     walked: set[Point] = set()

@@ -104,15 +104,19 @@ def test_search_lower_bound_does_not_depend_on_stage_order_and_stays_below_the_e
                     assert walk_case.bound_s(point) <= scored.estimate_s
 
 
-def test_compound_move_changes_a_pools_tp_and_moves_the_pool(walk_case) -> None:
+def test_compound_move_changes_a_pools_tp_and_moves_the_pool_or_rescales_the_micro_batch(walk_case) -> None:
     hood = walk_case
-    point = ("mixed", (0, 1), (1, 1), 1, 1, hood.s.modes[0])
+    point = ("mixed", (0, 1), (1, 1), 2, 2, hood.s.modes[0])
+    assert hood.valid(point)
     compound = list(dict.fromkeys(hood.compound(point)))
     assert compound and not set(compound) & set(hood.neighbours(point))  # two moves, not one
-    for _, order, tps, _, _, rc in compound:
-        assert order == (1, 0) and rc == point[5]
+    assert any(order == (1, 0) for _, order, *_ in compound)  # the pool moved
+    assert ("mixed", (0, 1), (2, 1), 1, 4, point[5]) in compound  # TP 2, half the replicas, twice the micro-batch
+    for _, order, tps, dp, mb, rc in compound:
+        assert sorted(order) == [0, 1] and rc == point[5]
         moved = dict(zip(order, tps))
         assert sum(moved[p] != t for p, t in zip(point[1], point[2])) == 1  # one pool's TP changed
+        assert order == (1, 0) or dp * mb == point[3] * point[4]  # in place: micro-batches per replica kept
     assert list(hood.compound(("typed", ((0, 1, 1), (1, 1, 1)), 1, hood.s.modes[0]))) == []
 
 
