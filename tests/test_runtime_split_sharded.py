@@ -2,8 +2,9 @@
 
 Two TP-2 replicas on hetpart's distributed optimizer (:mod:`hetpart.runtime.dist_optimizer`): split alike
 (every data-parallel peer holds the same slice), and split differently (5:1 heads beside an even replica,
-6:2 beside 2:6 of a grouped-query Llama), where each key is cut at every holder's slice boundary and the
-pieces move among the ranks that hold them; with even and uneven shard fractions and uneven batch shares.
+6:2 beside 2:6 of a grouped-query Llama, and inside a 1F1B pipeline whose second stage is TP-1: 6 ranks),
+where each key is cut at every holder's slice boundary and the pieces move among the ranks that hold
+them; with even and uneven shard fractions and uneven batch shares.
 After one step the loss is the single-process reference's (1e-6 relative) and every local gradient slice
 equals the reference's slice at its offset; after 3 Adam steps every parameter slice equals the
 reference's; a checkpoint resumes to the same weights and optimizer state. gloo on CPU, fp32.
@@ -69,7 +70,13 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
     # grouped-query Llama, 6:2 beside 2:6 heads (whole key/value groups), 40:24 beside 24:40 columns
     "z1_crossed_llama": (LLAMA, _plan(1, _st(A, (6, 2), (40, 24)), _st(B, (2, 6), (24, 40)), fractions=(0.3, 0.7))),
 }
-TRAINED = ("z1_differ_gpt2", "z2_differ_gpt2", "z1_crossed_llama", "z1_alike_gpt")
+# Inside a pipeline: a 5:1 TP-2 stage (beside an even one in the other replica), then a TP-1 stage (6 ranks).
+PIPE = Plan(global_batch=6, micro_batch=1, seq_len=SEQ, schedule="1f1b", zero=1, replicas=(
+    Replica(2 / 3, (Stage((0, 3), A, 2, TPSplit(heads=(5, 1), ffn=(80, 16))), Stage((3, 6), ("0/0/2",), 1))),
+    Replica(1 / 3, (Stage((0, 3), B, 2), Stage((3, 6), ("1/0/2",), 1)))))
+CASES_6: dict[str, tuple[RunnableSpec, Plan]] = {"z1_pipe_gpt2": (GPT2, PIPE)}
+WORLD = {**{n: 4 for n in CASES}, **{n: 6 for n in CASES_6}}
+TRAINED = ("z1_differ_gpt2", "z2_differ_gpt2", "z1_crossed_llama", "z1_alike_gpt", "z1_pipe_gpt2")
 RESUMED = "z1_crossed_llama"
 
 
@@ -78,7 +85,7 @@ def _job(rank: int, world: int, out: str) -> None:
     from hetpart.runtime.checkpoint import load_checkpoint, save_checkpoint
     from hetpart.runtime.engine import Executor
 
-    for name, (spec, plan) in CASES.items():
+    for name, (spec, plan) in (CASES if world == 4 else CASES_6).items():
         ex = Executor(plan, spec, rank, world, lr=LR)
         local = ex.forward_backward(0)
         loss = ex.global_loss(local)
@@ -124,23 +131,29 @@ def _states(ex) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_distributed(_job, 4, timeout_s=300, out_dir=str(tmp_path_factory.mktemp("split_sharded")))
+def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    return {n: run_distributed(_job, n, timeout_s=300, out_dir=str(tmp_path_factory.mktemp(f"split_sharded{n}")))
+            for n in (4, 6)}
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_split_sharded_step_matches_the_reference(out: Path, name: str) -> None:
+@pytest.fixture(scope="module")
+def out(outs: dict[int, Path]) -> Path:
+    return outs[4]
+
+
+@pytest.mark.parametrize("name", list(WORLD))
+def test_split_sharded_step_matches_the_reference(outs: dict[int, Path], name: str) -> None:
     from hetpart.runtime.engine import check_runnable
     from hetpart.runtime.reference import Reference
 
-    spec, plan = CASES[name]
+    spec, plan = {**CASES, **CASES_6}[name]
     assert check_runnable(plan, spec) == []
     ref = Reference(spec, plan.global_batch, plan.seq_len)
     ref_loss = ref.forward_backward(0)
     expected = ref.gradients()
     seen: set[str] = set()
-    for rank in range(4):
-        got = torch.load(out / f"{name}_{rank}.pt", weights_only=False)
+    for rank in range(WORLD[name]):
+        got = torch.load(outs[WORLD[name]] / f"{name}_{rank}.pt", weights_only=False)
         assert got["loss"] == pytest.approx(ref_loss, rel=1e-6), f"{name}: rank {rank} loss"
         for key, g in got["grads"].items():
             torch.testing.assert_close(g.grad, g.of(expected[key]), rtol=1e-4, atol=1e-6,
@@ -150,15 +163,15 @@ def test_split_sharded_step_matches_the_reference(out: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", TRAINED)
-def test_split_sharded_follows_the_reference_for_three_adam_steps(out: Path, name: str) -> None:
+def test_split_sharded_follows_the_reference_for_three_adam_steps(outs: dict[int, Path], name: str) -> None:
     from hetpart.runtime.reference import Reference
 
-    spec, plan = CASES[name]
+    spec, plan = {**CASES, **CASES_6}[name]
     ref = Reference(spec, plan.global_batch, plan.seq_len, lr=LR)
     ref.optimizer = torch.optim.Adam(list(ref.params.values()), lr=LR, eps=EPS)
     want = [ref.step(s) for s in range(STEPS)]
-    for rank in range(4):
-        got = torch.load(out / f"train_{name}_{rank}.pt", weights_only=False)
+    for rank in range(WORLD[name]):
+        got = torch.load(outs[WORLD[name]] / f"train_{name}_{rank}.pt", weights_only=False)
         assert got["losses"] == pytest.approx(want, rel=1e-5)
         for key, (p, where) in got["params"].items():
             torch.testing.assert_close(p, where.of(ref.params[key].detach()), rtol=1e-5, atol=ATOL_PARAMS,
