@@ -1,6 +1,7 @@
 """The policy planner against exact search: quality on public and held-out scenarios, time at scale.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --out runs/bench-policy
+    OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --suite '' --held-out 4 --held-out-seed 11
     OMP_NUM_THREADS=1 .venv/bin/python -m hetpart.experiments.bench_policy --scale CLUSTER.yaml ... [--scale-search]
 
 * **public**: every entry of ``shared/scenarios/suite.yaml`` (given with ``--suite``; several suites
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--suite", default="../shared/scenarios/suite.yaml")
     ap.add_argument("--out", default="runs/bench-policy")
     ap.add_argument("--held-out", type=int, default=3, help="scenarios per held-out kind (0: none)")
+    ap.add_argument("--held-out-seed", type=int, default=7, help="seed of the held-out draw")
     ap.add_argument("--scale", nargs="*", default=None, metavar="CLUSTER",
                     help="only time the policy on these clusters (llama2-70b, batch 1024 x 4096)")
     ap.add_argument("--scale-search", action="store_true", help="with --scale: search's time and ratio beside")
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     groups = [("public", [s for path in args.suite.split(",") if path for s in _suite(path)])]
     if args.held_out:
-        groups.append(("held-out", held_out_scenarios(per_kind=args.held_out)))
+        groups.append(("held-out", held_out_scenarios(seed=args.held_out_seed, per_kind=args.held_out)))
     for group, scenarios in groups:
         for name, model, cluster, workload in scenarios:
             row = compare(name, model, cluster, workload) | {"group": group}

@@ -23,7 +23,14 @@ once: a TP change changes the pool's stage count and its memory per stage, and u
 stages hold the most micro-batches in flight, so the pool often belongs elsewhere afterwards; each
 half alone can be worse than where the walk stands. (llama2-70b on 32 A100-80GB + 16 MI250X: from
 MI250X TP 8 first, A100 TP 2 after, 238.2 s estimated, MI250X TP 4 in the same place is 238.5 s and
-the swap 241.9 s, while MI250X TP 4 after the A100s is 223.6 s.)
+the swap 241.9 s, while MI250X TP 4 after the A100s is 223.6 s.) A compound move also changes one
+pool's TP degree, in place or moved, with the micro-batch rescaled so that each replica keeps its
+number of micro-batches (half the replicas, twice the micro-batch), where a single structural move
+keeps the micro-batch or drops it to 1.
+
+Neighbours are priced in order of the search's lower bound (the same for every order of the same
+stages); a mixed point that no layer split fits in memory is refused by a cheap exact check and
+costs the walk no budget.
 """
 
 from __future__ import annotations
