@@ -32,7 +32,7 @@ zero-weighted padding micro-batches up to the group's largest count (:func:`micr
 runtime does the same), which costs it their compute.
 
 Uneven fractions use padded collectives (every member sends the largest shard, as FSDP pads its
-flat buffers): the time scales by ``n * max(f)``. Hybrid sharding (``shard_group``) shards inside
+flat buffers): the bytes scale by ``n * max(f)``, the ring's latency terms do not (as many messages). Hybrid sharding (``shard_group``) shards inside
 groups of consecutive replicas and all-reduces each shard across the groups.
 """
 
@@ -100,8 +100,9 @@ def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, 
 
 
 def collective_pad(plan: "Plan", replicas) -> float:
-    """How much longer a reduce-scatter or all-gather among ``replicas`` (one shard group) takes than
-    with even shards: ``n * max(f)`` (padded to the largest shard), 1 for even shards."""
+    """How many more bytes a reduce-scatter or all-gather among ``replicas`` (one shard group) moves than
+    with even shards: ``n * max(f)`` (padded to the largest shard), 1 for even shards. Callers price the
+    padded bytes, so the ring's latency terms count once."""
     if plan.shard_fractions is None:
         return 1.0
     members = list(replicas)

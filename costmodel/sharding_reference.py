@@ -70,7 +70,7 @@ def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, rep
     nbytes = model.range_params(unit, unit + 1, tp) * DTYPE_BYTES[plan.precision]
     members = [s.devices[0] for s in stages]
     pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
-    return reduce_scatter_time_s(nbytes, members, cluster, concurrent=max(s.tp for s in stages)) * pad
+    return reduce_scatter_time_s(nbytes * pad, members, cluster, concurrent=max(s.tp for s in stages))
 
 
 def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,

@@ -902,7 +902,7 @@ class Simulator:
             last = table.grad_ready_s(runs, np.array([seg.a for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
             first = table.grad_ready_s(runs, np.array([seg.z - 1 for seg in segments[:len(runs)]], dtype=np.int64)[:, None])
             ready_last, ready_first = last.max(axis=1).tolist(), first.max(axis=1).tolist()
-        pad = collective_pad(plan, range(plan.dp)) if plan.zero else 1.0  # padded for uneven shards
+        pad = collective_pad(plan, range(plan.dp)) if plan.zero else 1.0  # padded bytes for uneven shards
         tied = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments[len(runs):]]
         nodes = table.node[runs]
         crossing = nodes.min(axis=1) != nodes.max(axis=1)
@@ -920,11 +920,12 @@ class Simulator:
             else:
                 flat = tied[i - len(runs)]
                 ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
-            # sharded plans reduce-scatter the run as one call (as sharding_reference prices them)
+            # sharded plans reduce-scatter the run as one call (as sharding_reference prices them), of the
+            # padded bytes (the ring's latency once)
             scatter = bool(plan.zero) and seg.a >= 0
-            t = (self._reduce_scatter_s(seg.nbytes, ring) * pad if scatter
+            t = (self._reduce_scatter_s(seg.nbytes * pad, ring) if scatter
                  else self._bucketed_s(seg.nbytes, seg.last_bytes, ring))
-            last_t = self._reduce_scatter_s(seg.last_bytes, ring) * pad if scatter else \
+            last_t = self._reduce_scatter_s(seg.last_bytes * pad, ring) if scatter else \
                 self._allreduce_s(seg.last_bytes, ring)
             name = self._collective(seg.last_bytes, ring, "reduce_scatter" if scatter else "allreduce")
             if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
@@ -1153,7 +1154,7 @@ class Simulator:
         groups = plan.shard_groups()
         for members in groups:
             ring = self._ring_small(plan, tuple((r, by_replica[r]) for r in members))
-            t = max(t, self._reduce_scatter_s(nbytes, ring) * collective_pad(plan, members))
+            t = max(t, self._reduce_scatter_s(nbytes * collective_pad(plan, members), ring))
         if len(groups) > 1:
             shard = nbytes * max(plan.shard_fraction(r) for r in by_replica)
             across = tuple((g[0], by_replica[g[0]]) for g in groups)
@@ -1177,9 +1178,9 @@ class Simulator:
                 # an uneven split gathers each device's own slice: the largest of them paces the group
                 tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
                 ring = self._ring_small(plan, held)
-                pad = collective_pad(plan, members)
-                times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes,
-                                               ring) * pad) for u in range(a, z)]
+                pad = collective_pad(plan, members)  # padded bytes; the ring's latency once
+                times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes * pad,
+                                                    ring)) for u in range(a, z)]
                 for key in held:
                     out.setdefault(key, []).extend(times)
         return out

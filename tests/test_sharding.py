@@ -194,3 +194,24 @@ def test_the_learned_predictor_answers_sharded_plans_with_the_sharded_collective
         want = sim.simulate(plan)
         assert got["step_time_s"] == pytest.approx(want.step_time_s, rel=0.02)
         assert got["peak_memory_gb"] == pytest.approx(want.metrics["peak_memory_gb"], rel=1e-6)
+
+
+def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(gpt2, mixed):
+    """Uneven shards pad every piece to the largest: ``n max f`` times the bytes, as many messages. The
+    simulator prices each unit's reduce-scatter (NCCL's ring) as the emulated runtime delays the padded bucket
+    it reports (hetpart.runtime.dist_optimizer), so an emulated run pays what is predicted (before: the
+    latency x 1.6)."""
+    from hetpart.costmodel.collectives import reduce_scatter_time_s
+    from hetpart.runtime.emulation import Emulator
+
+    plan = _dp_plan(zero=2, fractions=(0.4, 0.4, 0.1, 0.1))
+    sim = Simulator(gpt2, mixed)
+    members = [r.stages[0].devices[0] for r in plan.replicas]
+    emulator = Emulator(mixed, tuple(plan.devices), 0, 1.0)
+    pad = 4 * 0.4
+    for unit, seconds in sim._shard_comm(plan)[(0, 0)]:
+        nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+        assert seconds == pytest.approx(reduce_scatter_time_s(nbytes * pad, members, mixed), rel=1e-9)
+        assert seconds < reduce_scatter_time_s(nbytes, members, mixed) * pad  # latency not padded
+        ranks = [plan.devices.index(d) for d in members]
+        assert seconds == pytest.approx(emulator.collective_delay_s("reduce_scatter", nbytes * pad, ranks), rel=1e-9)

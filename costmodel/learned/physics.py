@@ -212,9 +212,9 @@ def _rings(sim, plan: Plan, mine: list[int], seg_a, seg_t, seg_last, seg_tcp, se
                 seg_skip[g] = True  # reduce-scattered every micro-batch, inside the backward
                 continue
             if plan.dp >= _VECTOR_MIN_REPLICAS and not plan.shard_group:  # a reduce-scatter: NCCL's rings
-                pad = collective_pad(plan, range(plan.dp))
-                seg_t[g] = sim._reduce_scatter_s(seg.nbytes, ring) * pad
-                seg_last[g] = sim._reduce_scatter_s(seg.last_bytes, ring) * pad
+                pad = collective_pad(plan, range(plan.dp))  # padded bytes; the ring's latency once
+                seg_t[g] = sim._reduce_scatter_s(seg.nbytes * pad, ring)
+                seg_last[g] = sim._reduce_scatter_s(seg.last_bytes * pad, ring)
                 continue
             # a reduce-scatter inside each shard group (padded for uneven shards), plus, under hybrid
             # sharding, the all-reduce of each shard across the groups
