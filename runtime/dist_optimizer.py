@@ -12,7 +12,11 @@ copy where the parameters are 16-bit) exist only for it.
 What each level runs:
 
 * 1 (optimizer states): gradients accumulate whole over the micro-batches; after the last backward
-  each bucket's flat gradient is reduce-scattered into the uneven ranges;
+  they are reduce-scattered into the uneven ranges, the buckets that share their ranks fused into one
+  collective of at most ``bucket_cap`` elements (as the unsharded all-reduce fuses them, and as
+  Megatron's distributed optimizer reduce-scatters buckets, not layers; the simulator prices one
+  collective per run of units with one holder set: per unit, the emulated links' latency was paid
+  once per unit);
 * 2 (+ gradients): each unit's gradient is reduce-scattered as soon as a micro-batch's backward has
   produced it (a post-accumulate-grad hook on its parameters) and added to the rank's gradient shard;
   the whole gradient is freed at once, so one unit's full gradient is alive at a time.
@@ -166,6 +170,52 @@ class _Unit:
     """Level 2: parameters whose gradient this micro-batch's backward has produced so far."""
 
 
+@dataclass
+class _Fused:
+    """Buckets sharing their ranks, reduce-scattered as one (level 1). Their flat spaces are laid out
+    member-major: member ``j``'s range of every bucket, one after another, forms ``j``'s one contiguous
+    range of the fused space, so the fused space is reduce-scattered as a bucket's is."""
+
+    buckets: list[_Bucket]
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.buckets[0].ranks
+
+    @property
+    def group(self) -> Any:
+        return self.buckets[0].group
+
+    @property
+    def me(self) -> int:
+        return self.buckets[0].me
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        lengths = [sum(b.ranges[j][1] for b in self.buckets) for j in range(len(self.ranks))]
+        starts = [sum(lengths[:j]) for j in range(len(lengths))]
+        return list(zip(starts, lengths))
+
+    @property
+    def mine(self) -> tuple[int, int]:
+        return self.ranges[self.me]
+
+
+def fuse_level1(buckets: list[_Bucket], cap: int) -> list[_Fused]:
+    """The buckets (in the layout's global order) joined per rank set into runs of at most ``cap``
+    elements (a larger bucket alone), in the order of their first bucket: every member of a rank set
+    holds the same buckets, so every rank issues the fused collectives in one global order."""
+    open_: dict[tuple[int, ...], _Fused] = {}
+    out: list[_Fused] = []
+    for b in buckets:
+        cur = open_.get(b.ranks)
+        if cur is None or sum(x.numel for x in cur.buckets) + b.numel > cap:
+            cur = open_[b.ranks] = _Fused([])
+            out.append(cur)
+        cur.buckets.append(b)
+    return out
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     from hetpart._torch_compat import local_tensor
 
@@ -262,10 +312,12 @@ class ShardedAdam:
         method: how uneven pieces cross the backend: ``all_to_all`` (default on gloo, the cheapest there:
             ``experiments/bench_dist_optimizer.py``), ``padded`` (default on NCCL, whose reduce-scatter and
             all-gather are native) or ``all_reduce``.
+        bucket_cap: the most elements per fused level-1 reduce-scatter (default the runtime's gradient
+            bucket cap, :data:`hetpart.runtime.groups.DEFAULT_BUCKET_CAP`).
     """
 
     def __init__(self, ex: "Executor", keys: set[str], *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, method: Method | None = None):
+                 eps: float = 1e-8, method: Method | None = None, bucket_cap: int | None = None):
         if method is None:
             method = "padded" if ex.device.type == "cuda" else "all_to_all"
         self.ex, self.lr, self.betas, self.eps, self.method = ex, lr, betas, eps, method
@@ -278,6 +330,10 @@ class ShardedAdam:
             at += bucket.mine[1]
         self.numel = at
         """Elements of this rank's shard."""
+        if bucket_cap is None:
+            from hetpart.runtime.groups import DEFAULT_BUCKET_CAP as bucket_cap
+        self.fused = fuse_level1(self.buckets, bucket_cap) if self.level == 1 else []
+        """Level 1: the buckets reduce-scattered together after the last backward."""
         dtype = self.units[0].params[0].dtype if self.units else torch.float32
         self.keeps_master = dtype != torch.float32
         device = ex.device
@@ -349,8 +405,13 @@ class ShardedAdam:
         reduces what no hook has (a parameter that got no gradient this micro-batch), in unit order."""
         if self.level == 1:
             self.grad_shard = torch.zeros(self.numel, dtype=torch.float32, device=self.ex.device)
+            grads = {k: _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+                     for unit in self.units for k, p in zip(unit.keys, unit.params)}
+            for fused in self.fused:
+                self._reduce_fused_into_shard(fused, grads)
             for unit in self.units:
-                self._reduce_into_shard(unit)
+                for p in unit.params:
+                    p.grad = None  # freed: the shard holds what this rank owns of it
         else:
             for unit in self.units:
                 if unit.pending:
@@ -367,6 +428,26 @@ class ShardedAdam:
             _, length = bucket.mine
             self.grad_shard[bucket.shard_at: bucket.shard_at + length] += piece.float()
         unit.pending = 0
+
+    def _reduce_fused_into_shard(self, fused: _Fused, grads: dict[str, torch.Tensor]) -> None:
+        """Level 1: the fused buckets' gradients (``grads``: key -> this rank's gradient) laid out
+        member-major (:class:`_Fused`), reduce-scattered in one collective, each bucket's piece added to its
+        place in the shard."""
+        ranges = fused.ranges
+        send = None
+        for i, bucket in enumerate(fused.buckets):
+            flat = bucket.flat(grads, scaled=True)  # one bucket's flat at a time beside the fused buffer
+            if send is None:
+                send = torch.empty(sum(length for _, length in ranges), dtype=flat.dtype, device=flat.device)
+            for j, (start, length) in enumerate(bucket.ranges):
+                at = ranges[j][0] + sum(b.ranges[j][1] for b in fused.buckets[:i])
+                send[at: at + length] = flat[start: start + length]
+        piece = self._reduce_scatter(fused, send)
+        at = 0
+        for bucket in fused.buckets:
+            _, length = bucket.mine
+            self.grad_shard[bucket.shard_at: bucket.shard_at + length] += piece[at: at + length].float()
+            at += length
 
     def _reduce_scatter(self, bucket: _Bucket, flat: torch.Tensor) -> torch.Tensor:
         begin = time.perf_counter()

@@ -294,3 +294,20 @@ def test_a_level_2_reduce_scatter_inside_the_backward_is_communication_not_compu
     # after the backward (level 1, or what no hook reduced) it is communication as before
     ShardedAdam._report(opt, "reduce_scatter", torch.zeros(10), bucket, fake.now)
     assert clock.comm == 10.0 and clock.bwd == 3.0
+
+
+def test_level_1_fuses_the_buckets_of_one_rank_set_up_to_the_cap_in_one_global_order() -> None:
+    """Level 1 reduce-scatters per run of buckets that share their ranks (one collective, not one per unit:
+    each pays the link's latency), member-major: member j's ranges of every bucket form its one range."""
+    from hetpart.runtime.dist_optimizer import _Bucket, _Segment, fuse_level1
+
+    def bucket(ranks, numel, fractions):
+        segment = _Segment(torch.nn.Parameter(torch.zeros(numel)), "w")
+        return _Bucket(ranks, [segment], uneven_ranges(numel, fractions), 0, 0, None)
+
+    a1, b1, a2, a3 = (bucket((0, 1), 10, [0.8, 0.2]), bucket((0, 2), 6, [0.5, 0.5]),
+                      bucket((0, 1), 5, [0.8, 0.2]), bucket((0, 1), 20, [0.8, 0.2]))
+    fused = fuse_level1([a1, b1, a2, a3], cap=16)
+    assert [[b.numel for b in f.buckets] for f in fused] == [[10, 5], [6], [20]]
+    assert fused[0].ranges == [(0, 8 + 4), (12, 2 + 1)]  # member 0: 8 of 10 and 4 of 5; member 1: the rest
+    assert fused[0].mine == (0, 12) and fused[2].ranges == [(0, 16), (16, 4)]
