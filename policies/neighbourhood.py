@@ -26,7 +26,9 @@ MI250X TP 8 first, A100 TP 2 after, 238.2 s estimated, MI250X TP 4 in the same p
 the swap 241.9 s, while MI250X TP 4 after the A100s is 223.6 s.) A compound move also changes one
 pool's TP degree, in place or moved, with the micro-batch rescaled so that each replica keeps its
 number of micro-batches (half the replicas, twice the micro-batch), where a single structural move
-keeps the micro-batch or drops it to 1.
+keeps the micro-batch or drops it to 1; and every pool's TP doubled or halved at once, so rescaled
+(llama2-7b on 336 GPUs of 3 types, held out: from TP 2 on both pools, 8 replicas, micro-batch 2 to
+TP 1, 16 replicas, micro-batch 1, search's plan, which no single move reached: 0.940 -> 1.000).
 
 Neighbours are priced in order of the search's lower bound (the same for every order of the same
 stages); a mixed point that no layer split fits in memory is refused by a cheap exact check and
@@ -220,7 +222,8 @@ class Neighbourhood:
         moved to every other place in the pipeline, under every replica count (as any structural
         move); and the TP change in place or moved with the micro-batch rescaled to keep the number
         of micro-batches per replica (half the replicas, twice the micro-batch: the pipeline fills as
-        before). Typed replicas have no pipeline order: none."""
+        before); and every pool's TP doubled or halved at once with the micro-batch rescaled the same way
+(the pipeline's shape kept, TP traded for replicas). Typed replicas have no pipeline order: none."""
         if point[0] != "mixed":
             return
         _, order, tps, dp, mb, rc = point
@@ -237,6 +240,14 @@ class Neighbourhood:
                         b = mb * dp // d
                         if mb * dp % d == 0 and b in self.s.mb_options(d) and (j != i or b not in self._kept_mbs(d, mb)):
                             yield ("mixed", moved, moved_tps, d, b, rc)
+        if len(order) > 1:  # every pool's TP doubled or halved: TP traded for replicas, the same stages
+            for scaled in (tuple(t * 2 for t in tps), tuple(t // 2 for t in tps if t % 2 == 0)):
+                if len(scaled) != len(tps) or any(t not in self.s.tps[p] for p, t in zip(order, scaled)):
+                    continue
+                for d in self.s.dp_options(order, scaled):
+                    b = mb * dp // d
+                    if mb * dp % d == 0 and b in self.s.mb_options(d):
+                        yield ("mixed", order, scaled, d, b, rc)
 
     def _typed_moves(self, typed, mb, rc) -> Iterator[Point]:
         s = self.s
