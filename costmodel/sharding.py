@@ -23,8 +23,9 @@ all-reduce's bytes on the same rings, NCCL's rings only: :func:`~hetpart.costmod
 * levels 2 and 3 reduce-scatter every micro-batch's gradients during its backward (as DeepSpeed's
   ZeRO-2/3 do under gradient accumulation); level 3 also all-gathers each unit's parameters before
   its forward and again before its backward, every micro-batch. A unit's collective overlaps the
-  compute of its neighbour (prefetch): per micro-batch the stage pays the first unit's gather plus,
-  per unit, what its collectives take beyond its compute.
+  compute of its neighbour (prefetch one ahead; a reduce-scatter behind the next unit's backward): per
+  micro-batch the stage pays what a communication stream running the collectives in issue order adds
+  to the compute stream (:func:`exposed_unit_comm_s`).
 
 Levels 2 and 3 thus run collectives per micro-batch, and every member of a shard group must take part
 in each: a replica with fewer micro-batches than another of its group (uneven batch shares) runs
@@ -109,8 +110,25 @@ def collective_pad(plan: "Plan", replicas) -> float:
     return len(members) * max(plan.shard_fractions[r] for r in members)
 
 
-def exposed_unit_comm_s(compute_s: list[float], comm_s: list[float], lead_s: float) -> float:
-    """Seconds a chain of units pays for collectives that overlap the neighbouring unit's compute:
-    ``lead_s`` (the first collective, nothing to hide behind) plus, per unit, its collective time beyond
-    its compute."""
-    return lead_s + sum(max(0.0, c - t) for t, c in zip(compute_s, comm_s))
+def exposed_unit_comm_s(compute_s: list[float], pre_s: list[float] | None = None,
+                        post_s: list[float] | None = None) -> float:
+    """Seconds a chain of units pays for its per-unit collectives, on two streams: the units compute
+    back to back in execution order; one communication stream runs the collectives in the order they
+    are issued. Unit ``i``'s ``pre_s[i]`` (a parameter all-gather) must finish before it computes and is
+    issued when unit ``i - 1`` starts (prefetch one ahead, as FSDP2 does; the first at time 0);
+    ``post_s[i]`` (a gradient reduce-scatter) is issued when unit ``i`` finishes. Returns when the later
+    stream finishes, less the compute: a collective hides behind the *next* unit's compute, the first
+    gather and the last reduce-scatter have nothing to hide behind."""
+    n = len(compute_s)
+    pre = pre_s or [0.0] * n
+    post = post_s or [0.0] * n
+    comm_end = comp_end = pre[0] if n else 0.0
+    ready = comm_end  # when the next unit's gather is done
+    for i, t in enumerate(compute_s):
+        start = max(comp_end, ready)
+        if i + 1 < n:
+            comm_end = max(comm_end, start) + pre[i + 1]
+            ready = comm_end
+        comp_end = start + t
+        comm_end = max(comm_end, comp_end) + post[i]
+    return max(comm_end, comp_end) - sum(compute_s)

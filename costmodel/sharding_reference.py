@@ -75,22 +75,40 @@ def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, rep
 
 def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,
                         unit_fwd_s: list[float], unit_bwd_s: list[float]) -> tuple[float, float]:
-    """Per micro-batch (forward, backward) seconds a stage pays for its level-2/3 collectives, walking the
-    units in execution order: the forward first unit up, each gather prefetched behind the previous unit's
-    compute; the backward last unit down."""
+    """Per micro-batch (forward, backward) seconds a stage pays for its level-2/3 collectives, from an
+    explicit timeline: the units in execution order (the forward first unit up, the backward last unit
+    down) on a compute stream, the collectives on one communication stream in the order they are issued:
+    a unit's gather (level 3) issued when the unit before it starts (the first at time 0) and awaited
+    before it computes, its reduce-scatter issued when it finishes."""
     first, last = plan.replicas[replica].stages[stage].layers
     gather = {u: reference_unit_gather_s(model, cluster, plan, replica, u) for u in range(first, last)}
     if not any(gather.values()):
         return 0.0, 0.0
-    fwd = bwd = 0.0
+
+    def timeline(order: list[int], compute: dict[int, float], gathers: bool, scatters: bool) -> float:
+        done: dict[tuple[str, int], float] = {}
+        stream_free = 0.0
+
+        def issue(at: float, kind: str, unit: int) -> None:
+            nonlocal stream_free
+            stream_free = max(stream_free, at) + gather[unit]  # FIFO: runs after everything issued before
+            done[(kind, unit)] = stream_free
+
+        if gathers:
+            issue(0.0, "ag", order[0])
+        clock = 0.0
+        for k, u in enumerate(order):
+            begin = max(clock, done.get(("ag", u), 0.0))
+            if gathers and k + 1 < len(order):
+                issue(begin, "ag", order[k + 1])
+            clock = begin + compute[u]
+            if scatters:
+                issue(clock, "rs", u)
+        return max(clock, stream_free) - sum(compute[u] for u in order)
+
+    fwd_t = {u: unit_fwd_s[u] for u in range(first, last)}
+    bwd_t = {u: unit_bwd_s[u] for u in range(first, last)}
+    down = list(range(last - 1, first - 1, -1))
     if plan.zero >= 3:
-        fwd = gather[first]
-        for u in range(first, last):
-            fwd += max(0.0, gather[u] - unit_fwd_s[u])
-        bwd = gather[last - 1]
-        for u in range(last - 1, first - 1, -1):
-            bwd += max(0.0, 2 * gather[u] - unit_bwd_s[u])
-        return fwd, bwd
-    for u in range(last - 1, first - 1, -1):
-        bwd += max(0.0, gather[u] - unit_bwd_s[u])
-    return 0.0, bwd + gather[first]
+        return (timeline(list(range(first, last)), fwd_t, True, False), timeline(down, bwd_t, True, True))
+    return 0.0, timeline(down, bwd_t, False, True)

@@ -1198,10 +1198,10 @@ class Simulator:
         comm = [t for _, t in times]
         if plan.zero >= 3:
             # the forward runs first unit up (gathering ahead), the backward last unit down
-            x_fwd = exposed_unit_comm_s(fwd_s, comm, comm[0])
-            x_bwd = exposed_unit_comm_s(bwd_s[::-1], [2 * t for t in comm[::-1]], comm[-1])
+            x_fwd = exposed_unit_comm_s(fwd_s, pre_s=comm)
+            x_bwd = exposed_unit_comm_s(bwd_s[::-1], pre_s=comm[::-1], post_s=comm[::-1])
             return x_fwd, x_bwd
-        return 0.0, exposed_unit_comm_s(bwd_s[::-1], comm[::-1], 0.0) + comm[0]  # the last reduce-scatter trails
+        return 0.0, exposed_unit_comm_s(bwd_s[::-1], post_s=comm[::-1])  # the last reduce-scatter trails
 
     def _add_param_gather(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict, optim: dict) -> None:
         """Levels 1-2: the all-gather of the updated parameters after the optimizer step, hidden behind the

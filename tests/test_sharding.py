@@ -10,6 +10,7 @@ import pytest
 
 from hetpart import Plan, Replica, Stage, load_cluster, load_model
 from hetpart.costmodel import Simulator, megatron_plan
+from hetpart.costmodel.sharding import exposed_unit_comm_s
 from hetpart.costmodel.sharding_reference import reference_exposed_s, reference_memory_gb
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.workload import Workload
@@ -215,3 +216,18 @@ def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(
         assert seconds < reduce_scatter_time_s(nbytes, members, mixed) * pad  # latency not padded
         ranks = [plan.devices.index(d) for d in members]
         assert seconds == pytest.approx(emulator.collective_delay_s("reduce_scatter", nbytes * pad, ranks), rel=1e-9)
+
+
+@pytest.mark.parametrize("t, c", [(1.0, 3.0), (3.0, 1.0), (2.0, 2.0)])
+def test_per_unit_collectives_hide_behind_the_next_unit_only(t, c):
+    """Two streams, n alike units: a reduce-scatter after each backward pays, when communication
+    outweighs compute, the first unit's compute then n collectives back to back (t + n c - n t); when
+    compute outweighs it, only the last collective trails. Gathers prefetched one ahead pay the first
+    gather and n - 1 overruns. A collective is never charged against its own unit's compute."""
+    n = 5
+    assert exposed_unit_comm_s([t] * n, post_s=[c] * n) == pytest.approx(max(c, t + n * c - n * t))
+    assert exposed_unit_comm_s([t] * n, pre_s=[c] * n) == pytest.approx(c + (n - 1) * max(0.0, c - t))
+    assert exposed_unit_comm_s([t] * n) == 0.0
+    both = exposed_unit_comm_s([t] * n, pre_s=[c] * n, post_s=[c] * n)
+    assert both >= exposed_unit_comm_s([t] * n, post_s=[c] * n) - 1e-12
+    assert both <= c + n * 2 * c  # never worse than running every collective unhidden
