@@ -107,11 +107,13 @@ def _setups():
     return [(run, mode, *table5_setup(run, mode)) for run in KORTHIKANTI_TABLE5 for mode in ("full", "selective")]
 
 
-def table5_comparison(curve: EfficiencyCurve | None = None, setups=None) -> list[CalibrationRow]:
-    """Predicted vs published step time for every Table 5 row and recompute mode."""
+def table5_comparison(curve: EfficiencyCurve | None = None, setups=None,
+                      options: dict | None = None) -> list[CalibrationRow]:
+    """Predicted vs published step time for every Table 5 row and recompute mode (``options``: further
+    :class:`Simulator` options, e.g. ``op_counts``)."""
     rows = []
     for run, mode, model, cluster, plan in setups or _setups():
-        sim = Simulator(model, cluster, curve_of=(lambda gpu: curve) if curve else None)
+        sim = Simulator(model, cluster, curve_of=(lambda gpu: curve) if curve else None, **(options or {}))
         predicted = sim.simulate(plan, validate=False).step_time_s
         published = run.full_recompute_s if mode == "full" else run.selective_recompute_s
         rows.append(CalibrationRow(run.name, mode, published, predicted))
@@ -122,22 +124,24 @@ def mean_abs_error_pct(rows: list[CalibrationRow]) -> float:
     return float(np.mean([abs(r.error_pct) for r in rows]))
 
 
-def calibration_residuals(curve: EfficiencyCurve | None = None, setups=None) -> list[float]:
+def calibration_residuals(curve: EfficiencyCurve | None = None, setups=None, options: dict | None = None) -> list[float]:
     """Log errors of the A100 model: Table 5 step times (predicted / published), then Table 1
     throughputs (published / predicted), so that positive means "predicted too slow" in both."""
     table5, table1 = setups or (_setups(), _table1_setups())
-    times = [float(np.log(r.predicted_s / r.published_s)) for r in table5_comparison(curve, table5)]
-    rates = [float(np.log(r.published_tflops / r.predicted_tflops)) for r in table1_validation(curve, table1)]
+    times = [float(np.log(r.predicted_s / r.published_s)) for r in table5_comparison(curve, table5, options)]
+    rates = [float(np.log(r.published_tflops / r.predicted_tflops)) for r in table1_validation(curve, table1, options)]
     return times + rates
 
 
-def fit_a100_curve(start: EfficiencyCurve | None = None, alpha: float = 1.0) -> EfficiencyCurve:
+def fit_a100_curve(start: EfficiencyCurve | None = None, alpha: float = 1.0, options: dict | None = None
+                   ) -> EfficiencyCurve:
     """Least-squares fit of ``e_max``, ``w0_ref`` and ``act_traffic`` to both A100 tables.
 
     Residuals are log ratios: Korthikanti Table 5 step times (8) and Narayanan Table 1 throughputs
     (10). ``alpha`` stays fixed at 1 (a product's time is its ideal time plus a fixed overhead): the
     data cannot separate it from ``w0_ref`` -- a free ``alpha`` runs ``e_max`` into its bound of 1 (the
-    datasheet peak, which large cuBLAS products never reach) without a better fit.
+    datasheet peak, which large cuBLAS products never reach) without a better fit. ``options``: further
+    :class:`Simulator` options the fit predicts with (``op_counts``).
     """
     from scipy.optimize import least_squares
 
@@ -149,7 +153,7 @@ def fit_a100_curve(start: EfficiencyCurve | None = None, alpha: float = 1.0) -> 
                        t0_ref=float(x[1]) * _T0_PER_W0)
 
     def residuals(x):
-        return calibration_residuals(curve(x), setups)
+        return calibration_residuals(curve(x), setups, options)
 
     fit = least_squares(residuals, x0=[start.e_max, start.w0_ref, start.act_traffic],
                         bounds=([0.3, 1.0, 0.0], [1.0, 20000.0, 50.0]), x_scale=[0.1, 100.0, 1.0])
@@ -208,16 +212,17 @@ def _volta_setup() -> tuple[ModelGraph, Cluster, Plan]:
     return model, cluster, plan
 
 
-def anchor_volta_e_max(target_tflops: float = 39.0) -> float:
-    """``e_max`` of the Volta curve (Ampere's shape) at which the Megatron-LM 1.2B run sustains
-    ``target_tflops`` hardware TFLOPS on one V100 (Shoeybi et al. 2019)."""
+def anchor_volta_e_max(target_tflops: float = 39.0, base: EfficiencyCurve | None = None,
+                       options: dict | None = None) -> float:
+    """``e_max`` of the Volta curve (Ampere's shape; ``base``: another Volta curve to solve on) at which the
+    Megatron-LM 1.2B run sustains ``target_tflops`` hardware TFLOPS on one V100 (Shoeybi et al. 2019)."""
     from scipy.optimize import brentq
 
     model, cluster, plan = _volta_setup()
 
     def gap(e_max: float) -> float:
-        curve = replace(CURVES["volta"], e_max=e_max)
-        sim = Simulator(model, cluster, curve_of=lambda gpu: curve)
+        curve = replace(base or CURVES["volta"], e_max=e_max)
+        sim = Simulator(model, cluster, curve_of=lambda gpu: curve, **(options or {}))
         return sim.simulate(plan, validate=False).metrics["hardware_tflops_per_device"] - target_tflops
 
     return float(brentq(gap, 0.05, 1.0, xtol=1e-5))
@@ -279,16 +284,17 @@ def _table1_setups(micro_batches: tuple[int, ...] = (1, 2, 4, 8)):
     return out
 
 
-def table1_validation(curve: EfficiencyCurve | None = None, setups=None) -> list[ValidationRow]:
+def table1_validation(curve: EfficiencyCurve | None = None, setups=None,
+                      options: dict | None = None) -> list[ValidationRow]:
     """Predicted vs published TFLOPS per GPU for Narayanan et al. 2021, Table 1.
 
     The paper does not list micro-batch sizes or which rows interleave; we take 1F1B with full
     recompute (their accounting) and the fastest micro-batch among 1, 2, 4, 8 that fits, as their
-    tuning would.
+    tuning would. ``options``: further :class:`Simulator` options.
     """
     rows = []
     for run, model, cluster, plans in setups or _table1_setups():
-        sim = Simulator(model, cluster, curve_of=(lambda gpu: curve) if curve else None)
+        sim = Simulator(model, cluster, curve_of=(lambda gpu: curve) if curve else None, **(options or {}))
         best = None
         for plan in plans:
             pred = sim.simulate(plan, validate=False)

@@ -30,28 +30,117 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
+from hetpart.costmodel.activations import check_kernels
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "unit_ops",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
            "saved_act_mode"]
 
 OPS_PER_UNIT: dict[str, tuple[int, int]] = {
     "block": (32, 112), "block/llama": (66, 138), "embedding": (4, 10), "head": (8, 24), "module": (0, 0),
 }
-"""MEASURED: top-level ATen operators one unit dispatches per micro-batch, ``(forward, backward)``, counted
-with ``torch.profiler`` on hetpart's runtime units (Hugging Face GPT-2 and Llama modules, SDPA
-attention; the head's count includes its cross-entropy loss). Megatron-style fused kernels dispatch
-fewer; traced modules have no count (0: no fixed cost). Recount with
-``python -m hetpart.experiments.bench_validation --count-ops``."""
+"""MEASURED, kernel set ``torch`` (hetpart's runtime): top-level ATen operators one unit dispatches per
+micro-batch, ``(forward, backward)``, counted with ``torch.profiler`` on hetpart's runtime units (Hugging
+Face GPT-2 and Llama modules, SDPA attention; the head's count includes its cross-entropy loss); traced
+modules have no count (0: no fixed cost). Recount with ``python -m hetpart.experiments.bench_validation
+--count-ops``. The ``fused`` set (Megatron-Core with Transformer Engine) runs far fewer:
+:data:`FUSED_BLOCK_OPS`."""
+
+FUSED_BLOCK_OPS: tuple[tuple[str, int, int, str], ...] = (
+    ("input norm: TE LayerNormLinear's norm kernel (backward: dx, then the dgamma/dbeta reduction)", 1, 2, ""),
+    ("QKV GEMM, bias in the cuBLASLt epilogue (backward: dgrad, wgrad accumulating into main_grad)", 1, 2, ""),
+    ("fused RoPE (apply_rope_fusion), on q and on k", 2, 2, "rotary"),
+    ("flash / cuDNN fused attention, TEDotProductAttention (backward: dO.O, main, dQ conversion)", 1, 3, "flash"),
+    ("unfused core attention: baddbmm, fused scale-mask-softmax, bmm, context permute-copy "
+     "(backward: two bmm grads, softmax grad, two baddbmm grads, copy)", 4, 6, "eager"),
+    ("attention-probability dropout", 1, 1, "eager+dropout"),
+    ("attention output GEMM, bias handed to the bias-dropout-add (backward: dgrad, wgrad)", 1, 2, ""),
+    ("bias-dropout-add, jit-fused (bias_dropout_add_fused_train)", 1, 0, ""),
+    ("  its backward: dropout gradient", 0, 1, "dropout"),
+    ("  its backward: bias gradient (sum over tokens)", 0, 1, "bias"),
+    ("residual gradient sum (autograd)", 0, 1, ""),
+    ("pre-MLP norm: TE LayerNormLinear of fc1", 1, 2, ""),
+    ("fc1 GEMM (bias skipped into the activation fusion)", 1, 2, ""),
+    ("bias-GeLU / bias-SwiGLU, jit-fused (bias_gelu_impl, bias_swiglu_impl)", 1, 1, ""),
+    ("  its backward: bias gradient", 0, 1, "bias"),
+    ("fc2 GEMM (backward: dgrad, wgrad)", 1, 2, ""),
+    ("bias-dropout-add, jit-fused", 1, 0, ""),
+    ("  its backward: dropout gradient", 0, 1, "dropout"),
+    ("  its backward: bias gradient", 0, 1, "bias"),
+    ("residual gradient sum (autograd)", 0, 1, ""),
+)
+"""DERIVED (read from the source, not measured: no GPU here), kernel set ``fused``: the operators a
+Megatron-Core transformer layer with Transformer Engine dispatches per micro-batch on one rank,
+``(kernel, forward, backward, when)``: an operator is one host dispatch that launches work (a cuBLASLt
+GEMM, a TE or jit-fused kernel, an ATen op); views and splits launch nothing and count 0; the
+tensor-parallel collectives (and sequence parallelism's all-gather / reduce-scatter) are priced by
+:func:`unit_tp_comm_s`, not here. Structure from NVIDIA/Megatron-LM ``megatron/core/models/gpt/
+gpt_layer_specs.py`` (``get_gpt_layer_with_transformer_engine_spec``: ``TELayerNormColumnParallelLinear``
+for the QKV and fc1 linears with their norms, ``TEDotProductAttention``, ``TERowParallelLinear``,
+``get_bias_dropout_add``), ``transformer/attention.py`` (QKV split as views, RoPE applied to q and k),
+``transformer/mlp.py`` (``skip_bias_add`` and ``bias_gelu_impl`` / ``bias_swiglu_impl`` under
+``bias_activation_fusion``); gradient-accumulation fusion (the wgrad GEMM adds into ``main_grad``) is
+Megatron's default. ``when``: ``rotary`` (no learned positions), ``flash`` / ``eager`` (the workload's
+attention kernel; ``eager`` is Megatron's unfused ``DotProductAttention``, what the 2019-2022 Megatron-LM
+runs used), ``dropout``, ``bias``. A GPT block: 10 forward / 23 backward under flash attention, 14 / 27
+unfused; a Llama block: 12 / 20. The Hugging Face block of the ``torch`` set runs 32 / 112 and 66 / 138."""
+
+FUSED_EMBEDDING_OPS: tuple[tuple[str, int, int, str], ...] = (
+    ("word-embedding lookup (backward: embedding_dense_backward)", 1, 1, ""),
+    ("position-embedding lookup and the add", 2, 1, "learned"),
+    ("[b, s, h] -> [s, b, h] transpose copy", 1, 1, ""),
+    ("embedding dropout", 1, 1, "dropout"),
+)
+"""DERIVED, kernel set ``fused``: Megatron-Core's ``LanguageModelEmbedding`` (same conventions as
+:data:`FUSED_BLOCK_OPS`)."""
+
+FUSED_HEAD_OPS: tuple[tuple[str, int, int, str], ...] = (
+    ("final norm, TENorm (backward: dx, dgamma/dbeta)", 1, 2, ""),
+    ("output-layer GEMM (backward: dgrad, wgrad)", 1, 2, ""),
+    ("fp32 cast of the logits", 1, 1, ""),
+    ("vocabulary-parallel cross-entropy: max, sub, target masks (3), clone, shift, masked fill, arange, gather, "
+     "clone, masked fill, exp, sum, log, sub, div (backward: arange, mask cast, 1 - mask, gather, sub, scatter, mul)",
+     17, 7, ""),
+    ("label / loss transposes and the loss-mask mean", 4, 3, ""),
+)
+"""DERIVED, kernel set ``fused``: Megatron-Core's head and loss (``TENorm``, the output
+``ColumnParallelLinear``, ``tensor_parallel/cross_entropy.py``'s ``VocabParallelCrossEntropy`` in plain
+PyTorch operators, its all-reduces excluded), 24 forward / 15 backward."""
 
 
-def unit_ops(model: ModelGraph) -> tuple[np.ndarray, np.ndarray]:
-    """``(fwd_ops[units], bwd_ops[units])``: operators each unit dispatches per micro-batch (:data:`OPS_PER_UNIT`)."""
-    family = getattr(model.config, "family", "")
-    keys = ["block/llama" if u.kind == "block" and family == "llama" else u.kind for u in model.units]
-    return (np.array([OPS_PER_UNIT[k][0] for k in keys], dtype=float),
-            np.array([OPS_PER_UNIT[k][1] for k in keys], dtype=float))
+def _count(rows: tuple[tuple[str, int, int, str], ...], features: set[str]) -> tuple[int, int]:
+    """``(forward, backward)`` operators of the rows whose every ``+``-joined condition is in ``features``."""
+    chosen = [(f, b) for _, f, b, when in rows if not when or all(w in features for w in when.split("+"))]
+    return sum(f for f, _ in chosen), sum(b for _, b in chosen)
+
+
+def fused_ops(config, attention: str = "fused") -> dict[str, tuple[int, int]]:
+    """Operators per unit kind of the ``fused`` kernel set for a transformer ``config`` (GPT-style defaults
+    where it has no field): ``{"block", "embedding", "head", "module"}`` -> ``(forward, backward)``."""
+    learned = bool(getattr(config, "learned_positions", True))
+    features = {"flash" if attention == "fused" else "eager"}
+    features |= {name for name, on in (("rotary", not learned), ("learned", learned),
+                                       ("dropout", getattr(config, "dropout", True)),
+                                       ("bias", getattr(config, "bias", True))) if on}
+    return {"block": _count(FUSED_BLOCK_OPS, features), "embedding": _count(FUSED_EMBEDDING_OPS, features),
+            "head": _count(FUSED_HEAD_OPS, features), "module": (0, 0)}
+
+
+def unit_ops(model: ModelGraph, kernels: str = "torch", attention: str = "fused") -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd_ops[units], bwd_ops[units])``: operators each unit dispatches per micro-batch under the kernel
+    set ``kernels``: the runtime's measured counts (:data:`OPS_PER_UNIT`, ``torch``) or Megatron-Core /
+    Transformer Engine's derived ones (:func:`fused_ops`, ``fused``, under the workload's ``attention``)."""
+    check_kernels(kernels)
+    if kernels == "torch":
+        family = getattr(model.config, "family", "")
+        keys = ["block/llama" if u.kind == "block" and family == "llama" else u.kind for u in model.units]
+        table = OPS_PER_UNIT
+    else:
+        keys = [u.kind for u in model.units]
+        table = fused_ops(model.config, attention)
+    return (np.array([table[k][0] for k in keys], dtype=float),
+            np.array([table[k][1] for k in keys], dtype=float))
 
 
 def saved_act_mode(recompute: str, attention: str) -> str:
@@ -115,7 +204,8 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
                    recompute: str, curve: EfficiencyCurve | None = None,
-                   attention: str = "fused", cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                   attention: str = "fused", cp: int = 1, kernels: str = "torch"
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
@@ -125,6 +215,8 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     unit's FLOPs (the attention core's too: the load-balanced causal split gives each rank an equal
     share of the score blocks) and activation traffic divide by ``cp``, its products run on ``1/cp`` of
     the tokens, and each block launches :data:`CP_OPS_PER_STEP` more operators per extra ring step.
+    ``kernels``: the kernel set whose operator counts pay the fixed host cost (:func:`unit_ops`; ``torch``,
+    the measured counts, unless the simulator is asked for the engine's own with ``op_counts="engine"``).
     """
     u = _unit_arrays(model, recompute, attention)
     rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u)
@@ -137,7 +229,7 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         extra = memory * (1.0 - share)
     else:
         extra = np.zeros_like(memory)
-    ops_fwd, ops_bwd = unit_ops(model)
+    ops_fwd, ops_bwd = unit_ops(model, kernels, attention)
     if cp > 1:  # the ring's extra attention calls, corrections and send/recv launches, per block
         blocks = np.array([un.kind == "block" for un in model.units], dtype=float)
         ops_fwd = ops_fwd + blocks * (cp - 1) * CP_OPS_PER_STEP[0]

@@ -284,14 +284,19 @@ class Simulator:
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                  grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None,
-                 kernels: str = DEFAULT_KERNELS) -> None:
+                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured") -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
         models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
         data-parallel bucket (Megatron-LM's 40M; PyTorch DDP's 25 MB is 6.25M fp32) (module docstring);
         ``profile``: measured entries replace the analytic terms where it has them
-        (:mod:`hetpart.costmodel.profile`); ``kernels``: whose saved activations the memory model counts
-        (``fused``: Megatron-Core/Transformer Engine, ``torch``: hetpart's runtime; :mod:`~hetpart.costmodel.activations`)."""
+        (:mod:`hetpart.costmodel.profile`); ``kernels``: the engine's kernel set, whose saved activations the
+        memory model counts (``fused``: Megatron-Core/Transformer Engine, ``torch``: hetpart's runtime;
+        :mod:`~hetpart.costmodel.activations`); ``op_counts``: which operator counts pay the fixed host cost
+        per operator (:func:`~hetpart.costmodel.compute.unit_ops`): ``measured`` (default), the runtime's
+        counted ones whatever the kernel set, or ``engine``, the kernel set's own (Megatron-Core/TE's derived
+        counts under ``fused``; tried and not adopted as the default: docs/BENCHMARKS.md, section
+        *Engine-specific operator counts*)."""
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
         self.profile = profile
@@ -304,6 +309,11 @@ class Simulator:
         self.cluster = cluster
         self._curve_of = curve_of
         self.kernels = check_kernels(kernels)
+        if op_counts not in ("measured", "engine"):
+            raise PlanError(f"op_counts: unknown {op_counts!r}; use measured or engine")
+        self.op_counts = op_counts
+        self._op_kernels = self.kernels if op_counts == "engine" else "torch"
+        """The kernel set whose operator counts pay the per-operator host cost."""
         self._tables = PrefixTables(model, kernels)
         self._out_bytes = [u.out_act_bytes for u in model.units]
         self._units: dict[tuple, tuple[list[float], ...]] = {}
@@ -347,7 +357,8 @@ class Simulator:
         hit = self._units.get(key)
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
-            fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention)
+            fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention,
+                                      kernels=self._op_kernels)
             tp_link = g.tp_link
             if self._profiled is not None:
                 fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
@@ -371,7 +382,8 @@ class Simulator:
             fwd = bwd = None
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
-                f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention)
+                f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention,
+                                      kernels=self._op_kernels)
                 if self._profiled is not None:  # measured units at this device's share of each
                     f, b = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f, b)
                 f, b = f / speed, b / speed
@@ -406,9 +418,9 @@ class Simulator:
         for g, devices in subs.items():
             for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
-                f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp)
+                f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp, self._op_kernels)
                 if self._profiled is not None:
-                    f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused")
+                    f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", kernels=self._op_kernels)
                     mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
@@ -1361,7 +1373,8 @@ class Simulator:
         return (f"{__version__}" + ("" if self.overlap_grad_reduce else "+no-overlap-grad-reduce")
                 + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated")
                 + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}")
-                + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}"))
+                + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}")
+                + ("" if self.op_counts == "measured" else f"+op-counts:{self.op_counts}"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -1593,7 +1606,8 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
 def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
-                        profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, **unknown: Any) -> Simulator:
+                        profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, op_counts: str = "measured",
+                        **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
     Raises:
@@ -1606,9 +1620,9 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         profile = parse_profile(profile, "predictor option 'profile'")
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels")
+                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels, op_counts")
     return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
-                     profile=profile, kernels=kernels)
+                     profile=profile, kernels=kernels, op_counts=op_counts)
 
 
 def _uneven(plan: Plan) -> bool:

@@ -95,8 +95,9 @@ def _launch_us(dev) -> float | None:
     return _Clock(dev)(chain) / 1000 * 1e6
 
 
-def compare(data: dict, gpu_name: str) -> list[dict]:
-    """Per measured (model, precision, unit, micro-batch): the simulator's time over the measured one."""
+def compare(data: dict, gpu_name: str, curve=None) -> list[dict]:
+    """Per measured (model, precision, unit, micro-batch): the simulator's time over the measured one
+    (``curve``: the device's efficiency curve where it is not the shipped one)."""
     from hetpart import load_model
     from hetpart.catalog.hardware import GPU_CATALOG
     from hetpart.costmodel.compute import unit_compute_s
@@ -111,7 +112,7 @@ def compare(data: dict, gpu_name: str) -> list[dict]:
         if key not in graphs:
             graphs[key] = load_model(r["model"], seq_len=r["seq_len"], precision=sim_prec)
         g = graphs[key]
-        f, b = unit_compute_s(g, gpu, 1, r["micro_batch"], sim_prec, "none")
+        f, b = unit_compute_s(g, gpu, 1, r["micro_batch"], sim_prec, "none", curve, kernels="torch")  # HF modules
         i = 1 if r["unit"].startswith("block") else g.num_units - 1
         out.append({"model": r["model"], "precision": r["precision"], "unit": r["unit"].split("_")[0],
                     "micro_batch": r["micro_batch"], "meas_fwd_ms": r["fwd_s"] * 1e3, "meas_bwd_ms": r["bwd_s"] * 1e3,

@@ -9,7 +9,8 @@ them) and HELD-OUT rows (nothing was tuned on them):
    paper counts them). Fair sources only: Korthikanti et al. 2022, Narayanan et al. 2021, Shoeybi et
    al. 2019 and the Llama 3 paper; rows the simulator cannot express are listed with the reason.
 2. ``experiments/data/h100_runs.jsonl``: ten real training runs on one H100 (hetpart's runtime, no
-   emulation), re-predicted from their records. Held out.
+   emulation), re-predicted from their records with the runtime's own options (``kernels="torch"``: its
+   Hugging Face modules, and gradient all-reduces after the backward). Held out.
 3. ``experiments/data/h100_unit_profile.json``: per-unit forward/backward times of five models at
    micro-batches 1-8 in bf16, TF32 and fp32 on the same H100. Held out (only its GEMM sweep, a
    separate part of the file, fitted the Hopper curve).
@@ -103,8 +104,9 @@ def _setup(f: dict) -> str:
             f"{f['precision']}")
 
 
-def predict_published(row: PublishedRow) -> Result:
-    """The simulator's number for one published row (in the row's metric)."""
+def predict_published(row: PublishedRow, options: dict | None = None) -> Result:
+    """The simulator's number for one published row (in the row's metric); ``options``: further
+    :class:`~hetpart.costmodel.Simulator` options (``curve_of``, ``op_counts``)."""
     from hetpart import Workload, load_model
     from hetpart.cluster import parse_cluster
     from hetpart.costmodel import Simulator, megatron_plan
@@ -125,7 +127,7 @@ def predict_published(row: PublishedRow) -> Result:
     workload = Workload(f["global_batch"], f["seq_len"], precision=f["precision"], attention=f["attention"])
     per_replica = f["global_batch"] // f["dp"]
     mbs = [1, 2, 4, 8] if f["micro_batch"] == "best" else [int(f["micro_batch"])]
-    sim = Simulator(model, cluster)
+    sim = Simulator(model, cluster, **(options or {}))
     best = None
     for mb in mbs:
         if per_replica % mb:
@@ -146,15 +148,21 @@ def predict_published(row: PublishedRow) -> Result:
     return Result(**{**base.__dict__, "predicted": best})
 
 
-def h100_run_rows(path: Path = DATA / "h100_runs.jsonl") -> list[Result]:
-    """The repo's real H100 runs (no emulation), re-predicted from their records: step time."""
-    from hetpart.costmodel.replay import repredict
+def h100_run_rows(path: Path = DATA / "h100_runs.jsonl", options: dict | None = None) -> list[Result]:
+    """The repo's real H100 runs (no emulation), re-predicted from their records: step time (``options``:
+    further simulator options)."""
+    from hetpart.costmodel.predictor import get_predictor
     from hetpart.records import iter_records
+    from hetpart.workload import Workload
 
     out = []
     for line, record in iter_records(path):
-        pred = repredict(record, None, f"{path}:{line}")
         plan = record.run_plan(f"{path}:{line}")
+        workload = Workload(**record.workload)
+        # the runtime's own options (runtime.measure.predict): its kernels are PyTorch's (Hugging Face modules)
+        sim = get_predictor("simulator", record.model_graph(), record.prediction_cluster(f"{path}:{line}"), workload,
+                            **{"overlap_grad_reduce": False, "kernels": "torch", **(options or {})})
+        pred = {"metrics": sim.predict(plan, workload).metrics}
         cfg = record.model.run_config or {}
         setup = (f"H100-80GB x 1, h={cfg.get('hidden_size')} L={cfg.get('num_layers')}, seq {plan.seq_len}, "
                  f"batch {plan.global_batch}/mb {plan.micro_batch}, {plan.recompute}, {plan.precision}")
@@ -163,12 +171,13 @@ def h100_run_rows(path: Path = DATA / "h100_runs.jsonl") -> list[Result]:
     return out
 
 
-def h100_unit_summary(path: Path = DATA / "h100_unit_profile.json") -> list[dict]:
+def h100_unit_summary(path: Path = DATA / "h100_unit_profile.json", curve=None) -> list[dict]:
     """Per precision and micro-batch: geometric mean and spread of simulator / measured over the blocks
-    and heads of the five profiled models (forward and backward)."""
+    and heads of the five profiled models (forward and backward); ``curve``: the H100's efficiency curve
+    where it is not the shipped one."""
     from hetpart.experiments.bench_gpu_profile import compare
 
-    rows = compare(json.loads(path.read_text()), "H100-80GB")
+    rows = compare(json.loads(path.read_text()), "H100-80GB", curve)
     out = []
     for prec in ("bf16", "tf32", "fp32"):
         for mb in (1, 2, 4, 8):

@@ -1,0 +1,200 @@
+"""Engine-specific operator counts and the forward host cost, tried against every validation table.
+
+The simulator charges a fixed host cost per operator a unit dispatches (``efficiency.HOST_US_PER_OP``,
+``compute.OPS_PER_UNIT``: counted on the runtime's Hugging Face modules). Megatron-Core with Transformer
+Engine dispatches far fewer operators per block (``compute.FUSED_BLOCK_OPS``, derived from its source).
+This benchmark predicts every row of ``bench_validation`` (the fitting tables, the held-out V100, Llama 3
+405B and H100 rows, and the per-unit H100 profile) under each variant below, refitting only what the
+validation procedure refits (the Ampere curve by ``calibration.fit_a100_curve``, the Volta ``e_max`` by
+``calibration.anchor_volta_e_max``; Hopper's memory-bound traffic follows Ampere's):
+
+* ``shipped`` -- the shipped simulator (``op_counts="measured"``: the runtime's counts for every kernel set);
+* ``engine`` -- ``op_counts="engine"``: Megatron-Core/TE's derived counts for the fitted and published
+  rows (kernel set ``fused``), the runtime's measured ones for its own runs (``torch``); refit;
+* ``engine+torch-fwd`` -- as ``engine``, and each forward operator of the runtime's blocks costs
+  :data:`TORCH_FWD` times a backward one (its forward runs Python module code, its backward the C++
+  autograd engine; measured on this machine with ``--host-ratio``);
+* ``engine+te-fwd`` -- as ``engine``, and the fused set's forward operators cost ``--te-fwd`` times more
+  (Transformer Engine modules' host overhead, NVIDIA/TransformerEngine issue 2053: a TE ``Linear``
+  forward takes 2.7x the host time of ``torch.nn.Linear``, 90.5 against 33.2 us on GH200); refit;
+* ``engine+overlap`` -- as ``engine``, with host time hidden behind GPU work (a unit takes the larger of
+  its host and device times, CUDA's asynchronous launch); refit.
+
+    python -m hetpart.experiments.bench_host_ops              # the tables (about a minute)
+    python -m hetpart.experiments.bench_host_ops --host-ratio # forward / backward host time per operator
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from dataclasses import replace
+
+__all__ = ["variant", "run_variant", "host_ratio", "main"]
+
+VARIANTS = ("shipped", "engine", "engine+torch-fwd", "engine+te-fwd", "engine+overlap")
+TORCH_FWD = {"gpt2": 2.15, "llama": 1.5}
+"""MEASURED (``--host-ratio``, this machine's CPU, 2026-11-25, two runs: 2.15/2.16 and 1.52/1.49): host
+seconds per counted forward operator of the runtime's block over those per backward operator."""
+
+
+@contextlib.contextmanager
+def variant(name: str, te_fwd: float = 2.7):
+    """Patch the compute model for the what-if variants (``shipped`` and ``engine`` patch nothing)."""
+    import numpy as np
+
+    import hetpart.costmodel.compute as compute
+    import hetpart.costmodel.simulator as simulator
+
+    ops, ucs = compute.unit_ops, compute.unit_compute_s
+
+    def scaled_ops(model, kernels="torch", attention="fused"):
+        f, b = ops(model, kernels, attention)
+        if name == "engine+torch-fwd" and kernels == "torch":
+            scale = TORCH_FWD.get(getattr(model.config, "family", ""), TORCH_FWD["gpt2"])
+            f = np.where([u.kind == "block" for u in model.units], f * scale, f)
+        if name == "engine+te-fwd" and kernels == "fused":
+            f = f * te_fwd
+        return f, b
+
+    def overlapped(model, gpu, tp, mb, precision, recompute, curve=None, attention="fused", cp=1, kernels="torch"):
+        from hetpart.costmodel.efficiency import curve_for
+
+        curve = curve or curve_for(gpu)
+        f, b = ucs(model, gpu, tp, mb, precision, recompute, curve, attention, cp, kernels)
+        f0, b0 = ucs(model, gpu, tp, mb, precision, recompute, replace(curve, host_us_per_op=0.0), attention, cp, kernels)
+        return np.maximum(f0, f - f0), np.maximum(b0, b - b0)
+
+    try:
+        compute.unit_ops = scaled_ops
+        if name == "engine+overlap":
+            compute.unit_compute_s = simulator.unit_compute_s = overlapped
+        yield
+    finally:
+        compute.unit_ops, compute.unit_compute_s, simulator.unit_compute_s = ops, ucs, ucs
+
+
+def run_variant(name: str, te_fwd: float = 2.7) -> dict:
+    """``{"curves", "results", "units"}`` of one variant: refit constants, every validation row, the unit summary."""
+    from hetpart.costmodel.calibration import anchor_volta_e_max, fit_a100_curve
+    from hetpart.costmodel.efficiency import CURVES
+    from hetpart.experiments.bench_validation import h100_run_rows, h100_unit_summary, load_published, predict_published
+
+    options = {} if name == "shipped" else {"op_counts": "engine"}
+    with variant(name, te_fwd):
+        curves = dict(CURVES)
+        if name != "shipped":
+            a = fit_a100_curve(CURVES["ampere"], options=options)
+            v = replace(CURVES["volta"], w0_ref=a.w0_ref, t0_ref=a.t0_ref, act_traffic=a.act_traffic)
+            curves.update(ampere=a, volta=replace(v, e_max=anchor_volta_e_max(base=v, options=options)),
+                          hopper=replace(CURVES["hopper"], act_traffic=a.act_traffic))
+        fixed = {"ampere", "volta", "hopper"}
+        if name != "shipped":
+            options["curve_of"] = lambda gpu: curves[gpu.arch] if gpu.arch in fixed else CURVES.get(gpu.arch)
+        results = [predict_published(r, options) for r in load_published()] + h100_run_rows(options=options)
+        units = h100_unit_summary(curve=curves["hopper"])
+    return {"curves": {k: curves[k] for k in ("ampere", "volta")}, "results": results, "units": units}
+
+
+def _groups(results) -> list[tuple[str, float, int, int]]:
+    """``(group, mean abs error %, too fast, rows)`` per validation group."""
+    names = (("Korthikanti 2022 Table 5 (fit)", "k22"), ("Narayanan 2021 Table 1 (fit)", "n21"),
+             ("Shoeybi 2019 1.2B, one V100 (anchor)", "s19-1.2b"), ("Shoeybi 2019 8.3B, V100 (held out)", "s19-8.3b"),
+             ("Llama 3 405B, H100 (held out)", "l24"), ("hetpart runtime, one H100 (held out)", "h100-run"))
+    out = []
+    for label, prefix in names:
+        rows = [r for r in results if r.id.startswith(prefix) and r.error_pct is not None]
+        out.append((label, sum(abs(r.error_pct) for r in rows) / len(rows), sum(r.error_pct < 0 for r in rows), len(rows)))
+    return out
+
+
+def report(runs: dict[str, dict]) -> str:
+    """Markdown: constants, group errors, per-row errors of the held-out rows, unit summary, per variant."""
+    names = list(runs)
+    lines = ["| constant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key, label in (("ampere", "Ampere e_max / w0 / act_traffic"), ("volta", "Volta e_max")):
+        cells = []
+        for n in names:
+            c = runs[n]["curves"][key]
+            cells.append(f"{c.e_max:.4f} / {c.w0_ref:.1f} / {c.act_traffic:.3f}" if key == "ampere" else f"{c.e_max:.4f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "| rows: mean abs error (too fast of n) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    groups = {n: _groups(runs[n]["results"]) for n in names}
+    for i, (label, *_rest) in enumerate(groups[names[0]]):
+        lines.append(f"| {label} | " + " | ".join(f"{groups[n][i][1]:.1f}% ({groups[n][i][2]} of {groups[n][i][3]})"
+                                                   for n in names) + " |")
+    held = {n: [r for r in runs[n]["results"] if r.role == "heldout" and r.error_pct is not None] for n in names}
+    lines.append("| all held-out rows | " + " | ".join(
+        f"{sum(abs(r.error_pct) for r in held[n]) / len(held[n]):.2f}% ({sum(r.error_pct < 0 for r in held[n])} of "
+        f"{len(held[n])})" for n in names) + " |")
+    lines += ["", "| row: error | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    by_id = {n: {r.id: r for r in runs[n]["results"]} for n in names}
+    for r in runs[names[0]]["results"]:
+        if r.error_pct is None:
+            continue
+        lines.append(f"| {r.id} | " + " | ".join(f"{by_id[n][r.id].error_pct:+.1f}%" for n in names) + " |")
+    lines += ["", "| H100 unit profile (held out): sim / measured, geomean [range] | " + " | ".join(names) + " |",
+              "|---|" + "---|" * len(names)]
+    for i, u in enumerate(runs[names[0]]["units"]):
+        lines.append(f"| {u['precision']} mb {u['micro_batch']} | " + " | ".join(
+            f"{runs[n]['units'][i]['geomean']:.2f} [{runs[n]['units'][i]['min']:.2f}-{runs[n]['units'][i]['max']:.2f}]"
+            for n in names) + " |")
+    return "\n".join(lines)
+
+
+def host_ratio(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeats: int = 40) -> dict[str, dict]:
+    """Host seconds of the runtime's first block, forward and backward, with next to no work (one token,
+    width 256, the CPU, one thread): per counted operator (``compute.OPS_PER_UNIT``), and the ratio of
+    a forward operator's cost to a backward one's. Medians over ``repeats`` after 5 warm-up calls."""
+    import torch
+
+    from hetpart.costmodel.compute import OPS_PER_UNIT
+    from hetpart.runtime.models import build_units, runnable_spec
+
+    torch.set_num_threads(1)
+    out = {}
+    for name in models:
+        spec = runnable_spec(name, scale=256)
+        emb, block = build_units(spec, [0, 1])
+        h = emb(torch.randint(0, 100, (1, 1)))
+        h = (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True)
+        fwd, bwd = [], []
+        for i in range(repeats + 5):
+            t0 = time.perf_counter()
+            y = block(h)
+            t1 = time.perf_counter()
+            (y[0] if isinstance(y, tuple) else y).float().sum().backward()
+            t2 = time.perf_counter()
+            if i >= 5:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        n_f, n_b = OPS_PER_UNIT["block/llama" if spec.config.family == "llama" else "block"]
+        f, b = statistics.median(fwd), statistics.median(bwd)
+        out[name] = {"fwd_us": f * 1e6, "bwd_us": b * 1e6, "fwd_us_per_op": f * 1e6 / n_f,
+                     "bwd_us_per_op": b * 1e6 / n_b, "ratio": (f / n_f) / (b / n_b)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host-ratio", action="store_true", help="measure the runtime's forward/backward host cost per operator")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
+    ap.add_argument("--te-fwd", type=float, default=2.7, help="engine+te-fwd: TE forward operators' host cost factor")
+    args = ap.parse_args(argv)
+    if args.host_ratio:
+        for name, r in host_ratio().items():
+            print(f"{name}: block forward {r['fwd_us']:.0f} us, backward {r['bwd_us']:.0f} us; per counted operator "
+                  f"{r['fwd_us_per_op']:.1f} / {r['bwd_us_per_op']:.1f} us; forward / backward {r['ratio']:.2f}")
+        return 0
+    names = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}")
+    print(report({n: run_variant(n, args.te_fwd) for n in names}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

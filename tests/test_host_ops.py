@@ -1,0 +1,86 @@
+"""Operator counts per kernel set (issue 9): the runtime's measured counts (``torch``) and Megatron-Core with
+Transformer Engine's derived ones (``fused``), and which of them pays the per-operator host cost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hetpart import Workload
+from hetpart.catalog.hardware import GPU_CATALOG
+from hetpart.cluster import parse_cluster
+from hetpart.costmodel import megatron_plan
+from hetpart.costmodel.compute import (FUSED_BLOCK_OPS, OPS_PER_UNIT, fused_ops, unit_compute_s, unit_ops)
+from hetpart.costmodel.efficiency import HOST_US_PER_OP, curve_for
+from hetpart.costmodel.predictor import get_predictor
+from hetpart.costmodel.simulator import Simulator
+from hetpart.errors import PlanError
+from hetpart.graph.transformer import TransformerConfig, transformer_graph
+
+H100 = GPU_CATALOG["H100-80GB"]
+
+
+def _model(family: str = "gpt2", layers: int = 4):
+    if family == "llama":
+        cfg = TransformerConfig("llama", layers, 512, 8, 32000, 256, ffn_hidden_size=1376, activation="swiglu",
+                                norm="rmsnorm", bias=False, learned_positions=False, dropout=False, tied_embeddings=False)
+    else:
+        cfg = TransformerConfig("gpt2", layers, 512, 8, 50304, 256)
+    return transformer_graph(cfg, f"{family}-test", 256, 2)
+
+
+def test_fused_block_counts_follow_the_megatron_core_te_layer():
+    gpt, llama = _model("gpt2").config, _model("llama").config
+    # GPT (biases, dropout, GeLU, learned positions) under flash attention: 2 norms, 4 GEMMs, attention,
+    # bias-GeLU and two bias-dropout-adds forward; their backward adds dgrad/wgrad pairs and bias/dropout grads
+    assert fused_ops(gpt, "fused")["block"] == (10, 23)
+    assert fused_ops(gpt, "eager")["block"] == (14, 27)  # Megatron's unfused core attention, with dropout
+    assert fused_ops(llama, "fused")["block"] == (12, 20)  # RoPE on q and k; no biases or dropout
+    assert fused_ops(gpt)["embedding"] == (5, 4) and fused_ops(llama)["embedding"] == (2, 2)
+    assert fused_ops(gpt)["head"] == fused_ops(llama)["head"] == (24, 15)
+    # every row names its kernel and costs something
+    assert all(name and f + b > 0 for name, f, b, _ in FUSED_BLOCK_OPS)
+
+
+def test_a_fused_block_runs_far_fewer_operators_than_the_runtimes_hugging_face_block():
+    for family, key in (("gpt2", "block"), ("llama", "block/llama")):
+        model = _model(family)
+        ff, fb = unit_ops(model, "fused")
+        tf, tb = unit_ops(model, "torch")
+        assert (tf[1], tb[1]) == OPS_PER_UNIT[key]
+        assert ff[1] * 2 < tf[1] and fb[1] * 4 < tb[1]
+        assert unit_ops(model)[0].tolist() == tf.tolist()  # the measured counts are the default
+
+
+def test_host_cost_follows_the_kernel_set_it_is_asked_for():
+    model = _model("gpt2")
+    free = replace(curve_for(H100), host_us_per_op=0.0)
+    us = HOST_US_PER_OP * 1e-6
+    for kernels in ("fused", "torch"):
+        f, b = unit_compute_s(model, H100, 1, 2, "bf16", "full", kernels=kernels)
+        f0, b0 = unit_compute_s(model, H100, 1, 2, "bf16", "full", free, kernels=kernels)
+        of, ob = unit_ops(model, kernels)
+        assert np.allclose(f - f0, of * us) and np.allclose(b - b0, (ob + of) * us)  # full recompute: forward again
+
+
+def _one_h100():
+    return parse_cluster({"name": "one", "nodes": [{"count": 1, "gpus_per_node": 1, "gpu": "H100-80GB",
+                                                    "intra_node": "NVLink4", "nic": "IB-NDR"}]})
+
+
+def test_the_simulator_charges_the_measured_counts_unless_asked_for_the_engines():
+    model, cluster = _model("gpt2"), _one_h100()
+    plan = megatron_plan(model, cluster, Workload(4, 256), 1, 1, 1, 1)
+    step = {(k, c): Simulator(model, cluster, kernels=k, op_counts=c).simulate(plan, validate=False).step_time_s
+            for k in ("fused", "torch") for c in ("measured", "engine")}
+    assert step[("fused", "measured")] == step[("torch", "measured")] == step[("torch", "engine")]
+    # Megatron-Core/TE's operators: 4 blocks x (144 - 33) fewer, plus the embedding's and head's difference
+    fewer = 4 * (144 - 33) + (14 - 9) + (32 - 39)
+    saved = step[("fused", "measured")] - step[("fused", "engine")]
+    assert saved == pytest.approx(4 * fewer * HOST_US_PER_OP * 1e-6, rel=1e-6)  # 4 micro-batches
+    engine = get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="engine")
+    assert "+op-counts:engine" in engine.version
+    with pytest.raises(PlanError, match="op_counts"):
+        get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="derived")
