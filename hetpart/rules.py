@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan, Replica
 
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
-           "split_sizes", "split_granularity", "tp_split_problems", "split_sharding_problems", "schedule_problems",
+           "split_sizes", "split_granularity", "ffn_split_unit", "tp_split_problems", "split_sharding_problems",
+           "schedule_problems",
            "sharding_problems", "uneven_shard_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
@@ -126,10 +127,15 @@ def split_granularity(model: "ModelGraph", dim: str) -> int:
     if dim == "heads":
         return cfg.num_heads // (cfg.num_kv_heads or cfg.num_heads)
     if dim == "ffn":
-        ffn = cfg.ffn_hidden_size or 4 * cfg.hidden_size
-        # Shrunken models (emulated runs) are far below GEMM tiles: any whole column.
-        return math.gcd(ffn, FFN_SPLIT_MULTIPLE) if ffn >= MIN_TILED_FFN else 1
+        return ffn_split_unit(cfg.ffn_hidden_size or 4 * cfg.hidden_size)
     return 1
+
+
+def ffn_split_unit(ffn: int) -> int:
+    """The unit of a split of ``ffn`` feed-forward columns: :data:`FFN_SPLIT_MULTIPLE` (or the largest
+    power of two dividing ``ffn`` when it does not) from :data:`MIN_TILED_FFN` columns, else one column
+    (shrunken models of emulated runs are far below GEMM tiles)."""
+    return math.gcd(ffn, FFN_SPLIT_MULTIPLE) if ffn >= MIN_TILED_FFN else 1
 
 
 def tp_split_problems(model: "ModelGraph", stage, where: str = "stage") -> list[str]:

@@ -68,6 +68,8 @@ def _largest_remainder(parts, total: int, unit: int = 1) -> tuple[int, ...]:
 def runtime_split(split: "TPSplit | None", cfg: "TransformerConfig", tp: int) -> LocalSplit:
     """The per-rank heads and columns of the model that runs (its sizes may be a shrunken model's:
     the split's proportions carry over by largest remainder, in whole key/value groups)."""
+    from hetpart.rules import ffn_split_unit
+
     group = cfg.num_heads // cfg.kv_heads
     if split is not None and split.heads:
         heads = tuple(split.heads) if sum(split.heads) == cfg.num_heads else _largest_remainder(
@@ -75,7 +77,9 @@ def runtime_split(split: "TPSplit | None", cfg: "TransformerConfig", tp: int) ->
     else:
         heads = (cfg.num_heads // tp,) * tp
     if split is not None and split.ffn:
-        ffn = tuple(split.ffn) if sum(split.ffn) == cfg.ffn else _largest_remainder(split.ffn, cfg.ffn)
+        # in the model's own unit (64 columns from 1,024: the runtime model must pass the plan's rules)
+        ffn = tuple(split.ffn) if sum(split.ffn) == cfg.ffn else _largest_remainder(
+            split.ffn, cfg.ffn, ffn_split_unit(cfg.ffn))
     else:
         ffn = (cfg.ffn // tp,) * tp
     vocab: tuple[int, ...] = ()

@@ -215,6 +215,24 @@ def test_runtime_split_scales_a_plan_split_to_the_shrunken_model() -> None:
     assert vocab == (102, 102, 26, 26)  # largest remainder: 101.9, 101.9, 26.1, 26.1
 
 
+def test_a_split_shrunk_to_a_tiled_width_stays_in_whole_tiles() -> None:
+    """--scale small: gpt3-2.7b's 1,024 shrunken columns split in 64-column tiles, as the plan's rules ask
+    (largest remainder of 6,912:3,328 gave 691:333, which the shrunken plan's check refused)."""
+    from hetpart.catalog.models import MODEL_CATALOG
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.rules import tp_split_problems
+    from hetpart.runtime.models import scaled_config
+    from hetpart.runtime.uneven_tp import scale_plan_splits
+
+    cfg = scaled_config(MODEL_CATALOG["gpt3-2.7b"], "small", heads_multiple_of=8)
+    assert cfg.ffn == 1024
+    plan = _plan(Replica(1.0, (_st(0, 34, A, heads=(20, 12), ffn=(6912, 3328)),)))
+    scaled, _ = scale_plan_splits(plan, cfg)
+    stage = scaled.replicas[0].stages[0]
+    assert stage.tp_split.ffn == (704, 320)  # 691.2 : 332.8 -> 11 : 5 tiles of 64
+    assert tp_split_problems(transformer_graph(cfg, "small", 128, 4), stage) == []
+
+
 def test_a_plan_vocabulary_split_keeps_its_ratio_in_the_shrunken_model() -> None:
     from hetpart.catalog.models import MODEL_CATALOG
     from hetpart.runtime.models import scaled_config
