@@ -279,9 +279,22 @@ def v_exists(path: Path) -> bool:
 
 
 def _activation_gb(graph: ModelGraph, plan: Plan) -> float:
-    """Saved activations of the whole model for every micro-batch of the largest replica (an upper bound)."""
-    per_seq = sum(u.act_bytes["none"] for u in graph.units)
-    return per_seq * max(plan.replica_samples()) / 1e9
+    """Saved activations of the busiest process (an upper bound): its stages' units without recompute, whole
+    (no tensor-parallel share), for the micro-batches its schedule holds at once (GPipe: all of its
+    replica's; 1F1B: ``pp - stage``, as :func:`~hetpart.costmodel.memory.in_flight_microbatches` counts them).
+
+    (Every micro-batch of the largest replica through the whole model, the bound before, refused a
+    one-replica plan of gpt3-2.7b at ``--scale small`` on a 24 GB machine: 6.5 GB per process.)"""
+    from hetpart.costmodel.memory import in_flight_microbatches
+
+    v = plan.chunks_per_device
+    worst = 0.0
+    for r, replica in enumerate(plan.replicas):
+        pp, m = replica.pp // v, plan.num_microbatches(r)
+        for d in range(pp):
+            per_seq = sum(u.act_bytes["none"] for s in replica.stages[d::pp] for u in graph.units[slice(*s.layers)])
+            worst = max(worst, per_seq * plan.micro_batch * in_flight_microbatches(plan.schedule, d, pp, m, v))
+    return worst / 1e9
 
 
 # ------------------------------------------------------------------------------------- launching

@@ -144,6 +144,24 @@ def test_capacity_refusal_says_what_fits():
         check_capacity(100_000, per_process_gb=0.5)
 
 
+def test_activation_bound_counts_what_each_schedule_holds_at_once():
+    """The per-process activation bound: the busiest process's units, times the micro-batches its schedule
+    holds at once (1F1B: ``pp - stage``; GPipe: all), not every micro-batch through the whole model."""
+    from dataclasses import replace
+
+    from hetpart.graph import load_model
+    from hetpart.runtime.launch import _activation_gb
+
+    graph = load_model("gpt2-small", seq_len=64, precision="fp32")
+    act = [u.act_bytes["none"] for u in graph.units]
+    plan = replace(_pipeline_plan(), global_batch=16, micro_batch=2, seq_len=64)  # 8 micro-batches
+    first, second = sum(act[:8]) * 2, sum(act[8:]) * 2  # per micro-batch of 2 sequences
+    assert _activation_gb(graph, plan) == pytest.approx(max(2 * first, second) / 1e9)
+    assert _activation_gb(graph, replace(plan, schedule="gpipe")) == pytest.approx(8 * max(first, second) / 1e9)
+    single = replace(plan, replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0",)),)),))
+    assert _activation_gb(graph, single) == pytest.approx((first + second) / 1e9)  # 1F1B on one stage: one
+
+
 def test_plan_for_more_devices_than_the_machine_hosts_is_refused(tmp_path):
     cluster = load_cluster("a100-v100-16")
     devices = [d.id for d in cluster.devices]
