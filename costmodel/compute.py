@@ -262,15 +262,24 @@ def unit_attention_core_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch:
 
 
 def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str, bandwidth_gbyte_s: float,
-                   latency_us: float) -> tuple[np.ndarray, np.ndarray]:
+                   latency_us: float, lines: tuple[tuple[float, float], ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: tensor-parallel all-reduce seconds per unit and micro-batch.
 
     Args:
         bandwidth_gbyte_s, latency_us: the slowest hop of the tensor-parallel group's ring.
+        lines: candidate ``(fixed_s, per_byte_s)`` lines of one call among the group (NCCL's,
+            :func:`~hetpart.costmodel.collectives.allreduce_cost`; ``Simulator(tp_comm=...)``): each call
+            takes the fastest for its bytes; without them, one ring on ``bandwidth_gbyte_s`` and ``latency_us``.
     """
     if tp <= 1:
         return np.zeros(model.num_units), np.zeros(model.num_units)
     u = _unit_arrays(model, recompute)
+    if lines:
+        calls = np.maximum(u["calls"], 1)
+        per_call = u["tp_bytes"] * micro_batch / calls
+        best = np.min([fixed + per_byte * per_call for fixed, per_byte in lines], axis=0)
+        one = np.where(u["shardable"] & (u["tp_bytes"] > 0), calls * best, 0.0)
+        return one, one * (2 if recompute == "full" else 1)
     steps = 2 * (tp - 1)
     # each of ``calls`` all-reduces moves ``bytes / calls``: a ring all-reduce per call (ring_allreduce_time_s)
     one = np.where(u["shardable"] & (u["tp_bytes"] > 0),

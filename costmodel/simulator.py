@@ -54,7 +54,7 @@ from hetpart.hardware import GPUSpec
 from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
-from hetpart.costmodel.collectives import allreduce_lines, p2p_time_s
+from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, p2p_time_s
 from hetpart.costmodel.compute import unit_attention_core_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
@@ -68,7 +68,10 @@ from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
 
 __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM",
-           "MEGATRON_BUCKET_PARAMS", "grad_reduce_bytes"]
+           "MEGATRON_BUCKET_PARAMS", "grad_reduce_bytes", "TP_COMM"]
+
+TP_COMM = ("ring", "nccl", "nccl-sp")
+"""How the tensor-parallel collectives can be priced (``Simulator(tp_comm=...)``)."""
 
 OPTIMIZER_BYTES_PER_PARAM = OPTIMIZER_STEP_BYTES["adam"]
 """HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring; other
@@ -284,7 +287,7 @@ class Simulator:
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                  grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None,
-                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured") -> None:
+                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured", tp_comm: str = "ring") -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
         models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
@@ -296,7 +299,11 @@ class Simulator:
         per operator (:func:`~hetpart.costmodel.compute.unit_ops`): ``measured`` (default), the runtime's
         counted ones whatever the kernel set, or ``engine``, the kernel set's own (Megatron-Core/TE's derived
         counts under ``fused``; tried and not adopted as the default: docs/BENCHMARKS.md, section
-        *Engine-specific operator counts*)."""
+        *Engine-specific operator counts*); ``tp_comm``: how the tensor-parallel collectives are priced: ``ring``
+        (default: one ring on the group's slowest hop at its catalog latency per step), ``nccl`` (each call an
+        all-reduce at NCCL's fastest algorithm and protocol, :func:`~hetpart.costmodel.collectives.allreduce_cost`)
+        or ``nccl-sp`` (each call sequence parallelism's reduce-scatter plus all-gather of the same buffer, at
+        NCCL's fastest ring protocol); both tried and not adopted as the default (same section)."""
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
         self.profile = profile
@@ -312,6 +319,10 @@ class Simulator:
         if op_counts not in ("measured", "engine"):
             raise PlanError(f"op_counts: unknown {op_counts!r}; use measured or engine")
         self.op_counts = op_counts
+        if tp_comm not in TP_COMM:
+            raise PlanError(f"tp_comm: unknown {tp_comm!r}; use {', '.join(TP_COMM)}")
+        self.tp_comm = tp_comm
+        self._tp_lines_of: dict[tuple[str, ...], tuple[tuple[float, float], ...]] = {}
         self._op_kernels = self.kernels if op_counts == "engine" else "torch"
         """The kernel set whose operator counts pay the per-operator host cost."""
         self._tables = PrefixTables(model, kernels)
@@ -341,6 +352,21 @@ class Simulator:
         """Context-parallel rings by (devices, tp, cp, NIC flows of their nodes): :meth:`_cp_ring`."""
 
     # --------------------------------------------------------------------------------- cached facts
+    def _tp_lines(self, devices: tuple[str, ...]) -> tuple[tuple[float, float], ...]:
+        """NCCL's candidate lines of one tensor-parallel call among ``devices`` under ``tp_comm`` (empty
+        under ``ring``), on the all-reduce cluster (a profile's measured links where it has them)."""
+        if self.tp_comm == "ring":
+            return ()
+        hit = self._tp_lines_of.get(devices)
+        if hit is None:
+            if self.tp_comm == "nccl":
+                hit = allreduce_cost(list(devices), self._ar_cluster)
+            else:  # sequence parallelism: reduce-scatter + all-gather of the same buffer, NCCL's rings
+                hit = tuple((2 * line.fixed_s, 2 * line.per_byte_s) for line in
+                            allreduce_lines(list(devices), self._ar_cluster, collective="reduce_scatter"))
+            self._tp_lines_of[devices] = hit
+        return hit
+
     def _group(self, devices: tuple[str, ...]) -> DeviceGroupFacts:
         hit = self._groups.get(devices)
         if hit is None:  # equal facts are one object (caches key on it)
@@ -353,7 +379,8 @@ class Simulator:
         g = self._group(devices)
         if split is not None or not g.alike:
             return self._uneven_prefix(g, tp, mb, precision, recompute, split, attention, devices)
-        key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute, attention)
+        lines = self._tp_lines(devices) if tp > 1 else ()
+        key = (g.gpu, g.tp_link if tp > 1 else None, tp, mb, precision, recompute, attention, lines)
         hit = self._units.get(key)
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
@@ -363,7 +390,7 @@ class Simulator:
             if self._profiled is not None:
                 fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link if tp > 1 else tp_link
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link)
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
             self._units[key] = hit
@@ -374,8 +401,9 @@ class Simulator:
         """Unlike devices or an uneven split: per unit, the slowest device's time for its share of the
         split work (at its local width) plus the work every rank repeats, over its speed factor. The
         Megatron all-reduces keep their full size (each rank adds a full-width partial sum)."""
+        lines = self._tp_lines(devices) if tp > 1 and devices else ()
         key = ("uneven", g.gpus, g.speeds, split, g.tp_link if tp > 1 else None, tp, mb, precision, recompute,
-               attention)
+               attention, lines)
         hit = self._units.get(key)
         if hit is None:
             shares = unit_shares(self.model, tp, split)
@@ -391,7 +419,7 @@ class Simulator:
             tp_link = g.tp_link
             if self._profiled is not None and tp > 1 and devices:  # the measured all-reduce hops, as for alike groups
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link)
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = self._units[key] = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
         return hit
@@ -415,6 +443,7 @@ class Simulator:
         model, precision, recompute = self.model, plan.precision, plan.recompute
         fwd = bwd = core_f = core_b = None
         bandwidth, latency = float("inf"), 0.0
+        tpf = tpb = None
         for g, devices in subs.items():
             for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
@@ -435,7 +464,12 @@ class Simulator:
             if self._profiled is not None and tp > 1:
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link
             bandwidth, latency = min(bandwidth, tp_link[0]), max(latency, tp_link[1])
-        tpf, tpb = unit_tp_comm_s(model, tp, mb / cp, recompute, bandwidth, latency)
+            lines = self._tp_lines(devices) if tp > 1 else ()
+            if lines:  # each of the cp groups runs its own collectives on 1/cp of the tokens: the slowest paces
+                gf, gb = unit_tp_comm_s(model, tp, mb / cp, recompute, *tp_link, lines)
+                tpf, tpb = (gf, gb) if tpf is None else (np.maximum(tpf, gf), np.maximum(tpb, gb))
+        if tpf is None:
+            tpf, tpb = unit_tp_comm_s(model, tp, mb / cp, recompute, bandwidth, latency)
         kv = kv_bytes_per_step(model, tp, cp, mb)
         xf, xb, link = ring_exposed_s(core_f, core_b, ring_step_s(kv, links), ring_step_s(2 * kv, links), cp,
                                       overlap, recompute == "full")
@@ -1374,7 +1408,8 @@ class Simulator:
                 + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated")
                 + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}")
                 + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}")
-                + ("" if self.op_counts == "measured" else f"+op-counts:{self.op_counts}"))
+                + ("" if self.op_counts == "measured" else f"+op-counts:{self.op_counts}")
+                + ("" if self.tp_comm == "ring" else f"+tp-comm:{self.tp_comm}"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -1607,7 +1642,7 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
                         profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, op_counts: str = "measured",
-                        **unknown: Any) -> Simulator:
+                        tp_comm: str = "ring", **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
     Raises:
@@ -1620,9 +1655,9 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         profile = parse_profile(profile, "predictor option 'profile'")
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels, op_counts")
+                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels, op_counts, tp_comm")
     return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
-                     profile=profile, kernels=kernels, op_counts=op_counts)
+                     profile=profile, kernels=kernels, op_counts=op_counts, tp_comm=tp_comm)
 
 
 def _uneven(plan: Plan) -> bool:

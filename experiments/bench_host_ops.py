@@ -9,6 +9,11 @@ validation procedure refits (the Ampere curve by ``calibration.fit_a100_curve``,
 ``calibration.anchor_volta_e_max``; Hopper's memory-bound traffic follows Ampere's):
 
 * ``shipped`` -- the shipped simulator (``op_counts="measured"``: the runtime's counts for every kernel set);
+* ``refit`` -- the shipped simulator with its constants refit (what a change elsewhere needs);
+* ``tp-nccl`` -- tensor-parallel collectives priced as NCCL all-reduces (``tp_comm="nccl"``: its fastest
+  algorithm and protocol per call, NVLS on H100 NVSwitch nodes; the WIP branch ``eng-tp-nccl``); refit;
+* ``tp-nccl-sp`` -- as sequence parallelism runs them, a reduce-scatter plus an all-gather of the same
+  buffer per call, at NCCL's fastest ring protocol (``tp_comm="nccl-sp"``); refit;
 * ``engine`` -- ``op_counts="engine"``: Megatron-Core/TE's derived counts for the fitted and published
   rows (kernel set ``fused``), the runtime's measured ones for its own runs (``torch``); refit;
 * ``engine+torch-fwd`` -- as ``engine``, and each forward operator of the runtime's blocks costs
@@ -34,7 +39,7 @@ from dataclasses import replace
 
 __all__ = ["variant", "run_variant", "host_ratio", "main"]
 
-VARIANTS = ("shipped", "engine", "engine+torch-fwd", "engine+te-fwd", "engine+overlap")
+VARIANTS = ("shipped", "refit", "tp-nccl", "tp-nccl-sp", "engine", "engine+torch-fwd", "engine+te-fwd", "engine+overlap")
 TORCH_FWD = {"gpt2": 2.15, "llama": 1.5}
 """MEASURED (``--host-ratio``, this machine's CPU, 2026-11-25, two runs: 2.15/2.16 and 1.52/1.49): host
 seconds per counted forward operator of the runtime's block over those per backward operator."""
@@ -82,7 +87,8 @@ def run_variant(name: str, te_fwd: float = 2.7) -> dict:
     from hetpart.costmodel.efficiency import CURVES
     from hetpart.experiments.bench_validation import h100_run_rows, h100_unit_summary, load_published, predict_published
 
-    options = {} if name == "shipped" else {"op_counts": "engine"}
+    options = {"shipped": {}, "refit": {}, "tp-nccl": {"tp_comm": "nccl"},
+               "tp-nccl-sp": {"tp_comm": "nccl-sp"}}.get(name, {"op_counts": "engine"})
     with variant(name, te_fwd):
         curves = dict(CURVES)
         if name != "shipped":

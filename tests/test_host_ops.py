@@ -84,3 +84,28 @@ def test_the_simulator_charges_the_measured_counts_unless_asked_for_the_engines(
     assert "+op-counts:engine" in engine.version
     with pytest.raises(PlanError, match="op_counts"):
         get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="derived")
+
+
+def test_tensor_parallel_collectives_can_be_priced_by_nccls_lines():
+    from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines
+    from hetpart.costmodel.compute import unit_tp_comm_s
+
+    model = _model("gpt2")
+    cluster = parse_cluster({"name": "pair", "nodes": [{"count": 1, "gpus_per_node": 2, "gpu": "H100-80GB",
+                                                        "intra_node": "NVLink4", "nic": "IB-NDR"}]})
+    devices = ["0/0/0", "0/0/1"]
+    lines = allreduce_cost(devices, cluster)
+    f, b = unit_tp_comm_s(model, 2, 2, "full", 100.0, 5.0, lines)
+    block = model.units[1]
+    per_call = block.tp_comm_bytes_fwd * 2 / 2  # two calls per block forward
+    assert f[1] == pytest.approx(2 * min(c + p * per_call for c, p in lines)) and b[1] == pytest.approx(2 * f[1])
+    assert f[0] == 0.0 or model.units[0].tp_shardable
+    plan = megatron_plan(model, cluster, Workload(4, 256), 2, 1, 1, 1)
+    sims = {c: Simulator(model, cluster, tp_comm=c) for c in ("ring", "nccl", "nccl-sp")}
+    steps = {c: s.simulate(plan, validate=False).step_time_s for c, s in sims.items()}
+    assert len(set(steps.values())) == 3  # three pricings of the same calls
+    rs = allreduce_lines(devices, cluster, collective="reduce_scatter")
+    assert sims["nccl-sp"]._tp_lines(tuple(devices)) == tuple((2 * x.fixed_s, 2 * x.per_byte_s) for x in rs)
+    assert "+tp-comm:nccl-sp" in sims["nccl-sp"].version and "tp-comm" not in sims["ring"].version
+    with pytest.raises(PlanError, match="tp_comm"):
+        get_predictor("simulator", model, cluster, Workload(4, 256), tp_comm="tree")
