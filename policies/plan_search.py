@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -280,7 +281,7 @@ class _PoolConfig:
 
 
 def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) -> list[_PoolConfig]:
-    out = []
+    out: dict[bool, list[_PoolConfig]] = defaultdict(list)  # per memory assumption (:func:`_mask_fractions`)
     for tp in tp_options(pool, ctx.model):
         groups = tp_groups(pool, tp)
         for pp in divisors(len(groups)):
@@ -289,21 +290,33 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             dp = len(groups) // pp
             m_est = max(1, total_mb // (dp * len(ctx.pools)))
             costs = ctx.table.get(pool, tp, mb, rc)
-            # sharded over at least this pool's replicas (the plan shards over every pool's: it holds less);
-            # with uneven shards a small device may hold next to nothing of them (the fractions come later)
-            fraction = 0.0 if _uneven(ctx) else 1.0 / dp
-            split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction)
-                                  for j in range(pp)], m_est)
-            if split is None:
-                continue
-            stages = groups[:pp]
-            times = [float(costs.time_s[a, b]) for a, b in split.ranges]
-            fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb)
-            peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
-            sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
-            out.append(_PoolConfig(pool, tp, pp, split, fill + sync))
-    out.sort(key=lambda c: -c.rate)
-    return out[: ctx.options.configs_per_pool]
+            for fraction in _mask_fractions(ctx, dp):
+                split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction)
+                                      for j in range(pp)], m_est)
+                if split is None:
+                    continue
+                stages = groups[:pp]
+                times = [float(costs.time_s[a, b]) for a, b in split.ranges]
+                fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb)
+                peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
+                sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
+                out[fraction == 0.0].append(_PoolConfig(pool, tp, pp, split, fill + sync))
+    kept: dict[tuple, _PoolConfig] = {}
+    for configs in out.values():  # the best of each memory assumption, once each
+        configs.sort(key=lambda c: -c.rate)
+        for c in configs[: ctx.options.configs_per_pool]:
+            kept.setdefault((c.tp, c.pp, c.split.bounds), c)
+    return sorted(kept.values(), key=lambda c: -c.rate)
+
+
+def _mask_fractions(ctx: _Context, dp: int) -> tuple[float, ...]:
+    """The shard fractions a pool's configurations are fitted under, before the pools they join are
+    known: ``1 / dp`` (sharded over this pool's replicas only: fits in any combination, even or not) and,
+    when sharding, ``0`` (the replicas of the other pools hold the states: with uneven fractions, or with
+    even ones over enough replicas; the evaluator checks the plan built). Each assumption keeps its own
+    best configurations, so a pool's splits that fit only once other pools share its states are not lost
+    to the safe ones, nor the other way round."""
+    return (1.0 / dp, 0.0) if ctx.zero else (1.0 / dp,)
 
 
 def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float], Scored | None]]]:
@@ -347,7 +360,8 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
                 from hetpart.policies.shard_fractions import choose_shard_fractions
 
                 fractions = choose_shard_fractions(ctx.model, ctx.cluster, plan)
-                plan = plan if fractions is None else replace(plan, shard_fractions=fractions)
+                if fractions is not None:  # the even plan stays a candidate: padded collectives can cost more
+                    return [replace(plan, shard_fractions=fractions), plan]
             return [plan]
 
         return Scored(estimate, key + (tuple(counts),), build)
@@ -451,15 +465,27 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
                              evaluator.predictor if evaluator is not None else None)
     best = None
+    starts: dict[tuple, Evaluated] = {}  # the best of each kind of candidate: where the hill-climb starts
     levels = zero_levels(workload)
     for n, zero in enumerate(levels):  # the lowest level at which the space has a plan that fits
         ctx = make_context(model, cluster, workload, options, zero)
-        found = evaluate.best(p for scored in _top_scored(ctx) for p in scored.build())
+        kinds: dict[tuple, list[Plan]] = {}
+        for scored in _top_scored(ctx):
+            for p in scored.build():
+                kinds.setdefault((scored.key[0], p.shard_fractions is not None), []).append(p)
+        found = None
+        for kind, plans in kinds.items():
+            got = evaluate.best(plans)
+            starts[kind] = best_of([starts.get(kind), got])
+            found = best_of([found, got])
         best = best_of([best, found])
         if options.ignore_memory or (found is not None and not _split_wants_shards(found.plan, levels[n + 1:])):
             break
     if best is not None and options.refine_steps:
-        best = refine(evaluate, best, options.refine_steps)
+        # the hill-climb is local: it starts from the best plan of each family (mixed pipelines, typed
+        # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
+        # second (or fractions that win before the climb) cannot hide what the other climbs to
+        best = best_of([refine(evaluate, s, options.refine_steps) for s in starts.values() if s is not None])
     if options.include_baselines and not options.ignore_memory:
         best = best_of([best, *_baselines(model, cluster, workload, evaluate)])
     if best is None:

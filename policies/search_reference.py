@@ -2,20 +2,23 @@
 
 :func:`space_plans` lists every plan of the space described in :mod:`hetpart.policies.plan_search`
 -- each shape, micro-batch, recompute mode, *every* layer split and (for typed replicas) *every*
-whole-micro-batch allocation -- so that a test can simulate them all on a small cluster and check
-that the search's answer is the best of them. It grows combinatorially: small clusters only.
+whole-micro-batch allocation, each also with its water-filled shard fractions where the search allows
+them -- so that a test can simulate them all on a small cluster and check that the search's answer is
+the best of them. It grows combinatorially: small clusters only.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.pools import divisors, tp_groups, tp_options
 from hetpart.plan import Plan
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.layout import assemble
-from hetpart.policies.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, make_context
+from hetpart.policies.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, _uneven, make_context
+from hetpart.policies.shard_fractions import choose_shard_fractions
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
@@ -78,7 +81,12 @@ def _typed(ctx) -> Iterator[Plan]:
                 total = wl.global_batch // mb
                 for rc in recompute_modes(wl):
                     for counts in all_allocations(total, len(groups)):
-                        yield assemble(groups, bounds, counts, mb, rc, wl, zero=ctx.zero)
+                        plan = assemble(groups, bounds, counts, mb, rc, wl, zero=ctx.zero)
+                        yield plan
+                        if _uneven(ctx) and plan.zero:  # and its water-filled shard fractions
+                            fractions = choose_shard_fractions(ctx.model, ctx.cluster, plan)
+                            if fractions is not None:
+                                yield replace(plan, shard_fractions=fractions)
 
 
 def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
