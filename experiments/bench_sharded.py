@@ -11,6 +11,8 @@ uneven shard fractions on mixed-memory clusters.
 3. Mixed-memory clusters (80 GB next to 16-24 GB devices, :data:`MIXED`): the best plan search finds
    without sharding (``--zero 0``), with even shards (levels 1-3, ``uneven_shards=False``), and with
    uneven shard fractions allowed (levels 1-2, the search's default): tokens/s, level, fractions.
+4. Where uneven fractions win (:data:`SWEEP`): one of those clusters (2 A100-80GB + 4 RTX 4090-24GB,
+   gpt3-6.7b) with its NIC and global batch varied.
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_sharded`` (``make bench BENCH=sharded``).
 """
@@ -21,7 +23,7 @@ import argparse
 import os
 import time
 
-__all__ = ["published_405b", "catalog_reach", "mixed_memory", "section", "main"]
+__all__ = ["published_405b", "catalog_reach", "mixed_memory", "uneven_sweep", "section", "main"]
 
 CATALOG = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b",
            "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "opt-350m",
@@ -83,7 +85,7 @@ def _positions(name: str) -> int:
     return int(MODEL_CATALOG[name].max_positions)
 
 
-MIXED = (  # (label, model, global batch, seq, nodes: (count, gpus/node, gpu, intra-node link), nic)
+MIXED = (  # (label, model, global batch, seq, nodes: (count, gpus/node, gpu, intra-node link[, NICs/node]), nic)
     ("A100-80GB x8 + RTX4090-24GB x8, Ethernet-100", "llama2-13b", 64, 2048,
      ((1, 8, "A100-80GB", "NVLink3"), (1, 8, "RTX4090-24GB", "PCIe4")), "Ethernet-100"),
     ("H100-80GB x8 + T4-16GB x8, Ethernet-100", "llama2-13b", 64, 2048,
@@ -104,6 +106,22 @@ MIXED = (  # (label, model, global batch, seq, nodes: (count, gpus/node, gpu, in
      ((1, 4, "A100-80GB", "NVLink3"), (1, 4, "T4-16GB", "PCIe3")), "IB-HDR"),
     ("H100-80GB x2 + A10-24GB x2, Ethernet-100", "gpt3-2.7b", 32, 2048,
      ((1, 2, "H100-80GB", "NVLink4"), (1, 2, "A10-24GB", "PCIe4")), "Ethernet-100"),
+    # the small device compute-fast for its memory (RTX 4090: 165 TFLOPS in 24 GB, half an A100's compute in
+    # 30% of its memory; A10 and V100: 40% in 30% and 20%), data parallelism over IB (issue 10's regime)
+    ("A100-80GB x2 + RTX4090-24GB x4, IB-NDR, batch 64", "gpt3-6.7b", 64, 2048,
+     ((1, 2, "A100-80GB", "NVLink3"), (1, 4, "RTX4090-24GB", "PCIe4-host")), "IB-NDR"),
+    ("A100-80GB x2 + RTX4090-24GB x4, 2 x IB-HDR per node, batch 128", "gpt3-6.7b", 128, 2048,
+     ((1, 2, "A100-80GB", "NVLink3", 2), (1, 4, "RTX4090-24GB", "PCIe4-host", 2)), "IB-HDR"),
+    ("A100-80GB x4 + V100-16GB x4, IB-NDR", "gpt3-1.3b", 32, 2048,
+     ((1, 4, "A100-80GB", "NVLink3"), (1, 4, "V100-16GB", "NVLink2")), "IB-NDR"),
+    ("A100-80GB x2 + A10-24GB x2, IB-NDR", "gpt3-2.7b", 32, 2048,
+     ((1, 2, "A100-80GB", "NVLink3"), (1, 2, "A10-24GB", "PCIe4")), "IB-NDR"),
+    # the same shape where the small device is slow for its partner: an H100 is 6x a 4090, an L4 0.4x an A100
+    # with 15% of its memory bandwidth
+    ("H100-80GB x2 + RTX4090-24GB x4, IB-NDR, batch 128", "gpt3-6.7b", 128, 2048,
+     ((1, 2, "H100-80GB", "NVLink4"), (1, 4, "RTX4090-24GB", "PCIe4-host")), "IB-NDR"),
+    ("A100-80GB x2 + L4-24GB x4, IB-NDR, batch 128", "gpt3-6.7b", 128, 2048,
+     ((1, 2, "A100-80GB", "NVLink3"), (1, 4, "L4-24GB", "PCIe4")), "IB-NDR"),
 )
 """The mixed-memory suite: 80 GB devices next to 16-24 GB ones."""
 
@@ -115,15 +133,13 @@ def mixed_memory(suite=MIXED) -> list[dict]:
     """Per cluster: the best plan search finds without sharding, with even shards (levels 1-3), and with
     uneven shard fractions allowed (levels 1-2, where the runtime runs them)."""
     from hetpart import Workload, load_model
-    from hetpart.cluster import parse_cluster
     from hetpart.errors import HetpartError
     from hetpart.policies import plan
 
     rows = []
     for label, model_name, batch, seq, nodes, nic in suite:
         graph = load_model(model_name, seq_len=seq)
-        cluster = parse_cluster({"name": label, "nodes": [
-            {"count": n, "gpus_per_node": g, "gpu": gpu, "intra_node": link, "nic": nic} for n, g, gpu, link in nodes]})
+        cluster = _cluster(label, nodes, nic)
         for how, levels, uneven in HOW:
             best, start, error = None, time.perf_counter(), ""
             for zero in levels:
@@ -143,6 +159,43 @@ def mixed_memory(suite=MIXED) -> list[dict]:
             rows.append(row | {"tokens_per_s": m["tokens_per_s"], "fits": True, "zero": p.zero,
                                "fractions": p.shard_fractions, "layout": _layout(p)})
     return rows
+
+
+def _cluster(label: str, nodes, nic: str):
+    """A :data:`MIXED` entry's cluster (node tuples ``(count, gpus/node, gpu, intra-node link[, NICs/node])``)."""
+    from hetpart.cluster import parse_cluster
+
+    return parse_cluster({"name": label, "nodes": [
+        {"count": n[0], "gpus_per_node": n[1], "gpu": n[2], "intra_node": n[3], "nic": nic,
+         **({"nics_per_node": n[4]} if len(n) > 4 else {})} for n in nodes]})
+
+
+SWEEP = ("gpt3-6.7b", ((1, 2, "A100-80GB", "NVLink3"), (1, 4, "RTX4090-24GB", "PCIe4-host")),
+         ("IB-NDR", "IB-HDR", "RoCE-100", "Ethernet-100"), (32, 64, 128))
+"""The sweep of :func:`uneven_sweep`: one model and cluster, its NIC and the global batch varied."""
+
+
+def uneven_sweep(sweep=SWEEP) -> list[dict]:
+    """Where uneven fractions win: :func:`mixed_memory` on one cluster for every NIC and global batch of
+    ``sweep`` (one NIC per node, sequence 2048)."""
+    model, nodes, nics, batches = sweep
+    suite = tuple((f"{nic}, batch {b}", model, b, 2048, nodes, nic) for nic in nics for b in batches)
+    return mixed_memory(suite)
+
+
+def sweep_table(rows: list[dict]) -> list[str]:
+    """:func:`uneven_sweep`'s rows, one line per NIC and batch: tokens/s of the three rows, the gain of
+    uneven fractions over the best other (0 where the search keeps them even), the fractions."""
+    lines = ["| NIC, global batch | no sharding | even shards | uneven shards | gain | zero | fractions |",
+             "|---|---|---|---|---|---|---|"]
+    for label in dict.fromkeys(r["cluster"] for r in rows):
+        by = {r["how"]: r for r in rows if r["cluster"] == label}
+        u, other = by["uneven shards"], max(by["no sharding"]["tokens_per_s"], by["even shards"]["tokens_per_s"])
+        fr = "even" if u["fractions"] is None else "/".join(f"{f:.2f}" for f in u["fractions"])
+        gain = (u["tokens_per_s"] / other - 1) * 100 if other > 0 and u["fits"] else float("nan")
+        lines.append(f"| {label} | {by['no sharding']['tokens_per_s']:,.0f} | {by['even shards']['tokens_per_s']:,.0f} | "
+                     f"{u['tokens_per_s']:,.0f} | {gain:+.1f}% | {u['zero']} | {fr if u['fits'] else '-'} |")
+    return lines
 
 
 def _layout(plan) -> str:
@@ -180,6 +233,9 @@ def section(reach: bool = True):
         lines.append(f"| {r['zero']} | {r['fits']} | {r['peak_gb']:.1f} | {r['tflops']:.0f} | "
                      f"{(r['tflops'] - 400) / 400 * 100:+.1f}% | {r['step_s']:.2f} |")
     lines += [""] + mixed_table(mixed_memory())
+    lines += ["", "### Uneven fractions against the network and the batch (2 A100-80GB + 4 RTX4090-24GB, gpt3-6.7b, "
+              "seq 2048, one NIC per node)", "", "Gain: uneven shards against the better of the other two rows.", "",
+              *sweep_table(uneven_sweep())]
     if reach:
         rows = catalog_reach()
         lines += ["", "### Catalog reach on H100 (global batch 2,048 on 1,024 GPUs, 4,096 on 16,384)", "",
@@ -198,9 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-reach", action="store_true", help="skip the catalog reach (the slow part)")
     parser.add_argument("--mixed-only", action="store_true", help="print only the mixed-memory suite")
+    parser.add_argument("--uneven-sweep", action="store_true",
+                        help="print only the NIC x global batch sweep of uneven fractions (SWEEP)")
     parser.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.uneven_sweep:
+        print(f"load {os.getloadavg()[0]:.1f}")
+        print("\n".join(sweep_table(uneven_sweep())))
+        print(f"load after {os.getloadavg()[0]:.1f}")
+        return 0
     if args.mixed_only:
         print(f"load {os.getloadavg()[0]:.1f}")
         print("\n".join(mixed_table(mixed_memory())))
