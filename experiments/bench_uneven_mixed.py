@@ -15,9 +15,13 @@ computes at 0.6x (``slow:``, a throttled card); the model is GPT-3 2.7B, global 
   model (its head is far lighter against a block than the real one's, so the real cut overloads the
   split stage); the split, devices, batches and schedule stay.
 
-The even and proportional plans write their even split out (16:16 heads, 5,120:5,120 columns: what DTensor
-runs), so that every plan's throttled pair runs the same code (local slices, Megatron's wrappers) and the
-same emulation of the throttled rank (its sleep before each TP all-reduce, for the wall time it computed).
+Every TP stage without a split (the even and proportional plans', hetpart's stage on the healthy pair) writes
+its even split out (16:16 heads, 5,120:5,120 columns: what DTensor runs), so that every TP stage of every plan
+runs the same code (local slices, Megatron's wrappers) and the same emulation of the throttled rank (its sleep
+before each TP all-reduce, for the wall time it computed). At ``--scale small`` DTensor's own per-operator
+work made a TP-2 half block about 1.6x the local-slice one on this CPU (2026-11-25: hetpart's stage on the
+healthy pair, 18 blocks and the head for 16 micro-batches, computed 17-20 s against the 11 s of 32 local-slice
+blocks for 8), which no plan's prediction prices: the plan whose healthy stage ran DTensor lost to it.
 
 All use hetpart's micro-batch, schedule and recompute. Each runs with ``hetpart run`` on local CPU
 processes emulating the cluster (the throttled rank sleeps for the compute it would lose; links are
@@ -99,6 +103,10 @@ def plans(cluster_path: Path) -> dict[str, dict]:
                                                "tp_split": even_split(2)}]}
                 for s, g in zip(shares, groups)]
 
+    for r in hetpart["replicas"]:  # its even TP stages too: every TP stage of every plan runs one code path
+        for s in r["stages"]:
+            if s.get("tp", 1) > 1 and not s.get("tp_split"):
+                s["tp_split"] = even_split(s["tp"])
     return {"even": dict(base, replicas=replicas([0.5, 0.5])),
             "proportional": dict(base, replicas=replicas([first / micro, 1 - first / micro])),
             "hetpart": dict(base, replicas=hetpart["replicas"])}
@@ -189,6 +197,11 @@ def measure(repeats: int = 2, steps: int = 2, time_factor: float | None = None, 
                 o["predicted_emulated"].append(result["predicted"]["step_time_s"])
                 o["losses"].append(result["measured"]["losses"][-1])
                 o["loads"].append((before, _load()))
+                o.setdefault("runs", []).append({"stages": result["measured"].get("stages"),
+                                                 "ranks": result["measured"].get("ranks"),
+                                                 "profile": result["predicted"]["predictor"]["options"].get("profile"),
+                                                 "emulation": {k: v for k, v in result["emulation"].items()
+                                                               if k not in ("profile", "real_transport_s")}})
                 if log:
                     log(f"repeat {i + 1} {name}: measured {o['measured'][-1]:.2f} s, predicted "
                         f"{o['predicted_emulated'][-1]:.2f} s, load {before:.2f} -> {_load():.2f}")
