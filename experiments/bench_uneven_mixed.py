@@ -18,10 +18,10 @@ computes at 0.6x (``slow:``, a throttled card); the model is GPT-3 2.7B, global 
 Every TP stage without a split (the even and proportional plans', hetpart's stage on the healthy pair) writes
 its even split out (16:16 heads, 5,120:5,120 columns: what DTensor runs), so that every TP stage of every plan
 runs the same code (local slices, Megatron's wrappers) and the same emulation of the throttled rank (its sleep
-before each TP all-reduce, for the wall time it computed). At ``--scale small`` DTensor's own per-operator
-work made a TP-2 half block about 1.6x the local-slice one on this CPU (2026-11-25: hetpart's stage on the
-healthy pair, 18 blocks and the head for 16 micro-batches, computed 17-20 s against the 11 s of 32 local-slice
-blocks for 8), which no plan's prediction prices: the plan whose healthy stage ran DTensor lost to it.
+before each TP all-reduce, for the wall time it computed). At ``--scale small`` a DTensor half block took
+about 1.6x the wall time (1.2x the CPU time) of a local-slice one here (2026-11-25: hetpart's stage on the
+healthy pair, 18 blocks and the head for 16 micro-batches, computed 17-20 s, 12-13 CPU-s, against 11 s, 9
+CPU-s, for 32 local-slice blocks for 8), which no plan's prediction prices.
 
 All use hetpart's micro-batch, schedule and recompute. Each runs with ``hetpart run`` on local CPU
 processes emulating the cluster (the throttled rank sleeps for the compute it would lose; links are
@@ -146,6 +146,29 @@ def recut(t: Path, plan: dict, scale: str, run: dict) -> tuple[dict, list[tuple[
         tried.append((cut, predict(graph, cluster, small, profile=profile)["step_time_s"], candidate))
     cut, _, best = min(tried, key=lambda x: x[1])
     return best, [(c, s) for c, s, _ in tried]
+
+
+def cross_predictions(m: dict) -> list[dict[str, float]]:
+    """Every plan predicted under every run's calibration (each run's in-run profile and emulated peaks): the
+    plans compared on one emulated cluster at a time, which the per-run predictions (each under its own
+    run's load) are not. One mapping ``plan -> predicted s/step`` per run."""
+    from hetpart.runtime.measure import predict
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "cluster.yaml").write_text(_CLUSTER)
+        for k0 in m["kinds"]:
+            for r in m[k0].get("runs", []):
+                if not r.get("profile"):
+                    continue
+                run = {"emulation": r["emulation"], "predicted": {"predictor": {"options": {"profile": r["profile"]}}}}
+                row = {}
+                for k in m["kinds"]:
+                    graph, small, cluster, profile = _emulated(t, m[k]["plan"], m["scale"], run)
+                    row[k] = predict(graph, cluster, small, profile=profile)["step_time_s"]
+                rows.append(row)
+    return rows
 
 
 def _predicted_real(t: Path, name: str) -> float:
@@ -288,13 +311,31 @@ def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: 
     recut_text = ""
     if RECUT in m["kinds"]:
         r, pr = m[RECUT]["measured_median"], m[RECUT]["predicted_emulated_median"]
-        cuts = ", ".join(f"{c}: {s:.2f}" for c, s in m[RECUT]["cuts"])
+        best = min(m[RECUT]["cuts"], key=lambda x: x[1])[0]
+        cuts = ", ".join(f"{c}: {s:.2f}" for c, s in m[RECUT]["cuts"] if abs(c - best) <= 3)
         recut_text = (
             f"\n\n**hetpart, cut for the emulated cluster**: the first hetpart run's calibration prices every cut of "
             f"its pipeline (predicted s/step by first unit of the second stage: {cuts}). Measured {r:.2f} s: over "
             f"even {e / r:.2f}x, over proportional {p / r:.2f}x (paired runs {fmt(_paired(m, 'proportional', RECUT))}); "
             f"predicted on the emulated cluster over proportional {pp / pr:.2f}x. Target with this plan as hetpart's "
             f"(even < proportional <= hetpart, measured medians): **{'holds' if e > p >= r else 'does not hold'}**.")
+    cross = cross_predictions(m)
+    cross_text = ""
+    if cross:
+        def ratio(a: str, b: str) -> str:
+            xs = sorted(r[a] / r[b] for r in cross)
+            return f"{statistics.median(xs):.3f} ({xs[0]:.3f}-{xs[-1]:.3f})"
+
+        pairs = [("even", "proportional"), ("proportional", "hetpart")] + (
+            [("proportional", RECUT), ("hetpart", RECUT)] if RECUT in m["kinds"] else [])
+        lines = ["| ratio of step times | predicted, one calibration at a time: median (range) | measured: "
+                 "ratio of medians (paired runs) |", "|---|---|---|"]
+        for a, b in pairs:
+            lines.append(f"| {a} / {b} | {ratio(a, b)} | {m[a]['measured_median'] / m[b]['measured_median']:.3f} "
+                         f"({fmt(_paired(m, a, b))}) |")
+        cross_text = (f"\n\n**Predicted against measured, plan against plan.** Each run's calibration (its in-run "
+                      f"profile, {len(cross)} runs) prices every plan on its emulated cluster; above 1, the second plan "
+                      "is faster.\n\n" + "\n".join(lines))
     body = (
         "EMULATED, not real hardware: local CPU processes, the throttled rank sleeping for the compute it would lose "
         "and the links delayed by the simulator's own formulas (one fixed time factor, "
@@ -302,8 +343,8 @@ def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: 
         f"{MODEL} ({SEQ_LEN} tokens, global batch {GLOBAL_BATCH}) run shrunken (`--scale {scale}`), {steps} measured "
         f"steps per run after 2 warm-up steps, {repeats} runs of each plan interleaved; load average (1 min) "
         f"before and after each run in the runs column, {min(m['loads']):.1f} to {max(m['loads']):.1f} in all. "
-        "The even and proportional plans write their even split out (same code and emulation as hetpart's split "
-        "stage).\n\n" + "\n".join(_table(m)) +
+        "Every TP stage without a split writes its even split out (one code path and one emulation of the "
+        "throttled rank for every stage of every plan).\n\n" + "\n".join(_table(m)) +
         f"\n\nMeasured speed-ups over even batches: proportional {e / p:.2f}x (paired runs "
         f"{fmt(_paired(m, 'even', 'proportional'))}), hetpart {e / h:.2f}x (paired {fmt(_paired(m, 'even', 'hetpart'))}); "
         f"hetpart over proportional {p / h:.2f}x (paired {fmt(_paired(m, 'proportional', 'hetpart'))}). Predicted on "
@@ -311,7 +352,7 @@ def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: 
         f"{m['even']['predicted_real'] / m['proportional']['predicted_real']:.2f}x, hetpart "
         f"{m['even']['predicted_real'] / m['hetpart']['predicted_real']:.2f}x. Target (even < proportional <= "
         f"hetpart, measured medians): **{'holds' if holds else 'does not hold'}** on these runs."
-        + _flat_note(m) + recut_text +
+        + _flat_note(m) + recut_text + cross_text +
         "\n\nHow far to trust it: four ranks share this machine's two cores (and other engineers' jobs, see the "
         "loads), so ranks that compute at the same time slow each other down; in the data-parallel plans all four "
         "compute at once, in a pipeline the stages take turns during the bubbles. The in-run profile that prices "
