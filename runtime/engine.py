@@ -62,10 +62,9 @@ class Hooks(Protocol):
         of each column-parallel linear in the backward). The step-loss all-reduce is not reported."""
 
     def on_tp_sync(self, work_s: float) -> None:
-        """Optional: right before a tensor-parallel all-reduce (an uneven stage's own, or the one DTensor
-        issues in an even stage), inside the compute, with the wall seconds this rank computed since the
-        last one (waiting excluded): an emulated slow rank sleeps here, so that its peers wait for it at
-        the all-reduce, as for a slow device."""
+        """Optional: right before a tensor-parallel all-reduce of an uneven stage, inside the compute,
+        with the wall seconds this rank computed since the last one (waiting excluded): an emulated slow
+        rank sleeps here, so that its peers wait for it at the all-reduce, as for a slow device."""
 
 
 class NoHooks:
@@ -816,7 +815,7 @@ class _ReportGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.reporter.reported(grad)
+        ctx.reporter.report(grad)
         return grad, None
 
 
@@ -829,15 +828,13 @@ class _TPReporter:
         self.ranks, self.hooks, self.clock = tuple(sorted(ranks)), hooks, clock
 
     def before_sync(self) -> None:
-        """Before a TP all-reduce (:meth:`Hooks.on_tp_sync`; its sleep is emulated compute). The segment
-        ends here, so a second call before the all-reduce's :meth:`after_sync` books nothing twice."""
+        """Before an uneven stage's all-reduce (:meth:`Hooks.on_tp_sync`; its sleep is emulated compute)."""
         sync = getattr(self.hooks, "on_tp_sync", None)
         if self.clock.in_chunk and sync is not None:
             sync(time.perf_counter() - self.clock.segment_start)
-            self.clock.segment_start = time.perf_counter()
 
     def after_sync(self) -> None:
-        """After a TP all-reduce (and its report): the next compute segment starts."""
+        """After an uneven stage's all-reduce (and its report): the next compute segment starts."""
         self.clock.segment_start = time.perf_counter()
 
     def report(self, t: torch.Tensor) -> None:
@@ -847,34 +844,11 @@ class _TPReporter:
         self.hooks.on_collective("tp_all_reduce", t.numel() * t.element_size(), self.ranks)
         self.clock.tp_hooks += time.perf_counter() - start
 
-    def reported(self, t: torch.Tensor) -> None:
-        """:meth:`report` the all-reduce of ``t`` that just ran, then :meth:`after_sync`."""
-        self.report(t)
-        self.after_sync()
-
     def attach(self, module: nn.Module, style: str) -> None:
-        """Report ``module``'s all-reduce (``style``: DTensor's ``rowwise``, ``colwise`` or ``input[:kwarg]``)
-        and call :meth:`before_sync` right before it, as the uneven stages' wrappers do: an emulated slow
-        rank then books the wall time it computed since the last all-reduce, and sleeps where its peers
-        wait for it. (Booked at the chunk's end for its thread's CPU time instead, a throttled device of an
-        even stage ran faster than its factor whenever ranks shared cores: CPU time leaves out the
-        contention that slows every rank alike.)"""
         if style == "rowwise":
-            # prepended: before DTensor's own output hook, whose redistribution is the all-reduce
-            module.register_forward_hook(lambda _m, _inp, _out: self.before_sync(), prepend=True)
-            module.register_forward_hook(lambda _m, _inp, out: self.reported(out))
+            module.register_forward_hook(lambda _m, _inp, out: self.report(out))
             return
         kwarg = style.partition(":")[2]
-
-        def before_grad_sync(_m, args, kwargs):
-            # after torch's input preparation: the gradient of what the module receives is complete (summed
-            # over every linear it feeds) before the backward of that preparation all-reduces it
-            x = kwargs.get(kwarg) if kwarg else (args[0] if args else None)
-            if isinstance(x, torch.Tensor) and x.requires_grad and self.clock.in_chunk:
-                x.register_hook(lambda _g: self.before_sync())
-            return None
-
-        module.register_forward_pre_hook(before_grad_sync, with_kwargs=True)
 
         def pre(_m, args, kwargs):
             x = kwargs[kwarg] if kwarg else args[0]
