@@ -18,9 +18,9 @@ alike devices are left even at the cost of one check.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
-
 
 from hetpart.errors import PlanError
 from hetpart.plan import Plan
@@ -83,6 +83,7 @@ class Evaluator:
         self.simulations = 0
         """Plans priced so far (the work branch and bound saves)."""
         self._stage_gb: dict[tuple, tuple[float, float] | float] = {}
+        self._capacity_gb: dict[tuple[str, ...], float] = {}
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
@@ -103,15 +104,24 @@ class Evaluator:
     def fits(self, plan: Plan) -> bool:
         """Whether every device of ``plan`` holds its stages (the simulator's memory rule, without
         simulating the schedule)."""
-        from hetpart.costmodel.memory import memory_capacity_gb
-
         if self.ignore_memory:
             return True
         for (r, d), need in self._needs_gb(plan):
-            devices = plan.replicas[r].stages[d].devices
-            if any(need > memory_capacity_gb(self.cluster.device(x).gpu) for x in devices):
+            if need > self._least_capacity_gb(plan.replicas[r].stages[d].devices):
                 return False
         return True
+
+    def _least_capacity_gb(self, devices: tuple[str, ...]) -> float:
+        """The smallest :func:`~hetpart.costmodel.memory.memory_capacity_gb` of ``devices`` (memoised per
+        device tuple: a need above it is above some device's capacity, as checking each device says)."""
+        devices = tuple(devices)
+        least = self._capacity_gb.get(devices)
+        if least is None:
+            from hetpart.costmodel.memory import memory_capacity_gb
+
+            least = self._capacity_gb[devices] = min(memory_capacity_gb(self.cluster.device(x).gpu)
+                                                     for x in devices) if devices else math.inf
+        return least
 
     def device_memory_gb(self, plan: Plan) -> dict[tuple[int, int], float]:
         """(replica, pipeline device group) -> the peak :meth:`fits` checks, GB (its largest device under an

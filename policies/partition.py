@@ -100,8 +100,11 @@ def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray) -> np.ndarray:
     n1 = costs[0].shape[0]
     best = np.full((len(caps), n1), math.inf)
     best[:, 0] = 0.0
+    capped_of: dict[int, np.ndarray] = {}  # stages of one pool share one matrix: cap it once
     for c in costs:
-        capped = np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf)
+        capped = capped_of.get(id(c))
+        if capped is None:
+            capped = capped_of[id(c)] = np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf)
         best = (best[:, :, None] + capped).min(axis=1)
     return best[:, -1]
 

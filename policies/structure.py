@@ -82,8 +82,8 @@ def greedy_fits(costs: "list[StageCosts]", num_microbatches: int) -> bool:
         ok = need <= c.capacity_gb
         if not ok[0]:
             return False
-        bad = np.flatnonzero(~ok)
-        a = a + (int(bad[0]) if len(bad) else len(ok))
+        first_bad = int(ok.argmin())  # the first False (argmin of booleans), or 0 when all are True
+        a = a + (first_bad if first_bad else len(ok))
     return a == n
 
 
