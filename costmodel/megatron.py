@@ -8,8 +8,9 @@ stages are outermost (stage ``k`` of every replica sits on the ``k``-th block of
 ``tp-pp-dp`` puts consecutive groups in one pipeline and the replicas outermost. Context parallelism
 (``cp > 1``) sits just outside tensor parallelism, as in Megatron-Core (``tp-cp-ep-dp-pp``): a stage's
 ``cp`` tensor-parallel groups are consecutive, so the orders read ``tp-cp-dp-pp`` and ``tp-cp-pp-dp``. Transformer blocks are split evenly over the ``pp * interleave`` virtual
-stages (the remainder goes to the first stages, one block each); as in Megatron-LM the embedding
-rides with the first stage and the head with the last. The batch is split evenly over replicas.
+stages; where they do not divide, the embedding and the head count as one layer each, as in
+Megatron-Core and Llama 3 405B (:func:`even_layer_split`). As in Megatron-LM the embedding rides with
+the first stage and the head with the last. The batch is split evenly over replicas.
 """
 
 from __future__ import annotations
@@ -32,18 +33,37 @@ DEFAULT_ORDER = "tp-dp-pp"
 def even_layer_split(num_units: int, num_stages: int, has_ends: bool = True) -> list[tuple[int, int]]:
     """``[first, last)`` unit ranges for ``num_stages`` stages.
 
-    With ``has_ends`` (a transformer: embedding, blocks, head) the blocks are split evenly and the
-    embedding joins the first stage, the head the last; otherwise all units are split evenly.
+    With ``has_ends`` (a transformer: embedding, blocks, head) the embedding joins the first stage and the
+    head the last. Where the blocks divide evenly over the stages they are split evenly (Megatron-LM's
+    only layout). Where they do not, the embedding and the head each count as one layer of the split, as
+    Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    do and as Llama 3 405B was trained (126 blocks over 16 x 4 virtual stages: "we reduce one Transformer
+    layer each from the first and the last stages", Llama 3 paper, section 3.3.2): the first stage, which
+    holds the most micro-batches in flight, carries one block fewer. A remainder that still does not divide
+    goes to the stages just before the last, one block each (they hold few micro-batches in flight under
+    1F1B). Without ``has_ends`` all units are split evenly, the remainder to the first stages.
     """
     lo, hi = (1, num_units - 1) if has_ends else (0, num_units)
     blocks = hi - lo
     if num_stages < 1 or blocks < num_stages:
         raise PlanError(f"--pp: {num_stages} pipeline stages (pp x interleave) for {blocks} layers; "
                         f"use at most {blocks} stages")
-    base, extra = divmod(blocks, num_stages)
+    if not has_ends or blocks % num_stages == 0 or num_stages < 2:
+        base, extra = divmod(blocks, num_stages)
+        sizes = [base + (1 if k < extra else 0) for k in range(num_stages)]
+    else:
+        base, extra = divmod(blocks + 2, num_stages)
+        sizes = [base] * num_stages
+        for k in range(num_stages - 1 - extra, num_stages - 1):
+            sizes[k] += 1
+        sizes[0] -= 1
+        sizes[-1] -= 1
+        if min(sizes) < 1:  # too few blocks for the ends to count: plain even split
+            base, extra = divmod(blocks, num_stages)
+            sizes = [base + (1 if k < extra else 0) for k in range(num_stages)]
     bounds = [lo]
-    for k in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if k < extra else 0))
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
     bounds[0], bounds[-1] = 0, num_units
     return list(zip(bounds[:-1], bounds[1:]))
 

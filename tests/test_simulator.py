@@ -157,6 +157,29 @@ def test_megatron_plan_places_ranks_in_megatron_order_by_default(gpt2):
     assert plan.validate(gpt2, cluster) == []
 
 
+def test_even_layer_split_counts_the_ends_as_layers_where_blocks_do_not_divide():
+    from hetpart.costmodel.megatron import even_layer_split
+
+    def blocks(ranges, n):  # blocks per stage (the embedding is unit 0, the head unit n - 1)
+        return [(z - a) - (a == 0) - (z == n) for a, z in ranges]
+
+    # Llama 3 405B: 126 blocks over 16 x 4 virtual stages, one block fewer on the first and last
+    # (Megatron-Core's account-for-embedding/loss-in-pipeline-split; the Llama 3 paper, section 3.3.2)
+    split = even_layer_split(128, 64)
+    assert [z - a for a, z in split] == [2] * 64 and blocks(split, 128)[0] == blocks(split, 128)[-1] == 1
+    assert sum(blocks(split, 128)[::16]) == 7  # the first device's four chunks
+    # blocks that divide evenly stay Megatron-LM's even split, ends riding along
+    assert blocks(even_layer_split(14, 4), 14) == [3, 3, 3, 3]
+    # a remainder after counting the ends goes to the stages just before the last, never the first
+    odd = blocks(even_layer_split(14, 5), 14)
+    assert sum(odd) == 12 and odd[0] == min(odd[:-1])
+    for n, k in ((128, 64), (14, 5), (82, 16), (5, 3), (98, 8)):
+        split = even_layer_split(n, k)
+        assert split[0][0] == 0 and split[-1][1] == n and all(z > a for a, z in split)
+        assert all(split[i][1] == split[i + 1][0] for i in range(k - 1))
+    assert [z - a for a, z in even_layer_split(10, 4, has_ends=False)] == [3, 3, 2, 2]
+
+
 def test_megatron_plan_tp_pp_dp_order_keeps_each_pipeline_together(gpt2):
     cluster = load_cluster("a100-8")
     plan = megatron_plan(gpt2, cluster, Workload(16, S), tp=2, pp=2, dp=2, micro_batch=2, order="tp-pp-dp")
