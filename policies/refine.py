@@ -20,11 +20,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["refine", "neighbours", "interleaved"]
 
 
-def _classes(plan: Plan, cluster: "Cluster") -> dict[tuple, list[int]]:
-    """Replicas with the same layer bounds on the same device types (they move together)."""
+def _classes(plan: Plan, cluster: "Cluster", speeds: bool = True) -> dict[tuple, list[int]]:
+    """Replicas with the same layer bounds on the same device types at the same measured speeds
+    (``slow:``; they move together). A replica holding a throttled device is a class of its own, so
+    micro-batches can move off it."""
     out: dict[tuple, list[int]] = defaultdict(list)
     for i, r in enumerate(plan.replicas):
-        key = tuple((s.layers, cluster.device(s.devices[0]).gpu.name, s.tp) for s in r.stages)
+        key = tuple((s.layers, cluster.device(s.devices[0]).gpu.name, s.tp,
+                     tuple(cluster.device(d).speed for d in s.devices) if speeds else ()) for s in r.stages)
         out[key].append(i)
     return out
 
@@ -97,10 +100,32 @@ def interleaved(plan: Plan, chunks: int) -> Plan | None:
     return replace(plan, replicas=tuple(replicas), schedule="interleaved", interleave=chunks)
 
 
+def finer(plan: Plan, cluster: "Cluster") -> Iterator[Plan]:
+    """Variants of ``plan`` on which micro-batches can move off a slow replica, when its replicas run at
+    unlike speeds within one device type (``slow:``; nothing for other plans). The planners size
+    replicas by device type, so a replica holding a throttled device gets the same share as the others;
+    :func:`_batch_moves` can shift work off it one micro-batch at a time, so: ``plan`` at each smaller
+    micro-batch size that divides its own, and at sharding levels 2-3 (where every replica runs its
+    shard group's largest count of micro-batches, padded: uneven shares buy nothing) the same at level 1."""
+    if plan.dp < 2 or not cluster.slow or len(_classes(plan, cluster)) == len(_classes(plan, cluster, speeds=False)):
+        return
+    for zero in (plan.zero, 1) if plan.zero >= 2 else (plan.zero,):
+        for mb in range(plan.micro_batch, 0, -1):
+            if plan.micro_batch % mb == 0 and (zero, mb) != (plan.zero, plan.micro_batch):
+                yield replace(plan, micro_batch=mb, zero=zero)
+
+
 def refine(evaluate: Evaluator, start: Evaluated, budget: int) -> Evaluated:
-    """Hill-climb from ``start``, then from its interleaved (2 and 3 chunks) variants, spending at
+    """Hill-climb from ``start``, from its :func:`finer` variants where its replicas run at unlike
+    speeds, then from the best one's interleaved (2 and 3 chunks) variants, spending at
     most ``budget`` simulations on each."""
     best = _climb(evaluate, start, budget)
+    for variant in finer(start.plan, evaluate.cluster):
+        found = evaluate(variant)
+        if found is not None:
+            found = _climb(evaluate, found, budget)
+            if found.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+                best = found
     for chunks in (2, 3):
         variant = interleaved(best.plan, chunks) if best.plan.schedule == "1f1b" else None
         found = evaluate(variant) if variant is not None else None

@@ -164,6 +164,30 @@ def test_slow_device_slows_its_group_and_gets_less_work(gpt) -> None:
     assert split is not None and split.heads[2] == min(split.heads)
 
 
+def test_refine_moves_micro_batches_off_a_replica_with_a_throttled_device() -> None:
+    from hetpart import Workload
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.policies.refine import _classes, finer, refine
+
+    model = load_model("gpt2-small", seq_len=512)
+    node = {"count": 1, "gpus_per_node": 4, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"}
+    slow = parse_cluster({"name": "s", "nodes": [node], "slow": {"0/0/3": 0.5}})
+    n = model.num_units
+    plan = Plan(32, 8, 512, tuple(Replica(0.25, (Stage((0, n), (f"0/0/{i}",), 1),)) for i in range(4)),
+                recompute="none")
+    # the throttled replica is a class of its own (the planners' pools do not see speed factors)
+    assert sorted(map(len, _classes(plan, slow).values())) == [1, 3] and len(_classes(plan, slow, speeds=False)) == 1
+    assert [q.micro_batch for q in finer(plan, slow)] == [4, 2, 1]
+    assert [(q.zero, q.micro_batch) for q in finer(replace(plan, zero=2), slow)][-4:] == [(1, 8), (1, 4), (1, 2), (1, 1)]
+    assert list(finer(plan, replace(slow, slow=()))) == []  # nothing without a speed factor
+    evaluate = Evaluator(model, slow, Workload(32, 512))
+    start = evaluate(plan)
+    best = refine(evaluate, start, 40)
+    assert best.tokens_per_s > start.tokens_per_s * 1.02
+    shares = [r.batch_share for r in best.plan.replicas]
+    assert shares[3] == min(shares) < 0.25  # work moved off 0/0/3
+
+
 @pytest.mark.parametrize("shares, units", [([0.5, 0.3, 0.2], 12), ([1.0, 0.0], 5), ([0.34, 0.33, 0.33], 3)])
 def test_largest_remainder_hands_out_every_unit_at_least_one_each(shares, units) -> None:
     out = largest_remainder(shares, units)
