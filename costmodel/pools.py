@@ -21,7 +21,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 __all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster",
-           "divisors", "zone_components"]
+           "divisors", "zone_components", "speed_typed"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,3 +148,60 @@ def type_subcluster(cluster: Cluster, gpu_name: str, zones: set[str] | None = No
     links = tuple(link for link in cluster.zone_links if set(link.zones) <= zones)
     return replace(cluster, name=f"{cluster.name}[{gpu_name}]", groups=tuple(groups), zone_links=links,
                    slow=tuple(slow))
+
+
+def _scaled_type(gpu: GPUSpec, factor: float) -> GPUSpec:
+    """``gpu`` running at ``factor`` of its figures, as a device type of its own."""
+    return replace(gpu, name=f"{gpu.name}@{factor:g}x", tflops_bf16=gpu.tflops_bf16 * factor,
+                   tflops_fp32=gpu.tflops_fp32 * factor, tflops_tf32=gpu.tflops_tf32 * factor,
+                   tflops_fp8=gpu.tflops_fp8 * factor, hbm_gbyte_s=gpu.hbm_gbyte_s * factor)
+
+
+def _add_plain(groups: list[NodeGroup], to_real: dict[str, str], group: NodeGroup, gi: int, nodes: list[int]) -> None:
+    """Nodes ``nodes`` of ``group`` (number ``gi``), consecutive and without slow devices, as one new group."""
+    if nodes:
+        g = len(groups)
+        groups.append(replace(group, count=len(nodes)))
+        for k, n in enumerate(nodes):
+            to_real.update({f"{g}/{k}/{i}": f"{gi}/{n}/{i}" for i in range(group.gpus_per_node)})
+
+
+def speed_typed(cluster: Cluster) -> tuple[Cluster, dict[str, str]] | None:
+    """``cluster`` with every device that carries a speed factor (``slow:``) turned into a device type of
+    its own (its peaks and memory bandwidth scaled by the factor), and the map from the new device ids to
+    the real ones; None when every device runs at its type's speed.
+
+    Pools are per device type, so a planner that reasons about pools sees a throttled GPU only through
+    this view: it can then give the slow device its own replica with a smaller batch share, a pipeline
+    stage with fewer layers, or leave it out. A node holding slow devices becomes a group of its own whose
+    local order puts its normal GPUs first (a mixed node, :class:`~hetpart.cluster.NodeGroup`); the
+    other nodes of its group keep their order in groups of their own. Plans made on the view run on the
+    real devices through the map (links are those of the same nodes)."""
+    speed = {d: f for d, f in cluster.slow if f != 1.0}
+    if not speed:
+        return None
+    groups: list[NodeGroup] = []
+    to_real: dict[str, str] = {}
+    for gi, group in enumerate(cluster.groups):
+        plain: list[int] = []  # consecutive nodes without a slow device, not yet added
+        for n in range(group.count):
+            factors = {i: speed[f"{gi}/{n}/{i}"] for i in range(group.gpus_per_node) if f"{gi}/{n}/{i}" in speed}
+            if not factors:
+                plain.append(n)
+                continue
+            _add_plain(groups, to_real, group, gi, plain)
+            plain = []
+            order = [i for i in range(group.gpus_per_node) if i not in factors] + sorted(
+                factors, key=lambda i: (factors[i], i))
+            runs: list[tuple[GPUSpec, int]] = []
+            for i in order:
+                gpu = group.gpu_at(i) if i not in factors else _scaled_type(group.gpu_at(i), factors[i])
+                if runs and runs[-1][0] == gpu:
+                    runs[-1] = (gpu, runs[-1][1] + 1)
+                else:
+                    runs.append((gpu, 1))
+            g = len(groups)
+            groups.append(replace(group, count=1, gpu=runs[0][0], mixed=tuple(runs) if len(runs) > 1 else ()))
+            to_real.update({f"{g}/0/{k}": f"{gi}/{n}/{i}" for k, i in enumerate(order)})
+        _add_plain(groups, to_real, group, gi, plain)
+    return replace(cluster, groups=tuple(groups), slow=(), name=f"{cluster.name} (speed-typed)"), to_real

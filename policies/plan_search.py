@@ -81,6 +81,11 @@ class SearchOptions:
     water-filled to each device's memory (:mod:`hetpart.policies.shard_fractions`), at the levels the
     runtime runs them (1-2, no hybrid sharding: :func:`hetpart.rules.uneven_shard_problems`; they run on
     :mod:`hetpart.runtime.dist_optimizer`). ``False``: even shards only."""
+    speed_types: bool = True
+    """On a cluster with throttled devices (``slow:``), also search its :func:`~hetpart.costmodel.pools.speed_typed`
+    view, where each throttled device is a device type of its own (pools are per type, so only there can a
+    structure give it a smaller batch share, fewer layers, or leave it out); the best plan found there joins
+    the candidates on the real devices."""
 
 
 @dataclass(frozen=True, order=True)
@@ -481,6 +486,11 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         best = best_of([best, found])
         if options.ignore_memory or (found is not None and not _split_wants_shards(found.plan, levels[n + 1:])):
             break
+    if options.speed_types and not options.ignore_memory:
+        typed = _speed_typed_best(model, cluster, workload, options, evaluate)
+        if typed is not None:
+            starts[("speed-typed",)] = typed
+            best = best_of([best, typed])
     if best is not None and options.refine_steps:
         # the hill-climb is local: it starts from the best plan of each family (mixed pipelines, typed
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
@@ -493,6 +503,30 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
                             "no point of the search space (mixed pipelines and typed replicas, every tensor-parallel "
                             "degree, pipeline depth, micro-batch and recompute mode) fits in memory")
     return best
+
+
+def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator) -> Evaluated | None:
+    """The best plan of the search on the :func:`~hetpart.costmodel.pools.speed_typed` view of ``cluster``,
+    moved onto the real devices and priced there by ``evaluate`` (None without throttled devices, or when
+    nothing of that search fits on the real devices)."""
+    from hetpart.costmodel.pools import speed_typed
+
+    view = speed_typed(cluster)
+    if view is None:
+        return None
+    typed, to_real = view
+    try:
+        found = plan_search(model, typed, workload, options=replace(options, speed_types=False, refine_steps=0,
+                                                                    include_baselines=False))
+    except (PlanError, WorkloadError):
+        return None
+    plan = found.plan
+    replicas = tuple(replace(r, stages=tuple(replace(s, devices=tuple(to_real[d] for d in s.devices))
+                                            for s in r.stages)) for r in plan.replicas)
+    meta = dict(plan.meta)
+    if "cluster" in meta:
+        meta["cluster"] = cluster.name
+    return evaluate(replace(plan, replicas=replicas, meta=meta))
 
 
 def _split_wants_shards(plan: Plan, higher: tuple[int, ...]) -> bool:

@@ -188,6 +188,40 @@ def test_refine_moves_micro_batches_off_a_replica_with_a_throttled_device() -> N
     assert shares[3] == min(shares) < 0.25  # work moved off 0/0/3
 
 
+def test_speed_typed_view_makes_throttled_devices_a_type_of_their_own() -> None:
+    from hetpart.costmodel.pools import speed_typed
+
+    node = {"count": 3, "gpus_per_node": 8, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"}
+    c = parse_cluster({"name": "s", "nodes": [node], "slow": {"0/1/3": 0.6, "0/1/5": 0.6}})
+    view, to_real = speed_typed(c)
+    assert speed_typed(replace(c, slow=())) is None
+    assert [(g.count, [(t.name, n) for t, n in g.gpu_counts]) for g in view.groups] == [
+        (1, [("A100-80GB", 8)]), (1, [("A100-80GB", 6), ("A100-80GB@0.6x", 2)]), (1, [("A100-80GB", 8)])]
+    assert sorted(to_real.values()) == sorted(d.id for d in c.devices) and view.uniform_speed
+    assert [to_real[f"1/0/{k}"] for k in range(8)] == ["0/1/0", "0/1/1", "0/1/2", "0/1/4", "0/1/6", "0/1/7",
+                                                       "0/1/3", "0/1/5"]
+    slow = view.device("1/0/6").gpu
+    assert slow.tflops_bf16 == pytest.approx(0.6 * c.device("0/1/3").gpu.tflops_bf16)
+    # every mapped device is the same node's: links between them are what they were
+    assert {to_real[a].rsplit("/", 1)[0] for a in ("1/0/0", "1/0/7")} == {"0/1"}
+    pools = {p.key: len(p.devices) for p in device_pools(view)}
+    assert sorted(pools.values()) == [2, 6, 16]
+
+
+def test_search_gives_a_throttled_device_less_work_on_unseen_models() -> None:
+    from hetpart import Workload
+    from hetpart.policies.plan_search import plan_search
+
+    node = {"count": 1, "gpus_per_node": 8, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"}
+    slow = parse_cluster({"name": "s", "nodes": [node], "slow": {"0/0/3": 0.6}})
+    model, work = load_model("gpt3-13b", seq_len=2048), Workload(64, 2048)
+    typed = plan_search(model, slow, work)
+    blind = plan_search(model, slow, work, speed_types=False)
+    assert typed.tokens_per_s > 1.03 * blind.tokens_per_s  # 14,915 against 13,955 tokens/s when written
+    fast = plan_search(model, replace(slow, slow=()), work)
+    assert typed.tokens_per_s > 0.9 * fast.tokens_per_s  # a 0.6x device costs at most 5% of 8 ideally
+
+
 @pytest.mark.parametrize("shares, units", [([0.5, 0.3, 0.2], 12), ([1.0, 0.0], 5), ([0.34, 0.33, 0.33], 3)])
 def test_largest_remainder_hands_out_every_unit_at_least_one_each(shares, units) -> None:
     out = largest_remainder(shares, units)
@@ -244,7 +278,8 @@ def test_an_uneven_split_runs_with_sharded_states_at_levels_1_2_and_is_refused_a
 
 def test_the_mixed_benchmark_compares_even_proportional_and_an_uneven_hetpart_plan(tmp_path) -> None:
     """experiments/bench_uneven_mixed.py's premise: on the node with a throttled GPU, the simulator ranks even
-    batches < proportional batches (24:40) <= hetpart's plan, whose stage on the throttled pair is split."""
+    batches < proportional batches (24:40) <= hetpart's plan, and hetpart's uneven-TP plan (the search without
+    the speed-typed view) splits its stage on the throttled pair."""
     from hetpart import load_cluster
     from hetpart.experiments import bench_uneven_mixed as bench
 
@@ -253,8 +288,9 @@ def test_the_mixed_benchmark_compares_even_proportional_and_an_uneven_hetpart_pl
     cluster, model = load_cluster(tmp_path / "c.yaml"), load_model(bench.MODEL, seq_len=bench.SEQ_LEN)
     step = {k: Simulator(model, cluster).simulate(Plan.from_dict(p)).step_time_s for k, p in plans.items()}
     assert step["even"] > step["proportional"] >= step["hetpart"]
+    assert step["proportional"] >= step[bench.TP]
     assert [r["batch_share"] for r in plans["proportional"]["replicas"]] == [0.375, 0.625]
-    split = [s for r in plans["hetpart"]["replicas"] for s in r["stages"] if "0/0/1" in s["devices"]]
+    split = [s for r in plans[bench.TP]["replicas"] for s in r["stages"] if "0/0/1" in s["devices"]]
     assert split and split[0]["tp_split"]["heads"][1] < split[0]["tp_split"]["heads"][0]
 
 
