@@ -8,9 +8,13 @@ computes at 0.6x (``slow:``, a throttled card); the model is GPT-3 2.7B, global 
   ``0/0/2``+``0/0/3``), 32 sequences each (what data parallelism does without knowing the speeds);
 * **proportional batches**: the same replicas with shares in proportion to each replica's pace (its
   slowest device: 0.6 : 1, so 24 : 40 sequences);
-* **hetpart**: ``hetpart plan`` (search) on the cluster: whatever it picks (on this cluster a pipeline
-  whose first stage is TP-2 over the throttled pair split 20:12 heads by the LP);
-* **hetpart, cut for the emulated cluster** (``--recut``): hetpart's plan with its pipeline cut moved to
+* **hetpart**: ``hetpart plan`` (search) on the cluster: whatever it picks (since the search also plans on
+  the cluster's speed-typed view, where the throttled GPU is a device type of its own, four data-parallel
+  replicas with the throttled one's batch share cut to 10 of 64 sequences);
+* **hetpart, uneven TP** (``hetpart-tp``): the search without that view (``speed_types=False``), what it
+  picked before: a pipeline whose first stage is TP-2 over the throttled pair split 20:12 heads by the LP
+  (the target's "plan with uneven tensor parallelism");
+* **hetpart, cut for the emulated cluster** (``--recut``): the uneven-TP plan with its pipeline cut moved to
   where the simulator, priced by the first hetpart run's own profile, balances the stages of the shrunken
   model (its head is far lighter against a block than the real one's, so the real cut overloads the
   split stage); the split, devices, batches and schedule stay.
@@ -65,6 +69,8 @@ nodes:
 slow: {"0/0/1": 0.6}
 """
 KINDS = ("even", "proportional", "hetpart")
+TP = "hetpart-tp"
+"""The search's plan without the speed-typed view: uneven tensor parallelism on the throttled pair."""
 RECUT = "hetpart-recut"
 TIME_FACTORS = {"tiny": 800.0, "small": 100.0}
 """Links' dilation per scale (module docstring): what keeps the real cluster's share of TP all-reduces."""
@@ -88,8 +94,9 @@ def plans(cluster_path: Path) -> dict[str, dict]:
     from hetpart.policies.plan_search import plan_search
 
     cluster = load_cluster(cluster_path)
-    best = plan_search(load_model(MODEL, seq_len=SEQ_LEN), cluster, Workload(GLOBAL_BATCH, SEQ_LEN))
-    hetpart = best.plan.to_dict()
+    model, work = load_model(MODEL, seq_len=SEQ_LEN), Workload(GLOBAL_BATCH, SEQ_LEN)
+    hetpart = plan_search(model, cluster, work).plan.to_dict()
+    uneven_tp = plan_search(model, cluster, work, speed_types=False).plan.to_dict()
     keep = ("global_batch", "micro_batch", "seq_len", "schedule", "recompute", "precision")
     base = {k: hetpart[k] for k in keep}
     groups = (("0/0/0", "0/0/1"), ("0/0/2", "0/0/3"))
@@ -103,13 +110,14 @@ def plans(cluster_path: Path) -> dict[str, dict]:
                                                "tp_split": even_split(2)}]}
                 for s, g in zip(shares, groups)]
 
-    for r in hetpart["replicas"]:  # its even TP stages too: every TP stage of every plan runs one code path
+    for r in hetpart["replicas"] + uneven_tp["replicas"]:  # even TP stages too: every TP stage runs one code path
         for s in r["stages"]:
             if s.get("tp", 1) > 1 and not s.get("tp_split"):
                 s["tp_split"] = even_split(s["tp"])
     return {"even": dict(base, replicas=replicas([0.5, 0.5])),
             "proportional": dict(base, replicas=replicas([first / micro, 1 - first / micro])),
-            "hetpart": dict(base, replicas=hetpart["replicas"])}
+            "hetpart": {k: hetpart[k] for k in keep + ("replicas",)},
+            TP: {k: uneven_tp[k] for k in keep + ("replicas",)}}
 
 
 def _emulated(t: Path, plan: dict, scale: str, run: dict):
@@ -193,7 +201,7 @@ def measure(repeats: int = 2, steps: int = 2, time_factor: float | None = None, 
     and per load). ``with_recut``: also run :data:`RECUT`, cut by the first hetpart run's calibration."""
     time_factor = time_factor or TIME_FACTORS.get(scale, TIME_FACTORS["small"])
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    kinds = KINDS + ((RECUT,) if with_recut else ())
+    kinds = KINDS + (TP,) + ((RECUT,) if with_recut else ())
     out: dict[str, dict] = {k: {"measured": [], "predicted_emulated": [], "losses": [], "loads": []} for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -228,8 +236,8 @@ def measure(repeats: int = 2, steps: int = 2, time_factor: float | None = None, 
                 if log:
                     log(f"repeat {i + 1} {name}: measured {o['measured'][-1]:.2f} s, predicted "
                         f"{o['predicted_emulated'][-1]:.2f} s, load {before:.2f} -> {_load():.2f}")
-                if with_recut and name == "hetpart" and RECUT not in built:
-                    found = recut(t, built["hetpart"], scale, result)
+                if with_recut and name == TP and RECUT not in built:
+                    found = recut(t, built[TP], scale, result)
                     if found is not None:
                         built[RECUT], out[RECUT]["cuts"] = found
                         (t / f"{RECUT}.json").write_text(json.dumps(built[RECUT]))
@@ -294,6 +302,17 @@ def _paired(m: dict, a: str, b: str) -> list[float]:
     return [x / y for x, y in zip(m[a]["measured"], m[b]["measured"])]
 
 
+def _tp_text(m: dict) -> str:
+    """The uneven-TP plan against the target's other plans (empty when it did not run)."""
+    if TP not in m["kinds"]:
+        return ""
+    e, p, t = m["even"]["measured_median"], m["proportional"]["measured_median"], m[TP]["measured_median"]
+    return (f" hetpart's uneven-TP plan (`{TP}`): over even {e / t:.2f}x, over proportional {p / t:.2f}x measured "
+            f"(paired {', '.join(f'{x:.2f}' for x in _paired(m, 'proportional', TP))}), "
+            f"{m['proportional']['predicted_real'] / m[TP]['predicted_real']:.2f}x over proportional predicted on the "
+            f"real cluster; the target with it as hetpart's plan **{'holds' if e > p >= t else 'does not hold'}**.")
+
+
 def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: bool = True, m: dict | None = None):
     """docs/BENCHMARKS.md's section ``uneven-tp-mixed`` (``make bench BENCH=uneven-tp-mixed``); ``m``: the
     measurements of an earlier :func:`measure` (``--from-json``) instead of measuring now."""
@@ -327,7 +346,8 @@ def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: 
             return f"{statistics.median(xs):.3f} ({xs[0]:.3f}-{xs[-1]:.3f})"
 
         pairs = [("even", "proportional"), ("proportional", "hetpart")] + (
-            [("proportional", RECUT), ("hetpart", RECUT)] if RECUT in m["kinds"] else [])
+            [("proportional", TP)] if TP in m["kinds"] else []) + (
+            [("proportional", RECUT), (TP, RECUT)] if RECUT in m["kinds"] else [])
         lines = ["| ratio of step times | predicted, one calibration at a time: median (range) | measured: "
                  "ratio of medians (paired runs) |", "|---|---|---|"]
         for a, b in pairs:
@@ -351,7 +371,7 @@ def section(repeats: int = 2, steps: int = 2, scale: str = "small", with_recut: 
         f"the emulated cluster: proportional {pe / pp:.2f}x, hetpart {pe / ph:.2f}x; on the real cluster: proportional "
         f"{m['even']['predicted_real'] / m['proportional']['predicted_real']:.2f}x, hetpart "
         f"{m['even']['predicted_real'] / m['hetpart']['predicted_real']:.2f}x. Target (even < proportional <= "
-        f"hetpart, measured medians): **{'holds' if holds else 'does not hold'}** on these runs."
+        f"hetpart, measured medians): **{'holds' if holds else 'does not hold'}** on these runs." + _tp_text(m)
         + _flat_note(m) + recut_text + cross_text +
         "\n\nHow far to trust it: four ranks share this machine's two cores (and other engineers' jobs, see the "
         "loads), so ranks that compute at the same time slow each other down; in the data-parallel plans all four "
