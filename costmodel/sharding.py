@@ -120,13 +120,14 @@ def exposed_unit_comm_s(compute_s: list[float], pre_s: list[float] | None = None
     stream finishes, less the compute: a collective hides behind the *next* unit's compute, the first
     gather and the last reduce-scatter have nothing to hide behind."""
     n = len(compute_s)
+    gathers = pre_s is not None  # without gathers no unit waits on the communication stream
     pre = pre_s or [0.0] * n
     post = post_s or [0.0] * n
     comm_end = comp_end = pre[0] if n else 0.0
     ready = comm_end  # when the next unit's gather is done
     for i, t in enumerate(compute_s):
         start = max(comp_end, ready)
-        if i + 1 < n:
+        if gathers and i + 1 < n:
             comm_end = max(comm_end, start) + pre[i + 1]
             ready = comm_end
         comp_end = start + t
