@@ -8,9 +8,11 @@ Compute: ``flops * micro_batch / tp / (peak * eff)`` per unit, with the efficien
 :mod:`hetpart.costmodel.efficiency` (per architecture and precision; a head whose vocabulary is not
 16-byte aligned runs its product at :data:`~hetpart.costmodel.efficiency.UNALIGNED_FRACTION` of the
 16-bit peak at most), plus the memory-bound kernels' ``act_traffic * act_bytes / hbm`` (twice that in
-the backward), plus a fixed host cost per operator the unit runs (:data:`OPS_PER_UNIT` operators at
+the backward), against a fixed host cost per operator the unit runs (:data:`OPS_PER_UNIT` operators at
 ``curve.host_us_per_op`` each: kernel launches, PyTorch dispatch, autograd; it is what makes
-micro-batch 1 slower per sample than 4). The backward includes the recomputed forward of the
+micro-batch 1 slower per sample than 4). The host enqueues kernels while the device runs earlier ones,
+so a unit takes the longer of the two (``dispatch="overlap"``, measured: :data:`DISPATCH_MODES`), not
+their sum. The backward includes the recomputed forward of the
 recompute mode, memory-bound share and operators too: all of it under full recompute, the attention
 core's share of the activations under selective. Under fused attention (flash / SDPA) the ``a s^2``
 score matrix is neither stored nor streamed through HBM, so the memory-bound term uses the
@@ -34,7 +36,7 @@ from hetpart.costmodel.activations import check_kernels
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
            "saved_act_mode"]
 
 OPS_PER_UNIT: dict[str, tuple[int, int]] = {
@@ -204,7 +206,7 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
                    recompute: str, curve: EfficiencyCurve | None = None,
-                   attention: str = "fused", cp: int = 1, kernels: str = "torch"
+                   attention: str = "fused", cp: int = 1, kernels: str = "torch", dispatch: str = "overlap"
                    ) -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
@@ -217,7 +219,12 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     the tokens, and each block launches :data:`CP_OPS_PER_STEP` more operators per extra ring step.
     ``kernels``: the kernel set whose operator counts pay the fixed host cost (:func:`unit_ops`; ``torch``,
     the measured counts, unless the simulator is asked for the engine's own with ``op_counts="engine"``).
+    ``dispatch``: how the host's fixed cost meets the device's work (:data:`DISPATCH_MODES`): ``overlap``
+    (eager CUDA launches are asynchronous: a unit takes the longer of its host and device times) or
+    ``serial`` (their sum, the simulator before 2026-11-27).
     """
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch: unknown {dispatch!r}; use one of {', '.join(DISPATCH_MODES)}")
     u = _unit_arrays(model, recompute, attention)
     rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u)
     work = micro_batch if cp == 1 else micro_batch / cp  # sequences' worth of tokens on this device
@@ -235,11 +242,36 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         ops_fwd = ops_fwd + blocks * (cp - 1) * CP_OPS_PER_STEP[0]
         ops_bwd = ops_bwd + blocks * (cp - 1) * CP_OPS_PER_STEP[1]
     host = curve.host_us_per_op * 1e-6
-    host_bwd = ops_bwd + (ops_fwd if recompute == "full" else 0.0)
-    fwd = u["fwd"] * work / rate + memory + host * ops_fwd
-    bwd = u["bwd"] * work / rate + 2 * memory + extra + host * host_bwd
-    return fwd, bwd
+    host_f, host_b = host * ops_fwd, host * ops_bwd
+    if recompute == "full" and kernels == "torch":  # torch.utils.checkpoint's own host cost (measured)
+        fwd_factor, total_factor = CHECKPOINT_HOST
+        host_f, host_b = fwd_factor * host_f, total_factor * (host_f + host_b) - fwd_factor * host_f
+    elif recompute == "full":  # the engine's recomputed forward: its operators once more
+        host_b = host_b + host_f
+    device_f = u["fwd"] * work / rate + memory
+    device_b = u["bwd"] * work / rate + 2 * memory + extra
+    if dispatch == "overlap":  # the host enqueues while the device runs: the longer of the two
+        return np.maximum(device_f, host_f), np.maximum(device_b, host_b)
+    return device_f + host_f, device_b + host_b
 
+
+CHECKPOINT_HOST = (1.74, 2.3)
+"""MEASURED: host time of a unit under full recomputation with ``torch.utils.checkpoint`` (non-reentrant, the
+runtime's ``UnitModel.set_recompute("full")``), as ``(forward factor, forward + backward factor)`` over the same
+unit without it. The runtime's GPT-2 block at one token (host time only, this project's CPU, one thread,
+median of 250 calls, 2026-11-27): forward 0.48 -> 0.82 ms, forward + backward 1.23 -> 2.74 ms (x1.72, x2.31);
+its Llama block x1.76, x2.23. On the H100 the runtime's host-bound runs agree: hidden 768, micro-batch 1, full
+recompute against none 1.027 / 0.450 s = x2.28 (``experiments/data/h100_runs.jsonl`` rows 5 and 6). The
+checkpoint's saved-tensor hooks, recomputation frames and RNG state handling cost more host time than the
+recomputed forward's operators alone (x1.22 by operator count). Kernel set ``torch`` only: an engine's own
+recomputation (kernel set ``fused``) pays its forward's operators once more."""
+
+DISPATCH_MODES = ("overlap", "serial")
+"""How a unit's host dispatch and its device work combine. MEASURED (``experiments/data/h100_host_overlap.json``,
+``python -m hetpart.experiments.bench_host_overlap``): on one H100, back-to-back forward + backward of the
+runtime's GPT-2 blocks (hidden 256 to 2,560, micro-batches 1-8, bf16 and fp32) and of 14-unit chains with the
+loss took 0.99x (blocks; 0.57-1.20) and 1.01x (chains; 0.60-1.24) the larger of the host's issue time and the
+kernels' own time, against 0.73x / 0.72x their sum (median of 40 rows each): ``overlap``."""
 
 CP_OPS_PER_STEP = (4, 4)
 """ASSUMED (counted from Transformer Engine's ring-attention loop, ``AttnFuncWithCPAndKVP2P``, not
@@ -289,12 +321,14 @@ def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str,
 
 
 def stage_compute_s(model: ModelGraph, first: int, last: int, gpu: GPUSpec, tp: int, micro_batch: int,
-                    precision: str = "bf16", recompute: str = "none", attention: str = "fused") -> tuple[float, float]:
+                    precision: str = "bf16", recompute: str = "none", attention: str = "fused",
+                    dispatch: str = "overlap") -> tuple[float, float]:
     """``(fwd_s, bwd_s)`` of units ``[first, last)`` for one micro-batch (bwd includes recompute).
 
     For many stages of one model, call :func:`unit_compute_s` once and prefix-sum instead.
     """
-    fwd, bwd = unit_compute_s(model, gpu, tp, micro_batch, precision, recompute, attention=attention)
+    fwd, bwd = unit_compute_s(model, gpu, tp, micro_batch, precision, recompute, attention=attention,
+                              dispatch=dispatch)
     return float(fwd[first:last].sum()), float(bwd[first:last].sum())
 
 

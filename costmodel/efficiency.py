@@ -57,11 +57,17 @@ from hetpart.hardware import GPUSpec
 __all__ = ["EfficiencyCurve", "CURVES", "DEVICE_CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width", "HOST_US_PER_OP",
            "UNALIGNED_FRACTION", "aligned", "effective_precision"]
 
-HOST_US_PER_OP = 11.2
-"""MEASURED: host dispatch + launch cost of one small operator, microseconds (PyTorch eager on an H100 host:
-``launch_overhead_us_per_small_kernel`` in ``experiments/data/h100_unit_profile.json``; the same order as
-the ~10 us per operator that PyTorch's CUDA-graphs documentation and He 2022, "Making Deep Learning Go
-Brrrr", give for eager-mode overhead)."""
+HOST_US_PER_OP = 18.3
+"""MEASURED: host cost of one counted operator (:data:`~hetpart.costmodel.compute.OPS_PER_UNIT`) as a training
+step pays it, microseconds: 14-unit chains of the runtime's GPT-2 units (embedding, 12 blocks, head with the
+loss; 1,774 operators per micro-batch), forward + backward back to back on one H100 whose device work was under
+half the host's (20 shapes: hidden 256-1,600, micro-batches 1-8, bf16 and fp32): median 18.3 us per operator
+(``experiments/data/h100_host_overlap.json``, ``python -m hetpart.experiments.bench_host_overlap``; single
+blocks 20.2 us). This is PyTorch eager through Python modules and autograd on that machine's host CPU; a bare
+small-kernel launch loop there costs 11.2 us (``launch_overhead_us_per_small_kernel`` in
+``experiments/data/h100_unit_profile.json``), the same order as the ~10 us per operator that PyTorch's
+CUDA-graphs documentation and He 2022, "Making Deep Learning Go Brrrr", give for eager-mode overhead. The
+device runs while the host issues: see :data:`~hetpart.costmodel.compute.DISPATCH_MODES`."""
 
 UNALIGNED_FRACTION = 0.10
 """MEASURED on H100: a 16-bit or TF32 product with a dimension that is not a multiple of 16 bytes (e.g.
@@ -138,15 +144,15 @@ _T0_PER_W0 = 120.0 / 419.0
 """Token half-saturation over width half-saturation on the H100 sweep; Ampere takes the same ratio."""
 # Produced by ``python -m hetpart.costmodel.calibration`` (fit_a100_curve); tests/test_calibration.py
 # checks they are a least-squares optimum. Keep the numbers together with their provenance.
-_AMPERE = EfficiencyCurve("ampere", e_max=0.8081, w0_ref=125.6, alpha=1.0, peak_ref_tflops=312.0,
+_AMPERE = EfficiencyCurve("ampere", e_max=0.8017, w0_ref=220.5, alpha=1.0, peak_ref_tflops=312.0,
                           status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
-                          act_traffic=2.701, t0_ref=125.6 * _T0_PER_W0, e_max_fp32=0.8982)
+                          act_traffic=2.657, t0_ref=220.5 * _T0_PER_W0, e_max_fp32=0.8982)
 """Ampere's plain-fp32 fraction is ASSUMED equal to Hopper's measured one (both run cuBLAS SGEMM on CUDA cores)."""
 _HOPPER = EfficiencyCurve("hopper", e_max=0.7834, w0_ref=419.0, alpha=1.0, peak_ref_tflops=989.0,
                           status="fitted: GEMM sweep on one H100 SXM (experiments/data/h100_unit_profile.json)",
                           act_traffic=_AMPERE.act_traffic, t0_ref=120.0, e_max_tf32=0.6438, e_max_fp32=0.8982)
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
-_VOLTA = EfficiencyCurve("volta", e_max=0.4616, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
+_VOLTA = EfficiencyCurve("volta", e_max=0.4478, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
                          act_traffic=_AMPERE.act_traffic, t0_ref=_AMPERE.t0_ref, e_max_fp32=0.70)
 
@@ -159,7 +165,7 @@ _CDNA3 = replace(_AMPERE, name="cdna3", e_max=0.5415, e_max_fp16=0.5002, e_max_f
                  status="published: AMD ROCm blog 'Measuring Max-Achievable FLOPs - Part 2' (2025), Table 1: "
                         "MI300X hipBLASLt bf16 708, fp16 654, fp8 1273 TFLOPS")
 """MI300X: bf16 0.5415, fp16 0.5002, fp8 0.4868 of the dense peaks (1307.4 / 2614.9 TFLOPS). TF32 keeps
-the Ampere fraction it was assumed to have (0.8081, no published xf32 figure) and plain fp32 Ampere's
+the Ampere fraction it was assumed to have (0.8017, no published xf32 figure) and plain fp32 Ampere's
 0.8982 (ASSUMED). A MAMF sweep with warm caches reached 781.9 TFLOPS bf16 (ml-engineering, ROCm 6.2):
 10% above AMD's figure, which is the one used."""
 _CDNA2 = replace(_AMPERE, name="cdna2", e_max=0.7676,
@@ -173,7 +179,7 @@ _ADA = replace(_AMPERE, name="ada", e_max=0.9728, e_max_tf32=0.9726, e_max_fp32=
 """Ada with the GeForce AD102 rate (the L20's 512 FLOP/SM/clock, the rate of the catalog's RTX 4090
 peak with fp32 accumulation): 16-bit products at 0.9728, TF32 at 0.9726 and CUDA-core fp32 at 0.6232 (an
 L20 row of the community torch.mm table; the RTX 4090 rows give 1.04 and 0.66). fp8 keeps the Ampere
-fraction it was assumed to have (0.8081): no published Ada fp8 figure (ASSUMED)."""
+fraction it was assumed to have (0.8017): no published Ada fp8 figure (ASSUMED)."""
 _TORCH_PERF = "zzc0721/torch-performence-test-data database.md (community torch.mm table)"
 _T4 = replace(_VOLTA, name="turing", e_max=0.6451, e_max_fp32=0.5370,
               status=f"published: {_TORCH_PERF}, three cloud T4s: fp16 41.93 of 65, fp32 4.35 of 8.1 TFLOPS")

@@ -55,7 +55,7 @@ from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, p2p_time_s
-from hetpart.costmodel.compute import unit_attention_core_s, unit_compute_s, unit_tp_comm_s
+from hetpart.costmodel.compute import DISPATCH_MODES, unit_attention_core_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
@@ -287,7 +287,8 @@ class Simulator:
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                  grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None,
-                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured", tp_comm: str = "ring") -> None:
+                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured", tp_comm: str = "ring",
+                 dispatch: str = "overlap") -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
         models an engine whose pipeline sends run beside compute; ``grad_bucket_params``: gradients per
@@ -303,7 +304,9 @@ class Simulator:
         (default: one ring on the group's slowest hop at its catalog latency per step), ``nccl`` (each call an
         all-reduce at NCCL's fastest algorithm and protocol, :func:`~hetpart.costmodel.collectives.allreduce_cost`)
         or ``nccl-sp`` (each call sequence parallelism's reduce-scatter plus all-gather of the same buffer, at
-        NCCL's fastest ring protocol); both tried and not adopted as the default (same section)."""
+        NCCL's fastest ring protocol); both tried and not adopted as the default (same section); ``dispatch``:
+        how a unit's host cost meets its device work (:data:`~hetpart.costmodel.compute.DISPATCH_MODES`):
+        ``overlap`` (default, measured on an H100: the longer of the two) or ``serial`` (their sum)."""
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
         self.profile = profile
@@ -322,6 +325,9 @@ class Simulator:
         if tp_comm not in TP_COMM:
             raise PlanError(f"tp_comm: unknown {tp_comm!r}; use {', '.join(TP_COMM)}")
         self.tp_comm = tp_comm
+        if dispatch not in DISPATCH_MODES:
+            raise PlanError(f"dispatch: unknown {dispatch!r}; use {', '.join(DISPATCH_MODES)}")
+        self.dispatch = dispatch
         self._tp_lines_of: dict[tuple[str, ...], tuple[tuple[float, float], ...]] = {}
         self._op_kernels = self.kernels if op_counts == "engine" else "torch"
         """The kernel set whose operator counts pay the per-operator host cost."""
@@ -385,7 +391,7 @@ class Simulator:
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
             fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention,
-                                      kernels=self._op_kernels)
+                                      kernels=self._op_kernels, dispatch=self.dispatch)
             tp_link = g.tp_link
             if self._profiled is not None:
                 fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
@@ -411,7 +417,7 @@ class Simulator:
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention,
-                                      kernels=self._op_kernels)
+                                      kernels=self._op_kernels, dispatch=self.dispatch)
                 if self._profiled is not None:  # measured units at this device's share of each
                     f, b = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f, b)
                 f, b = f / speed, b / speed
@@ -447,9 +453,11 @@ class Simulator:
         for g, devices in subs.items():
             for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
-                f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp, self._op_kernels)
+                f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp, self._op_kernels,
+                                      self.dispatch)
                 if self._profiled is not None:
-                    f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", kernels=self._op_kernels)
+                    f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused",
+                                            kernels=self._op_kernels, dispatch=self.dispatch)
                     mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
@@ -1409,7 +1417,8 @@ class Simulator:
                 + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}")
                 + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}")
                 + ("" if self.op_counts == "measured" else f"+op-counts:{self.op_counts}")
-                + ("" if self.tp_comm == "ring" else f"+tp-comm:{self.tp_comm}"))
+                + ("" if self.tp_comm == "ring" else f"+tp-comm:{self.tp_comm}")
+                + ("" if self.dispatch == "overlap" else f"+dispatch:{self.dispatch}"))
 
     def estimate_batch(self, plans) -> list[Estimate]:
         """:meth:`estimate` of each plan, in order (unit costs are cached across the batch)."""
@@ -1642,7 +1651,7 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
                         profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, op_counts: str = "measured",
-                        tp_comm: str = "ring", **unknown: Any) -> Simulator:
+                        tp_comm: str = "ring", dispatch: str = "overlap", **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 
     Raises:
@@ -1655,9 +1664,9 @@ def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
         profile = parse_profile(profile, "predictor option 'profile'")
     if unknown:
         raise PlanError(f"predictor 'simulator': unknown option(s) {', '.join(sorted(unknown))}; it takes "
-                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels, op_counts, tp_comm")
+                        "overlap_grad_reduce, overlap_p2p, curve_of, profile, kernels, op_counts, tp_comm, dispatch")
     return Simulator(model, cluster, curve_of, overlap_grad_reduce=overlap_grad_reduce, overlap_p2p=overlap_p2p,
-                     profile=profile, kernels=kernels, op_counts=op_counts, tp_comm=tp_comm)
+                     profile=profile, kernels=kernels, op_counts=op_counts, tp_comm=tp_comm, dispatch=dispatch)
 
 
 def _uneven(plan: Plan) -> bool:

@@ -150,7 +150,7 @@ def section():
         "6% and 2% above it, so a published curve may be a few % optimistic on large work. Only `e_max` is "
         "published: the fall-off for small products (`w0`, `t0`), the memory-bound kernels and the per-operator "
         "cost stay the nearest fitted generation's scaled by peak (no source gives small sizes), and precisions "
-        "without a figure keep the fraction they were assumed to have (Ada fp8 and MI300X TF32: 0.8081; "
+        "without a figure keep the fraction they were assumed to have (Ada fp8 and MI300X TF32: 0.8017; "
         "MI300X/MI250X plain fp32: Ampere's 0.8982), except the L4's fp8, taken at its bf16 fraction (the same power cap). Boards "
         "that accumulate fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach 0.51-0.65 of their "
         "datasheet peak; GeForce boards at the half rate (RTX 2080 Ti, RTX 4090) 0.83-1.0.\n\n"

@@ -94,11 +94,11 @@ def test_provenance_names_published_and_carried_over_curves():
 
 
 def test_a_published_figure_sits_near_the_fitted_plateau_where_both_exist():
-    # the convention e_max = published best-shape fraction: on A100 and H100 such a figure is 2-6% above
+    # the convention e_max = published best-shape fraction: on A100 and H100 such a figure is 2-7% above
     # the fitted e_max (docs/BENCHMARKS.md, "Matrix efficiency per architecture")
     for arch in ("ampere", "hopper"):
         rows = published_rows(arch, role="check")
-        assert len(rows) == 2 and all(1.0 < r.fraction / CURVES[arch].e_max < 1.07 for r in rows)
+        assert len(rows) == 2 and all(1.0 < r.fraction / CURVES[arch].e_max < 1.08 for r in rows)
 
 
 def test_a_gemm_set_is_a_flop_weighted_harmonic_mean():
