@@ -22,8 +22,10 @@ validation procedure refits (the Ampere curve by ``calibration.fit_a100_curve``,
 * ``engine+te-fwd`` -- as ``engine``, and the fused set's forward operators cost ``--te-fwd`` times more
   (Transformer Engine modules' host overhead, NVIDIA/TransformerEngine issue 2053: a TE ``Linear``
   forward takes 2.7x the host time of ``torch.nn.Linear``, 90.5 against 33.2 us on GH200); refit;
-* ``engine+overlap`` -- as ``engine``, with host time hidden behind GPU work (a unit takes the larger of
-  its host and device times, CUDA's asynchronous launch); refit.
+* ``serial`` -- the host's fixed cost added to the device's work (``dispatch="serial"``, the simulator before
+  2026-11-27; the shipped ``overlap``, the larger of the two, was measured on an H100: docs/BENCHMARKS.md
+  "Host dispatch against device work"); refit. (``engine+overlap``, tried before the measurement with the
+  launch-loop host cost of 11.2 us per operator, is the shipped structure now.)
 
     python -m hetpart.experiments.bench_host_ops              # the tables (about a minute)
     python -m hetpart.experiments.bench_host_ops --host-ratio # forward / backward host time per operator
@@ -39,7 +41,7 @@ from dataclasses import replace
 
 __all__ = ["variant", "run_variant", "host_ratio", "main"]
 
-VARIANTS = ("shipped", "refit", "tp-nccl", "tp-nccl-sp", "engine", "engine+torch-fwd", "engine+te-fwd", "engine+overlap")
+VARIANTS = ("shipped", "refit", "tp-nccl", "tp-nccl-sp", "engine", "engine+torch-fwd", "engine+te-fwd", "serial")
 TORCH_FWD = {"gpt2": 2.15, "llama": 1.5}
 """MEASURED (``--host-ratio``, this machine's CPU, 2026-11-25, two runs: 2.15/2.16 and 1.52/1.49): host
 seconds per counted forward operator of the runtime's block over those per backward operator."""
@@ -64,18 +66,8 @@ def variant(name: str, te_fwd: float = 2.7):
             f = f * te_fwd
         return f, b
 
-    def overlapped(model, gpu, tp, mb, precision, recompute, curve=None, attention="fused", cp=1, kernels="torch"):
-        from hetpart.costmodel.efficiency import curve_for
-
-        curve = curve or curve_for(gpu)
-        f, b = ucs(model, gpu, tp, mb, precision, recompute, curve, attention, cp, kernels)
-        f0, b0 = ucs(model, gpu, tp, mb, precision, recompute, replace(curve, host_us_per_op=0.0), attention, cp, kernels)
-        return np.maximum(f0, f - f0), np.maximum(b0, b - b0)
-
     try:
         compute.unit_ops = scaled_ops
-        if name == "engine+overlap":
-            compute.unit_compute_s = simulator.unit_compute_s = overlapped
         yield
     finally:
         compute.unit_ops, compute.unit_compute_s, simulator.unit_compute_s = ops, ucs, ucs
@@ -87,8 +79,8 @@ def run_variant(name: str, te_fwd: float = 2.7) -> dict:
     from hetpart.costmodel.efficiency import CURVES
     from hetpart.experiments.bench_validation import h100_run_rows, h100_unit_summary, load_published, predict_published
 
-    options = {"shipped": {}, "refit": {}, "tp-nccl": {"tp_comm": "nccl"},
-               "tp-nccl-sp": {"tp_comm": "nccl-sp"}}.get(name, {"op_counts": "engine"})
+    options = {"shipped": {}, "refit": {}, "tp-nccl": {"tp_comm": "nccl"}, "tp-nccl-sp": {"tp_comm": "nccl-sp"},
+               "serial": {"dispatch": "serial"}}.get(name, {"op_counts": "engine"})
     with variant(name, te_fwd):
         curves = dict(CURVES)
         if name != "shipped":

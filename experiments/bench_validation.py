@@ -166,7 +166,8 @@ def h100_run_rows(path: Path = DATA / "h100_runs.jsonl", options: dict | None = 
         cfg = record.model.run_config or {}
         setup = (f"H100-80GB x 1, h={cfg.get('hidden_size')} L={cfg.get('num_layers')}, seq {plan.seq_len}, "
                  f"batch {plan.global_batch}/mb {plan.micro_batch}, {plan.recompute}, {plan.precision}")
-        out.append(Result(f"h100-run-{line}", "heldout", "hetpart runtime on one H100 (2026-11-24)", setup,
+        when = record.environment.time_utc[:10] if record.environment else "date not recorded"
+        out.append(Result(f"h100-run-{line}", "heldout", f"hetpart runtime on one H100 ({when})", setup,
                           "step_time_s", record.measured.step_time_s, pred["metrics"]["step_time_s"]))
     return out
 

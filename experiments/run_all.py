@@ -112,6 +112,12 @@ def _context_parallel() -> Section:
     return section()
 
 
+def _host_overlap() -> Section:
+    from hetpart.experiments.bench_host_overlap import section
+
+    return section()
+
+
 def _arch_efficiency() -> Section:
     from hetpart.experiments.bench_arch_curves import section
 
@@ -135,6 +141,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "memory-validation": _memory_validation,
     "context-parallel": _context_parallel,
     "arch-efficiency": _arch_efficiency,
+    "host-overlap": _host_overlap,
 }
 """Key -> function that runs the benchmark and returns its section."""
 
