@@ -60,11 +60,11 @@ def test_corrected_predictor_fits_records_and_round_trips_through_a_file(tmp_pat
     assert a == pytest.approx(b) and c > 0
 
 
-@pytest.mark.xfail(reason="issue-9 compute model: the simulator itself now predicts these 10 H100 runs at 24% mean "
-                   "error (was 63%, always too fast), the leave-one-out correction at 28%; the correction's owner to "
-                   "re-examine what it should learn on top", strict=False)
+@pytest.mark.xfail(reason="issue-9 compute model with host dispatch overlapped (2026-11-27): the simulator itself "
+                   "predicts these 11 H100 runs at 9.2% mean error (24% before, 63% at first), the leave-one-out "
+                   "correction at 10.5%: on so few runs it has too little left to learn", strict=False)
 def test_corrected_model_beats_the_simulator_on_held_out_real_h100_runs():
-    """Leave-one-out over the 10 real H100 runs: each predicted by a correction fitted on the other 9."""
+    """Leave-one-out over the real H100 runs: each predicted by a correction fitted on the others."""
     from hetpart.costmodel.learned.corrected import fit_correction, records_training_set
     from hetpart.records import load_records
 
