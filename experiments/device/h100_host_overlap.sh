@@ -16,7 +16,7 @@ printf 'name: one-h100\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: H100-80GB,
 for H in ${RUN_WIDTHS:-1536 2048}; do
   for MB in 1 4; do
     printf '{"global_batch": 16, "micro_batch": %d, "seq_len": 512, "schedule": "1f1b", "recompute": "none", "precision": "fp32", "replicas": [{"batch_share": 1.0, "stages": [{"layers": [0, 14], "devices": ["0/0/0"], "tp": 1}]}]}\n' $MB > "$OUT/p.json"
-    timeout 120 "${HP[@]}" run "$OUT/p.json" --model gpt2-small --cluster "$OUT/c.yaml" --hidden-size $H --no-emulation \
+    timeout ${RUN_TIMEOUT:-300} "${HP[@]}" run "$OUT/p.json" --model gpt2-small --cluster "$OUT/c.yaml" --hidden-size $H --no-emulation \
       --steps 6 --warmup 2 --log-every 0 --out "$OUT/h100_runs_new.jsonl" > "$OUT/run_${H}_${MB}.log" 2>&1
     echo "run h=$H mb=$MB rc $?"; tail -n 3 "$OUT/run_${H}_${MB}.log"
   done
