@@ -362,7 +362,7 @@ def section():
         "Per chain (embedding, 12 blocks, head and loss; one micro-batch forward + backward):\n\n" + "\n".join(per)
         + "\n\n**Head widths (bf16, 4,096 tokens x hidden 1,024 onto N columns), CUDA events per call, median of "
         "20.** A tensor-parallel rank's share of GPT-2's vocabulary (50,257 / 4 = 12,565, or 5/16 of it = 15,705) "
-        "is as unaligned as the whole; padded to a multiple of 8 it runs 5-6x faster:\n\n" + "\n".join(heads)
+        "is as unaligned as the whole; padded to a multiple of 8 it runs 5-7x faster:\n\n" + "\n".join(heads)
         + "\n\n**One rank's share of a gpt2-medium block (hidden 1,024, seq 1,024, bf16; Megatron's column / row "
         "split without the all-reduce), CUDA events per call, median of 20.** Every share from 3 of 16 heads to the "
         "whole block takes 1.3-2.3 ms at micro-batches 1 and 4: on an H100 this work is host-bound, so an uneven "
