@@ -145,7 +145,8 @@ GENERATORS: dict[str, Callable[[], Section]] = {
 }
 """Key -> function that runs the benchmark and returns its section."""
 
-DEFAULT = ("simulator-calibration", "simulator-validation", "planners", "simulator-speed", "engine", "scaling")
+DEFAULT = ("simulator-calibration", "simulator-validation", "host-overlap", "planners", "simulator-speed", "engine",
+           "scaling")
 """What ``make bench`` reruns when no section is named: every generated section but the runtime and
 ``uneven-tp`` (real multi-process runs: ``make bench BENCH=uneven-tp``, about 15 minutes); about 30 minutes
 on the shared 2-core development machine, most of it the scaling study's 4,096-GPU search."""
