@@ -206,8 +206,8 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
 
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
                    recompute: str, curve: EfficiencyCurve | None = None,
-                   attention: str = "fused", cp: int = 1, kernels: str = "torch", dispatch: str = "overlap"
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   attention: str = "fused", cp: int = 1, kernels: str = "torch", dispatch: str = "overlap",
+                   speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
@@ -221,7 +221,8 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     the measured counts, unless the simulator is asked for the engine's own with ``op_counts="engine"``).
     ``dispatch``: how the host's fixed cost meets the device's work (:data:`DISPATCH_MODES`): ``overlap``
     (eager CUDA launches are asynchronous: a unit takes the longer of its host and device times) or
-    ``serial`` (their sum, the simulator before 2026-11-27).
+    ``serial`` (their sum, the simulator before 2026-11-27). ``speed``: the device's speed factor (``slow:`` in
+    the cluster file): its device work takes ``1 / speed`` as long; the host's dispatch does not slow with it.
     """
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch: unknown {dispatch!r}; use one of {', '.join(DISPATCH_MODES)}")
@@ -248,8 +249,8 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         host_f, host_b = fwd_factor * host_f, total_factor * (host_f + host_b) - fwd_factor * host_f
     elif recompute == "full":  # the engine's recomputed forward: its operators once more
         host_b = host_b + host_f
-    device_f = u["fwd"] * work / rate + memory
-    device_b = u["bwd"] * work / rate + 2 * memory + extra
+    device_f = (u["fwd"] * work / rate + memory) / speed
+    device_b = (u["bwd"] * work / rate + 2 * memory + extra) / speed
     if dispatch == "overlap":  # the host enqueues while the device runs: the longer of the two
         return np.maximum(device_f, host_f), np.maximum(device_b, host_b)
     return device_f + host_f, device_b + host_b

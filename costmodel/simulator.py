@@ -417,10 +417,14 @@ class Simulator:
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention,
-                                      kernels=self._op_kernels, dispatch=self.dispatch)
-                if self._profiled is not None:  # measured units at this device's share of each
-                    f, b = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f, b)
-                f, b = f / speed, b / speed
+                                      kernels=self._op_kernels, dispatch=self.dispatch, speed=speed)
+                if self._profiled is not None:  # measured units at this device's share of each, slowed by its
+                    # speed factor as much as the analytic terms say it slows that unit (device work, not host)
+                    f1, b1 = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve,
+                                            attention, kernels=self._op_kernels, dispatch=self.dispatch)
+                    mf, mb1 = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f1, b1)
+                    f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
+                    b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
             tp_link = g.tp_link
             if self._profiled is not None and tp > 1 and devices:  # the measured all-reduce hops, as for alike groups
@@ -454,7 +458,7 @@ class Simulator:
             for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp, self._op_kernels,
-                                      self.dispatch)
+                                      self.dispatch, speed)
                 if self._profiled is not None:
                     f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused",
                                             kernels=self._op_kernels, dispatch=self.dispatch)
@@ -462,7 +466,7 @@ class Simulator:
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
                 cf, cb = unit_attention_core_s(model, gpu, tp, mb, precision, curve, cp)
-                f, b, cf, cb = f / speed, b / speed, cf / speed, cb / speed
+                cf, cb = cf / speed, cb / speed  # f, b: the speed factor slowed their device work above
                 if fwd is None:
                     fwd, bwd, core_f, core_b = f, b, cf, cb
                 else:

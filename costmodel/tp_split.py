@@ -238,16 +238,16 @@ class _BlockTimes:
             from hetpart.costmodel.compute import unit_compute_s
 
             gpu, speed, curve = self.devices[i]
-            f, b = unit_compute_s(self.model, gpu, 1.0 / self.share(heads, ffn), *self.args, curve)
-            self._cache[key] = float((f + b)[self.span][self.blocks].sum()) / speed
+            f, b = unit_compute_s(self.model, gpu, 1.0 / self.share(heads, ffn), *self.args, curve, speed=speed)
+            self._cache[key] = float((f + b)[self.span][self.blocks].sum())
         return self._cache[key]
 
 
 def _polish(times: _BlockTimes, heads: list[int], ffn: list[int], units: tuple[int, int], mem,
             max_moves: int = 64) -> tuple[list[int], list[int]]:
     """The rounded split improved under the simulator's own per-device prices. The LP's rates are linear
-    in each share around one width, leave per-operator host time unslowed by a speed factor (the simulator
-    divides a device's whole unit time by it), and rounding heads first leaves the columns to make up; on
+    in each share around one width (the simulator takes the longer of device work and host dispatch, and slows
+    only the device work by a speed factor), and rounding heads first leaves the columns to make up; on
     the throttled A100 of the acceptance scenario the slow device came out 4% behind the others
     (1.94 s against 1.86 s of blocks per micro-batch at 2,112 of 13,824 columns; 1.85 s against 1.87 s
     after 192 columns moved). Moves of whole units (8, 4, 2 and 1 of them) from the slowest device to

@@ -145,8 +145,7 @@ class ClosedContext:
                 f = b = None
                 for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                     fi, bi = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, self.precision, recompute, None,
-                                            attention)
-                    fi, bi = fi / speed, bi / speed
+                                            attention, speed=speed)
                     f, b = (fi, bi) if f is None else (np.maximum(f, fi), np.maximum(b, bi))
             tf, tb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
             hit = self._units[key] = np.stack([f + tf, b + tb, tf + tb])
