@@ -226,7 +226,7 @@ def test_search_gives_a_throttled_device_less_work_on_unseen_models() -> None:
     node = {"count": 1, "gpus_per_node": 8, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"}
     slow = parse_cluster({"name": "s", "nodes": [node], "slow": {"0/0/3": 0.6}})
     work = Workload(64, 2048)
-    # gpt3-2.7b: 60,939 against 56,573 tokens/s (2026-11-27, host dispatch overlapped; on gpt3-13b, 6.7b and
+    # gpt3-2.7b: 60,941 against 58,579 tokens/s (2026-11-27, host dispatch overlapped; on gpt3-13b, 6.7b and
     # llama2-7b/13b the search without the view now finds the same plans)
     model = load_model("gpt3-2.7b", seq_len=2048)
     typed = plan_search(model, slow, work)
