@@ -262,7 +262,8 @@ runtime's ``UnitModel.set_recompute("full")``), as ``(forward factor, forward + 
 unit without it. The runtime's GPT-2 block at one token (host time only, this project's CPU, one thread,
 median of 250 calls, 2026-11-27): forward 0.48 -> 0.82 ms, forward + backward 1.23 -> 2.74 ms (x1.72, x2.31);
 its Llama block x1.76, x2.23. On the H100 the runtime's host-bound runs agree: hidden 768, micro-batch 1, full
-recompute against none 1.027 / 0.450 s = x2.28 (``experiments/data/h100_runs.jsonl`` rows 5 and 6). The
+recompute against none 1.027 / 0.450 s = x2.28 (``experiments/data/h100_runs.jsonl`` rows 5 and 6: held-out
+validation rows, a check of the factor, not its source). The
 checkpoint's saved-tensor hooks, recomputation frames and RNG state handling cost more host time than the
 recomputed forward's operators alone (x1.22 by operator count). Kernel set ``torch`` only: an engine's own
 recomputation (kernel set ``fused``) pays its forward's operators once more."""
