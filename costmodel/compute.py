@@ -36,7 +36,8 @@ from hetpart.costmodel.activations import check_kernels
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
+           "RECOMPUTE_HOST", "SELECTIVE_SCOPES", "sublayer_recompute_flops", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
            "saved_act_mode"]
 
 OPS_PER_UNIT: dict[str, tuple[int, int]] = {
@@ -207,7 +208,7 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
 def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
                    recompute: str, curve: EfficiencyCurve | None = None,
                    attention: str = "fused", cp: int = 1, kernels: str = "torch", dispatch: str = "overlap",
-                   speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                   speed: float = 1.0, selective: str = "core") -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: compute seconds of each unit for one micro-batch on one device.
 
     The backward includes the recomputation of ``recompute`` (``none``, ``selective`` or ``full``).
@@ -223,15 +224,26 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     (eager CUDA launches are asynchronous: a unit takes the longer of its host and device times) or
     ``serial`` (their sum, the simulator before 2026-11-27). ``speed``: the device's speed factor (``slow:`` in
     the cluster file): its device work takes ``1 / speed`` as long; the host's dispatch does not slow with it.
+    ``selective``: what selective recomputation re-runs (:data:`SELECTIVE_SCOPES`): ``core``, the attention core
+    (Korthikanti et al. 2022; Megatron-LM), or ``sublayer``, the whole attention sublayer, its projections
+    included (hetpart's runtime, ``UnitModel.set_recompute``; :func:`sublayer_recompute_flops`).
     """
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch: unknown {dispatch!r}; use one of {', '.join(DISPATCH_MODES)}")
+    if selective not in SELECTIVE_SCOPES:
+        raise ValueError(f"selective: unknown {selective!r}; use one of {', '.join(SELECTIVE_SCOPES)}")
     u = _unit_arrays(model, recompute, attention)
+    sublayer = recompute == "selective" and selective == "sublayer"
+    if sublayer:  # the projections (and, under fused attention, the core's forward) run again as well
+        more, rewritten = sublayer_recompute_flops(model, attention)
+        u = dict(u, bwd=u["bwd"] + more)
     rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u)
     work = micro_batch if cp == 1 else micro_batch / cp  # sequences' worth of tokens on this device
     memory = curve.act_traffic * u["none"] * work / shard / (gpu.hbm_gbyte_s * 1e9)
     if recompute == "full":
         extra = memory
+    elif sublayer:
+        extra = memory * rewritten
     elif recompute == "selective":
         share = np.divide(u["selective"], u["none"], out=np.ones_like(memory), where=u["none"] > 0)
         extra = memory * (1.0 - share)
@@ -244,9 +256,12 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         ops_bwd = ops_bwd + blocks * (cp - 1) * CP_OPS_PER_STEP[1]
     host = curve.host_us_per_op * 1e-6
     host_f, host_b = host * ops_fwd, host * ops_bwd
-    if recompute == "full" and kernels == "torch":  # torch.utils.checkpoint's own host cost (measured)
-        fwd_factor, total_factor = CHECKPOINT_HOST
-        host_f, host_b = fwd_factor * host_f, total_factor * (host_f + host_b) - fwd_factor * host_f
+    if recompute in RECOMPUTE_HOST and kernels == "torch":  # torch.utils.checkpoint's own host cost (measured)
+        fwd_factor, total_factor = RECOMPUTE_HOST[recompute]
+        # only units with attention recompute anything (UnitModel.set_recompute): blocks
+        blocks = np.array([un.kind == "block" for un in model.units])
+        host_f, host_b = (np.where(blocks, fwd_factor * host_f, host_f),
+                          np.where(blocks, total_factor * (host_f + host_b) - fwd_factor * host_f, host_b))
     elif recompute == "full":  # the engine's recomputed forward: its operators once more
         host_b = host_b + host_f
     device_f = (u["fwd"] * work / rate + memory) / speed
@@ -256,17 +271,63 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     return device_f + host_f, device_b + host_b
 
 
-CHECKPOINT_HOST = (1.74, 2.3)
-"""MEASURED: host time of a unit under full recomputation with ``torch.utils.checkpoint`` (non-reentrant, the
-runtime's ``UnitModel.set_recompute("full")``), as ``(forward factor, forward + backward factor)`` over the same
-unit without it. The runtime's GPT-2 block at one token (host time only, this project's CPU, one thread,
-median of 250 calls, 2026-11-27): forward 0.48 -> 0.82 ms, forward + backward 1.23 -> 2.74 ms (x1.72, x2.31);
-its Llama block x1.76, x2.23. On the H100 the runtime's host-bound runs agree: hidden 768, micro-batch 1, full
-recompute against none 1.027 / 0.450 s = x2.28 (``experiments/data/h100_runs.jsonl`` rows 5 and 6: held-out
-validation rows, a check of the factor, not its source). The
-checkpoint's saved-tensor hooks, recomputation frames and RNG state handling cost more host time than the
-recomputed forward's operators alone (x1.22 by operator count). Kernel set ``torch`` only: an engine's own
-recomputation (kernel set ``fused``) pays its forward's operators once more."""
+RECOMPUTE_HOST: dict[str, tuple[float, float]] = {"full": (1.60, 2.0), "selective": (1.41, 1.62)}
+"""MEASURED: host time of a block under recomputation with ``torch.utils.checkpoint`` (non-reentrant; the
+runtime's ``UnitModel.set_recompute``: ``full`` checkpoints the whole block, ``selective`` its attention
+sublayer), as ``(forward factor, forward + backward factor)`` over the same block without it; units without
+attention recompute nothing. ``python -m hetpart.experiments.bench_host_ops --recompute-host``
+(``experiments/data/recompute_host.json``): the runtime's first block at one token (host time only), this
+project's CPU, one thread, the three modes measured in turn, 5 rounds of 200 calls, the median of the round
+medians; the mean of the GPT-2 and Llama blocks (2026-11-27 17:25 UTC): ``full`` forward x1.60 / x1.60,
+forward + backward x1.96 / x2.05; ``selective`` x1.41 / x1.40 and x1.61 / x1.62. Two more runs within 0.05
+of these (full x1.98-2.04, selective x1.59-1.68). The checkpoint's saved-tensor hooks, recomputation frames and
+RNG state handling cost more host time than the recomputed operators alone (x1.22 by operator count under
+``full``). An earlier, unscripted measurement (2026-11-27, separate calls per mode) gave x2.31 / x2.23 for
+``full``; it is not reproduced by the script and is no longer used: with it (and on every unit, the embedding and
+head included) the H100's held-out runtime runs with full recompute (``experiments/data/h100_runs.jsonl`` rows 6
+and 8, hidden 768, micro-batch 1 and 4) came out +16.4% and +12.5% too slow; with these factors on blocks only,
+-0.1% and -2.2% (held-out validation rows: a check, not a source). Operator counts of the ``torch`` set only: an engine's own
+recomputation (kernel set ``fused`` with ``op_counts="engine"``) pays its forward's operators once more."""
+
+CHECKPOINT_HOST = RECOMPUTE_HOST["full"]
+""":data:`RECOMPUTE_HOST` under full recomputation (the name earlier code and tests use)."""
+
+SELECTIVE_SCOPES = ("core", "sublayer")
+"""What selective recomputation re-runs in the backward: ``core``, the attention core (``Q K^T``, softmax,
+the product with ``V``: Korthikanti et al. 2022, Megatron-LM's ``--recompute-granularity selective``), or
+``sublayer``, the whole attention sublayer, projections included (hetpart's runtime checkpoints the
+attention module: ``UnitModel.set_recompute``). MEASURED on this CPU (one thread, the runtime's first block,
+one sequence of 256 tokens, forward + backward, selective over none, median of 5): GPT-2 at width 768 x1.088
+and a Llama block at width 512 x1.137, against the sublayer's FLOPs x1.123 and x1.128 (the core alone: x1.02
+and x1.03); ``bench_host_ops --recompute-host`` measures the host side, the
+``tests/test_host_ops.py`` sublayer test the device side's arithmetic."""
+
+
+def sublayer_recompute_flops(model: ModelGraph, attention: str = "fused") -> tuple[np.ndarray, np.ndarray]:
+    """``(flops[units], traffic_share[units])`` that recomputing the whole attention sublayer adds over
+    :func:`_recomputed_flops` under selective recomputation (:data:`SELECTIVE_SCOPES` ``sublayer``): per
+    sequence, the q, k, v and output projections' forward, ``2 s h (2 h + 2 kv)``, and under fused attention
+    the core's forward once more (``4 s^2 h``; its backward's own recomputation of the scores is already
+    counted); and the share of the block's saved activations the recomputed sublayer writes again (its
+    q, k, v, output and input: ``(3 h + 2 kv) / (the block's)`` per token, the graph's accounting). 0 for units
+    without attention and for graphs without a transformer config."""
+    cfg = getattr(model, "config", None)
+    n = len(model.units)
+    if cfg is None or not hasattr(cfg, "kv_dim"):
+        return np.zeros(n), np.zeros(n)
+    s, h, kv = model.seq_len, cfg.hidden_size, cfg.kv_dim
+    flops = np.zeros(n)
+    share = np.zeros(n)
+    full = saved_act_mode("none", attention)
+    for i, un in enumerate(model.units):
+        if un.kind != "block":
+            continue
+        flops[i] = 2 * s * h * (2 * h + 2 * kv) + (un.recompute_flops["selective"] if attention == "fused" else 0.0)
+        p = model.units[i].out_act_bytes / (s * h) if s * h else 0.0
+        if un.act_bytes[full] > 0:
+            share[i] = min(1.0, p * s * (3 * h + 2 * kv) / un.act_bytes[full])
+    return flops, share
+
 
 DISPATCH_MODES = ("overlap", "serial")
 """How a unit's host dispatch and its device work combine. MEASURED (``experiments/data/h100_host_overlap.json``,
@@ -296,7 +357,8 @@ def unit_attention_core_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch:
 
 
 def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str, bandwidth_gbyte_s: float,
-                   latency_us: float, lines: tuple[tuple[float, float], ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+                   latency_us: float, lines: tuple[tuple[float, float], ...] = (),
+                   selective: str = "core") -> tuple[np.ndarray, np.ndarray]:
     """``(fwd_s[units], bwd_s[units])``: tensor-parallel all-reduce seconds per unit and micro-batch.
 
     Args:
@@ -304,6 +366,8 @@ def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str,
         lines: candidate ``(fixed_s, per_byte_s)`` lines of one call among the group (NCCL's,
             :func:`~hetpart.costmodel.collectives.allreduce_cost`; ``Simulator(tp_comm=...)``): each call
             takes the fastest for its bytes; without them, one ring on ``bandwidth_gbyte_s`` and ``latency_us``.
+        selective: :data:`SELECTIVE_SCOPES`; a recomputed attention sublayer (``sublayer``) runs its output
+            projection's all-reduce again in the backward (one of a block's two forward calls).
     """
     if tp <= 1:
         return np.zeros(model.num_units), np.zeros(model.num_units)
@@ -313,13 +377,25 @@ def unit_tp_comm_s(model: ModelGraph, tp: int, micro_batch: int, recompute: str,
         per_call = u["tp_bytes"] * micro_batch / calls
         best = np.min([fixed + per_byte * per_call for fixed, per_byte in lines], axis=0)
         one = np.where(u["shardable"] & (u["tp_bytes"] > 0), calls * best, 0.0)
-        return one, one * (2 if recompute == "full" else 1)
+        return one, one * _tp_backward_factor(model, recompute, selective, u)
     steps = 2 * (tp - 1)
     # each of ``calls`` all-reduces moves ``bytes / calls``: a ring all-reduce per call (ring_allreduce_time_s)
     one = np.where(u["shardable"] & (u["tp_bytes"] > 0),
                    u["calls"] * steps * latency_us * 1e-6
                    + steps / tp * u["tp_bytes"] * micro_batch / (bandwidth_gbyte_s * 1e9), 0.0)
-    return one, one * (2 if recompute == "full" else 1)
+    return one, one * _tp_backward_factor(model, recompute, selective, u)
+
+
+def _tp_backward_factor(model: ModelGraph, recompute: str, selective: str, u: dict) -> "float | np.ndarray":
+    """The backward's tensor-parallel calls over the forward's, per unit: the same, twice under full
+    recomputation, and for blocks ``1 + 1 / calls`` when selective recomputation re-runs the attention
+    sublayer (its output projection's all-reduce)."""
+    if recompute == "full":
+        return 2.0
+    if recompute == "selective" and selective == "sublayer":
+        blocks = np.array([un.kind == "block" for un in model.units])
+        return np.where(blocks, 1.0 + 1.0 / np.maximum(u["calls"], 1.0), 1.0)
+    return 1.0
 
 
 def stage_compute_s(model: ModelGraph, first: int, last: int, gpu: GPUSpec, tp: int, micro_batch: int,

@@ -330,6 +330,8 @@ class Simulator:
         self.dispatch = dispatch
         self._tp_lines_of: dict[tuple[str, ...], tuple[tuple[float, float], ...]] = {}
         self._op_kernels = self.kernels if op_counts == "engine" else "torch"
+        # what selective recomputation re-runs: the runtime checkpoints the attention sublayer, Megatron its core
+        self._selective = "sublayer" if self.kernels == "torch" else "core"
         """The kernel set whose operator counts pay the per-operator host cost."""
         self._tables = PrefixTables(model, kernels)
         self._out_bytes = [u.out_act_bytes for u in model.units]
@@ -391,12 +393,12 @@ class Simulator:
         if hit is None:
             curve = self._curve_of(g.gpu) if self._curve_of else None
             fwd, bwd = unit_compute_s(self.model, g.gpu, tp, mb, precision, recompute, curve, attention,
-                                      kernels=self._op_kernels, dispatch=self.dispatch)
+                                      kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
             tp_link = g.tp_link
             if self._profiled is not None:
                 fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link if tp > 1 else tp_link
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines)
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines, self._selective)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
             self._units[key] = hit
@@ -417,11 +419,12 @@ class Simulator:
             for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve, attention,
-                                      kernels=self._op_kernels, dispatch=self.dispatch, speed=speed)
+                                      kernels=self._op_kernels, dispatch=self.dispatch, speed=speed,
+                                      selective=self._selective)
                 if self._profiled is not None:  # measured units at this device's share of each, slowed by its
                     # speed factor as much as the analytic terms say it slows that unit (device work, not host)
                     f1, b1 = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve,
-                                            attention, kernels=self._op_kernels, dispatch=self.dispatch)
+                                            attention, kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
                     mf, mb1 = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f1, b1)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
@@ -429,7 +432,7 @@ class Simulator:
             tp_link = g.tp_link
             if self._profiled is not None and tp > 1 and devices:  # the measured all-reduce hops, as for alike groups
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link
-            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines)
+            tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines, self._selective)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
             hit = self._units[key] = _UnitPrefix(*(a.tolist() for a in arrays), arrays[1], arrays[3])
         return hit
@@ -458,10 +461,10 @@ class Simulator:
             for gpu, speed in dict.fromkeys(zip(g.gpus, g.speeds)):
                 curve = self._curve_of(gpu) if self._curve_of else None
                 f, b = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused", cp, self._op_kernels,
-                                      self.dispatch, speed)
+                                      self.dispatch, speed, self._selective)
                 if self._profiled is not None:
                     f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused",
-                                            kernels=self._op_kernels, dispatch=self.dispatch)
+                                            kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
                     mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
@@ -478,10 +481,10 @@ class Simulator:
             bandwidth, latency = min(bandwidth, tp_link[0]), max(latency, tp_link[1])
             lines = self._tp_lines(devices) if tp > 1 else ()
             if lines:  # each of the cp groups runs its own collectives on 1/cp of the tokens: the slowest paces
-                gf, gb = unit_tp_comm_s(model, tp, mb / cp, recompute, *tp_link, lines)
+                gf, gb = unit_tp_comm_s(model, tp, mb / cp, recompute, *tp_link, lines, self._selective)
                 tpf, tpb = (gf, gb) if tpf is None else (np.maximum(tpf, gf), np.maximum(tpb, gb))
         if tpf is None:
-            tpf, tpb = unit_tp_comm_s(model, tp, mb / cp, recompute, bandwidth, latency)
+            tpf, tpb = unit_tp_comm_s(model, tp, mb / cp, recompute, bandwidth, latency, (), self._selective)
         kv = kv_bytes_per_step(model, tp, cp, mb)
         xf, xb, link = ring_exposed_s(core_f, core_b, ring_step_s(kv, links), ring_step_s(2 * kv, links), cp,
                                       overlap, recompute == "full")

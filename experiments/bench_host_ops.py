@@ -29,17 +29,21 @@ validation procedure refits (the Ampere curve by ``calibration.fit_a100_curve``,
 
     python -m hetpart.experiments.bench_host_ops              # the tables (about a minute)
     python -m hetpart.experiments.bench_host_ops --host-ratio # forward / backward host time per operator
+    python -m hetpart.experiments.bench_host_ops --recompute-host  # host cost of recomputation (writes
+                                                                   # experiments/data/recompute_host.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
-__all__ = ["variant", "run_variant", "host_ratio", "main"]
+__all__ = ["variant", "run_variant", "host_ratio", "recompute_host", "RECOMPUTE_HOST_DATA", "main"]
 
 VARIANTS = ("shipped", "refit", "tp-nccl", "tp-nccl-sp", "engine", "engine+torch-fwd", "engine+te-fwd", "serial")
 TORCH_FWD = {"gpt2": 2.15, "llama": 1.5}
@@ -175,9 +179,74 @@ def host_ratio(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeats: i
     return out
 
 
+RECOMPUTE_HOST_DATA = Path(__file__).resolve().parent / "data" / "recompute_host.json"
+"""Where ``--recompute-host`` writes its measurement (the source of ``compute.RECOMPUTE_HOST``)."""
+
+
+def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeats: int = 200,
+                   rounds: int = 5) -> dict:
+    """Host seconds of the runtime's first block under each recompute mode (``UnitModel.set_recompute``:
+    ``selective`` checkpoints the attention sublayer, ``full`` the whole block, both with
+    ``torch.utils.checkpoint``, non-reentrant), with next to no work (one token, width 256, the CPU, one
+    thread): forward, and forward + backward. The modes are measured in turn, ``rounds`` times each
+    (``repeats`` calls after 5 warm-up calls per round), so that a drift of the machine's load falls on
+    every mode alike; per mode the median of the round medians. Returns the raw times and, per model,
+    the factors over ``none``."""
+    import platform
+
+    import torch
+
+    from hetpart.runtime.models import build_units, runnable_spec
+
+    torch.set_num_threads(1)
+    modes = ("none", "selective", "full")
+    out: dict = {"meta": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                          "python": platform.python_version(), "threads": 1, "tokens": 1, "scale": 256,
+                          "repeats": repeats, "rounds": rounds,
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "method": "perf_counter around the block's forward, and forward + backward of y.float().sum(); "
+                                    "medians per round, the median of the rounds"},
+                 "models": {}}
+    for name in models:
+        spec = runnable_spec(name, scale=256)
+        units = {}
+        for mode in modes:
+            emb, block = build_units(spec, [0, 1])
+            block.set_recompute(mode)
+            h = emb(torch.randint(0, 100, (1, 1)))
+            units[mode] = (block, (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True))
+        rows = {m: {"fwd_ms": [], "total_ms": []} for m in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                block, h = units[mode]
+                fwd, tot = [], []
+                for i in range(repeats + 5):
+                    t0 = time.perf_counter()
+                    y = block(h)
+                    t1 = time.perf_counter()
+                    (y[0] if isinstance(y, tuple) else y).float().sum().backward()
+                    t2 = time.perf_counter()
+                    if i >= 5:
+                        fwd.append(t1 - t0)
+                        tot.append(t2 - t0)
+                rows[mode]["fwd_ms"].append(statistics.median(fwd) * 1e3)
+                rows[mode]["total_ms"].append(statistics.median(tot) * 1e3)
+        med = {m: (statistics.median(r["fwd_ms"]), statistics.median(r["total_ms"])) for m, r in rows.items()}
+        out["models"][name] = {
+            "family": spec.config.family, "rounds": rows,
+            "median_ms": {m: {"fwd": f, "total": t} for m, (f, t) in med.items()},
+            "factors": {m: {"fwd": med[m][0] / med["none"][0], "total": med[m][1] / med["none"][1]}
+                        for m in ("selective", "full")}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host-ratio", action="store_true", help="measure the runtime's forward/backward host cost per operator")
+    ap.add_argument("--recompute-host", action="store_true",
+                    help="measure the host cost of recomputation on the runtime's blocks (writes --out)")
+    ap.add_argument("--out", type=Path, default=None, help="--recompute-host: where to write (default "
+                    "experiments/data/recompute_host.json)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     ap.add_argument("--te-fwd", type=float, default=2.7, help="engine+te-fwd: TE forward operators' host cost factor")
     args = ap.parse_args(argv)
@@ -185,6 +254,18 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in host_ratio().items():
             print(f"{name}: block forward {r['fwd_us']:.0f} us, backward {r['bwd_us']:.0f} us; per counted operator "
                   f"{r['fwd_us_per_op']:.1f} / {r['bwd_us_per_op']:.1f} us; forward / backward {r['ratio']:.2f}")
+        return 0
+    if args.recompute_host:
+        data = recompute_host()
+        out = args.out or RECOMPUTE_HOST_DATA
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        for name, r in data["models"].items():
+            m, f = r["median_ms"], r["factors"]
+            print(f"{name}: forward / forward + backward, ms: none {m['none']['fwd']:.3f} / {m['none']['total']:.3f}, "
+                  f"selective {m['selective']['fwd']:.3f} / {m['selective']['total']:.3f} "
+                  f"(x{f['selective']['fwd']:.2f} / x{f['selective']['total']:.2f}), full {m['full']['fwd']:.3f} / "
+                  f"{m['full']['total']:.3f} (x{f['full']['fwd']:.2f} / x{f['full']['total']:.2f})")
+        print(f"wrote {out}")
         return 0
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(VARIANTS))

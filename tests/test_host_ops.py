@@ -64,8 +64,10 @@ def test_host_cost_follows_the_kernel_set_it_is_asked_for():
         f0, b0 = unit_compute_s(model, H100, 1, 2, "bf16", "full", free, kernels=kernels)
         of, ob = unit_ops(model, kernels)
         hf, hb = of * us, (ob + of) * us  # full recompute: the engine runs its forward's operators again
-        if kernels == "torch":  # torch.utils.checkpoint's measured host cost (compute.CHECKPOINT_HOST)
-            hf, hb = CHECKPOINT_HOST[0] * of * us, (CHECKPOINT_HOST[1] * (of + ob) - CHECKPOINT_HOST[0] * of) * us
+        if kernels == "torch":  # torch.utils.checkpoint's measured host cost (compute.CHECKPOINT_HOST), blocks only
+            blocks = np.array([u.kind == "block" for u in model.units])
+            hf = np.where(blocks, CHECKPOINT_HOST[0] * of * us, of * us)
+            hb = np.where(blocks, (CHECKPOINT_HOST[1] * (of + ob) - CHECKPOINT_HOST[0] * of) * us, ob * us)
         assert np.allclose(f - f0, hf) and np.allclose(b - b0, hb)
         lf, lb = unit_compute_s(model, H100, 1, 2, "bf16", "full", kernels=kernels)  # overlapped (default)
         assert np.allclose(lf, np.maximum(f0, hf)) and np.allclose(lb, np.maximum(b0, hb))
@@ -78,7 +80,7 @@ def _one_h100():
 
 def test_the_simulator_charges_the_measured_counts_unless_asked_for_the_engines():
     model, cluster = _model("gpt2"), _one_h100()
-    plan = megatron_plan(model, cluster, Workload(4, 256), 1, 1, 1, 1)
+    plan = megatron_plan(model, cluster, Workload(4, 256), 1, 1, 1, 1, recompute="none")
     step = {(k, c): Simulator(model, cluster, kernels=k, op_counts=c).simulate(plan, validate=False).step_time_s
             for k in ("fused", "torch") for c in ("measured", "engine")}
     assert step[("fused", "measured")] == step[("torch", "measured")] == step[("torch", "engine")]
@@ -115,3 +117,60 @@ def test_tensor_parallel_collectives_can_be_priced_by_nccls_lines():
     assert "+tp-comm:nccl-sp" in sims["nccl-sp"].version and "tp-comm" not in sims["ring"].version
     with pytest.raises(PlanError, match="tp_comm"):
         get_predictor("simulator", model, cluster, Workload(4, 256), tp_comm="tree")
+
+
+def test_recompute_host_factors_are_the_scripted_measurement():
+    """compute.RECOMPUTE_HOST carries ``bench_host_ops --recompute-host``'s file: the mean of its blocks, to 0.02."""
+    import json
+    from pathlib import Path
+
+    from hetpart.costmodel.compute import RECOMPUTE_HOST
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "experiments" / "data" / "recompute_host.json").read_text())
+    for mode, (fwd, total) in RECOMPUTE_HOST.items():
+        rows = [m["factors"][mode] for m in data["models"].values()]
+        assert fwd == pytest.approx(np.mean([r["fwd"] for r in rows]), abs=0.02)
+        assert total == pytest.approx(np.mean([r["total"] for r in rows]), abs=0.02)
+    assert 1.0 < RECOMPUTE_HOST["selective"][1] < RECOMPUTE_HOST["full"][1]
+
+
+def test_selective_recompute_pays_the_checkpoint_on_blocks_only():
+    from hetpart.costmodel.compute import RECOMPUTE_HOST
+
+    model = _model("llama")
+    us = HOST_US_PER_OP * 1e-6
+    free = replace(curve_for(H100), host_us_per_op=0.0)
+    f, b = unit_compute_s(model, H100, 1, 2, "bf16", "selective", dispatch="serial")
+    f0, b0 = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free)
+    of, ob = unit_ops(model, "torch")
+    ff, ft = RECOMPUTE_HOST["selective"]
+    blocks = np.array([u.kind == "block" for u in model.units])
+    assert np.allclose(f - f0, np.where(blocks, ff * of, of) * us)
+    assert np.allclose(b - b0, np.where(blocks, ft * (of + ob) - ff * of, ob) * us)
+
+
+def test_the_runtime_recomputes_the_attention_sublayer_megatron_its_core():
+    """Under selective recomputation hetpart's runtime re-runs the attention module (projections included),
+    Megatron the attention core: the sublayer adds ``2 s h (2 h + 2 kv)`` FLOPs per block and sequence, plus
+    the core's forward under fused attention, and one all-reduce of a block's two under TP."""
+    from hetpart.costmodel.compute import sublayer_recompute_flops, unit_tp_comm_s
+
+    model = _model("llama")
+    cfg, s = model.config, model.seq_len
+    free = replace(curve_for(H100), host_us_per_op=0.0, act_traffic=0.0)
+    flops, share = sublayer_recompute_flops(model)
+    blocks = np.array([u.kind == "block" for u in model.units])
+    core = np.array([u.recompute_flops["selective"] for u in model.units])
+    want = np.where(blocks, 2 * s * cfg.hidden_size * (2 * cfg.hidden_size + 2 * cfg.kv_dim) + core, 0.0)
+    assert np.allclose(flops, want) and np.all(share[~blocks] == 0) and np.all((share[blocks] > 0) & (share[blocks] < 1))
+    _, core_b = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free)
+    _, sub_b = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free, selective="sublayer")
+    _, none_b = unit_compute_s(model, H100, 1, 2, "bf16", "none", free, selective="sublayer")
+    assert np.allclose(core_b, none_b)  # fused attention: Megatron's selective recomputes nothing more
+    per_flop = none_b[blocks] / (2 * np.array([u.fwd_flops for u in model.units])[blocks] + 0.5 * core[blocks])
+    assert np.allclose(sub_b[blocks] - none_b[blocks], flops[blocks] * per_flop)  # seconds per backward FLOP
+    with pytest.raises(ValueError, match="selective"):
+        unit_compute_s(model, H100, 1, 2, "bf16", "selective", selective="attention")
+    f1, b1 = unit_tp_comm_s(model, 2, 2, "selective", 100.0, 5.0)
+    f2, b2 = unit_tp_comm_s(model, 2, 2, "selective", 100.0, 5.0, selective="sublayer")
+    assert np.allclose(b1, f1) and np.allclose(b2[blocks], 1.5 * f2[blocks]) and np.allclose(b2[~blocks], f2[~blocks])

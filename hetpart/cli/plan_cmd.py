@@ -182,7 +182,7 @@ def predict_command(
         cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
         global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: the plan's, else 512)."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the plan's, else 2048)."),
-        precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16 or fp32 (default: the plan's, else bf16)."),
+        precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16, fp32, tf32 or fp8 (default: the plan's, else bf16; fp8 on Hopper, Ada and MI300 only)."),
         recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
         zero: Optional[int] = ZeroOpt,
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, sgd or adam8bit (default: the plan's, else adam)."),
