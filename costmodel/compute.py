@@ -256,7 +256,7 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         ops_bwd = ops_bwd + blocks * (cp - 1) * CP_OPS_PER_STEP[1]
     host = curve.host_us_per_op * 1e-6
     host_f, host_b = host * ops_fwd, host * ops_bwd
-    if recompute in RECOMPUTE_HOST and kernels == "torch":  # torch.utils.checkpoint's own host cost (measured)
+    if kernels == "torch" and (recompute == "full" or sublayer):  # torch.utils.checkpoint's host cost (measured)
         fwd_factor, total_factor = RECOMPUTE_HOST[recompute]
         # only units with attention recompute anything (UnitModel.set_recompute): blocks
         blocks = np.array([un.kind == "block" for un in model.units])
@@ -278,7 +278,9 @@ sublayer), as ``(forward factor, forward + backward factor)`` over the same bloc
 attention recompute nothing. ``python -m hetpart.experiments.bench_host_ops --recompute-host``
 (``experiments/data/recompute_host.json``): the runtime's first block at one token (host time only), this
 project's CPU, one thread, the three modes measured in turn, 5 rounds of 200 calls, the median of the round
-medians; the mean of the GPT-2 and Llama blocks (2026-11-27 17:25 UTC): ``full`` forward x1.60 / x1.60,
+medians; the mean of the GPT-2 and Llama blocks (2026-11-27 17:25 UTC). The ``selective`` factor applies where
+selective recomputation re-runs the attention sublayer as the runtime does (:data:`SELECTIVE_SCOPES` ``sublayer``);
+Megatron's (``core``) checkpoints the attention core alone, a few operators, and pays nothing here: ``full`` forward x1.60 / x1.60,
 forward + backward x1.96 / x2.05; ``selective`` x1.41 / x1.40 and x1.61 / x1.62. Two more runs within 0.05
 of these (full x1.98-2.04, selective x1.59-1.68). The checkpoint's saved-tensor hooks, recomputation frames and
 RNG state handling cost more host time than the recomputed operators alone (x1.22 by operator count under

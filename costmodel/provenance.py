@@ -40,7 +40,7 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
         "from": "in-sample residuals of the fit (2026-11-27 refit, host dispatch overlapped: Table 5 2.5%, Table 1 "
                 "2.0%): Korthikanti et al. 2022 Table 5 and Narayanan et al. 2021 Table 1, large models on DGX "
                 "A100 (make bench BENCH=simulator-calibration). Small work rests on the host cost per operator, "
-                "measured on one H100's host: 11 real runs of a 12-block model on an H100, held out, 9.2% mean "
+                "measured on one H100's host: 11 real runs of a 12-block model on an H100, held out, 6.8% mean "
                 "error (-13% to +16%; docs/BENCHMARKS.md 'Validation against published and measured runs'); a "
                 "slower or faster host CPU moves it",
     },

@@ -134,15 +134,19 @@ def test_recompute_host_factors_are_the_scripted_measurement():
     assert 1.0 < RECOMPUTE_HOST["selective"][1] < RECOMPUTE_HOST["full"][1]
 
 
-def test_selective_recompute_pays_the_checkpoint_on_blocks_only():
+def test_the_runtimes_selective_recompute_pays_the_checkpoint_on_blocks_only():
     from hetpart.costmodel.compute import RECOMPUTE_HOST
 
     model = _model("llama")
     us = HOST_US_PER_OP * 1e-6
     free = replace(curve_for(H100), host_us_per_op=0.0)
-    f, b = unit_compute_s(model, H100, 1, 2, "bf16", "selective", dispatch="serial")
-    f0, b0 = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free)
+    f, b = unit_compute_s(model, H100, 1, 2, "bf16", "selective", dispatch="serial", selective="sublayer")
+    f0, b0 = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free, selective="sublayer")
     of, ob = unit_ops(model, "torch")
+    # Megatron's selective recomputation (the attention core) pays no checkpoint factor
+    fc, bc = unit_compute_s(model, H100, 1, 2, "bf16", "selective", dispatch="serial")
+    fc0, bc0 = unit_compute_s(model, H100, 1, 2, "bf16", "selective", free)
+    assert np.allclose(fc - fc0, of * us) and np.allclose(bc - bc0, ob * us)
     ff, ft = RECOMPUTE_HOST["selective"]
     blocks = np.array([u.kind == "block" for u in model.units])
     assert np.allclose(f - f0, np.where(blocks, ff * of, of) * us)
