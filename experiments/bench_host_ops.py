@@ -184,14 +184,15 @@ RECOMPUTE_HOST_DATA = Path(__file__).resolve().parent / "data" / "recompute_host
 
 
 def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeats: int = 200,
-                   rounds: int = 5) -> dict:
+                   rounds: int = 5, device: str = "cpu") -> dict:
     """Host seconds of the runtime's first block under each recompute mode (``UnitModel.set_recompute``:
     ``selective`` checkpoints the attention sublayer, ``full`` the whole block, both with
     ``torch.utils.checkpoint``, non-reentrant), with next to no work (one token, width 256, the CPU, one
     thread): forward, and forward + backward. The modes are measured in turn, ``rounds`` times each
     (``repeats`` calls after 5 warm-up calls per round), so that a drift of the machine's load falls on
     every mode alike; per mode the median of the round medians. Returns the raw times and, per model,
-    the factors over ``none``."""
+    the factors over ``none``. ``device="cuda"``: the same on a GPU, where the checkpoint also saves and
+    restores the device's RNG state (at one token the kernels finish before the host issues the next)."""
     import platform
 
     import torch
@@ -202,6 +203,7 @@ def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeat
     modes = ("none", "selective", "full")
     out: dict = {"meta": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                           "python": platform.python_version(), "threads": 1, "tokens": 1, "scale": 256,
+                          "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                           "repeats": repeats, "rounds": rounds,
                           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "method": "perf_counter around the block's forward, and forward + backward of y.float().sum(); "
@@ -211,9 +213,9 @@ def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeat
         spec = runnable_spec(name, scale=256)
         units = {}
         for mode in modes:
-            emb, block = build_units(spec, [0, 1])
+            emb, block = build_units(spec, [0, 1], device=device)
             block.set_recompute(mode)
-            h = emb(torch.randint(0, 100, (1, 1)))
+            h = emb(torch.randint(0, 100, (1, 1), device=device))
             units[mode] = (block, (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True))
         rows = {m: {"fwd_ms": [], "total_ms": []} for m in modes}
         for _ in range(rounds):
@@ -229,6 +231,8 @@ def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeat
                     if i >= 5:
                         fwd.append(t1 - t0)
                         tot.append(t2 - t0)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
                 rows[mode]["fwd_ms"].append(statistics.median(fwd) * 1e3)
                 rows[mode]["total_ms"].append(statistics.median(tot) * 1e3)
         med = {m: (statistics.median(r["fwd_ms"]), statistics.median(r["total_ms"])) for m, r in rows.items()}
@@ -247,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure the host cost of recomputation on the runtime's blocks (writes --out)")
     ap.add_argument("--out", type=Path, default=None, help="--recompute-host: where to write (default "
                     "experiments/data/recompute_host.json)")
+    ap.add_argument("--device", default="cpu", help="--recompute-host: cpu (default) or cuda")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     ap.add_argument("--te-fwd", type=float, default=2.7, help="engine+te-fwd: TE forward operators' host cost factor")
     args = ap.parse_args(argv)
@@ -256,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['fwd_us_per_op']:.1f} / {r['bwd_us_per_op']:.1f} us; forward / backward {r['ratio']:.2f}")
         return 0
     if args.recompute_host:
-        data = recompute_host()
+        data = recompute_host(device=args.device)
         out = args.out or RECOMPUTE_HOST_DATA
         out.write_text(json.dumps(data, indent=1) + "\n")
         for name, r in data["models"].items():
