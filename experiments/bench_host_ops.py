@@ -153,30 +153,46 @@ def host_ratio(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeats: i
     import torch
 
     from hetpart.costmodel.compute import OPS_PER_UNIT
-    from hetpart.runtime.models import build_units, runnable_spec
+    from hetpart.runtime.models import runnable_spec
 
     torch.set_num_threads(1)
     out = {}
     for name in models:
         spec = runnable_spec(name, scale=256)
-        emb, block = build_units(spec, [0, 1])
-        h = emb(torch.randint(0, 100, (1, 1)))
-        h = (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True)
-        fwd, bwd = [], []
-        for i in range(repeats + 5):
-            t0 = time.perf_counter()
-            y = block(h)
-            t1 = time.perf_counter()
-            (y[0] if isinstance(y, tuple) else y).float().sum().backward()
-            t2 = time.perf_counter()
-            if i >= 5:
-                fwd.append(t1 - t0)
-                bwd.append(t2 - t1)
+        fwd, bwd = _time_block(*_first_block(spec), repeats)
         n_f, n_b = OPS_PER_UNIT["block/llama" if spec.config.family == "llama" else "block"]
         f, b = statistics.median(fwd), statistics.median(bwd)
         out[name] = {"fwd_us": f * 1e6, "bwd_us": b * 1e6, "fwd_us_per_op": f * 1e6 / n_f,
                      "bwd_us_per_op": b * 1e6 / n_b, "ratio": (f / n_f) / (b / n_b)}
     return out
+
+
+def _first_block(spec, device: str = "cpu", recompute: str = "none"):
+    """``(block, input)``: the runtime's first block of ``spec`` under ``recompute``, and one token's hidden
+    state from its embedding, detached, requiring grad."""
+    import torch
+
+    from hetpart.runtime.models import build_units
+
+    emb, block = build_units(spec, [0, 1], device=device)
+    block.set_recompute(recompute)
+    h = emb(torch.randint(0, 100, (1, 1), device=device))
+    return block, (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True)
+
+
+def _time_block(block, h, repeats: int, warmup: int = 5) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeats`` forwards and of their backwards (of ``y.float().sum()``), after ``warmup`` calls."""
+    fwd, bwd = [], []
+    for i in range(repeats + warmup):
+        t0 = time.perf_counter()
+        y = block(h)
+        t1 = time.perf_counter()
+        (y[0] if isinstance(y, tuple) else y).float().sum().backward()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return fwd, bwd
 
 
 RECOMPUTE_HOST_DATA = Path(__file__).resolve().parent / "data" / "recompute_host.json"
@@ -197,7 +213,7 @@ def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeat
 
     import torch
 
-    from hetpart.runtime.models import build_units, runnable_spec
+    from hetpart.runtime.models import runnable_spec
 
     torch.set_num_threads(1)
     modes = ("none", "selective", "full")
@@ -213,24 +229,12 @@ def recompute_host(models: tuple[str, ...] = ("gpt2-small", "llama2-7b"), repeat
         spec = runnable_spec(name, scale=256)
         units = {}
         for mode in modes:
-            emb, block = build_units(spec, [0, 1], device=device)
-            block.set_recompute(mode)
-            h = emb(torch.randint(0, 100, (1, 1), device=device))
-            units[mode] = (block, (h[0] if isinstance(h, tuple) else h).detach().requires_grad_(True))
+            units[mode] = _first_block(spec, device, mode)
         rows = {m: {"fwd_ms": [], "total_ms": []} for m in modes}
         for _ in range(rounds):
             for mode in modes:
-                block, h = units[mode]
-                fwd, tot = [], []
-                for i in range(repeats + 5):
-                    t0 = time.perf_counter()
-                    y = block(h)
-                    t1 = time.perf_counter()
-                    (y[0] if isinstance(y, tuple) else y).float().sum().backward()
-                    t2 = time.perf_counter()
-                    if i >= 5:
-                        fwd.append(t1 - t0)
-                        tot.append(t2 - t0)
+                fwd, bwd = _time_block(*units[mode], repeats)
+                tot = [f + b for f, b in zip(fwd, bwd)]
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 rows[mode]["fwd_ms"].append(statistics.median(fwd) * 1e3)
