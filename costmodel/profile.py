@@ -443,16 +443,24 @@ class BoundProfile:
         return self._curves.get((device, precision, unit.kind, int(unit.params)))
 
     def unit_compute_s(self, gpu: "GPUSpec", tp: "float | np.ndarray", micro_batch: int, precision: str, recompute: str,
-                       fwd: np.ndarray, bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                       fwd: np.ndarray, bwd: np.ndarray, selective: str = "core") -> tuple[np.ndarray, np.ndarray]:
         """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones.
 
-        ``tp``: the tensor-parallel degree, or per unit ``1 / the device's share`` of an uneven split."""
+        ``tp``: the tensor-parallel degree, or per unit ``1 / the device's share`` of an uneven split. A measured
+        unit's backward gains the share of its forward that ``recompute`` runs again: the whole forward under
+        ``full``; under ``selective`` the attention core, or with ``selective="sublayer"`` (hetpart's runtime,
+        :data:`~hetpart.costmodel.compute.SELECTIVE_SCOPES`) the attention sublayer, projections included."""
         device = self.device_class(gpu)
         measured_precision = self.precision_for(device, precision) if device is not None else None
         if measured_precision is None:
             return fwd, bwd
         fwd, bwd = fwd.copy(), bwd.copy()
         hits = 0
+        projections = np.zeros(len(self.model.units))
+        if recompute == "selective" and selective == "sublayer":
+            from hetpart.costmodel.compute import sublayer_recompute_flops
+
+            projections = sublayer_recompute_flops(self.model, "eager")[0]  # eager: the core is counted below
         for i, u in enumerate(self.model.units):
             curve = self._curve(device, measured_precision, u)
             if curve is None:
@@ -460,7 +468,7 @@ class BoundProfile:
             shard = (float(tp[i]) if np.ndim(tp) else tp) if u.tp_shardable else 1
             work = u.fwd_flops * micro_batch / shard if u.fwd_flops > 0 else float(micro_batch * self.model.seq_len)
             f, b = curve.at(work)
-            share = u.recompute_flops[recompute] / u.fwd_flops if u.fwd_flops > 0 else 0.0
+            share = (u.recompute_flops[recompute] + projections[i]) / u.fwd_flops if u.fwd_flops > 0 else 0.0
             fwd[i], bwd[i] = f, b + share * f
             hits += 1
         self._measured_units[(gpu.name, precision)] = hits

@@ -396,7 +396,8 @@ class Simulator:
                                       kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
             tp_link = g.tp_link
             if self._profiled is not None:
-                fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd)
+                fwd, bwd = self._profiled.unit_compute_s(g.gpu, tp, mb, precision, recompute, fwd, bwd,
+                                                         self._selective)
                 tp_link = device_group_facts(self._ar_cluster, devices).tp_link if tp > 1 else tp_link
             tpf, tpb = unit_tp_comm_s(self.model, tp, mb, recompute, *tp_link, lines, self._selective)
             arrays = [np.concatenate([[0.0], np.cumsum(a)]) for a in (fwd, bwd, tpf, tpb)]
@@ -425,7 +426,8 @@ class Simulator:
                     # speed factor as much as the analytic terms say it slows that unit (device work, not host)
                     f1, b1 = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve,
                                             attention, kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
-                    mf, mb1 = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f1, b1)
+                    mf, mb1 = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f1, b1,
+                                                            self._selective)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
@@ -465,7 +467,7 @@ class Simulator:
                 if self._profiled is not None:
                     f1, b1 = unit_compute_s(model, gpu, tp, mb, precision, recompute, curve, "fused",
                                             kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
-                    mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1)
+                    mf, mb1 = self._profiled.unit_compute_s(gpu, tp, mb, precision, recompute, f1, b1, self._selective)
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
                 cf, cb = unit_attention_core_s(model, gpu, tp, mb, precision, curve, cp)
