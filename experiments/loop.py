@@ -13,9 +13,11 @@ Each iteration:
 4. the policy continues MaskablePPO training on the fixed scenario with the corrected model as
    its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy.zip``.
 
-At the end the loop's plan (the best, by the final corrected model less one standard deviation,
-of every plan it proposed or ran) and the simulator-only plan are measured ``repeats`` times each,
-interleaved, and the JSON of shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
+At the end the loop's plan is chosen by measurement: the ``race`` plans with the best median measured
+throughput run once more each, interleaved, and the best median of all their runs wins (one short run of a
+plan spreads 15-30% on a loaded machine; a single lucky or unlucky run must not decide). The loop's plan and
+the simulator-only plan are then measured ``repeats`` times each, interleaved, and the JSON of
+shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
 so a loop started again with the same ``--out`` resumes where it stopped (run records included).
 
 Grounds: ``emulated`` (the cluster emulated on local CPU processes, with
@@ -68,6 +70,8 @@ class LoopConfig:
     scale: str = "tiny"
     repeats: int = 2
     """Final measurements of each of the two plans (interleaved)."""
+    race: int = 2
+    """Plans (the best measured) that run once more each before the loop's plan is chosen; 1: no race."""
     explore: int = 1
     """Runs per iteration where the cost model is least certain."""
     held_out: int = 1
@@ -83,7 +87,7 @@ class LoopConfig:
     tracker: str = "wandb,tensorboard"
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "runs_per_iteration", "repeats", "global_batch", "steps", "cpu_devices"):
+        for name in ("iterations", "runs_per_iteration", "repeats", "race", "global_batch", "steps", "cpu_devices"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
@@ -198,7 +202,7 @@ class _Loop:
     def correction(self, records: list):
         from hetpart.costmodel.learned.corrected import fit_records
 
-        train = [r for r in records if _role(r) not in ("held_out", "final")]
+        train = [r for r in records if _role(r) not in ("held_out", "final", "race")]
         return fit_records(train, "plan")
 
     def predictor(self, correction):
@@ -329,6 +333,17 @@ class _Loop:
 
 def _precision(cluster) -> str:
     return "bf16" if all(g.gpu.supports_bf16 for g in cluster.groups) else "fp16"
+
+
+def _measured_by_plan(records, leave_out: tuple[str, ...]) -> dict[str, tuple]:
+    """``{plan key: (plan, [measured tokens/s, ...])}`` of the records whose role is not in ``leave_out``."""
+    out: dict[str, tuple] = {}
+    for r in records:
+        if _role(r) in leave_out or r.measured is None:
+            continue
+        plan = _record_plan(r)
+        out.setdefault(_plan_key(plan), (plan, []))[1].append(r.measured.tokens_per_s)
+    return out
 
 
 def _role(record) -> str:
@@ -475,17 +490,22 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     correction = loop.correction(records)
     if "loop_plan" not in state:
         # the loop ends with the fastest plan it measured (median of its runs): the policy and the
-        # corrected model chose what to measure; a prediction alone never overrules a measurement
-        measured: dict[str, tuple] = {}
-        for r in records:
-            if _role(r) == "final" or r.measured is None:
-                continue
-            plan = _record_plan(r)
-            measured.setdefault(_plan_key(plan), (plan, []))[1].append(r.measured.tokens_per_s)
+        # corrected model chose what to measure; a prediction alone never overrules a measurement.
+        # The best few by their runs so far race first (one more run each, interleaved), so that one
+        # lucky or unlucky short run does not decide.
+        measured = _measured_by_plan(records, ("final", "race"))
         if not measured:
             raise RuntimeFault("loop: no run was measured; run the loop again with --out to retry")
-        best = max(measured.values(), key=lambda v: statistics.median(v[1]))[0]
-        state["loop_plan"] = best.to_dict()
+        contenders = sorted(measured, key=lambda k: -statistics.median(measured[k][1]))[:cfg.race]
+        raced = {_plan_key(_record_plan(r)) for r in records if _role(r) == "race"}
+        if len(contenders) > 1:
+            for key in contenders:
+                if key not in raced and loop.run(measured[key][0], "race", cfg.iterations) is None:
+                    say(f"  race run of {_describe(measured[key][0])} failed; its earlier runs stand")
+            records = loop.records()
+        both = _measured_by_plan(records, ("final",))
+        best = max(contenders, key=lambda k: statistics.median(both[k][1]))
+        state["loop_plan"] = measured[best][0].to_dict()
         loop.state.save()
     loop_plan = Plan.from_dict(state["loop_plan"])
     say(f"final: loop plan {_describe(loop_plan)} vs simulator plan {_describe(simulator_plan)}, "

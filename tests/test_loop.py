@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -190,11 +191,21 @@ def test_loop_runs_measures_refits_and_resumes(tmp_path):
     out = run_loop(cfg, said.append)
     records = load_records(tmp_path / "loop" / "runs.jsonl")
     roles = [r.original_plan["meta"]["loop"]["role"] for r in records]
-    # the final comparison runs each plan once (repeats=1), or once for both when the loop's plan is the simulator's
-    assert roles[:2] == ["baseline", "held_out"] and roles[2:] == ["final"] * (1 if out["same_plan"] else 2)
+    # the two measured plans race (one more run each), then the final comparison runs each plan once
+    # (repeats=1), or once for both when the loop's plan is the simulator's
+    assert roles[:4] == ["baseline", "held_out", "race", "race"]
+    assert roles[4:] == ["final"] * (1 if out["same_plan"] else 2)
+    from hetpart.experiments.loop import _plan_key, _record_plan
+
+    by_plan: dict = {}
+    for r in records[:4]:
+        by_plan.setdefault(_plan_key(_record_plan(r)), []).append(r.measured.tokens_per_s)
+    assert len(by_plan) == 2 and all(len(v) == 2 for v in by_plan.values())
+    best = max(by_plan, key=lambda k: statistics.median(by_plan[k]))  # the race's winner is the loop's plan
+    assert out["same_plan"] == (best == _plan_key(_record_plan(records[0])))
     if out["same_plan"]:
         assert out["measured_tokens_per_s_loop_plan"] == out["measured_tokens_per_s_simulator_plan"]
-    assert out["held_out_runs"] == 1 + len(roles[2:]) and out["held_out_plan_runs"] == 1 and out["trained_on"] == 1
+    assert out["held_out_runs"] == 1 + len(roles[4:]) and out["held_out_plan_runs"] == 1 and out["trained_on"] == 1
     assert out["simulator_error_pct"] > 0 and out["learned_error_pct"] >= 0
     assert out["measured_tokens_per_s_simulator_plan"] > 0 and out["measured_tokens_per_s_loop_plan"] > 0
     assert len(out["iterations"]) == 1 and (tmp_path / "loop" / "policy-0.zip").exists()

@@ -26,6 +26,8 @@ def loop_command(
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's, at most 1024)."),
         steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 1 warm-up step)."),
         repeats: int = typer.Option(2, "--repeats", help="Final runs of each of the two compared plans (interleaved)."),
+        race: int = typer.Option(2, "--race", help="Best measured plans that run once more each before the loop's plan "
+                                 "is chosen (1: none)."),
         policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward."),
         seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
         tracker: str = typer.Option("wandb,tensorboard", "--tracker", help="wandb (offline), tensorboard, both, or null."),
@@ -45,7 +47,7 @@ def loop_command(
         out = f"runs/loop/{run_name('loop', seed)}"
     cfg = LoopConfig(cluster=cluster or "this-machine", model=model, iterations=iterations, runs_per_iteration=runs_per_iteration,
                      ground=ground, out=out, global_batch=global_batch, seq_len=seq_len, steps=steps,
-                     repeats=repeats, policy_timesteps=policy_timesteps, seed=seed, tracker=tracker)
+                     repeats=repeats, race=race, policy_timesteps=policy_timesteps, seed=seed, tracker=tracker)
     start = __import__("time").time()
 
     def say(text: str) -> None:
