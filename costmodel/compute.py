@@ -278,11 +278,11 @@ sublayer), as ``(forward factor, forward + backward factor)`` over the same bloc
 attention recompute nothing. ``python -m hetpart.experiments.bench_host_ops --recompute-host``
 (``experiments/data/recompute_host.json``): the runtime's first block at one token (host time only), this
 project's CPU, one thread, the three modes measured in turn, 5 rounds of 200 calls, the median of the round
-medians; the mean of the GPT-2 and Llama blocks (2026-11-27 17:25 UTC). The ``selective`` factor applies where
-selective recomputation re-runs the attention sublayer as the runtime does (:data:`SELECTIVE_SCOPES` ``sublayer``);
-Megatron's (``core``) checkpoints the attention core alone, a few operators, and pays nothing here: ``full`` forward x1.60 / x1.60,
+medians; the mean of the GPT-2 and Llama blocks (2026-11-27 17:25 UTC): ``full`` forward x1.60 / x1.60,
 forward + backward x1.96 / x2.05; ``selective`` x1.41 / x1.40 and x1.61 / x1.62. Two more runs within 0.05
-of these (full x1.98-2.04, selective x1.59-1.68). The checkpoint's saved-tensor hooks, recomputation frames and
+of these (full x1.98-2.04, selective x1.59-1.68). The ``selective`` factor applies where selective
+recomputation re-runs the attention sublayer as the runtime does (:data:`SELECTIVE_SCOPES` ``sublayer``);
+Megatron's (``core``) checkpoints the attention core alone, a few operators, and pays nothing here. The checkpoint's saved-tensor hooks, recomputation frames and
 RNG state handling cost more host time than the recomputed operators alone (x1.22 by operator count under
 ``full``). An earlier, unscripted measurement (2026-11-27, separate calls per mode) gave x2.31 / x2.23 for
 ``full``; it is not reproduced by the script and is no longer used: with it (and on every unit, the embedding and
@@ -325,7 +325,7 @@ def sublayer_recompute_flops(model: ModelGraph, attention: str = "fused") -> tup
         if un.kind != "block":
             continue
         flops[i] = 2 * s * h * (2 * h + 2 * kv) + (un.recompute_flops["selective"] if attention == "fused" else 0.0)
-        p = model.units[i].out_act_bytes / (s * h) if s * h else 0.0
+        p = un.out_act_bytes / (s * h) if s * h else 0.0
         if un.act_bytes[full] > 0:
             share[i] = min(1.0, p * s * (3 * h + 2 * kv) / un.act_bytes[full])
     return flops, share
