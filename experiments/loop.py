@@ -14,8 +14,10 @@ Each iteration:
    its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy.zip``.
 
 At the end the loop's plan is chosen by measurement: the ``race`` plans with the best median measured
-throughput run once more each, interleaved, and the best median of all their runs wins (one short run of a
-plan spreads 15-30% on a loaded machine; a single lucky or unlucky run must not decide). The loop's plan and
+throughput and the simulator-only plan run once more each, interleaved, and the best median of all their
+runs wins, but displaces the simulator-only plan only if every one of its runs beats that plan's median
+(one short run of a plan spreads 15-30% on a loaded machine; a single lucky or unlucky run must not
+decide, and a tie keeps the simulator's plan). The loop's plan and
 the simulator-only plan are then measured ``repeats`` times each, interleaved, and the JSON of
 shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
 so a loop started again with the same ``--out`` resumes where it stopped (run records included).
@@ -491,12 +493,15 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     if "loop_plan" not in state:
         # the loop ends with the fastest plan it measured (median of its runs): the policy and the
         # corrected model chose what to measure; a prediction alone never overrules a measurement.
-        # The best few by their runs so far race first (one more run each, interleaved), so that one
-        # lucky or unlucky short run does not decide.
+        # The best few by their runs so far race first (one more run each, interleaved), the simulator's
+        # plan among them, so that one lucky or unlucky short run does not decide.
         measured = _measured_by_plan(records, ("final", "race"))
         if not measured:
             raise RuntimeFault("loop: no run was measured; run the loop again with --out to retry")
+        incumbent = _plan_key(simulator_plan)
         contenders = sorted(measured, key=lambda k: -statistics.median(measured[k][1]))[:cfg.race]
+        if cfg.race > 1 and incumbent in measured and incumbent not in contenders:
+            contenders.append(incumbent)
         raced = {_plan_key(_record_plan(r)) for r in records if _role(r) == "race"}
         if len(contenders) > 1:
             for key in contenders:
@@ -504,7 +509,7 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
                     say(f"  race run of {_describe(measured[key][0])} failed; its earlier runs stand")
             records = loop.records()
         both = _measured_by_plan(records, ("final",))
-        best = max(contenders, key=lambda k: statistics.median(both[k][1]))
+        best = _race_winner({k: both[k][1] for k in contenders}, incumbent)
         state["loop_plan"] = measured[best][0].to_dict()
         loop.state.save()
     loop_plan = Plan.from_dict(state["loop_plan"])
@@ -543,6 +548,17 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     tracker.log({"loop/final_simulator_plan_tokens_per_s": result["measured_tokens_per_s_simulator_plan"],
                  "loop/final_loop_plan_tokens_per_s": result["measured_tokens_per_s_loop_plan"]}, step=cfg.iterations)
     return result
+
+
+def _race_winner(runs: dict[str, list[float]], incumbent: str) -> str:
+    """The race's winner among ``{plan key: measured tokens/s of its runs}``: the best median, except that a
+    challenger displaces the simulator's plan (``incumbent``, when it raced) only if every one of its runs
+    beats the incumbent's median. Two plans within the run-to-run spread of each other are a tie, and a tie
+    keeps the simulator's plan: the loop's plan must be measured faster, not drawn faster once."""
+    best = max(runs, key=lambda k: statistics.median(runs[k]))
+    if best == incumbent or incumbent not in runs:
+        return best
+    return best if min(runs[best]) > statistics.median(runs[incumbent]) else incumbent
 
 
 def _strip_meta(d: dict) -> dict:
