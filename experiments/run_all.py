@@ -118,6 +118,12 @@ def _host_overlap() -> Section:
     return section()
 
 
+def _loop_correction() -> Section:
+    from hetpart.experiments.bench_correction import section
+
+    return section()
+
+
 def _arch_efficiency() -> Section:
     from hetpart.experiments.bench_arch_curves import section
 
@@ -142,6 +148,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "context-parallel": _context_parallel,
     "arch-efficiency": _arch_efficiency,
     "host-overlap": _host_overlap,
+    "loop-correction": _loop_correction,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

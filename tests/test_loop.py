@@ -248,3 +248,48 @@ def test_loop_choice_keeps_to_the_trust_region_and_never_reruns_a_plan():
     assert loop.choose(scored, {_plan_key(a), _plan_key(b)}, "exploit") is None
     assert loop.choose(scored, {_plan_key(a), _plan_key(b)}, "held_out") is c  # held-out runs are never skipped
     assert [p.micro_batch for p in _micro_batch_variants(b)] == [1, 4, 8]
+
+
+def test_the_linear_term_carries_a_trend_to_a_plan_beside_the_runs():
+    """Runs at micro-batches 1, 2, 4 and 8 whose simulator error shrinks as the micro-batch grows (as the
+    emulated ground's small-batch slowdown does): at micro-batch 16, which no run measured, the linear
+    term follows the trend where the kernel alone leans on its nearest runs; on pure noise it finds no trend."""
+    from hetpart.costmodel.learned.corrected import CORRECTION_FEATURES, fit_correction
+
+    rng = np.random.default_rng(1)
+    col = CORRECTION_FEATURES.index("log_micro_batch")
+    xs, rs = [], []
+    for mb in (1, 2, 4, 8):
+        for _ in range(3):
+            x = rng.normal(0, 0.02, len(CORRECTION_FEATURES))
+            x[col] = math.log2(mb) / 3
+            xs.append(x)
+            rs.append(0.9 - 0.6 * x[col])
+    at = np.zeros(len(CORRECTION_FEATURES))
+    at[col] = math.log2(16) / 3
+    truth = 0.9 - 0.6 * at[col]
+    semi = fit_correction(xs, rs)
+    kernel = fit_correction(xs, rs, linear=False)
+    assert semi.linear is not None and semi.ridge is not None
+    assert abs(semi.apply(at)[0] - truth) < 0.5 * abs(kernel.apply(at)[0] - truth)
+    noise = fit_correction(xs, list(rng.normal(0, 0.05, len(xs))))
+    # on noise leave-one-out keeps no trend, or one well inside the noise (std 0.05)
+    assert noise.linear is None or max(abs(noise.apply(x)[0] - noise.apply(at)[0]) for x in xs) < 0.05
+
+
+def test_cli_costmodel_correct_reports_leave_one_out_and_saves_the_linear_term(capsys, tmp_path):
+    from hetpart.costmodel.learned.corrected import fit_records, load_correction
+    from hetpart.records import load_records
+    from tests._cli import cli_json
+
+    out = cli_json(capsys, "costmodel", "correct", "--records", str(H100_RUNS), "--out", str(tmp_path / "c.json"),
+                   "--json")
+    assert out["runs"] == 11 and out["leave_one_out_simulator_error_pct"] > 0
+    assert out["linear_term"] == (out["ridge"] is not None)
+    # a correction with a linear term round-trips through its file
+    corr = fit_records(load_records(H100_RUNS), "run")
+    corr.linear = np.linspace(-0.1, 0.1, corr.x.shape[1] + 1)
+    corr.ridge = 0.1
+    corr.save(tmp_path / "d.json")
+    again = load_correction(tmp_path / "d.json")
+    assert again.ridge == 0.1 and again.apply(corr.x[0] + 0.01) == pytest.approx(corr.apply(corr.x[0] + 0.01))

@@ -240,12 +240,16 @@ def correct_command(records: Path = typer.Option(..., "--records", help="Run rec
     mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
     report = {"runs": len(rs), "emulated_runs": int(sum(emulated)), "features": features,
               "leave_one_out_simulator_error_pct": mean(sim), "leave_one_out_corrected_error_pct": mean(corr),
+              "linear_term": correction.linear is not None, "ridge": correction.ridge,
               "out": str(out) if out else None}
     if json_out:
         emit_json(report)
         return
     if sim:
         print(f"{len(rs)} runs; leave-one-out step-time error: simulator {mean(sim):.1f}%, corrected {mean(corr):.1f}%")
+    trend = (f"a linear term (ridge penalty {correction.ridge:g}, chosen by leave-one-out)" if correction.linear is not None
+             else "no linear term (leave-one-out found none better than the simulator)")
+    print(f"the correction: {trend}, then a kernel over the runs")
     if out is not None:
         print(f"correction written to {out} (HETPART_CORRECTION={out} hetpart predict ... --predictor corrected)")
 

@@ -1,0 +1,108 @@
+"""The closed loop's correction, refitted on stored loops: the kernel alone against the kernel after a linear term.
+
+Each stored loop (``experiments/data/loop_runs/*.jsonl.gz``: the run records of one ``hetpart loop``, gzipped)
+is split as the loop splits it: the correction trains on every run but the held-out, final and race runs, and
+is judged on the held-out and final runs (the runs the loop's ``learned_error_pct`` is taken on). Every run is
+re-simulated with today's simulator, so the numbers follow the simulator, not the day the loop ran.
+
+    python -m hetpart.experiments.bench_correction [FILES...]      # prints the section and writes it
+
+The loops named ``acceptance-loop-*`` ran on the acceptance check's cluster (2 x A100 + 2 x T4, gpt2-small):
+the linear term was designed while looking at them. The others ran on clusters and models chosen before the
+design was evaluated on them; they are the check on inputs it never saw.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["evaluate_loop", "section", "DATA"]
+
+DATA = Path(__file__).resolve().parent / "data" / "loop_runs"
+
+
+def _records(path: Path) -> list:
+    from hetpart.records import load_records
+
+    if path.suffix != ".gz":
+        return load_records(path)
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as tmp:
+        tmp.write(gzip.decompress(path.read_bytes()))
+        tmp.flush()
+        return load_records(tmp.name)
+
+
+def evaluate_loop(path: Path) -> dict[str, Any]:
+    """Errors (mean absolute step-time error, % of measured) on one stored loop's held-out and final runs: the
+    simulator, the kernel alone and the kernel after the linear term, both trained on the loop's training runs."""
+    from hetpart.costmodel.learned.corrected import fit_correction, planned_features, run_prediction
+    from hetpart.experiments.loop import _role
+
+    train, test = [], []
+    records = [r for r in _records(path) if r.measured is not None]
+    for rec in records:
+        role = _role(rec)
+        row = (planned_features(rec), math.log(rec.measured.step_time_s / run_prediction(rec).step_time_s))
+        if role in ("held_out", "final"):
+            test.append(row)
+        elif role != "race":
+            train.append(row)
+    xs, rs = [x for x, _ in train], [r for _, r in train]
+    kernel = fit_correction(xs, rs, linear=False)
+    semi = fit_correction(xs, rs)
+
+    def error(c: float, r: float) -> float:
+        return 100 * abs(math.exp(c - r) - 1)
+
+    return {"loop": path.name.split(".")[0], "cluster": records[0].cluster.get("name", "?"),
+            "model": records[0].model.spec, "train": len(train), "test": len(test),
+            "simulator": statistics.fmean(error(0.0, r) for _, r in test),
+            "kernel": statistics.fmean(error(kernel.apply(x)[0], r) for x, r in test),
+            "semi": statistics.fmean(error(semi.apply(x)[0], r) for x, r in test),
+            "ridge": semi.ridge}
+
+
+def render_body(rows: list[dict[str, Any]]) -> str:
+    lines = ["Each stored loop's correction refitted on its training runs and judged on its held-out and final "
+             "runs (what `hetpart loop` reports as `learned_error_pct`; mean absolute step-time error, % of the "
+             "measured). `acceptance-loop-*`: the acceptance check's cluster, where the linear term was designed; "
+             "the rest: clusters and models not looked at while designing it.", "",
+             "| loop | cluster | model | train / judged runs | simulator | kernel alone | linear term + kernel "
+             "| ridge penalty |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ridge = "none" if r["ridge"] is None else f"{r['ridge']:g}"
+        lines.append(f"| {r['loop']} | {r['cluster']} | {r['model']} | {r['train']} / {r['test']} | "
+                     f"{r['simulator']:.1f}% | {r['kernel']:.1f}% | {r['semi']:.1f}% | {ridge} |")
+    lines.append("")
+    for label, group in (("acceptance cluster", [r for r in rows if r["loop"].startswith("acceptance-loop")]),
+                         ("other clusters", [r for r in rows if not r["loop"].startswith("acceptance-loop")])):
+        if not group:
+            continue
+        mean = {k: statistics.fmean(r[k] for r in group) for k in ("simulator", "kernel", "semi")}
+        wins = {k: sum(r[k] < r["simulator"] for r in group) for k in ("kernel", "semi")}
+        lines.append(f"- {label} ({len(group)} loops): simulator {mean['simulator']:.1f}%, kernel alone "
+                     f"{mean['kernel']:.1f}% (below the simulator in {wins['kernel']} of {len(group)}), linear term "
+                     f"+ kernel {mean['semi']:.1f}% (below in {wins['semi']} of {len(group)}).")
+    return "\n".join(lines) + "\n"
+
+
+def section(paths: list[Path] | None = None):
+    from hetpart.experiments.benchdoc import Section, load, machine
+
+    paths = paths or sorted(DATA.glob("*.jsonl*"))
+    rows = [evaluate_loop(p) for p in paths]
+    return Section(key="loop-correction", title="The closed loop's correction on stored loops (issue 14)",
+                   body=render_body(rows), command="python -m hetpart.experiments.bench_correction",
+                   machine=machine(), load_after=load())
+
+
+if __name__ == "__main__":
+    from hetpart.experiments.benchdoc import write_section
+
+    print(write_section(section([Path(p) for p in sys.argv[1:]] or None)))
