@@ -425,12 +425,15 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     correction = loop.correction(records)
     correction.save(loop.out / f"correction-{iteration}.json")
     errors = _held_out_errors(loop, records, correction)
-    say(f"  refitted on {len(correction.r)} runs; held-out error simulator {errors['simulator_error_pct']:.1f}% "
-        f"vs corrected {errors['learned_error_pct']:.1f}% ({errors['held_out_runs']} runs never trained on)")
+    trend = "no linear term" if correction.linear is None else f"linear term, ridge {correction.ridge:g}"
+    say(f"  refitted on {len(correction.r)} runs ({trend}); held-out error simulator "
+        f"{errors['simulator_error_pct']:.1f}% vs corrected {errors['learned_error_pct']:.1f}% "
+        f"({errors['held_out_runs']} runs never trained on)")
     say(f"  policy training: {cfg.policy_timesteps} PPO steps on the corrected reward")
     policy_path = loop.train_policy(correction, policy_path, iteration, tracker)
     here = [r for r in records if _iteration(r) == iteration]
     summary = {"iteration": iteration, "runs": len(here), "trained_on": len(correction.r),
+               "correction_ridge": correction.ridge,  # None: no linear term (leave-one-out kept none)
                "best_measured_tokens_per_s": max((r.measured.tokens_per_s for r in here), default=None),
                "roles": [_role(r) for r in here], **errors, "wall_s": round(time.time() - start, 1)}
     tracker.log({f"loop/{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None},
