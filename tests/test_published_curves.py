@@ -110,3 +110,18 @@ def test_a_gemm_set_is_a_flop_weighted_harmonic_mean():
     assert modelled_set_over_best(flat, bf16, 1307.4) == pytest.approx(1.0)
     # the CDNA3 curve falls less from the best shape to DeepSeek-V3 shapes than AMD measured (documented)
     assert modelled_set_over_best(CURVES["cdna3"], bf16, 1307.4) > bf16.over_best
+
+
+def test_the_hopper_band_is_the_validation_rows_of_hopper():
+    """The H100's error band is what the validation benchmark measures on its held-out Hopper rows."""
+    from hetpart.costmodel.provenance import _band
+    from hetpart.experiments.bench_validation import h100_run_rows, load_published, predict_published
+
+    rows = [predict_published(r) for r in load_published() if r.fields["gpu"].startswith("H100") and r.role == "heldout"]
+    errors = [r.error_pct for r in rows + h100_run_rows()]
+    kind, curve = compute_kind(GPU_CATALOG["H100-80GB"])
+    band = _band(kind, curve.split(" ", 1)[0])  # as prediction_provenance reads it
+    assert kind == "fitted" and band["held_out"]
+    assert band["rows"] == len(errors)
+    assert band["mean_abs_pct"] == pytest.approx(sum(map(abs, errors)) / len(errors), abs=0.06)
+    assert band["signed_pct"] == pytest.approx([min(errors), max(errors)], abs=0.06)
