@@ -3,7 +3,8 @@
 Each iteration:
 
 1. the policy proposes plans (greedy + sampled decodes, exactly completed; :func:`sample_plans`),
-   with neighbours of them as a pool for exploration;
+   with neighbours of them as a pool for exploration (on clusters of at most :data:`GRID_DEVICES`
+   devices, every Megatron grid too);
 2. ``runs_per_iteration`` of them run with the runtime (``hetpart run``'s :func:`run_plan`), one at a
    time, the correction refitted before each choice: the best by the corrected model, ``explore``
    where it is least certain, and ``held_out`` chosen at random, never trained on (the errors are
@@ -256,6 +257,8 @@ class _Loop:
                     plans.append(near)
         for rec in fastest:  # the same structure at every micro-batch its replicas' samples allow
             plans += _micro_batch_variants(_record_plan(rec))
+        if self.cluster.num_devices <= GRID_DEVICES:
+            plans += _grid_plans(self.model, self.cluster, self.workload)
         out, seen = [], set()
         for plan in plans:
             key = _plan_key(plan)
@@ -442,6 +445,35 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     state["policy"] = str(policy_path)
     loop.state.save()
     return policy_path
+
+
+GRID_DEVICES = 16
+"""Clusters of at most this many devices (every loop that runs its plans on local processes) also get every
+Megatron grid as a candidate: the policy's decodes and their one-move neighbours keep the structure (its TP,
+PP and DP degrees), so a structure the pretrained policy does not favour would otherwise never be measured."""
+
+
+def _grid_plans(model, cluster, workload) -> list:
+    """Every ``tp x pp x dp`` grid that uses the whole cluster (Megatron-LM placement, 1F1B, no recomputation),
+    at every power-of-two micro-batch the replicas' samples allow; grids the cluster cannot hold are skipped."""
+    from hetpart.costmodel.megatron import megatron_plan
+
+    n = cluster.num_devices
+    out = []
+    for tp in (t for t in range(1, n + 1) if n % t == 0):
+        for pp in (q for q in range(1, n // tp + 1) if (n // tp) % q == 0):
+            dp = n // (tp * pp)
+            if workload.global_batch % dp:
+                continue
+            mb = 1
+            while mb <= workload.global_batch // dp:
+                if (workload.global_batch // dp) % mb == 0:
+                    try:
+                        out.append(megatron_plan(model, cluster, workload, tp, pp, dp, mb, recompute="none"))
+                    except HetpartError:  # a TP group across nodes, more stages than layers, ...
+                        break
+                mb *= 2
+    return out
 
 
 def _micro_batch_variants(plan) -> list:

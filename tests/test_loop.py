@@ -293,3 +293,21 @@ def test_cli_costmodel_correct_reports_leave_one_out_and_saves_the_linear_term(c
     corr.save(tmp_path / "d.json")
     again = load_correction(tmp_path / "d.json")
     assert again.ridge == 0.1 and again.apply(corr.x[0] + 0.01) == pytest.approx(corr.apply(corr.x[0] + 0.01))
+
+
+def test_small_clusters_get_every_megatron_grid_as_a_candidate():
+    """The policy's decodes keep their structure; on a 4-device node the grid adds DP 4, TP 4, PP 4 and the mixes."""
+    from hetpart.cluster import parse_cluster
+    from hetpart.experiments.loop import _grid_plans
+
+    cluster = parse_cluster({"name": "four", "nodes": [{"count": 1, "gpus_per_node": 4, "gpu": "A100-80GB",
+                                                        "intra_node": "NVLink3", "nic": "IB-HDR"}]})
+    model = load_model("gpt2-small", seq_len=256)
+    plans = _grid_plans(model, cluster, Workload(global_batch=8, seq_len=256, recompute="auto"))
+    shapes = {(p.dp, p.replicas[0].stages[0].tp, p.replicas[0].pp) for p in plans}
+    assert shapes == {(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)}
+    for p in plans:
+        assert p.validate(model, cluster) == []
+        assert p.num_devices == 4 and all(n % p.micro_batch == 0 for n in p.replica_samples())
+    # every power-of-two micro-batch of DP 4's two samples per replica: 1 and 2
+    assert sorted(p.micro_batch for p in plans if p.dp == 4) == [1, 2]
