@@ -1,15 +1,16 @@
 """The closed loop's correction, refitted on stored loops: the kernel alone against the kernel after a linear term.
 
 Each stored loop (``experiments/data/loop_runs/*.jsonl.gz``: the run records of one ``hetpart loop``, gzipped)
-is split as the loop splits it: the correction trains on every run but the held-out, final and race runs, and
-is judged on the held-out and final runs (the runs the loop's ``learned_error_pct`` is taken on). Every run is
+is split as the loop splits it: the correction trains on every run but the held-out and final runs (the race's
+included, as the loop's final correction is refitted after the race), and is judged on the held-out and final runs (the runs the loop's ``learned_error_pct`` is taken on). Every run is
 re-simulated with today's simulator, so the numbers follow the simulator, not the day the loop ran.
 
     python -m hetpart.experiments.bench_correction [FILES...]      # prints the section and writes it
 
 The loops named ``acceptance-loop-*`` ran on the acceptance check's cluster (2 x A100 + 2 x T4, gpt2-small):
-the linear term was designed while looking at them. The others ran on clusters and models chosen before the
-design was evaluated on them; they are the check on inputs it never saw.
+the linear term was designed while looking at them. ``dev-*`` are loops of later changes (the grid candidates,
+training on the race) that were designed while looking at them too. ``validation-*`` ran on clusters and models
+chosen before the linear term was evaluated on them; they are the check on inputs it never saw.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def evaluate_loop(path: Path) -> dict[str, Any]:
         row = (planned_features(rec), math.log(rec.measured.step_time_s / run_prediction(rec).step_time_s))
         if role in ("held_out", "final"):
             test.append(row)
-        elif role != "race":
+        else:  # the race's runs too, as the loop's final correction trains on them
             train.append(row)
     xs, rs = [x for x, _ in train], [r for _, r in train]
     kernel = fit_correction(xs, rs, linear=False)
@@ -70,10 +71,12 @@ def evaluate_loop(path: Path) -> dict[str, Any]:
 
 
 def render_body(rows: list[dict[str, Any]]) -> str:
-    lines = ["Each stored loop's correction refitted on its training runs and judged on its held-out and final "
-             "runs (what `hetpart loop` reports as `learned_error_pct`; mean absolute step-time error, % of the "
-             "measured). `acceptance-loop-*`: the acceptance check's cluster, where the linear term was designed; "
-             "the rest: clusters and models not looked at while designing it.", "",
+    lines = ["Each stored loop's correction refitted on its training runs (the race's included) and judged on its "
+             "held-out and final runs (what `hetpart loop` reports as `learned_error_pct`; mean absolute step-time "
+             "error, % of the measured). `acceptance-loop-*`: the acceptance check's cluster, where the linear term "
+             "was designed; `dev-*`: loops looked at while designing later changes (the grid candidates, training "
+             "on the race; `dev-cpu-*` is the CPU ground, real runs without emulation); `validation-*`: clusters "
+             "and models not looked at while designing the linear term.", "",
              "| loop | cluster | model | train / judged runs | simulator | kernel alone | linear term + kernel "
              "| ridge penalty |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -82,7 +85,8 @@ def render_body(rows: list[dict[str, Any]]) -> str:
                      f"{r['simulator']:.1f}% | {r['kernel']:.1f}% | {r['semi']:.1f}% | {ridge} |")
     lines.append("")
     for label, group in (("acceptance cluster", [r for r in rows if r["loop"].startswith("acceptance-loop")]),
-                         ("other clusters", [r for r in rows if not r["loop"].startswith("acceptance-loop")])):
+                         ("development loops", [r for r in rows if r["loop"].startswith("dev-")]),
+                         ("validation loops", [r for r in rows if r["loop"].startswith("validation-")])):
         if not group:
             continue
         mean = {k: statistics.fmean(r[k] for r in group) for k in ("simulator", "kernel", "semi")}
@@ -90,12 +94,13 @@ def render_body(rows: list[dict[str, Any]]) -> str:
         lines.append(f"- {label} ({len(group)} loops): simulator {mean['simulator']:.1f}%, kernel alone "
                      f"{mean['kernel']:.1f}% (below the simulator in {wins['kernel']} of {len(group)}), linear term "
                      f"+ kernel {mean['semi']:.1f}% (below in {wins['semi']} of {len(group)}).")
-    lines += ["", "How firm: every loop ran on the emulated ground (`hetpart loop`'s default), whose three effects "
-              "the simulator does not model are emulation choices (docs/BENCHMARKS.md, closed loop), so what the "
-              "trend learns here is those effects plus this loaded machine's noise (one run of a plan spreads "
-              "15-30%). A loop's own choice of runs depends on the correction it ran with: the acceptance-cluster "
-              "loops and validation-v3090-gpt2-small ran with the kernel alone, the other three with the linear "
-              "term; each row refits both models on the same runs. On the "
+    lines += ["", "How firm: every loop but `dev-cpu-*` ran on the emulated ground (`hetpart loop`'s default), whose "
+              "three effects the simulator does not model are emulation choices (docs/BENCHMARKS.md, closed loop), so "
+              "what the trend learns there is those effects plus this loaded machine's noise (one run of a plan "
+              "spreads 15-30%). A loop's own choice of runs depends on the correction it ran with: the acceptance-cluster "
+              "loops and validation-v3090-gpt2-small ran with the kernel alone, the other validation loops with the "
+              "linear term, the dev loops also with the grid candidates; each row refits both models on the same "
+              "runs. On the "
               "11 real H100 runs (`hetpart costmodel correct --records experiments/data/h100_runs.jsonl`) the "
               "simulator is already at 6.8% and leave-one-out gives 7.2% (kernel alone) and 7.4% (with the linear "
               "term): with so little left to learn, neither helps there."]

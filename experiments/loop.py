@@ -205,7 +205,7 @@ class _Loop:
     def correction(self, records: list):
         from hetpart.costmodel.learned.corrected import fit_records
 
-        train = [r for r in records if _role(r) not in ("held_out", "final", "race")]
+        train = [r for r in records if _role(r) not in ("held_out", "final")]
         return fit_records(train, "plan")
 
     def predictor(self, correction):
@@ -524,7 +524,6 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
 
     cfg, state, say = loop.cfg, loop.state.data, loop.say
     records = loop.records()
-    correction = loop.correction(records)
     if "loop_plan" not in state:
         # the loop ends with the fastest plan it measured (median of its runs): the policy and the
         # corrected model chose what to measure; a prediction alone never overrules a measurement.
@@ -550,6 +549,11 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     loop_plan = Plan.from_dict(state["loop_plan"])
     say(f"final: loop plan {_describe(loop_plan)} vs simulator plan {_describe(simulator_plan)}, "
         f"{cfg.repeats} interleaved runs each")
+    records = loop.records()
+    # the race's runs are measurements like any other: the final correction trains on them too (a plan
+    # first measured as held out, then raced, is no longer unseen), never on the held-out or final runs
+    correction = loop.correction(records)
+    correction.save(loop.out / "correction-final.json")
     done = [r for r in records if _role(r) == "final"]
     same = _plan_key(simulator_plan) == _plan_key(loop_plan)
     # one plan is measured once per repeat and reported for both (the same runs, not two noisy draws)

@@ -220,7 +220,9 @@ def test_loop_runs_measures_refits_and_resumes(tmp_path):
     assert out["same_plan"] == (not displaced)
     if out["same_plan"]:
         assert out["measured_tokens_per_s_loop_plan"] == out["measured_tokens_per_s_simulator_plan"]
-    assert out["held_out_runs"] == 1 + len(roles[4:]) and out["held_out_plan_runs"] == 1 and out["trained_on"] == 1
+    # trained on the baseline and the two race runs (the final correction is refitted after the race)
+    assert out["held_out_runs"] == 1 + len(roles[4:]) and out["held_out_plan_runs"] == 1 and out["trained_on"] == 3
+    assert (tmp_path / "loop" / "correction-final.json").exists()
     assert out["simulator_error_pct"] > 0 and out["learned_error_pct"] >= 0
     assert out["measured_tokens_per_s_simulator_plan"] > 0 and out["measured_tokens_per_s_loop_plan"] > 0
     assert len(out["iterations"]) == 1 and (tmp_path / "loop" / "policy-0.zip").exists()

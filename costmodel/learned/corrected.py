@@ -19,10 +19,10 @@ linear term, when none of them predicts the left-out runs better than the simula
 towards the simulator away from the runs by ``S / (S + prior_runs)``, ``S`` the runs' weight under a
 kernel of bandwidth :data:`LINEAR_FADE`; the kernel then fits what the linear term leaves (with
 ``wide_bandwidth``, the shared term comes first and the linear term fits what it leaves).
-On the closed loop's runs (12 stored loops of the acceptance cluster, 7-9 runs to train on each) the
-error on the runs never trained on fell from 29.4% (kernel alone; simulator 34.5%) to 14.9%, below the
+On the closed loop's runs (12 stored loops of the acceptance cluster, 9-11 runs to train on each) the
+error on the runs never trained on fell from 28.7% (kernel alone; simulator 34.5%) to 14.6%, below the
 simulator's in every loop; on 4 loops of clusters and models not looked at while designing it, from
-26.5% to 18.7% (simulator 38.1%; docs/BENCHMARKS.md, "The closed loop's correction on stored loops").
+26.0% to 17.9% (simulator 38.1%; docs/BENCHMARKS.md, "The closed loop's correction on stored loops").
 
 With ``wide_bandwidth`` set, a second, wider kernel first carries what the runs share (a whole
 cluster or runtime slower than the simulator says: the same shrinkage, its own bandwidth) and the
