@@ -18,7 +18,8 @@ At the end the loop's plan is chosen by measurement: the ``race`` plans with the
 throughput and the simulator-only plan run once more each, interleaved, and the best median of all their
 runs wins, but displaces the simulator-only plan only if every one of its runs beats that plan's median
 (one short run of a plan spreads 15-30% on a loaded machine; a single lucky or unlucky run must not
-decide, and a tie keeps the simulator's plan). The loop's plan and
+decide, and a tie keeps the simulator's plan). The correction is then refitted on every run but the
+held-out and final ones, the race's included (``DIR/correction-final.json``). The loop's plan and
 the simulator-only plan are then measured ``repeats`` times each, interleaved, and the JSON of
 shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
 so a loop started again with the same ``--out`` resumes where it stopped (run records included).
