@@ -43,17 +43,14 @@ def evaluate_loop(path: Path) -> dict[str, Any]:
     """Errors (mean absolute step-time error, % of measured) on one stored loop's held-out and final runs: the
     simulator, the kernel alone and the kernel after the linear term, both trained on the loop's training runs."""
     from hetpart.costmodel.learned.corrected import fit_correction, planned_features, run_prediction
-    from hetpart.experiments.loop import _role
+    from hetpart.experiments.loop import UNSEEN_ROLES, _role
 
     train, test = [], []
     records = [r for r in _records(path) if r.measured is not None]
     for rec in records:
         role = _role(rec)
         row = (planned_features(rec), math.log(rec.measured.step_time_s / run_prediction(rec).step_time_s))
-        if role in ("held_out", "final"):
-            test.append(row)
-        else:  # the race's runs too, as the loop's final correction trains on them
-            train.append(row)
+        (test if role in UNSEEN_ROLES else train).append(row)  # the loop's own split (race runs train)
     xs, rs = [x for x, _ in train], [r for _, r in train]
     kernel = fit_correction(xs, rs, linear=False)
     semi = fit_correction(xs, rs)

@@ -45,7 +45,7 @@ from typing import Any, Callable, Literal
 
 from hetpart.errors import HetpartError, PlanError, RuntimeFault
 
-__all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster"]
+__all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster", "UNSEEN_ROLES"]
 
 DEFAULT_EFFECTS = {"small_batch_tokens": 4096, "small_batch_slowdown": 2.5, "layer_overhead_ms": 0.8,
                    "congestion": 0.6}
@@ -206,7 +206,7 @@ class _Loop:
     def correction(self, records: list):
         from hetpart.costmodel.learned.corrected import fit_records
 
-        train = [r for r in records if _role(r) not in ("held_out", "final")]
+        train = [r for r in records if _role(r) not in UNSEEN_ROLES]
         return fit_records(train, "plan")
 
     def predictor(self, correction):
@@ -448,6 +448,9 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     return policy_path
 
 
+UNSEEN_ROLES = ("held_out", "final")
+"""Roles of the runs the correction never trains on; the loop's errors are measured on them."""
+
 GRID_DEVICES = 16
 """Clusters of at most this many devices (every loop that runs its plans on local processes) also get every
 Megatron grid as a candidate: the policy's decodes and their one-move neighbours keep the structure (its TP,
@@ -503,7 +506,7 @@ def _held_out_errors(loop: _Loop, records: list, correction) -> dict[str, Any]:
     ``held_out_plan_*`` keys: the held-out plans' runs alone)."""
     from hetpart.costmodel.learned.corrected import planned_features, run_prediction
 
-    errors: dict[str, tuple[list, list]] = {"held_out": ([], []), "final": ([], [])}
+    errors: dict[str, tuple[list, list]] = {role: ([], []) for role in UNSEEN_ROLES}
     for rec in records:
         if _role(rec) not in errors:
             continue
