@@ -99,6 +99,19 @@ def test_a_hub_id_says_how_to_point_at_a_config_or_uses_the_local_cache(tmp_path
     assert graph.num_units == 4 and graph.seq_len == 256 and graph.source.endswith("abc123/config.json")
 
 
+def test_a_config_file_names_the_model_by_its_folder_or_its_own_name(tmp_path: Path) -> None:
+    cfg = json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "vocab_size": 1000, "max_position_embeddings": 256})
+    (tmp_path / "tiny-llama").mkdir()
+    (tmp_path / "tiny-llama" / "config.json").write_text(cfg)
+    (tmp_path / "llama-2.4b.config.json").write_text(cfg)
+    (tmp_path / "mine.json").write_text(cfg)
+    assert load_model(str(tmp_path / "tiny-llama" / "config.json")).name == "tiny-llama"
+    assert load_model(str(tmp_path / "tiny-llama")).name == "tiny-llama"
+    assert load_model(str(tmp_path / "llama-2.4b.config.json")).name == "llama-2.4b"
+    assert load_model(str(tmp_path / "mine.json")).name == "mine"
+
+
 def test_a_missing_file_is_not_called_an_unknown_model(capsys, tmp_path: Path) -> None:
     err = _error(capsys, "inspect", "model", str(tmp_path / "nope" / "config.json"))
     assert "no such file" in err and "unknown model" not in err

@@ -17,6 +17,15 @@ from hetpart.vocabulary import DTYPE_BYTES, PRECISIONS
 __all__ = ["load_model", "resolve_transformer"]
 
 
+def _file_model_name(path: Path) -> str:
+    """The name of a model given as a config file: its folder's for ``.../NAME/config.json`` (the Hugging Face
+    layout), else the file's own (``llama-2.4b.config.json`` -> ``llama-2.4b``)."""
+    if path.name == "config.json":
+        return path.parent.name or "config"
+    stem = path.stem
+    return stem[:-len(".config")] if stem.endswith(".config") else stem
+
+
 def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
     """``(name, config, source)`` for a catalog name or a config.json path; None for ``python:`` specs."""
     if spec.startswith("python:"):
@@ -26,7 +35,7 @@ def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
     path = Path(spec)
     if v.path_exists(path):  # False, not an OSError, for names the OS refuses
         if path.is_file():
-            return path.parent.name or path.stem, read_hf_config(path), str(path)
+            return _file_model_name(path), read_hf_config(path), str(path)
         if (path / "config.json").is_file():
             return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
     if spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
