@@ -135,6 +135,7 @@ class Evaluator:
         from hetpart.costmodel.tp_split import param_shares
 
         v = plan.chunks_per_device
+        zero = plan.zero if plan.dp > 1 else 0
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, microbatches_run(plan, r)
             for d in range(pp):
@@ -154,11 +155,12 @@ class Evaluator:
                                              plan.attention))
                     need += self._stage_gb[key][0]
                     work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
-                    if plan.zero and plan.dp > 1:
+                    if zero or plan.offload != "none":
                         params += self.model.range_params(*s.layers, tp)
                         largest = max(largest, self._largest_unit(s.layers, tp))
-                yield (r, d), need + work + sharded_delta_gb(params, largest, plan.precision, plan.zero,
-                                                             plan.shard_fraction(r), plan.optimizer)
+                yield (r, d), need + work + sharded_delta_gb(params, largest, plan.precision, zero,
+                                                             plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
+                                                             plan.offload)
 
     def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
         key = ("largest", layers, tp)

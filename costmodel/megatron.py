@@ -135,6 +135,6 @@ def megatron_plan(model: ModelGraph, cluster: Cluster, workload: Workload, tp: i
         meta.update(order=order.replace("tp-", "tp-cp-", 1), cp=cp)
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, interleave=v,
-                zero=workload.zero or 0 if zero is None else zero,
+                zero=workload.zero or 0 if zero is None else zero, offload=workload.offload,
                 precision=workload.precision, optimizer=workload.optimizer, attention=workload.attention, cp=cp,
                 meta=meta)

@@ -35,11 +35,15 @@ runtime does the same), which costs it their compute.
 Uneven fractions use padded collectives (every member sends the largest shard, as FSDP pads its
 flat buffers): the bytes scale by ``n * max(f)``, the ring's latency terms do not (as many messages). Hybrid sharding (``shard_group``) shards inside
 groups of consecutive replicas and all-reduces each shard across the groups.
+
+A plan's ``offload`` keeps some of these states in host memory instead (:mod:`~hetpart.costmodel.offload`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from hetpart.costmodel.offload import device_state_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
@@ -66,16 +70,11 @@ def state_bytes(precision: str, optimizer: str = "adam") -> tuple[float, float, 
     return w, g, state_bytes_per_param(optimizer) - w - g
 
 
-def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float, optimizer: str = "adam") -> float:
-    """Bytes of model states a device holding ``params`` parameters keeps at rest (working sets aside)."""
-    w, g, opt = state_bytes(precision, optimizer)
-    if zero <= 0:
-        return params * (w + g + opt)
-    if zero == 1:
-        return params * (w + g + opt * fraction)
-    if zero == 2:
-        return params * (w + (g + opt) * fraction)
-    return params * (w + g + opt) * fraction
+def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float, optimizer: str = "adam",
+                        offload: str = "none") -> float:
+    """Bytes of model states a device holding ``params`` parameters keeps at rest (working sets aside), less
+    what ``offload`` keeps in host memory (:mod:`~hetpart.costmodel.offload`)."""
+    return params * device_state_bytes(*state_bytes(precision, optimizer), zero, fraction, offload)
 
 
 def working_set_bytes(largest_unit_params: float, precision: str, zero: int) -> float:
@@ -90,13 +89,14 @@ def working_set_bytes(largest_unit_params: float, precision: str, zero: int) -> 
 
 
 def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, zero: int, fraction: float,
-                     optimizer: str = "adam") -> float:
-    """GB to add to an unsharded account of ``params`` parameters (16 bytes each) for level ``zero``: the
-    shards instead of the whole states, plus the working set (negative: sharding saves memory)."""
-    if not zero:
+                     optimizer: str = "adam", offload: str = "none") -> float:
+    """GB to add to an unsharded account of ``params`` parameters (16 bytes each) for level ``zero`` and
+    ``offload``: the shards the device keeps instead of the whole states, plus the working set (negative:
+    sharding saves memory)."""
+    if not zero and offload == "none":
         return 0.0
-    kept = (sharded_state_bytes(params, precision, zero, fraction, optimizer)
-            + working_set_bytes(largest_unit_params, precision, zero))
+    kept = (sharded_state_bytes(params, precision, zero, fraction, optimizer, offload)
+            + working_set_bytes(largest_unit_params, precision, 3 if offload == "full" else zero))
     return (kept - params * sum(state_bytes(precision, optimizer))) / 1e9
 
 

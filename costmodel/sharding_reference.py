@@ -55,6 +55,10 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             f = plan.shard_fraction(r)
             zero = plan.zero if plan.dp > 1 else 0
             keep = {0: w + g + opt, 1: w + g + opt * f, 2: w + (g + opt) * f, 3: (w + g + opt) * f}[zero]
+            if plan.offload == "optimizer":  # on the host: the moments, the master weights, sharded gradients
+                keep = {0: w + g, 1: w + g, 2: w, 3: w * f}[zero]
+            elif plan.offload == "full":  # everything on the host; units gathered as at level 3
+                keep, zero = 0.0, 3
             extra = {0: 0.0, 1: 0.0, 2: g * largest, 3: (2 * w + g) * largest}[zero]
             out[(r, d)] = (total + params * keep + extra) / 1e9
     return out

@@ -25,9 +25,13 @@ One training step of a :class:`~hetpart.plan.Plan`:
 3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held under Adam (read 16-bit
    gradient, fp32 master and two moments; write them back and the 16-bit weight; SGD and 8-bit Adam
    move less, :data:`~hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`) over HBM bandwidth,
-   after the slowest gradient all-reduce (global gradient-norm clipping needs them all).
+   after the slowest gradient all-reduce (global gradient-norm clipping needs them all). With host offload
+   (``plan.offload``, :mod:`~hetpart.costmodel.offload`) the step runs on the CPU at the node's memory
+   bandwidth, shared by the node's devices, plus the host copies: per unit and micro-batch beside the
+   sharded collectives where the states live on the host unit by unit, else once per step.
 
-Memory per device follows :mod:`~hetpart.costmodel.memory`.
+Memory per device follows :mod:`~hetpart.costmodel.memory`; an offloaded plan's states in host memory are
+checked against each node's (:meth:`Simulator.host_state_gb`).
 
 Context parallelism (``plan.cp > 1``, :mod:`~hetpart.costmodel.context_parallel`): each stage's ``cp``
 tensor-parallel groups run ``1/cp`` of every sequence, pay the key/value ring beside their attention,
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
@@ -62,6 +67,7 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches, state_bytes_per_param
+from hetpart.costmodel.offload import cpu_step_s, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb, state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
@@ -353,6 +359,7 @@ class Simulator:
         self._node_rdma = np.array([cluster.groups[g].nic.rdma for g, _ in numbers], dtype=bool)
         """Per node number: whether its NICs are RDMA (:meth:`_crosses_tcp`)."""
         self._unit_params: dict[int, list[float]] = {}
+        self._offload_node_cache: dict[tuple[str, ...], dict[tuple[int, int], int]] = {}
         self._stage_units: dict[tuple, _UnitPrefix] = {}
         """(devices, tp, split, (micro_batch, precision, recompute, attention)) -> :meth:`_unit_prefix`."""
         self._peaks: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
@@ -1248,23 +1255,52 @@ class Simulator:
                     out.setdefault(key, []).extend(times)
         return out
 
-    def _shard_exposed_s(self, plan: Plan, times: list[tuple[int, float]] | None, units: _UnitPrefix
+    def _shard_exposed_s(self, plan: Plan, times: list[tuple] | None, units: _UnitPrefix
                          ) -> tuple[float, float]:
         """Per micro-batch, the (forward, backward) seconds a stage adds for its sharded collectives at
         level 2 or 3 (:mod:`~hetpart.costmodel.sharding`): level 3 gathers each unit before its forward and
-        before its backward; both reduce-scatter each unit's gradient after its backward."""
+        before its backward; both reduce-scatter each unit's gradient after its backward. ``times``: per unit
+        ``(unit, seconds)`` (a gather and a reduce-scatter move the same bytes) or ``(unit, before, after)``
+        where host copies of an offloaded plan (:meth:`_unit_comm`) differ between the two."""
         if not times:
             return 0.0, 0.0
         f, b = units.fwd, units.bwd
-        fwd_s = [f[u + 1] - f[u] for u, _ in times]
-        bwd_s = [b[u + 1] - b[u] for u, _ in times]
-        comm = [t for _, t in times]
+        fwd_s = [f[x[0] + 1] - f[x[0]] for x in times]
+        bwd_s = [b[x[0] + 1] - b[x[0]] for x in times]
+        pre = [x[1] for x in times]
+        post = [x[-1] for x in times]
         if plan.zero >= 3:
             # the forward runs first unit up (gathering ahead), the backward last unit down
-            x_fwd = exposed_unit_comm_s(fwd_s, pre_s=comm)
-            x_bwd = exposed_unit_comm_s(bwd_s[::-1], pre_s=comm[::-1], post_s=comm[::-1])
+            x_fwd = exposed_unit_comm_s(fwd_s, pre_s=pre)
+            x_bwd = exposed_unit_comm_s(bwd_s[::-1], pre_s=pre[::-1], post_s=post[::-1])
             return x_fwd, x_bwd
-        return 0.0, exposed_unit_comm_s(bwd_s[::-1], post_s=comm[::-1])  # the last reduce-scatter trails
+        return 0.0, exposed_unit_comm_s(bwd_s[::-1], post_s=post[::-1])  # the last reduce-scatter trails
+
+    def _unit_comm(self, plan: Plan, shard_comm: dict | None) -> dict | None:
+        """The per-unit, per-micro-batch communication of each (replica, virtual stage): the sharded collectives
+        of :meth:`_shard_comm` plus the host copies of an offloaded plan (:mod:`~hetpart.costmodel.offload`):
+        ``full`` copies each unit's parameter shard to the device before its gathers and its gradient shard
+        back after its reduce-scatter, ``optimizer`` at level 2-3 only the gradient shard back. Values are
+        ``(unit, before, after)``; None when there is nothing per unit."""
+        zero = plan.zero if plan.dp * plan.cp > 1 else 0
+        both = plan.offload == "full"
+        if not both and not (plan.offload == "optimizer" and zero >= 2):
+            return shard_comm
+        w = state_bytes(plan.precision, plan.optimizer)[0]  # 16-bit weights and gradients: the same bytes
+        out: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
+        for r, rep in enumerate(plan.replicas):
+            fraction = self._fraction(plan, r) if zero else 1.0
+            for k, st in enumerate(rep.stages):
+                link = min(host_link_gbyte_s(g) for g in self._group(st.devices).gpus) * 1e9
+                tp = self._shard_tp(st)
+                base = {u: t for u, t in (shard_comm or {}).get((r, k), ())}
+                rows = []
+                for u in range(*st.layers):
+                    copy = self._tables.params_per_device(u, u + 1, tp) * fraction * w / link
+                    t = base.get(u, 0.0)
+                    rows.append((u, t + (copy if both else 0.0), t + copy))
+                out[(r, k)] = rows
+        return out
 
     def _add_param_gather(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict, optim: dict) -> None:
         """Levels 1-2: the all-gather of the updated parameters after the optimizer step, hidden behind the
@@ -1304,7 +1340,7 @@ class Simulator:
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
-        if zero >= 2:
+        if zero >= 2 or plan.offload == "full":
             largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
                           for k in range(d, rep.pp, pp))
         if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
@@ -1322,7 +1358,7 @@ class Simulator:
                 params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
             gb += work
             # the states tables.memory_gb counted whole, sharded instead
-            memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer)
+            memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer, plan.offload)
             if self.kernels == "torch" and flight >= m:
                 memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
             if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan):
@@ -1330,7 +1366,7 @@ class Simulator:
                 # each parameter's shard stays allocated beside its gathered copy (uneven fractions run
                 # on hetpart.runtime.dist_optimizer, whose parameters stay whole, unsharded)
                 memory += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
-            return memory, self._optimizer_s(rep.stages[d].devices, params * fraction, plan.optimizer)
+            return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
         work = np.zeros(len(group.gpus))
@@ -1341,7 +1377,10 @@ class Simulator:
             work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
         gbs += work
-        gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer) for n in held])
+        gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer,
+                                          plan.offload) for n in held])
+        if plan.offload != "none":
+            return float(gbs.max()), self._step_s(plan, rep.stages[d].devices, float(held.max()), fraction, zero)
         return (float(gbs.max()),  # against the smallest capacity of the group
                 max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus)))
 
@@ -1369,6 +1408,64 @@ class Simulator:
         measured = self._profiled.adam_s(gpu, params) if self._profiled is not None and optimizer == "adam" else None
         return measured if measured is not None else params * OPTIMIZER_STEP_BYTES[optimizer] / (gpu.hbm_gbyte_s * 1e9)
 
+    def _step_s(self, plan: Plan, devices: tuple[str, ...], params: float, fraction: float, zero: int) -> float:
+        """The optimizer step of one device holding ``params`` parameters (``fraction`` of their states):
+        on the device (:meth:`_optimizer_s`), or for an offloaded plan on the CPU, sharing the node's memory
+        bandwidth with the node's other devices of the plan, plus the host copies that are not per unit
+        (:mod:`~hetpart.costmodel.offload`): the gradient shard to the host at levels 0-1 and, at
+        ``optimizer``, the updated 16-bit shard back."""
+        share = params * fraction
+        if plan.offload == "none":
+            return self._optimizer_s(devices, share, plan.optimizer)
+        node_of = self._offload_nodes(plan)
+        sharing = max(node_of[(dev.group, dev.node)] for dev in map(self.cluster.device, devices))
+        first = self.cluster.device(devices[0])
+        t = cpu_step_s(share, OPTIMIZER_STEP_BYTES[plan.optimizer], self.cluster.groups[first.group], sharing)
+        if plan.offload == "optimizer":
+            w, g, _ = state_bytes(plan.precision, plan.optimizer)
+            link = min(host_link_gbyte_s(gpu) for gpu in self._group(devices).gpus) * 1e9
+            t += share * w / link + (share * g / link if zero <= 1 else 0.0)
+        return t
+
+    def _offload_nodes(self, plan: Plan) -> dict[tuple[int, int], int]:
+        """Devices of ``plan`` per (node group, node): they run their CPU optimizer steps at once."""
+        key = tuple(plan.devices)
+        hit = self._offload_node_cache.get(key)
+        if hit is None:
+            hit = self._offload_node_cache[key] = dict(Counter(
+                (dev.group, dev.node) for dev in map(self.cluster.device, plan.devices)))
+        return hit
+
+    def host_state_gb(self, plan: Plan) -> dict[tuple[int, int], float]:
+        """Host memory an offloaded plan's states take on each (node group, node) it uses, GB (empty when nothing
+        is offloaded): every device's :func:`~hetpart.costmodel.offload.host_state_bytes` on its node."""
+        if plan.offload == "none":
+            return {}
+        zero = plan.zero if plan.dp * plan.cp > 1 else 0
+        w, g, opt = state_bytes(plan.precision, plan.optimizer)
+        out: dict[tuple[int, int], float] = {}
+        for r, rep in enumerate(plan.replicas):
+            fraction = self._fraction(plan, r) if zero else 1.0
+            per_byte = host_state_bytes(w, g, opt, fraction, plan.offload)
+            for st in rep.stages:
+                params = self._tables.params_per_device(st.layers[0], st.layers[1], st.tp)
+                for did in st.devices:
+                    dev = self.cluster.device(did)
+                    out[(dev.group, dev.node)] = out.get((dev.group, dev.node), 0.0) + params * per_byte / 1e9
+        return out
+
+    def _host_metrics(self, plan: Plan) -> dict[str, Any]:
+        """For an offloaded plan: the most host memory one node's states take (``host_memory_gb``), that node's
+        capacity (``host_capacity_gb``: :func:`~hetpart.costmodel.offload.host_memory_gb`) and whether every
+        node holds its states (``host_fits``); empty otherwise."""
+        need = self.host_state_gb(plan)
+        if not need:
+            return {}
+        room = {key: host_memory_gb(self.cluster.groups[key[0]]) for key in need}
+        worst = max(need, key=lambda key: need[key] / room[key])
+        return {"host_memory_gb": float(need[worst]), "host_capacity_gb": float(room[worst]),
+                "host_fits": all(need[key] <= room[key] for key in need)}
+
     def _optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str = "adam") -> float:
         """Optimizer step of ``params`` parameters per device: measured (profile, Adam), else its bytes per
         parameter over the slowest device's HBM."""
@@ -1391,8 +1488,8 @@ class Simulator:
         flows = self._pipeline_flows(plan)
         cp_flows = self._cp_flows(plan) if cp > 1 else None
         alike: dict = {}
-        pipes = [self._pipe(plan, r, trace, seen, flows, shard_comm if plan.zero >= 2 else None, alike, cp_flows)
-                 for r in range(plan.dp)]
+        unit_comm = self._unit_comm(plan, shard_comm) if plan.zero >= 2 else None
+        pipes = [self._pipe(plan, r, trace, seen, flows, unit_comm, alike, cp_flows) for r in range(plan.dp)]
         if cp == 1:
             dp_end, dp_spent, dp_events, dp_collective = self._dp_sync(plan, pipes, trace)
         else:
@@ -1410,7 +1507,8 @@ class Simulator:
         run = self._run(plan)
         headroom = min(self._group(plan.replicas[r].stages[d].devices).capacity_gb - gb
                        for (r, d), gb in run.memory.items())
-        return Estimate(run.step, plan.global_batch * plan.seq_len / run.step, headroom >= 0, headroom)
+        fits = headroom >= 0 and self._host_metrics(plan).get("host_fits", True)
+        return Estimate(run.step, plan.global_batch * plan.seq_len / run.step, fits, headroom)
 
     # --------------------------------------------------------------------------------- Predictor
     name = "simulator"
@@ -1599,7 +1697,10 @@ class Simulator:
                 bubble += idle
                 fits = fits and memory <= capacity
         step = float(run.step)
+        host = self._host_metrics(plan)
+        fits = fits and host.get("host_fits", True)
         return {
+            **{k: v for k, v in host.items() if k != "host_fits"},
             "step_time_s": step,
             "tokens_per_s": samples * plan.seq_len / step,
             "samples_per_s": samples / step,

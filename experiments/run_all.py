@@ -118,6 +118,12 @@ def _host_overlap() -> Section:
     return section()
 
 
+def _offload() -> Section:
+    from hetpart.experiments.bench_offload import section
+
+    return section()
+
+
 def _loop_correction() -> Section:
     from hetpart.experiments.bench_correction import section
 
@@ -149,6 +155,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "arch-efficiency": _arch_efficiency,
     "host-overlap": _host_overlap,
     "loop-correction": _loop_correction,
+    "offload": _offload,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

@@ -52,6 +52,12 @@ class NodeGroup:
     """Number of NICs per node; the node's network bandwidth is ``nics_per_node * nic``."""
     zone: str = "default"
     """Zone (data centre, region) of the nodes."""
+    host_memory_gb: float = 0.0
+    """Host (CPU) memory of one node, GB; 0: not given (offloaded plans then assume
+    :func:`hetpart.costmodel.offload.host_memory_gb`'s default)."""
+    host_memory_gbyte_s: float = 0.0
+    """Memory bandwidth of one node's CPUs (a STREAM triad), GB/s; 0: not given (assumed, as above). Prices the
+    optimizer step an offloaded plan runs on the CPU."""
     mixed: tuple[tuple[GPUSpec, int], ...] = ()
     """Nodes holding several device types: ``(type, count)`` runs in local GPU order (``gpu`` is then
     the first run's type and ``gpus_per_node`` their total); empty when every device is ``gpu``."""
@@ -327,8 +333,9 @@ def _group_to_dict(g: NodeGroup) -> dict[str, Any]:
                                          for gpu, n in g.mixed]}
     else:
         gpus = {"gpus_per_node": g.gpus_per_node, "gpu": _named_or_inline(g.gpu, GPU_CATALOG, _GPU_FIELDS)}
+    host = {k: getattr(g, k) for k in ("host_memory_gb", "host_memory_gbyte_s") if getattr(g, k)}
     return {"count": g.count, **gpus, "intra_node": intra, "nic": nic, "nics_per_node": g.nics_per_node,
-            "zone": g.zone}
+            "zone": g.zone, **host}
 
 
 def _named_or_inline(spec: Any, catalog: dict[str, Any], fields: tuple[str, ...]) -> str | dict[str, Any]:
@@ -459,7 +466,7 @@ def _gpu_runs(data: dict, source: str, field: str) -> tuple[int, GPUSpec, tuple[
 def _node_group(data: Any, source: str, field: str) -> NodeGroup:
     data = v.require_mapping(SpecError, data, source, field)
     v.require_keys(SpecError, data, source, field, ["count", "intra_node", "nic"],
-                   ["gpus_per_node", "gpu", "gpus", "nics_per_node", "zone"])
+                   ["gpus_per_node", "gpu", "gpus", "nics_per_node", "zone", "host_memory_gb", "host_memory_gbyte_s"])
     gpus_per_node, gpu, mixed = _gpu_runs(data, source, field)
     return NodeGroup(
         count=v.integer(SpecError, data["count"], source, f"{field}.count", maximum=100_000),
@@ -471,6 +478,10 @@ def _node_group(data: Any, source: str, field: str) -> NodeGroup:
         nic=_inline_or_catalog(data["nic"], NIC_CATALOG, "NIC", source, f"{field}.nic", _nic),
         nics_per_node=v.integer(SpecError, data.get("nics_per_node", 1), source, f"{field}.nics_per_node", maximum=64),
         zone=_zone(data.get("zone", "default"), source, f"{field}.zone"),
+        host_memory_gb=v.number(SpecError, data["host_memory_gb"], source, f"{field}.host_memory_gb",
+                                maximum=1e6) if "host_memory_gb" in data else 0.0,
+        host_memory_gbyte_s=v.number(SpecError, data["host_memory_gbyte_s"], source, f"{field}.host_memory_gbyte_s",
+                                     maximum=1e5) if "host_memory_gbyte_s" in data else 0.0,
     )
 
 

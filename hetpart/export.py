@@ -12,7 +12,8 @@ parallelism, ...), never a silent approximation. The names are the engines' own:
 * torchtitan (``torchtitan/config/job_config.py``): ``[parallelism]`` degrees, ``pipeline_parallel_schedule``,
   ``module_fqns_per_model_part`` (the split, per model chunk) and the older ``pipeline_parallel_split_points``.
 * DeepSpeed: the JSON config (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
-  ``gradient_accumulation_steps``, ``zero_optimization.stage``, ``bf16``/``fp16``) and the
+  ``gradient_accumulation_steps``, ``zero_optimization.stage`` with its ``offload_optimizer`` /
+  ``offload_param``, ``bf16``/``fp16``) and the
   ``PipelineModule(num_stages=..., partition_method=...)`` arguments.
 
 Units of a hetpart transformer are ``embedding, block_0 .. block_{L-1}, head``.
@@ -146,6 +147,13 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
         if plan.zero >= 2:
             problems.append(f"ZeRO stage {plan.zero}: Megatron-LM's distributed optimizer shards optimizer states "
                             "(ZeRO-1) only; gradients and parameters stay replicated")
+    offload = getattr(plan, "offload", "none")
+    if offload != "none":
+        args["--use-distributed-optimizer"] = True  # Megatron-Core's CPU offload goes through it
+        args["--optimizer-cpu-offload"] = True
+        if offload == "full":
+            problems.append("offload full: Megatron-LM offloads the optimizer (--optimizer-cpu-offload), not the "
+                            "parameters; shown: the optimizer only")
     args = {k: v for k, v in args.items() if v is not None}
     lines = [k if v is True else f"{k} {v}" for k, v in args.items()]
     text = " \\\n".join(lines) + "\n"
@@ -229,6 +237,12 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
                         "replicates (data_parallel_replicate_degree); shown: replicated")
     training: dict[str, Any] = {"local_batch_size": plan.global_batch // max(1, shape.dp),
                                 "global_batch_size": plan.global_batch, "seq_len": plan.seq_len}
+    offload = getattr(plan, "offload", "none")
+    if offload == "full":
+        training["enable_cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer
+    elif offload == "optimizer":
+        problems.append("offload optimizer: torchtitan offloads with FSDP2's CPUOffloadPolicy (parameters, gradients "
+                        "and optimizer: training.enable_cpu_offload, offload full), not the optimizer alone")
     if plan.precision == "bf16":
         training["mixed_precision_param"] = "bfloat16"
     elif plan.precision == "fp32":
@@ -275,6 +289,11 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
                               "gradient_accumulation_steps": accumulation, "zero_optimization": {"stage": zero}}
     if plan.precision in ("bf16", "fp16"):
         config[plan.precision] = {"enabled": True}
+    offload = getattr(plan, "offload", "none")
+    if offload != "none":  # ZeRO-Offload; ZeRO-Infinity's parameter offload at stage 3
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if offload == "full":
+            config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if shape.tp > 1:
         problems.append(f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own "
                         "(Megatron-DeepSpeed adds it)")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from hetpart import _validate as v
 from hetpart.errors import PlanError
-from hetpart.vocabulary import ATTENTIONS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Attention, Optimizer, \
-    Precision, RecomputeMode, Schedule, chunks_per_device
+from hetpart.vocabulary import ATTENTIONS, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, SCHEDULES, Attention, Offload, \
+    Optimizer, Precision, RecomputeMode, Schedule, chunks_per_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -124,6 +124,11 @@ class Plan:
     zero: int = 0
     """Sharded data parallelism (ZeRO stage): 0 none, 1 optimizer states, 2 also gradients, 3 also
     parameters (FSDP full shard). The states of a unit are sharded over the replicas holding it."""
+    offload: Offload = "none"
+    """Model states kept in host memory (:data:`hetpart.vocabulary.OFFLOADS`, :mod:`hetpart.costmodel.offload`):
+    ``none``, ``optimizer`` (ZeRO-Offload: master weights, moments and gradient shards; the step on the CPU)
+    or ``full`` (also the parameters, gathered unit by unit; needs ``zero`` 3). Left out of the JSON when
+    ``none``."""
     shard_group: int = 0
     """Hybrid sharding (HSDP): states are sharded inside groups of this many consecutive replicas and
     replicated across the groups; 0 shards over all replicas (plain ZeRO / FSDP)."""
@@ -200,6 +205,7 @@ class Plan:
             "attention": self.attention,
             "allow_cross_node_tp": self.allow_cross_node_tp,
             "zero": self.zero,
+            **({"offload": self.offload} if self.offload != "none" else {}),
             **({"cp": self.cp} if self.cp != 1 else {}),
             **({"shard_group": self.shard_group} if self.shard_group else {}),
             **({"shard_fractions": list(self.shard_fractions)} if self.shard_fractions is not None else {}),
@@ -220,7 +226,7 @@ class Plan:
         data = v.require_mapping(PlanError, data, source, "")
         v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
                        ["schedule", "interleave", "recompute", "precision", "optimizer", "attention",
-                        "allow_cross_node_tp", "meta", "zero", "shard_group", "shard_fractions", "cp"])
+                        "allow_cross_node_tp", "meta", "zero", "offload", "shard_group", "shard_fractions", "cp"])
         schedule = data.get("schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise v.fail(PlanError, source, "schedule", f"unknown schedule {v.show(schedule)}; use {', '.join(SCHEDULES)}")
@@ -237,6 +243,9 @@ class Plan:
         if not isinstance(attention, str) or attention not in ATTENTIONS:
             raise v.fail(PlanError, source, "attention", f"unknown attention kernel {v.show(attention)}; use "
                          f"{', '.join(ATTENTIONS)}")
+        offload = data.get("offload", "none")
+        if not isinstance(offload, str) or offload not in OFFLOADS:
+            raise v.fail(PlanError, source, "offload", f"unknown offload {v.show(offload)}; use {', '.join(OFFLOADS)}")
         replicas = data["replicas"]
         if not isinstance(replicas, list) or not replicas:
             raise v.fail(PlanError, source, "replicas", "expected a non-empty list of replicas")
@@ -249,7 +258,7 @@ class Plan:
             schedule=schedule, recompute=recompute, precision=precision, optimizer=optimizer, attention=attention,
             interleave=v.integer(PlanError, data.get("interleave", 1), source, "interleave", maximum=128),
             allow_cross_node_tp=v.boolean(PlanError, data.get("allow_cross_node_tp", False), source, "allow_cross_node_tp"),
-            zero=_zero(data.get("zero", 0), source),
+            zero=_zero(data.get("zero", 0), source), offload=offload,
             shard_group=v.integer(PlanError, data.get("shard_group", 0), source, "shard_group", minimum=0,
                                   maximum=10**6),
             shard_fractions=_fractions(data.get("shard_fractions"), source),
@@ -325,6 +334,11 @@ class Plan:
         out = []
         if self.zero not in ZERO_LEVELS:
             out.append(f"zero: {self.zero} is not a sharding level; use 0, 1, 2 or 3")
+        if self.offload not in OFFLOADS:
+            out.append(f"offload: {self.offload!r} is not an offload level; use {', '.join(OFFLOADS)}")
+        if self.offload == "full" and self.zero != 3:
+            out.append(f"offload: 'full' keeps the parameters on the host and gathers them unit by unit, which "
+                       f"needs zero 3 (not {self.zero}); set zero 3 or offload 'optimizer'")
         if self.shard_group and (self.zero == 0 or self.dp % self.shard_group or self.shard_group == 1):
             why = ("needs zero >= 1" if self.zero == 0 else "shards nothing" if self.shard_group == 1
                    else f"does not divide the {self.dp} replicas")
@@ -456,11 +470,12 @@ class Plan:
 
     # ------------------------------------------------------------------------------- rendering
     def _sharding_text(self) -> str:
+        offload = f", offload={self.offload}" if self.offload != "none" else ""
         if not self.zero:
-            return ""
+            return offload
         hybrid = f" (hybrid: groups of {self.shard_group})" if self.shard_group else ""
         uneven = ", uneven shards" if self.shard_fractions is not None else ""
-        return f", zero={self.zero}{hybrid}{uneven}"
+        return f", zero={self.zero}{hybrid}{uneven}{offload}"
 
     def table(self, cluster: "Cluster | None" = None, model: "ModelGraph | None" = None, full: bool = False) -> "Table":
         """A rich table: one row per stage of each replica; identical replicas (same share, layers, TP

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = ["Precision", "PRECISIONS", "DTYPE_BYTES", "Optimizer", "OPTIMIZERS", "Attention", "ATTENTIONS",
-           "ARCHITECTURES", "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
+           "ARCHITECTURES", "Offload", "OFFLOADS", "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
            "RECOMPUTE_CHOICES", "Schedule", "SCHEDULES", "UnitKind", "UNIT_KINDS", "chunks_per_device"]
 
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
@@ -32,6 +32,13 @@ Attention = Literal["fused", "eager"]
 """Attention kernel: ``fused`` (flash / SDPA: no attention-score matrix stored) or ``eager`` (scores
 and softmax stored for the backward, Korthikanti et al. 2022's ``5 a s^2``)."""
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
+Offload = Literal["none", "optimizer", "full"]
+"""Model states kept in host memory: ``optimizer`` the fp32 master weights, the optimizer's moments and the
+gradient shards, with the optimizer step run on the CPU (ZeRO-Offload, Ren et al. 2021; DeepSpeed's
+``offload_optimizer``, Megatron-Core's ``--optimizer-cpu-offload``); ``full`` also the 16-bit parameters,
+copied to the device unit by unit before each gather (FSDP2's ``CPUOffloadPolicy``, ZeRO-Infinity's
+``offload_param``; needs ``zero`` 3)."""
+OFFLOADS: tuple[str, ...] = get_args(Offload)
 ARCHITECTURES: tuple[str, ...] = ("pascal", "volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3", "davinci")
 """GPU architectures the cost model knows (``GPUSpec.arch``)."""
 

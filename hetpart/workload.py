@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass
 
 from hetpart._validate import show
 from hetpart.errors import WorkloadError
-from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OPTIMIZERS, PRECISIONS, RECOMPUTE_CHOICES, Attention,
-                                Optimizer, Precision, Recompute)
+from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE_CHOICES,
+                                Attention, Offload, Optimizer, Precision, Recompute)
 
 __all__ = ["Precision", "Recompute", "Optimizer", "Attention", "Workload", "DTYPE_BYTES", "default_precision",
            "check_precision"]
@@ -33,6 +33,8 @@ class Workload:
     stored) or ``eager`` (the ``a s^2`` scores and softmax are stored for the backward)."""
     zero: int | None = None
     """Sharded data parallelism (ZeRO stage 0-3, ``--zero``); None lets the planner choose."""
+    offload: Offload = "none"
+    """Model states kept in host memory (``--offload``: none, optimizer, full; :mod:`hetpart.costmodel.offload`)."""
 
     def __post_init__(self) -> None:
         for name, value, limit in (("global_batch", self.global_batch, 10**8), ("seq_len", self.seq_len, 10**7)):
@@ -46,6 +48,11 @@ class Workload:
             raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise WorkloadError(f"--zero: {show(self.zero)} is not a sharding level; use 0, 1, 2 or 3")
+        if not isinstance(self.offload, str) or self.offload not in OFFLOADS:
+            raise WorkloadError(f"--offload: unknown offload {show(self.offload)}; use {', '.join(OFFLOADS)}")
+        if self.offload == "full" and self.zero not in (None, 3):
+            raise WorkloadError(f"--offload: 'full' gathers the parameters from the host unit by unit, which needs "
+                                f"--zero 3 (not {self.zero}); use --zero 3 or --offload optimizer")
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise WorkloadError(f"--optimizer: unknown optimizer {show(self.optimizer)}; use {', '.join(OPTIMIZERS)}")
         if not isinstance(self.attention, str) or self.attention not in ATTENTIONS:
@@ -64,6 +71,8 @@ class Workload:
         out = asdict(self)
         if out["zero"] is None:  # left to the planner: records written before --zero read the same
             del out["zero"]
+        if out["offload"] == "none":  # records written before --offload read the same
+            del out["offload"]
         return out
 
 

@@ -77,6 +77,8 @@ def with_full_shard_fallback(planner, model, cluster, workload, evaluate):
     or None."""
     from dataclasses import replace
 
+    if workload.offload == "full" and workload.zero is None:  # the parameters on the host need FSDP's full shard
+        workload = replace(workload, zero=3)
     best = planner(model, cluster, workload, evaluate)
     for zero in (1, 2, 3) if workload.zero is None else ():
         if best is not None:
@@ -110,21 +112,40 @@ LONG_SEQUENCE = 16384
 torchtitan recipes turn it on for sequences of 16K-32K tokens and beyond)."""
 
 
+def device_state_bytes_per_param(workload: "Workload") -> float:
+    """The least model-state bytes per parameter the devices hold together, however the states are sharded:
+    all of them, or under ``offload`` only the 16-bit weights (``optimizer``) or none (``full``)."""
+    from hetpart.costmodel.memory import state_bytes_per_param
+    from hetpart.costmodel.sharding import state_bytes
+
+    if workload.offload == "full":
+        return 0.0
+    if workload.offload == "optimizer":
+        return state_bytes(workload.precision, workload.optimizer)[0]
+    return float(state_bytes_per_param(workload.optimizer))
+
+
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
     """A :class:`WorkloadError` that says why nothing fits and what would."""
-    from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
+    from hetpart.costmodel.memory import memory_capacity_gb
 
-    per_param = state_bytes_per_param(workload.optimizer)
+    per_param = device_state_bytes_per_param(workload)
     state_gb = model.num_params * per_param / 1e9
     capacity = sum(memory_capacity_gb(d.gpu) for d in cluster.devices)
-    hint = (f"the weights, gradients and {workload.optimizer} states alone need {state_gb:.1f} GB and the cluster's "
-            f"devices hold {capacity:.1f} GB usable in all")
+    kept = {"none": f"the weights, gradients and {workload.optimizer} states",
+            "optimizer": "the 16-bit weights (the rest offloaded)", "full": "the states"}[workload.offload]
+    hint = f"{kept} alone need {state_gb:.1f} GB and the cluster's devices hold {capacity:.1f} GB usable in all"
     if state_gb >= capacity:
         fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
                "activations) or a cluster with more device memory")
+        if workload.offload == "none":
+            fix += ("; or keep the optimizer in host memory (--offload optimizer: ZeRO-Offload, 2 bytes per "
+                    "parameter left on the devices; --offload full with --zero 3 keeps none)")
     else:
         fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
                "a shorter --seq-len, or more devices")
+        if workload.offload == "none":
+            fix += ", or keep the optimizer in host memory (--offload optimizer)"
         if workload.seq_len >= LONG_SEQUENCE and model.config is not None:
             fix += ("; at this sequence length the activations are what does not fit: context parallelism splits "
                     "them (the planners do not choose it yet; price a grid with 'hetpart predict ... --cp 2' "

@@ -70,6 +70,10 @@ def assemble(stage_groups: Sequence[Sequence[tuple[str, ...]]], bounds: Sequence
         stages = tuple(Stage((int(a), int(b)), tuple(g), len(g)) for g, a, b in zip(groups, cuts[:-1], cuts[1:]))
         replicas.append(Replica(count * micro_batch / workload.global_batch, stages))
     zero = (workload.zero or 0) if zero is None else zero
+    if workload.offload == "full":  # the parameters come from the host unit by unit: FSDP's full shard
+        zero = 3
+    elif len(replicas) == 1:
+        zero = 0
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, precision=workload.precision,
-                zero=zero if len(replicas) > 1 else 0, optimizer=workload.optimizer, attention=workload.attention)
+                zero=zero, optimizer=workload.optimizer, attention=workload.attention, offload=workload.offload)

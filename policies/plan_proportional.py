@@ -238,7 +238,8 @@ def _partial_plan(layout: _Layout, recompute: str, workload: "Workload") -> Plan
                                    for g, a, b in zip(groups, cuts[:-1], cuts[1:])))
                      for groups, cuts, c in zip(layout.groups, layout.bounds, layout.counts))
     return Plan(global_batch=workload.global_batch, micro_batch=layout.micro_batch, seq_len=workload.seq_len,
-                replicas=replicas, schedule="1f1b", recompute=recompute, precision=workload.precision, zero=0,
+                replicas=replicas, schedule="1f1b", recompute=recompute, precision=workload.precision,
+                zero=3 if workload.offload == "full" else 0, offload=workload.offload,
                 optimizer=workload.optimizer, attention=workload.attention)
 
 

@@ -432,12 +432,16 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
     check_zones_connected(cluster)
     zero = (workload.zero or 0) if zero is None else zero
     return _Context(model, cluster, workload, options, device_pools(cluster),
-                    CostTable(model, cluster, workload.precision, workload.optimizer, workload.attention), zero=zero)
+                    CostTable(model, cluster, workload.precision, workload.optimizer, workload.attention,
+                              offload=workload.offload), zero=zero)
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:
-    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits."""
-    return (0, 1, 2, 3) if workload.zero is None else (workload.zero,)
+    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits (only 3 when the
+    parameters live on the host: ``offload`` full)."""
+    if workload.zero is not None:
+        return (workload.zero,)
+    return (3,) if workload.offload == "full" else (0, 1, 2, 3)
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))

@@ -111,8 +111,9 @@ def _check_workload(model: "ModelGraph", workload: "Workload") -> None:
 
 def _check_capacity(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> None:
     """Fail fast when the model states alone exceed every device's memory together."""
-    from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
+    from hetpart.costmodel.memory import memory_capacity_gb
+    from hetpart.policies.common import device_state_bytes_per_param
 
-    state_gb = model.num_params * state_bytes_per_param(workload.optimizer) / 1e9
+    state_gb = model.num_params * device_state_bytes_per_param(workload) / 1e9
     if state_gb > sum(memory_capacity_gb(d.gpu) for d in cluster.devices):
         raise no_plan_error(model, cluster, workload, planner, "the model states alone exceed the cluster's memory")

@@ -57,6 +57,8 @@ class StageCosts:
     """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
     precision: str = "bf16"
     optimizer: str = "adam"
+    offload: str = "none"
+    """What the plan keeps in host memory (:mod:`hetpart.costmodel.offload`)."""
 
     def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
                ) -> np.ndarray:
@@ -72,8 +74,8 @@ class StageCosts:
 
 def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float) -> np.ndarray:
     need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
-    if zero:
-        scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer)
+    if zero or costs.offload != "none":
+        scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer, costs.offload)
                  / state_bytes_per_param(costs.optimizer))
         need = need - costs.states_gb * (1.0 - scale)
         if zero >= 2:
@@ -108,13 +110,14 @@ class CostTable:
     """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute) for one model and cluster."""
 
     def __init__(self, model: ModelGraph, cluster: Cluster, precision: str, optimizer: str = "adam",
-                 attention: str = "fused", kernels: str = DEFAULT_KERNELS) -> None:
+                 attention: str = "fused", kernels: str = DEFAULT_KERNELS, offload: str = "none") -> None:
         self.model = model
         self.kernels = kernels
         self.cluster = cluster
         self.precision = precision
         self.optimizer = optimizer
         self.attention = attention
+        self.offload = offload
         self.get = lru_cache(maxsize=None)(self._build)
 
     def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> StageCosts:
@@ -140,7 +143,7 @@ class CostTable:
         work = np.array(unit_working_bytes(model, recompute, self.attention, self.kernels))
         extra = _range_max(work / div) * micro_batch / 1e9
         return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
-                          self.precision, self.optimizer)
+                          self.precision, self.optimizer, self.offload)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""

@@ -45,8 +45,9 @@ def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> li
                 params += model.range_params(*s.layers, s.tp)
                 largest = max([largest] + [model.range_params(u, u + 1, s.tp) for u in range(*s.layers)])
             base += work
-            at0 = base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 0.0, plan.optimizer)
-            slope = base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 1.0, plan.optimizer) - at0
+            at0 = base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 0.0, plan.optimizer, plan.offload)
+            slope = (base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 1.0, plan.optimizer, plan.offload)
+                     - at0)
             capacity = min(memory_capacity_gb(cluster.device(x).gpu) for x in rep.stages[d].devices)
             limit = min(limit, (capacity - at0) / slope if slope > 0 else float("inf"))
         out.append(limit)

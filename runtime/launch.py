@@ -240,8 +240,8 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
         replicas = scaled.replicas
     small = Plan(global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=seq, replicas=replicas,
                  schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
-                 allow_cross_node_tp=plan.allow_cross_node_tp, zero=plan.zero, shard_group=plan.shard_group,
-                 shard_fractions=plan.shard_fractions, meta=dict(plan.meta))
+                 allow_cross_node_tp=plan.allow_cross_node_tp, zero=plan.zero, offload=plan.offload,
+                 shard_group=plan.shard_group, shard_fractions=plan.shard_fractions, meta=dict(plan.meta))
     small.check(graph, cluster, source="plan (shrunken model)")
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)

@@ -91,9 +91,12 @@ def dp_tp_mesh(ex: "Executor"):
 def apply_sharding(ex: "Executor") -> set[str]:
     """Shard ``ex``'s units with FSDP2; returns the canonical keys FSDP now owns (their gradients no
     longer go through the all-reduce buckets)."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     zero = ex.plan.zero
+    # offload "full": FSDP2 keeps each sharded parameter, its gradient and the optimizer's states in host memory
+    # and copies the shard to the device before each all-gather (on a CPU device host memory is the device's)
+    policy = CPUOffloadPolicy(pin_memory=ex.device.type == "cuda") if ex.plan.offload == "full" else OffloadPolicy()
     owned: set[str] = set()
     tied = _tied_keys(ex)
     ranks_of = {k: b.ranks for b in ex.layout.buckets for k in b.keys if ex.rank in b.ranks}
@@ -109,13 +112,15 @@ def apply_sharding(ex: "Executor") -> set[str]:
             if len(ranks) < 2:
                 continue
             mesh = ex.dp_tp_mesh["dp"] if ex.dp_tp_mesh is not None else _mesh(ex, ranks)
-            fully_shard(unit, mesh=mesh, reshard_after_forward=zero >= 3, ignored_params=ignored or None)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=zero >= 3, ignored_params=ignored or None,
+                        offload_policy=policy)
             _sum_gradients(unit)
             owned.update(keys)
             sharded_any = mesh
         if zero == 1 and sharded_any is not None:
             # A root over the stage: the pipeline defers its units' reduce-scatters to the step's end.
-            fully_shard(module, mesh=sharded_any, reshard_after_forward=False, ignored_params=ignored_all or None)
+            fully_shard(module, mesh=sharded_any, reshard_after_forward=False, ignored_params=ignored_all or None,
+                        offload_policy=policy)
             _sum_gradients(module)
     return owned
 

@@ -3,7 +3,8 @@
 ZeRO levels 1-3 and hybrid sharding, with uneven batch shares (levels 2-3 pad the smaller replica with
 zero-weighted micro-batches), pipelines (GPipe, 1F1B, interleaved), replicas cut at different places
 (level 1), tied embeddings across stages: after one step the loss and every gradient equal the
-single-process reference; a few Adam steps on sharded states follow the reference's losses.
+single-process reference; a few Adam steps on sharded states follow the reference's losses. Host offload
+(FSDP2's ``CPUOffloadPolicy``) passes the same gate.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ CASES: dict[str, tuple[RunnableSpec, Plan]] = {
     "z1_tp2_gpt": (GPT, _tp2(1)),
     "z2_tp2_gpt2": (GPT2, _tp2(2, 12, 2, "1f1b")),
     "z3_tp2_llama": (LLAMA, _tp2(3)),
+    # Host offload: FSDP2's CPUOffloadPolicy (full), and the optimizer's states on the host (on a CPU device the
+    # same memory, so the plan runs as it is).
+    "z3_offload_full_llama": (LLAMA, dataclasses.replace(_alike(3, "1f1b", 12, 2), offload="full")),
+    "z2_offload_optimizer_gpt2": (GPT2, dataclasses.replace(_alike(2, "1f1b", 12, 2), offload="optimizer")),
 }
 TRAIN_STEPS = 3
 
@@ -135,6 +140,8 @@ def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards_at_level
         Replica(0.75, (_st(0, 14, "0/0/0"),)), Replica(0.25, (_st(0, 14, "1/0/0"),))))
     prep = prepare_run(plan, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
     assert prep.run_plan.zero == 3
+    prep = prepare_run(dataclasses.replace(plan, offload="full"), "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))
+    assert (prep.run_plan.zero, prep.run_plan.offload) == (3, "full")
     uneven = dataclasses.replace(plan, shard_fractions=(0.8, 0.2))
     with pytest.raises(PlanError, match=r"plan \(the gpt2-small that runs\): shard_fractions: uneven shards do not run at zero 3"):
         prepare_run(uneven, "gpt2-small", "tiny-mixed", RunOptions(scale="tiny"))

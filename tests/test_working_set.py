@@ -68,11 +68,13 @@ def _chunks(plan, r, d):
     return [rep.stages[k] for k in range(d, rep.pp, pp)]
 
 
-@pytest.mark.parametrize("zero,recompute,fractions", [(0, "selective", None), (0, "full", None),
-                                                      (2, "none", None), (3, "selective", None),
-                                                      (1, "none", (0.7, 0.3))])
-def test_every_path_gives_the_simulators_per_device_peak(gpt2, cluster, zero, recompute, fractions):
-    plan = _interleaved(2, zero, recompute, fractions)
+@pytest.mark.parametrize("zero,recompute,fractions,offload", [
+    (0, "selective", None, "none"), (0, "full", None, "none"), (2, "none", None, "none"),
+    (3, "selective", None, "none"), (1, "none", (0.7, 0.3), "none"),
+    (0, "selective", None, "optimizer"), (1, "none", (0.7, 0.3), "optimizer"), (2, "none", None, "optimizer"),
+    (3, "selective", None, "optimizer"), (3, "full", None, "full")])
+def test_every_path_gives_the_simulators_per_device_peak(gpt2, cluster, zero, recompute, fractions, offload):
+    plan = replace(_interleaved(2, zero, recompute, fractions), offload=offload)
     assert not plan.validate(gpt2, cluster)
     sim = _simulated(gpt2, cluster, plan)
     assert len(sim) == 4

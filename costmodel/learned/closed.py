@@ -517,7 +517,7 @@ def record_examples(records: list[dict], progress=None) -> list[dict]:
 def _composable(plan: Plan) -> bool:
     """Whether :func:`compose` prices ``plan`` (else the simulator does)."""
     return (not plan.zero or plan.dp < 2) and all(s.tp_split is None for r in plan.replicas for s in r.stages) \
-        and int(getattr(plan, "cp", 1) or 1) <= 1
+        and int(getattr(plan, "cp", 1) or 1) <= 1 and plan.offload == "none"
 
 
 @dataclass(frozen=True)
@@ -683,7 +683,7 @@ def closed_predictor(model, cluster, workload=None, *, checkpoint=None):
 class ClosedPredictor(_predictor_base()):
     """The Predictor protocol over :func:`compose` and the learned :class:`ClosedHead`: many plans in
     one numpy pass. Memory is analytic. Plans it does not compose (ZeRO, uneven tensor-parallel
-    splits, context parallelism) are priced by the simulator (``metrics["priced_by"]``)."""
+    splits, context parallelism, host offload) are priced by the simulator (``metrics["priced_by"]``)."""
 
     name = "learned"
 

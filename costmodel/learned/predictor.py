@@ -9,8 +9,9 @@ accounting), never learned.
 Every answer carries its uncertainty (``metrics["uncertainty"]``): the variance head's relative
 standard deviation, and ``out_of_distribution`` when some input lies outside what the model was
 trained on (then the relative standard deviation is at least ``OOD_RELATIVE_STD``). It never refuses
-an input the simulator accepts, except context-parallel plans (``cp > 1``): none were in its training
-set and its features have no place for them, so it names the simulator instead.
+an input the simulator accepts, except context-parallel plans (``cp > 1``) and plans that offload states to
+the host (``offload``): none were in its training set and its features have no place for them, so it names
+the simulator instead.
 """
 
 from __future__ import annotations
@@ -161,6 +162,10 @@ class LearnedPredictor:
             if plan.cp != 1:  # its features describe stages of tp devices holding whole sequences
                 out[i] = (f"plan: cp: {plan.cp}: the learned predictor was trained on plans without context "
                           "parallelism and cannot price one; use --predictor simulator")
+                continue
+            if plan.offload != "none":  # host copies and a CPU optimizer step: nothing of the kind in its training
+                out[i] = (f"plan: offload: {plan.offload!r}: the learned predictor was trained on plans that keep "
+                          "their states on the devices and cannot price host offload; use --predictor simulator")
                 continue
             by_precision.setdefault(plan.precision, []).append(i)
         batches = {}

@@ -21,6 +21,9 @@ Precision = typer.Option(None, "--precision", help="bf16, fp16, fp32, tf32 or fp
 RecomputeOpt = typer.Option("auto", "--recompute", help="none, selective, full or auto.")
 ZeroOpt = typer.Option(None, "--zero", help="Sharded data parallelism: 0 none, 1 optimizer states, 2 + gradients, "
                        "3 + parameters (FSDP). plan: default lets the planner choose; predict: default the plan's, else 0.")
+OffloadOpt = typer.Option(None, "--offload", help="Model states in host memory: none, optimizer (ZeRO-Offload: "
+                          "master weights, moments and gradient shards; the optimizer step on the CPU) or full (also "
+                          "the parameters; needs --zero 3). plan: default none; predict: default the plan's, else none.")
 OptimizerOpt = typer.Option("adam", "--optimizer", help="adam, sgd (momentum) or adam8bit: model-state bytes and "
                             "optimizer step time.")
 AttentionOpt = typer.Option("fused", "--attention", help="fused (flash/SDPA: no attention-score matrix stored) or "
@@ -86,11 +89,11 @@ def params_text(n: float) -> str:
 
 
 def workload_from(global_batch: int, seq_len: int, precision: str, recompute: str, zero: int | None = None,
-                  optimizer: str = "adam", attention: str = "fused"):
+                  optimizer: str = "adam", attention: str = "fused", offload: str | None = None):
     from hetpart.workload import Workload
 
     return Workload(global_batch=global_batch, seq_len=seq_len, precision=precision, recompute=recompute, zero=zero,
-                    optimizer=optimizer, attention=attention)
+                    optimizer=optimizer, attention=attention, offload=offload or "none")
 
 
 def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool) -> dict:

@@ -10,7 +10,7 @@ import typer
 
 from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
 from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, OverlapGradOpt,
-                                OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
+                                OffloadOpt, OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
                                 engine_options, resolve_precision, workload_from)
 
 __all__ = ["register"]
@@ -44,14 +44,17 @@ def _load(model: str, cluster: str, seq_len: int | None, precision: str | None, 
 
 def _metrics_line(metrics: dict[str, Any]) -> str:
     mem = ", ".join(f"{k} {v:.1f} GB" for k, v in metrics["peak_memory_gb"].items())
+    host = (f", host memory {metrics['host_memory_gb']:.1f} of {metrics['host_capacity_gb']:.0f} GB per node"
+            if "host_memory_gb" in metrics else "")
     return (f"step {metrics['step_time_s']:.3f} s, {metrics['tokens_per_s']:,.0f} tokens/s, MFU "
-            f"{metrics['mfu'] * 100:.1f}%, bubble {metrics['bubble_fraction'] * 100:.1f}%, peak memory {mem}")
+            f"{metrics['mfu'] * 100:.1f}%, bubble {max(0.0, metrics['bubble_fraction']) * 100:.1f}%, peak memory "
+            f"{mem}{host}")
 
 
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
                  seq_len: Optional[int] = SeqLen, precision: Optional[str] = Precision, recompute: str = RecomputeOpt,
-                 zero: Optional[int] = ZeroOpt, optimizer: str = OptimizerOpt, attention: str = AttentionOpt,
-                 planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
+                 zero: Optional[int] = ZeroOpt, offload: Optional[str] = OffloadOpt, optimizer: str = OptimizerOpt,
+                 attention: str = AttentionOpt, planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  profile_path: Optional[Path] = ProfileOpt,
                  overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
@@ -60,11 +63,11 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     from hetpart.policies import get_planner, plan, upper_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
-    workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention)  # bad options fail before loading too
+    workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention, offload)  # bad options fail early
     profile = load_profile_option(profile_path, predictor)
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
-    workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention)
+    workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention, offload)
     options = ({"profile": profile} if profile is not None else {}) | engine_options(overlap_p2p, overlap_grad_reduce)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         chosen_predictor = _predictor(predictor, graph, cl, workload, options)
@@ -184,7 +187,7 @@ def predict_command(
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the plan's, else 2048)."),
         precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16, fp32, tf32 or fp8 (default: the plan's, else bf16; fp8 on Hopper, Ada and MI300 only)."),
         recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
-        zero: Optional[int] = ZeroOpt,
+        zero: Optional[int] = ZeroOpt, offload: Optional[str] = OffloadOpt,
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, sgd or adam8bit (default: the plan's, else adam)."),
         attention: Optional[str] = typer.Option(None, "--attention", help="fused or eager (default: the plan's, else fused)."),
         plan_path: Optional[Path] = typer.Option(None, "--plan", help="A plan JSON written by 'hetpart plan --out'."),
@@ -229,8 +232,9 @@ def predict_command(
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
     optimizer = optimizer or (plan.optimizer if plan else "adam")
     attention = attention or (plan.attention if plan else "fused")
+    offload = offload or (plan.offload if plan else "none")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
-                             recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention)
+                             recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention, offload)
     if plan is not None and (order is not None or cp is not None):
         from hetpart.errors import PlanError
 
@@ -242,9 +246,11 @@ def predict_command(
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     if zero is not None and plan.zero != zero:
         plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
+    if plan.offload != offload:
+        plan = replace(plan, offload=offload)
     if plan_path is not None and recompute is None:
         workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero,
-                                 workload.optimizer, workload.attention)
+                                 workload.optimizer, workload.attention, offload)
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
                            **engine_options(overlap_p2p, overlap_grad_reduce))
     prediction = chosen.predict(plan, workload, validate=True)
