@@ -256,8 +256,9 @@ def _adam(spec, device: str, tick: Callable[[], None] | None = None) -> tuple[fl
     through the two."""
     from hetpart.runtime.models import build_units
 
-    units = build_units(spec, [0, 1, spec.num_units - 1], device=device)
-    small = [p for p in units[1].parameters()]
+    indices = _adam_units(spec, device)
+    units = build_units(spec, indices, device=device)
+    small = [p for p in units[indices.index(1)].parameters()]
     large = [p for u in units for p in u.parameters()]
     points = [(sum(p.numel() for p in ps), _adam_step_s(ps, device, tick=tick)) for ps in (small, large)]
     (n1, t1), (n2, t2) = points
@@ -265,6 +266,41 @@ def _adam(spec, device: str, tick: Callable[[], None] | None = None) -> tuple[fl
     if per_param == 0.0:  # noise swamped the difference: all of it per parameter
         return 0.0, t2 / n2
     return max(t1 - per_param * n1, 0.0), per_param
+
+
+ADAM_BYTES_PER_PARAM = 24
+"""What timing an Adam step holds per parameter: the fp32 weight, its gradient, two moments, and torch's
+multi-tensor step's temporaries (about two more)."""
+
+
+def _adam_units(spec, device: str) -> list[int]:
+    """The units whose Adam step :func:`_adam` times: the three unit kinds (embedding, a block, the head), or,
+    where their states would not fit the memory at hand (a large vocabulary on a small machine: llama3-8b's
+    1.27 B parameters need 30 GB), the first two blocks, so that calibrating never runs out of memory."""
+    from hetpart.runtime.models import _meta_units
+
+    kinds = [0, 1, spec.num_units - 1]
+    need = sum(p.numel() for u in _meta_units(spec, kinds) for p in u.parameters()) * ADAM_BYTES_PER_PARAM
+    free = _free_bytes(device)
+    if free is None or need <= 0.8 * free or spec.num_units < 4:
+        return kinds
+    return [1, 2]
+
+
+def _free_bytes(device: str) -> float | None:
+    """Memory free on ``device`` (CUDA: the driver's free bytes; CPU: Linux's MemAvailable), None if unknown."""
+    import torch
+
+    if device.startswith("cuda"):
+        return float(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _adam_step_s(params, device: str, repeats: int = 9, tick: Callable[[], None] | None = None) -> float:

@@ -79,3 +79,22 @@ def test_cuda_devices_bind_to_their_catalog_types_and_others_are_stand_ins():
     assert b["A100-80GB"].device == "NVIDIA A100-SXM4-80GB" and not b["A100-80GB"].stand_in
     assert b["H100-80GB"].device == "NVIDIA H100 80GB HBM3" and not b["H100-80GB"].stand_in
     assert b["V100-32GB"].stand_in
+
+
+def test_the_adam_timing_keeps_to_the_memory_at_hand(monkeypatch):
+    """llama3-8b's embedding, block and head hold 1.27 B parameters, 30 GB of Adam timing states: on a machine
+    with less free, calibrate times two blocks instead (it was killed for memory on a 24 GB machine)."""
+    import importlib
+
+    from hetpart.runtime.models import runnable_spec
+
+    calibrate = importlib.import_module("hetpart.runtime.calibrate")  # the package re-exports a function of that name
+
+    spec = runnable_spec("llama3-8b", None)
+    assert calibrate._free_bytes("cpu") > 0  # Linux: MemAvailable
+    monkeypatch.setattr(calibrate, "_free_bytes", lambda device: 23e9)
+    assert calibrate._adam_units(spec, "cpu") == [1, 2]
+    monkeypatch.setattr(calibrate, "_free_bytes", lambda device: 64e9)
+    assert calibrate._adam_units(spec, "cpu") == [0, 1, spec.num_units - 1]
+    monkeypatch.setattr(calibrate, "_free_bytes", lambda device: None)
+    assert calibrate._adam_units(spec, "cpu") == [0, 1, spec.num_units - 1]
