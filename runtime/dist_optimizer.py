@@ -49,6 +49,7 @@ DTensor holding what another replica slices) counts ``1 / tp`` from each of its 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -405,10 +406,11 @@ class ShardedAdam:
         reduces what no hook has (a parameter that got no gradient this micro-batch), in unit order."""
         if self.level == 1:
             self.grad_shard = torch.zeros(self.numel, dtype=torch.float32, device=self.ex.device)
-            grads = {k: _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
-                     for unit in self.units for k, p in zip(unit.keys, unit.params)}
+            owners = {k: p for unit in self.units for k, p in zip(unit.keys, unit.params)}
+            grads = {k: _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for k, p in owners.items()}
+            left = Counter(seg.key for fused in self.fused for bucket in fused.buckets for seg in bucket.segments)
             for fused in self.fused:
-                self._reduce_fused_into_shard(fused, grads)
+                self._reduce_fused_into_shard(fused, grads, owners, left)
             for unit in self.units:
                 for p in unit.params:
                     p.grad = None  # freed: the shard holds what this rank owns of it
@@ -429,10 +431,13 @@ class ShardedAdam:
             self.grad_shard[bucket.shard_at: bucket.shard_at + length] += piece.float()
         unit.pending = 0
 
-    def _reduce_fused_into_shard(self, fused: _Fused, grads: dict[str, torch.Tensor]) -> None:
+    def _reduce_fused_into_shard(self, fused: _Fused, grads: dict[str, torch.Tensor],
+                                 owners: dict[str, torch.nn.Parameter], left: Counter) -> None:
         """Level 1: the fused buckets' gradients (``grads``: key -> this rank's gradient) laid out
         member-major (:class:`_Fused`), reduce-scattered in one collective, each bucket's piece added to its
-        place in the shard."""
+        place in the shard. A gradient is freed as soon as the last of its segments (``left``: segments per
+        key not yet copied) is in the fused buffer, so the buffer fills as the gradients go and the step's
+        peak does not hold both (it did: +16 MB on a rank holding 0.75 of the shards, measured)."""
         ranges = fused.ranges
         send = None
         for i, bucket in enumerate(fused.buckets):
@@ -442,6 +447,12 @@ class ShardedAdam:
             for j, (start, length) in enumerate(bucket.ranges):
                 at = ranges[j][0] + sum(b.ranges[j][1] for b in fused.buckets[:i])
                 send[at: at + length] = flat[start: start + length]
+            del flat
+            for seg in bucket.segments:
+                left[seg.key] -= 1
+                if left[seg.key] == 0:
+                    grads.pop(seg.key, None)
+                    owners[seg.key].grad = None
         piece = self._reduce_scatter(fused, send)
         at = 0
         for bucket in fused.buckets:
