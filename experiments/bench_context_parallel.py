@@ -15,7 +15,6 @@ Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_context_parallel`` 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 __all__ = ["CASES", "ANCHOR", "cluster", "rows", "anchor_rows", "section", "main"]
@@ -186,16 +185,9 @@ def section():
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
-    args = parser.parse_args(argv)
-    if args.write:
-        from hetpart.experiments.benchdoc import write_section
+    from hetpart.experiments.benchdoc import bench_main
 
-        print(write_section(section()))
-        return 0
-    print(_table(rows()))
-    return 0
+    return bench_main(__doc__.splitlines()[0], section, lambda: _table(rows()), argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_offload`` (about a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -179,16 +178,9 @@ def section():
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
-    args = parser.parse_args(argv)
-    if args.write:
-        from hetpart.experiments.benchdoc import write_section
+    from hetpart.experiments.benchdoc import bench_main
 
-        print(write_section(section()))
-        return 0
-    print(_prediction_table(prediction_rows()))
-    return 0
+    return bench_main(__doc__.splitlines()[0], section, lambda: _prediction_table(prediction_rows()), argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,8 +22,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["Section", "Machine", "machine", "render", "write_section", "read_sections", "DOC"]
+__all__ = ["Section", "Machine", "machine", "render", "write_section", "read_sections", "bench_main", "DOC"]
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
 _BEGIN = "<!-- BEGIN SECTION {key} -->"
@@ -115,6 +116,19 @@ def write_section(section: Section | tuple[str, str], path: Path = DOC) -> Path:
         text = text.rstrip() + "\n\n" + block
     path.write_text(text)
     return path
+
+
+def bench_main(description: str, section: "Callable[[], Section]", preview: Callable[[], str],
+               argv: list[str] | None = None) -> int:
+    """The command line of a benchmark module: ``--write`` rewrites its block of docs/BENCHMARKS.md from
+    ``section()``; without it, prints ``preview()`` (its table, nothing written)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--write", action="store_true", help="rewrite the section of docs/BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    print(write_section(section()) if args.write else preview())
+    return 0
 
 
 def _cpu() -> str:
