@@ -1454,7 +1454,7 @@ class Simulator:
                     out[(dev.group, dev.node)] = out.get((dev.group, dev.node), 0.0) + params * per_byte / 1e9
         return out
 
-    def _host_metrics(self, plan: Plan) -> dict[str, Any]:
+    def host_metrics(self, plan: Plan) -> dict[str, Any]:
         """For an offloaded plan: the most host memory one node's states take (``host_memory_gb``), that node's
         capacity (``host_capacity_gb``: :func:`~hetpart.costmodel.offload.host_memory_gb`) and whether every
         node holds its states (``host_fits``); empty otherwise."""
@@ -1507,7 +1507,7 @@ class Simulator:
         run = self._run(plan)
         headroom = min(self._group(plan.replicas[r].stages[d].devices).capacity_gb - gb
                        for (r, d), gb in run.memory.items())
-        fits = headroom >= 0 and self._host_metrics(plan).get("host_fits", True)
+        fits = headroom >= 0 and self.host_metrics(plan).get("host_fits", True)
         return Estimate(run.step, plan.global_batch * plan.seq_len / run.step, fits, headroom)
 
     # --------------------------------------------------------------------------------- Predictor
@@ -1697,7 +1697,7 @@ class Simulator:
                 bubble += idle
                 fits = fits and memory <= capacity
         step = float(run.step)
-        host = self._host_metrics(plan)
+        host = self.host_metrics(plan)
         fits = fits and host.get("host_fits", True)
         return {
             **{k: v for k, v in host.items() if k != "host_fits"},

@@ -161,6 +161,7 @@ def test_predict_takes_offload_and_the_learned_predictor_leaves_it_to_the_simula
     assert code == 2 and "--offload: 'full'" in err and "needs --zero 3 (not 2)" in err
     learned = cli_json(capsys, *grid, "--offload", "optimizer", "--predictor", "learned", "--json")["metrics"]
     assert learned["priced_by"] == "simulator" and learned["step_time_s"] == pytest.approx(off["step_time_s"])
+    assert learned["host_memory_gb"] == pytest.approx(off["host_memory_gb"])
 
 
 def test_export_names_each_engines_offload(model) -> None:

@@ -783,4 +783,6 @@ class ClosedPredictor(_predictor_base()):
         for plan, res in zip(plans, out):
             if not isinstance(res, str):
                 res.metrics["priced_by"] = self.name if _composable(plan) else "simulator"
+                if plan.offload != "none" and self._sim is not None:  # the simulator's host-memory report
+                    res.metrics.update({k: v for k, v in self._sim.host_metrics(plan).items() if k != "host_fits"})
         return out
