@@ -148,7 +148,8 @@ def _summary(plan: "Plan", m: Mapping[str, Any], bound: Mapping[str, Any] | None
         kpis.append(_kpi(f"{m['tokens_per_s'] / bound['tokens_per_s'] * 100:.1f}%", "of HETHUB's upper bound"))
     shape = (f"{plan.dp} replicas, micro-batch {plan.micro_batch}, schedule {plan.schedule}"
              f"{f' x{plan.interleave}' if plan.interleave > 1 else ''}, recompute {plan.recompute}, "
-             f"precision {plan.precision}")
+             f"precision {plan.precision}"
+             f"{f', ZeRO {plan.zero}' if plan.zero else ''}{f', offload {plan.offload}' if plan.offload != 'none' else ''}")
     return f'<section id="summary"><h2>Summary</h2><div class="kpis">{"".join(kpis)}</div><p>{html.escape(shape)}</p></section>'
 
 
@@ -161,6 +162,8 @@ def _metrics_section(m: Mapping[str, Any], bound: Mapping[str, Any] | None, plan
         ["model TFLOPS per device", f"{m['model_tflops_per_device']:.1f}"], ["MFU", f"{m['mfu'] * 100:.2f}%"],
         ["bubble fraction", f"{m['bubble_fraction'] * 100:.2f}%"],
         *[[f"peak memory, {gpu}", f"{gb:.2f} GB"] for gpu, gb in m["peak_memory_gb"].items()],
+        *([["host memory (offloaded states)", f"{m['host_memory_gb']:.1f} of {m['host_capacity_gb']:.0f} GB on the "
+                                                 "fullest node"]] if "host_memory_gb" in m else []),
         ["fits in memory", "yes" if m["fits_in_memory"] else "NO"]]
     if bound:
         rows += [["HETHUB upper bound", f"{bound['tokens_per_s']:,.0f} tokens/s "

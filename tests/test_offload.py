@@ -184,3 +184,12 @@ def test_the_benchmark_prices_every_case_and_says_which_fit() -> None:
     t4 = {r["offload"]: r for r in rows if r["model"] == "gpt3-1.3b"}
     assert not t4["none"]["fits"] and t4["optimizer"]["fits"] and t4["none"]["host_gb"] is None
     assert "gpt3-1.3b on one-t4 fits only at zero 0 + optimizer" in _fitting(rows)
+
+
+def test_the_report_names_the_sharding_and_the_host_memory(model) -> None:
+    from hetpart.report import plan_report
+
+    cluster = _cluster()
+    plan = _dp2(model, 2, "optimizer")
+    page = plan_report(plan, cluster, model, Simulator(model, cluster).simulate(plan, trace=True))
+    assert "ZeRO 2, offload optimizer" in page and "host memory (offloaded states)" in page
