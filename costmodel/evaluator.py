@@ -135,7 +135,7 @@ class Evaluator:
         from hetpart.costmodel.tp_split import param_shares
 
         v = plan.chunks_per_device
-        zero = plan.zero if plan.dp > 1 else 0
+        zero = plan.zero if plan.dp > 1 or plan.offload != "none" else 0  # offloaded: a lone replica streams its gradients
         for r, rep in enumerate(plan.replicas):
             pp, m = rep.pp // v, microbatches_run(plan, r)
             for d in range(pp):

@@ -4,8 +4,10 @@ Two levels (plan key ``offload``, :data:`hetpart.vocabulary.OFFLOADS`):
 
 * ``optimizer`` -- ZeRO-Offload (Ren et al., USENIX ATC 2021; DeepSpeed's ``offload_optimizer: cpu``,
   Megatron-Core's ``--optimizer-cpu-offload``). The device keeps its 16-bit weights (a shard of them at
-  ``zero`` 3) and, at ``zero`` 0-1, its whole 16-bit gradients; the fp32 master weights, the optimizer's
-  moments and the gradient shard live in host memory, and the optimizer step runs on the CPU. Per step
+  ``zero`` 3) and, at ``zero`` 0-1, its whole 16-bit gradients (Megatron-Core's offload keeps its gradient
+  buffer); the fp32 master weights, the optimizer's moments and the gradient shard live in host memory, and
+  the optimizer step runs on the CPU. Level 2 streams the gradients to the host unit by unit even for a lone
+  replica (DeepSpeed's ZeRO-Offload on one GPU, whose device keeps 2 bytes per parameter). Per step
   each device copies its gradient shard to the host (at ``zero`` 2-3 unit by unit after each reduce-scatter,
   overlapped with the backward as the reduce-scatters are; at 0-1 after the gradient reduction), the CPU
   steps, and the updated 16-bit shard is copied back (before the parameter all-gather at levels 1-2).

@@ -53,7 +53,7 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             total += work
             total -= params * (w + g + opt)  # the unsharded states stage_memory_gb counted
             f = plan.shard_fraction(r)
-            zero = plan.zero if plan.dp > 1 else 0
+            zero = plan.zero if plan.dp > 1 or plan.offload != "none" else 0
             keep = {0: w + g + opt, 1: w + g + opt * f, 2: w + (g + opt) * f, 3: (w + g + opt) * f}[zero]
             if plan.offload == "optimizer":  # on the host: the moments, the master weights, sharded gradients
                 keep = {0: w + g, 1: w + g, 2: w, 3: w * f}[zero]

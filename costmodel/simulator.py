@@ -1282,7 +1282,7 @@ class Simulator:
         ``full`` copies each unit's parameter shard to the device before its gathers and its gradient shard
         back after its reduce-scatter, ``optimizer`` at level 2-3 only the gradient shard back. Values are
         ``(unit, before, after)``; None when there is nothing per unit."""
-        zero = plan.zero if plan.dp * plan.cp > 1 else 0
+        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
         both = plan.offload == "full"
         if not both and not (plan.offload == "optimizer" and zero >= 2):
             return shard_comm
@@ -1336,7 +1336,9 @@ class Simulator:
         ``m`` micro-batches, ``fraction`` of the sharded states)."""
         v = plan.chunks_per_device
         tables = self._tables
-        zero = plan.zero if plan.dp * plan.cp > 1 else 0  # one replica (of one rank) has nothing to shard
+        # one replica (of one rank) has nothing to shard, but ZeRO-Offload streams its gradients to the host as
+        # at level 2 (Ren et al. 2021: a lone GPU keeps only its 16-bit weights)
+        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
@@ -1441,7 +1443,7 @@ class Simulator:
         is offloaded): every device's :func:`~hetpart.costmodel.offload.host_state_bytes` on its node."""
         if plan.offload == "none":
             return {}
-        zero = plan.zero if plan.dp * plan.cp > 1 else 0
+        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
         w, g, opt = state_bytes(plan.precision, plan.optimizer)
         out: dict[tuple[int, int], float] = {}
         for r, rep in enumerate(plan.replicas):

@@ -361,7 +361,7 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
 
     replicas, changed = [], False
     v = plan.chunks_per_device
-    zero = plan.zero if plan.dp * plan.cp > 1 else 0  # one replica has nothing to shard (as the simulator)
+    zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0  # as the simulator
     for r, rep in enumerate(plan.replicas):
         stages = list(rep.stages)
         pp, m = rep.pp // v, plan.num_microbatches(r)

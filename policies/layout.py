@@ -72,8 +72,8 @@ def assemble(stage_groups: Sequence[Sequence[tuple[str, ...]]], bounds: Sequence
     zero = (workload.zero or 0) if zero is None else zero
     if workload.offload == "full":  # the parameters come from the host unit by unit: FSDP's full shard
         zero = 3
-    elif len(replicas) == 1:
-        zero = 0
+    elif len(replicas) == 1 and workload.offload == "none":  # one replica has nothing to shard (offloaded, it
+        zero = 0  # streams its gradients to the host at level 2: ZeRO-Offload on one GPU)
     return Plan(global_batch=workload.global_batch, micro_batch=micro_batch, seq_len=workload.seq_len,
                 replicas=tuple(replicas), schedule=schedule, recompute=recompute, precision=workload.precision,
                 zero=zero, optimizer=workload.optimizer, attention=workload.attention, offload=workload.offload)

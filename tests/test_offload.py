@@ -193,3 +193,25 @@ def test_the_report_names_the_sharding_and_the_host_memory(model) -> None:
     plan = _dp2(model, 2, "optimizer")
     page = plan_report(plan, cluster, model, Simulator(model, cluster).simulate(plan, trace=True))
     assert "ZeRO 2, offload optimizer" in page and "host memory (offloaded states)" in page
+
+
+def test_one_gpu_zero_offload_keeps_only_its_weights(model) -> None:
+    """ZeRO-Offload on a lone GPU (Ren et al. 2021: 13 B parameters on one 32 GB V100) streams its gradients to
+    the host as at level 2, so the device keeps 2 bytes per parameter; at level 0 the gradients stay whole
+    (Megatron-Core's CPU offload). Every path that prices memory agrees on both."""
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.costmodel.sharding_reference import reference_memory_gb
+
+    cluster = _cluster(gpus=1)
+    n = model.num_units
+    one = Plan(global_batch=8, micro_batch=2, seq_len=S, recompute="full", zero=2, offload="optimizer",
+               replicas=(Replica(1.0, (Stage((0, n), ("0/0/0",), 1),)),))
+    params = model.range_params(0, n, 1)
+    sim = Simulator(model, cluster)
+    streamed, whole = (sim.simulate(replace(one, zero=z)).breakdown[0]["memory_gb"] for z in (2, 0))
+    largest = max(model.range_params(u, u + 1, 1) for u in range(n))
+    assert whole - streamed == pytest.approx((params * 2 - largest * 2) / 1e9, rel=1e-9)  # grads, less one unit's
+    for plan in (one, replace(one, zero=0)):
+        want = sim.simulate(plan).breakdown[0]["memory_gb"]
+        assert reference_memory_gb(model, plan)[(0, 0)] == pytest.approx(want, rel=1e-12)
+        assert Evaluator(model, cluster, Workload(8, S)).device_memory_gb(plan)[(0, 0)] == pytest.approx(want, rel=1e-12)
