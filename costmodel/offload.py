@@ -22,8 +22,8 @@ Where the numbers come from:
   reach it (CUDA ``bandwidthTest``-style figures users publish: about 12 GB/s on PCIe 3, 24-26 on PCIe 4,
   50-55 on PCIe 5), by architecture: Pascal, Volta and Turing boards are PCIe 3, Ampere, Ada, CDNA2 and
   Ascend 910B PCIe 4, Hopper and CDNA3 PCIe 5. ASSUMED per architecture, not measured here (no GPU). A
-  GH200 reaches its CPU over NVLink-C2C (450 GB/s per direction, NVIDIA's datasheet); it is priced at
-  the PCIe 5 figure all the same, which under-sells it.
+  GH200 reaches its CPU over NVLink-C2C instead: 900 GB/s both ways in NVIDIA's datasheet, 450 per
+  direction (:data:`HOST_LINK_BY_NAME`).
 * **The CPU's optimizer step** (:func:`cpu_step_s`): element-wise over the parameter shard, bound by the
   host's memory bandwidth: :data:`~hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES` per parameter over the
   node's bandwidth (a STREAM triad figure) shared by the node's offloading devices (they step at the same
@@ -51,7 +51,7 @@ from hetpart.hardware import GIB, GPUSpec
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import NodeGroup
 
-__all__ = ["HOST_LINK_GBYTE_S", "DEFAULT_HOST_MEMORY_GBYTE_S", "CPU_ADAM_BANDWIDTH_FRACTION", "host_link_gbyte_s",
+__all__ = ["HOST_LINK_GBYTE_S", "HOST_LINK_BY_NAME", "DEFAULT_HOST_MEMORY_GBYTE_S", "CPU_ADAM_BANDWIDTH_FRACTION", "host_link_gbyte_s",
            "host_memory_gb", "host_memory_gbyte_s", "device_state_bytes", "host_state_bytes", "cpu_step_s"]
 
 HOST_LINK_GBYTE_S: dict[str, float] = {
@@ -61,6 +61,8 @@ HOST_LINK_GBYTE_S: dict[str, float] = {
 }
 """ASSUMED: one direction of a device's PCIe x16 link as pinned host copies reach it, GB/s, by architecture
 (module docstring); an unknown architecture gets the PCIe 3 figure."""
+HOST_LINK_BY_NAME: dict[str, float] = {"GH200": 450.0}
+"""Devices whose host link is not their architecture's PCIe, by name prefix: GB/s per direction (datasheets)."""
 DEFAULT_HOST_MEMORY_GBYTE_S = 150.0
 """ASSUMED: a node's CPU memory bandwidth (STREAM triad) where the cluster file gives none, GB/s: two sockets
 of the DDR4 generation reach 150-300, one workstation socket 50-100."""
@@ -71,7 +73,11 @@ moves its 28 bytes per parameter at this multiple of a STREAM triad's reported b
 
 
 def host_link_gbyte_s(gpu: GPUSpec) -> float:
-    """GB/s of one direction of ``gpu``'s link to its host (:data:`HOST_LINK_GBYTE_S`)."""
+    """GB/s of one direction of ``gpu``'s link to its host (:data:`HOST_LINK_BY_NAME`, else
+    :data:`HOST_LINK_GBYTE_S` by architecture)."""
+    for prefix, rate in HOST_LINK_BY_NAME.items():
+        if gpu.name.startswith(prefix):
+            return rate
     return HOST_LINK_GBYTE_S.get(gpu.arch, 12.0)
 
 

@@ -215,3 +215,11 @@ def test_one_gpu_zero_offload_keeps_only_its_weights(model) -> None:
         want = sim.simulate(plan).breakdown[0]["memory_gb"]
         assert reference_memory_gb(model, plan)[(0, 0)] == pytest.approx(want, rel=1e-12)
         assert Evaluator(model, cluster, Workload(8, S)).device_memory_gb(plan)[(0, 0)] == pytest.approx(want, rel=1e-12)
+
+
+def test_the_host_link_follows_the_bus_and_grace_hopper_has_its_own() -> None:
+    from hetpart.catalog.hardware import GPU_CATALOG
+
+    got = {name: host_link_gbyte_s(GPU_CATALOG[name]) for name in ("V100-16GB", "A100-80GB", "H100-80GB",
+                                                                    "GH200-96GB")}
+    assert got == {"V100-16GB": 12.0, "A100-80GB": 24.0, "H100-80GB": 50.0, "GH200-96GB": 450.0}
