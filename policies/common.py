@@ -69,18 +69,31 @@ def recompute_modes(workload: "Workload") -> tuple[str, ...]:
     return (workload.recompute,)
 
 
+def offload_level(workload: "Workload") -> "Workload":
+    """``workload`` with the sharding level its offload needs where it leaves the level open: 3 when the
+    parameters live on the host (``full``), 1 when the optimizer does (level 0 would have every replica step
+    all the parameters on its node's CPU); unchanged otherwise."""
+    from dataclasses import replace
+
+    if workload.zero is not None or workload.offload == "none":
+        return workload
+    return replace(workload, zero=3 if workload.offload == "full" else 1)
+
+
 def with_full_shard_fallback(planner, model, cluster, workload, evaluate):
     """``planner(model, cluster, workload, evaluate)``; when nothing fits and the workload leaves the
     sharding level open, the same planner again with states sharded over data parallelism, level 1 up
     to 3 (FSDP's full shard) until something fits: the obvious default of a baseline where nothing fits
-    otherwise (one huge unit can fit at level 1 and not at 3, which gathers it whole). Returns its best
-    or None."""
+    otherwise (one huge unit can fit at level 1 and not at 3, which gathers it whole). With host offload it
+    starts at level 3 (``full``) or 1 (``optimizer``). Returns its best or None."""
     from dataclasses import replace
 
-    if workload.offload == "full" and workload.zero is None:  # the parameters on the host need FSDP's full shard
-        workload = replace(workload, zero=3)
+    rest: tuple[int, ...] = (1, 2, 3) if workload.zero is None else ()
+    if workload.zero is None and workload.offload != "none":
+        workload = offload_level(workload)
+        rest = (2, 3) if workload.offload == "optimizer" else ()
     best = planner(model, cluster, workload, evaluate)
-    for zero in (1, 2, 3) if workload.zero is None else ():
+    for zero in rest:
         if best is not None:
             break
         best = planner(model, cluster, replace(workload, zero=zero), evaluate)

@@ -437,11 +437,12 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:
-    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits (only 3 when the
-    parameters live on the host: ``offload`` full)."""
+    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits. Offloaded, only
+    3 when the parameters live on the host (``full``), and from 1 up when the optimizer does: at level 0 every
+    replica would step all the parameters on its node's CPU, where level 1 divides that work among them."""
     if workload.zero is not None:
         return (workload.zero,)
-    return (3,) if workload.offload == "full" else (0, 1, 2, 3)
+    return {"full": (3,), "optimizer": (1, 2, 3)}.get(workload.offload, (0, 1, 2, 3))
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))

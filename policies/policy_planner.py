@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator
-from hetpart.policies.common import no_plan_error
+from hetpart.policies.common import no_plan_error, offload_level
 from hetpart.errors import SpecError
 from hetpart.policies.observation import StaticFeatures, observe
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState
@@ -299,6 +299,7 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         WorkloadError: no structure fits in memory.
     """
     options.setdefault("network_alone", not options.get("refine", True))
+    workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
     found = decode(model, cluster, workload, evaluator=evaluator, **options).best
     if found is None:
         raise no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")

@@ -223,3 +223,18 @@ def test_the_host_link_follows_the_bus_and_grace_hopper_has_its_own() -> None:
     got = {name: host_link_gbyte_s(GPU_CATALOG[name]) for name in ("V100-16GB", "A100-80GB", "H100-80GB",
                                                                     "GH200-96GB")}
     assert got == {"V100-16GB": 12.0, "A100-80GB": 24.0, "H100-80GB": 50.0, "GH200-96GB": 450.0}
+
+
+def test_planners_shard_an_offloaded_optimizer_from_level_one() -> None:
+    """At level 0 every replica would step all the parameters on its node's CPU; the planners start an offloaded
+    optimizer at level 1 (and parameters on the host at 3) unless the workload names a level."""
+    from hetpart.policies.common import offload_level
+    from hetpart.policies.plan_search import zero_levels
+
+    assert zero_levels(Workload(8, S)) == (0, 1, 2, 3)
+    assert zero_levels(Workload(8, S, offload="optimizer")) == (1, 2, 3)
+    assert zero_levels(Workload(8, S, offload="full")) == (3,)
+    assert zero_levels(Workload(8, S, zero=0, offload="optimizer")) == (0,)
+    assert offload_level(Workload(8, S, offload="optimizer")).zero == 1
+    assert offload_level(Workload(8, S, offload="full")).zero == 3
+    assert offload_level(Workload(8, S)).zero is None
