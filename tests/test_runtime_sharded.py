@@ -151,14 +151,15 @@ def test_the_launcher_runs_the_plans_sharding_and_refuses_uneven_shards_at_level
 
 
 @pytest.mark.slow
-def test_a_sharded_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
-    """Sharded weights and Adam states (FSDP2 DTensors at level 3) go through
-    ``torch.distributed.checkpoint`` as shards: one step, a checkpoint, one more step resumed equals two
+@pytest.mark.parametrize("offload", ["none", "full"])
+def test_a_sharded_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path: Path, offload: str) -> None:
+    """Sharded weights and Adam states (FSDP2 DTensors at level 3, in host memory with ``offload: full``) go
+    through ``torch.distributed.checkpoint`` as shards: one step, a checkpoint, one more step resumed equals two
     steps uninterrupted."""
     zero = 3
     from hetpart.runtime.launch import RunOptions, run_plan
 
-    plan = Plan(global_batch=8, micro_batch=2, seq_len=128, zero=zero, replicas=(
+    plan = Plan(global_batch=8, micro_batch=2, seq_len=128, zero=zero, offload=offload, replicas=(
         Replica(0.75, (_st(0, 14, "0/0/0"),)), Replica(0.25, (_st(0, 14, "1/0/0"),))),
         meta={"model": "gpt2-small", "cluster": "tiny-mixed"})
 
