@@ -282,6 +282,7 @@ class Cluster:
                  "intra_node": g.intra_node.name, "intra_node_gbyte_s": g.intra_node.bandwidth_gbyte_s,
                  "nic": g.nic.name, "nics_per_node": g.nics_per_node,
                  "node_bandwidth_gbit_s": g.nics_per_node * g.nic.bandwidth_gbit_s, "zone": g.zone,
+                 **{k: getattr(g, k) for k in ("host_memory_gb", "host_memory_gbyte_s") if getattr(g, k)},
                  "device_ids": f"{i}/0/0 .. {i}/{g.count - 1}/{g.gpus_per_node - 1}"}
                 for i, g in enumerate(self.groups)
             ],

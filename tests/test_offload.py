@@ -127,6 +127,7 @@ def test_the_cluster_file_takes_host_memory_and_its_bandwidth(tmp_path: Path) ->
     cluster = load_cluster(str(path))
     assert (cluster.groups[0].host_memory_gb, cluster.groups[0].host_memory_gbyte_s) == (1024.0, 300.0)
     assert parse_cluster(cluster_to_dict(cluster), "again").groups[0] == cluster.groups[0]
+    assert cluster.summary()["node_groups"][0]["host_memory_gb"] == 1024.0  # hetpart inspect cluster --json
     path.write_text("name: c\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, "
                     "nic: IB-HDR, host_memory_gb: -4}\n")
     with pytest.raises(SpecError, match=r"c.yaml.*nodes\[0\].host_memory_gb.*must be > 0"):
