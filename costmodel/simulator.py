@@ -1363,7 +1363,7 @@ class Simulator:
             memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer, plan.offload)
             if self.kernels == "torch" and flight >= m:
                 memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
-            if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan):
+            if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan) and plan.dp * plan.cp > 1:
                 # hetpart's runtime runs even levels 1-2 on FSDP2 without resharding after the forward:
                 # each parameter's shard stays allocated beside its gathered copy (uneven fractions run
                 # on hetpart.runtime.dist_optimizer, whose parameters stay whole, unsharded)
