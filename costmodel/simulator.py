@@ -1709,7 +1709,7 @@ class Simulator:
             "hardware_tflops_per_device": float((model_flops + recompute) / step / n / 1e12),
             "model_tflops_per_device": float(model_flops / step / n / 1e12),
             "mfu": float(model_flops / step / peak),
-            "bubble_fraction": float(bubble / span) if span > 0 else 0.0,
+            "bubble_fraction": max(0.0, float(bubble / span)) if span > 0 else 0.0,  # not -1e-16 from rounding
             "peak_memory_gb": {k: float(x) for k, x in peak_mem.items()},
             "fits_in_memory": fits,
         }
