@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = ["Precision", "PRECISIONS", "DTYPE_BYTES", "Optimizer", "OPTIMIZERS", "Attention", "ATTENTIONS",
-           "ARCHITECTURES", "Offload", "OFFLOADS", "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
+           "ARCHITECTURES", "Offload", "OFFLOADS", "OffloadChoice", "OFFLOAD_CHOICES",
+           "RecomputeMode", "RECOMPUTE_MODES", "Recompute",
            "RECOMPUTE_CHOICES", "Schedule", "SCHEDULES", "UnitKind", "UNIT_KINDS", "chunks_per_device"]
 
 Precision = Literal["bf16", "fp16", "fp32", "tf32", "fp8"]
@@ -39,6 +40,10 @@ gradient shards, with the optimizer step run on the CPU (ZeRO-Offload, Ren et al
 copied to the device unit by unit before each gather (FSDP2's ``CPUOffloadPolicy``, ZeRO-Infinity's
 ``offload_param``; needs ``zero`` 3)."""
 OFFLOADS: tuple[str, ...] = get_args(Offload)
+OffloadChoice = Literal["none", "optimizer", "full", "auto"]
+"""What a workload asks for: an offload, or ``auto`` (the planner offloads only where nothing fits otherwise:
+none first, then the optimizer, then everything)."""
+OFFLOAD_CHOICES: tuple[str, ...] = get_args(OffloadChoice)
 ARCHITECTURES: tuple[str, ...] = ("pascal", "volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3", "davinci")
 """GPU architectures the cost model knows (``GPUSpec.arch``)."""
 

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass
 
 from hetpart._validate import show
 from hetpart.errors import WorkloadError
-from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE_CHOICES,
-                                Attention, Offload, Optimizer, Precision, Recompute)
+from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OFFLOAD_CHOICES, OPTIMIZERS, PRECISIONS, RECOMPUTE_CHOICES,
+                                Attention, OffloadChoice, Optimizer, Precision, Recompute)
 
 __all__ = ["Precision", "Recompute", "Optimizer", "Attention", "Workload", "DTYPE_BYTES", "default_precision",
            "check_precision"]
@@ -33,8 +33,9 @@ class Workload:
     stored) or ``eager`` (the ``a s^2`` scores and softmax are stored for the backward)."""
     zero: int | None = None
     """Sharded data parallelism (ZeRO stage 0-3, ``--zero``); None lets the planner choose."""
-    offload: Offload = "none"
-    """Model states kept in host memory (``--offload``: none, optimizer, full; :mod:`hetpart.costmodel.offload`)."""
+    offload: OffloadChoice = "none"
+    """Model states kept in host memory (``--offload``: none, optimizer, full; :mod:`hetpart.costmodel.offload`),
+    or ``auto``: the planner offloads only where nothing fits otherwise (:func:`hetpart.policies.plan`)."""
 
     def __post_init__(self) -> None:
         for name, value, limit in (("global_batch", self.global_batch, 10**8), ("seq_len", self.seq_len, 10**7)):
@@ -48,8 +49,8 @@ class Workload:
             raise WorkloadError(f"--recompute: unknown mode {show(self.recompute)}; use none, selective, full or auto")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise WorkloadError(f"--zero: {show(self.zero)} is not a sharding level; use 0, 1, 2 or 3")
-        if not isinstance(self.offload, str) or self.offload not in OFFLOADS:
-            raise WorkloadError(f"--offload: unknown offload {show(self.offload)}; use {', '.join(OFFLOADS)}")
+        if not isinstance(self.offload, str) or self.offload not in OFFLOAD_CHOICES:
+            raise WorkloadError(f"--offload: unknown offload {show(self.offload)}; use {', '.join(OFFLOAD_CHOICES)}")
         if self.offload == "full" and self.zero not in (None, 3):
             raise WorkloadError(f"--offload: 'full' gathers the parameters from the host unit by unit, which needs "
                                 f"--zero 3 (not {self.zero}); use --zero 3 or --offload optimizer")

@@ -125,6 +125,12 @@ LONG_SEQUENCE = 16384
 torchtitan recipes turn it on for sequences of 16K-32K tokens and beyond)."""
 
 
+OFFLOAD_HINTS = ("; or keep the optimizer in host memory (--offload optimizer: ZeRO-Offload, 2 bytes per parameter "
+                 "left on the devices; --offload full with --zero 3 keeps none)",
+                 ", or keep the optimizer in host memory (--offload optimizer)")
+"""What :func:`no_plan_error` adds for a workload that offloads nothing (dropped where offload was tried)."""
+
+
 def device_state_bytes_per_param(workload: "Workload") -> float:
     """The least model-state bytes per parameter the devices hold together, however the states are sharded:
     all of them, or under ``offload`` only the 16-bit weights (``optimizer``) or none (``full``)."""
@@ -152,13 +158,12 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
         fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
                "activations) or a cluster with more device memory")
         if workload.offload == "none":
-            fix += ("; or keep the optimizer in host memory (--offload optimizer: ZeRO-Offload, 2 bytes per "
-                    "parameter left on the devices; --offload full with --zero 3 keeps none)")
+            fix += OFFLOAD_HINTS[0]
     else:
         fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
                "a shorter --seq-len, or more devices")
         if workload.offload == "none":
-            fix += ", or keep the optimizer in host memory (--offload optimizer)"
+            fix += OFFLOAD_HINTS[1]
         if workload.seq_len >= LONG_SEQUENCE and model.config is not None:
             fix += ("; at this sequence length the activations are what does not fit: context parallelism splits "
                     "them (the planners do not choose it yet; price a grid with 'hetpart predict ... --cp 2' "

@@ -80,7 +80,12 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     Raises:
         PlanError: unknown planner, predictor or option.
         WorkloadError: no plan fits (the message says why and what would fit).
+
+    With ``workload.offload`` ``auto`` the planner plans without offload first, then with the optimizer on
+    the host, then with everything there (``full``, at level 3), and returns the first that fits.
     """
+    if workload.offload == "auto":
+        return _plan_offload_auto(model, cluster, workload, planner, predictor, options)
     chosen_planner = get_planner(planner)
     check_options(chosen_planner, options)
     _check_workload(model, workload)
@@ -101,6 +106,27 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
         "workload": workload.to_dict(), "planner": planner,
         "predicted_tokens_per_s": best.tokens_per_s})
     return PlanResult(chosen, prediction, wall, planner, evaluator.describe())
+
+
+def _plan_offload_auto(model, cluster, workload, planner, predictor, options) -> PlanResult:
+    """:func:`plan` with ``offload: auto``: none, then ``optimizer``, then ``full`` (not where ``--zero`` names a
+    level below 3), the first that fits; when none does, the error of planning without offload, which says
+    why, and that offloading did not help either."""
+    first: WorkloadError | None = None
+    for level in ("none", "optimizer", "full"):
+        if level == "full" and workload.zero not in (None, 3):
+            continue
+        try:
+            return plan(model, cluster, replace(workload, offload=level), planner, predictor=predictor, **options)
+        except WorkloadError as exc:
+            first = first or exc
+    from hetpart.policies.common import OFFLOAD_HINTS
+
+    assert first is not None
+    why = str(first)
+    for hint in OFFLOAD_HINTS:
+        why = why.replace(hint, "")
+    raise WorkloadError(f"{why} (--offload auto: nor with the optimizer or everything in host memory)")
 
 
 def _check_workload(model: "ModelGraph", workload: "Workload") -> None:

@@ -239,3 +239,21 @@ def test_planners_shard_an_offloaded_optimizer_from_level_one() -> None:
     assert offload_level(Workload(8, S, offload="optimizer")).zero == 1
     assert offload_level(Workload(8, S, offload="full")).zero == 3
     assert offload_level(Workload(8, S)).zero is None
+
+
+def test_plan_offload_auto_offloads_only_where_nothing_fits_otherwise(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "t4.yaml"
+    path.write_text("name: t4\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: T4-16GB, intra_node: PCIe3, "
+                    "nic: Ethernet-10, host_memory_gb: 128}\n")
+    common = ["plan", "--cluster", str(path), "--global-batch", "8", "--seq-len", "512", "--offload", "auto", "--json"]
+    big = cli_json(capsys, *common[:1], "--model", "gpt3-1.3b", *common[1:])
+    assert big["plan"]["offload"] == "optimizer" and big["metrics"]["fits_in_memory"]
+    assert big["plan"]["meta"]["workload"]["offload"] == "optimizer"
+    small = cli_json(capsys, *common[:1], "--model", "gpt2-small", *common[1:])
+    assert "offload" not in small["plan"] and small["metrics"]["fits_in_memory"]
+    code, out, err = run_cli(capsys, *common[:-1], "--model", "llama2-70b")
+    assert code == 2 and "(--offload auto: nor with the optimizer or everything in host memory)" in err
+    assert "keep the optimizer in host memory" not in err  # what auto tried is not suggested back
+    code, out, err = run_cli(capsys, "predict", "--model", "gpt2-small", "--cluster", str(path), "--tp", "1",
+                             "--pp", "1", "--dp", "1", "--micro-batch", "1", "--offload", "auto")
+    assert code == 2 and "'auto' lets a planner choose" in err

@@ -23,7 +23,8 @@ ZeroOpt = typer.Option(None, "--zero", help="Sharded data parallelism: 0 none, 1
                        "3 + parameters (FSDP). plan: default lets the planner choose; predict: default the plan's, else 0.")
 OffloadOpt = typer.Option(None, "--offload", help="Model states in host memory: none, optimizer (ZeRO-Offload: "
                           "master weights, moments and gradient shards; the optimizer step on the CPU) or full (also "
-                          "the parameters; needs --zero 3). plan: default none; predict: default the plan's, else none.")
+                          "the parameters; needs --zero 3); plan also takes auto (offload only where nothing fits "
+                          "otherwise). plan: default none; predict: default the plan's, else none.")
 OptimizerOpt = typer.Option("adam", "--optimizer", help="adam, sgd (momentum) or adam8bit: model-state bytes and "
                             "optimizer step time.")
 AttentionOpt = typer.Option("fused", "--attention", help="fused (flash/SDPA: no attention-score matrix stored) or "

@@ -72,6 +72,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         chosen_predictor = _predictor(predictor, graph, cl, workload, options)
         result = plan(graph, cl, workload, planner, predictor=chosen_predictor)
+        if workload.offload == "auto":  # the bound of the offload the plan settled on
+            workload = replace(workload, offload=result.plan.offload)
         bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options)
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
@@ -232,6 +234,11 @@ def predict_command(
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
     optimizer = optimizer or (plan.optimizer if plan else "adam")
     attention = attention or (plan.attention if plan else "fused")
+    if offload == "auto":
+        from hetpart.errors import WorkloadError
+
+        raise WorkloadError("--offload: 'auto' lets a planner choose ('hetpart plan --offload auto'); predict prices "
+                            "one plan: give none, optimizer or full")
     offload = offload or (plan.offload if plan else "none")
     workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
                              recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention, offload)
