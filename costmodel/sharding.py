@@ -48,7 +48,14 @@ from hetpart.costmodel.offload import device_state_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
-__all__ = ["microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s"]
+__all__ = ["memory_zero", "microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s"]
+
+
+def memory_zero(plan: "Plan") -> int:
+    """The level whose memory and host copies apply to ``plan``: its own, except that one replica (of one rank)
+    has nothing to shard (0), unless its states are offloaded: ZeRO-Offload streams a lone replica's gradients
+    to the host as at level 2 (Ren et al. 2021: a lone GPU keeps only its 16-bit weights)."""
+    return plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
 
 
 def microbatches_run(plan: "Plan", replica: int) -> int:

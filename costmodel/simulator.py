@@ -68,7 +68,8 @@ from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches, state_bytes_per_param
 from hetpart.costmodel.offload import cpu_step_s, host_link_gbyte_s, host_memory_gb, host_state_bytes
-from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, microbatches_run, sharded_delta_gb, state_bytes
+from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
+    state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
 from hetpart.costmodel.tp_split import param_shares, unit_shares
@@ -1282,7 +1283,7 @@ class Simulator:
         ``full`` copies each unit's parameter shard to the device before its gathers and its gradient shard
         back after its reduce-scatter, ``optimizer`` at level 2-3 only the gradient shard back. Values are
         ``(unit, before, after)``; None when there is nothing per unit."""
-        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
+        zero = memory_zero(plan)
         both = plan.offload == "full"
         if not both and not (plan.offload == "optimizer" and zero >= 2):
             return shard_comm
@@ -1336,9 +1337,7 @@ class Simulator:
         ``m`` micro-batches, ``fraction`` of the sharded states)."""
         v = plan.chunks_per_device
         tables = self._tables
-        # one replica (of one rank) has nothing to shard, but ZeRO-Offload streams its gradients to the host as
-        # at level 2 (Ren et al. 2021: a lone GPU keeps only its 16-bit weights)
-        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
+        zero = memory_zero(plan)
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
@@ -1443,7 +1442,7 @@ class Simulator:
         is offloaded): every device's :func:`~hetpart.costmodel.offload.host_state_bytes` on its node."""
         if plan.offload == "none":
             return {}
-        zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0
+        zero = memory_zero(plan)
         w, g, opt = state_bytes(plan.precision, plan.optimizer)
         out: dict[tuple[int, int], float] = {}
         for r, rep in enumerate(plan.replicas):

@@ -358,10 +358,11 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
     from dataclasses import replace
 
     from hetpart.costmodel.memory import in_flight_microbatches
+    from hetpart.costmodel.sharding import memory_zero
 
     replicas, changed = [], False
     v = plan.chunks_per_device
-    zero = plan.zero if plan.dp * plan.cp > 1 or plan.offload != "none" else 0  # as the simulator
+    zero = memory_zero(plan)  # as the simulator
     for r, rep in enumerate(plan.replicas):
         stages = list(rep.stages)
         pp, m = rep.pp // v, plan.num_microbatches(r)

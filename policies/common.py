@@ -69,15 +69,23 @@ def recompute_modes(workload: "Workload") -> tuple[str, ...]:
     return (workload.recompute,)
 
 
+def sharding_levels(workload: "Workload") -> tuple[int, ...]:
+    """Sharding levels a planner tries, in order, until a plan fits: the workload's, else 0 to 3; offloaded, only
+    3 when the parameters live on the host (``full``), and from 1 up when the optimizer does (at level 0 every
+    replica would step all the parameters on its node's CPU; level 1 divides that work among them)."""
+    if workload.zero is not None:
+        return (workload.zero,)
+    return {"full": (3,), "optimizer": (1, 2, 3)}.get(workload.offload, (0, 1, 2, 3))
+
+
 def offload_level(workload: "Workload") -> "Workload":
-    """``workload`` with the sharding level its offload needs where it leaves the level open: 3 when the
-    parameters live on the host (``full``), 1 when the optimizer does (level 0 would have every replica step
-    all the parameters on its node's CPU); unchanged otherwise."""
+    """``workload`` with the first level of :func:`sharding_levels` where it offloads and leaves the level open;
+    unchanged otherwise."""
     from dataclasses import replace
 
     if workload.zero is not None or workload.offload == "none":
         return workload
-    return replace(workload, zero=3 if workload.offload == "full" else 1)
+    return replace(workload, zero=sharding_levels(workload)[0])
 
 
 def with_full_shard_fallback(planner, model, cluster, workload, evaluate):
@@ -88,11 +96,8 @@ def with_full_shard_fallback(planner, model, cluster, workload, evaluate):
     starts at level 3 (``full``) or 1 (``optimizer``). Returns its best or None."""
     from dataclasses import replace
 
-    rest: tuple[int, ...] = (1, 2, 3) if workload.zero is None else ()
-    if workload.zero is None and workload.offload != "none":
-        workload = offload_level(workload)
-        rest = (2, 3) if workload.offload == "optimizer" else ()
-    best = planner(model, cluster, workload, evaluate)
+    rest = sharding_levels(workload)[1:] if workload.zero is None else ()
+    best = planner(model, cluster, offload_level(workload), evaluate)
     for zero in rest:
         if best is not None:
             break

@@ -46,7 +46,7 @@ from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
-from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes
+from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes, sharding_levels
 from hetpart.policies.layout import assemble
 from hetpart.policies.partition import Split, allocate_microbatches, split_layers
 from hetpart.policies.refine import refine
@@ -437,12 +437,8 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:
-    """Sharding levels the search tries, in order: the workload's, else 0 to 3 until a plan fits. Offloaded, only
-    3 when the parameters live on the host (``full``), and from 1 up when the optimizer does: at level 0 every
-    replica would step all the parameters on its node's CPU, where level 1 divides that work among them."""
-    if workload.zero is not None:
-        return (workload.zero,)
-    return {"full": (3,), "optimizer": (1, 2, 3)}.get(workload.offload, (0, 1, 2, 3))
+    """Sharding levels the search tries, in order, until a plan fits (:func:`~hetpart.policies.common.sharding_levels`)."""
+    return sharding_levels(workload)
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))
