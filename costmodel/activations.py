@@ -142,7 +142,8 @@ def _fused_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> f
         return float(p * h * s)
     d = 1 if cfg.dropout else 0
     n = 3 if cfg.activation == "swiglu" else 2
-    per_token = p * (6 * h + 2 * kv + n * f) + 2 * d * h
+    q = getattr(cfg, "q_dim", h)  # queries and attention output; the rest of 6 h is the two inputs and norms
+    per_token = p * (4 * h + 2 * q + 2 * kv + n * f) + 2 * d * h
     if attention == "fused":
         per_token += 4 * a  # flash attention's fp32 log-sum-exp
     elif recompute == "none":

@@ -318,16 +318,17 @@ def sublayer_recompute_flops(model: ModelGraph, attention: str = "fused") -> tup
     if cfg is None or not hasattr(cfg, "kv_dim"):
         return np.zeros(n), np.zeros(n)
     s, h, kv = model.seq_len, cfg.hidden_size, cfg.kv_dim
+    q = getattr(cfg, "q_dim", h)
     flops = np.zeros(n)
     share = np.zeros(n)
     full = saved_act_mode("none", attention)
     for i, un in enumerate(model.units):
         if un.kind != "block":
             continue
-        flops[i] = 2 * s * h * (2 * h + 2 * kv) + (un.recompute_flops["selective"] if attention == "fused" else 0.0)
+        flops[i] = 2 * s * h * (2 * q + 2 * kv) + (un.recompute_flops["selective"] if attention == "fused" else 0.0)
         p = un.out_act_bytes / (s * h) if s * h else 0.0
         if un.act_bytes[full] > 0:
-            share[i] = min(1.0, p * s * (3 * h + 2 * kv) / un.act_bytes[full])
+            share[i] = min(1.0, p * s * (h + 2 * q + 2 * kv) / un.act_bytes[full])
     return flops, share
 
 

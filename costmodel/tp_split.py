@@ -48,17 +48,17 @@ def block_weights(model: "ModelGraph") -> tuple[float, float]:
     """``(attention, feed-forward)`` shares of a block's FLOPs (they add up to 1): the attention part
     (q/k/v/o projections and the attention core) splits with the heads, the MLP with its columns."""
     cfg = model.config
-    h, kv, f, s = cfg.hidden_size, cfg.kv_dim, cfg.ffn, model.seq_len
+    h, q, kv, f, s = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn, model.seq_len
     n_mlp = 3 if cfg.activation == "swiglu" else 2
-    attn = 2 * s * h * (h + 2 * kv) + 4 * s * s * h + 2 * s * h * h
+    attn = 2 * s * h * (q + 2 * kv) + 4 * s * s * q + 2 * s * q * h
     mlp = 2 * s * h * f * n_mlp
     return attn / (attn + mlp), mlp / (attn + mlp)
 
 
 def _param_weights(model: "ModelGraph") -> tuple[float, float]:
     cfg = model.config
-    h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn
-    attn = 2 * h * h + 2 * h * kv
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn
+    attn = 2 * h * q + 2 * h * kv
     mlp = (3 if cfg.activation == "swiglu" else 2) * h * f
     return attn / (attn + mlp), mlp / (attn + mlp)
 

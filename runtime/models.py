@@ -106,7 +106,7 @@ def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_mu
     return replace(
         config, hidden_size=hidden, num_heads=heads, num_kv_heads=kv if config.num_kv_heads else 0,
         ffn_hidden_size=ffn, vocab_size=min(config.vocab_size, s.vocab_size),
-        max_positions=max(s.seq_len, 8), embed_dim=0, position_offset=0, published_params=0.0,
+        max_positions=max(s.seq_len, 8), embed_dim=0, position_offset=0, head_size=0, published_params=0.0,
     )
 
 
@@ -275,12 +275,12 @@ def _first(out: Any) -> torch.Tensor:
 class _Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        h, kv = cfg.hidden_size, cfg.kv_dim
+        h, q, kv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
         self.head_dim = cfg.head_dim
-        self.q = nn.Linear(h, h, bias=cfg.bias)
+        self.q = nn.Linear(h, q, bias=cfg.bias)
         self.k = nn.Linear(h, kv, bias=cfg.bias)
         self.v = nn.Linear(h, kv, bias=cfg.bias)
-        self.o = nn.Linear(h, h, bias=cfg.bias)
+        self.o = nn.Linear(q, h, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -360,6 +360,7 @@ def _hf_model(cfg: TransformerConfig) -> nn.Module:
                          num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                          intermediate_size=cfg.ffn, vocab_size=cfg.vocab_size,
                          max_position_embeddings=cfg.max_positions, tie_word_embeddings=cfg.tied_embeddings,
+                         head_dim=cfg.head_dim,
                          bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = LlamaForCausalLM
     # sdpa with no mask runs causal attention (is_causal), which is what a bare block needs.

@@ -10,6 +10,7 @@ import pytest
 from hetpart import ModelError, load_model
 from hetpart.graph.hf_config import hf_config_to_transformer, read_hf_config
 from hetpart.graph.load import resolve_transformer
+from hetpart.graph.transformer import transformer_graph
 
 # The published config.json files (keys that do not change the shape trimmed).
 GPT2_CONFIG = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768,
@@ -97,10 +98,26 @@ def test_tied_embeddings_count_the_table_once() -> None:
     assert g_tied.range_params(0, 34) == g_tied.num_params
 
 
-def test_head_dim_that_agrees_is_accepted_and_one_that_does_not_is_refused() -> None:
-    assert hf_config_to_transformer(LLAMA2_7B_CONFIG | {"head_dim": 128}, "x").head_dim == 128
-    with pytest.raises(ModelError, match=r"q3.json: head_dim: 256 x 32 heads != hidden_size 4096"):
-        hf_config_to_transformer(LLAMA2_7B_CONFIG | {"head_dim": 256}, "q3.json")
+def test_head_dim_apart_from_the_width_is_modelled() -> None:
+    """Gemma and Qwen3 set head_dim apart from hidden_size / heads: queries and the attention output are
+    heads x head_dim wide. Parameter counts against the published ones (Hugging Face model cards: Gemma 7B
+    8,537,680,896; Qwen3-4B 4,022,468,096, whose q/k norms, 2 x 128 per layer, hetpart leaves out)."""
+    assert hf_config_to_transformer(LLAMA2_7B_CONFIG | {"head_dim": 128}, "x").head_size == 0
+    gemma = hf_config_to_transformer({"model_type": "gemma", "hidden_size": 3072, "num_attention_heads": 16,
+                                      "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576,
+                                      "num_hidden_layers": 28, "vocab_size": 256000, "tie_word_embeddings": True}, "g")
+    assert (gemma.head_dim, gemma.q_dim, gemma.kv_dim) == (256, 4096, 4096)
+    assert transformer_graph(gemma, "gemma-7b", 16).num_params == 8_537_680_896
+    qwen3 = hf_config_to_transformer({"model_type": "qwen3", "hidden_size": 2560, "num_attention_heads": 32,
+                                      "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728,
+                                      "num_hidden_layers": 36, "vocab_size": 151936, "tie_word_embeddings": True}, "q")
+    assert transformer_graph(qwen3, "qwen3-4b", 16).num_params == 4_022_468_096 - 36 * 2 * 128
+    # the block's forward: q and output projections and the attention core at q_dim = 4096, not 2560
+    s, h, q, kv, f = 16, 2560, 4096, 1024, 9728
+    block = transformer_graph(qwen3, "q", s).units[1]
+    assert block.fwd_flops == 2 * s * h * (q + 2 * kv) + 4 * s * s * q + 2 * s * q * h + 2 * s * h * f * 3
+    with pytest.raises(ModelError, match=r"x.json: num_attention_heads: 30 heads do not divide hidden_size 4096; add head_dim"):
+        hf_config_to_transformer(LLAMA2_7B_CONFIG | {"num_attention_heads": 30, "num_key_value_heads": 30}, "x.json")
 
 
 def test_llama_like_model_types() -> None:
@@ -143,7 +160,7 @@ def test_agrees_with_transformers_parameter_count() -> None:
     (LLAMA2_7B_CONFIG | {"num_hidden_layers": 10**6}, r"num_hidden_layers: 1000000 is absurdly large"),
     (LLAMA2_7B_CONFIG | {"hidden_size": 4096.0}, r"hidden_size: expected a whole number, got 4096.0"),
     (LLAMA2_7B_CONFIG | {"vocab_size": "32000"}, r"vocab_size: expected a whole number, got '32000'"),
-    (LLAMA2_7B_CONFIG | {"num_attention_heads": 31}, r"c.json: hidden_size 4096 is not divisible by num_heads 31; fix"),
+    (LLAMA2_7B_CONFIG | {"num_attention_heads": 31}, r"c.json: num_attention_heads: 31 heads do not divide hidden_size 4096; add head_dim"),
     (LLAMA2_7B_CONFIG | {"num_key_value_heads": 5}, r"num_heads 32 is not divisible by num_kv_heads 5"),
     (LLAMA2_7B_CONFIG | {"tie_word_embeddings": "false"}, r"tie_word_embeddings: expected true or false, got 'false'"),
     (GPT2_CONFIG | {"n_head": 7}, r"hidden_size 768 is not divisible by num_heads 7"),

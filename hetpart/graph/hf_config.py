@@ -49,15 +49,16 @@ def _bool(data: dict, key: str, source: str, default: bool) -> bool:
     return default if value is None else v.boolean(ModelError, value, source, key)
 
 
-def _check_head_dim(data: dict, source: str, hidden: int, heads: int) -> None:
-    # Some configs (Qwen3, Gemma) set head_dim apart from hidden_size / num_heads; the analytic
-    # formulas assume they agree, so a different value must not be silently ignored.
+def _head_size(data: dict, source: str, hidden: int, heads: int) -> int:
+    """``head_dim`` where the config sets it apart from ``hidden_size / num_attention_heads`` (Gemma, Qwen3,
+    Mistral Nemo), else 0 (the default width)."""
     if data.get("head_dim") is None:
-        return
+        if hidden % heads:
+            raise v.fail(ModelError, source, "num_attention_heads", f"{heads} heads do not divide hidden_size "
+                         f"{hidden}; add head_dim (the width of one head) or fix the head count")
+        return 0
     head_dim = _int(data, "head_dim", source)
-    if head_dim * heads != hidden:
-        raise v.fail(ModelError, source, "head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}; "
-                     "hetpart models head_dim = hidden_size / num_attention_heads only (use python:MODULE:FUNCTION)")
+    return 0 if head_dim * heads == hidden else head_dim
 
 
 _SUPPORTED = "gpt2, llama, " + ", ".join(sorted(_LLAMA_LIKE - {"llama"})) + ", opt, bert"
@@ -112,14 +113,15 @@ def _gpt2(data: dict, source: str) -> TransformerConfig:
 def _llama(data: dict, source: str) -> TransformerConfig:
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
-    _check_head_dim(data, source, h, heads)
+    head_size = _head_size(data, source, h, heads)
     return TransformerConfig(
         "llama", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
         _int(data, "max_position_embeddings", source, default=4096),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
         num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, False), activation="swiglu", norm="rmsnorm",
-        bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False)
+        bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False,
+        head_size=head_size)
 
 
 def _opt(data: dict, source: str) -> TransformerConfig:

@@ -47,6 +47,10 @@ class TransformerConfig:
     position_offset: int = 0
     """Extra learned position rows (OPT keeps 2)."""
     final_norm: bool = True
+    head_size: int = 0
+    """Width of one attention head where it is not hidden_size / num_heads (Gemma, Qwen3, Mistral Nemo set
+    ``head_dim`` apart); 0 = hidden_size / num_heads. The queries and the attention output are then
+    ``num_heads * head_size`` wide (:attr:`q_dim`)."""
     published_params: float = 0.0
     """Published parameter count, for the catalog test (0 when unknown)."""
 
@@ -55,7 +59,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        if self.hidden_size % self.num_heads:
+        if isinstance(self.head_size, bool) or not isinstance(self.head_size, int) or self.head_size < 0:
+            raise ValueError(f"head_size must be a whole number >= 0, got {self.head_size!r}")
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
@@ -70,7 +76,12 @@ class TransformerConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries and of the attention output (hidden_size unless ``head_size`` sets it apart)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -89,8 +100,8 @@ def _norm_params(cfg: TransformerConfig) -> int:
 
 
 def _block_params(cfg: TransformerConfig) -> int:
-    h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn
-    attn = 2 * h * h + 2 * h * kv + (2 * h + 2 * kv if cfg.bias else 0)
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn
+    attn = 2 * h * q + 2 * h * kv + (q + h + 2 * kv if cfg.bias else 0)
     if cfg.activation == "swiglu":
         mlp = 3 * h * f + (2 * f + h if cfg.bias else 0)
     else:
@@ -99,12 +110,12 @@ def _block_params(cfg: TransformerConfig) -> int:
 
 
 def _block_unit(cfg: TransformerConfig, i: int, s: int, p: int) -> Unit:
-    h, kv, f, a = cfg.hidden_size, cfg.kv_dim, cfg.ffn, cfg.num_heads
+    h, q, kv, f, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn, cfg.num_heads
     d = 1 if cfg.dropout else 0
     n_mlp = 3 if cfg.activation == "swiglu" else 2
-    attn_core = 4 * s * s * h  # QK^T and attention x V, all heads, full (unmasked) square
-    fwd = 2 * s * h * (h + 2 * kv) + attn_core + 2 * s * h * h + 2 * s * h * f * n_mlp
-    attn_linear = p * s * h + p * s * (h + kv) + p * s * kv + p * s * h + d * s * h
+    attn_core = 4 * s * s * q  # QK^T and attention x V, all heads, full (unmasked) square
+    fwd = 2 * s * h * (q + 2 * kv) + attn_core + 2 * s * q * h + 2 * s * h * f * n_mlp
+    attn_linear = p * s * h + p * s * (q + kv) + p * s * kv + p * s * q + d * s * h  # input; q, k; v; output
     attn_quadratic = a * s * s * (p + d * (1 + p))  # softmax output (+ dropout mask and output)
     if cfg.activation == "swiglu":
         mlp = p * s * h + 4 * p * s * f  # input; gate, up, act(gate), product
