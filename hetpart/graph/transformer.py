@@ -25,7 +25,9 @@ _INDEX_BYTES = 8
 class TransformerConfig:
     """Shape of a transformer, in Hugging Face terms."""
 
-    family: Literal["gpt2", "llama", "opt", "bert"]
+    family: Literal["gpt2", "llama", "opt", "bert", "gpt"]
+    """gpt: a pre-LayerNorm GPT of another lineage (GPT-NeoX, Falcon, Phi, StarCoder2, BLOOM, MPT, ...), its
+    positions rotary or ALiBi unless ``learned_positions``."""
     num_layers: int
     hidden_size: int
     num_heads: int
