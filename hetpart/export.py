@@ -134,6 +134,8 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
         "--ffn-hidden-size": arch.get("ffn_hidden_size") or 4 * int(arch.get("hidden_size", 0)),
         "--max-position-embeddings": arch.get("max_positions"),
     })
+    if arch.get("head_size"):  # head width apart from hidden / heads (Gemma, Qwen3)
+        args["--kv-channels"] = arch["head_size"]
     kv = arch.get("num_kv_heads") or arch.get("num_heads")
     if kv and kv != arch.get("num_heads"):
         args.update({"--group-query-attention": True, "--num-query-groups": kv})

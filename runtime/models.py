@@ -8,7 +8,10 @@ loss is applied by the engine), exactly the units a plan's ``layers`` ranges ind
   projections are re-expressed as ``nn.Linear`` with q, k and v apart (its fused q/k/v matrix, cut
   column-wise, would mix q, k and v across ranks), so that torch's tensor-parallel styles apply;
 * hetpart's own small GPT implementation (:class:`GPTBlock` ...), with separate q/k/v projections; it
-  stands in for the OPT and BERT families, which are run as pre-LN causal GPTs of the same shape;
+  stands in for the OPT and BERT families and the other GPT lineages (``family`` ``gpt``: GPT-NeoX, Falcon,
+  Phi, StarCoder2, BLOOM, MPT), which are run as pre-LN causal GPTs of the same shape; where their positions
+  are rotary or ALiBi the runner adds none (the rotation's elementwise cost and the bias are left out of the
+  run; causal attention still orders the tokens);
 * ``python:MODULE:FUNCTION``: a function returning ``(module, example_inputs)`` whose top-level
   children, run one after the other, compute the module (checked on the example input).
 
@@ -178,8 +181,8 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
         impl = "transformers" if cfg.family in ("gpt2", "llama") else "hetpart"
     if impl == "transformers" and cfg.family not in ("gpt2", "llama"):
         raise ModelError(f"--model: {name} ({cfg.family}) has no transformers runner here; use impl 'hetpart'")
-    if impl == "hetpart" and (cfg.activation == "swiglu" or cfg.norm == "rmsnorm" or not cfg.learned_positions):
-        raise ModelError(f"--model: {name} ({cfg.family}: SwiGLU, RMSNorm, rotary positions) is not a GPT shape; "
+    if impl == "hetpart" and (cfg.activation == "swiglu" or cfg.norm == "rmsnorm"):
+        raise ModelError(f"--model: {name} ({cfg.family}: SwiGLU, RMSNorm) is not a GPT shape; "
                          "run it with impl 'transformers'")
     return RunnableSpec(name=name, config=cfg, impl=impl, seed=seed, scaled_from=str(scale or ""))
 
@@ -332,6 +335,9 @@ def _positions(x: torch.Tensor) -> torch.Tensor:
 def _hetpart_unit(cfg: TransformerConfig, index: int) -> UnitModel:
     last = cfg.num_layers + 1
     if index == 0:
+        if not cfg.learned_positions:  # rotary or ALiBi: applied inside attention, not run here (module docstring)
+            return UnitModel("embedding", nn.ModuleDict({"wte": nn.Embedding(cfg.vocab_size, cfg.hidden_size)}),
+                             lambda m, x: m["wte"](x))
         body = nn.ModuleDict({"wte": nn.Embedding(cfg.vocab_size, cfg.hidden_size),
                               "wpe": nn.Embedding(cfg.max_positions, cfg.hidden_size)})
         return UnitModel("embedding", body, lambda m, x: m["wte"](x) + m["wpe"](_positions(x)))

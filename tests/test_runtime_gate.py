@@ -14,6 +14,7 @@ Several plans run in one spawned job (each builds its own groups) to keep proces
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,17 @@ def _llama(layers: int = 4) -> TransformerConfig:
     return TransformerConfig("llama", layers, 32, 4, 64, 16, ffn_hidden_size=64, num_kv_heads=2,
                              tied_embeddings=False, activation="swiglu", norm="rmsnorm", bias=False,
                              learned_positions=False, dropout=False)
+
+
+def _llama_head_dim(layers: int = 4) -> TransformerConfig:
+    """Heads wider than hidden / heads (Gemma, Qwen3): queries and attention output 4 x 16 = 64 wide."""
+    return replace(_llama(layers), head_size=16)
+
+
+def _gpt_rotary(layers: int = 4) -> TransformerConfig:
+    """A GPT of another lineage (GPT-NeoX, Falcon): no learned positions, grouped kv heads, wide heads."""
+    return TransformerConfig("gpt", layers, 32, 4, 64, 16, num_kv_heads=2, learned_positions=False,
+                             dropout=False, head_size=16)
 
 
 def _st(first: int, last: int, *devices: str) -> Stage:
@@ -81,6 +93,13 @@ CASES_2 = {
     "gpipe_llama_selective_recompute": (RunnableSpec("llama", _llama(), impl="transformers"), Plan(
         global_batch=4, micro_batch=1, seq_len=SEQ, schedule="gpipe", recompute="selective", replicas=(
             Replica(1.0, (_st(0, 3, "0/0/0"), _st(3, 6, "0/0/1"))),))),
+    # head_dim apart from hidden / heads, tensor-parallel: the heads split, each 16 wide.
+    "1f1b_tp2_llama_head_dim": (RunnableSpec("llama-hd", _llama_head_dim(), impl="transformers"), Plan(
+        global_batch=4, micro_batch=2, seq_len=SEQ, schedule="1f1b", replicas=(
+            Replica(1.0, (_st(0, 6, "0/0/0", "0/0/1"),)),))),
+    "gpipe_tp2_gpt_rotary_head_dim": (RunnableSpec("gpt-hd", _gpt_rotary(), impl="hetpart"), Plan(
+        global_batch=4, micro_batch=2, seq_len=SEQ, schedule="gpipe", replicas=(
+            Replica(1.0, (_st(0, 6, "0/0/0", "0/0/1"),)),))),
     "python_toy_dp": (RunnableSpec("toy", python_spec="python:tests.fixtures.toy:build"), Plan(
         global_batch=3, micro_batch=1, seq_len=SEQ, schedule="gpipe", replicas=(
             Replica(2 / 3, (_st(0, 4, "0/0/0"),)), Replica(1 / 3, (_st(0, 4, "0/0/1"),))))),
@@ -576,3 +595,15 @@ def test_gpt2_linear_projections_compute_the_conv1d_model() -> None:
     for u in units:
         h = u(h)
     torch.testing.assert_close(h, hf(x).logits)
+
+
+@pytest.mark.parametrize("cfg, impl", [(_llama_head_dim(), "transformers"), (_gpt_rotary(), "hetpart"),
+                                       (_llama(), "transformers"), (_gpt2(), "hetpart")])
+def test_the_runners_hold_the_parameters_the_graph_counts(cfg: TransformerConfig, impl: str) -> None:
+    """The modules a run builds have the parameters the unit graph prices (head_dim apart from the width,
+    rotary positions without a position table, grouped kv heads)."""
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.runtime.reference import Reference
+
+    ref = Reference(RunnableSpec("m", cfg, impl=impl), 2, SEQ)
+    assert sum(p.numel() for p in ref.params.values()) == transformer_graph(cfg, "m", SEQ).num_params
