@@ -1367,6 +1367,11 @@ class Simulator:
                 # each parameter's shard stays allocated beside its gathered copy (uneven fractions run
                 # on hetpart.runtime.dist_optimizer, whose parameters stay whole, unsharded)
                 memory += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
+            if self.kernels == "torch" and (zero >= 3 or plan.offload == "full") and plan.dp * plan.cp > 1:
+                # hetpart's runtime makes each unit its own FSDP2 root, so no unit prefetches the next one's
+                # all-gather (torch 2.13, FSDPParamGroup._backward_prefetch walks its root's order only): one
+                # unit's parameters are gathered at a time, not the two working_set_bytes counts
+                memory -= largest * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
             return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
