@@ -1,4 +1,5 @@
-"""Read a Hugging Face ``config.json`` (GPT-2, Llama-like, OPT, BERT) into a :class:`TransformerConfig`."""
+"""Read a Hugging Face ``config.json`` (GPT-2, Llama-like, other dense GPT lineages, OPT, BERT) into a
+:class:`TransformerConfig`; mixture-of-experts, encoder-decoder and state-space configs are refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from hetpart.graph.transformer import TransformerConfig
 
 __all__ = ["read_hf_config", "hf_config_to_transformer"]
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2", "gemma2", "gemma3_text", "olmo",
+               "olmo2", "granite", "phi3", "stablelm", "cohere"}
+"""Gated MLP (SwiGLU/GeGLU), rotary positions, RMSNorm (LayerNorm for StableLM and Cohere)."""
 
 
 def read_hf_config(path: Path) -> TransformerConfig:
@@ -32,7 +35,8 @@ def read_hf_config(path: Path) -> TransformerConfig:
 # Far above any published model (Llama 3 405B: 126 layers, width 16384, 128 heads, 128k vocabulary), low
 # enough that a typo cannot make hetpart build millions of units or overflow its sums.
 _LIMITS = {"n_layer": 10_000, "num_hidden_layers": 10_000, "n_head": 100_000, "num_attention_heads": 100_000,
-           "num_key_value_heads": 100_000, "head_dim": 100_000}
+           "num_key_value_heads": 100_000, "head_dim": 100_000, "n_layers": 10_000, "n_heads": 100_000,
+           "num_kv_heads": 100_000, "n_head_kv": 100_000, "kv_n_heads": 100_000}
 _MAX_WIDTH = 10**7
 
 
@@ -61,9 +65,16 @@ def _head_size(data: dict, source: str, hidden: int, heads: int) -> int:
     return 0 if head_dim * heads == hidden else head_dim
 
 
-_SUPPORTED = "gpt2, llama, " + ", ".join(sorted(_LLAMA_LIKE - {"llama"})) + ", opt, bert"
+_GPT_LINEAGE_TYPES = ("bloom", "falcon", "gpt_bigcode", "gpt_neox", "gptj", "mpt", "phi", "starcoder2")
+"""Pre-LayerNorm GPTs of other lineages, family ``gpt`` (non-gated MLP)."""
+_SUPPORTED = ", ".join(["gpt2", "llama", *sorted(_LLAMA_LIKE - {"llama"}), *_GPT_LINEAGE_TYPES, "opt", "bert"])
 _NOT_TRANSFORMER_KEYS = ("state_size", "ssm_cfg", "d_state", "conv_kernel", "time_step_rank")
 """Keys of state-space models (Mamba, Mamba-2): their configs also carry hidden_size and num_hidden_layers."""
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""Expert counts of mixture-of-experts configs: Mixtral, Granite MoE, PhiMoE num_local_experts; Qwen2/Qwen3 MoE,
+OLMoE, Jamba num_experts; DeepSeek V2/V3 n_routed_experts; DBRX ffn_config.moe_num_experts."""
+_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "olmoe",
+              "granitemoe", "granitemoeshared", "phimoe"}
 
 
 def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
@@ -74,32 +85,80 @@ def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
     model_type = model_type.lower()
     _refuse_unsupported(data, model_type, source)
     try:
-        if "n_embd" in data or model_type == "gpt2":
+        if model_type in _GPT_LINEAGES:
+            return _GPT_LINEAGES[model_type](data, source)
+        if model_type == "gpt2" or (not model_type and "n_embd" in data):
             return _gpt2(data, source)
         if model_type == "opt":
             return _opt(data, source)
         if model_type == "bert":
             return _bert(data, source)
         if model_type in _LLAMA_LIKE or ("hidden_size" in data and "num_hidden_layers" in data):
-            return _llama(data, source)
+            return _llama(data, source, model_type)
     except ValueError as exc:  # shape checks of TransformerConfig
         raise ModelError(f"{source}: {exc}; fix the config") from None
-    raise ModelError(f"{source}: model_type {model_type or '(missing)'!r} is not a GPT-2, Llama, OPT or BERT "
-                     "config; give n_embd/n_layer/n_head (GPT-2) or hidden_size/num_hidden_layers/"
-                     "num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+    raise ModelError(f"{source}: model_type '(missing)' is not a GPT-2, Llama, OPT or BERT config; set model_type "
+                     f"(supported: {_SUPPORTED}), or give n_embd/n_layer/n_head (GPT-2) or hidden_size/"
+                     "num_hidden_layers/num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+
+
+def _experts_key(data: dict) -> str | None:
+    """The key of an expert count above 1, if the config has one."""
+    ffn = data.get("ffn_config")
+    places = [(key, data.get(key)) for key in _EXPERT_KEYS]
+    if isinstance(ffn, dict):
+        places += [(f"ffn_config.{key}", ffn.get(key)) for key in _EXPERT_KEYS]
+    for key, value in places:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return key
+    return None
 
 
 def _refuse_unsupported(data: dict, model_type: str, source: str) -> None:
     """A config of another architecture must not be modelled as a Llama because it shares two key names."""
     arch = data.get("architectures")
-    named = f" ({', '.join(map(str, arch))})" if isinstance(arch, list) and arch and len(str(arch)) < 200 else ""
-    if model_type and model_type not in _LLAMA_LIKE | {"gpt2", "opt", "bert"}:
+    arch_names = ", ".join(map(str, arch)) if isinstance(arch, list) and arch and len(str(arch)) < 200 else ""
+    named = f" ({arch_names})" if arch_names else ""
+    experts_key = _experts_key(data)
+    if experts_key or model_type in _MOE_TYPES:
+        # A dense shape would count every expert's weights as computed per token, or only one expert's weights.
+        label = v.show(model_type).strip("'\"") if model_type else arch_names
+        raise ModelError(f"{source}: {experts_key or 'model_type'}: mixture-of-experts models"
+                         f"{f' ({label})' if label else ''} are not supported; supported model types: {_SUPPORTED}")
+    if model_type and model_type not in _LLAMA_LIKE | set(_GPT_LINEAGE_TYPES) | {"gpt2", "opt", "bert"}:
         raise ModelError(f"{source}: model_type: {v.show(model_type)}{named} is not supported; supported model "
                          f"types: {_SUPPORTED} (or describe the model with python:MODULE:FUNCTION)")
     odd = [k for k in _NOT_TRANSFORMER_KEYS if k in data]
     if not model_type and odd:
         raise ModelError(f"{source}: {odd[0]}: a state-space model config{named} is not supported; supported "
                          f"model types: {_SUPPORTED} (or use python:MODULE:FUNCTION)")
+
+
+def _int_of(data: dict, keys: tuple[str, ...], source: str, default: Any = None) -> int:
+    """The first of ``keys`` the config sets (a field and its older alias: n_layer / num_hidden_layers)."""
+    for key in keys:
+        if data.get(key) is not None:
+            return _int(data, key, source)
+    return _int(data, keys[0], source, default=default)
+
+
+def _activation(data: dict, key: str, source: str) -> str:
+    """A non-gated MLP's activation: ReLU, or GELU standing for every other (gelu_new, gelu_pytorch_tanh, ...)."""
+    value = data.get(key)
+    if value is None:
+        return "gelu"
+    if not isinstance(value, str):
+        raise v.fail(ModelError, source, key, f"expected text such as \"gelu\", got {v.kind(value)}")
+    return "relu" if value.lower() == "relu" else "gelu"
+
+
+def _dropout(data: dict, keys: tuple[str, ...], source: str, default: float = 0.0) -> bool:
+    """Whether any of the dropout rates ``keys`` is above 0 (``default`` where the config leaves one out)."""
+    rates = []
+    for key in keys:
+        value = data.get(key)
+        rates.append(default if value is None else v.number(ModelError, value, source, key, strict=False, maximum=1))
+    return any(rate > 0 for rate in rates)
 
 
 def _gpt2(data: dict, source: str) -> TransformerConfig:
@@ -110,7 +169,21 @@ def _gpt2(data: dict, source: str) -> TransformerConfig:
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
 
 
-def _llama(data: dict, source: str) -> TransformerConfig:
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "cohere"}
+"""Llama-like families whose configuration class ties the embeddings unless the config says otherwise."""
+_LAYERNORM = {"stablelm", "cohere"}
+"""Llama-like families with LayerNorm (Cohere's has no bias: h weights, counted as 2h) instead of RMSNorm."""
+
+
+def _llama(data: dict, source: str, model_type: str = "llama") -> TransformerConfig:
+    """Llama and the decoders of its shape: gated MLP, rotary positions, untied unless the family ties.
+
+    Small terms hetpart leaves out (each well under 0.1% of the published counts): the q/k norms of Qwen3,
+    OLMo 2, Gemma 3 and Cohere with ``use_qk_norm``; the extra post-attention/post-MLP norms of Gemma 2 and 3
+    (2 h per layer); StableLM's q/k/v biases (``use_qkv_bias``: 3 h per layer); OLMo's parameter-free norms
+    and Cohere's single norm per (parallel) layer, counted as two. Phi-3 fuses qkv and gate/up in the
+    checkpoint, with the same shapes.
+    """
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
     head_size = _head_size(data, source, h, heads)
@@ -119,9 +192,140 @@ def _llama(data: dict, source: str) -> TransformerConfig:
         _int(data, "max_position_embeddings", source, default=4096),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
         num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
-        tied_embeddings=_bool(data, "tie_word_embeddings", source, False), activation="swiglu", norm="rmsnorm",
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, model_type in _TIED_BY_DEFAULT),
+        activation="swiglu", norm="layernorm" if model_type in _LAYERNORM else "rmsnorm",
         bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False,
         head_size=head_size)
+
+
+def _gpt_neox(data: dict, source: str) -> TransformerConfig:
+    """GPT-NeoX, Pythia: rotary, parallel attention and MLP with two LayerNorms, untied output."""
+    h = _int(data, "hidden_size", source)
+    heads = _int(data, "num_attention_heads", source)
+    return TransformerConfig(
+        "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_position_embeddings", source, default=2048),
+        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
+        activation=_activation(data, "hidden_act", source), bias=_bool(data, "attention_bias", source, True),
+        learned_positions=False, dropout=_dropout(data, ("hidden_dropout", "attention_dropout"), source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _falcon(data: dict, source: str) -> TransformerConfig:
+    """Falcon: multi-query (7B) or grouped-query (40B, 180B, ``new_decoder_architecture``) attention, rotary
+    unless ALiBi. Falcon-7B's parallel block has one LayerNorm, hetpart counts two (2 h per layer more)."""
+    h = _int_of(data, ("hidden_size", "n_embed"), source)
+    heads = _int_of(data, ("num_attention_heads", "n_head"), source)
+    if _bool(data, "new_decoder_architecture", source, False):
+        kv_heads = _int_of(data, ("num_kv_heads", "n_head_kv"), source, default=heads)
+    elif _bool(data, "multi_query", source, True):
+        kv_heads = 1
+    else:
+        kv_heads = heads
+    return TransformerConfig(
+        "gpt", _int_of(data, ("num_hidden_layers", "n_layer"), source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_position_embeddings", source, default=2048),
+        ffn_hidden_size=_int(data, "ffn_hidden_size", source, default=4 * h), num_kv_heads=kv_heads,
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        activation=_activation(data, "activation", source), bias=_bool(data, "bias", source, False),
+        learned_positions=False, dropout=_dropout(data, ("hidden_dropout", "attention_dropout"), source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _phi(data: dict, source: str) -> TransformerConfig:
+    """Phi-1, Phi-1.5, Phi-2: partial rotary, parallel attention and MLP with one LayerNorm (counted as two,
+    2 h per layer more), an lm_head bias (vocab_size, left out)."""
+    h = _int(data, "hidden_size", source)
+    heads = _int(data, "num_attention_heads", source)
+    return TransformerConfig(
+        "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_position_embeddings", source, default=2048),
+        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
+        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
+        activation=_activation(data, "hidden_act", source), bias=True, learned_positions=False,
+        dropout=_dropout(data, ("resid_pdrop", "embd_pdrop", "attention_dropout"), source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _starcoder2(data: dict, source: str) -> TransformerConfig:
+    """StarCoder2: grouped-query attention, rotary, LayerNorm, biases (``use_bias``)."""
+    h = _int(data, "hidden_size", source)
+    heads = _int(data, "num_attention_heads", source)
+    return TransformerConfig(
+        "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_position_embeddings", source, default=4096),
+        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
+        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        activation=_activation(data, "hidden_act", source), bias=_bool(data, "use_bias", source, True),
+        learned_positions=False,
+        dropout=_dropout(data, ("residual_dropout", "embedding_dropout", "attention_dropout"), source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _bloom(data: dict, source: str) -> TransformerConfig:
+    """BLOOM: ALiBi (no position table), tied; its LayerNorm after the embedding (2 h) is left out."""
+    h = _int_of(data, ("hidden_size", "n_embed"), source)
+    heads = _int_of(data, ("n_head", "num_attention_heads"), source)
+    return TransformerConfig(
+        "gpt", _int_of(data, ("n_layer", "num_hidden_layers"), source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "seq_length", source, default=2048), tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        learned_positions=False, dropout=_dropout(data, ("hidden_dropout", "attention_dropout"), source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _mpt(data: dict, source: str) -> TransformerConfig:
+    """MPT: ALiBi, tied, no biases (``no_bias``; its bias-free LayerNorms, h each, are counted as 2 h)."""
+    h = _int(data, "d_model", source)
+    heads = _int(data, "n_heads", source)
+    attn = data.get("attn_config")
+    attn = {} if attn is None else v.require_mapping(ModelError, attn, source, "attn_config")
+    attn_source = f"{source}: attn_config"
+    alibi = _bool(attn, "alibi", attn_source, True)
+    ratio = data.get("expansion_ratio")
+    ffn = 4 * h if ratio is None else round(h * v.number(ModelError, ratio, source, "expansion_ratio", maximum=1000))
+    attn_type = attn.get("attn_type")
+    kv_heads = heads
+    if attn_type == "multiquery_attention":
+        kv_heads = 1
+    elif attn_type == "grouped_query_attention":
+        kv_heads = _int(attn, "kv_n_heads", attn_source, default=heads)
+    return TransformerConfig(
+        "gpt", _int(data, "n_layers", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "max_seq_len", source, default=2048), ffn_hidden_size=ffn, num_kv_heads=kv_heads,
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True), bias=not _bool(data, "no_bias", source, True),
+        learned_positions=_bool(data, "learned_pos_emb", source, True) and not alibi,
+        dropout=_dropout(data, ("resid_pdrop", "emb_pdrop"), source)
+        or _dropout(attn, ("attn_pdrop",), attn_source),
+        head_size=_head_size(data, source, h, heads))
+
+
+def _gpt_bigcode(data: dict, source: str) -> TransformerConfig:
+    """StarCoder (1), SantaCoder: GPT-2 with multi-query attention (``multi_query``)."""
+    h = _int(data, "n_embd", source)
+    heads = _int(data, "n_head", source)
+    return TransformerConfig(
+        "gpt", _int(data, "n_layer", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "n_positions", source, default=1024), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
+        num_kv_heads=1 if _bool(data, "multi_query", source, True) else heads,
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        activation=_activation(data, "activation_function", source), learned_positions=True,
+        dropout=_dropout(data, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), source, default=0.1))
+
+
+def _gptj(data: dict, source: str) -> TransformerConfig:
+    """GPT-J: rotary, untied, parallel attention and MLP with one LayerNorm. Its attention has no biases and
+    its lm_head has one; hetpart counts GPT biases and two norms (together 0.01% more for GPT-J 6B)."""
+    h = _int(data, "n_embd", source)
+    heads = _int(data, "n_head", source)
+    return TransformerConfig(
+        "gpt", _int(data, "n_layer", source), h, heads, _int(data, "vocab_size", source),
+        _int(data, "n_positions", source, default=2048), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
+        activation=_activation(data, "activation_function", source), learned_positions=False,
+        dropout=_dropout(data, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), source))
 
 
 def _opt(data: dict, source: str) -> TransformerConfig:
@@ -141,3 +345,7 @@ def _bert(data: dict, source: str) -> TransformerConfig:
         "bert", _int(data, "num_hidden_layers", source), h, _int(data, "num_attention_heads", source),
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=512),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h), final_norm=False)
+
+
+_GPT_LINEAGES = {"bloom": _bloom, "falcon": _falcon, "gpt_bigcode": _gpt_bigcode, "gpt_neox": _gpt_neox, "gptj": _gptj,
+                 "mpt": _mpt, "phi": _phi, "starcoder2": _starcoder2}
