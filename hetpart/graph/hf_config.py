@@ -198,18 +198,26 @@ def _llama(data: dict, source: str, model_type: str = "llama") -> TransformerCon
         head_size=head_size)
 
 
-def _gpt_neox(data: dict, source: str) -> TransformerConfig:
-    """GPT-NeoX, Pythia: rotary, parallel attention and MLP with two LayerNorms, untied output."""
+def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key: str,
+                dropout_keys: tuple[str, ...]) -> TransformerConfig:
+    """A rotary GPT in the Hugging Face key names (``hidden_size``, ``num_hidden_layers``, ``intermediate_size``,
+    ``num_key_value_heads``, ``hidden_act``): GPT-NeoX, Phi, StarCoder2 differ in their defaults only."""
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
     return TransformerConfig(
         "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=2048),
+        _int(data, "max_position_embeddings", source, default=positions),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
-        activation=_activation(data, "hidden_act", source), bias=_bool(data, "attention_bias", source, True),
-        learned_positions=False, dropout=_dropout(data, ("hidden_dropout", "attention_dropout"), source),
-        head_size=_head_size(data, source, h, heads))
+        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, tied),
+        activation=_activation(data, "hidden_act", source), bias=_bool(data, bias_key, source, True),
+        learned_positions=False, dropout=_dropout(data, dropout_keys, source), head_size=_head_size(data, source, h, heads))
+
+
+def _gpt_neox(data: dict, source: str) -> TransformerConfig:
+    """GPT-NeoX, Pythia: rotary, parallel attention and MLP with two LayerNorms, untied output."""
+    return _rotary_gpt(data, source, positions=2048, tied=False, bias_key="attention_bias",
+                       dropout_keys=("hidden_dropout", "attention_dropout"))
 
 
 def _falcon(data: dict, source: str) -> TransformerConfig:
@@ -235,34 +243,16 @@ def _falcon(data: dict, source: str) -> TransformerConfig:
 
 def _phi(data: dict, source: str) -> TransformerConfig:
     """Phi-1, Phi-1.5, Phi-2: partial rotary, parallel attention and MLP with one LayerNorm (counted as two,
-    2 h per layer more), an lm_head bias (vocab_size, left out)."""
-    h = _int(data, "hidden_size", source)
-    heads = _int(data, "num_attention_heads", source)
-    return TransformerConfig(
-        "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=2048),
-        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
-        tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
-        activation=_activation(data, "hidden_act", source), bias=True, learned_positions=False,
-        dropout=_dropout(data, ("resid_pdrop", "embd_pdrop", "attention_dropout"), source),
-        head_size=_head_size(data, source, h, heads))
+    2 h per layer more), an lm_head bias (vocab_size, left out). Phi has no bias switch: the ``bias`` key
+    is read as absent, so biases are on."""
+    return _rotary_gpt(data, source, positions=2048, tied=False, bias_key="bias",
+                       dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"))
 
 
 def _starcoder2(data: dict, source: str) -> TransformerConfig:
     """StarCoder2: grouped-query attention, rotary, LayerNorm, biases (``use_bias``)."""
-    h = _int(data, "hidden_size", source)
-    heads = _int(data, "num_attention_heads", source)
-    return TransformerConfig(
-        "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=4096),
-        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
-        tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
-        activation=_activation(data, "hidden_act", source), bias=_bool(data, "use_bias", source, True),
-        learned_positions=False,
-        dropout=_dropout(data, ("residual_dropout", "embedding_dropout", "attention_dropout"), source),
-        head_size=_head_size(data, source, h, heads))
+    return _rotary_gpt(data, source, positions=4096, tied=True, bias_key="use_bias",
+                       dropout_keys=("residual_dropout", "embedding_dropout", "attention_dropout"))
 
 
 def _bloom(data: dict, source: str) -> TransformerConfig:
