@@ -431,12 +431,17 @@ class BoundProfile:
 
     def precision_for(self, device: str, precision: str) -> str | None:
         """The measured precision that answers ``precision`` on ``device``: the same one, or for a
-        stand-in CPU, whatever it measured (a run on this machine computes in fp32 whatever the plan says)."""
+        stand-in CPU, whatever it measured (a run on this machine computes in fp32 whatever the plan says),
+        or for an imported class the other 16-bit format (bf16 for fp16 and back)."""
         measured = {k[1] for k in self._curves if k[0] == device}
         if precision in measured:
             return precision
         if self.profile.devices[device].kind == "cpu" and measured:
             return "fp32" if "fp32" in measured else sorted(measured)[0]
+        twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
+        if self.profile.devices[device].kind == "imported" and twin in measured:
+            # another tool's file says one 16-bit format; the tensor cores run bf16 and fp16 at one rate
+            return twin
         return None
 
     def _curve(self, device: str, precision: str, unit: "Unit") -> _Curve | None:

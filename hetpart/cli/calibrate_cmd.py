@@ -37,6 +37,12 @@ def calibrate_command(
                                               "a GPU, 7 on a CPU; at least 3, fewer only when one takes over 3 s)."),
         links: bool = typer.Option(True, "--links/--no-links", help="Also measure p2p and all-reduce between two local processes."),
         device: str = typer.Option("auto", "--device", help="auto (CUDA when present, else this CPU), cpu or cuda."),
+        import_metis: Optional[Path] = typer.Option(None, "--import-metis", help="Measure nothing: read the per-layer "
+                                                    "profiles Metis wrote (DeviceType.NAME_tpT_bsB.json files in this "
+                                                    "folder) against --model at --seq-len, as a profile."),
+        bind: Optional[str] = typer.Option(None, "--bind", help="With --import-metis: which cluster device types each "
+                                           "Metis type prices, e.g. A100=A100-80GB,V100=V100-16GB (default: by name "
+                                           "prefix)."),
         json_out: bool = JsonFlag) -> None:
     """Measure per-unit compute, optimizer and link times on the devices at hand; write a profile. With
     --speeds-from: each device's speed factor from the runs' own timings; write the cluster with slow:."""
@@ -51,6 +57,11 @@ def calibrate_command(
     if model is None:
         raise PlanError("--model: missing; give the model to measure (a catalog name such as gpt2-small), or "
                         "--speeds-from RUNS.jsonl to measure device speeds from run records")
+    if import_metis is not None:
+        _import_metis(cluster, model, import_metis, bind, seq_len, precision, out, json_out)
+        return
+    if bind is not None:
+        raise PlanError("--bind: only with --import-metis (it says which cluster device types an imported type prices)")
 
     try:
         sizes = tuple(int(x) for x in micro_batches.split(",") if x.strip())
@@ -78,6 +89,43 @@ def calibrate_command(
     for t, b in profile.device_types.items():
         con.print(f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
                                 else f"measured on {profile.devices[b.device].description}"))
+
+
+def _import_metis(cluster: str, model: str, folder: Path, bind: Optional[str], seq_len: Optional[int],
+                  precision: Optional[str], out: Path, json_out: bool) -> None:
+    """``--import-metis``: Metis' per-layer profiles as a hetpart profile (:mod:`hetpart.costmodel.profile_import`)."""
+    from hetpart import load_cluster, load_model
+    from hetpart.costmodel.profile_import import import_metis
+    from hetpart.errors import PlanError
+    from hetpart.vocabulary import PRECISIONS
+
+    precision = precision or "bf16"
+    if precision not in PRECISIONS:
+        raise PlanError(f"--precision: {precision!r}; use one of {', '.join(PRECISIONS)} (the one Metis ran)")
+    pairs: dict[str, list[str]] = {}
+    for item in (bind or "").split(","):
+        if not item.strip():
+            continue
+        kind, sep, device_type = (x.strip() for x in item.partition("="))
+        if not sep or not kind or not device_type:
+            raise PlanError(f"--bind: {item.strip()!r}; give METIS_TYPE=CLUSTER_TYPE pairs separated by commas, "
+                            "such as A100=A100-80GB")
+        pairs.setdefault(kind, []).append(device_type)
+    _check_writable(out)
+    graph = load_model(model, seq_len=seq_len, precision=precision)
+    profile = import_metis(folder, graph, load_cluster(cluster), precision, pairs)
+    profile.save(out)
+    summary = {"profile": str(out), "imported_from": "metis", "files": len(profile.meta["files"]),
+               "device_types": {k: v.device for k, v in profile.device_types.items()},
+               "compute_entries": len(profile.compute), "model": profile.model, "assumed": profile.meta["assumed"]}
+    if json_out:
+        emit_json(summary)
+        return
+    con = console()
+    con.print(f"profile written to {out}: {len(profile.compute)} compute entries from {summary['files']} Metis "
+              f"file(s), {graph.name} at seq_len {graph.seq_len}, {precision}")
+    for t, b in profile.device_types.items():
+        con.print(f"  {t}: measured by Metis as {b.device}")
 
 
 def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_out: bool) -> None:
