@@ -80,15 +80,21 @@ def calibrate_command(
                "devices": {k: v.description for k, v in profile.devices.items()},
                "compute_entries": len(profile.compute), "link_entries": len(profile.links),
                "model": profile.model, "wall_time_s": profile.meta.get("wall_time_s")}
+    _report(summary, json_out, [f"profile written to {out}: {len(profile.compute)} compute and {len(profile.links)} "
+                                f"link entries in {profile.meta.get('wall_time_s')} s"]
+            + [f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
+                             else f"measured on {profile.devices[b.device].description}")
+               for t, b in profile.device_types.items()])
+
+
+def _report(summary: dict, json_out: bool, lines: list[str]) -> None:
+    """The summary as one JSON object (``--json``), else the lines for people."""
     if json_out:
         emit_json(summary)
         return
     con = console()
-    con.print(f"profile written to {out}: {len(profile.compute)} compute and {len(profile.links)} link entries "
-              f"in {profile.meta.get('wall_time_s')} s")
-    for t, b in profile.device_types.items():
-        con.print(f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
-                                else f"measured on {profile.devices[b.device].description}"))
+    for line in lines:
+        con.print(line)
 
 
 def _import_metis(cluster: str, model: str, folder: Path, bind: Optional[str], seq_len: Optional[int],
@@ -118,14 +124,9 @@ def _import_metis(cluster: str, model: str, folder: Path, bind: Optional[str], s
     summary = {"profile": str(out), "imported_from": "metis", "files": len(profile.meta["files"]),
                "device_types": {k: v.device for k, v in profile.device_types.items()},
                "compute_entries": len(profile.compute), "model": profile.model, "assumed": profile.meta["assumed"]}
-    if json_out:
-        emit_json(summary)
-        return
-    con = console()
-    con.print(f"profile written to {out}: {len(profile.compute)} compute entries from {summary['files']} Metis "
-              f"file(s), {graph.name} at seq_len {graph.seq_len}, {precision}")
-    for t, b in profile.device_types.items():
-        con.print(f"  {t}: measured by Metis as {b.device}")
+    _report(summary, json_out, [f"profile written to {out}: {len(profile.compute)} compute entries from "
+                                f"{summary['files']} Metis file(s), {graph.name} at seq_len {graph.seq_len}, {precision}"]
+            + [f"  {t}: measured by Metis as {b.device}" for t, b in profile.device_types.items()])
 
 
 def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_out: bool) -> None:
