@@ -144,7 +144,7 @@ class Evaluator:
                 for k in range(d, rep.pp, pp):
                     s = rep.stages[k]
                     key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
-                           plan.attention)
+                           plan.attention, plan.precision)
                     tp = s.tp if s.tp_split is None else 1.0 / float(
                         param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
                     if key not in self._stage_gb:  # (chunk without its working set, its working set)

@@ -2,11 +2,14 @@
 
 Per device of a stage holding units ``[first, last)`` with tensor parallelism ``tp``:
 
-* model states, bytes per parameter held by optimizer (:data:`OPTIMIZER_STATE_BYTES`; ZeRO paper
-  accounting, Rajbhandari et al. 2020): mixed precision keeps 16-bit weights (2) and gradients (2), an
-  fp32 master copy (4) and Adam's two fp32 moments (4 + 4) = 16; fp32 training keeps fp32 weights (4),
-  gradients (4) and moments (8), also 16. Momentum SGD keeps one moment (12 either way); 8-bit Adam
-  (Dettmers et al. 2022, bitsandbytes) two 1-byte moments (10; its block-wise scales are ~0.2%).
+* model states, bytes per parameter by optimizer and precision (:func:`state_bytes_per_param`): the
+  weights in the training dtype (2 bytes, fp32 4), the gradients as the engine keeps them
+  (:data:`GRAD_BYTES`: bf16 and fp8 training accumulate and reduce them in fp32, fp16 training keeps
+  them in fp16), under mixed precision an fp32 master copy (4), and the optimizer's moments
+  (:data:`MOMENT_BYTES`: Adam two fp32 ones, 8). Adam: bf16 2 + 4 + 4 + 8 = 18 (Megatron-LM's
+  distributed-optimizer table, "bf16 param, fp32 grads"), fp16 2 + 2 + 4 + 8 = 16 (the ZeRO paper's
+  accounting, Rajbhandari et al. 2020), fp32 4 + 4 + 8 = 16. Momentum SGD keeps one moment; 8-bit Adam
+  (Dettmers et al. 2022, bitsandbytes) two 1-byte moments (its block-wise scales are ~0.2%).
   Tensor-parallel units are split ``tp`` ways; a tied embedding copy counts where it is held.
 * activations saved for backward, per unit ``saved * micro_batch / tp`` with ``saved`` the bytes per
   sequence of :func:`hetpart.costmodel.activations.unit_saved_bytes` (the ``fused`` kernel set of
@@ -32,24 +35,50 @@ from hetpart.hardware import GIB, GPUSpec
 
 from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 
-__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
+__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
            "stage_working_gb", "device_memory_gb", "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
-"""Weights + gradients + Adam states per parameter (mixed precision or fp32), bytes."""
+"""Weights + gradients + Adam states per parameter with 16-bit gradients (fp16 mixed precision) or fp32."""
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adam": 16, "sgd": 12, "adam8bit": 10}
-"""Model-state bytes per parameter by optimizer (module docstring); the same under mixed precision
-(2 + 2 + 4 master + moments) and fp32 (4 + 4 + moments)."""
+"""Model-state bytes per parameter by optimizer in the ZeRO paper's accounting (16-bit gradients: fp16
+mixed precision, 2 + 2 + 4 master + moments; fp32 training 4 + 4 + moments, the same totals). bf16
+training keeps fp32 gradients on top (:func:`state_bytes_per_param`); the learned model's encoder reads
+these as the optimizer's identity."""
+MOMENT_BYTES: dict[str, int] = {"adam": 8, "sgd": 4, "adam8bit": 2}
+"""The optimizer's moments per parameter: Adam two fp32 ones, momentum SGD one, 8-bit Adam two 1-byte ones."""
+GRAD_BYTES: dict[str, int] = {"bf16": 4, "fp8": 4, "fp16": 2, "fp32": 4, "tf32": 4}
+"""Bytes per gradient element kept from the backward to the optimizer step and reduced over data
+parallelism. bf16 (and fp8, whose weights and gradients are bf16) training accumulates and reduces them
+in fp32: Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` under bf16 (its main-gradient buffer;
+"bf16 param, fp32 grads" in its distributed-optimizer table), torchtitan's FSDP2 reduces in fp32
+(``mixed_precision_reduce``), DeepSpeed's bf16 optimizer accumulates into fp32. fp16 training keeps fp16
+gradients (ZeRO paper; Megatron-LM's fp16 buffer); fp32 training fp32 ones."""
 OPTIMIZER_STEP_BYTES: dict[str, int] = {"adam": 28, "sgd": 20, "adam8bit": 16}
 """HBM bytes one optimizer step moves per parameter: read the gradient, master weight and moments, write
 the master, the moments and the 16-bit weight (Adam mixed: 2+4+8 read, 4+8+2 written = 28; SGD 2+4+4,
-4+4+2 = 20; 8-bit Adam 2+4+2, 4+2+2 = 16; fp32 training moves the same totals)."""
+4+4+2 = 20; 8-bit Adam 2+4+2, 4+2+2 = 16; fp32 training moves the same totals). An fp32 gradient under
+bf16 adds 2 bytes read (30 for Adam); left at the 16-bit figure, which the fitted step times used."""
 
 
-def state_bytes_per_param(optimizer: str = "adam") -> int:
-    """Model-state bytes per parameter for ``optimizer`` (:data:`OPTIMIZER_STATE_BYTES`)."""
-    return OPTIMIZER_STATE_BYTES[optimizer]
+def state_split(precision: str, optimizer: str = "adam") -> tuple[float, float, float]:
+    """``(weights, gradients, optimizer)`` bytes per parameter under ``precision`` (module docstring): the
+    weights in the training dtype, the gradients at :data:`GRAD_BYTES`, the optimizer's fp32 master copy
+    (mixed precision only) and :data:`MOMENT_BYTES`."""
+    if precision not in GRAD_BYTES:
+        raise ValueError(f"unknown precision {precision!r}")
+    full = precision in ("fp32", "tf32")
+    w = 4.0 if full else 2.0
+    return w, float(GRAD_BYTES[precision]), (0.0 if full else 4.0) + MOMENT_BYTES[optimizer]
+
+
+def state_bytes_per_param(optimizer: str, precision: str) -> float:
+    """Model-state bytes per parameter for ``optimizer`` under ``precision`` (:func:`state_split`'s sum):
+    Adam 18 under bf16, 16 under fp16 and fp32."""
+    return sum(state_split(precision, optimizer))
+
+
 FRAMEWORK_OVERHEAD_GB = 1.5
 """ASSUMED: CUDA context (~0.5 GB), cuBLAS/cuDNN workspaces and NCCL buffers (~1 GB) per process."""
 FRAGMENTATION_FRACTION = 0.05
@@ -105,15 +134,14 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
         micro_batch: sequences per micro-batch.
         in_flight: micro-batches whose activations are held at the peak (:func:`in_flight_microbatches`).
         recompute: ``none``, ``selective`` or ``full``.
-        precision: the workload's precision (model states take the same bytes in every one; activation
-            bytes are already at the graph's precision).
+        precision: the workload's precision (the model states' bytes, :func:`state_bytes_per_param`;
+            activation bytes are already at the graph's precision).
         optimizer: ``adam``, ``sgd`` or ``adam8bit`` (:data:`OPTIMIZER_STATE_BYTES`).
         attention: ``fused`` or ``eager`` (whether the score matrix is stored).
         kernels: the kernel set whose saved activations count (:mod:`~hetpart.costmodel.activations`).
         working_set: whether to add the running unit's working set (:func:`stage_working_gb`).
     """
-    del precision
-    states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer)
+    states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer, precision)
     units = model.units[first:last]
     saved = unit_saved_bytes(model, recompute, attention, kernels)[first:last]
     per_mb = sum(b / (tp if u.tp_shardable else 1) for u, b in zip(units, saved)) * micro_batch
@@ -235,7 +263,7 @@ class PrefixTables:
                        state_bytes: np.ndarray | float = MODEL_STATE_BYTES_PER_PARAM,
                        fused: np.ndarray | bool = True, working_set: bool = True) -> np.ndarray:
         """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``;
-        ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer) and ``fused`` per
+        ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer and precision) and ``fused`` per
         element (its attention kernel is fused)."""
         t = self._arrays()
         acts = np.zeros(len(a))
@@ -283,19 +311,21 @@ class PrefixTables:
         return max(max(work_sh[a:z]) / tp, max(work_rep[a:z])) * micro_batch / 1e9
 
     def memory_gb(self, a: int, z: int, tp: float, micro_batch: int, in_flight: float, recompute: str,
-                  optimizer: str = "adam", attention: str = "fused", working_set: bool = True) -> float:
+                  optimizer: str = "adam", attention: str = "fused", working_set: bool = True, *,
+                  precision: str) -> float:
         """:func:`stage_memory_gb` of units ``[a, z)`` (``working_set=False``: without the working set,
         which a device adds once over all its chunks: :meth:`device_memory_gb`)."""
         sh, rep = self._act[(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
-        out = (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer) + acts) / 1e9
+        out = (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer, precision) + acts) / 1e9
         return out + self.working_gb(a, z, tp, micro_batch, recompute, attention) if working_set else out
 
     def device_memory_gb(self, chunks, micro_batch: int, in_flight: float, recompute: str, optimizer: str = "adam",
-                         attention: str = "fused") -> float:
+                         attention: str = "fused", *, precision: str) -> float:
         """:func:`device_memory_gb`: chunks ``(a, z, tp)`` of one device, the working set once."""
         chunks = list(chunks)
-        base = sum(self.memory_gb(a, z, tp, micro_batch, in_flight, recompute, optimizer, attention, working_set=False)
+        base = sum(self.memory_gb(a, z, tp, micro_batch, in_flight, recompute, optimizer, attention, working_set=False,
+                                  precision=precision)
                    for a, z, tp in chunks)
         return base + max((self.working_gb(a, z, tp, micro_batch, recompute, attention) for a, z, tp in chunks),
                           default=0.0)

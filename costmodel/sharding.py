@@ -1,9 +1,10 @@
 """Sharded data parallelism (ZeRO stages 1-3, FSDP, HSDP): what each level divides and what it sends.
 
-Model states per parameter (ZeRO paper accounting, Rajbhandari et al. 2020), split as
-:func:`state_bytes` gives them: under mixed precision 16-bit weights (2 bytes) and gradients (2) and
-the optimizer's fp32 master copy and two Adam moments (12); under fp32 4 + 4 + 8. A replica holding
-fraction ``f`` of its shard group's states keeps
+Model states per parameter (ZeRO paper accounting, Rajbhandari et al. 2020, with the gradients in the
+dtype engines keep them), split as :func:`state_bytes` gives them: under mixed precision 16-bit weights
+(2 bytes), gradients in fp32 under bf16 (4) and in fp16 under fp16 (2)
+(:data:`~hetpart.costmodel.memory.GRAD_BYTES`), and the optimizer's fp32 master copy and two Adam moments
+(12); under fp32 4 + 4 + 8. A replica holding fraction ``f`` of its shard group's states keeps
 
 * level 1 (optimizer states, Megatron's distributed optimizer): ``w + g + opt f``;
 * level 2 (+ gradients, ZeRO-2): ``w + (g + opt) f``, plus the full gradient of the unit whose
@@ -70,11 +71,10 @@ def microbatches_run(plan: "Plan", replica: int) -> int:
 
 def state_bytes(precision: str, optimizer: str = "adam") -> tuple[float, float, float]:
     """``(weights, gradients, optimizer)`` bytes per parameter; they add up to the optimizer's total of
-    :data:`hetpart.costmodel.memory.OPTIMIZER_STATE_BYTES` (16 under Adam)."""
-    from hetpart.costmodel.memory import state_bytes_per_param
+    :func:`hetpart.costmodel.memory.state_bytes_per_param` (Adam: 18 under bf16, 16 under fp16 and fp32)."""
+    from hetpart.costmodel.memory import state_split
 
-    w = g = 4.0 if precision == "fp32" else 2.0
-    return w, g, state_bytes_per_param(optimizer) - w - g
+    return state_split(precision, optimizer)
 
 
 def sharded_state_bytes(params: float, precision: str, zero: int, fraction: float, optimizer: str = "adam",

@@ -66,7 +66,8 @@ from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
-from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches, state_bytes_per_param
+from hetpart.costmodel.memory import (GRAD_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
+                                      state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
     state_bytes
@@ -91,8 +92,9 @@ a bucket's all-reduce starts once its last gradient is ready, so the last bucket
 def grad_reduce_bytes(precision: str) -> int:
     """Bytes per gradient element that the data-parallel all-reduce moves: Megatron-LM reduces bf16 (and
     fp8) training's gradients in fp32 (``accumulate_allreduce_grads_in_fp32`` is forced for bf16), fp16
-    training's in fp16, fp32 training's in fp32."""
-    return 2 if precision == "fp16" else 4
+    training's in fp16, fp32 training's in fp32: the bytes the memory model keeps them in
+    (:data:`~hetpart.costmodel.memory.GRAD_BYTES`)."""
+    return GRAD_BYTES[precision]
 
 _VECTOR_MIN_REPLICAS = 16
 """From this many data-parallel replicas the all-reduces run over numpy stage tables; below it, scalar
@@ -584,8 +586,8 @@ class Simulator:
         model states whole, the saved activations (per token) over ``cp``."""
         a, z = s.layers
         total = self._tables.memory_gb(a, z, s.tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                       plan.attention, working_set=False)
-        states = self._tables.params_per_device(a, z, s.tp) * state_bytes_per_param(plan.optimizer) / 1e9
+                                       plan.attention, working_set=False, precision=plan.precision)
+        states = self._tables.params_per_device(a, z, s.tp) * state_bytes_per_param(plan.optimizer, plan.precision) / 1e9
         return states + (total - states) / plan.cp
 
     def _device_params(self, stage, a: int, z: int) -> list[float]:
@@ -600,11 +602,12 @@ class Simulator:
             return [stage.tp] * stage.tp
         return [1.0 / f for f in param_shares(self.model, stage.tp, stage.tp_split)]
 
-    def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str, optimizer: str = "adam",
-                          attention: str = "fused") -> list[float]:
+    def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str, optimizer: str,
+                          attention: str, precision: str) -> list[float]:
         """Per device of ``stage``, its chunk's memory without the working set (added once per device)."""
         a, z = stage.layers
-        return [self._tables.memory_gb(a, z, tp, micro_batch, flight, recompute, optimizer, attention, working_set=False)
+        return [self._tables.memory_gb(a, z, tp, micro_batch, flight, recompute, optimizer, attention, working_set=False,
+                                       precision=precision)
                 for tp in self._device_tps(stage)]
 
     def _device_working_gb(self, stage, plan: Plan) -> list[float]:
@@ -1352,7 +1355,7 @@ class Simulator:
                     gb += self._cp_memory_gb(s, plan, flight)
                 else:
                     gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
-                                           plan.optimizer, plan.attention, working_set=False)
+                                           plan.optimizer, plan.attention, working_set=False, precision=plan.precision)
                 # one unit runs at a time: the device's working set is its chunks' largest, once
                 work = max(work, tables.working_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, plan.recompute,
                                                    plan.attention) / plan.cp)
@@ -1379,7 +1382,7 @@ class Simulator:
         for k in range(d, rep.pp, pp):
             s = rep.stages[k]
             gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                          plan.attention)
+                                          plan.attention, plan.precision)
             work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
         gbs += work

@@ -167,8 +167,10 @@ def _memory_rows(model, cluster, stage, micro_batch, in_flight, recompute, chunk
 
     tables = PrefixTables(model)
     ranges = [tuple(c) for c in chunks] if chunks else [stage.layers]
-    whole = tables.device_memory_gb([(a, z, 1) for a, z in ranges], micro_batch, in_flight, recompute)
-    rep = tables.device_memory_gb([(a, z, 10**9) for a, z in ranges], micro_batch, in_flight, recompute)
+    whole = tables.device_memory_gb([(a, z, 1) for a, z in ranges], micro_batch, in_flight, recompute,
+                                    precision=precision)
+    rep = tables.device_memory_gb([(a, z, 10**9) for a, z in ranges], micro_batch, in_flight, recompute,
+                                  precision=precision)
     if zero in (1, 2):
         shards = [sharded_delta_gb(sum(tables.params_per_device(a, z, tp) for a, z in ranges), 0.0, precision, zero,
                                    fraction) for tp in (1, 10**9)]

@@ -146,7 +146,7 @@ def device_state_bytes_per_param(workload: "Workload") -> float:
         return 0.0
     if workload.offload == "optimizer":
         return state_bytes(workload.precision, workload.optimizer)[0]
-    return float(state_bytes_per_param(workload.optimizer))
+    return float(state_bytes_per_param(workload.optimizer, workload.precision))
 
 
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:

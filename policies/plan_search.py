@@ -46,6 +46,7 @@ from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
+from hetpart.costmodel.memory import GRAD_BYTES
 from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes, sharding_levels
 from hetpart.policies.layout import assemble
 from hetpart.policies.partition import Split, allocate_microbatches, split_layers
@@ -195,7 +196,7 @@ def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
         return 0.0
     members = tuple(dict.fromkeys(d for r in split for d in (r[0][0], r[-1][0])))
     tp = min(len(g) for r in split for g in (r[0], r[-1]))
-    num_bytes = shared * (4 if ctx.workload.precision == "fp32" else 2) / tp
+    num_bytes = shared * GRAD_BYTES[ctx.workload.precision] / tp  # what the simulator's reduction moves
     key = ("tied", num_bytes, members)
     if key not in ctx.sync_cache:
         ctx.sync_cache[key] = allreduce_time_s(num_bytes, members, ctx.cluster)
@@ -478,7 +479,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         kinds: dict[tuple, list[Plan]] = {}
         for scored in _top_scored(ctx):
             for p in scored.build():
-                kinds.setdefault((scored.key[0], p.shard_fractions is not None), []).append(p)
+                # per level too: a level's best start must not hide another level's, whose climb may go higher
+                kinds.setdefault((scored.key[0], p.shard_fractions is not None, zero), []).append(p)
         found = None
         for kind, plans in kinds.items():
             got = evaluate.best(plans)

@@ -23,7 +23,7 @@ from hetpart.cluster import Cluster
 from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
-from hetpart.costmodel.memory import memory_capacity_gb, state_bytes_per_param
+from hetpart.costmodel.memory import GRAD_BYTES, memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
 from hetpart.policies.partition import range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
@@ -48,7 +48,8 @@ class StageCosts:
     extra_gb: np.ndarray
     """Memory of the one unit recomputed at a time (full recompute), else 0."""
     grad_bytes: np.ndarray
-    """Gradient bytes per device of the range (16-bit, or 32-bit under fp32)."""
+    """Gradient bytes per device of the range, as the data-parallel reduction moves them
+    (:data:`~hetpart.costmodel.memory.GRAD_BYTES`: fp32 under bf16 and fp32, 16-bit under fp16)."""
     capacity_gb: float
     """Usable memory of one device of the pool."""
     unit_time_s: np.ndarray
@@ -76,7 +77,7 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float) ->
     need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
     if zero or costs.offload != "none":
         scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer, costs.offload)
-                 / state_bytes_per_param(costs.optimizer))
+                 / state_bytes_per_param(costs.optimizer, costs.precision))
         need = need - costs.states_gb * (1.0 - scale)
         if zero >= 2:
             need = need + _largest(costs) * working_set_bytes(1.0, costs.precision, zero) / 1e9
@@ -126,9 +127,9 @@ class CostTable:
         time_s = range_cost_matrix(unit_time)
         div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
         own = np.array([u.params for u in model.units], dtype=float) / div
-        state_bytes = state_bytes_per_param(self.optimizer)
+        state_bytes = state_bytes_per_param(self.optimizer, self.precision)
         states = _range_sum(own) * state_bytes / 1e9
-        grads = _range_sum(own) * (4 if self.precision == "fp32" else 2)
+        grads = _range_sum(own) * GRAD_BYTES[self.precision]
         shared = np.array([u.shared_params for u in model.units], dtype=float) / div
         owner = model.tied_owner_index if model.tied_owner_index >= 0 else None
         if shared.any():
@@ -136,7 +137,7 @@ class CostTable:
             if owner is not None:
                 held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
             states = states + held * state_bytes / 1e9
-            grads = grads + held * (4 if self.precision == "fp32" else 2)
+            grads = grads + held * GRAD_BYTES[self.precision]
         saved = np.array(unit_saved_bytes(model, recompute, self.attention, self.kernels))
         acts = _range_sum(saved / div) * micro_batch / 1e9
         # the running unit's working set (its backward's transients; under full recompute its activations again)

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["fraction_limits", "water_fill", "choose_shard_fractions"]
 
+_MARGIN = 1e-10
+"""Relative margin under each replica's largest fraction (:func:`fraction_limits`)."""
+
 
 def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> list[float]:
     """Per replica, the largest fraction of the sharded states its devices hold (may exceed 1, or be
@@ -49,7 +52,9 @@ def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> li
             slope = (base + sharded_delta_gb(params, largest, plan.precision, plan.zero, 1.0, plan.optimizer, plan.offload)
                      - at0)
             capacity = min(memory_capacity_gb(cluster.device(x).gpu) for x in rep.stages[d].devices)
-            limit = min(limit, (capacity - at0) / slope if slope > 0 else float("inf"))
+            # a hair inside the limit: the simulator sums the same terms in another order, and a fraction
+            # exactly at the limit may land an ulp over the capacity there
+            limit = min(limit, (capacity - at0) / slope * (1.0 - _MARGIN) if slope > 0 else float("inf"))
         out.append(limit)
     return out
 

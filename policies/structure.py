@@ -64,9 +64,10 @@ PHASES: tuple[str, ...] = ("family", "pick", "tp", "dp", "mb", "rc", "ttp", "tpp
 RECOMPUTE = ("none", "selective", "full")
 
 
-def greedy_fits(costs: "list[StageCosts]", num_microbatches: int) -> bool:
+def greedy_fits(costs: "list[StageCosts]", num_microbatches: int, zero: int = 0, fraction: float = 1.0) -> bool:
     """Whether the chain of units splits into ``len(costs)`` non-empty stages that each fit in memory,
-    stage ``j`` holding ``min(pp - j, m)`` micro-batches in flight (1F1B), as the layer split's mask says.
+    stage ``j`` holding ``min(pp - j, m)`` micro-batches in flight (1F1B), its states sharded at level
+    ``zero`` with ``fraction`` of them held, as the layer split's mask says (:meth:`StageCosts.masked`).
 
     Farthest reach is optimal: memory of ``[a, b)`` grows with ``b`` and shrinks with ``a``, so a
     stage that ends later never leaves the next stages a harder problem.
@@ -78,8 +79,7 @@ def greedy_fits(costs: "list[StageCosts]", num_microbatches: int) -> bool:
     for j, c in enumerate(costs):
         last = n - (pp - 1 - j)  # leave one unit to every later stage
         flight = min(pp - j, num_microbatches)
-        need = c.states_gb[a, a + 1:last + 1] + flight * c.acts_gb[a, a + 1:last + 1] + c.extra_gb[a, a + 1:last + 1]
-        ok = need <= c.capacity_gb
+        ok = np.isfinite(c.masked(flight, False, zero, fraction)[a, a + 1:last + 1])
         if not ok[0]:
             return False
         first_bad = int(ok.argmin())  # the first False (argmin of booleans), or 0 when all are True
@@ -154,7 +154,8 @@ class Scenario:
 
     def mixed_fits(self, order, tps, dp: int, mb: int, rc: str) -> bool:
         return self._memo(("fit", order, tps, dp, mb, rc), lambda: greedy_fits(
-            self._mixed_costs(order, tps, dp, mb, rc), self.workload.global_batch // (dp * mb)))
+            self._mixed_costs(order, tps, dp, mb, rc), self.workload.global_batch // (dp * mb), self.ctx.zero,
+            1.0 / dp))
 
     def stop_ok(self, order, tps) -> bool:
         """Some replica count fits with the most lenient micro-batch (1) and recompute mode."""

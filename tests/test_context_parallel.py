@@ -14,7 +14,7 @@ from hetpart.cluster import load_cluster, parse_cluster
 from hetpart.costmodel import Simulator
 from hetpart.costmodel import simulator as simulator_module
 from hetpart.costmodel.megatron import megatron_plan
-from hetpart.costmodel.memory import PrefixTables
+from hetpart.costmodel.memory import PrefixTables, state_bytes_per_param
 from hetpart.errors import PlanError
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.plan import Plan, Replica, Stage, TPSplit
@@ -101,7 +101,7 @@ def test_without_communication_cost_cp_halves_the_compute():
 
 def test_cp_divides_the_activations_and_keeps_the_states():
     sim = Simulator(MODEL, two_nodes(100))
-    states_gb = PrefixTables(MODEL).params_per_device(0, N, 1) * 16 / 1e9
+    states_gb = PrefixTables(MODEL).params_per_device(0, N, 1) * state_bytes_per_param("adam", "bf16") / 1e9
     one = sim.simulate(one_stage(("0/0/0",), cp=1)).breakdown[0]["memory_gb"]
     two = sim.simulate(one_stage(("0/0/0", "0/1/0"), cp=2)).breakdown[0]["memory_gb"]
     assert two - states_gb == pytest.approx((one - states_gb) / 2, rel=1e-9)

@@ -13,6 +13,7 @@ from hetpart.cluster import parse_cluster
 from hetpart.costmodel.learned import surrogate as surrogate_module
 from hetpart.costmodel.learned.encode import ScenarioContext, encode_plans, teacher_labels
 from hetpart.costmodel.learned.encode_reference import encode_plans_reference
+from hetpart.costmodel.memory import state_bytes_per_param
 from hetpart.costmodel.learned.sampling import neighbour, random_plan, random_scenario
 from hetpart.costmodel.learned.surrogate import Surrogate, to_tensors
 from hetpart.costmodel.memory import PrefixTables
@@ -116,8 +117,8 @@ def test_prefix_tables_many_equal_one_at_a_time():
     flight = rng.choice([1.0, 2.5, 4.0], 300)
     rc = rng.integers(0, 3, 300)
     modes = ("none", "selective", "full")
-    many = t.memory_gb_many(a, z, tp, mb, flight, rc)
-    one = [t.memory_gb(int(x), int(y), int(k), int(m), float(f), modes[r]) for x, y, k, m, f, r in
+    many = t.memory_gb_many(a, z, tp, mb, flight, rc, state_bytes=state_bytes_per_param("adam", "bf16"))
+    one = [t.memory_gb(int(x), int(y), int(k), int(m), float(f), modes[r], precision="bf16") for x, y, k, m, f, r in
            zip(a, z, tp, mb, flight, rc)]
     assert many.tolist() == one
     assert t.params_per_device_many(a, z, tp).tolist() == [t.params_per_device(int(x), int(y), int(k))

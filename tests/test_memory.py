@@ -6,12 +6,42 @@ from hetpart import Plan, Replica, Stage, load_cluster, load_model
 from hetpart.catalog.hardware import GPU_CATALOG
 from hetpart.costmodel import Simulator, in_flight_microbatches, memory_capacity_gb, megatron_plan, \
     stage_memory_gb, stage_params_per_device
-from hetpart.costmodel.memory import FRAMEWORK_OVERHEAD_GB, MODEL_STATE_BYTES_PER_PARAM
+from hetpart.costmodel.memory import FRAMEWORK_OVERHEAD_GB, state_bytes_per_param
 from hetpart.workload import Workload
 
 S = 128
 WORK = 2 * 2 * 4 * 768 * S
 """A gpt2-small block's backward working set per sequence: two 16-bit f-wide gradients (f = 4 h)."""
+BF16_ADAM = 18
+"""Adam under bf16: 16-bit weights (2), fp32 gradients (4), fp32 master (4) and moments (8)."""
+
+
+@pytest.mark.parametrize("precision, optimizer, zero, expected", [
+    # Megatron-LM's distributed-optimizer table (docs/source/distrib_optimizer.md): d replicas shard
+    ("bf16", "adam", 0, 18.0), ("bf16", "adam", 1, 6 + 12 / 8), ("fp32", "adam", 0, 16.0),
+    ("fp32", "adam", 1, 8 + 8 / 8),
+    # the ZeRO paper's fp16 accounting (Rajbhandari et al. 2020: 2 + 2 + K, K = 12)
+    ("fp16", "adam", 0, 16.0), ("fp16", "adam", 1, 4 + 12 / 8), ("fp16", "adam", 2, 2 + 14 / 8),
+    ("fp16", "adam", 3, 16 / 8),
+    ("bf16", "sgd", 0, 2 + 4 + 4 + 4), ("bf16", "adam8bit", 0, 2 + 4 + 4 + 2), ("fp32", "sgd", 0, 12.0),
+])
+def test_state_bytes_follow_the_engines_tables(precision, optimizer, zero, expected):
+    from hetpart.costmodel.sharding import sharded_state_bytes
+
+    assert sharded_state_bytes(1.0, precision, zero, 1 / 8, optimizer) == pytest.approx(expected)
+    if zero == 0:
+        assert state_bytes_per_param(optimizer, precision) == pytest.approx(expected)
+
+
+def test_bf16_gradients_are_kept_in_the_bytes_the_all_reduce_moves():
+    """The data-parallel reduction and the memory model price one gradient dtype: what the simulator reduces
+    is what the devices hold (fp32 under bf16, Megatron-LM's main-gradient buffer; fp16 under fp16)."""
+    from hetpart.costmodel.memory import GRAD_BYTES
+    from hetpart.costmodel.sharding import state_bytes
+    from hetpart.costmodel.simulator import grad_reduce_bytes
+
+    for precision in ("bf16", "fp16", "fp32", "fp8"):
+        assert state_bytes(precision)[1] == grad_reduce_bytes(precision) == GRAD_BYTES[precision]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +52,7 @@ def gpt2():
 def test_block_memory_is_korthikanti_per_mode(gpt2):
     h, a, b = 768, 12, 2
     block = gpt2.units[1]
-    states = block.params * MODEL_STATE_BYTES_PER_PARAM + WORK * b  # + the running block's working set
+    states = block.params * BF16_ADAM + WORK * b  # + the running block's working set
     # eager attention stores the a s^2 scores and softmax (Korthikanti et al. 2022)
     none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none", attention="eager")
     assert none * 1e9 == pytest.approx(states + (34 * S * h + 5 * a * S * S) * b)
@@ -37,7 +67,7 @@ def test_block_memory_is_korthikanti_per_mode(gpt2):
 def test_fused_attention_stores_no_score_matrix(gpt2):
     """Flash / SDPA attention (the default) keeps no a s^2 term, with or without recomputation."""
     h, a, b = 768, 12, 2
-    states = gpt2.units[1].params * MODEL_STATE_BYTES_PER_PARAM + WORK * b
+    states = gpt2.units[1].params * BF16_ADAM + WORK * b
     none = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=1, recompute="none")
     assert none * 1e9 == pytest.approx(states + (34 * S * h + 4 * a * S) * b)  # + flash's fp32 log-sum-exp
     full = stage_memory_gb(gpt2, 1, 2, tp=1, micro_batch=b, in_flight=3, recompute="full")
@@ -133,7 +163,8 @@ def test_prefix_tables_match_the_reference_on_seeded_random_stages():
             tp, mb, flight = rng.choice([1, 2, 4]), rng.choice([1, 3]), rng.choice([1.0, 2.5, 7.0])
             mode = rng.choice(["none", "selective", "full"])
             opt, att = rng.choice(["adam", "sgd", "adam8bit"]), rng.choice(["fused", "eager"])
-            assert tables.memory_gb(a, z, tp, mb, flight, mode, opt, att) == pytest.approx(
-                stage_memory_gb(model, a, z, tp, mb, flight, mode, optimizer=opt, attention=att), rel=1e-12)
+            prec = rng.choice(["bf16", "fp16", "fp32"])
+            assert tables.memory_gb(a, z, tp, mb, flight, mode, opt, att, precision=prec) == pytest.approx(
+                stage_memory_gb(model, a, z, tp, mb, flight, mode, prec, optimizer=opt, attention=att), rel=1e-12)
             assert tables.params_per_device(a, z, tp) == pytest.approx(stage_params_per_device(model, a, z, tp),
                                                                        rel=1e-12)

@@ -107,7 +107,9 @@ def test_cost_table_mirrors_the_simulator_primitives(recompute: str) -> None:
 
 
 def _random_plans(model, cluster, workload, count: int, seed: int):
-    plans = list(space_plans(model, cluster, workload))
+    # sharded, the space holds typed points whose replicas are cut unlike with tensor parallelism, which the
+    # rules refuse (the evaluator drops them): the bound is checked on the plans that can run
+    plans = [p for p in space_plans(model, cluster, workload) if not p.validate(model, cluster)]
     return random.Random(seed).sample(plans, min(count, len(plans)))
 
 
@@ -322,11 +324,11 @@ A100_4090 = parse_cluster({"name": "a100-4090", "nodes": [
 
 
 def test_search_with_uneven_fractions_finds_the_optimum_of_its_space_and_beats_even_shards() -> None:
-    """An A100-80GB and an RTX 4090-24GB, a 2.8B-parameter model at ZeRO-1 without recompute: every plan
+    """An A100-80GB and an RTX 4090-24GB, a 1.8B-parameter model at ZeRO-1 without recompute: every plan
     of the space (mixed pipelines, typed replicas with every split and batch allocation, each also with its
     water-filled fractions) simulated; the search returns the best, it holds uneven fractions, and it is
     faster than the search kept to even shards (which finds the optimum of the even plans)."""
-    model = tiny_model(hidden=5120, layers=8, seq_len=512)
+    model = tiny_model(hidden=4096, layers=8, seq_len=512)
     workload = Workload(16, 512, recompute="none", zero=1)
     evaluate = Evaluator(model, A100_4090, workload)
     plans = list(space_plans(model, A100_4090, workload))

@@ -152,7 +152,8 @@ def test_an_interleave_4_device_holds_the_working_set_of_interleave_1(gpt2, clus
         m = plan.num_microbatches(0)
         for d in range(2):
             flight = in_flight_microbatches(plan.schedule, d, 2, m, v)
-            base = sum(tables.memory_gb(*c.layers, c.tp, 2, flight, recompute, working_set=False)
+            base = sum(tables.memory_gb(*c.layers, c.tp, 2, flight, recompute, working_set=False,
+                                        precision=plan.precision)
                        for c in _chunks(plan, 0, d))
             extra[(v, d)] = sim[(0, d)] - base
     for d in range(2):

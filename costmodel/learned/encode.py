@@ -356,7 +356,7 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
             reps = plan.replicas
             v = plan.interleave if sched == 2 else 1
             row = (plan.micro_batch, rc, sched, v, plan.global_batch, plan.global_batch * plan.seq_len,
-                   state_bytes_per_param(plan.optimizer), int(plan.attention == "fused"))
+                   state_bytes_per_param(plan.optimizer, plan.precision), int(plan.attention == "fused"))
         except (ValueError, AttributeError, TypeError) as exc:
             bad[i] = str(exc)
             continue

@@ -214,11 +214,12 @@ class _Encoder:
         for d in range(pp):
             flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
             chunks = tuple((s.layers, s.tp) for s in rep.stages[d::pp])
-            key = (chunks, flight, plan.micro_batch, plan.recompute, plan.optimizer, plan.attention)
+            key = (chunks, flight, plan.micro_batch, plan.recompute, plan.optimizer, plan.attention, plan.precision)
             hit = ctx._cache.get(key)
             if hit is None:
                 gb = ctx.tables.device_memory_gb([(a, z, tp) for (a, z), tp in chunks], plan.micro_batch, flight,
-                                                 plan.recompute, plan.optimizer, plan.attention)
+                                                 plan.recompute, plan.optimizer, plan.attention,
+                                                 precision=plan.precision)
                 params = sum(ctx.tables.params_per_device(a, z, tp) for (a, z), tp in chunks)
                 hit = ctx._cache[key] = (gb, params)
             gb, params = hit
