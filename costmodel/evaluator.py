@@ -106,10 +106,33 @@ class Evaluator:
         simulating the schedule)."""
         if self.ignore_memory:
             return True
-        for (r, d), need in self._needs_gb(plan):
-            if need > self._least_capacity_gb(plan.replicas[r].stages[d].devices):
-                return False
+        from hetpart.costmodel.memory import in_flight_microbatches
+        from hetpart.costmodel.sharding import microbatches_run
+
+        zero = self._zero(plan)
+        v = plan.chunks_per_device
+        seen = set()
+        for r, rep in enumerate(plan.replicas):
+            # replicas cut alike, on devices of the same least capacity, with as many micro-batches in flight
+            # and the same shard fraction, need the same: one of them is checked (a 1,024-GPU plan has hundreds)
+            caps = tuple(self._least_capacity_gb(s.devices) for s in rep.stages)
+            pp, m = rep.pp // v, microbatches_run(plan, r)
+            key = (tuple((s.layers, s.tp, s.tp_split) for s in rep.stages), caps,
+                   tuple(in_flight_microbatches(plan.schedule, d, pp, m, v) for d in range(pp)),
+                   plan.shard_fraction(r) if zero else 1.0)
+            if key in seen:
+                continue
+            seen.add(key)
+            for d, need in self._replica_needs_gb(plan, r, zero):
+                if need > caps[d]:
+                    return False
         return True
+
+    @staticmethod
+    def _zero(plan: Plan) -> int:
+        """The level whose memory applies: one replica shards nothing, unless offloaded (a lone replica then
+        streams its gradients to the host)."""
+        return plan.zero if plan.dp > 1 or plan.offload != "none" else 0
 
     def _least_capacity_gb(self, devices: tuple[str, ...]) -> float:
         """The smallest :func:`~hetpart.costmodel.memory.memory_capacity_gb` of ``devices`` (memoised per
@@ -130,37 +153,43 @@ class Evaluator:
 
     def _needs_gb(self, plan: Plan):
         """Yields ``((replica, device group), peak GB)`` in plan order."""
+        zero = self._zero(plan)
+        for r in range(len(plan.replicas)):
+            for d, need in self._replica_needs_gb(plan, r, zero):
+                yield (r, d), need
+
+    def _replica_needs_gb(self, plan: Plan, r: int, zero: int):
+        """Yields ``(device group, peak GB)`` of replica ``r``."""
         from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb, stage_working_gb
         from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
         from hetpart.costmodel.tp_split import param_shares
 
         v = plan.chunks_per_device
-        zero = plan.zero if plan.dp > 1 or plan.offload != "none" else 0  # offloaded: a lone replica streams its gradients
-        for r, rep in enumerate(plan.replicas):
-            pp, m = rep.pp // v, microbatches_run(plan, r)
-            for d in range(pp):
-                flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
-                need = params = largest = work = 0.0
-                for k in range(d, rep.pp, pp):
-                    s = rep.stages[k]
-                    key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
-                           plan.attention, plan.precision)
-                    tp = s.tp if s.tp_split is None else 1.0 / float(
-                        param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
-                    if key not in self._stage_gb:  # (chunk without its working set, its working set)
-                        self._stage_gb[key] = (
-                            stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight, plan.recompute,
-                                            plan.precision, plan.optimizer, plan.attention, working_set=False),
-                            stage_working_gb(self.model, *s.layers, tp, plan.micro_batch, plan.recompute,
-                                             plan.attention))
-                    need += self._stage_gb[key][0]
-                    work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
-                    if zero or plan.offload != "none":
-                        params += self.model.range_params(*s.layers, tp)
-                        largest = max(largest, self._largest_unit(s.layers, tp))
-                yield (r, d), need + work + sharded_delta_gb(params, largest, plan.precision, zero,
-                                                             plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
-                                                             plan.offload)
+        rep = plan.replicas[r]
+        pp, m = rep.pp // v, microbatches_run(plan, r)
+        for d in range(pp):
+            flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+            need = params = largest = work = 0.0
+            for k in range(d, rep.pp, pp):
+                s = rep.stages[k]
+                key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
+                       plan.attention, plan.precision)
+                tp = s.tp if s.tp_split is None else 1.0 / float(
+                    param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
+                if key not in self._stage_gb:  # (chunk without its working set, its working set)
+                    self._stage_gb[key] = (
+                        stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight, plan.recompute,
+                                        plan.precision, plan.optimizer, plan.attention, working_set=False),
+                        stage_working_gb(self.model, *s.layers, tp, plan.micro_batch, plan.recompute,
+                                         plan.attention))
+                need += self._stage_gb[key][0]
+                work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
+                if zero or plan.offload != "none":
+                    params += self.model.range_params(*s.layers, tp)
+                    largest = max(largest, self._largest_unit(s.layers, tp))
+            yield d, need + work + sharded_delta_gb(params, largest, plan.precision, zero,
+                                                    plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
+                                                    plan.offload)
 
     def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
         key = ("largest", layers, tp)

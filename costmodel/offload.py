@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import NodeGroup
 
 __all__ = ["HOST_LINK_GBYTE_S", "HOST_LINK_BY_NAME", "DEFAULT_HOST_MEMORY_GBYTE_S", "CPU_ADAM_BANDWIDTH_FRACTION", "host_link_gbyte_s",
-           "host_memory_gb", "host_memory_gbyte_s", "device_state_bytes", "host_state_bytes", "cpu_step_s"]
+           "host_memory_gb", "host_memory_gbyte_s", "device_state_parts", "device_state_bytes", "host_state_bytes", "cpu_step_s"]
 
 HOST_LINK_GBYTE_S: dict[str, float] = {
     "pascal": 12.0, "volta": 12.0, "turing": 12.0,
@@ -95,21 +95,22 @@ def host_memory_gbyte_s(group: "NodeGroup") -> float:
     return group.host_memory_gbyte_s or DEFAULT_HOST_MEMORY_GBYTE_S
 
 
-def device_state_bytes(w: float, g: float, opt: float, zero: int, fraction: float, offload: str) -> float:
-    """Bytes per parameter of model states a device keeps at rest (working sets aside), ``w``, ``g`` and
-    ``opt`` the weight, gradient and optimizer bytes: the ZeRO level's shards (:mod:`~hetpart.costmodel.sharding`)
-    less what ``offload`` keeps on the host."""
+def device_state_parts(w: float, g: float, opt: float, zero: int, fraction: float,
+                       offload: str) -> tuple[float, float, float]:
+    """``(weights, gradients, optimizer states)`` bytes per parameter a device keeps at rest (working sets
+    aside), ``w``, ``g`` and ``opt`` the whole states' bytes: the ZeRO level's shards
+    (:mod:`~hetpart.costmodel.sharding`) less what ``offload`` keeps on the host."""
     if offload == "full":
-        return 0.0
+        return 0.0, 0.0, 0.0
     if offload == "optimizer":
-        return w * (fraction if zero >= 3 else 1.0) + (g if zero <= 1 else 0.0)
-    if zero <= 0:
-        return w + g + opt
-    if zero == 1:
-        return w + g + opt * fraction
-    if zero == 2:
-        return w + (g + opt) * fraction
-    return (w + g + opt) * fraction
+        return w * (fraction if zero >= 3 else 1.0), (g if zero <= 1 else 0.0), 0.0
+    return (w * (fraction if zero >= 3 else 1.0), g * (fraction if zero >= 2 else 1.0),
+            opt * (fraction if zero >= 1 else 1.0))
+
+
+def device_state_bytes(w: float, g: float, opt: float, zero: int, fraction: float, offload: str) -> float:
+    """Bytes per parameter of model states a device keeps at rest: the sum of :func:`device_state_parts`."""
+    return sum(device_state_parts(w, g, opt, zero, fraction, offload))
 
 
 def host_state_bytes(w: float, g: float, opt: float, fraction: float, offload: str) -> float:

@@ -68,7 +68,7 @@ from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import (GRAD_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
                                       state_bytes_per_param)
-from hetpart.costmodel.offload import cpu_step_s, host_link_gbyte_s, host_memory_gb, host_state_bytes
+from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
     state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
@@ -1627,6 +1627,7 @@ class Simulator:
     # --------------------------------------------------------------------------------- report
     def _breakdown(self, plan: Plan, run: _Step) -> list[dict[str, Any]]:
         out = []
+        held: dict[tuple, float] = {}  # parameters per device group's chunks (replicas cut alike share them)
         for r, rep in enumerate(plan.replicas):
             pipe = run.pipes[r]
             for d in range(pipe.pp):
@@ -1651,6 +1652,7 @@ class Simulator:
                     "sync_wait_s": float(run.sync_end - pipe.makespan),
                     "optimizer_s": run.optim[(r, d)],
                     "memory_gb": run.memory[(r, d)],
+                    "memory_parts_gb": self._memory_parts_gb(plan, r, d, pipe.pp, run.memory[(r, d)], held),
                     "capacity_gb": group.capacity_gb,
                 }
                 if plan.cp > 1:  # context parallelism's ring: exposed (busy) and its whole link time
@@ -1658,6 +1660,27 @@ class Simulator:
                                  cp_link_s=sum(pipe.cp_link[k] for k in ks) * pipe.m)
                 out.append(entry)
         return out
+
+    def _memory_parts_gb(self, plan: Plan, r: int, d: int, pp: int, peak_gb: float,
+                         held: dict[tuple, float]) -> dict[str, float]:
+        """What device group ``d`` of replica ``r`` holds at its peak, GB: its model states as the level and the
+        offload leave them (:func:`~hetpart.costmodel.offload.device_state_parts`; under an uneven
+        tensor-parallel split, the device holding the most parameters) and the rest of ``peak_gb``: saved
+        activations, the running unit's working set, gathered parameters and transients."""
+        rep = plan.replicas[r]
+        zero = memory_zero(plan)
+        fraction = self._fraction(plan, r) if zero else 1.0
+        key = tuple((rep.stages[k].layers, rep.stages[k].tp, rep.stages[k].tp_split) for k in range(d, rep.pp, pp))
+        params = held.get(key)
+        if params is None:
+            per_device = np.zeros(len(self._device_tps(rep.stages[d])))
+            for k in range(d, rep.pp, pp):
+                per_device = per_device + np.asarray(self._device_params(rep.stages[k], *rep.stages[k].layers))
+            params = held[key] = float(per_device.max())
+        parts = device_state_parts(*state_bytes(plan.precision, plan.optimizer), zero, fraction, plan.offload)
+        weights, grads, states = (params * b / 1e9 for b in parts)
+        return {"weights": weights, "gradients": grads, "optimizer_states": states,
+                "activations_and_working_set": max(0.0, peak_gb - weights - grads - states)}
 
     @staticmethod
     def _bubble_s(rep, pipe: _Pipe, d: int) -> float:

@@ -161,3 +161,35 @@ def test_an_interleave_4_device_holds_the_working_set_of_interleave_1(gpt2, clus
         assert extra[(1, d)] > 0
     if recompute == "none":  # device 0 holds blocks only: one block's MLP gradients, two 16-bit f-wide tensors
         assert extra[(4, 0)] * 1e9 == pytest.approx(2 * 2 * 4 * 768 * S * 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero, offload", [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (2, "optimizer"),
+                                           (3, "full")])
+def test_the_breakdown_names_what_holds_each_peak(gpt2, cluster, zero, offload):
+    """Every breakdown row splits its peak into the states the level and the offload leave on the device
+    (bf16: 2-byte weights, fp32 gradients, 12 bytes of Adam; sharded by the replica's fraction) and the rest."""
+    plan = replace(_interleaved(2, zero, fractions=(0.7, 0.3) if zero in (1, 2) else None), offload=offload)
+    tables = PrefixTables(gpt2)
+    for row in Simulator(gpt2, cluster).simulate(plan).breakdown:
+        parts = row["memory_parts_gb"]
+        assert sum(parts.values()) == pytest.approx(row["memory_gb"], rel=1e-12)
+        params = sum(tables.params_per_device(*c.layers, c.tp) for c in _chunks(plan, row["replica"], row["stage"]))
+        f = plan.shard_fraction(row["replica"]) if zero else 1.0
+        want = {"none": (2 * (f if zero >= 3 else 1), 4 * (f if zero >= 2 else 1), 12 * (f if zero else 1)),
+                "optimizer": (2 * (f if zero >= 3 else 1), 4 if zero <= 1 else 0, 0), "full": (0, 0, 0)}[offload]
+        got = (parts["weights"], parts["gradients"], parts["optimizer_states"])
+        assert got == pytest.approx(tuple(params * b / 1e9 for b in want), rel=1e-12, abs=1e-15)
+        assert parts["activations_and_working_set"] > 0
+
+
+def test_a_plan_that_does_not_fit_says_what_fills_its_tightest_device(capsys):
+    from tests._cli import run_cli
+
+    code, out, err = run_cli(capsys, "predict", "--model", "gpt2-xl", "--cluster", "tiny-mixed", "--global-batch", "64",
+                             "--seq-len", "1024", "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "16",
+                             "--recompute", "none")
+    assert code == 0, err
+    assert "DOES NOT FIT" in out and "tightest:" in out and "activations and working set" in out
+    code, out, err = run_cli(capsys, "predict", "--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch",
+                             "8", "--seq-len", "128", "--tp", "1", "--pp", "1", "--dp", "4", "--micro-batch", "2")
+    assert code == 0 and "tightest:" not in out, err  # a plan that fits gets no memory line

@@ -104,6 +104,20 @@ def _predictor(name, graph, cl, workload, options: dict):
     return get_predictor(name or "simulator", graph, cl, workload, **options)
 
 
+def _memory_line(breakdown: list[dict]) -> str | None:
+    """The tightest device group's peak memory and what holds it (:meth:`Simulator._memory_parts_gb`), or None
+    where the predictor gives no parts."""
+    rows = [b for b in breakdown or () if b.get("memory_parts_gb") and b.get("capacity_gb")]
+    if not rows:
+        return None
+    row = max(rows, key=lambda b: b["memory_gb"] / b["capacity_gb"])
+    p = row["memory_parts_gb"]
+    return (f"  tightest: {row['gpu']} (replica {row['replica']}, stage {row['stage']}) holds {row['memory_gb']:.1f} "
+            f"of {row['capacity_gb']:.1f} GB usable: weights {p['weights']:.1f}, gradients {p['gradients']:.1f}, "
+            f"optimizer states {p['optimizer_states']:.1f}, activations and working set "
+            f"{p['activations_and_working_set']:.1f}")
+
+
 def _provenance_lines(con, provenance: dict) -> None:
     """One line per device type: where its compute came from and its error band."""
     for gpu, p in (provenance or {}).get("device_types", {}).items():
@@ -271,6 +285,9 @@ def predict_command(
     con = console()
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
+    line = None if prediction.fits_in_memory else _memory_line(prediction.breakdown)
+    if line:
+        con.print(line, highlight=False)
     _provenance_lines(con, prediction.provenance)
 
 
