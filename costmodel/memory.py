@@ -35,7 +35,7 @@ from hetpart.hardware import GIB, GPUSpec
 
 from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
 
-__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
+__all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "optimizer_step_bytes", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
            "stage_working_gb", "device_memory_gb", "PrefixTables"]
 
@@ -56,10 +56,11 @@ in fp32: Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` under bf16 (i
 (``mixed_precision_reduce``), DeepSpeed's bf16 optimizer accumulates into fp32. fp16 training keeps fp16
 gradients (ZeRO paper; Megatron-LM's fp16 buffer); fp32 training fp32 ones."""
 OPTIMIZER_STEP_BYTES: dict[str, int] = {"adam": 28, "sgd": 20, "adam8bit": 16}
-"""HBM bytes one optimizer step moves per parameter: read the gradient, master weight and moments, write
-the master, the moments and the 16-bit weight (Adam mixed: 2+4+8 read, 4+8+2 written = 28; SGD 2+4+4,
-4+4+2 = 20; 8-bit Adam 2+4+2, 4+2+2 = 16; fp32 training moves the same totals). An fp32 gradient under
-bf16 adds 2 bytes read (30 for Adam); left at the 16-bit figure, which the fitted step times used."""
+"""HBM bytes one optimizer step moves per parameter with 16-bit gradients (fp16 training; fp32 training
+moves the same totals): read the gradient, master weight and moments, write the master, the moments and
+the 16-bit weight (Adam: 2+4+8 read, 4+8+2 written = 28; SGD 2+4+4, 4+4+2 = 20; 8-bit Adam 2+4+2,
+4+2+2 = 16). :func:`optimizer_step_bytes` gives them by precision (bf16's fp32 gradient reads 2 more);
+the learned models read this table as the optimizer's identity."""
 
 
 def state_split(precision: str, optimizer: str = "adam") -> tuple[float, float, float]:
@@ -71,6 +72,15 @@ def state_split(precision: str, optimizer: str = "adam") -> tuple[float, float, 
     full = precision in ("fp32", "tf32")
     w = 4.0 if full else 2.0
     return w, float(GRAD_BYTES[precision]), (0.0 if full else 4.0) + MOMENT_BYTES[optimizer]
+
+
+def optimizer_step_bytes(optimizer: str, precision: str) -> float:
+    """HBM bytes one optimizer step moves per parameter under ``precision``: read the gradient
+    (:data:`GRAD_BYTES`), the fp32 weight or master copy and the moments, write the copy and the moments
+    back and, under mixed precision, the 16-bit weight. Adam: 28 under fp32 and fp16, 30 under bf16."""
+    w, g, _ = state_split(precision, optimizer)
+    mixed = precision not in ("fp32", "tf32")
+    return g + 2 * (4.0 + MOMENT_BYTES[optimizer]) + (w if mixed else 0.0)
 
 
 def state_bytes_per_param(optimizer: str, precision: str) -> float:

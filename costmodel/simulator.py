@@ -22,9 +22,10 @@ One training step of a :class:`~hetpart.plan.Plan`:
    not overlap compute the way RDMA does); all-reduces that share a device group run one after
    another, those of different device groups on one node share its NICs. Tied embedding copies on
    different stages are all-reduced the same way;
-3. the optimizer step, memory-bandwidth bound: 28 bytes moved per parameter held under Adam (read 16-bit
-   gradient, fp32 master and two moments; write them back and the 16-bit weight; SGD and 8-bit Adam
-   move less, :data:`~hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`) over HBM bandwidth,
+3. the optimizer step, memory-bandwidth bound: 30 bytes moved per parameter held under Adam and bf16 (read
+   the fp32 gradient, fp32 master and two moments; write them back and the 16-bit weight; 28 under fp16
+   and fp32; SGD and 8-bit Adam move less, :func:`~hetpart.costmodel.memory.optimizer_step_bytes`) over
+   HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all). With host offload
    (``plan.offload``, :mod:`~hetpart.costmodel.offload`) the step runs on the CPU at the node's memory
    bandwidth, shared by the node's devices, plus the host copies: per unit and micro-batch beside the
@@ -67,7 +68,7 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import (GRAD_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
-                                      state_bytes_per_param)
+                                      optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
     state_bytes
@@ -82,8 +83,8 @@ TP_COMM = ("ring", "nccl", "nccl-sp")
 """How the tensor-parallel collectives can be priced (``Simulator(tp_comm=...)``)."""
 
 OPTIMIZER_BYTES_PER_PARAM = OPTIMIZER_STEP_BYTES["adam"]
-"""HBM bytes an Adam step moves per parameter under mixed precision (see the module docstring; other
-optimizers: :data:`hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`)."""
+"""HBM bytes an Adam step moves per parameter with 16-bit or fp32 gradients (see the module docstring; by
+optimizer and precision: :func:`hetpart.costmodel.memory.optimizer_step_bytes`)."""
 MEGATRON_BUCKET_PARAMS = 40_000_000
 """Gradients per data-parallel bucket in Megatron-LM's DDP (``bucket_size = max(40M, 1M x dp)`` elements):
 a bucket's all-reduce starts once its last gradient is ready, so the last bucket of a stage is exposed."""
@@ -1391,7 +1392,7 @@ class Simulator:
         if plan.offload != "none":
             return float(gbs.max()), self._step_s(plan, rep.stages[d].devices, float(held.max()), fraction, zero)
         return (float(gbs.max()),  # against the smallest capacity of the group
-                max(self._adam_s(gpu, n * fraction, plan.optimizer) for n, gpu in zip(held, group.gpus)))
+                max(self._adam_s(gpu, n * fraction, plan.optimizer, plan.precision) for n, gpu in zip(held, group.gpus)))
 
     def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float) -> float:
         """What a device's peak holds less when its engine frees the gradients at each step's start (hetpart's
@@ -1411,11 +1412,12 @@ class Simulator:
             per_unit = self._unit_params[tp] = [t.params_per_device(u, u + 1, tp) for u in range(self.model.num_units)]
         return max(per_unit[layers[0]:layers[1]], default=0.0)
 
-    def _adam_s(self, gpu: GPUSpec, params: float, optimizer: str = "adam") -> float:
+    def _adam_s(self, gpu: GPUSpec, params: float, optimizer: str, precision: str) -> float:
         """Optimizer step of ``params`` parameters on one ``gpu``: measured (profile, Adam), else its bytes
-        per parameter over its HBM."""
+        per parameter (:func:`~hetpart.costmodel.memory.optimizer_step_bytes`) over its HBM."""
         measured = self._profiled.adam_s(gpu, params) if self._profiled is not None and optimizer == "adam" else None
-        return measured if measured is not None else params * OPTIMIZER_STEP_BYTES[optimizer] / (gpu.hbm_gbyte_s * 1e9)
+        return (measured if measured is not None
+                else params * optimizer_step_bytes(optimizer, precision) / (gpu.hbm_gbyte_s * 1e9))
 
     def _step_s(self, plan: Plan, devices: tuple[str, ...], params: float, fraction: float, zero: int) -> float:
         """The optimizer step of one device holding ``params`` parameters (``fraction`` of their states):
@@ -1425,11 +1427,12 @@ class Simulator:
         ``optimizer``, the updated 16-bit shard back."""
         share = params * fraction
         if plan.offload == "none":
-            return self._optimizer_s(devices, share, plan.optimizer)
+            return self._optimizer_s(devices, share, plan.optimizer, plan.precision)
         node_of = self._offload_nodes(plan)
         sharing = max(node_of[(dev.group, dev.node)] for dev in map(self.cluster.device, devices))
         first = self.cluster.device(devices[0])
-        t = cpu_step_s(share, OPTIMIZER_STEP_BYTES[plan.optimizer], self.cluster.groups[first.group], sharing)
+        t = cpu_step_s(share, optimizer_step_bytes(plan.optimizer, plan.precision), self.cluster.groups[first.group],
+                       sharing)
         if plan.offload == "optimizer":
             w, g, _ = state_bytes(plan.precision, plan.optimizer)
             link = min(host_link_gbyte_s(gpu) for gpu in self._group(devices).gpus) * 1e9
@@ -1475,15 +1478,15 @@ class Simulator:
         return {"host_memory_gb": float(need[worst]), "host_capacity_gb": float(room[worst]),
                 "host_fits": all(need[key] <= room[key] for key in need)}
 
-    def _optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str = "adam") -> float:
+    def _optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str, precision: str) -> float:
         """Optimizer step of ``params`` parameters per device: measured (profile, Adam), else its bytes per
-        parameter over the slowest device's HBM."""
+        parameter (:func:`~hetpart.costmodel.memory.optimizer_step_bytes`) over the slowest device's HBM."""
         g = self._group(devices)
         if self._profiled is not None and optimizer == "adam":
             measured = [self._profiled.adam_s(gpu, params) for gpu in g.gpus]
             if all(m is not None for m in measured):
                 return max(measured)
-        return params * OPTIMIZER_STEP_BYTES[optimizer] / (g.hbm_gbyte_s * 1e9)
+        return params * optimizer_step_bytes(optimizer, precision) / (g.hbm_gbyte_s * 1e9)
 
     # --------------------------------------------------------------------------------- the step
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
@@ -1575,7 +1578,7 @@ class Simulator:
                 pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
                 before += per_device[d]
                 optim = max(optim, self._optimizer_s(rep.stages[d].devices, params[d] * self._fraction(plan, r),
-                                                     plan.optimizer))
+                                                     plan.optimizer, plan.precision))
         return (pipe + optim) * _BOUND_SLACK
 
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,

@@ -13,7 +13,7 @@ import pytest
 from hetpart import Plan, Replica, Stage, load_model
 from hetpart.cluster import cluster_to_dict, load_cluster, parse_cluster
 from hetpart.costmodel import Simulator
-from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES
+from hetpart.costmodel.memory import optimizer_step_bytes
 from hetpart.costmodel.offload import DEFAULT_HOST_MEMORY_GBYTE_S, host_link_gbyte_s, host_memory_gb
 from hetpart.errors import PlanError, SpecError, WorkloadError
 from hetpart.workload import Workload
@@ -85,11 +85,13 @@ def test_the_cpu_step_and_the_copies_are_priced(model) -> None:
     got = {bw: _row(sim.simulate(_dp2(model, 0, "optimizer")))["optimizer_s"] for bw, sim in ((50, slow), (100, fast))}
     link = host_link_gbyte_s(load_cluster_gpu()) * 1e9
     copies = share * 4 / link + share * 2 / link  # the fp32 gradient out, the 16-bit weights back
-    assert got[50] == pytest.approx(share * OPTIMIZER_STEP_BYTES["adam"] / (50e9 / 2) + copies, rel=1e-9)
-    assert got[100] == pytest.approx(share * OPTIMIZER_STEP_BYTES["adam"] / (100e9 / 2) + copies, rel=1e-9)
+    step = optimizer_step_bytes("adam", "bf16")  # 30: the fp32 gradient, master and moments read, then written
+    assert step == 30
+    assert got[50] == pytest.approx(share * step / (50e9 / 2) + copies, rel=1e-9)
+    assert got[100] == pytest.approx(share * step / (100e9 / 2) + copies, rel=1e-9)
     # the default host bandwidth is the documented assumption
     default = _row(Simulator(model, _cluster()).simulate(_dp2(model, 0, "optimizer")))["optimizer_s"]
-    assert default == pytest.approx(share * 28 / (DEFAULT_HOST_MEMORY_GBYTE_S * 1e9 / 2) + copies, rel=1e-9)
+    assert default == pytest.approx(share * step / (DEFAULT_HOST_MEMORY_GBYTE_S * 1e9 / 2) + copies, rel=1e-9)
 
 
 def load_cluster_gpu():

@@ -11,7 +11,7 @@ from hetpart.costmodel import Simulator, megatron_plan
 from hetpart.costmodel.compute import unit_compute_s
 from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, _interp,
                                        fit_latency_bandwidth, load_profile, parse_profile)
-from hetpart.costmodel.simulator import OPTIMIZER_BYTES_PER_PARAM
+from hetpart.costmodel.memory import optimizer_step_bytes
 from hetpart.errors import SpecError
 from hetpart.workload import Workload
 from tests._cli import run_cli
@@ -53,7 +53,7 @@ def analytic_profile(model, cluster, micro_batches=(1, 2, 4)) -> Profile:
              LinkEntry("p2p", ("A100", "A100"), "inter_node", nic.latency_us, nic.bandwidth_gbyte_s),
              LinkEntry("allreduce", ("A100", "A100"), "intra_node", intra.latency_us, intra.bandwidth_gbyte_s),
              LinkEntry("allreduce", ("A100", "A100"), "inter_node", nic.latency_us, nic.bandwidth_gbyte_s))
-    adam = OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_gbyte_s * 1e9)
+    adam = optimizer_step_bytes("adam", "bf16") / (gpu.hbm_gbyte_s * 1e9)
     return Profile(devices={"A100": DeviceClass("A100", "imported", "analytic copy", adam)},
                    device_types={"A100-80GB": DeviceBinding("A100", stand_in=False)},
                    compute=tuple(compute), links=links, model={"name": "gpt2-small"})
