@@ -161,7 +161,7 @@ def test_optimizer_changes_memory_and_step_time():
         out[opt] = (pred.metrics["peak_memory_gb"]["A100-80GB"], pred.breakdown[0]["optimizer_s"])
     assert out["adam8bit"][0] < out["sgd"][0] < out["adam"][0]
     assert out["adam8bit"][1] < out["sgd"][1] < out["adam"][1]
-    assert out["adam"][1] / out["sgd"][1] == pytest.approx(28 / 20)
+    assert out["adam"][1] / out["sgd"][1] == pytest.approx(30 / 22)  # bf16: fp32 gradients, master and moments
 
 
 def test_workload_and_plan_carry_optimizer_and_attention():

@@ -50,7 +50,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
     """Attach the analytic leaf terms of ``plans`` (the encoded plans of ``batch``, in its order) to
     ``batch``: ``unit_exact [C, U, 4]``, ``p2p_exact [R, K-1]``, ``rep_sched [R]``, ``opt_exact [R, D]``,
     ``seg_exact [G]``, ``seg_last_exact [G]``, ``seg_tcp [G]``."""
-    from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES
+    from hetpart.costmodel.memory import optimizer_step_bytes
 
     sim = _simulator(ctx)
     enc = [plans[i] for i in batch.rows]
@@ -124,7 +124,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
                                       + (p2p[r, k] if k + 1 < len(rep.stages) else 0.0))
                 s += 1
             sched[r] = code
-            opt_scale[r] = OPTIMIZER_STEP_BYTES[plan.optimizer]
+            opt_scale[r] = optimizer_step_bytes(plan.optimizer, plan.precision)
             r += 1
         if sharded:
             _sharded_states(sim, plan, batch, j, r0, fwd_of, rep_m, shard_comm, opt)
