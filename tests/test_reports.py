@@ -78,10 +78,17 @@ def test_bench_writes_table_plots_html_and_a_tracked_run(capsys, tmp_path: Path)
     assert (run_dir / "config.yaml").exists() and (run_dir / "results.csv").exists()
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A shell without job control starts background commands with SIGINT ignored, and a Python started so
+    keeps ignoring it; a terminal's foreground command has it at its default (the test's premise)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_dashboard_cli_prints_its_url_and_ends_on_ctrl_c(tmp_path: Path) -> None:
     hetpart = Path(sys.executable).with_name("hetpart")
     proc = subprocess.Popen([str(hetpart), "dashboard", "--logdir", str(tmp_path), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         line = proc.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)
