@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hetpart.costmodel.memory import state_split
 from hetpart.costmodel.offload import device_state_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,8 +73,6 @@ def microbatches_run(plan: "Plan", replica: int) -> int:
 def state_bytes(precision: str, optimizer: str = "adam") -> tuple[float, float, float]:
     """``(weights, gradients, optimizer)`` bytes per parameter; they add up to the optimizer's total of
     :func:`hetpart.costmodel.memory.state_bytes_per_param` (Adam: 18 under bf16, 16 under fp16 and fp32)."""
-    from hetpart.costmodel.memory import state_split
-
     return state_split(precision, optimizer)
 
 

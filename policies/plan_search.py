@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
+from hetpart.costmodel.memory import GRAD_BYTES
 from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
-from hetpart.costmodel.memory import GRAD_BYTES
 from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes, sharding_levels
 from hetpart.policies.layout import assemble
 from hetpart.policies.partition import Split, allocate_microbatches, split_layers

@@ -70,17 +70,25 @@ class StageCosts:
         return _masked(self, in_flight, zero, fraction if zero else 1.0)
 
     def memory_gb(self, first: int, last: int, in_flight: float, zero: int = 0, fraction: float = 1.0) -> float:
-        return float(_need_gb(self, in_flight, zero, fraction if zero else 1.0)[first, last])
+        return float(_need_gb(self, in_flight, zero, fraction if zero else 1.0, (first, last)))
+
+    def fits_from(self, first: int, stop: int, in_flight: float, zero: int = 0, fraction: float = 1.0) -> np.ndarray:
+        """Whether each range ``[first, b)``, ``first < b < stop``, fits (the mask of :meth:`masked`, one row)."""
+        return _need_gb(self, in_flight, zero, fraction if zero else 1.0, (first, slice(first + 1, stop))) <= \
+            self.capacity_gb
 
 
-def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float) -> np.ndarray:
-    need = costs.states_gb + in_flight * costs.acts_gb + costs.extra_gb
+def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at=(slice(None), slice(None))
+             ) -> np.ndarray:
+    """Memory of the ranges ``[a, b)`` at ``at`` (default all; a row of ranges: ``(a, slice(b0, b1))``)."""
+    states = costs.states_gb[at]
+    need = states + in_flight * costs.acts_gb[at] + costs.extra_gb[at]
     if zero or costs.offload != "none":
         scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer, costs.offload)
                  / state_bytes_per_param(costs.optimizer, costs.precision))
-        need = need - costs.states_gb * (1.0 - scale)
+        need = need - states * (1.0 - scale)
         if zero >= 2:
-            need = need + _largest(costs) * working_set_bytes(1.0, costs.precision, zero) / 1e9
+            need = need + _largest(costs)[at] * working_set_bytes(1.0, costs.precision, zero) / 1e9
     return need
 
 

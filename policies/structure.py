@@ -79,11 +79,7 @@ def greedy_fits(costs: "list[StageCosts]", num_microbatches: int, zero: int = 0,
     for j, c in enumerate(costs):
         last = n - (pp - 1 - j)  # leave one unit to every later stage
         flight = min(pp - j, num_microbatches)
-        if zero or c.offload != "none":  # the sharded states of the layer split's own mask
-            ok = np.isfinite(c.masked(flight, False, zero, fraction)[a, a + 1:last + 1])
-        else:  # the same need, on one row only
-            need = c.states_gb[a, a + 1:last + 1] + flight * c.acts_gb[a, a + 1:last + 1] + c.extra_gb[a, a + 1:last + 1]
-            ok = need <= c.capacity_gb
+        ok = c.fits_from(a, last + 1, flight, zero, fraction)
         if not ok[0]:
             return False
         first_bad = int(ok.argmin())  # the first False (argmin of booleans), or 0 when all are True

@@ -42,6 +42,8 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
+from hetpart.costmodel.memory import GRAD_BYTES
+
 __all__ = ["ClosedContext", "Composed", "compose", "ClosedHead", "HEAD_FEATURES", "ClosedTrainConfig", "train_closed",
            "record_examples", "evaluate_examples", "save_head", "load_head", "ClosedPredictor", "closed_predictor",
            "kendall_tau"]
@@ -61,8 +63,6 @@ def _step_bytes(optimizer: str) -> float:
     return float(OPTIMIZER_STEP_BYTES.get(optimizer, _STEP_BYTES.get(optimizer, 28.0)))
 
 
-def _grad_reduce_bytes(precision: str) -> int:
-    return 2 if precision == "fp16" else 4
 
 
 @dataclass
@@ -403,11 +403,11 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
         for i, (fixed, per_byte) in enumerate(ls):
             lines[j, i] = (fixed, per_byte)
     prec = cc.precision
-    scale = _grad_reduce_bytes(prec) / DTYPE_BYTES[prec]
+    scale = GRAD_BYTES[prec] / DTYPE_BYTES[prec]
     nb = raw["seg_bytes"] * scale
     first_b = raw["seg_first_bytes"] * scale
     tied = raw["seg_tied"]
-    last_b = np.where(tied, nb, np.minimum(nb, np.maximum(first_b, _BUCKET_PARAMS * _grad_reduce_bytes(prec))))
+    last_b = np.where(tied, nb, np.minimum(nb, np.maximum(first_b, _BUCKET_PARAMS * GRAD_BYTES[prec])))
     L = lines[kinv]
 
     def cost(x):
