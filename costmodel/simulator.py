@@ -1525,6 +1525,9 @@ class Simulator:
     # --------------------------------------------------------------------------------- Predictor
     name = "simulator"
     """Registry name (:mod:`hetpart.costmodel.predictor`)."""
+    fork_safe = True
+    """Pure Python and NumPy (no torch, no threads): a forked child may price plans with a copy of it
+    (:func:`hetpart.policies.policy_planner.decode` runs its baseline that way)."""
 
     @property
     def version(self) -> str:

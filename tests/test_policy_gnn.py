@@ -95,3 +95,73 @@ def test_policy_planner_refuses_unknown_options():
     with pytest.raises(PlanError, match="temperature"):
         plan(load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256), "policy",
              temperature=2.0)
+
+
+@pytest.mark.slow
+def test_policy_baseline_computed_in_a_child_gives_the_sequential_answer(monkeypatch):
+    """The forked baseline (a second core plans ``proportional`` while the network decodes) returns what the
+    sequential call returns, with and without refinement, where the baseline wins and where it loses."""
+    import hetpart.policies.policy_planner as pp
+
+    if not pp._can_fork(pp.Evaluator(load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"),
+                                     Workload(16, 256))):
+        pytest.skip("needs Linux and a second core")
+    cases = [(load_model("llama2-7b", seq_len=2048), load_cluster("consumer-mix"), Workload(128, 2048)),
+             (load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256))]
+    for model, cluster, work in cases:
+        for refine in (False, True):
+            forked = pp.decode(model, cluster, work, samples=2, refine=refine)
+            assert forked.timings_s["baseline_forked"] is True
+            monkeypatch.setattr(pp, "PARALLEL_BASELINE", False)
+            alone = pp.decode(model, cluster, work, samples=2, refine=refine)
+            monkeypatch.setattr(pp, "PARALLEL_BASELINE", True)
+            assert alone.timings_s["baseline_forked"] is False
+            assert (forked.baseline is None) == (alone.baseline is None)
+            if alone.baseline is not None:
+                assert forked.baseline.plan == alone.baseline.plan
+            assert forked.best.plan == alone.best.plan
+
+
+@pytest.mark.slow
+def test_policy_baseline_child_that_fails_is_redone_and_one_left_behind_is_reaped(monkeypatch):
+    import importlib
+    import os
+
+    import hetpart.policies.policy_planner as pp
+
+    prop = importlib.import_module("hetpart.policies.plan_proportional")  # the module, not the function
+
+    model, cluster, work = load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256)
+    if not pp._can_fork(pp.Evaluator(model, cluster, work)):
+        pytest.skip("needs Linux and a second core")
+    parent, real = os.getpid(), prop.plan_proportional
+
+    def fails_in_the_child(*args, **kwargs):
+        if os.getpid() != parent:
+            raise RuntimeError("the child broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prop, "plan_proportional", fails_in_the_child)
+    monkeypatch.setattr(pp, "PARALLEL_BASELINE", False)
+    expected = pp.decode(model, cluster, work, samples=2, refine=False)
+    monkeypatch.setattr(pp, "PARALLEL_BASELINE", True)
+    redone = pp.decode(model, cluster, work, samples=2, refine=False)
+    assert redone.timings_s["baseline_forked"] is True and redone.best.plan == expected.best.plan
+
+    children = []
+    real_init = pp._PendingBaseline.__init__
+
+    def kept(self, *args):
+        real_init(self, *args)
+        children.append(self)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the decode broke")
+
+    monkeypatch.setattr(pp._PendingBaseline, "__init__", kept)
+    monkeypatch.setattr(pp, "_decode_structures", broken)
+    with pytest.raises(RuntimeError, match="the decode broke"):
+        pp.decode(model, cluster, work, samples=2)
+    assert children and children[0].forked and children[0].pid is None  # killed and reaped
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child of this process is left
