@@ -14,6 +14,7 @@ gives unlike tensor-parallel groups an uneven split (:mod:`hetpart.costmodel.tp_
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from hetpart.cluster import Cluster, NodeGroup
 from hetpart.errors import WorkloadError
@@ -99,7 +100,14 @@ def tp_groups(pool: Pool, tp: int) -> list[tuple[str, ...]]:
     """The pool's devices cut into groups of ``tp`` consecutive GPUs of one node, in cluster order."""
     if pool.gpus_per_node % tp:
         raise ValueError(f"tp {tp} does not divide the {pool.gpus_per_node} GPUs per node of {pool.key}")
-    return [node[i:i + tp] for node in pool.nodes for i in range(0, pool.gpus_per_node, tp)]
+    return list(_tp_groups(pool, tp))
+
+
+@lru_cache(maxsize=1024)
+def _tp_groups(pool: Pool, tp: int) -> tuple[tuple[str, ...], ...]:
+    """:func:`tp_groups`, cut once per pool and degree (the planners ask for a 1,024-GPU pool's groups
+    thousands of times)."""
+    return tuple(node[i:i + tp] for node in pool.nodes for i in range(0, pool.gpus_per_node, tp))
 
 
 def check_zones_connected(cluster: Cluster) -> None:

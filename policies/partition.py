@@ -15,6 +15,7 @@ differential tests (``tests/test_search.py``):
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -55,9 +56,15 @@ def range_cost_matrix(unit_cost: np.ndarray, overhead: float = 0.0) -> np.ndarra
     """
     prefix = np.concatenate(([0.0], np.cumsum(np.asarray(unit_cost, dtype=float))))
     cost = prefix[None, :] - prefix[:, None] + overhead
-    n = len(prefix)
-    cost[np.tril_indices(n)] = math.inf
+    cost[_on_or_below_diagonal(len(prefix))] = math.inf
     return cost
+
+
+@functools.lru_cache(maxsize=64)
+def _on_or_below_diagonal(n: int) -> np.ndarray:
+    mask = np.tri(n, dtype=bool)
+    mask.flags.writeable = False
+    return mask
 
 
 def _minimax(costs: Sequence[np.ndarray]) -> float:
@@ -180,9 +187,7 @@ def minimax_split(costs: Sequence[np.ndarray], num_microbatches: int, give_up_ab
     low = _greedy_low(costs)
     if not math.isfinite(low):
         return None
-    distinct = {id(c): c for c in costs}.values()
-    hi = max(float(np.max(c, where=np.isfinite(c), initial=0.0)) for c in distinct)  # memory alone binds
-    found = _greedy_bounds(costs, hi)
+    found = _greedy_bounds(costs, _FINITE)  # memory alone binds: every finite range is under this cap
     if found is None:
         return None
     hi = _bottleneck(costs, found)
@@ -196,6 +201,10 @@ def minimax_split(costs: Sequence[np.ndarray], num_microbatches: int, give_up_ab
             found, hi = bounds, _bottleneck(costs, bounds)
     best = _evaluate(costs, found, num_microbatches)
     return best if best.objective_s < give_up_above else None
+
+
+_FINITE = float(np.finfo(float).max)
+"""A cap above every finite time and below ``inf`` (a range that does not fit)."""
 
 
 def _bottleneck(costs: Sequence[np.ndarray], bounds: Sequence[int]) -> float:
@@ -224,7 +233,7 @@ def _greedy_bounds(costs: Sequence[np.ndarray], cap: float) -> tuple[int, ...] |
             b = n
         else:
             row = c[a, a + 1:last + 1]
-            reach = int(np.searchsorted(row, cap, side="right"))  # rows rise with the range's end
+            reach = int(row.searchsorted(cap, side="right"))  # rows rise with the range's end
             if reach == 0:
                 return None
             b = a + reach

@@ -225,7 +225,7 @@ def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
 def _slowest_stage_bound_s(ref: np.ndarray, kinds: tuple[StageCosts, ...], counts: tuple[int, ...]) -> float:
     """The least time of the slowest stage, measured against the per-unit times ``ref``
     (:func:`_lower_bound_s`); ``counts[i]`` stages are of kind ``kinds[i]``."""
-    ratio = [max(float(np.min(k.unit_time_s / np.maximum(ref, 1e-30))), 1e-30) for k in kinds]
+    ratio = [max(float((k.unit_time_s / np.maximum(ref, 1e-30)).min()), 1e-30) for k in kinds]
     return float(ref.sum()) / sum(n / r for n, r in zip(counts, ratio))
 
 

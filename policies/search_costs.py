@@ -108,11 +108,21 @@ def _range_sum(values: np.ndarray) -> np.ndarray:
 
 
 def _range_max(values: np.ndarray) -> np.ndarray:
+    """``[n + 1, n + 1]``: ``max(values[a:b])`` for ``a < b``, 0 elsewhere (one running maximum per row)."""
     n = len(values)
+    upper = _upper(n)
+    ahead = np.where(upper, np.asarray(values, dtype=float)[None, :], -np.inf)  # row a: -inf, ..., values[a:]
     out = np.zeros((n + 1, n + 1))
-    for a in range(n):
-        out[a, a + 1:] = np.maximum.accumulate(values[a:])
+    out[:n, 1:] = np.where(upper, np.maximum.accumulate(ahead, axis=1), 0.0)
     return out
+
+
+@lru_cache(maxsize=64)
+def _upper(n: int) -> np.ndarray:
+    """``[n, n]`` booleans, True on and above the diagonal (read-only: shared)."""
+    mask = np.triu(np.ones((n, n), dtype=bool))
+    mask.flags.writeable = False
+    return mask
 
 
 class CostTable:
