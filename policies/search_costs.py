@@ -14,8 +14,9 @@ For a pool, tensor-parallel degree, micro-batch and recompute mode, :class:`Stag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache, partial
+from typing import Callable
 
 import numpy as np
 
@@ -39,8 +40,6 @@ class StageCosts:
     Shapes: every matrix is ``[n + 1, n + 1]`` over ranges ``[a, b)`` (``inf`` time where ``a >= b``).
     """
 
-    time_s: np.ndarray
-    """Per-micro-batch time of the range (forward + backward + recompute + TP all-reduces)."""
     states_gb: np.ndarray
     """Model-state memory of the range (weights, grads, optimizer states; tied copy included)."""
     acts_gb: np.ndarray
@@ -52,14 +51,25 @@ class StageCosts:
     (:data:`~hetpart.costmodel.memory.GRAD_BYTES`: fp32 under bf16 and fp32, 16-bit under fp16)."""
     capacity_gb: float
     """Usable memory of one device of the pool."""
-    unit_time_s: np.ndarray
-    """``[n]``: the per-unit times the matrix sums."""
     unit_params: np.ndarray
     """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
+    unit_times: Callable[[], np.ndarray] = field(repr=False)
+    """Computes :attr:`unit_time_s` on first use (the policy's memory masks build thousands of these and
+    price few of them)."""
     precision: str = "bf16"
     optimizer: str = "adam"
     offload: str = "none"
     """What the plan keeps in host memory (:mod:`hetpart.costmodel.offload`)."""
+
+    @cached_property
+    def unit_time_s(self) -> np.ndarray:
+        """``[n]``: the per-unit times :attr:`time_s` sums."""
+        return self.unit_times()
+
+    @cached_property
+    def time_s(self) -> np.ndarray:
+        """Per-micro-batch time of the range (forward + backward + recompute + TP all-reduces)."""
+        return range_cost_matrix(self.unit_time_s)
 
     def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
                ) -> np.ndarray:
@@ -102,6 +112,12 @@ def _masked(costs: StageCosts, in_flight: float, zero: int = 0, fraction: float 
     return np.where(_need_gb(costs, in_flight, zero, fraction) <= costs.capacity_gb, costs.time_s, np.inf)
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """``array`` made read-only: cost tables share their arrays."""
+    array.flags.writeable = False
+    return array
+
+
 def _range_sum(values: np.ndarray) -> np.ndarray:
     prefix = np.concatenate(([0.0], np.cumsum(values)))
     return prefix[None, :] - prefix[:, None]
@@ -138,11 +154,22 @@ class CostTable:
         self.attention = attention
         self.offload = offload
         self.get = lru_cache(maxsize=None)(self._build)
+        self._states = lru_cache(maxsize=None)(self._tp_states)
+        self._activations = lru_cache(maxsize=None)(self._tp_activations)
 
     def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> StageCosts:
+        _, own, states, grads = self._states(tp)
+        saved, work = self._activations(tp, recompute)
+        return StageCosts(states_gb=states, acts_gb=_frozen(saved * micro_batch / 1e9),
+                          extra_gb=_frozen(work * micro_batch / 1e9), grad_bytes=grads,
+                          capacity_gb=memory_capacity_gb(pool.gpu), unit_params=own,
+                          unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute),
+                          precision=self.precision, optimizer=self.optimizer, offload=self.offload)
+
+    def _tp_states(self, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(divisor, own params, model-state GB, gradient bytes)`` of every unit or range at ``tp`` (the
+        same for every micro-batch and recompute mode)."""
         model = self.model
-        unit_time = self._unit_time_s(pool, tp, micro_batch, recompute)
-        time_s = range_cost_matrix(unit_time)
         div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
         own = np.array([u.params for u in model.units], dtype=float) / div
         state_bytes = state_bytes_per_param(self.optimizer, self.precision)
@@ -156,13 +183,15 @@ class CostTable:
                 held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
             states = states + held * state_bytes / 1e9
             grads = grads + held * GRAD_BYTES[self.precision]
-        saved = np.array(unit_saved_bytes(model, recompute, self.attention, self.kernels))
-        acts = _range_sum(saved / div) * micro_batch / 1e9
-        # the running unit's working set (its backward's transients; under full recompute its activations again)
-        work = np.array(unit_working_bytes(model, recompute, self.attention, self.kernels))
-        extra = _range_max(work / div) * micro_batch / 1e9
-        return StageCosts(time_s, states, acts, extra, grads, memory_capacity_gb(pool.gpu), unit_time, own,
-                          self.precision, self.optimizer, self.offload)
+        return _frozen(div), _frozen(own), _frozen(states), _frozen(grads)
+
+    def _tp_activations(self, tp: int, recompute: str) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes per sequence of a micro-batch: the activations a range saves, and the largest working set
+        of one of its units (its backward's transients; under full recompute its activations again)."""
+        div = self._states(tp)[0]
+        saved = np.array(unit_saved_bytes(self.model, recompute, self.attention, self.kernels))
+        work = np.array(unit_working_bytes(self.model, recompute, self.attention, self.kernels))
+        return _range_sum(saved / div), _range_max(work / div)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""
