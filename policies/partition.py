@@ -123,8 +123,9 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
     For every candidate bottleneck ``tau`` (a value some stage can take), a min-sum dynamic program
     over stage boundaries keeps only stages no slower than ``tau``; ``(m - 1) * tau + S(tau)`` is
     minimal exactly at the optimum's own bottleneck. Candidates are scanned upward from the minimax
-    bottleneck, ``chunk`` at a time (vectorised), and the scan stops once ``(m - 1) * tau`` plus the
-    unconstrained smallest sum can no longer beat the best found (the bound that prunes).
+    bottleneck, in chunks (vectorised) of 1, 2, 4, ... up to ``chunk`` candidates (most splits stop at
+    the first), and the scan stops once ``(m - 1) * tau`` plus the unconstrained smallest sum can no
+    longer beat the best found (the bound that prunes; a candidate past it can at most tie).
 
     Args:
         costs: per stage ``j`` (in pipeline order) a matrix ``[n + 1, n + 1]`` with the time of
@@ -148,14 +149,16 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
     values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in costs]))
     values = values[(m - 1) * values + unconstrained[0] < best.objective_s]
     best_cap, best_value = None, min(best.objective_s, give_up_above)
-    for start in range(0, len(values), chunk):
-        caps = values[start:start + chunk]
+    start, size = 0, 1
+    while start < len(values):
+        caps = values[start:start + size]
         if (m - 1) * caps[0] + unconstrained[0] >= best_value:
             break
         proxy = (m - 1) * caps + _min_sums(costs, caps)
         k = int(np.argmin(proxy))
         if proxy[k] < best_value:
             best_cap, best_value = float(caps[k]), float(proxy[k])
+        start, size = start + size, min(2 * size, chunk)
     if best_cap is not None:
         found = _min_sum(costs, best_cap)
         candidate = _evaluate(costs, found[1], m)
