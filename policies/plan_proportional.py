@@ -133,7 +133,9 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
     Args:
         incumbent: a plan already in hand: layouts whose lower bound cannot beat it are never
             simulated, and it is returned itself when no layout beats it (a caller that only needs
-            the baseline when it wins, as the policy planner does, saves the simulations).
+            the baseline when it wins, as the policy planner does, saves the simulations). The
+            sharding level is the one planned without it: where no layout fits unsharded, the
+            sharded fallback is planned whatever the incumbent.
 
     Raises:
         WorkloadError: when no layout of the grid fits in memory.
@@ -155,8 +157,9 @@ def _best_proportional(model, cluster, workload, evaluate: Evaluator, incumbent:
         if found is not _UNDECIDED:
             return found
     # more recomputation of the same layout is only slower: keep the least that fits
-    fitting = (next((p for p in _variants(layout, workload) if evaluate.fits(p)), None) for layout in layouts)
-    return evaluate.best((p for p in fitting if p is not None), incumbent=incumbent)
+    fitting = [p for layout in layouts
+               if (p := next((p for p in _variants(layout, workload) if evaluate.fits(p)), None)) is not None]
+    return evaluate.best(fitting, incumbent=incumbent) if fitting else None  # None: try the next sharding level
 
 
 _UNDECIDED = object()
@@ -183,6 +186,8 @@ def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Worklo
             if evaluate.fits(small):
                 fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
                 break
+    if not fitting:
+        return None  # nothing fits at this level: the caller tries the next sharding level, incumbent or not
     best = incumbent
     for bound, _, layout, rc in sorted(fitting, key=lambda t: (t[0], t[1])):
         if best is not None and bound > best.step_time_s:

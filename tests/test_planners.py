@@ -218,3 +218,29 @@ def test_proportional_by_replica_class_picks_what_the_whole_plans_pick(seed: int
     assert (found is None) == (expected is None)
     if found is not None:
         assert found.plan == expected.plan and found.tokens_per_s == expected.tokens_per_s
+
+
+def test_proportional_with_an_incumbent_still_falls_back_to_sharding_where_nothing_fits_unsharded() -> None:
+    """The policy's baseline passes its own plan as the incumbent; that must not stop the ``proportional``
+    layouts from trying the sharded levels where none fits unsharded (else the policy could end below
+    ``proportional``)."""
+    from dataclasses import replace
+
+    from hetpart.costmodel.evaluator import Evaluated, Evaluator
+    from hetpart.policies.plan_proportional import plan_proportional
+
+    class UnshardedNeverFits(Evaluator):
+        def fits(self, plan):
+            return plan.zero > 0 and super().fits(plan)
+
+    model, cluster, work = load_model("gpt2-small", seq_len=256), load_cluster("tiny-mixed"), Workload(16, 256)
+    evaluator = UnshardedNeverFits(model, cluster, work)
+    alone = plan_proportional(model, cluster, work, evaluator=evaluator)
+    assert alone.plan.zero >= 1
+    slow = Evaluated(alone.plan, replace(alone.estimate, step_time_s=alone.step_time_s * 10,
+                                         tokens_per_s=alone.tokens_per_s / 10))
+    found = plan_proportional(model, cluster, work, evaluator=evaluator, incumbent=slow)
+    assert found is not slow and found.plan == alone.plan
+    fast = Evaluated(alone.plan, replace(alone.estimate, step_time_s=alone.step_time_s / 10,
+                                         tokens_per_s=alone.tokens_per_s * 10))
+    assert plan_proportional(model, cluster, work, evaluator=evaluator, incumbent=fast) is fast
