@@ -54,7 +54,7 @@ class StageCosts:
     unit_params: np.ndarray
     """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
     unit_times: Callable[[], np.ndarray] = field(repr=False)
-    """Computes :attr:`unit_time_s` on first use (the policy's memory masks build thousands of these and
+    """Computes :attr:`unit_time_s` on first use (the policy's memory masks build hundreds of these and
     price few of them)."""
     precision: str = "bf16"
     optimizer: str = "adam"
