@@ -105,8 +105,8 @@ def tp_groups(pool: Pool, tp: int) -> list[tuple[str, ...]]:
 
 @lru_cache(maxsize=1024)
 def _tp_groups(pool: Pool, tp: int) -> tuple[tuple[str, ...], ...]:
-    """:func:`tp_groups`, cut once per pool and degree (the planners ask for a 1,024-GPU pool's groups
-    thousands of times)."""
+    """:func:`tp_groups`, cut once per pool and degree (the planners ask for the same pool's groups again
+    and again)."""
     return tuple(node[i:i + tp] for node in pool.nodes for i in range(0, pool.gpus_per_node, tp))
 
 

@@ -56,12 +56,14 @@ def range_cost_matrix(unit_cost: np.ndarray, overhead: float = 0.0) -> np.ndarra
     """
     prefix = np.concatenate(([0.0], np.cumsum(np.asarray(unit_cost, dtype=float))))
     cost = prefix[None, :] - prefix[:, None] + overhead
-    cost[_on_or_below_diagonal(len(prefix))] = math.inf
+    cost[on_or_below_diagonal(len(prefix))] = math.inf
     return cost
 
 
 @functools.lru_cache(maxsize=64)
-def _on_or_below_diagonal(n: int) -> np.ndarray:
+def on_or_below_diagonal(n: int) -> np.ndarray:
+    """``[n, n]`` booleans, True on and below the diagonal (cached and read-only: callers share it; its
+    transpose marks on and above)."""
     mask = np.tri(n, dtype=bool)
     mask.flags.writeable = False
     return mask

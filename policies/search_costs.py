@@ -26,7 +26,7 @@ from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import GRAD_BYTES, memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
-from hetpart.policies.partition import range_cost_matrix
+from hetpart.policies.partition import on_or_below_diagonal, range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
 from hetpart.graph.model_graph import ModelGraph
 
@@ -126,19 +126,11 @@ def _range_sum(values: np.ndarray) -> np.ndarray:
 def _range_max(values: np.ndarray) -> np.ndarray:
     """``[n + 1, n + 1]``: ``max(values[a:b])`` for ``a < b``, 0 elsewhere (one running maximum per row)."""
     n = len(values)
-    upper = _upper(n)
+    upper = on_or_below_diagonal(n).T  # on and above the diagonal
     ahead = np.where(upper, np.asarray(values, dtype=float)[None, :], -np.inf)  # row a: -inf, ..., values[a:]
     out = np.zeros((n + 1, n + 1))
     out[:n, 1:] = np.where(upper, np.maximum.accumulate(ahead, axis=1), 0.0)
     return out
-
-
-@lru_cache(maxsize=64)
-def _upper(n: int) -> np.ndarray:
-    """``[n, n]`` booleans, True on and above the diagonal (read-only: shared)."""
-    mask = np.triu(np.ones((n, n), dtype=bool))
-    mask.flags.writeable = False
-    return mask
 
 
 class CostTable:
