@@ -2,12 +2,16 @@
 
 ``hetpart predict --plans plans.jsonl`` reads one plan JSON per line and prints one JSON line each,
 ``{"metrics": {...}}`` (what ``--plan`` gives) or ``{"error": "..."}``; the model, the cluster and
-the predictor's caches are built once for the whole file.
+the predictor's caches are built once for the whole file. With a fork-safe predictor (the simulator)
+and more than one core, forked workers score chunks of the file side by side and the answers come
+back in the file's order (``jobs``; ``--jobs`` on the command line).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from hetpart.errors import HetpartError
 from hetpart.plan import Plan
@@ -16,37 +20,92 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.costmodel.predictor import Predictor
     from hetpart.workload import Workload
 
-__all__ = ["predict_lines"]
+__all__ = ["predict_lines", "workers_for"]
+
+CHUNK = 8
+"""Plans per task handed to a worker: small enough that two workers finish together on a file of mixed
+plan sizes, large enough that the pipe between them costs little (a 1,024-GPU plan takes tens of ms)."""
+
+
+def workers_for(predictor: "Predictor", jobs: int | None, plans: int) -> int:
+    """How many processes score ``plans`` plans: ``jobs`` (``None`` or 0: every core this process may run
+    on), at most one per chunk of :data:`CHUNK`; 1 where forking is not safe: not Linux, or a predictor
+    that does not say it is fork-safe (the learned model's torch thread pools do not survive a fork)."""
+    if jobs is not None and jobs < 0:
+        raise ValueError(f"jobs must be 0 (every core) or more, not {jobs}")
+    if jobs == 1 or not (sys.platform.startswith("linux") and getattr(predictor, "fork_safe", False)):
+        return 1
+    cores = len(os.sched_getaffinity(0))
+    return max(1, min(jobs or cores, -(-plans // CHUNK)))
 
 
 def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workload | None" = None,
-                  source: str = "plans.jsonl") -> Iterator[dict[str, Any]]:
+                  source: str = "plans.jsonl", jobs: int | None = 1) -> Iterator[dict[str, Any]]:
     """One answer per non-blank line: ``{"metrics": ...}``, or ``{"error": ...}`` naming the line.
 
     Args:
         lines: plan JSON, one per line (blank lines are skipped, not answered).
         predictor: prices every plan (validated against its model and cluster first).
         workload: when given, a plan whose global batch or sequence length differs is an error.
+        jobs: processes to score with (:func:`workers_for`; ``None`` or 0: every core). The answers are
+            the same whatever the number: each plan is priced on its own, and caches only save work.
     """
     many = getattr(predictor, "predict_many", None)
     if many is not None:  # a predictor that prices a whole batch in one pass (the learned one)
         yield from _predict_batched(lines, many, workload, source)
         return
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    answer = _answerer(predictor, workload, source)
+    workers = workers_for(predictor, jobs, len(numbered))
+    if workers == 1:
+        for number, line in numbered:
+            yield answer(number, line)
+        return
+    yield from _forked(numbered, answer, workers)
+
+
+def _answerer(predictor: "Predictor", workload: "Workload | None", source: str) -> Callable[[int, str], dict]:
+    """The answer to line ``number`` of the file."""
     metrics_of = getattr(predictor, "predict_metrics", None)  # the metrics alone, where a predictor has them
     if metrics_of is None:
         def metrics_of(plan: Plan, workload: "Workload | None", validate: bool) -> dict[str, Any]:
             return predictor.predict(plan, workload, validate=validate).metrics
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+
+    def answer(number: int, line: str) -> dict[str, Any]:
         try:
             plan = Plan.from_json(line, f"{source}:{number}")
-            metrics = metrics_of(plan, workload, validate=True)
+            return {"metrics": metrics_of(plan, workload, validate=True)}
         except HetpartError as exc:
-            message = " ".join(str(exc).split())
-            yield {"error": message if message.startswith(source) else f"{source}:{number}: {message}"}
-            continue
-        yield {"metrics": metrics}
+            return _error(str(exc), source, number)
+    return answer
+
+
+_ANSWER: Callable[[int, str], dict] | None = None
+"""The forked workers' :func:`_answerer`, set in the parent before the fork (a closure cannot be pickled;
+a forked child inherits it, with the predictor's caches as they were)."""
+
+
+def _score_chunk(chunk: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    return [_ANSWER(number, line) for number, line in chunk]
+
+
+def _forked(numbered: list[tuple[int, str]], answer, workers: int) -> Iterator[dict[str, Any]]:
+    """:func:`predict_lines` over ``workers`` forked processes, in order. A worker that dies (killed, out of
+    memory) fails the whole call with multiprocessing's error rather than leaving lines unanswered."""
+    import multiprocessing
+
+    global _ANSWER
+    chunks = [numbered[i:i + CHUNK] for i in range(0, len(numbered), CHUNK)]
+    _ANSWER = answer
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    try:
+        for answers in pool.imap(_score_chunk, chunks):
+            yield from answers
+        pool.close()
+    finally:
+        pool.terminate()  # stops the workers too where the consumer stopped early or an error came back
+        pool.join()
+        _ANSWER = None
 
 
 def _error(message: str, source: str, number: int) -> dict[str, Any]:

@@ -4,9 +4,10 @@ Scoring many candidate plans must not pay a process start each: this writes ``--
 valid plans (tensor-parallel degree 1-8 inside a node, 1-32 pipeline stages over shuffled or
 speed-sorted device groups, random or speed-proportional layer cuts, even or speed-proportional batch
 shares, any recompute mode) of llama2-70b to one JSONL file and times ONE ``hetpart predict --plans
-FILE --json`` process, start included, and its CPU time (the shared machine's load moves the wall time).
+FILE --json`` process, start included, and its CPU time (the shared machine's load moves the wall time),
+its forked workers' included (``--jobs``: what the process is given; 0, the default, is one per core).
 
-Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_batch [--plans 1000]``
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_batch [--plans 1000] [--jobs 0]``
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=0, help="predict --jobs (0: one process per core)")
     args = parser.parse_args(argv)
     from hetpart import load_model
 
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         load = os.getloadavg()[0]
         start = time.perf_counter()
         proc = subprocess.run([hetpart, "predict", "--model", model, "--cluster", str(cluster), "--global-batch",
-                               str(global_batch), "--seq-len", str(seq_len), "--plans", str(plans), "--json"],
+                               str(global_batch), "--seq-len", str(seq_len), "--plans", str(plans), "--json",
+                               "--jobs", str(args.jobs)],
                               capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
         wall = time.perf_counter() - start
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"predict --plans failed: {proc.stderr.strip()[-300:]}")
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     valid = sum("metrics" in a for a in answers)
-    print(f"{len(answers)} plans of {model} on mixed-1024 ({valid} valid) in one process: wall {wall:.1f} s "
+    print(f"{len(answers)} plans of {model} on mixed-1024 ({valid} valid) in one predict call, --jobs {args.jobs} "
+          f"({os.cpu_count()} cores): wall {wall:.1f} s "
           f"({len(answers) / wall:.0f} plans/s, start included), CPU {cpu.ru_utime + cpu.ru_stime:.1f} s "
           f"({len(answers) / (cpu.ru_utime + cpu.ru_stime):.0f} plans per CPU-second); load average before "
           f"{load:.1f}, after {os.getloadavg()[0]:.1f}")

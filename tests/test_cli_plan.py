@@ -149,6 +149,14 @@ def test_predict_plans_answers_every_line_in_order_in_one_process(capsys, tmp_pa
     assert "'7/0/0' does not exist" in lines[2]["error"] and set(lines[2]) == {"error"}
     code, stdout, err = _run(capsys, "predict", *SMALL, "--plans", str(plans))
     assert code == 0 and stdout.count("tokens/s") == 2 and "2: " in stdout
+    many = tmp_path / "many.jsonl"  # enough lines for two forked workers: the same lines, in order
+    many.write_text(plans.read_text() * 6)
+    by_jobs = [_run(capsys, "predict", *SMALL, "--plans", str(many), "--json", "--jobs", jobs) for jobs in ("1", "2")]
+    assert by_jobs[0][0] == by_jobs[1][0] == 0 and by_jobs[0][1] == by_jobs[1][1]
+    forked = [json.loads(line) for line in by_jobs[1][1].splitlines()]
+    assert [a.get("metrics") for a in forked] == [a.get("metrics") for a in lines] * 6
+    assert forked[-3]["error"].startswith(f"{many}:27: invalid JSON")  # numbered as in the file
+    assert "--jobs" in _error(capsys, "predict", *SMALL, "--plans", str(plans), "--jobs", "-1")
     assert "give --plan or --plans, not both" in _error(capsys, "predict", *SMALL, "--plans", str(plans),
                                                          "--plan", str(out))
     assert f"--plans: cannot read {tmp_path / 'none.jsonl'}" in _error(capsys, "predict", *SMALL, "--plans",

@@ -63,3 +63,54 @@ def test_the_batch_scorer_gives_the_frozen_metrics(cases):
     answers = list(predict_lines(lines, Simulator(model, cluster)))
     for i, (got, case) in enumerate(zip(answers, cases)):
         _close(got["metrics"], case["answers"]["default"]["metrics"], f"line {i + 1}")
+
+
+def test_forked_workers_answer_what_one_process_answers(cases):
+    """``jobs=2``: the same answers, exactly, in the file's order, errors and blank lines included."""
+    import json
+    import os
+
+    from hetpart.costmodel.batch import CHUNK
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("forked scoring runs on Linux only")
+    model, cluster = ref.model(), ref.cluster()
+    lines = [json.dumps(c["plan"]) for c in cases]
+    lines[3:3] = ["", '{"global_batch": 8}', "  "]  # a blank line, an invalid plan, a blank line
+    assert len(lines) > 2 * CHUNK  # at least two chunks, so both workers get some
+    one = list(predict_lines(lines, Simulator(model, cluster), jobs=1))
+    two = list(predict_lines(lines, Simulator(model, cluster), jobs=2))
+    assert two == one and len(one) == len(cases) + 1
+    assert one[3]["error"].startswith("plans.jsonl:5: ")
+    for i, (got, case) in enumerate(zip(one[:3] + one[4:], cases)):
+        _close(got["metrics"], case["answers"]["default"]["metrics"], f"answer {i}")
+
+
+def test_how_many_workers_score():
+    from hetpart.costmodel.batch import CHUNK, workers_for
+
+    sim = Simulator(ref.model(), ref.cluster())
+
+    class Learned:  # a predictor that does not say it is fork-safe
+        pass
+
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert workers_for(sim, 1, 1000) == 1
+    assert workers_for(Learned(), 0, 1000) == 1 and workers_for(Learned(), 4, 1000) == 1
+    assert workers_for(sim, 0, 1000) == cores and workers_for(sim, None, 1000) == cores
+    assert workers_for(sim, 3, 1000) == 3  # what the user asks, even past the cores
+    assert workers_for(sim, 0, CHUNK) == 1 and workers_for(sim, 8, 2 * CHUNK + 1) == 3  # one per chunk at most
+    with pytest.raises(ValueError, match="jobs must be 0"):
+        workers_for(sim, -1, 10)
+
+
+def test_stopping_early_leaves_no_worker_behind(cases):
+    import json
+    import multiprocessing
+
+    lines = [json.dumps(c["plan"]) for c in cases]
+    answers = predict_lines(lines, Simulator(ref.model(), ref.cluster()), jobs=2)
+    assert "metrics" in next(answers)
+    assert multiprocessing.active_children()  # the pool's workers
+    answers.close()  # the consumer stops: the workers are terminated and reaped
+    assert not multiprocessing.active_children()

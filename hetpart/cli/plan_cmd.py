@@ -223,6 +223,9 @@ def predict_command(
                                                "('hetpart run --out'); one JSON line each with --json."),
         plans_path: Optional[Path] = typer.Option(None, "--plans", help="Score many plans: a JSONL file, one plan "
                                                   "per line; prints one JSON line per plan (with --json)."),
+        jobs: int = typer.Option(0, "--jobs", min=0, help="With --plans: processes that score plans side by side "
+                                 "(0: one per core; the simulator only, on Linux; answers stay in the file's "
+                                 "order and do not depend on it)."),
         profile_path: Optional[Path] = ProfileOpt,
         overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
@@ -237,7 +240,7 @@ def predict_command(
         return predict_records(records, predictor, json_out)
     if plans_path is not None:
         _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out,
-                       profile, engine_options(overlap_p2p, overlap_grad_reduce))
+                       profile, engine_options(overlap_p2p, overlap_grad_reduce), jobs)
         return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
@@ -293,8 +296,10 @@ def predict_command(
 
 def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[str], cluster: Optional[str],
                    global_batch: Optional[int], seq_len: Optional[int], precision: Optional[str],
-                   predictor: Optional[str], json_out: bool, profile=None, engine: dict | None = None) -> None:
-    """``predict --plans``: one process, one model, cluster and predictor, one answer line per plan."""
+                   predictor: Optional[str], json_out: bool, profile=None, engine: dict | None = None,
+                   jobs: int = 0) -> None:
+    """``predict --plans``: one model, cluster and predictor, one answer line per plan, scored by ``jobs``
+    forked processes (:func:`hetpart.costmodel.batch.workers_for`)."""
     import json
     import sys
 
@@ -330,7 +335,7 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
                            **(engine or {}))
-    answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path))
+    answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path), jobs=jobs)
     if json_out:
         for answer in answers:
             sys.stdout.write(json.dumps(answer) + "\n")
