@@ -18,9 +18,6 @@ can say what the network itself is worth.
 from __future__ import annotations
 
 import math
-import os
-import pickle
-import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -196,6 +193,18 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         refined = evaluator.best(_plans(exact[:1]), incumbent=sampled)
         evaluator.deadline = deadline
         refined = evaluator.best(_plans(exact[1:]), incumbent=refined)
+        upper = _level_one(scenario, evaluator)
+        if upper is not None:  # the same walk with the optimizer states sharded, from where level 0 ended
+            walk = time.perf_counter()
+            hood = Neighbourhood(upper)
+            starts = [point for point, _ in ranked[:simulate_top]] + [point_of(s) for s in distinct.values()]
+            found = improve(hood, list(dict.fromkeys(starts)), start + 0.5 * time_budget_s,
+                            limit=_walk_points(walk_points, cluster.num_devices))
+            timings["walk_level1_s"] = time.perf_counter() - walk
+            ranked = sorted(found.items(), key=lambda pair: pair[1])
+            exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top)
+                           if (sc := hood.exact(point)) is not None)
+            refined = evaluator.best(_plans(exact), incumbent=refined)
     if pending is not None:
         began = time.perf_counter()
         base = pending.result(incumbent=refined)
@@ -212,6 +221,25 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         refined = base
     timings["total_s"] = time.perf_counter() - start
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+
+
+def _level_one(scenario: Scenario, evaluator: Evaluator) -> Scenario | None:
+    """The scenario at sharding level 1 where ``search`` searches it beside level 0 (the workload leaves the
+    level open, at most :data:`~hetpart.policies.plan_search.LEVEL_ONE_MAX_DEVICES` devices; see
+    :func:`~hetpart.policies.plan_search._next_level_wanted`), so the policy looks where search looks;
+    None otherwise."""
+    from dataclasses import replace
+
+    from hetpart.policies.common import sharding_levels
+    from hetpart.policies.plan_search import LEVEL_ONE_MAX_DEVICES
+
+    workload = scenario.workload
+    if scenario.ctx.zero != 0 or sharding_levels(workload)[:2] != (0, 1):
+        return None
+    if scenario.cluster.num_devices > LEVEL_ONE_MAX_DEVICES:
+        return None
+    upper = Scenario(scenario.model, scenario.cluster, replace(workload, zero=1), evaluator=evaluator)
+    return upper if upper.feasible else None
 
 
 WALK_DEVICE_POINTS = 400 * 256
@@ -292,83 +320,60 @@ off to compare the two ways)."""
 
 
 def _can_fork(evaluator: Evaluator) -> bool:
-    """A child may compute the baseline: Linux (fork without exec is safe there for code that does not
-    touch torch), a second core to run it on, and a predictor that says it is fork-safe (the simulator;
-    not the learned model, whose torch thread pools do not survive a fork)."""
-    if not (PARALLEL_BASELINE and sys.platform.startswith("linux") and hasattr(os, "fork")):
-        return False
-    return len(os.sched_getaffinity(0)) >= 2 and getattr(evaluator.predictor, "fork_safe", False)
+    """A child may compute the baseline (:func:`hetpart.policies.forked.can_fork`: Linux, a second core, a
+    fork-safe predictor)."""
+    from hetpart.policies.forked import can_fork
+
+    return PARALLEL_BASELINE and can_fork(evaluator.predictor)
+
+
+def _proportional(model, cluster, workload, evaluator: Evaluator) -> Evaluated | None:
+    """``proportional``'s plan without an incumbent; None where nothing fits."""
+    from hetpart.errors import WorkloadError
+    from hetpart.policies import plan_proportional as module  # looked up at the call (tests replace it)
+
+    try:
+        return module.plan_proportional(model, cluster, workload, evaluator=evaluator)
+    except WorkloadError:
+        return None
 
 
 class _PendingBaseline:
     """The ``proportional`` baseline of :func:`_baseline`, computed while the network decodes and the walk
     runs. It does not depend on them: ``proportional`` plans from speeds and memory alone, so a forked
-    child plans it on the second core (1,024 GPUs: 0.5 s of a 2 s plan on a 2-core machine) and
-    :meth:`result` applies the incumbent afterwards, which gives what the sequential call gives (it
-    returns the baseline only when it beats the incumbent; ties as :func:`best_of` breaks them). Without
-    an incumbent to prune with, the child prices more layouts, on the core that would otherwise idle.
-    Where no child can run, or one fails, :meth:`result` computes it here, as before."""
+    child plans it on the second core (:class:`~hetpart.policies.forked.Forked`; 1,024 GPUs: 0.5 s of a
+    2 s plan on a 2-core machine) and :meth:`result` applies the incumbent afterwards, which gives what
+    the sequential call gives (it returns the baseline only when it beats the incumbent; ties as
+    :func:`best_of` breaks them). Without an incumbent to prune with, the child prices more layouts, on
+    the core that would otherwise idle. Where no child can run, or one fails, :meth:`result` computes it
+    here, as before."""
 
     def __init__(self, model, cluster, workload, evaluator: Evaluator) -> None:
-        self.args = (model, cluster, workload, evaluator)
-        self.pid: int | None = None
-        self.forked = False
-        if not _can_fork(evaluator):
-            return
-        from hetpart.errors import WorkloadError
-        from hetpart.policies.plan_proportional import plan_proportional  # imported before the fork
+        from hetpart.policies.forked import Forked
 
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: plan, send the result, and leave without running the parent's exit handlers
-            try:
-                os.close(read)
-                try:
-                    found = plan_proportional(model, cluster, workload, evaluator=evaluator)
-                except WorkloadError:
-                    found = None
-                payload = pickle.dumps(("ok", found), protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException as exc:  # noqa: BLE001 (any failure: the parent computes it itself)
-                payload = pickle.dumps(("failed", repr(exc)))
-            try:
-                with os.fdopen(write, "wb") as pipe:
-                    pipe.write(payload)
-            finally:
-                os._exit(0)
-        os.close(write)
-        self.pid, self.read, self.forked = pid, read, True
+        self.args = (model, cluster, workload, evaluator)
+        self.job = Forked(_proportional, *self.args, fork=_can_fork(evaluator))
+        self.forked = self.job.forked
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs unreaped."""
+        return self.job.pid
 
     def result(self, incumbent: Evaluated | None) -> Evaluated | None:
         """The baseline when it beats ``incumbent`` (or there is none), else None."""
-        found = self._collect()
+        if not self.job.forked:
+            return _baseline(*self.args, incumbent=incumbent)
+        found = self.job.result(fallback=lambda: _FAILED)
         if found is _FAILED:
             return _baseline(*self.args, incumbent=incumbent)
         if found is None or (incumbent is not None and best_of([incumbent, found]) is incumbent):
             return None
         return found
 
-    def _collect(self):
-        if self.pid is None:
-            return _FAILED
-        with os.fdopen(self.read, "rb") as pipe:
-            data = pipe.read()  # until the child closes its end
-        os.waitpid(self.pid, 0)
-        self.pid = None
-        try:
-            status, found = pickle.loads(data)
-        except Exception:  # noqa: BLE001 (a child killed mid-write: compute it here)
-            return _FAILED
-        return found if status == "ok" else _FAILED
-
     def close(self) -> None:
         """Stop and reap a child whose result is no longer wanted (the decode raised)."""
-        if self.pid is not None:
-            import signal
-
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            os.close(self.read)
-            self.pid = None
+        self.job.close()
 
 
 _FAILED = object()

@@ -91,8 +91,18 @@ def _typed(ctx) -> Iterator[Plan]:
 
 def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
                 options: SearchOptions | None = None, zero: int | None = None) -> Iterator[Plan]:
-    """Every plan of the search space at sharding level ``zero`` (default: the workload's, else 0), mixed
-    pipelines first. (The search takes the lowest level at which one of them fits: see its tests.)"""
+    """Every plan of the search space at sharding level ``zero``, mixed pipelines first. Default: the
+    workload's level, else levels 0 and 1 where the search always searches both (up to
+    ``LEVEL_ONE_MAX_DEVICES`` devices), else 0. (Higher levels the search takes only while nothing fits:
+    see its tests.)"""
+    from hetpart.policies.common import sharding_levels
+    from hetpart.policies.plan_search import LEVEL_ONE_MAX_DEVICES
+
+    if (zero is None and workload.zero is None and sharding_levels(workload)[:2] == (0, 1)
+            and cluster.num_devices <= LEVEL_ONE_MAX_DEVICES):
+        for level in (0, 1):
+            yield from space_plans(model, cluster, workload, options, level)
+        return
     ctx = make_context(model, cluster, workload, options or SearchOptions(), zero)
     yield from _mixed(ctx)
     yield from _typed(ctx)

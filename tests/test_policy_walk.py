@@ -186,3 +186,23 @@ def test_points_that_cannot_fit_are_refused_before_pricing_and_not_counted() -> 
         assert (hood.price(point) is not None) == fits and hood.priced == before + fits
         refused += not fits
     assert 0 < refused < len(points)
+
+
+@pytest.mark.slow
+def test_the_policy_walks_level_1_where_search_searches_it(monkeypatch) -> None:
+    """Where search searches sharding level 1 beside level 0 (the level left open, a small cluster), the
+    policy walks it too, from where its level-0 walk ended: on gpt2-xl over the public A100 + V100 cluster
+    both reach the level-1 plan (micro-batch 4 where level 0 holds 2); beyond ``LEVEL_ONE_MAX_DEVICES``
+    neither does."""
+    import importlib
+
+    from hetpart.policies import plan
+
+    search = importlib.import_module("hetpart.policies.plan_search")
+    model, cluster, work = load_model("gpt2-xl", seq_len=1024), load_cluster("a100-v100-16"), Workload(256, 1024)
+    found = plan(model, cluster, work, "policy")
+    best = plan(model, cluster, work, "search")
+    assert found.plan.zero == best.plan.zero == 1
+    assert found.prediction.tokens_per_s >= 0.98 * best.prediction.tokens_per_s
+    monkeypatch.setattr(search, "LEVEL_ONE_MAX_DEVICES", 8)
+    assert plan(model, cluster, work, "policy").plan.zero == 0

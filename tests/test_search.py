@@ -355,3 +355,25 @@ def test_allowing_uneven_fractions_never_ends_below_the_search_without_them() ->
     uneven = plan_search(model, cluster, workload)
     even = plan_search(model, cluster, workload, uneven_shards=False)
     assert uneven.tokens_per_s >= even.tokens_per_s * (1 - 1e-12)
+
+
+def test_search_searches_levels_0_and_1_and_keeps_the_faster(monkeypatch) -> None:
+    """Where the workload leaves the level open, level 1 (optimizer states sharded: the same bytes moved,
+    less held) is searched beside level 0 and the faster plan kept: gpt2-xl on the public A100 + V100
+    cluster gains a larger micro-batch there. Forked or in turn, the same plan."""
+    import importlib
+
+    from hetpart import load_model
+
+    search = importlib.import_module("hetpart.policies.plan_search")
+    model, cluster = load_model("gpt2-xl", seq_len=1024), load_cluster("a100-v100-16")
+    both = plan_search(model, cluster, Workload(256, 1024))
+    level0 = plan_search(model, cluster, Workload(256, 1024, zero=0))
+    level1 = plan_search(model, cluster, Workload(256, 1024, zero=1))
+    assert level0.plan.zero == 0 and level1.plan.zero == 1
+    assert both.tokens_per_s >= max(level0.tokens_per_s, level1.tokens_per_s) * (1 - 1e-9)
+    assert both.plan.zero == 1 and both.tokens_per_s > 1.02 * level0.tokens_per_s
+    monkeypatch.setattr(search, "PARALLEL_LEVELS", False)
+    assert plan_search(model, cluster, Workload(256, 1024)).plan == both.plan
+    monkeypatch.setattr(search, "LEVEL_ONE_MAX_DEVICES", 8)  # beyond it: level 0 where it fits, as before
+    assert plan_search(model, cluster, Workload(256, 1024)).plan == level0.plan
