@@ -209,7 +209,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         began = time.perf_counter()
         base = pending.result(incumbent=refined)
         timings["baseline_s"] = time.perf_counter() - began  # the wait for it, where a child computed it
-        timings["baseline_forked"] = pending.forked
+        timings["baseline_forked"] = pending.forked and not pending.redone
     if refine:
         from hetpart.policies.refine import refine as hill_climb
 
@@ -329,9 +329,11 @@ def _can_fork(evaluator: Evaluator) -> bool:
 
 def _proportional(model, cluster, workload, evaluator: Evaluator) -> Evaluated | None:
     """``proportional``'s plan without an incumbent; None where nothing fits."""
-    from hetpart.errors import WorkloadError
-    from hetpart.policies import plan_proportional as module  # looked up at the call (tests replace it)
+    import importlib
 
+    from hetpart.errors import WorkloadError
+
+    module = importlib.import_module("hetpart.policies.plan_proportional")  # the module: tests replace its function
     try:
         return module.plan_proportional(model, cluster, workload, evaluator=evaluator)
     except WorkloadError:
@@ -354,6 +356,8 @@ class _PendingBaseline:
         self.args = (model, cluster, workload, evaluator)
         self.job = Forked(_proportional, *self.args, fork=_can_fork(evaluator))
         self.forked = self.job.forked
+        self.redone = False
+        """Whether a forked child failed and the baseline was computed here instead."""
 
     @property
     def pid(self) -> int | None:
@@ -366,6 +370,7 @@ class _PendingBaseline:
             return _baseline(*self.args, incumbent=incumbent)
         found = self.job.result(fallback=lambda: _FAILED)
         if found is _FAILED:
+            self.redone = True
             return _baseline(*self.args, incumbent=incumbent)
         if found is None or (incumbent is not None and best_of([incumbent, found]) is incumbent):
             return None
