@@ -178,33 +178,38 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
                                  incumbent=greedy)
         timings["sample_s"] = time.perf_counter() - start - timings["decode_s"]
     if refine:
+        from hetpart.policies.forked import Forked, can_fork
         from hetpart.policies.neighbourhood import Neighbourhood, improve, point_of
 
-        walk = time.perf_counter()
-        hood = Neighbourhood(scenario)
-        found = improve(hood, [point_of(s) for s in distinct.values()], start + 0.45 * time_budget_s,
-                        limit=_walk_points(walk_points, cluster.num_devices))
-        timings["walk_s"] = time.perf_counter() - walk
-        timings["walk_points"] = hood.priced
-        evaluator.deadline = start + 0.6 * time_budget_s
-        ranked = sorted(found.items(), key=lambda pair: pair[1])
-        exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top) if (sc := hood.exact(point)) is not None)
-        deadline, evaluator.deadline = evaluator.deadline, math.inf  # the walk's best is always simulated
-        refined = evaluator.best(_plans(exact[:1]), incumbent=sampled)
-        evaluator.deadline = deadline
-        refined = evaluator.best(_plans(exact[1:]), incumbent=refined)
-        upper = _level_one(scenario, evaluator)
-        if upper is not None:  # the same walk with the optimizer states sharded, from where level 0 ended
+        upper = None
+        if _level_one_wanted(scenario):  # level 1 walked from the same decodes, in a child where one can run
+            upper = Forked(_walk_level_one, scenario, evaluator, [point_of(s) for s in distinct.values()],
+                           start + 0.45 * time_budget_s, start + 0.6 * time_budget_s,
+                           _walk_points(walk_points, cluster.num_devices), simulate_top,
+                           fork=PARALLEL_LEVEL_ONE and can_fork(evaluator.predictor))
+        try:
             walk = time.perf_counter()
-            hood = Neighbourhood(upper)
-            starts = [point for point, _ in ranked[:simulate_top]] + [point_of(s) for s in distinct.values()]
-            found = improve(hood, list(dict.fromkeys(starts)), start + 0.5 * time_budget_s,
+            hood = Neighbourhood(scenario)
+            found = improve(hood, [point_of(s) for s in distinct.values()], start + 0.45 * time_budget_s,
                             limit=_walk_points(walk_points, cluster.num_devices))
-            timings["walk_level1_s"] = time.perf_counter() - walk
+            timings["walk_s"] = time.perf_counter() - walk
+            timings["walk_points"] = hood.priced
+            evaluator.deadline = start + 0.6 * time_budget_s
             ranked = sorted(found.items(), key=lambda pair: pair[1])
             exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top)
                            if (sc := hood.exact(point)) is not None)
-            refined = evaluator.best(_plans(exact), incumbent=refined)
+            deadline, evaluator.deadline = evaluator.deadline, math.inf  # the walk's best is always simulated
+            refined = evaluator.best(_plans(exact[:1]), incumbent=sampled)
+            evaluator.deadline = deadline
+            refined = evaluator.best(_plans(exact[1:]), incumbent=refined)
+            if upper is not None:  # level 1's walk, forked beside level 0's or run now
+                began = time.perf_counter()
+                lifted, timings["walk_level1_s"] = upper.result()
+                timings["level1_wait_s"] = time.perf_counter() - began
+                refined = best_of([refined, lifted])
+        finally:
+            if upper is not None:
+                upper.close()  # a child left running by an error
     if pending is not None:
         began = time.perf_counter()
         base = pending.result(incumbent=refined)
@@ -223,23 +228,44 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
 
 
-def _level_one(scenario: Scenario, evaluator: Evaluator) -> Scenario | None:
-    """The scenario at sharding level 1 where ``search`` searches it beside level 0 (the workload leaves the
-    level open, at most :data:`~hetpart.policies.plan_search.LEVEL_ONE_MAX_DEVICES` devices; see
-    :func:`~hetpart.policies.plan_search._next_level_wanted`), so the policy looks where search looks;
-    None otherwise."""
-    from dataclasses import replace
+PARALLEL_LEVEL_ONE = True
+"""Walk sharding level 1 in a forked child beside level 0 where one can run (tests turn it off to compare)."""
 
+
+def _level_one_wanted(scenario: Scenario) -> bool:
+    """Whether the policy walks sharding level 1 too: where ``search`` searches it beside level 0 (the
+    workload leaves the level open, at most :data:`~hetpart.policies.plan_search.LEVEL_ONE_MAX_DEVICES`
+    devices; :func:`~hetpart.policies.plan_search._next_level_wanted`), so that the policy looks where
+    search looks."""
     from hetpart.policies.common import sharding_levels
     from hetpart.policies.plan_search import LEVEL_ONE_MAX_DEVICES
 
-    workload = scenario.workload
-    if scenario.ctx.zero != 0 or sharding_levels(workload)[:2] != (0, 1):
-        return None
-    if scenario.cluster.num_devices > LEVEL_ONE_MAX_DEVICES:
-        return None
-    upper = Scenario(scenario.model, scenario.cluster, replace(workload, zero=1), evaluator=evaluator)
-    return upper if upper.feasible else None
+    return (scenario.ctx.zero == 0 and sharding_levels(scenario.workload)[:2] == (0, 1)
+            and scenario.cluster.num_devices <= LEVEL_ONE_MAX_DEVICES)
+
+
+def _walk_level_one(scenario: Scenario, evaluator: "_Deadline", starts: list, walk_deadline: float,
+                    deadline: float, limit: int, top: int) -> tuple[Evaluated | None, float]:
+    """The structure walk at sharding level 1 from ``starts`` (the decoded points), its shortlist priced
+    exactly and simulated: the best plan (None: nothing fits) and the seconds it took. It depends on
+    nothing the level-0 walk finds, so a child runs it beside that walk (:class:`~hetpart.policies.forked.Forked`)."""
+    from dataclasses import replace
+
+    from hetpart.policies.neighbourhood import Neighbourhood, improve
+
+    began = time.perf_counter()
+    upper = Scenario(scenario.model, scenario.cluster, replace(scenario.workload, zero=1), evaluator=evaluator)
+    if not upper.feasible:
+        return None, time.perf_counter() - began
+    hood = Neighbourhood(upper)
+    found = improve(hood, starts, walk_deadline, limit=limit)
+    ranked = sorted(found.items(), key=lambda pair: pair[1])
+    exact = sorted(sc for point, _ in _shortlist(ranked, top) if (sc := hood.exact(point)) is not None)
+    kept, evaluator.deadline = evaluator.deadline, deadline
+    try:
+        return evaluator.best(_plans(exact)), time.perf_counter() - began
+    finally:
+        evaluator.deadline = kept
 
 
 WALK_DEVICE_POINTS = 400 * 256

@@ -204,5 +204,9 @@ def test_the_policy_walks_level_1_where_search_searches_it(monkeypatch) -> None:
     best = plan(model, cluster, work, "search")
     assert found.plan.zero == best.plan.zero == 1
     assert found.prediction.tokens_per_s >= 0.98 * best.prediction.tokens_per_s
+    policy = importlib.import_module("hetpart.policies.policy_planner")
+    monkeypatch.setattr(policy, "PARALLEL_LEVEL_ONE", False)  # walked in turn, not in a child: the same plan
+    assert plan(model, cluster, work, "policy").plan == found.plan
+    monkeypatch.setattr(policy, "PARALLEL_LEVEL_ONE", True)
     monkeypatch.setattr(search, "LEVEL_ONE_MAX_DEVICES", 8)
     assert plan(model, cluster, work, "policy").plan.zero == 0
