@@ -476,8 +476,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     best = None
     starts: dict[tuple, Evaluated] = {}  # the best of each kind of candidate: where the hill-climb starts
     levels = zero_levels(workload)
-    both = cluster.num_devices <= LEVEL_ONE_MAX_DEVICES  # levels 0 and 1 both searched (_next_level_wanted)
-    ahead = _level_one_ahead(model, cluster, workload, options, evaluate, levels) if both else None
+    both = searches_level_one(workload, cluster)  # levels 0 and 1 both searched (_next_level_wanted)
+    ahead = _level_one_ahead(model, cluster, workload, options, evaluate) if both else None
     try:
         for n, zero in enumerate(levels):
             if ahead is not None and zero == 1:
@@ -567,19 +567,23 @@ Beyond, level 1 only where level 0 has nothing that fits, as before: on the 1,02
 (llama2-70b on ``mixed-1024.yaml``) the level-1 pass took 48 s against level 0's 22 s on a 2-core
 machine (more structures fit, so fewer are cut by memory) and found 1.1% more."""
 
+def searches_level_one(workload: "Workload", cluster: "Cluster") -> bool:
+    """Whether level 1 is searched beside level 0: the workload leaves the level open (its levels begin 0,
+    1) and the cluster has at most :data:`LEVEL_ONE_MAX_DEVICES` devices. The policy walks level 1 where
+    this holds, and the reference space holds both levels."""
+    return zero_levels(workload)[:2] == (0, 1) and cluster.num_devices <= LEVEL_ONE_MAX_DEVICES
+
+
 PARALLEL_LEVELS = True
 """Search level 1 in a forked child beside level 0 where a child can run (tests turn it off to compare)."""
 
 
-def _level_one_ahead(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,
-                     levels: tuple[int, ...]):
-    """Level 1's pass started now (:class:`~hetpart.policies.forked.Forked`) where the levels begin 0, 1:
-    level 1 is searched whether or not level 0 fits (:func:`_next_level_wanted`), so on a second core it
-    runs beside level 0. None otherwise (it then runs in turn)."""
+def _level_one_ahead(model, cluster, workload, options: SearchOptions, evaluate: Evaluator):
+    """Level 1's pass started now (:class:`~hetpart.policies.forked.Forked`) where
+    :func:`searches_level_one`: level 1 is searched whether or not level 0 fits (:func:`_next_level_wanted`),
+    so on a second core it runs beside level 0."""
     from hetpart.policies.forked import Forked, can_fork
 
-    if levels[:2] != (0, 1):
-        return None
     return Forked(_counted_pass, model, cluster, workload, options, evaluate, 1,
                   fork=PARALLEL_LEVELS and can_fork(evaluate.predictor))
 

@@ -237,11 +237,9 @@ def _level_one_wanted(scenario: Scenario) -> bool:
     workload leaves the level open, at most :data:`~hetpart.policies.plan_search.LEVEL_ONE_MAX_DEVICES`
     devices; :func:`~hetpart.policies.plan_search._next_level_wanted`), so that the policy looks where
     search looks."""
-    from hetpart.policies.common import sharding_levels
-    from hetpart.policies.plan_search import LEVEL_ONE_MAX_DEVICES
+    from hetpart.policies.plan_search import searches_level_one
 
-    return (scenario.ctx.zero == 0 and sharding_levels(scenario.workload)[:2] == (0, 1)
-            and scenario.cluster.num_devices <= LEVEL_ONE_MAX_DEVICES)
+    return scenario.ctx.zero == 0 and searches_level_one(scenario.workload, scenario.cluster)
 
 
 def _walk_level_one(scenario: Scenario, evaluator: "_Deadline", starts: list, walk_deadline: float,

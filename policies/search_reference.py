@@ -95,11 +95,9 @@ def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     workload's level, else levels 0 and 1 where the search always searches both (up to
     ``LEVEL_ONE_MAX_DEVICES`` devices), else 0. (Higher levels the search takes only while nothing fits:
     see its tests.)"""
-    from hetpart.policies.common import sharding_levels
-    from hetpart.policies.plan_search import LEVEL_ONE_MAX_DEVICES
+    from hetpart.policies.plan_search import searches_level_one
 
-    if (zero is None and workload.zero is None and sharding_levels(workload)[:2] == (0, 1)
-            and cluster.num_devices <= LEVEL_ONE_MAX_DEVICES):
+    if zero is None and searches_level_one(workload, cluster):
         for level in (0, 1):
             yield from space_plans(model, cluster, workload, options, level)
         return
