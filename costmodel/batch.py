@@ -92,12 +92,17 @@ def _score_chunk(chunk: list[tuple[int, str]]) -> list[dict[str, Any]]:
 def _forked(numbered: list[tuple[int, str]], answer, workers: int) -> Iterator[dict[str, Any]]:
     """:func:`predict_lines` over ``workers`` forked processes, in order. A worker that dies (killed, out of
     memory) fails the whole call with multiprocessing's error rather than leaving lines unanswered."""
+    import gc
     import multiprocessing
 
     global _ANSWER
     chunks = [numbered[i:i + CHUNK] for i in range(0, len(numbered), CHUNK)]
     _ANSWER = answer
-    pool = multiprocessing.get_context("fork").Pool(workers)
+    gc.freeze()  # the workers must never collect the parent's garbage (see hetpart.policies.forked)
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers)
+    finally:
+        gc.unfreeze()
     try:
         for answers in pool.imap(_score_chunk, chunks):
             yield from answers

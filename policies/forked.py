@@ -12,6 +12,7 @@ way: only the wall time differs.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -48,7 +49,13 @@ class Forked:
         if not fork:
             return
         read, write = os.pipe()
-        pid = os.fork()
+        pid = -1
+        gc.freeze()  # the child must never collect the parent's garbage (a torch process group left in a
+        try:         # cycle blocks in its destructor there): frozen objects are outside every collection
+            pid = os.fork()
+        finally:
+            if pid != 0:
+                gc.unfreeze()
         if pid == 0:  # the child: compute, send, and leave without running the parent's exit handlers
             try:
                 os.close(read)
