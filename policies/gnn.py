@@ -26,7 +26,7 @@ from torch import nn
 from hetpart.policies.observation import SHAPES
 from hetpart.policies.structure import NUM_ACTIONS, NUM_OPTIONS
 
-__all__ = ["PlanGNNExtractor", "PointerPolicy", "logits_and_context"]
+__all__ = ["PlanGNNExtractor", "PointerPolicy", "logits_and_context", "model_embedding"]
 
 
 def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
@@ -76,16 +76,28 @@ class PlanGNNExtractor(BaseFeaturesExtractor):
         return torch.cat([logits, ctx], dim=-1)
 
 
-def logits_and_context(net: PlanGNNExtractor, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logits [B, NUM_ACTIONS], context [B, hidden])`` of a batch of observations."""
+def model_embedding(net: PlanGNNExtractor, units: torch.Tensor, unit_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, hidden]``: the unit chain's mean-pooled embedding (``units`` ``[B, MAX_UNITS, F]``, ``unit_mask``
+    ``[B, MAX_UNITS]``). It depends on the model alone, so a decoder computes it once per scenario and passes
+    it to :func:`logits_and_context` (the unit graph is most of the network's arithmetic)."""
+    h = torch.relu(net.unit_in(units))
+    adj = net.chain * unit_mask.unsqueeze(-1) * unit_mask.unsqueeze(-2)
+    for conv in net.unit_convs:
+        h = torch.relu(conv(h, adj, mask=unit_mask > 0)) + h
+    return _masked_mean(h, unit_mask)
+
+
+def logits_and_context(net: PlanGNNExtractor, obs: dict[str, torch.Tensor], model: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits [B, NUM_ACTIONS], context [B, hidden])`` of a batch of observations; ``model``: the batch's
+    :func:`model_embedding` when every row holds the same model (``[1, hidden]``), else computed here."""
     b = obs["context"].shape[0]
     view = {k: obs[k].reshape(b, *SHAPES[k]) for k in SHAPES}
-    um, pm = view["unit_mask"], view["pool_mask"]
-    h = torch.relu(net.unit_in(view["units"]))
-    adj = net.chain * um.unsqueeze(-1) * um.unsqueeze(-2)
-    for conv in net.unit_convs:
-        h = torch.relu(conv(h, adj, mask=um > 0)) + h
-    model = _masked_mean(h, um)
+    pm = view["pool_mask"]
+    if model is None:
+        model = model_embedding(net, view["units"], view["unit_mask"])
+    else:
+        model = model.expand(b, -1)
     ctx_raw = view["context"]
     n = pm.shape[1]
     g = torch.cat([view["pools"], model.unsqueeze(1).expand(b, n, -1), ctx_raw.unsqueeze(1).expand(b, n, -1)], -1)

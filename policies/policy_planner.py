@@ -29,7 +29,7 @@ import numpy as np
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.policies.common import no_plan_error, offload_level
 from hetpart.errors import SpecError
-from hetpart.policies.observation import StaticFeatures, observe
+from hetpart.policies.observation import SHAPES, StaticFeatures, observe
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,16 +94,27 @@ class _Deadline(Evaluator):
         return super().__call__(plan, **options)
 
 
-def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator) -> None:
-    """Advance every unfinished state by one decision (state 0 greedy, the others sampled)."""
+def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator,
+                 memo: dict | None = None) -> None:
+    """Advance every unfinished state by one decision (state 0 greedy, the others sampled). ``memo`` keeps
+    the model's embedding across the decode's passes (every state plans the same model)."""
     import torch
+
+    from hetpart.policies.gnn import PlanGNNExtractor, logits_and_context, model_embedding
 
     active = [i for i, s in enumerate(states) if not s.done]
     obs = [observe(states[i], static) for i in active]
     batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
     masks = np.stack([states[i].action_mask() for i in active])
+    net = policy.pi_features_extractor
     with torch.no_grad():
-        features = policy.extract_features(batch, policy.pi_features_extractor)
+        if isinstance(net, PlanGNNExtractor) and memo is not None:
+            if "model" not in memo:
+                memo["model"] = model_embedding(net, batch["units"][:1].reshape(1, *SHAPES["units"]),
+                                                batch["unit_mask"][:1])
+            features = torch.cat(logits_and_context(net, batch, memo["model"]), dim=-1)
+        else:
+            features = policy.extract_features(batch, net)
         logits = policy.action_net(policy.mlp_extractor.forward_actor(features)).numpy().astype(float)
     logits = np.where(masks, logits, -np.inf)
     for row, i in enumerate(active):
@@ -297,8 +308,9 @@ def _decode_structures(policy, scenario: Scenario, samples: int, seed: int) -> l
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # batches of a few dozen rows: more threads only spin on a busy machine
     try:
+        memo: dict = {}
         while not all(s.done for s in states):
-            _run_network(policy, states, static, rng)
+            _run_network(policy, states, static, rng, memo)
     finally:
         torch.set_num_threads(threads)
     return states

@@ -57,6 +57,26 @@ def test_one_network_serves_clusters_of_any_size():
             assert out.shape[-1] == net.features_dim and torch.isfinite(out).all()
 
 
+def test_the_model_embedding_computed_once_gives_the_networks_own_features():
+    """The decoder computes the unit graph once per scenario (it depends on the model alone) and passes it
+    to every pass: the features must be the extractor's own, for a batch of different decision states."""
+    from hetpart.policies.gnn import logits_and_context, model_embedding
+
+    net = _extractor()
+    env = PartitionEnv(scenario=(load_model("gpt2-small", seq_len=256), load_cluster("three-generations"),
+                                 Workload(16, 256)))
+    rows = [env.reset(seed=0)[0]]
+    for action in (MAX_POOLS, 0):  # mixed pipelines, then a pointer to the first pool
+        rows.append(env.step(action)[0])
+    batch = {k: torch.as_tensor(np.stack([r[k] for r in rows])) for k in rows[0]}
+    with torch.no_grad():
+        whole = net(batch)
+        model = model_embedding(net, batch["units"][:1].reshape(1, *SHAPES["units"]), batch["unit_mask"][:1])
+        once = torch.cat(logits_and_context(net, batch, model), dim=-1)
+    assert len({r["context"].tobytes() for r in rows}) == len(rows)  # three different states
+    torch.testing.assert_close(once, whole, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_policy_planner_plans_that_fit_and_pass_the_runtime_rules():
     from hetpart.policies import plan
