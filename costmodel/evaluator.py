@@ -87,6 +87,9 @@ class Evaluator:
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
+        self.speed_shares = True
+        """Also price candidates whose replicas differ only in device speed (``slow:``) with batch shares in
+        proportion to those speeds (:mod:`hetpart.costmodel.speed_shares`)."""
 
     @property
     def pruning(self) -> bool:
@@ -205,10 +208,28 @@ class Evaluator:
     def __call__(self, plan: Plan, *, split: bool = True) -> Evaluated | None:
         """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``).
         With unlike tensor-parallel groups (and ``split``), the better of the plan and its LP-split version."""
-        filled = self.with_splits(plan) if split else plan
-        if filled is not plan:
-            return best_of([self._one(plan), self._one(filled)])
+        if not split:
+            return self._one(plan)
+        variants = self.variants(plan)
+        if len(variants) > 1:
+            return best_of([self._one(p) for p in variants])
         return self._one(plan)
+
+    def variants(self, plan: Plan) -> list[Plan]:
+        """``plan``, then its LP-split version (:meth:`with_splits`), then that version with batch shares
+        in proportion to its replicas' speeds where throttled devices make them unlike
+        (:func:`~hetpart.costmodel.speed_shares.speed_shares`); each distinct plan once."""
+        out = [plan]
+        filled = self.with_splits(plan)
+        if filled is not plan:
+            out.append(filled)
+        if self.speed_shares and self.cluster.slow:
+            from hetpart.costmodel.speed_shares import speed_shares
+
+            shared = speed_shares(self.model, self.cluster, filled)
+            if shared is not filled:
+                out.append(shared)
+        return out
 
     def _one(self, plan: Plan) -> Evaluated | None:
         if plan.validate(self.model, self.cluster) or not self.fits(plan):
@@ -247,8 +268,8 @@ class Evaluator:
 
         With a lower bound: priced in order of the bound, stopping when no remaining plan can win
         (branch and bound; exact). Without one: every valid fitting plan priced in one batch."""
-        if self.split_tp and self._unlike:
-            plans = [q for p in plans for q in dict.fromkeys([p, self.with_splits(p)])]
+        if (self.split_tp and self._unlike) or (self.speed_shares and self.cluster.slow):
+            plans = [q for p in plans for q in self.variants(p)]
         if self._bound is None:
             valid = [p for p in plans if not p.validate(self.model, self.cluster) and self.fits(p)]
             return best_of([incumbent, *self._priced(valid)])

@@ -11,9 +11,11 @@ computes at 0.6x (``slow:``, a throttled card); the model is GPT-3 2.7B, global 
 * **hetpart**: ``hetpart plan`` (search) on the cluster: whatever it picks (since the search also plans on
   the cluster's speed-typed view, where the throttled GPU is a device type of its own, four data-parallel
   replicas with the throttled one's batch share cut to 10 of 64 sequences);
-* **hetpart, uneven TP** (``hetpart-tp``): the search without that view (``speed_types=False``), what it
-  picked before: a pipeline whose first stage is TP-2 over the throttled pair split 20:12 heads by the LP
-  (the target's "plan with uneven tensor parallelism");
+* **hetpart, uneven TP** (``hetpart-tp``): the search without that view (``speed_types=False``) and with
+  even batch shares between replicas that differ only in speed (the evaluator's ``speed_shares`` off), what
+  it picked before: a stage that is TP-2 over the throttled pair, split by the LP (the target's "plan with
+  uneven tensor parallelism"; since the evaluator gives such replicas speed-proportional shares, the search
+  prefers four data-parallel replicas, as with the view);
 * **hetpart, cut for the emulated cluster** (``--recut``): the uneven-TP plan with its pipeline cut moved to
   where the simulator, priced by the first hetpart run's own profile, balances the stages of the shrunken
   model (its head is far lighter against a block than the real one's, so the real cut overloads the
@@ -91,12 +93,15 @@ def even_split(tp: int) -> dict[str, list[int]]:
 def plans(cluster_path: Path) -> dict[str, dict]:
     """The three plans (see the module docstring), as plan JSON mappings."""
     from hetpart import Workload, load_cluster, load_model
+    from hetpart.costmodel.evaluator import Evaluator
     from hetpart.policies.plan_search import plan_search
 
     cluster = load_cluster(cluster_path)
     model, work = load_model(MODEL, seq_len=SEQ_LEN), Workload(GLOBAL_BATCH, SEQ_LEN)
     hetpart = plan_search(model, cluster, work).plan.to_dict()
-    uneven_tp = plan_search(model, cluster, work, speed_types=False).plan.to_dict()
+    even_shares = Evaluator(model, cluster, work)
+    even_shares.speed_shares = False  # since 2026-11-28 the evaluator's speed shares make data parallelism win
+    uneven_tp = plan_search(model, cluster, work, speed_types=False, evaluator=even_shares).plan.to_dict()
     keep = ("global_batch", "micro_batch", "seq_len", "schedule", "recompute", "precision")
     base = {k: hetpart[k] for k in keep}
     groups = (("0/0/0", "0/0/1"), ("0/0/2", "0/0/3"))

@@ -548,8 +548,11 @@ def _level_pass(model, cluster, workload, options: SearchOptions, evaluate: Eval
     kinds: dict[tuple, list[Plan]] = {}
     for scored in _top_scored(ctx):
         for p in scored.build():
-            # per level too: a level's best start must not hide another level's, whose climb may go higher
-            kinds.setdefault((scored.key[0], p.shard_fractions is not None, zero), []).append(p)
+            # per level too: a level's best start must not hide another level's, whose climb may go higher;
+            # with throttled devices, one replica apart from several: the evaluator prices replicas at unlike
+            # speeds with speed-proportional shares, which may lift them above a pipeline that climbs higher
+            several = bool(cluster.slow) and p.dp > 1
+            kinds.setdefault((scored.key[0], p.shard_fractions is not None, zero, several), []).append(p)
     return {kind: evaluate.best(plans) for kind, plans in kinds.items()}
 
 
