@@ -207,7 +207,8 @@ class Evaluator:
     # ------------------------------------------------------------------------------------- simulate
     def __call__(self, plan: Plan, *, split: bool = True) -> Evaluated | None:
         """The plan's estimate; None when it breaks a rule or does not fit (unless ``ignore_memory``).
-        With unlike tensor-parallel groups (and ``split``), the better of the plan and its LP-split version."""
+        With ``split``, the best of its :meth:`variants` (the LP-split version where tensor-parallel groups are
+        unlike, and that version with speed-proportional batch shares where devices are throttled)."""
         if not split:
             return self._one(plan)
         variants = self.variants(plan)
