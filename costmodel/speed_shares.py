@@ -2,7 +2,7 @@
 
 The planners size replicas by device type, so replicas cut alike on devices of one type get equal
 shares of the batch, and a replica that holds a throttled device then paces the step. Here each group
-of such replicas (same layers, device types and TP degrees per stage; speeds aside) shares its own
+of such replicas (same layers, TP degrees and device types, device by device, per stage; speeds aside) shares its own
 micro-batches in proportion to the replicas' speeds, in whole micro-batches: the slowest finishes no
 later than it must. Shares between groups (the planners' choice between device types) are kept.
 
@@ -79,7 +79,8 @@ def speed_shares(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> "Plan
         return plan
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, r in enumerate(plan.replicas):
-        groups[tuple((s.layers, cluster.device(s.devices[0]).gpu.name, s.tp) for s in r.stages)].append(i)
+        groups[tuple((s.layers, tuple(cluster.device(d).gpu.name for d in s.devices), s.tp)
+                     for s in r.stages)].append(i)
     per_mb = plan.micro_batch / plan.global_batch
     shares = [r.batch_share for r in plan.replicas]
     for members in groups.values():
