@@ -29,7 +29,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.plan import Plan, Replica, Stage
 
-__all__ = ["replica_speed", "speed_shares", "whole_shares"]
+__all__ = ["replica_classes", "replica_speed", "speed_shares", "whole_shares"]
+
+
+def replica_classes(plan: "Plan", cluster: "Cluster", speeds: bool = False) -> dict[tuple, list[int]]:
+    """Indices of ``plan``'s replicas by class: the same layers, TP degree and device types (device by
+    device) per stage, and with ``speeds`` the same measured speeds (``slow:``) too. Replicas of one class
+    differ only in where they sit (and without ``speeds``, in how fast their devices run)."""
+    out: dict[tuple, list[int]] = defaultdict(list)
+    for i, r in enumerate(plan.replicas):
+        out[tuple((s.layers, tuple(cluster.device(d).gpu.name for d in s.devices), s.tp,
+                   tuple(cluster.device(d).speed for d in s.devices) if speeds else ())
+                  for s in r.stages)].append(i)
+    return out
 
 
 def _stage_speed(model: "ModelGraph", cluster: "Cluster", stage: "Stage", cp: int) -> float:
@@ -77,10 +89,7 @@ def speed_shares(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> "Plan
     group runs the group's largest count, padded: uneven shares buy nothing)."""
     if not cluster.slow or plan.dp < 2 or plan.zero >= 2:
         return plan
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, r in enumerate(plan.replicas):
-        groups[tuple((s.layers, tuple(cluster.device(d).gpu.name for d in s.devices), s.tp)
-                     for s in r.stages)].append(i)
+    groups = replica_classes(plan, cluster)
     per_mb = plan.micro_batch / plan.global_batch
     shares = [r.batch_share for r in plan.replicas]
     for members in groups.values():

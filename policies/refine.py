@@ -7,11 +7,11 @@ counts memory exactly. A few simulated moves around the best candidate close tha
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator
+from hetpart.costmodel.speed_shares import replica_classes
 from hetpart.plan import Plan, Replica
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,15 +21,10 @@ __all__ = ["refine", "neighbours", "interleaved"]
 
 
 def _classes(plan: Plan, cluster: "Cluster", speeds: bool = True) -> dict[tuple, list[int]]:
-    """Replicas with the same layer bounds on the same device types at the same measured speeds
-    (``slow:``; they move together). A replica holding a throttled device is a class of its own, so
-    micro-batches can move off it."""
-    out: dict[tuple, list[int]] = defaultdict(list)
-    for i, r in enumerate(plan.replicas):
-        key = tuple((s.layers, cluster.device(s.devices[0]).gpu.name, s.tp,
-                     tuple(cluster.device(d).speed for d in s.devices) if speeds else ()) for s in r.stages)
-        out[key].append(i)
-    return out
+    """Replicas that move together: the same layer bounds on the same device types at the same measured
+    speeds (``slow:``). A replica holding a throttled device is a class of its own, so micro-batches can
+    move off it."""
+    return replica_classes(plan, cluster, speeds)
 
 
 def _with_bounds(replica: Replica, j: int, delta: int) -> Replica | None:
