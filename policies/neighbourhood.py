@@ -348,7 +348,7 @@ def group_of(point: Point) -> tuple:
 def _fewer_pools(hood: Neighbourhood, best: Point, found: dict, deadline: float, limit: int) -> None:
     """The best point of every group of fewer pools than ``best`` uses, one pool dropped at a time: each
     dropped structure under every replica count (the micro-batch kept and 1), then walked within its
-    group. The walk follows the search's estimate, which can prefer adding a slow pool where the
+    group by single moves. The walk follows the search's estimate, which can prefer adding a slow pool where the
     simulator does not (llama3-8b on 8 H200 + 16 L4, held out: the estimate puts the L4s in as a last
     stage, 10.3 s against 11.3 s for the H200s alone, the simulator has the H200s alone 2.9% faster);
     ``search`` simulates the best of every group, and so does the policy's shortlist, given a point
@@ -375,7 +375,7 @@ def _fewer_pools(hood: Neighbourhood, best: Point, found: dict, deadline: float,
             walked: set[Point] = set()
             while at is not None and at not in walked:
                 walked.add(at)
-                at = _step(hood, at, found, deadline, limit, keep=lambda q, g=group: group_of(q) == g)
+                at = _step(hood, at, found, deadline, limit, keep=lambda q, g=group: group_of(q) == g, compound=False)
             queue.append(min((q for q in found if group_of(q) == group), key=lambda q: found[q].estimate_s))
 
 
@@ -401,12 +401,12 @@ def _dropped(hood: Neighbourhood, point: Point) -> list[list[Point]]:
 
 
 def _step(hood: Neighbourhood, point: Point, found: dict, deadline: float, limit: int = 400, gain: float = 1e-3,
-          keep=None) -> Point | None:
+          keep=None, compound: bool = True) -> Point | None:
     """The first neighbour of ``point``, in order of bound, that beats it by ``gain``: one move away,
-    else (at a local optimum of single moves) a compound move away; None when none does. Priced
-    points go to ``found``. ``keep``: only neighbours it accepts."""
+    else (at a local optimum of single moves, where ``compound``) a compound move away; None when none
+    does. Priced points go to ``found``. ``keep``: only neighbours it accepts."""
     best_s = found[point].estimate_s * (1 - gain)
-    for moves in (hood.neighbours(point), hood.compound(point)):
+    for moves in (hood.neighbours(point), hood.compound(point) if compound else ()):
         queue = sorted((hood.bound_s(nb), i, nb) for i, nb in enumerate(dict.fromkeys(moves))
                        if nb not in found and (keep is None or keep(nb)) and hood.valid(nb))
         for bound, _, nb in queue:
