@@ -180,7 +180,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     distinct: dict[tuple, StructureState] = {}
     for s in states:
         distinct.setdefault(s.key(), s)
-    greedy = sampled = refined = base = None
+    greedy = sampled = refined = base = lifted = None
     if network_alone or not refine:
         greedy = _complete(evaluator, states[0])  # the network's own answer is always completed
         evaluator.deadline = start + 0.6 * time_budget_s
@@ -217,13 +217,12 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
                 began = time.perf_counter()
                 lifted, timings["walk_level1_s"] = upper.result()
                 timings["level1_wait_s"] = time.perf_counter() - began
-                refined = best_of([refined, lifted])
         finally:
             if upper is not None:
                 upper.close()  # a child left running by an error
     if pending is not None:
         began = time.perf_counter()
-        base = pending.result(incumbent=refined)
+        base = pending.result(incumbent=best_of([refined, lifted]))
         timings["baseline_s"] = time.perf_counter() - began  # the wait for it, where a child computed it
         timings["baseline_forked"] = pending.forked and not pending.redone
     if refine:
@@ -231,12 +230,25 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
 
         evaluator.deadline = start + time_budget_s
         steps = _climb_steps(refine_steps, cluster.num_devices)
-        climbed = [hill_climb(evaluator, e, steps) for e in (refined, base) if e is not None]
+        # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
+        # so does level 0's best sharded at level 1 (the memory it frees lets the climb move layers elsewhere)
+        resharded = _at_level_one(evaluator, refined) if upper is not None else None
+        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, resharded, base) if e is not None]
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
         refined = base
     timings["total_s"] = time.perf_counter() - start
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
+
+
+def _at_level_one(evaluator: Evaluator, found: Evaluated | None) -> Evaluated | None:
+    """``found``'s plan with its optimizer states sharded (level 1), priced; None where it is not a level-0
+    plan of several replicas."""
+    from dataclasses import replace
+
+    if found is None or found.plan.zero != 0 or found.plan.dp < 2:
+        return None
+    return evaluator(replace(found.plan, zero=1))
 
 
 PARALLEL_LEVEL_ONE = True

@@ -246,3 +246,30 @@ def test_the_walk_prices_the_best_of_every_group_of_fewer_pools(tmp_path) -> Non
 
     policy, search = plan(model, cluster, work, "policy"), plan(model, cluster, work, "search")
     assert policy.prediction.tokens_per_s >= 0.999 * search.prediction.tokens_per_s
+
+
+@pytest.mark.slow
+def test_the_policy_also_climbs_its_level_0_plan_sharded_at_level_1(monkeypatch) -> None:
+    """Where level 1 is walked, the level-0 winner sharded at level 1 climbs too (the memory it frees lets the
+    climb move layers where level 0 could not): on the public consumer cluster (llama2-7b) the policy's plan
+    is that one, faster than every level-0 climb."""
+    from dataclasses import replace
+
+    from hetpart.policies import policy_planner
+    from hetpart.policies import refine as climbing
+
+    starts, ends = [], []
+    original = climbing.refine
+
+    def recorded(evaluator, found, steps):
+        starts.append(found)
+        ends.append(original(evaluator, found, steps))
+        return ends[-1]
+
+    monkeypatch.setattr(climbing, "refine", recorded)
+    model, cluster = load_model("llama2-7b", seq_len=2048), load_cluster("consumer-mix")
+    best = policy_planner.decode(model, cluster, Workload(128, 2048), network_alone=False).best
+    level0 = [s for s in starts if s.plan.zero == 0 and s.plan.dp > 1]
+    assert any(s.plan == replace(level0[0].plan, zero=1) for s in starts)
+    assert best.plan.zero == 1
+    assert best.tokens_per_s > max(e.tokens_per_s for s, e in zip(starts, ends) if s.plan.zero == 0)
