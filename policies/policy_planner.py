@@ -232,8 +232,8 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         steps = _climb_steps(refine_steps, cluster.num_devices)
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
         # so does level 0's best sharded at level 1 (the memory it frees lets the climb move layers elsewhere)
-        resharded = _at_level_one(evaluator, refined) if upper is not None else None
-        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, resharded, base) if e is not None]
+        resharded = _at_level_one(scenario, evaluator, refined) if upper is not None else []
+        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, *resharded, base) if e is not None]
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
         refined = base
@@ -241,14 +241,50 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
 
 
-def _at_level_one(evaluator: Evaluator, found: Evaluated | None) -> Evaluated | None:
-    """``found``'s plan with its optimizer states sharded (level 1), priced; None where it is not a level-0
-    plan of several replicas."""
+def _at_level_one(scenario: Scenario, evaluator: Evaluator, found: Evaluated | None) -> list[Evaluated]:
+    """``found``'s plan with its optimizer states sharded (level 1), priced, and the same structure split
+    again under level 1's memory (the search's exact split of that point at level 1), each where it fits:
+    both climb, because the faster start need not climb higher (llama2-7b on the public consumer cluster:
+    31,886 -> 31,984 tokens/s from the same split, 31,828 -> 32,381 from level 1's). Empty where ``found`` is
+    not a level-0 plan of several replicas."""
     from dataclasses import replace
 
+    from hetpart.policies.neighbourhood import Neighbourhood
+
     if found is None or found.plan.zero != 0 or found.plan.dp < 2:
+        return []
+    starts = [evaluator(replace(found.plan, zero=1))]
+    point = _mixed_point(scenario, found.plan)
+    if point is not None:
+        upper = Scenario(scenario.model, scenario.cluster, replace(scenario.workload, zero=1), evaluator=evaluator)
+        split = Neighbourhood(upper).exact(point) if upper.feasible else None
+        if split is not None:
+            starts.append(evaluator.best(split.build()))
+    return [e for i, e in enumerate(starts) if e is not None and all(e.plan != o.plan for o in starts[:i] if o)]
+
+
+def _mixed_point(scenario: Scenario, plan) -> tuple | None:
+    """The walk's point of a plan of identical mixed pipelines (:func:`~hetpart.policies.neighbourhood.point_of`'s
+    form): pools in pipeline order with their TP degrees, replicas, micro-batch, recompute; None for any
+    other plan (typed replicas, a stage over two pools, a pool's stages at unlike TP degrees)."""
+    owner = {d: i for i, pool in enumerate(scenario.pools) for d in pool.devices}
+    order: list[int] = []
+    tps: list[int] = []
+    for replica in plan.replicas:
+        pools = []
+        for stage in replica.stages:
+            held = {owner.get(d) for d in stage.devices}
+            if len(held) != 1 or None in held:
+                return None
+            pools.append((held.pop(), stage.tp))
+        runs = [pt for i, pt in enumerate(pools) if i == 0 or pools[i - 1] != pt]
+        if not order:
+            order, tps = [p for p, _ in runs], [t for _, t in runs]
+        if [p for p, _ in runs] != order or [t for _, t in runs] != tps:
+            return None
+    if len(set(order)) != len(order):
         return None
-    return evaluator(replace(found.plan, zero=1))
+    return ("mixed", tuple(order), tuple(tps), plan.dp, plan.micro_batch, plan.recompute)
 
 
 PARALLEL_LEVEL_ONE = True

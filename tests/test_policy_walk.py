@@ -250,13 +250,16 @@ def test_the_walk_prices_the_best_of_every_group_of_fewer_pools(tmp_path) -> Non
 
 @pytest.mark.slow
 def test_the_policy_also_climbs_its_level_0_plan_sharded_at_level_1(monkeypatch) -> None:
-    """Where level 1 is walked, the level-0 winner sharded at level 1 climbs too (the memory it frees lets the
-    climb move layers where level 0 could not): on the public consumer cluster (llama2-7b) the policy's plan
-    is that one, faster than every level-0 climb."""
+    """Where level 1 is walked, the level-0 winner climbs at level 1 too, as it is and split again under level
+    1's memory (the memory it frees lets the climb move layers where level 0 could not): on the public
+    consumer cluster (llama2-7b) the policy's plan is at level 1, faster than every level-0 climb, and as fast
+    as search's (which climbs each level's best)."""
     from dataclasses import replace
 
-    from hetpart.policies import policy_planner
+    from hetpart.policies import plan, policy_planner
     from hetpart.policies import refine as climbing
+    from hetpart.policies.neighbourhood import Neighbourhood
+    from hetpart.policies.structure import Scenario
 
     starts, ends = [], []
     original = climbing.refine
@@ -273,3 +276,11 @@ def test_the_policy_also_climbs_its_level_0_plan_sharded_at_level_1(monkeypatch)
     assert any(s.plan == replace(level0[0].plan, zero=1) for s in starts)
     assert best.plan.zero == 1
     assert best.tokens_per_s > max(e.tokens_per_s for s, e in zip(starts, ends) if s.plan.zero == 0)
+    monkeypatch.setattr(climbing, "refine", original)
+    assert best.tokens_per_s >= 0.999 * plan(model, cluster, Workload(128, 2048), "search").prediction.tokens_per_s
+
+    scenario = Scenario(model, cluster, replace(Workload(128, 2048), zero=1))  # a mixed plan gives its point back
+    point = policy_planner._mixed_point(scenario, level0[0].plan)
+    assert point is not None and point[0] == "mixed" and point[3:] == (level0[0].plan.dp, 1, level0[0].plan.recompute)
+    for built in Neighbourhood(scenario).exact(point).build():
+        assert policy_planner._mixed_point(scenario, built) == point
