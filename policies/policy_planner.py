@@ -231,7 +231,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         evaluator.deadline = start + time_budget_s
         steps = _climb_steps(refine_steps, cluster.num_devices)
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
-        # so does level 0's best sharded at level 1 (the memory it frees lets the climb move layers elsewhere)
+        # so does level 0's best at level 1, as it is and split again (the memory it frees lets layers move)
         resharded = _at_level_one(scenario, evaluator, refined) if upper is not None else []
         climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, *resharded, base) if e is not None]
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
@@ -260,7 +260,11 @@ def _at_level_one(scenario: Scenario, evaluator: Evaluator, found: Evaluated | N
         split = Neighbourhood(upper).exact(point) if upper.feasible else None
         if split is not None:
             starts.append(evaluator.best(split.build()))
-    return [e for i, e in enumerate(starts) if e is not None and all(e.plan != o.plan for o in starts[:i] if o)]
+    distinct: list[Evaluated] = []
+    for e in starts:
+        if e is not None and all(e.plan != o.plan for o in distinct):
+            distinct.append(e)
+    return distinct
 
 
 def _mixed_point(scenario: Scenario, plan) -> tuple | None:
