@@ -1184,7 +1184,7 @@ class Simulator:
             if plan.zero and seg.a >= 0:
                 if plan.zero >= 2 and not plan.shard_group:
                     continue  # reduce-scattered every micro-batch, inside the backward (_shard_comm)
-                t, t_last = (self._sharded_sync_s(plan, holders, n) for n in (seg.nbytes, seg.last_bytes))
+                t, t_last = (self._sharded_sync_s(plan, holders, n, flows) for n in (seg.nbytes, seg.last_bytes))
             else:
                 t, t_last = self._bucketed_s(seg.nbytes, seg.last_bytes, ring), self._allreduce_s(seg.last_bytes, ring)
             name = self._collective(seg.last_bytes, ring)
@@ -1220,20 +1220,22 @@ class Simulator:
         return end_all, spent, events, {g: name for g, (_, name) in largest.items()}
 
     # --------------------------------------------------------------------------------- sharded data parallel
-    def _sharded_sync_s(self, plan: Plan, holders, nbytes: float) -> float:
+    def _sharded_sync_s(self, plan: Plan, holders, nbytes: float, flows: dict[int, int] | None = None) -> float:
         """The once-per-step gradient sync of a sharded plan among ``holders`` ((replica, stage) pairs):
         a reduce-scatter inside each shard group (NCCL's rings, padded for uneven shards), plus,
-        under hybrid sharding, the all-reduce of each shard across the groups."""
+        under hybrid sharding, the all-reduce of each shard across the groups. ``flows``
+        (:meth:`_ring_flows`): the rings crossing each node's NICs at once, which they share, as the
+        unsharded all-reduces do."""
         by_replica = dict(holders)
         t = 0.0
         groups = plan.shard_groups()
         for members in groups:
-            ring = self._ring_small(plan, tuple((r, by_replica[r]) for r in members))
+            ring = self._ring_small(plan, tuple((r, by_replica[r]) for r in members), flows)
             t = max(t, self._reduce_scatter_s(nbytes * collective_pad(plan, members), ring))
         if len(groups) > 1:
             shard = nbytes * max(plan.shard_fraction(r) for r in by_replica)
             across = tuple((g[0], by_replica[g[0]]) for g in groups)
-            t += self._allreduce_s(shard, self._ring_small(plan, across))
+            t += self._allreduce_s(shard, self._ring_small(plan, across, flows))
         return t
 
     def _shard_comm(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, float]]]:

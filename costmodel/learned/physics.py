@@ -219,8 +219,8 @@ def _rings(sim, plan: Plan, mine: list[int], seg_a, seg_t, seg_last, seg_tcp, se
             # a reduce-scatter inside each shard group (padded for uneven shards), plus, under hybrid
             # sharding, the all-reduce of each shard across the groups
             pairs = tuple((int(x), int(y)) for x, y in seg.holders.tolist())
-            seg_t[g] = sim._sharded_sync_s(plan, pairs, seg.nbytes)
-            seg_last[g] = sim._sharded_sync_s(plan, pairs, seg.last_bytes)
+            seg_t[g] = sim._sharded_sync_s(plan, pairs, seg.nbytes, flows)
+            seg_last[g] = sim._sharded_sync_s(plan, pairs, seg.last_bytes, flows)
             continue
         seg_t[g] = sim._bucketed_s(seg.nbytes, seg.last_bytes, ring)  # one NCCL call per bucket
         seg_last[g] = sim._allreduce_s(seg.last_bytes, ring)
