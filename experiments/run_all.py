@@ -136,6 +136,12 @@ def _arch_efficiency() -> Section:
     return section()
 
 
+def _search_estimate() -> Section:
+    from hetpart.experiments.bench_search_estimate import section
+
+    return section()
+
+
 GENERATORS: dict[str, Callable[[], Section]] = {
     "planners": _planners,
     "scaling": _scaling,
@@ -156,6 +162,7 @@ GENERATORS: dict[str, Callable[[], Section]] = {
     "host-overlap": _host_overlap,
     "loop-correction": _loop_correction,
     "offload": _offload,
+    "search-estimate": _search_estimate,
 }
 """Key -> function that runs the benchmark and returns its section."""
 

@@ -21,8 +21,11 @@ plan splits a tensor-parallel group unevenly (its fast devices then hold more th
 bind memory first), the next level is searched too. The faster plan of all the levels searched is kept.
 
 Each point is scored by a cost estimate built from the simulator's primitives
-(:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline
-plus point-to-point and gradient-sync time. For a structure, :func:`~hetpart.policies.partition.split_layers`
+(:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline, each
+stage paying its blocking pipeline sends every micro-batch, plus the gradient sync of the slowest
+stage's ring, as the simulator prices them: transfers and rings that leave a node at once share its
+NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, and a throttled
+device (``slow:``) slows its stage and its replica. For a structure, :func:`~hetpart.policies.partition.split_layers`
 finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
 bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
@@ -38,8 +41,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -115,6 +119,23 @@ class _Context:
     bound_cache: dict = field(default_factory=dict)
     zero: int = 0
     """Sharding level of every plan with more than one replica (memory masks and plans)."""
+    fastest: float = 1.0
+    """The largest speed factor of any device, at least 1 (:func:`_lower_bound_s`)."""
+    node_of: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Each device's node (``Device.node_key``)."""
+    device_index: dict[str, int] = field(default_factory=dict)
+    """Each device's index in the cluster's order."""
+    places: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
+    """Per device (in the cluster's order): its flat node number, node group and place in its node."""
+    node_group: list[int] = field(default_factory=list)
+    """Per flat node number: its node group."""
+    node_device: list[str] = field(default_factory=list)
+    """Per flat node number: its first device."""
+    out_bytes: float = 0.0
+    """Bytes one sequence's activations take at a stage boundary (the largest unit output)."""
+    overlap_p2p: bool = False
+    """The priced engine overlaps pipeline sends with compute over RDMA (the simulator's ``overlap_p2p``);
+    otherwise every send blocks its sender, as Megatron-LM's 1F1B does (:func:`_sends`)."""
 
     @property
     def n(self) -> int:
@@ -158,33 +179,204 @@ def _mixed_groups(order, tps, dp: int, placement: str) -> list[list[tuple[str, .
     return replicas
 
 
-def _p2p_s(ctx: _Context, stages: list[tuple[str, ...]], micro_batch: int) -> float:
-    """Activations forward and gradients back across every boundary, at the largest unit output
-    (every block sends the same bytes; only a boundary right after the head would send fewer)."""
+def _sends(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int, layout: tuple | None = None
+           ) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """Per stage boundary of these replicas' pipelines (alike in depth): one transfer's seconds (the
+    slowest replica's) and whether it blocks its sender, as the simulator prices them
+    (:meth:`~hetpart.costmodel.simulator.Simulator._pipeline_flows`): replicas run in step, so every
+    boundary that crosses a node's NICs at once shares them (each of a stage's ``tp`` ranks sends its
+    ``1/tp`` shard: shards count as flows); a send blocks its sender unless the engine overlaps sends and
+    both nodes' NICs are RDMA (inside a node: never). Every block sends the same bytes (the largest
+    unit output; only a boundary right after the head would send fewer). ``layout``: a key that names
+    these replicas' devices (default: the devices themselves)."""
     from hetpart.costmodel.collectives import p2p_time_s
+
+    key = ("sends", micro_batch, layout if layout is not None else _layout(replicas))
+    hit = ctx.sync_cache.get(key)
+    if hit is None:
+        links, blocks = _send_links(ctx, replicas, key[2])
+        out_bytes = ctx.out_bytes * micro_batch
+        times = tuple(max((p2p_time_s(out_bytes / tp, link) for link, tp in boundary), default=0.0)
+                      for boundary in links)
+        hit = ctx.sync_cache[key] = (times, blocks)
+    return hit
+
+
+def _layout(replicas: list[list[tuple[str, ...]]]) -> tuple:
+    return tuple(tuple((s[0], len(s)) for s in stages) for stages in replicas)
+
+
+def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tuple
+                ) -> tuple[list[set[tuple]], tuple[bool, ...]]:
+    """:func:`_sends` before the bytes: per boundary, the distinct ``(link as shared, tp)`` of its replicas,
+    and whether the boundary blocks its sender (``layout``: the key of ``replicas``). Inside a node a link
+    depends on the node group and the two GPUs' places (a cube-mesh wires some pairs only); between nodes
+    on the two node groups and the flows on each node. Replicas are counted in numpy: a 1,024-GPU
+    pipeline has hundreds of boundaries and few kinds of them."""
+    key = ("send links", layout)
+    hit = ctx.sync_cache.get(key)
+    if hit is not None:
+        return hit
+    shape = (len(replicas), len(replicas[0]))
+    index = ctx.device_index
+    first = np.fromiter((index[s[0]] for stages in replicas for s in stages), np.int64, shape[0] * shape[1])
+    width = np.fromiter((len(s) for stages in replicas for s in stages), np.int64, first.size).reshape(shape)
+    node, group, local = (ctx.places[:, i][first].reshape(shape) for i in range(3))
+    tp = np.maximum(width[:, :-1], width[:, 1:])
+    src, dst = node[:, :-1], node[:, 1:]
+    cross = src != dst
+    size = int(node.max()) + 1
+    flows = np.maximum(np.bincount(src[cross], weights=tp[cross], minlength=size),
+                       np.bincount(dst[cross], weights=tp[cross], minlength=size)).astype(np.int64)
+    depth = tp.shape[1]
+    boundary = np.broadcast_to(np.arange(depth), tp.shape)
+    inside = np.stack([boundary, group[:, :-1], local[:, :-1], local[:, 1:], tp], axis=-1)[~cross]
+    across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], tp,
+                       src, dst], axis=-1)[cross]
+    links: list[set[tuple]] = [set() for _ in range(depth)]
+    blocks = [not ctx.overlap_p2p] * depth
+    for k, g, la, lb, t in (np.unique(inside, axis=0).tolist() if len(inside) else ()):
+        links[k].add((_inside_link(ctx, g, la, lb), t))
+    if len(across):
+        # one row per kind: boundary, node groups, flows and tp (the nodes themselves do not matter)
+        kinds, first = np.unique(across[:, :6], axis=0, return_index=True)
+        for (k, _, _, fa, fb, t), i in zip(kinds.tolist(), first.tolist()):
+            link, tcp = _across_link(ctx, int(across[i, 6]), int(across[i, 7]), fa, fb)
+            links[k].add((link, t))
+            blocks[k] = blocks[k] or tcp
+    hit = ctx.sync_cache[key] = (links, tuple(blocks))
+    return hit
+
+
+def _inside_link(ctx: _Context, group: int, a: int, b: int):
+    """The link between GPUs ``a`` and ``b`` of one node of node group ``group``."""
     from hetpart.costmodel.links import achieved_link
 
-    out_bytes = max(u.out_act_bytes for u in ctx.model.units)
-    total = 0.0
-    for j in range(len(stages) - 1):
-        tp = max(len(stages[j]), len(stages[j + 1]))  # sequence parallel: each rank sends its 1/tp shard
-        link = achieved_link(ctx.cluster, stages[j][0], stages[j + 1][0])
-        total += 2 * p2p_time_s(out_bytes * micro_batch / tp, link)
-    return total
+    key = ("inside", group, a, b)
+    link = ctx.sync_cache.get(key)
+    if link is None:
+        link = ctx.sync_cache[key] = achieved_link(ctx.cluster, f"{group}/0/{a}", f"{group}/0/{b}")
+    return link
 
 
-def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float]) -> float:
-    """Gradient all-reduce of the stage with the most gradient bytes (peers of one stage share a pool,
-    so the other stages' rings look alike and finish earlier)."""
-    from hetpart.costmodel.collectives import allreduce_time_s
+def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int):
+    """``(link, over TCP)`` between nodes ``na`` and ``nb`` (flat node numbers) when ``flows_a`` and
+    ``flows_b`` transfers share each node's NICs (the simulator's ``_p2p_link``)."""
+    from hetpart.cluster import PathLink
+    from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 
+    ga, gb = ctx.node_group[na], ctx.node_group[nb]
+    key = ("across", ga, gb, flows_a, flows_b)
+    hit = ctx.sync_cache.get(key)
+    if hit is None:
+        cluster = ctx.cluster
+        link = achieved_link(cluster, ctx.node_device[na], ctx.node_device[nb])
+        if link is not None:
+            share = min(node_nic_gbyte_s(cluster.groups[g]) / f for g, f in ((ga, flows_a), (gb, flows_b)))
+            if share < link.bandwidth_gbyte_s:
+                link = PathLink(share, link.latency_us, link.kind)
+        # TCP: the socket transport's sends do not run beside compute
+        tcp = not (cluster.groups[ga].nic.rdma and cluster.groups[gb].nic.rdma)
+        hit = ctx.sync_cache[key] = (link, tcp)
+    return hit
+
+
+def _speed(ctx: _Context, group: tuple[str, ...]) -> float:
+    """The speed factor of a device group (``slow:`` in the cluster file): its slowest device's."""
+    if ctx.cluster.uniform_speed:
+        return 1.0
+    return min(ctx.cluster.device(d).speed for d in group)
+
+
+def _send_offsets(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int,
+                  layout: tuple | None = None) -> tuple[tuple[float, ...], float]:
+    """Per stage of these replicas' pipelines: the seconds its blocking sends add to each micro-batch
+    (the activations it sends on, the gradients it sends back: the simulator adds both to the stage's
+    forward and backward); and the seconds the sends which do not block add to the pipeline's fill (each
+    delays its receiver once per direction)."""
+    if len(replicas[0]) < 2:
+        return (0.0,), 0.0
+    times, blocks = _sends(ctx, replicas, micro_batch, layout)
+    fill = sum(2 * t for t, b in zip(times, blocks) if not b)
+    pp = len(times) + 1
+    return tuple((times[j] if j < pp - 1 and blocks[j] else 0.0) + (times[j - 1] if j > 0 and blocks[j - 1] else 0.0)
+                 for j in range(pp)), fill
+
+
+def _split_with_sends(ctx: _Context, splitter: Callable[..., Split | None], masks: list[np.ndarray],
+                      replicas: list[list[tuple[str, ...]]], micro_batch: int, m: int, layout: tuple | None = None,
+                      give_up_above: float = math.inf) -> tuple[Split | None, float]:
+    """``splitter`` over ``masks`` (per stage, the time of every unit range) with each stage's blocking
+    sends added to every range (the activations it sends on, the gradients it sends back: the simulator
+    adds both to the stage's forward and backward), and the seconds that the sends which do not block
+    add to the pipeline's fill (each delays its receiver once per direction). The split's objective and
+    bottleneck include the sends. The most common per-stage send time ``u`` is left out of the matrices
+    and added back exactly (it adds ``u`` to every stage, so ``(m - 1) u`` to the bottleneck term and
+    ``pp u`` to the sum; the best split does not move): only stages whose sends differ get a matrix of
+    their own."""
+    pp = len(masks)
+    if pp < 2:
+        split = splitter(masks, m, give_up_above=give_up_above)
+        return split, 0.0
+    offsets, fill = _send_offsets(ctx, replicas, micro_batch, layout)
+    common = Counter(offsets).most_common(1)[0][0]
+    shift = (m - 1 + pp) * common
+    adjusted = [c + (o - common) if o != common else c for c, o in zip(masks, offsets)]
+    split = splitter(adjusted, m, give_up_above=give_up_above - fill - shift)
+    if split is None:
+        return None, fill
+    return Split(split.bounds, split.objective_s + shift, split.bottleneck_s + common), fill
+
+
+def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float], tps: list[int] | None = None,
+            groups: list[tuple[str, int]] | None = None, layout: tuple | None = None) -> float:
+    """Gradient all-reduce: the slowest of the stages' rings (``peer_sets[j]``: the first device of stage
+    ``j``'s group in every replica; ``grad_bytes[j]``: per device), after the backward. As the simulator
+    counts them (:meth:`~hetpart.costmodel.simulator.Simulator._table_flows`), rings that leave a node
+    share its NICs with every device group there whose ring leaves it too, each group's ``tp`` shards
+    counted (a stage's ``tp`` ranks run ``tp`` rings at once). ``groups``: every device group that
+    reduces at once (first device and width; default: the peers of every stage). ``layout``: a key that
+    names these rings (their NCCL lines are kept under it; default: the arguments)."""
     if not grad_bytes:
         return 0.0
-    j = int(np.argmax(grad_bytes))
-    key = (grad_bytes[j], tuple(peer_sets[j]))
-    if key not in ctx.sync_cache:
-        ctx.sync_cache[key] = allreduce_time_s(grad_bytes[j], peer_sets[j], ctx.cluster)
-    return ctx.sync_cache[key]
+    key = ("sync lines", layout if layout is not None else
+           (tuple(map(tuple, peer_sets)), tuple(tps or ()), tuple(groups) if groups is not None else None))
+    lines = ctx.sync_cache.get(key)
+    if lines is None:
+        lines = ctx.sync_cache[key] = _sync_lines(ctx, peer_sets, tps or [1] * len(peer_sets), groups)
+    return max(min((fixed + per_byte * nbytes for fixed, per_byte in ring), default=0.0) if nbytes > 0 else 0.0
+               for ring, nbytes in zip(lines, grad_bytes))
+
+
+def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], groups: list[tuple[str, int]] | None
+                ) -> list[tuple[tuple[float, float], ...]]:
+    """:func:`_sync_s` before the bytes: each stage's ring as NCCL's ``(fixed_s, per_byte_s)`` lines. Level 1
+    reduce-scatters the gradients once per step (the updated parameters' all-gather hides behind the next
+    forward); levels 2-3 reduce-scatter every micro-batch, priced here as one all-reduce."""
+    from hetpart.costmodel.collectives import allreduce_lines
+
+    collective = "reduce_scatter" if ctx.zero == 1 else "allreduce"
+    node = ctx.node_of
+    nodes = [[node[d] for d in peers] for peers in peer_sets]
+    crossing = [len(set(ns)) > 1 for ns in nodes]
+    flows: dict = defaultdict(int)
+    if groups is None:
+        for ns, tp, out in zip(nodes, tps, crossing):
+            for n in ns if out else ():
+                flows[n] += tp
+    elif any(crossing):
+        for first, tp in groups:
+            flows[node[first]] += tp
+    out = []
+    for peers, ns, tp, leaves in zip(peer_sets, nodes, tps, crossing):
+        concurrent = max([tp] + [flows[n] / c for n, c in Counter(ns).items()]) if leaves else tp
+        key = ("lines", tuple(peers), concurrent, collective)
+        ring = ctx.sync_cache.get(key)
+        if ring is None:
+            ring = ctx.sync_cache[key] = tuple((line.fixed_s, line.per_byte_s) for line in
+                                               allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
+        out.append(ring)
+    return out
 
 
 def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
@@ -197,15 +389,17 @@ def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
     if not shared or not split:
         return 0.0
     members = tuple(dict.fromkeys(d for r in split for d in (r[0][0], r[-1][0])))
-    tp = min(len(g) for r in split for g in (r[0], r[-1]))
-    num_bytes = shared * GRAD_BYTES[ctx.workload.precision] / tp  # what the simulator's reduction moves
-    key = ("tied", num_bytes, members)
+    widths = [len(g) for r in split for g in (r[0], r[-1])]
+    # what the simulator's reduction moves: the narrower copy's slice, in one ring per rank of the wider
+    num_bytes = shared * GRAD_BYTES[ctx.workload.precision] / min(widths)
+    key = ("tied", num_bytes, members, max(widths))
     if key not in ctx.sync_cache:
-        ctx.sync_cache[key] = allreduce_time_s(num_bytes, members, ctx.cluster)
+        ctx.sync_cache[key] = allreduce_time_s(num_bytes, members, ctx.cluster, max(widths))
     return ctx.sync_cache[key]
 
 
-def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
+def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int, sends: tuple[float, ...] = (),
+                   fill: float = 0.0) -> float:
     """A bound no split beats: with ``r_j = min_u c_j(u) / ref(u)``, stage ``j`` costs at least
     ``r_j * ref(range)``, so the slowest stage takes at least ``ref(all) / sum_j (1 / r_j)``; the
     sum of stages is at least ``sum_u min_j c_j(u)``.
@@ -213,7 +407,12 @@ def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
     Any positive ``ref`` gives a bound; each kind of stage is tried as ``ref`` and the largest bound
     kept. With the first stage's kind alone, the same stages in two orders were bounded 5.4x apart
     (llama2-70b on A100 + MI250X, MI250X first: 41 s; A100 first: 224 s; estimate 238 s), which
-    misordered the policy's walk (:mod:`hetpart.policies.neighbourhood`) and weakened pruning."""
+    misordered the policy's walk (:mod:`hetpart.policies.neighbourhood`) and weakened pruning.
+
+    ``sends``: each stage's blocking sends per micro-batch and ``fill`` the sends that do not block
+    (:func:`_send_offsets`): stage ``j`` then takes ``c_j + sends_j``, so the slowest stage at least the
+    larger of ``slowest + min(sends)`` and ``max(sends)``, the sum ``sum(sends)`` more. Devices faster
+    than their type (a ``slow:`` factor above 1) divide the bound by that factor."""
     kinds = tuple(dict.fromkeys(costs))
     key = (kinds, tuple(costs.count(k) for k in kinds))
     if key not in ctx.bound_cache:
@@ -221,7 +420,9 @@ def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int) -> float:
         floor = float(np.min(np.stack([k.unit_time_s for k in kinds]), axis=0).sum())
         ctx.bound_cache[key] = (slowest, floor)
     slowest, floor = ctx.bound_cache[key]
-    return (m - 1) * slowest + floor
+    if sends:
+        slowest, floor = max(slowest + min(sends), max(sends)), floor + sum(sends) + fill
+    return ((m - 1) * slowest + floor) / ctx.fastest
 
 
 def _slowest_stage_bound_s(ref: np.ndarray, kinds: tuple[StageCosts, ...], counts: tuple[int, ...]) -> float:
@@ -249,14 +450,20 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
     def score(threshold: float) -> Scored | None:
         pp = len(costs)
         stages = _mixed_groups(order, tps, dp, "pp")
-        p2p = _p2p_s(ctx, stages[0], mb)
+        layout = ("mixed", tuple(p.key for p in order), tps, dp)
+        if _lower_bound_s(ctx, costs, m, *_send_offsets(ctx, stages, mb, layout)) >= threshold:
+            return None  # the sends alone rule it out (the bound it was visited by leaves them out)
         masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
-        split = splitter(masks, m, give_up_above=threshold - p2p)
+        if not ctx.cluster.uniform_speed:  # a stage runs at its slowest device's speed in the slowest replica
+            masks = [c / f if f != 1.0 else c for c, f in
+                     zip(masks, (min(_speed(ctx, rep[j]) for rep in stages) for j in range(pp)))]
+        split, fill = _split_with_sends(ctx, splitter, masks, stages, mb, m, layout, threshold)
         if split is None:
             return None
         peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        estimate = split.objective_s + p2p + _sync_s(ctx, peers, grads) + _tied_s(ctx, stages)
+        sync = _sync_s(ctx, peers, grads, [len(g) for g in stages[0]], layout=layout)
+        estimate = split.objective_s + fill + sync + _tied_s(ctx, stages)
 
         def build() -> list[Plan]:
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
@@ -299,22 +506,35 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             m_est = max(1, total_mb // (dp * len(ctx.pools)))
             costs = ctx.table.get(pool, tp, mb, rc)
             for fraction in _mask_fractions(ctx, dp):
-                split = split_layers([costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction)
-                                      for j in range(pp)], m_est)
-                if split is None:
-                    continue
-                stages = groups[:pp]
-                times = [float(costs.time_s[a, b]) for a, b in split.ranges]
-                fill = sum(times) - max(times) + _p2p_s(ctx, stages, mb)
-                peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
-                sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
-                out[fraction == 0.0].append(_PoolConfig(pool, tp, pp, split, fill + sync))
+                masks = [costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction) for j in range(pp)]
+                config = pool_config(ctx, pool, tp, pp, mb, costs, masks, m_est)
+                if config is not None:
+                    out[fraction == 0.0].append(config)
     kept: dict[tuple, _PoolConfig] = {}
     for configs in out.values():  # the best of each memory assumption, once each
         configs.sort(key=lambda c: -c.rate)
         for c in configs[: ctx.options.configs_per_pool]:
             kept.setdefault((c.tp, c.pp, c.split.bounds), c)
     return sorted(kept.values(), key=lambda c: -c.rate)
+
+
+def pool_config(ctx: _Context, pool: Pool, tp: int, pp: int, mb: int, costs: StageCosts, masks: list[np.ndarray],
+                m_est: int, splitter: Callable[..., Split | None] = split_layers) -> _PoolConfig | None:
+    """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline (``masks``: each stage's range times,
+    memory masked), split for ``m_est`` micro-batches; None when nothing fits. Its fixed cost per step is
+    the pipeline's fill (blocking sends included, :func:`_split_with_sends`) and the pool's gradient sync."""
+    groups = tp_groups(pool, tp)
+    dp = len(groups) // pp
+    replicas = [groups[r * pp:(r + 1) * pp] for r in range(dp)]
+    layout = ("pool", pool.key, tp, pp)
+    split, delay = _split_with_sends(ctx, splitter, masks, replicas, mb, m_est, layout)
+    if split is None:
+        return None
+    # the sum of stage times, sends included: the objective less (m - 1) bottlenecks
+    fill = split.objective_s - m_est * split.bottleneck_s + delay
+    peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
+    sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges], [tp] * pp, layout=layout)
+    return _PoolConfig(pool, tp, pp, split, fill + sync)
 
 
 def _mask_fractions(ctx: _Context, dp: int) -> tuple[float, ...]:
@@ -353,13 +573,17 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         for c in chosen:
             stage_groups = tp_groups(c.pool, c.tp)
             for r in range(c.dp):
-                per.append(c.split.bottleneck_s)
+                # a throttled device slows its whole replica: it gets fewer micro-batches
+                speed = min(map(partial(_speed, ctx), stage_groups[r * c.pp:(r + 1) * c.pp]))
+                per.append(c.split.bottleneck_s / speed)
                 fixed.append(c.fixed_s)
                 groups.append(stage_groups[r * c.pp:(r + 1) * c.pp])
                 bounds.append(c.split.bounds)
         counts = allocate_microbatches(per, fixed, total)
         estimate = max(f + p * k for p, f, k in zip(per, fixed, counts))
-        estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)])
+        estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)],
+                            [max(c.tp for c in chosen)], [(g[0], len(g)) for rep in groups for g in rep],
+                            layout=("typed", tuple((c.pool.key, c.tp, c.pp) for c in chosen)))
         estimate += _tied_s(ctx, groups)
 
         def build() -> list[Plan]:
@@ -434,9 +658,22 @@ def _top_scored(ctx: _Context) -> list[Scored]:
 def make_context(model, cluster, workload, options: SearchOptions, zero: int | None = None) -> _Context:
     check_zones_connected(cluster)
     zero = (workload.zero or 0) if zero is None else zero
+    flat: dict[tuple[int, int], int] = {}
+    for d in cluster.devices:
+        flat.setdefault(d.node_key, len(flat))
+    first = {}
+    for d in cluster.devices:
+        first.setdefault(flat[d.node_key], d.id)
     return _Context(model, cluster, workload, options, device_pools(cluster),
                     CostTable(model, cluster, workload.precision, workload.optimizer, workload.attention,
-                              offload=workload.offload), zero=zero)
+                              offload=workload.offload), zero=zero,
+                    node_of={d.id: d.node_key for d in cluster.devices},
+                    device_index={d.id: i for i, d in enumerate(cluster.devices)},
+                    places=np.array([(flat[d.node_key], d.node_key[0], d.local) for d in cluster.devices],
+                                    dtype=np.int64).reshape(-1, 3),
+                    node_group=[key[0] for key in flat], node_device=[first[i] for i in range(len(flat))],
+                    out_bytes=max(u.out_act_bytes for u in model.units),
+                    fastest=max([1.0] + [f for _, f in cluster.slow]))
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:

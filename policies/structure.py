@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluator
-from hetpart.costmodel.pools import Pool, divisors, tp_groups, tp_options
+from hetpart.costmodel.pools import Pool, divisors, tp_options
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.partition import minimax_split, split_layers
 from hetpart.rules import RULES
-from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _p2p_s,
-                                          _PoolConfig, _sync_s, _typed_scorer, make_context)
+from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _PoolConfig,
+                                          _typed_scorer, make_context, pool_config)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
@@ -228,17 +228,8 @@ class Scenario:
         def compute():
             p = self.pools[pool]
             costs = self.ctx.table.get(p, tp, mb, rc)
-            splitter = minimax_split if quick else split_layers
-            split = splitter([costs.masked(pp - j) for j in range(pp)], self._m_est(pool, tp, pp, mb))
-            if split is None:
-                return None
-            groups = tp_groups(p, tp)
-            dp = len(groups) // pp
-            times = [float(costs.time_s[a, b]) for a, b in split.ranges]
-            fill = sum(times) - max(times) + _p2p_s(self.ctx, groups[:pp], mb)
-            peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
-            sync = _sync_s(self.ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges])
-            return _PoolConfig(p, tp, pp, split, fill + sync)
+            return pool_config(self.ctx, p, tp, pp, mb, costs, [costs.masked(pp - j) for j in range(pp)],
+                               self._m_est(pool, tp, pp, mb), minimax_split if quick else split_layers)
 
         return self._memo(("config", pool, tp, pp, mb, rc, quick), compute)
 
