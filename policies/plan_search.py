@@ -121,6 +121,8 @@ class _Context:
     """Sharding level of every plan with more than one replica (memory masks and plans)."""
     fastest: float = 1.0
     """The largest speed factor of any device, at least 1 (:func:`_lower_bound_s`)."""
+    uniform_speed: bool = True
+    """No device carries a speed factor (``Cluster.uniform_speed``)."""
     node_of: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Each device's node (``Device.node_key``)."""
     device_index: dict[str, int] = field(default_factory=dict)
@@ -221,7 +223,8 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
     index = ctx.device_index
     first = np.fromiter((index[s[0]] for stages in replicas for s in stages), np.int64, shape[0] * shape[1])
     width = np.fromiter((len(s) for stages in replicas for s in stages), np.int64, first.size).reshape(shape)
-    node, group, local = (ctx.places[:, i][first].reshape(shape) for i in range(3))
+    places = ctx.places[first].reshape(shape + (3,))
+    node, group, local = places[..., 0], places[..., 1], places[..., 2]
     tp = np.maximum(width[:, :-1], width[:, 1:])
     src, dst = node[:, :-1], node[:, 1:]
     cross = src != dst
@@ -230,18 +233,19 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
                        np.bincount(dst[cross], weights=tp[cross], minlength=size)).astype(np.int64)
     depth = tp.shape[1]
     boundary = np.broadcast_to(np.arange(depth), tp.shape)
-    inside = np.stack([boundary, group[:, :-1], local[:, :-1], local[:, 1:], tp], axis=-1)[~cross]
-    across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], tp,
-                       src, dst], axis=-1)[cross]
     links: list[set[tuple]] = [set() for _ in range(depth)]
     blocks = [not ctx.overlap_p2p] * depth
-    for k, g, la, lb, t in (np.unique(inside, axis=0).tolist() if len(inside) else ()):
-        links[k].add((_inside_link(ctx, g, la, lb), t))
-    if len(across):
-        # one row per kind: boundary, node groups, flows and tp (the nodes themselves do not matter)
-        kinds, first = np.unique(across[:, :6], axis=0, return_index=True)
-        for (k, _, _, fa, fb, t), i in zip(kinds.tolist(), first.tolist()):
-            link, tcp = _across_link(ctx, int(across[i, 6]), int(across[i, 7]), fa, fb)
+    if not cross.all():
+        inside = np.stack([boundary, group[:, :-1], local[:, :-1], local[:, 1:], tp], axis=-1)[~cross]
+        for k, g, la, lb, t in set(map(tuple, inside.tolist())):
+            links[k].add((_inside_link(ctx, g, la, lb), t))
+    if cross.any():
+        # one link per kind: boundary, node groups, flows and tp (the nodes themselves do not matter)
+        across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], tp, src, dst],
+                          axis=-1)[cross].tolist()
+        kinds = {tuple(row[:6]): row for row in across}
+        for k, _, _, fa, fb, t, a, b in kinds.values():
+            link, tcp = _across_link(ctx, a, b, fa, fb)
             links[k].add((link, t))
             blocks[k] = blocks[k] or tcp
     hit = ctx.sync_cache[key] = (links, tuple(blocks))
@@ -283,9 +287,19 @@ def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int):
 
 def _speed(ctx: _Context, group: tuple[str, ...]) -> float:
     """The speed factor of a device group (``slow:`` in the cluster file): its slowest device's."""
-    if ctx.cluster.uniform_speed:
+    if ctx.uniform_speed:
         return 1.0
     return min(ctx.cluster.device(d).speed for d in group)
+
+
+def _stage_speeds(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tuple) -> tuple[float, ...]:
+    """Per stage of these replicas' pipelines: the speed factor of its slowest device in any replica (the
+    slowest replica paces the step)."""
+    key = ("speeds", layout)
+    hit = ctx.sync_cache.get(key)
+    if hit is None:
+        hit = ctx.sync_cache[key] = tuple(min(_speed(ctx, rep[j]) for rep in replicas) for j in range(len(replicas[0])))
+    return hit
 
 
 def _send_offsets(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int,
@@ -296,11 +310,16 @@ def _send_offsets(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_ba
     delays its receiver once per direction)."""
     if len(replicas[0]) < 2:
         return (0.0,), 0.0
-    times, blocks = _sends(ctx, replicas, micro_batch, layout)
-    fill = sum(2 * t for t, b in zip(times, blocks) if not b)
-    pp = len(times) + 1
-    return tuple((times[j] if j < pp - 1 and blocks[j] else 0.0) + (times[j - 1] if j > 0 and blocks[j - 1] else 0.0)
-                 for j in range(pp)), fill
+    key = ("offsets", micro_batch, layout if layout is not None else _layout(replicas))
+    hit = ctx.sync_cache.get(key)
+    if hit is None:
+        times, blocks = _sends(ctx, replicas, micro_batch, key[2])
+        fill = sum(2 * t for t, b in zip(times, blocks) if not b)
+        pp = len(times) + 1
+        hit = ctx.sync_cache[key] = (tuple((times[j] if j < pp - 1 and blocks[j] else 0.0)
+                                           + (times[j - 1] if j > 0 and blocks[j - 1] else 0.0) for j in range(pp)),
+                                     fill)
+    return hit
 
 
 def _split_with_sends(ctx: _Context, splitter: Callable[..., Split | None], masks: list[np.ndarray],
@@ -413,13 +432,24 @@ def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int, sends: tuple[
     (:func:`_send_offsets`): stage ``j`` then takes ``c_j + sends_j``, so the slowest stage at least the
     larger of ``slowest + min(sends)`` and ``max(sends)``, the sum ``sum(sends)`` more. Devices faster
     than their type (a ``slow:`` factor above 1) divide the bound by that factor."""
+    return _bound_s(ctx, _bound_parts(ctx, costs), m, sends, fill)
+
+
+def _bound_parts(ctx: _Context, costs: list[StageCosts]) -> tuple[float, float]:
+    """``(least slowest stage, least sum of stages)`` of :func:`_lower_bound_s`, per micro-batch."""
     kinds = tuple(dict.fromkeys(costs))
     key = (kinds, tuple(costs.count(k) for k in kinds))
     if key not in ctx.bound_cache:
         slowest = max(_slowest_stage_bound_s(ref.unit_time_s, kinds, key[1]) for ref in kinds)
         floor = float(np.min(np.stack([k.unit_time_s for k in kinds]), axis=0).sum())
         ctx.bound_cache[key] = (slowest, floor)
-    slowest, floor = ctx.bound_cache[key]
+    return ctx.bound_cache[key]
+
+
+def _bound_s(ctx: _Context, parts: tuple[float, float], m: int, sends: tuple[float, ...] = (),
+             fill: float = 0.0) -> float:
+    """:func:`_lower_bound_s` from its :func:`_bound_parts`."""
+    slowest, floor = parts
     if sends:
         slowest, floor = max(slowest + min(sends), max(sends)), floor + sum(sends) + fill
     return ((m - 1) * slowest + floor) / ctx.fastest
@@ -442,21 +472,22 @@ def mixed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[fl
             for rc in recompute_modes(wl):
                 costs = [ctx.table.get(p, t, mb, rc) for p, t in stage_of]
                 key = ("mixed", tuple(p.key for p in order), tps, dp, mb, rc)
-                yield _lower_bound_s(ctx, costs, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key)
+                parts = _bound_parts(ctx, costs)
+                yield _bound_s(ctx, parts, m), key, _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key,
+                                                                  parts=parts)
 
 
-def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_layers
+def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_layers, parts=None
                   ) -> Callable[[float], Scored | None]:
     def score(threshold: float) -> Scored | None:
         pp = len(costs)
         stages = _mixed_groups(order, tps, dp, "pp")
         layout = ("mixed", tuple(p.key for p in order), tps, dp)
-        if _lower_bound_s(ctx, costs, m, *_send_offsets(ctx, stages, mb, layout)) >= threshold:
+        if _bound_s(ctx, parts or _bound_parts(ctx, costs), m, *_send_offsets(ctx, stages, mb, layout)) >= threshold:
             return None  # the sends alone rule it out (the bound it was visited by leaves them out)
         masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
-        if not ctx.cluster.uniform_speed:  # a stage runs at its slowest device's speed in the slowest replica
-            masks = [c / f if f != 1.0 else c for c, f in
-                     zip(masks, (min(_speed(ctx, rep[j]) for rep in stages) for j in range(pp)))]
+        if not ctx.uniform_speed:  # a stage runs at its slowest device's speed in the slowest replica
+            masks = [c / f if f != 1.0 else c for c, f in zip(masks, _stage_speeds(ctx, stages, layout))]
         split, fill = _split_with_sends(ctx, splitter, masks, stages, mb, m, layout, threshold)
         if split is None:
             return None
@@ -673,7 +704,7 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
                                     dtype=np.int64).reshape(-1, 3),
                     node_group=[key[0] for key in flat], node_device=[first[i] for i in range(len(flat))],
                     out_bytes=max(u.out_act_bytes for u in model.units),
-                    fastest=max([1.0] + [f for _, f in cluster.slow]))
+                    fastest=max([1.0] + [f for _, f in cluster.slow]), uniform_speed=cluster.uniform_speed)
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:
