@@ -686,7 +686,10 @@ def _top_scored(ctx: _Context) -> list[Scored]:
     return sorted(chosen.values())
 
 
-def make_context(model, cluster, workload, options: SearchOptions, zero: int | None = None) -> _Context:
+def make_context(model, cluster, workload, options: SearchOptions, zero: int | None = None,
+                 evaluator: Evaluator | None = None) -> _Context:
+    """The search's tables for one sharding level (default: the workload's); ``evaluator``: the predictor the
+    candidates will be priced by, whose engine options (``overlap_p2p``) the estimate follows."""
     check_zones_connected(cluster)
     zero = (workload.zero or 0) if zero is None else zero
     flat: dict[tuple[int, int], int] = {}
@@ -704,7 +707,8 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
                                     dtype=np.int64).reshape(-1, 3),
                     node_group=[key[0] for key in flat], node_device=[first[i] for i in range(len(flat))],
                     out_bytes=max(u.out_act_bytes for u in model.units),
-                    fastest=max([1.0] + [f for _, f in cluster.slow]), uniform_speed=cluster.uniform_speed)
+                    fastest=max([1.0] + [f for _, f in cluster.slow]), uniform_speed=cluster.uniform_speed,
+                    overlap_p2p=bool(getattr(getattr(evaluator, "predictor", None), "overlap_p2p", False)))
 
 
 def zero_levels(workload: "Workload") -> tuple[int, ...]:
@@ -812,7 +816,7 @@ def _level_pass(model, cluster, workload, options: SearchOptions, evaluate: Eval
                 ) -> dict[tuple, Evaluated | None]:
     """One sharding level's search: the best simulated plan of each kind of candidate (family, with or
     without shard fractions, the level), before the hill-climb."""
-    ctx = make_context(model, cluster, workload, options, zero)
+    ctx = make_context(model, cluster, workload, options, zero, evaluate)
     kinds: dict[tuple, list[Plan]] = {}
     for scored in _top_scored(ctx):
         for p in scored.build():

@@ -98,7 +98,8 @@ class Scenario:
     def __init__(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload",
                  evaluator: Evaluator | None = None) -> None:
         self.model, self.cluster, self.workload = model, cluster, workload
-        self.ctx = make_context(model, cluster, workload, SearchOptions())
+        self.evaluator = evaluator or Evaluator(model, cluster, workload)
+        self.ctx = make_context(model, cluster, workload, SearchOptions(), evaluator=self.evaluator)
         self.pools: list[Pool] = self.ctx.pools
         if len(self.pools) > MAX_POOLS:
             from hetpart.errors import PlanError
@@ -108,7 +109,6 @@ class Scenario:
         self.tps = [tp_options(p, model)[:NUM_OPTIONS - 1] for p in self.pools]
         self.modes = recompute_modes(workload)
         self.lenient = "full" if "full" in self.modes else self.modes[0]
-        self.evaluator = evaluator or Evaluator(model, cluster, workload)
         self._cache: dict[tuple, object] = {}
 
     def _memo(self, key: tuple, compute):

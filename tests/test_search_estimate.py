@@ -72,3 +72,22 @@ def test_a_throttled_device_slows_its_stage_and_its_replica_gets_fewer_micro_bat
         raise AssertionError("no typed point of one-GPU replicas")
     a10 = counts[4:]  # replicas in pool order: four T4s, then the A10s 1/0/0 .. 1/0/3
     assert a10[1] < min(a10[0], a10[2], a10[3])
+
+
+def test_the_estimate_follows_the_engine_that_overlaps_sends_over_rdma():
+    """With ``overlap_p2p`` (the search priced by such a simulator) sends over InfiniBand no longer block
+    their sender; over TCP they still do, as the simulator has it."""
+    from hetpart.costmodel.predictor import get_predictor
+
+    model, workload = load_model("gpt2-medium", seq_len=1024), Workload(128, 1024)
+    for nic, blocking in (("IB-HDR", False), ("Ethernet-10", True)):
+        cluster = parse_cluster(dict(TWO_NODES, nodes=[dict(n, nic=nic) for n in TWO_NODES["nodes"]]))
+        evaluator = Evaluator(model, cluster, workload, predictor=get_predictor("simulator", model, cluster,
+                                                                                 overlap_p2p=True))
+        ctx = search.make_context(model, cluster, workload, search.SearchOptions(), zero=0, evaluator=evaluator)
+        assert ctx.overlap_p2p
+        stages = search._mixed_groups(tuple(ctx.pools), (1, 1), 4, "pp")
+        assert search._sends(ctx, stages, 1)[1] == (blocking,)
+        scored = _scored(ctx, lambda k: k[1] == ("T4-16GB@default", "A10-24GB@default") and k[2] == (1, 1)
+                         and k[3] == 4 and k[4] == 1 and k[5] == "none")
+        assert scored.estimate_s == pytest.approx(evaluator(scored.build()[0]).step_time_s, rel=0.03)
