@@ -292,16 +292,6 @@ def _speed(ctx: _Context, group: tuple[str, ...]) -> float:
     return min(ctx.cluster.device(d).speed for d in group)
 
 
-def _stage_speeds(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tuple) -> tuple[float, ...]:
-    """Per stage of these replicas' pipelines: the speed factor of its slowest device in any replica (the
-    slowest replica paces the step)."""
-    key = ("speeds", layout)
-    hit = ctx.sync_cache.get(key)
-    if hit is None:
-        hit = ctx.sync_cache[key] = tuple(min(_speed(ctx, rep[j]) for rep in replicas) for j in range(len(replicas[0])))
-    return hit
-
-
 def _send_offsets(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int,
                   layout: tuple | None = None) -> tuple[tuple[float, ...], float]:
     """Per stage of these replicas' pipelines: the seconds its blocking sends add to each micro-batch
@@ -483,11 +473,10 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
         pp = len(costs)
         stages = _mixed_groups(order, tps, dp, "pp")
         layout = ("mixed", tuple(p.key for p in order), tps, dp)
-        if _bound_s(ctx, parts or _bound_parts(ctx, costs), m, *_send_offsets(ctx, stages, mb, layout)) >= threshold:
+        bound = _bound_s(ctx, parts or _bound_parts(ctx, costs), m, *_send_offsets(ctx, stages, mb, layout))
+        if bound >= threshold:
             return None  # the sends alone rule it out (the bound it was visited by leaves them out)
         masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
-        if not ctx.uniform_speed:  # a stage runs at its slowest device's speed in the slowest replica
-            masks = [c / f if f != 1.0 else c for c, f in zip(masks, _stage_speeds(ctx, stages, layout))]
         split, fill = _split_with_sends(ctx, splitter, masks, stages, mb, m, layout, threshold)
         if split is None:
             return None

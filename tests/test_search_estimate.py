@@ -53,17 +53,16 @@ def test_the_estimate_pays_blocking_sends_that_share_a_nic_as_the_simulator_does
     assert times[crossing] == pytest.approx(alone * dp, rel=0.05)  # dp flows share the NIC
 
 
-def test_a_throttled_device_slows_its_stage_and_its_replica_gets_fewer_micro_batches():
-    """A device at half speed: a mixed pipeline whose stage holds it is estimated at the simulator's step
-    (within 3%; the estimate ignored the factor before and was 8% low), and typed replicas give its
-    replica fewer micro-batches than its equals."""
+def test_a_throttled_device_gets_fewer_micro_batches_in_typed_replicas():
+    """A device at half speed: typed replicas give its replica fewer micro-batches than its equals (the
+    estimate gave every replica of a pool the same work before). Mixed pipelines keep the pool's speed in the
+    estimate: the evaluator prices their replicas at unlike speeds with speed-proportional shares, and the
+    hill-climb from the best start of one replica and of several is what finds where a slow device goes (an
+    estimate that slowed the stage holding it moved those starts and lost 5% on gpt3-13b over eight A100)."""
     spec = dict(TWO_NODES, nodes=[dict(n, nic="IB-HDR") for n in TWO_NODES["nodes"]], slow={"1/0/1": 0.5})
     model, cluster = load_model("gpt2-medium", seq_len=1024), parse_cluster(spec)
     workload = Workload(64, 1024)
     ctx = search.make_context(model, cluster, workload, search.SearchOptions(), zero=0)
-    scored = _scored(ctx, lambda k: k[1] == ("A10-24GB@default",) and k[2] == (1,) and k[3] == 1 and k[4] == 1
-                     and k[5] == "none")
-    assert scored.estimate_s == pytest.approx(_simulated_s(model, cluster, workload, scored), rel=0.03)
     for _, key, scorer in search.typed_structures(ctx):
         if key[1] == (("T4-16GB@default", 1, 1), ("A10-24GB@default", 1, 1)) and key[2] == 1 and key[3] == "none":
             counts = scorer(float("inf")).key[-1]
