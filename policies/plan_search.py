@@ -24,8 +24,8 @@ Each point is scored by a cost estimate built from the simulator's primitives
 (:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline, each
 stage paying its blocking pipeline sends every micro-batch, plus the gradient sync of the slowest
 stage's ring, as the simulator prices them: transfers and rings that leave a node at once share its
-NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, and a throttled
-device (``slow:``) slows its stage and its replica. For a structure, :func:`~hetpart.policies.partition.split_layers`
+NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, and a typed
+replica holding a throttled device (``slow:``) gets fewer micro-batches. For a structure, :func:`~hetpart.policies.partition.split_layers`
 finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
 bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
@@ -119,8 +119,6 @@ class _Context:
     bound_cache: dict = field(default_factory=dict)
     zero: int = 0
     """Sharding level of every plan with more than one replica (memory masks and plans)."""
-    fastest: float = 1.0
-    """The largest speed factor of any device, at least 1 (:func:`_lower_bound_s`)."""
     uniform_speed: bool = True
     """No device carries a speed factor (``Cluster.uniform_speed``)."""
     node_of: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -420,8 +418,7 @@ def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int, sends: tuple[
 
     ``sends``: each stage's blocking sends per micro-batch and ``fill`` the sends that do not block
     (:func:`_send_offsets`): stage ``j`` then takes ``c_j + sends_j``, so the slowest stage at least the
-    larger of ``slowest + min(sends)`` and ``max(sends)``, the sum ``sum(sends)`` more. Devices faster
-    than their type (a ``slow:`` factor above 1) divide the bound by that factor."""
+    larger of ``slowest + min(sends)`` and ``max(sends)``, the sum ``sum(sends)`` more."""
     return _bound_s(ctx, _bound_parts(ctx, costs), m, sends, fill)
 
 
@@ -442,7 +439,7 @@ def _bound_s(ctx: _Context, parts: tuple[float, float], m: int, sends: tuple[flo
     slowest, floor = parts
     if sends:
         slowest, floor = max(slowest + min(sends), max(sends)), floor + sum(sends) + fill
-    return ((m - 1) * slowest + floor) / ctx.fastest
+    return (m - 1) * slowest + floor
 
 
 def _slowest_stage_bound_s(ref: np.ndarray, kinds: tuple[StageCosts, ...], counts: tuple[int, ...]) -> float:
@@ -696,7 +693,7 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
                                     dtype=np.int64).reshape(-1, 3),
                     node_group=[key[0] for key in flat], node_device=[first[i] for i in range(len(flat))],
                     out_bytes=max(u.out_act_bytes for u in model.units),
-                    fastest=max([1.0] + [f for _, f in cluster.slow]), uniform_speed=cluster.uniform_speed,
+                    uniform_speed=cluster.uniform_speed,
                     overlap_p2p=bool(getattr(getattr(evaluator, "predictor", None), "overlap_p2p", False)))
 
 
