@@ -25,8 +25,8 @@ Each point is scored by a cost estimate built from the simulator's primitives
 stage paying its blocking pipeline sends every micro-batch, plus the gradient sync of the slowest
 stage's ring, as the simulator prices them: transfers and rings that leave a node at once share its
 NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, and a typed
-replica holding a throttled device (``slow:``) gets fewer micro-batches. For a structure, :func:`~hetpart.policies.partition.split_layers`
-finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
+replica holding a throttled device (``slow:``) gets fewer micro-batches. For a structure,
+:func:`~hetpart.policies.partition.split_layers` finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
 bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
 the bound can beat neither the ``top_k``-th best estimate nor the best estimate of its group (family
