@@ -121,8 +121,6 @@ class _Context:
     """Sharding level of every plan with more than one replica (memory masks and plans)."""
     uniform_speed: bool = True
     """No device carries a speed factor (``Cluster.uniform_speed``)."""
-    node_of: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Each device's node (``Device.node_key``)."""
     device_index: dict[str, int] = field(default_factory=dict)
     """Each device's index in the cluster's order."""
     places: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
@@ -363,7 +361,8 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], group
     from hetpart.costmodel.collectives import allreduce_lines
 
     collective = "reduce_scatter" if ctx.zero == 1 else "allreduce"
-    node = ctx.node_of
+    flat, index = ctx.places[:, 0].tolist(), ctx.device_index
+    node = {d: flat[index[d]] for peers in peer_sets for d in peers} | {d: flat[index[d]] for d, _ in groups or ()}
     nodes = [[node[d] for d in peers] for peers in peer_sets]
     crossing = [len(set(ns)) > 1 for ns in nodes]
     flows: dict = defaultdict(int)
@@ -687,7 +686,6 @@ def make_context(model, cluster, workload, options: SearchOptions, zero: int | N
     return _Context(model, cluster, workload, options, device_pools(cluster),
                     CostTable(model, cluster, workload.precision, workload.optimizer, workload.attention,
                               offload=workload.offload), zero=zero,
-                    node_of={d.id: d.node_key for d in cluster.devices},
                     device_index={d.id: i for i, d in enumerate(cluster.devices)},
                     places=np.array([(flat[d.node_key], d.node_key[0], d.local) for d in cluster.devices],
                                     dtype=np.int64).reshape(-1, 3),
