@@ -17,7 +17,7 @@ from hetpart.costmodel.activations import unit_working_bytes
 from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
 
-__all__ = ["reference_memory_gb", "reference_unit_gather_s", "reference_exposed_s"]
+__all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_exposed_s"]
 
 
 def _holder(plan: Plan, replica: int, unit: int):
@@ -64,8 +64,41 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
     return out
 
 
+def _node(cluster: Cluster, device: str):
+    return cluster.device(device).node_key
+
+
+def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict:
+    """Per node: how many shard rings leave it at once. Every pipeline device group whose shard ring for
+    some unit spans nodes adds its ``tp`` rings (one per tensor-parallel rank) to its node's count; a
+    device group runs its own collectives one after another, so it counts once."""
+    crossing: dict[tuple[int, int], tuple] = {}
+    for unit in range(model.num_units):
+        for group in plan.shard_groups():
+            if len(group) < 2:
+                continue
+            held = []
+            for r in group:
+                k = next(i for i, s in enumerate(plan.replicas[r].stages) if s.layers[0] <= unit < s.layers[1])
+                held.append((r, k))
+            nodes = {_node(cluster, plan.replicas[r].stages[k].devices[0]) for r, k in held}
+            if len(nodes) < 2:
+                continue
+            for r, k in held:
+                s = plan.replicas[r].stages[k]
+                key = (r, k % plan.pipeline_devices(r))
+                tp = max(s.tp, crossing[key][1]) if key in crossing else s.tp
+                crossing[key] = (_node(cluster, s.devices[0]), tp)
+    out: dict = {}
+    for node, tp in crossing.values():
+        out[node] = out.get(node, 0) + tp
+    return out
+
+
 def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int) -> float:
-    """One all-gather of ``unit``'s parameters among the holders in ``replica``'s shard group."""
+    """One all-gather of ``unit``'s parameters among the holders in ``replica``'s shard group, its ring
+    sharing each node's NICs with the shard rings of the plan's other device groups there
+    (:func:`reference_nic_rings`)."""
     group = next(g for g in plan.shard_groups() if replica in g)
     stages = [_holder(plan, r, unit) for r in group]
     if len(stages) < 2:
@@ -74,7 +107,12 @@ def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, rep
     nbytes = model.range_params(unit, unit + 1, tp) * DTYPE_BYTES[plan.precision]
     members = [s.devices[0] for s in stages]
     pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
-    return reduce_scatter_time_s(nbytes * pad, members, cluster, concurrent=max(s.tp for s in stages))
+    concurrent = max(s.tp for s in stages)
+    nics = reference_nic_rings(model, cluster, plan)
+    for node in {_node(cluster, d) for d in members}:
+        here = sum(1 for d in members if _node(cluster, d) == node)
+        concurrent = max(concurrent, nics.get(node, 0) / here)
+    return reduce_scatter_time_s(nbytes * pad, members, cluster, concurrent=concurrent)
 
 
 def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,

@@ -1240,26 +1240,37 @@ class Simulator:
 
     def _shard_comm(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, float]]]:
         """(replica, virtual stage) -> ``(unit, seconds)`` of one all-gather (or reduce-scatter: the same
-        bytes) of each of its units among the stage's shard group (the holders of the unit in its group)."""
+        bytes) of each of its units among the stage's shard group (the holders of the unit in its group).
+
+        Every stage of every replica runs these collectives at once (after the optimizer step at levels 1-2,
+        inside each micro-batch at levels 2-3, when a pipeline's stages all compute), so the rings of
+        different device groups leaving one node share its NICs (:meth:`_ring_flows`), as the gradient
+        all-reduces do."""
         grad_bytes = DTYPE_BYTES[plan.precision]
         out: dict[tuple[int, int], list[tuple[int, float]]] = {}
         cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         groups = plan.shard_groups()
+        pp = [plan.pipeline_devices(r) for r in range(plan.dp)]
+        rings = []
         for a, z in zip(cuts[:-1], cuts[1:]):
             holders = [(r, bisect_right(starts[r], a) - 1) for r in range(plan.dp)]
             for members in groups:
                 held = tuple(holders[r] for r in members)
-                if len(held) < 2:
-                    continue
-                # an uneven split gathers each device's own slice: the largest of them paces the group
-                tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
-                ring = self._ring_small(plan, held)
-                pad = collective_pad(plan, members)  # padded bytes; the ring's latency once
-                times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes * pad,
-                                                    ring)) for u in range(a, z)]
-                for key in held:
-                    out.setdefault(key, []).extend(times)
+                if len(held) >= 2:
+                    rings.append((a, z, held))
+        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pp[r]),
+                                   plan.replicas[r].stages[k].tp) for r, k in held] for _, _, held in rings)
+        for a, z, held in rings:
+            members = [r for r, _ in held]
+            # an uneven split gathers each device's own slice: the largest of them paces the group
+            tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
+            ring = self._ring_small(plan, held, flows)
+            pad = collective_pad(plan, members)  # padded bytes; the ring's latency once
+            times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes * pad,
+                                                ring)) for u in range(a, z)]
+            for key in held:
+                out.setdefault(key, []).extend(times)
         return out
 
     def _shard_exposed_s(self, plan: Plan, times: list[tuple] | None, units: _UnitPrefix

@@ -223,6 +223,28 @@ def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(
         assert seconds == pytest.approx(emulator.collective_delay_s("reduce_scatter", nbytes * pad, ranks), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_shard_rings_leaving_one_node_share_its_nic(gpt2, mixed, zero):
+    """Both stages of each replica sit on one node; each stage's shard ring crosses to the other node, so
+    two rings leave every node's NIC at once and each gets half of it (before: each had the NIC to
+    itself, the per-unit collectives 2x too fast on this Ethernet pair). With one stage per replica the
+    lone ring keeps the whole NIC."""
+    from hetpart.costmodel.collectives import reduce_scatter_time_s
+
+    sim = Simulator(gpt2, mixed)
+    two = _dp_plan(zero=zero, devices=(("0/0/0", "0/0/1"), ("1/0/0", "1/0/1")), cut=6)
+    for (_, k), times in sim._shard_comm(two).items():
+        members = [rep.stages[k].devices[0] for rep in two.replicas]
+        for unit, seconds in times:
+            nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+            assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, members, mixed, concurrent=2), rel=1e-9)
+            assert seconds > 1.5 * reduce_scatter_time_s(nbytes, members, mixed)
+    one = _dp_plan(zero=zero, devices=("0/0/0", "1/0/0"))
+    for unit, seconds in sim._shard_comm(one)[(0, 0)]:
+        nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+        assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, ["0/0/0", "1/0/0"], mixed), rel=1e-9)
+
+
 @pytest.mark.parametrize("t, c", [(1.0, 3.0), (3.0, 1.0), (2.0, 2.0)])
 def test_per_unit_collectives_hide_behind_the_next_unit_only(t, c):
     """Two streams, n alike units: a reduce-scatter after each backward pays, when communication
