@@ -30,7 +30,7 @@ from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINK
     RingShape, nccl_lines
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost", "allreduce_lines",
-           "allreduce_choice", "reduce_scatter_time_s"]
+           "allreduce_choice", "reduce_scatter_time_s", "nic_flows"]
 
 _ID, _INDEX, _GROUP, _NODE = attrgetter("id"), attrgetter("index"), attrgetter("group"), attrgetter("node")
 _NVLINK_LIKE = ("NVLink", "xGMI", "HCCS")
@@ -298,3 +298,33 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
     inside = _ring_cost(k, intra_bw, intra_lat)
     across = _ring_cost(len(nodes), bw, lat)  # on bytes / k
     return base + inside[0] + across[0], inside[1] + across[1] / k
+
+
+def nic_flows(rings) -> dict[int, float]:
+    """Per node: the all-reduce rings crossing its NICs at once, for sharing them
+    (:func:`allreduce_lines`' ``concurrent`` is this over the ring's own members on the node).
+
+    ``rings``: per all-reduce, the ``(node, device group, tp)`` of each member. The ``tp`` shards of a
+    device group's ring leave its node at once. A device group runs its crossing rings one after another,
+    so a ring whose busiest member is in ``k`` of them is active ``1/k`` of the time (its duty cycle),
+    and a device group counts its ``tp`` times the share of the time one of its crossing rings is active
+    (at most all of it). Replicas cut alike (one ring per stage) count every crossing group whole; beside
+    a replica cut unlike them (a one-stage replica's device is in every stage's ring, so those rings take
+    turns) each stage's devices count only while their ring runs.
+    """
+    crossing = [list(dict.fromkeys(members)) for members in rings]
+    crossing = [m for m in crossing if len({node for node, _, _ in m}) > 1]
+    busy: dict = {}
+    for members in crossing:
+        for group in {group for _, group, _ in members}:
+            busy[group] = busy.get(group, 0) + 1
+    share: dict = {}
+    for members in crossing:
+        duty = 1.0 / max(busy[group] for _, group, _ in members)
+        for node, group, tp in {group: (node, group, tp) for node, group, tp in members}.values():
+            _, width, active = share.get(group, (node, 0, 0.0))
+            share[group] = (node, max(tp, width), active + duty)
+    flows: dict[int, float] = {}
+    for node, tp, active in share.values():
+        flows[node] = flows.get(node, 0.0) + tp * min(1.0, active)
+    return flows

@@ -60,7 +60,7 @@ from hetpart.hardware import GPUSpec
 from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
-from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, p2p_time_s
+from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, nic_flows, p2p_time_s
 from hetpart.costmodel.compute import DISPATCH_MODES, unit_attention_core_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
@@ -921,19 +921,9 @@ class Simulator:
         return self._ar_names[ring[0] if collective == "allreduce" else (collective, ring[0])][best]
 
     @staticmethod
-    def _ring_flows(rings) -> dict[int, int]:
-        """Per node: the all-reduce rings crossing its NICs at once. ``rings``: per all-reduce, the
-        ``(node, device group, tp)`` of each member. Rings of one device group run one after another;
-        those of different device groups on a node, and the ``tp`` shards of each, share its NICs."""
-        crossing: dict = {}
-        for members in rings:
-            if len({node for node, _, _ in members}) > 1:
-                for node, group, tp in members:
-                    crossing[group] = (node, max(tp, crossing.get(group, (node, 0))[1]))
-        flows: dict[int, int] = {}
-        for node, tp in crossing.values():
-            flows[node] = flows.get(node, 0) + tp
-        return flows
+    def _ring_flows(rings) -> dict[int, float]:
+        """Per node: the all-reduce rings crossing its NICs at once (:func:`~hetpart.costmodel.collectives.nic_flows`)."""
+        return nic_flows(rings)
 
     def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None,
               flows: dict[int, int] | None = None) -> tuple:
@@ -1016,23 +1006,31 @@ class Simulator:
         return jobs
 
     @staticmethod
-    def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray]) -> dict[int, int]:
+    def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray]) -> dict[int, float]:
         """:meth:`_ring_flows` over stage tables: ``crossing``, the runs whose holders span nodes (a row
-        each); ``tied``, the flat holders of each tied copy. A device group's stages share its devices,
-        so its node and ``tp`` are those of any of its stages."""
-        mask = np.zeros(int(table.group.max()) + 1, dtype=bool)
-        mask[table.group[crossing].ravel()] = True
-        for flat in tied:
-            if table.node[flat].min() != table.node[flat].max():
-                mask[table.group[flat]] = True
-        if not mask.any():
+        each: one stage of every replica, so one device group per replica); ``tied``, the flat holders of
+        each tied copy. A device group's stages share its devices, so its node and ``tp`` are those of
+        any of its stages."""
+        size = int(table.group.max()) + 1
+        groups = table.group[crossing]  # [runs, replicas]
+        out = [np.unique(table.group[flat]) for flat in tied if table.node[flat].min() != table.node[flat].max()]
+        if not len(groups) and not out:
             return {}
-        group_tp = np.zeros(len(mask), dtype=np.int64)
+        busy = np.bincount(groups.ravel(), minlength=size)
+        for g in out:
+            busy[g] += 1
+        active = np.zeros(size)
+        if len(groups):
+            np.add.at(active, groups.ravel(), np.repeat(1.0 / busy[groups].max(axis=1), groups.shape[1]))
+        for g in out:
+            active[g] += 1.0 / busy[g].max()
+        mask = active > 0
+        group_tp = np.zeros(size, dtype=np.int64)
         np.maximum.at(group_tp, table.group, table.tp)
-        group_node = np.zeros(len(mask), dtype=np.int64)
+        group_node = np.zeros(size, dtype=np.int64)
         group_node[table.group] = table.node
-        per_node = np.bincount(group_node[mask], weights=group_tp[mask])
-        return {n: int(c) for n, c in enumerate(per_node.tolist()) if c}
+        per_node = np.bincount(group_node[mask], weights=(group_tp * np.minimum(active, 1.0))[mask])
+        return {n: float(c) for n, c in enumerate(per_node.tolist()) if c}
 
     @staticmethod
     def _run_rings(table: _StageTable, runs: np.ndarray, nodes: np.ndarray, flows: dict[int, int]) -> list[tuple]:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
@@ -334,26 +335,27 @@ def _split_with_sends(ctx: _Context, splitter: Callable[..., Split | None], mask
 
 
 def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float], tps: list[int] | None = None,
-            groups: list[tuple[str, int]] | None = None, layout: tuple | None = None) -> float:
+            flows: Callable[[], dict[int, float]] | None = None, layout: tuple | None = None) -> float:
     """Gradient all-reduce: the slowest of the stages' rings (``peer_sets[j]``: the first device of stage
     ``j``'s group in every replica; ``grad_bytes[j]``: per device), after the backward. As the simulator
-    counts them (:meth:`~hetpart.costmodel.simulator.Simulator._table_flows`), rings that leave a node
-    share its NICs with every device group there whose ring leaves it too, each group's ``tp`` shards
-    counted (a stage's ``tp`` ranks run ``tp`` rings at once). ``groups``: every device group that
-    reduces at once (first device and width; default: the peers of every stage). ``layout``: a key that
+    counts them (:func:`~hetpart.costmodel.collectives.nic_flows`), rings that leave a node share its NICs
+    with every device group there whose ring leaves it too, each group's ``tp`` shards counted (a stage's
+    ``tp`` ranks run ``tp`` rings at once). ``flows``: the NIC sharing per node when the rings are not one
+    per stage of replicas cut alike (called when the lines are not cached yet). ``layout``: a key that
     names these rings (their NCCL lines are kept under it; default: the arguments)."""
     if not grad_bytes:
         return 0.0
     key = ("sync lines", layout if layout is not None else
-           (tuple(map(tuple, peer_sets)), tuple(tps or ()), tuple(groups) if groups is not None else None))
+           (tuple(map(tuple, peer_sets)), tuple(tps or ()), flows is not None))
     lines = ctx.sync_cache.get(key)
     if lines is None:
-        lines = ctx.sync_cache[key] = _sync_lines(ctx, peer_sets, tps or [1] * len(peer_sets), groups)
+        lines = ctx.sync_cache[key] = _sync_lines(ctx, peer_sets, tps or [1] * len(peer_sets),
+                                                  flows() if flows is not None else None)
     return max(min((fixed + per_byte * nbytes for fixed, per_byte in ring), default=0.0) if nbytes > 0 else 0.0
                for ring, nbytes in zip(lines, grad_bytes))
 
 
-def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], groups: list[tuple[str, int]] | None
+def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows: dict[int, float] | None
                 ) -> list[tuple[tuple[float, float], ...]]:
     """:func:`_sync_s` before the bytes: each stage's ring as NCCL's ``(fixed_s, per_byte_s)`` lines. Level 1
     reduce-scatters the gradients once per step (the updated parameters' all-gather hides behind the next
@@ -362,20 +364,16 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], group
 
     collective = "reduce_scatter" if ctx.zero == 1 else "allreduce"
     flat, index = ctx.places[:, 0].tolist(), ctx.device_index
-    node = {d: flat[index[d]] for peers in peer_sets for d in peers} | {d: flat[index[d]] for d, _ in groups or ()}
-    nodes = [[node[d] for d in peers] for peers in peer_sets]
+    nodes = [[flat[index[d]] for d in peers] for peers in peer_sets]
     crossing = [len(set(ns)) > 1 for ns in nodes]
-    flows: dict = defaultdict(int)
-    if groups is None:
+    if flows is None:  # one ring per stage, each device group in one: every crossing group counts whole
+        flows = defaultdict(int)
         for ns, tp, out in zip(nodes, tps, crossing):
             for n in ns if out else ():
                 flows[n] += tp
-    elif any(crossing):
-        for first, tp in groups:
-            flows[node[first]] += tp
     out = []
     for peers, ns, tp, leaves in zip(peer_sets, nodes, tps, crossing):
-        concurrent = max([tp] + [flows[n] / c for n, c in Counter(ns).items()]) if leaves else tp
+        concurrent = max([tp] + [flows.get(n, 0) / c for n, c in Counter(ns).items()]) if leaves else tp
         key = ("lines", tuple(peers), concurrent, collective)
         ring = ctx.sync_cache.get(key)
         if ring is None:
@@ -383,6 +381,24 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], group
                                                allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
         out.append(ring)
     return out
+
+
+def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]
+                 ) -> dict[int, float]:
+    """The NIC sharing of typed replicas' gradient rings as the simulator counts it
+    (:func:`~hetpart.costmodel.collectives.nic_flows`): one ring per span of units between any replica's
+    cuts, holding the stage of every replica that holds the span (replicas cut unlike take turns)."""
+    from hetpart.costmodel.collectives import nic_flows
+
+    flat, index = ctx.places[:, 0].tolist(), ctx.device_index
+    rings = []
+    for a in sorted({b for cuts in bounds for b in cuts[:-1]}):
+        members = []
+        for r, (stages, cuts) in enumerate(zip(groups, bounds)):
+            k = bisect_right(cuts, a) - 1
+            members.append((flat[index[stages[k][0]]], (r, k), len(stages[k])))
+        rings.append(members)
+    return nic_flows(rings)
 
 
 def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
@@ -598,8 +614,8 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         counts = allocate_microbatches(per, fixed, total)
         estimate = max(f + p * k for p, f, k in zip(per, fixed, counts))
         estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)],
-                            [max(c.tp for c in chosen)], [(g[0], len(g)) for rep in groups for g in rep],
-                            layout=("typed", tuple((c.pool.key, c.tp, c.pp) for c in chosen)))
+                            [max(c.tp for c in chosen)], partial(_typed_flows, ctx, groups, bounds),
+                            layout=("typed", tuple((c.pool.key, c.tp, c.pp, c.split.bounds) for c in chosen)))
         estimate += _tied_s(ctx, groups)
 
         def build() -> list[Plan]:

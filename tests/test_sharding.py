@@ -179,6 +179,49 @@ def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one(pp, dp
     assert step_s(1) == pytest.approx(step_s(10**9), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_both_paths_agree_when_replicas_are_cut_unlike(zero):
+    """Eight one-stage replicas on the A100 node beside four two-stage ones on the V100 node: each A100 is in
+    both stages' rings, so those rings take turns (the duty cycle of :meth:`Simulator._ring_flows`); the
+    numpy path (:meth:`Simulator._table_flows`) counts it alike."""
+    model, cluster = load_model("gpt2-small", seq_len=S), load_cluster("a100-v100-16")
+    one = [Replica(4 / 48, (Stage((0, 14), (f"0/0/{i}",)),)) for i in range(8)]
+    two = [Replica(4 / 48, (Stage((0, 6), (f"1/0/{2 * i}",)), Stage((6, 14), (f"1/0/{2 * i + 1}",)))) for i in range(4)]
+    plan = Plan(global_batch=48, micro_batch=1, seq_len=S, replicas=tuple(one + two), zero=zero)
+    import hetpart.costmodel.simulator as simulator
+
+    def step_s(fewest_for_vector: int) -> float:
+        old, simulator._VECTOR_MIN_REPLICAS = simulator._VECTOR_MIN_REPLICAS, fewest_for_vector
+        try:
+            return Simulator(model, cluster).simulate(plan).step_time_s
+        finally:
+            simulator._VECTOR_MIN_REPLICAS = old
+
+    assert step_s(1) == pytest.approx(step_s(10**9), rel=1e-9)
+
+
+def test_rings_that_take_turns_share_a_nic_only_while_they_run(gpt2, mixed):
+    """A one-stage replica on node 0 and a two-stage one on node 1: the node-0 device is in all three rings
+    (stage 0's, stage 1's, the tied embedding's, which joins 1/0/0 and 1/0/1) and runs them one after
+    another, so each runs a third of the time and node 1's two devices, in two rings each, count 2/3 each
+    (before: 2, every ring there priced at half the NIC). Two two-stage replicas, one per node, run both
+    stages' rings at once: two per NIC."""
+    sim = Simulator(gpt2, mixed)
+    turns = Plan(global_batch=8, micro_batch=1, seq_len=S, replicas=(
+        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)),
+        Replica(0.5, (Stage((0, 6), ("1/0/0",)), Stage((6, 14), ("1/0/1",))))))
+    at_once = _dp_plan(devices=(("0/0/0", "0/0/1"), ("1/0/0", "1/0/1")), cut=6)
+
+    def flows(plan):
+        rings = [[(sim._node_id(plan.replicas[r].stages[k].devices[0]), (r, k), 1) for r, k in seg.holders]
+                 for seg in sim._dp_segments_small(plan)]
+        return sim._ring_flows(rings)
+
+    node0, node1 = sim._node_id("0/0/0"), sim._node_id("1/0/0")
+    assert flows(turns) == {node0: pytest.approx(1.0), node1: pytest.approx(4 / 3)}
+    assert flows(at_once) == {node0: 2.0, node1: 2.0}
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_predict_takes_zero_and_refuses_a_bad_level(capsys):
     base = ["predict", "--model", "gpt2-small", "--cluster", "a100-8", "--seq-len", "128", "--global-batch", "64",

@@ -358,19 +358,28 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     starts = np.searchsorted(m_seg, np.arange(G))  # every ring has members (>= 2)
     hstarts = np.searchsorted(hseg, np.arange(G))
     crossing = np.minimum.reduceat(m_node, starts) != np.maximum.reduceat(m_node, starts)
-    # NIC sharing: per plan and node, the tp shards of the device groups holding a crossing ring
+    # NIC sharing: per plan and node, the tp shards of the device groups holding a crossing ring, each
+    # group's rings taking turns (the simulator's nic_flows: a ring runs 1/k of the time when its busiest
+    # group is in k crossing rings; a group counts the share of the time one of its rings runs)
     grp = batch.hold_group
     hc = crossing[hseg]
     NG = batch.num_groups
     gtp = np.zeros(NG + 1)
     gnode = np.zeros(NG + 1, np.int64)
     gplan = np.zeros(NG + 1, np.int64)
+    active = np.zeros(NG + 1)
     if hc.any():
         np.maximum.at(gtp, grp[hc], htp[hc])
         gnode[grp[hc]] = hnode[hc]
         gplan[grp[hc]] = seg_plan[hseg[hc]]
+        pair = np.unique(hseg[hc] * (NG + 1) + grp[hc])  # each (crossing ring, group) once
+        ps, pg = pair // (NG + 1), pair % (NG + 1)
+        busy = np.bincount(pg, minlength=NG + 1)
+        seg_busy = np.zeros(G)
+        np.maximum.at(seg_busy, ps, busy[pg])
+        np.add.at(active, pg, 1.0 / seg_busy[ps])
     NN = cc.num_nodes
-    flows = np.bincount(gplan * NN + gnode, weights=gtp, minlength=N * NN)
+    flows = np.bincount(gplan * NN + gnode, weights=gtp * np.minimum(active, 1.0), minlength=N * NN)
     # members per (ring, node)
     rn = m_seg * NN + m_node
     rnu, rnc = np.unique(rn, return_counts=True)
