@@ -78,11 +78,12 @@ def compare(name: str, model, cluster, workload, samples: int = 16) -> dict:
 def _suite(path: str):
     from hetpart import load_cluster, load_model
     from hetpart.experiments.suite import load_suite
-    from hetpart.workload import Workload
+    from hetpart.workload import Workload, cluster_precision
 
     for e in load_suite(Path(path)):
-        yield (e.name, load_model(e.model, seq_len=e.seq_len), load_cluster(e.cluster), Workload(e.global_batch,
-                                                                                                   e.seq_len))
+        cluster = load_cluster(e.cluster)  # trained in what `hetpart plan` picks there (fp16 beside V100, T4)
+        yield (e.name, load_model(e.model, seq_len=e.seq_len), cluster,
+               Workload(e.global_batch, e.seq_len, precision=cluster_precision(cluster)))
 
 
 def _geo(values) -> float:
@@ -99,13 +100,14 @@ def scale_times(clusters: list[str], model_name: str = "llama2-70b", global_batc
     from hetpart import load_cluster, load_model
     from hetpart.policies import plan
     from hetpart.policies.policy_planner import POLICY
-    from hetpart.workload import Workload
+    from hetpart.workload import Workload, cluster_precision
 
     POLICY.prepare()
-    model, workload = load_model(model_name, seq_len=seq_len), Workload(global_batch, seq_len)
+    model = load_model(model_name, seq_len=seq_len)
     rows = []
     for path in clusters:
         cluster = load_cluster(path)
+        workload = Workload(global_batch, seq_len, precision=cluster_precision(cluster))
         runs = [plan(model, cluster, workload, "policy") for _ in range(repeats)]
         row = {"cluster": Path(path).stem, "devices": cluster.num_devices, "model": model_name,
                "policy_s": statistics.median(r.wall_time_s for r in runs),

@@ -49,11 +49,12 @@ def time_search(model_name: str, gpus: int, types: int, global_batch: int, seq_l
     """Plan once with ``search`` and once with ``uniform`` and report the search's wall time."""
     from hetpart import Workload, load_model
     from hetpart.policies.plan_search import plan_search
+    from hetpart.workload import cluster_precision
     from hetpart.policies.plan_uniform import plan_uniform
 
     model = load_model(model_name, seq_len=seq_len)
     cluster = synthetic_cluster(gpus, types)
-    workload = Workload(global_batch, seq_len)
+    workload = Workload(global_batch, seq_len, precision=cluster_precision(cluster))  # as `hetpart plan`
     start = time.perf_counter()
     best = plan_search(model, cluster, workload)
     wall = time.perf_counter() - start

@@ -45,6 +45,7 @@ def rows(suites=SUITES, levels=(0, 1)) -> list[EstimateRow]:
     import yaml
 
     from hetpart import Workload, load_cluster, load_model
+    from hetpart.workload import cluster_precision
     from hetpart.costmodel.evaluator import Evaluator
 
     search = importlib.import_module("hetpart.policies.plan_search")
@@ -56,7 +57,7 @@ def rows(suites=SUITES, levels=(0, 1)) -> list[EstimateRow]:
         for entry in yaml.safe_load(suite.read_text())["entries"]:
             model = load_model(entry["model"], seq_len=entry["seq_len"])
             cluster = load_cluster(str(suite.parent / entry["cluster"]))
-            workload = Workload(entry["global_batch"], entry["seq_len"])
+            workload = Workload(entry["global_batch"], entry["seq_len"], precision=cluster_precision(cluster))
             evaluator = Evaluator(model, cluster, workload)
             for level in levels:
                 ctx = search.make_context(model, cluster, workload, search.SearchOptions(), zero=level)

@@ -12,7 +12,7 @@ uneven shard fractions on mixed-memory clusters.
    without sharding (``--zero 0``), with even shards (levels 1-3, ``uneven_shards=False``), and with
    uneven shard fractions allowed (levels 1-2, the search's default): tokens/s, level, fractions.
 4. Where uneven fractions win (:data:`SWEEP`): one of those clusters (2 A100-80GB + 4 RTX 4090-24GB,
-   gpt3-6.7b) with its NIC and global batch varied.
+   gpt3-6.7b) with its precision, NIC and global batch varied.
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_sharded`` (``make bench BENCH=sharded``).
 """
@@ -129,29 +129,35 @@ HOW = (("no sharding", (0,), False), ("even shards", (1, 2, 3), False), ("uneven
 """Per row: the levels searched (the best of them is reported) and whether uneven fractions are allowed."""
 
 
-def mixed_memory(suite=MIXED) -> list[dict]:
+def mixed_memory(suite=MIXED, precision: str | None = None) -> list[dict]:
     """Per cluster: the best plan search finds without sharding, with even shards (levels 1-3), and with
-    uneven shard fractions allowed (levels 1-2, where the runtime runs them)."""
+    uneven shard fractions allowed (levels 1-2, where the runtime runs them). ``precision``: the training
+    precision (default: what ``hetpart plan`` defaults to on the cluster)."""
     from hetpart import Workload, load_model
     from hetpart.errors import HetpartError
     from hetpart.policies import plan
+
+    from hetpart.workload import cluster_precision
 
     rows = []
     for label, model_name, batch, seq, nodes, nic in suite:
         graph = load_model(model_name, seq_len=seq)
         cluster = _cluster(label, nodes, nic)
+        prec = precision or cluster_precision(cluster)  # as `hetpart plan` defaults it
         for how, levels, uneven in HOW:
             best, start, error = None, time.perf_counter(), ""
             for zero in levels:
                 try:
-                    result = plan(graph, cluster, Workload(batch, seq, zero=zero), "search", uneven_shards=uneven)
+                    result = plan(graph, cluster, Workload(batch, seq, zero=zero, precision=prec), "search",
+                                  uneven_shards=uneven)
                 except HetpartError as exc:
                     error = str(exc)[:100]
                     continue
                 m = result.prediction.metrics
                 if m["fits_in_memory"] and (best is None or m["tokens_per_s"] > best[1]["tokens_per_s"]):
                     best = (result.plan, m)
-            row = {"cluster": label, "model": model_name, "how": how, "plan_s": time.perf_counter() - start}
+            row = {"cluster": label, "model": model_name, "how": how, "plan_s": time.perf_counter() - start,
+                   "precision": prec}
             if best is None:
                 rows.append(row | {"tokens_per_s": 0.0, "fits": False, "zero": None, "fractions": None, "layout": error})
                 continue
@@ -171,22 +177,26 @@ def _cluster(label: str, nodes, nic: str):
 
 
 SWEEP = ("gpt3-6.7b", ((1, 2, "A100-80GB", "NVLink3"), (1, 4, "RTX4090-24GB", "PCIe4-host")),
-         ("IB-NDR", "IB-HDR", "RoCE-100", "Ethernet-100"), (32, 64, 128))
-"""The sweep of :func:`uneven_sweep`: one model and cluster, its NIC and the global batch varied."""
+         ("IB-NDR", "IB-HDR", "RoCE-100", "Ethernet-100"), (32, 64, 128), ("bf16", "fp16"))
+"""The sweep of :func:`uneven_sweep`: one model and cluster, its NIC, the global batch and the precision
+varied (bf16 keeps fp32 gradients, which level 1 does not shard; fp16 keeps 16-bit ones)."""
 
 
 def uneven_sweep(sweep=SWEEP) -> list[dict]:
-    """Where uneven fractions win: :func:`mixed_memory` on one cluster for every NIC and global batch of
-    ``sweep`` (one NIC per node, sequence 2048)."""
-    model, nodes, nics, batches = sweep
-    suite = tuple((f"{nic}, batch {b}", model, b, 2048, nodes, nic) for nic in nics for b in batches)
-    return mixed_memory(suite)
+    """Where uneven fractions win: :func:`mixed_memory` on one cluster for every precision, NIC and global
+    batch of ``sweep`` (one NIC per node, sequence 2048)."""
+    model, nodes, nics, batches, precisions = sweep
+    rows = []
+    for precision in precisions:
+        suite = tuple((f"{precision}, {nic}, batch {b}", model, b, 2048, nodes, nic) for nic in nics for b in batches)
+        rows += mixed_memory(suite, precision)
+    return rows
 
 
 def sweep_table(rows: list[dict]) -> list[str]:
     """:func:`uneven_sweep`'s rows, one line per NIC and batch: tokens/s of the three rows, the gain of
     uneven fractions over the best other (0 where the search keeps them even), the fractions."""
-    lines = ["| NIC, global batch | no sharding | even shards | uneven shards | gain | zero | fractions |",
+    lines = ["| precision, NIC, global batch | no sharding | even shards | uneven shards | gain | zero | fractions |",
              "|---|---|---|---|---|---|---|"]
     for label in dict.fromkeys(r["cluster"] for r in rows):
         by = {r["how"]: r for r in rows if r["cluster"] == label}
@@ -210,14 +220,15 @@ def mixed_table(mixed: list[dict]) -> list[str]:
     """The mixed-memory suite as a markdown table (gain: against the best other row of the cluster)."""
     lines = ["### Mixed-memory clusters: search without sharding, with even shards, with uneven fractions", "",
              "Best plan found per row (even: the best of levels 1-3; uneven: levels 1-2, where the runtime runs "
-             "uneven fractions, search free to keep them even).", "",
-             "| cluster | model | sharding | tokens/s | vs best other | zero | fractions | replicas | plan s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "uneven fractions, search free to keep them even). Precision: what `hetpart plan` defaults to on the "
+             "cluster (bf16 where every device has it, else fp16: V100 and T4 have no bf16 units).", "",
+             "| cluster | model | precision | sharding | tokens/s | vs best other | zero | fractions | replicas | plan s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in mixed:
         others = [o["tokens_per_s"] for o in mixed if o["cluster"] == r["cluster"] and o["how"] != r["how"]]
         gain = (r["tokens_per_s"] / max(others) - 1) * 100 if others and max(others) > 0 and r["fits"] else float("nan")
         fr = "even" if r["fractions"] is None else "/".join(f"{f:.2f}" for f in r["fractions"])
-        lines.append(f"| {r['cluster']} | {r['model']} | {r['how']} | {r['tokens_per_s']:,.0f} | {gain:+.1f}% | "
+        lines.append(f"| {r['cluster']} | {r['model']} | {r['precision']} | {r['how']} | {r['tokens_per_s']:,.0f} | {gain:+.1f}% | "
                      f"{r['zero']} | {fr if r['fits'] else '-'} | {r['layout']} | {r['plan_s']:.1f} |")
     return lines
 
@@ -233,7 +244,7 @@ def section(reach: bool = True):
         lines.append(f"| {r['zero']} | {r['fits']} | {r['peak_gb']:.1f} | {r['tflops']:.0f} | "
                      f"{(r['tflops'] - 400) / 400 * 100:+.1f}% | {r['step_s']:.2f} |")
     lines += [""] + mixed_table(mixed_memory())
-    lines += ["", "### Uneven fractions against the network and the batch (2 A100-80GB + 4 RTX4090-24GB, gpt3-6.7b, "
+    lines += ["", "### Uneven fractions against the precision, the network and the batch (2 A100-80GB + 4 RTX4090-24GB, gpt3-6.7b, "
               "seq 2048, one NIC per node)", "", "Gain: uneven shards against the better of the other two rows.", "",
               *sweep_table(uneven_sweep())]
     if reach:

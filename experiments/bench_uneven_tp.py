@@ -114,6 +114,7 @@ def _one_calibration(t: Path, emu: dict) -> float:
 def planning(repeats: int = 1) -> list[dict]:
     """Search planning on the public suite with and without LP splits (wall time, tokens/s)."""
     from hetpart import Workload, load_cluster, load_model
+    from hetpart.workload import cluster_precision
     from hetpart.costmodel.evaluator import Evaluator
     from hetpart.experiments.bench import PUBLIC_SUITE
     from hetpart.experiments.suite import load_suite
@@ -123,7 +124,7 @@ def planning(repeats: int = 1) -> list[dict]:
     for entry in load_suite(PUBLIC_SUITE):
         model = load_model(entry.model, seq_len=entry.seq_len)
         cluster = load_cluster(entry.cluster)
-        workload = Workload(entry.global_batch, entry.seq_len)
+        workload = Workload(entry.global_batch, entry.seq_len, precision=cluster_precision(cluster))
         row = {"scenario": entry.name, "unlike": not cluster.uniform_speed or len(cluster.gpu_types) > 1}
         for _ in range(repeats):
             for split in (False, True):

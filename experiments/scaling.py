@@ -67,13 +67,14 @@ def synthetic_cluster(gpus: int, types: int):
 def measure(model_name: str, gpus: int, types: int, planners: Sequence[str], seq_len: int = 2048) -> list[ScalingPoint]:
     """Every planner once on one cluster (the upper bound computed once, outside the timings)."""
     from hetpart import Workload, load_model
+    from hetpart.workload import cluster_precision
     from hetpart.errors import HetpartError
     from hetpart.policies import plan, upper_bound
 
     model = load_model(model_name, seq_len=seq_len)
     cluster = synthetic_cluster(gpus, types)
     global_batch = max(64, 2 * gpus)
-    workload = Workload(global_batch, seq_len)
+    workload = Workload(global_batch, seq_len, precision=cluster_precision(cluster))  # as `hetpart plan`
     try:
         bound = upper_bound(model, cluster, workload)["tokens_per_s"]
     except HetpartError:  # a type alone holds no plan for this batch: no bound to compare with

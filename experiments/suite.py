@@ -104,12 +104,13 @@ def solve_entry(entry: SuiteEntry, planners: Sequence[str],
                 on_planner: Callable[[SuiteEntry, str], None] | None = None) -> EntryResult:
     """Every planner on ``entry`` (``uniform`` always, as the baseline): rows and the best plan."""
     from hetpart import Workload, load_cluster, load_model
+    from hetpart.workload import cluster_precision
     from hetpart.policies.planner import plan
     from hetpart.policies.upper_bound import upper_bound
 
     model = load_model(entry.model, seq_len=entry.seq_len)
     cluster = load_cluster(entry.cluster)
-    workload = Workload(entry.global_batch, entry.seq_len)
+    workload = Workload(entry.global_batch, entry.seq_len, precision=cluster_precision(cluster))  # as `hetpart plan`
     bound = upper_bound(model, cluster, workload)
     results: dict[str, Any] = {}
     for name in dict.fromkeys([*planners, "uniform"]):

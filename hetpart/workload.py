@@ -10,7 +10,7 @@ from hetpart.vocabulary import (ATTENTIONS, DTYPE_BYTES, OFFLOAD_CHOICES, OPTIMI
                                 Attention, OffloadChoice, Optimizer, Precision, Recompute)
 
 __all__ = ["Precision", "Recompute", "Optimizer", "Attention", "Workload", "DTYPE_BYTES", "default_precision",
-           "check_precision"]
+           "cluster_precision", "check_precision"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,12 @@ class Workload:
 def default_precision(gpus) -> str:
     """bf16 where every device type has it, else fp16 (``gpus``: the :class:`~hetpart.hardware.GPUSpec` in use)."""
     return "bf16" if all(g.supports_bf16 for g in gpus) else "fp16"
+
+
+def cluster_precision(cluster) -> str:
+    """What ``hetpart plan`` trains in on ``cluster`` when no precision is given: :func:`default_precision`
+    over its device types (fp16 where a V100, T4 or Turing consumer card is in it)."""
+    return default_precision({d.gpu for d in cluster.devices})
 
 
 def check_precision(precision: str, gpus, source: str = "--precision") -> str:

@@ -178,6 +178,24 @@ def test_predict_plans_without_a_precision_follow_the_devices(capsys, tmp_path: 
     assert "metrics" in json.loads(stdout.splitlines()[0])
 
 
+def test_the_suite_runner_trains_in_what_plan_picks(capsys) -> None:
+    """`hetpart bench` plans each entry in the precision `hetpart plan` defaults to on its cluster (fp16
+    beside V100s, which have no bf16 units; it planned bf16 there before, other gradient bytes than the
+    plan users get)."""
+    from hetpart import load_cluster
+    from hetpart.experiments.suite import SuiteEntry, solve_entry
+    from hetpart.workload import cluster_precision
+
+    assert cluster_precision(load_cluster("a100-v100-16")) == "fp16"
+    assert cluster_precision(load_cluster("a100-8")) == "bf16"
+    entry = SuiteEntry("v100", "a100-v100-16", "gpt2-small", 8, 128)
+    got = solve_entry(entry, ["uniform"]).best
+    planned = _json(capsys, "plan", "--model", "gpt2-small", "--cluster", "a100-v100-16", "--global-batch", "8",
+                    "--seq-len", "128", "--planner", "uniform", "--json")
+    assert got.plan.precision == "fp16"
+    assert got.prediction.metrics["step_time_s"] == pytest.approx(planned["metrics"]["step_time_s"], rel=1e-9)
+
+
 def test_engine_options_reach_the_simulator_and_a_predictor_without_them_refuses(capsys):
     grid = ("predict", "--model", "gpt3-6.7b", "--cluster", "ib-roce-ethernet", "--global-batch", "256", "--seq-len",
             "2048", "--tp", "8", "--pp", "2", "--dp", "2", "--micro-batch", "1", "--json")
