@@ -355,14 +355,15 @@ def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float], 
                for ring, nbytes in zip(lines, grad_bytes))
 
 
-def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows: dict[int, float] | None
-                ) -> list[tuple[tuple[float, float], ...]]:
+def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows: dict[int, float] | None,
+                collective: str | None = None) -> list[tuple[tuple[float, float], ...]]:
     """:func:`_sync_s` before the bytes: each stage's ring as NCCL's ``(fixed_s, per_byte_s)`` lines. Level 1
-    reduce-scatters the gradients once per step (the updated parameters' all-gather hides behind the next
-    forward); levels 2-3 reduce-scatter every micro-batch, priced here as one all-reduce."""
+    reduce-scatters the gradients once per step (the updated parameters' all-gather after the step:
+    :func:`_gather_s`); levels 2-3 reduce-scatter every micro-batch, priced here as one all-reduce.
+    ``collective``: the lines of another collective on the same rings."""
     from hetpart.costmodel.collectives import allreduce_lines
 
-    collective = "reduce_scatter" if ctx.zero == 1 else "allreduce"
+    collective = collective or ("reduce_scatter" if ctx.zero == 1 else "allreduce")
     flat, index = ctx.places[:, 0].tolist(), ctx.device_index
     nodes = [[flat[index[d]] for d in peers] for peers in peer_sets]
     crossing = [len(set(ns)) > 1 for ns in nodes]
@@ -381,6 +382,27 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
                                                allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
         out.append(ring)
     return out
+
+
+def _gather_s(ctx: _Context, peers: list[list[str]], costs: list[StageCosts], split: Split, tps: list[int],
+              layout: tuple) -> float:
+    """Levels 1-2: the all-gather of the updated 16-bit parameters after the optimizer step, on each stage's
+    ring (NCCL's reduce-scatter lines, the same bytes), hidden behind the device's first forward of the next
+    step up to that forward's length (``Simulator._add_param_gather``): the largest exposed rest."""
+    from hetpart.workload import DTYPE_BYTES
+
+    key = ("gather lines", layout)
+    lines = ctx.sync_cache.get(key)
+    if lines is None:
+        lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, None, "reduce_scatter")
+    scale = DTYPE_BYTES[ctx.workload.precision] / GRAD_BYTES[ctx.workload.precision]
+    exposed = 0.0
+    for ring, c, (a, b) in zip(lines, costs, split.ranges):
+        nbytes = float(c.grad_bytes[a, b]) * scale
+        if nbytes > 0 and ring:
+            gather = min(fixed + per_byte * nbytes for fixed, per_byte in ring)
+            exposed = max(exposed, gather - float(c.forward_s[a, b]))
+    return exposed
 
 
 def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]
@@ -496,6 +518,8 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
         sync = _sync_s(ctx, peers, grads, [len(g) for g in stages[0]], layout=layout)
         estimate = split.objective_s + fill + sync + _tied_s(ctx, stages)
+        if ctx.zero in (1, 2) and dp > 1:
+            estimate += _gather_s(ctx, peers, costs, split, [len(g) for g in stages[0]], layout)
 
         def build() -> list[Plan]:
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,

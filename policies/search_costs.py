@@ -56,6 +56,8 @@ class StageCosts:
     unit_times: Callable[[], np.ndarray] = field(repr=False)
     """Computes :attr:`unit_time_s` on first use (the policy's memory masks build hundreds of these and
     price few of them)."""
+    unit_forwards: Callable[[], np.ndarray] | None = field(default=None, repr=False)
+    """Computes the per-unit forward (+ its TP all-reduces) seconds of :attr:`forward_s` on first use."""
     precision: str = "bf16"
     optimizer: str = "adam"
     offload: str = "none"
@@ -70,6 +72,11 @@ class StageCosts:
     def time_s(self) -> np.ndarray:
         """Per-micro-batch time of the range (forward + backward + recompute + TP all-reduces)."""
         return range_cost_matrix(self.unit_time_s)
+
+    @cached_property
+    def forward_s(self) -> np.ndarray:
+        """``[n + 1, n + 1]``: one micro-batch's forward of the range (with its TP all-reduces), seconds."""
+        return _range_sum(self.unit_forwards() if self.unit_forwards is not None else np.zeros(len(self.unit_params)))
 
     def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
                ) -> np.ndarray:
@@ -156,6 +163,7 @@ class CostTable:
                           extra_gb=_frozen(work * micro_batch / 1e9), grad_bytes=grads,
                           capacity_gb=memory_capacity_gb(pool.gpu), unit_params=own,
                           unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute),
+                          unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True),
                           precision=self.precision, optimizer=self.optimizer, offload=self.offload)
 
     def _tp_states(self, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -185,12 +193,14 @@ class CostTable:
         work = np.array(unit_working_bytes(self.model, recompute, self.attention, self.kernels))
         return _range_sum(saved / div), _range_max(work / div)
 
-    def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> np.ndarray:
-        """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them."""
+    def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str, forward: bool = False
+                     ) -> np.ndarray:
+        """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them
+        (``forward``: the forward and its all-reduces alone)."""
         fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute,
                                   attention=self.attention)
         if tp == 1:
-            return fwd + bwd
+            return fwd if forward else fwd + bwd
         facts = device_group_facts(self.cluster, tp_groups(pool, tp)[0])  # a pool's groups are alike
         tpf, tpb = unit_tp_comm_s(self.model, tp, micro_batch, recompute, *facts.tp_link)
-        return fwd + bwd + tpf + tpb
+        return fwd + tpf if forward else fwd + bwd + tpf + tpb
