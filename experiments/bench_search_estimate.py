@@ -63,7 +63,7 @@ def rows(suites=SUITES, levels=(0, 1)) -> list[EstimateRow]:
                 ctx = search.make_context(model, cluster, workload, search.SearchOptions(), zero=level)
                 pairs = []
                 for scored in search._top_scored(ctx):
-                    got = evaluator(scored.build()[0])  # the "pp" placement: the one the estimate prices
+                    got = evaluator(scored.build()[0])  # the placement the estimate prices comes first
                     if got is not None:
                         pairs.append((scored.estimate_s, got.step_time_s))
                 if not pairs:

@@ -335,14 +335,17 @@ def _split_with_sends(ctx: _Context, splitter: Callable[..., Split | None], mask
 
 
 def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float], tps: list[int] | None = None,
-            flows: Callable[[], dict[int, float]] | None = None, layout: tuple | None = None) -> float:
+            flows: Callable[[], dict[int, float]] | None = None, layout: tuple | None = None,
+            ahead: list[float] | None = None) -> float:
     """Gradient all-reduce: the slowest of the stages' rings (``peer_sets[j]``: the first device of stage
     ``j``'s group in every replica; ``grad_bytes[j]``: per device), after the backward. As the simulator
     counts them (:func:`~hetpart.costmodel.collectives.nic_flows`), rings that leave a node share its NICs
     with every device group there whose ring leaves it too, each group's ``tp`` shards counted (a stage's
     ``tp`` ranks run ``tp`` rings at once). ``flows``: the NIC sharing per node when the rings are not one
     per stage of replicas cut alike (called when the lines are not cached yet). ``layout``: a key that
-    names these rings (their NCCL lines are kept under it; default: the arguments)."""
+    names these rings (their NCCL lines are kept under it; default: the arguments). ``ahead``: per stage,
+    how long before the pipeline's end its last backward ends (the drain behind it), which its ring runs
+    in: the result is then what sticks out past the end."""
     if not grad_bytes:
         return 0.0
     key = ("sync lines", layout if layout is not None else
@@ -351,8 +354,11 @@ def _sync_s(ctx: _Context, peer_sets: list[list[str]], grad_bytes: list[float], 
     if lines is None:
         lines = ctx.sync_cache[key] = _sync_lines(ctx, peer_sets, tps or [1] * len(peer_sets),
                                                   flows() if flows is not None else None)
-    return max(min((fixed + per_byte * nbytes for fixed, per_byte in ring), default=0.0) if nbytes > 0 else 0.0
-               for ring, nbytes in zip(lines, grad_bytes))
+    times = [min((fixed + per_byte * nbytes for fixed, per_byte in ring), default=0.0) if nbytes > 0 else 0.0
+             for ring, nbytes in zip(lines, grad_bytes)]
+    if ahead is None:
+        return max(times)
+    return max(0.0, max(t - a for t, a in zip(times, ahead)))
 
 
 def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows: dict[int, float] | None,
@@ -381,6 +387,23 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
             ring = ctx.sync_cache[key] = tuple((line.fixed_s, line.per_byte_s) for line in
                                                allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
         out.append(ring)
+    return out
+
+
+def _replica_comm_s(ctx: _Context, stages: list[list[tuple[str, ...]]], costs: list[StageCosts], split: Split,
+                    grads: list[float], layout: tuple) -> float:
+    """What a mixed pipeline's replicas pay together once a step in this placement: every stage's gradient ring,
+    the tied copies' rings and, at levels 1-2, the parameter all-gather's exposed rest."""
+    dp, pp = len(stages), len(stages[0])
+    peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
+    tps = [len(g) for g in stages[0]]
+    # 1F1B drains from the last stage to the first: stage j's last backward ends the backwards of the stages
+    # before it ahead of the pipeline's end, and its ring starts then (after it, over TCP; earlier over RDMA)
+    backward = [float(c.time_s[a, b] - c.forward_s[a, b]) for c, (a, b) in zip(costs, split.ranges)]
+    ahead = [sum(backward[:j]) for j in range(pp)]
+    out = _sync_s(ctx, peers, grads, tps, layout=layout, ahead=ahead) + _tied_s(ctx, stages)
+    if ctx.zero in (1, 2) and dp > 1:
+        out += _gather_s(ctx, peers, costs, split, tps, layout)
     return out
 
 
@@ -514,16 +537,22 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
         split, fill = _split_with_sends(ctx, splitter, masks, stages, mb, m, layout, threshold)
         if split is None:
             return None
-        peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        sync = _sync_s(ctx, peers, grads, [len(g) for g in stages[0]], layout=layout)
-        estimate = split.objective_s + fill + sync + _tied_s(ctx, stages)
-        if ctx.zero in (1, 2) and dp > 1:
-            estimate += _gather_s(ctx, peers, costs, split, [len(g) for g in stages[0]], layout)
+        estimate = split.objective_s + fill + _replica_comm_s(ctx, stages, costs, split, grads, layout)
+        placements = ("pp", "dp")
+        if dp > 1:  # the other placement at the same split: its sends, rings and gathers
+            other = _mixed_groups(order, tps, dp, "dp")
+            other_layout = layout + ("dp",)
+            offsets, other_fill = _send_offsets(ctx, other, mb, other_layout)
+            times = [float(c.time_s[a, b]) + o for c, (a, b), o in zip(costs, split.ranges, offsets)]
+            priced = ((m - 1) * max(times) + sum(times) + other_fill
+                      + _replica_comm_s(ctx, other, costs, split, grads, other_layout))
+            if priced < estimate:
+                estimate, placements = priced, ("dp", "pp")
 
-        def build() -> list[Plan]:
+        def build() -> list[Plan]:  # the placement the estimate prices first
             return [assemble(_mixed_groups(order, tps, dp, placement), [split.bounds] * dp, [m] * dp, mb, rc,
-                             ctx.workload, zero=ctx.zero) for placement in ("pp", "dp")]
+                             ctx.workload, zero=ctx.zero) for placement in placements]
 
         return Scored(estimate, key + (split.bounds,), build)
 

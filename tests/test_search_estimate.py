@@ -106,3 +106,23 @@ def test_the_estimate_pays_the_parameter_gather_after_a_level_one_step():
                      and k[3] == 4 and k[4] == 1 and k[5] == "none")
     simulated = _simulated_s(model, cluster, workload, scored)
     assert scored.estimate_s == pytest.approx(simulated, rel=0.03)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_estimate_prices_the_better_placement_and_rings_that_run_in_the_drain(zero):
+    """Two replicas of a four-stage T4 -> A10 pipeline on four two-GPU nodes over 10 Gbit/s Ethernet. Placed
+    replica by replica ("pp") every stage's ring crosses a NIC; placed stage by stage ("dp") the rings stay
+    inside the nodes and the sends cross instead, 2.9x faster here. The estimate prices both at its split and
+    keeps the cheaper, the plan of that placement first; each stage's ring runs in the drain behind its last
+    backward, as the simulator has it. Within 3% of the simulated step; before, it priced only "pp" and
+    every ring whole after the pipeline (0.59 s simulated against 1.43 s estimated at level 0)."""
+    spec = {"name": "t4-a10-tcp-4", "nodes": [dict(n, count=2, gpus_per_node=2) for n in TWO_NODES["nodes"]]}
+    model, cluster = load_model("gpt2-medium", seq_len=1024), parse_cluster(spec)
+    workload = Workload(16, 1024, zero=zero)
+    ctx = search.make_context(model, cluster, workload, search.SearchOptions(), zero=zero)
+    scored = _scored(ctx, lambda k: k[1] == ("T4-16GB@default", "A10-24GB@default") and k[2] == (1, 1)
+                     and k[3] == 2 and k[4] == 1 and k[5] == "none")
+    evaluator = Evaluator(model, cluster, workload)
+    first, other = (evaluator(p).step_time_s for p in scored.build())
+    assert first < other / 2
+    assert scored.estimate_s == pytest.approx(first, rel=0.03)
