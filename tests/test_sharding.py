@@ -159,14 +159,8 @@ def test_simulator_matches_the_unit_by_unit_reference(gpt2, mixed, seed):
             assert sim._shard_exposed_s(plan, shard_comm.get((r, k)), units) == pytest.approx(expect, rel=1e-9)
 
 
-@pytest.mark.parametrize("pp, dp, order", [(1, 16, "tp-dp-pp"), (2, 8, "tp-pp-dp")])
-def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one(pp, dp, order):
-    """Both paths price level 1's reduce-scatter alike, NIC sharing included: with ``tp-pp-dp`` each node
-    holds both stages of four replicas, so two crossing rings share each node's one NIC (the scalar path
-    once priced each ring with the NIC to itself, 11% faster on a consumer cluster)."""
-    model, cluster = load_model("gpt2-small", seq_len=S), load_cluster("a100-v100-16")
-    plan = megatron_plan(model, cluster, Workload(64, S, zero=1), tp=1, pp=pp, dp=dp, micro_batch=1, order=order)
-    assert plan.zero == 1
+def _both_paths_s(model, cluster, plan) -> tuple[float, float]:
+    """The plan's step through the numpy path (replicas over stage tables) and the scalar one."""
     import hetpart.costmodel.simulator as simulator
 
     def step_s(fewest_for_vector: int) -> float:
@@ -176,7 +170,19 @@ def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one(pp, dp
         finally:
             simulator._VECTOR_MIN_REPLICAS = old
 
-    assert step_s(1) == pytest.approx(step_s(10**9), rel=1e-9)
+    return step_s(1), step_s(10**9)
+
+
+@pytest.mark.parametrize("pp, dp, order", [(1, 16, "tp-dp-pp"), (2, 8, "tp-pp-dp")])
+def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one(pp, dp, order):
+    """Both paths price level 1's reduce-scatter alike, NIC sharing included: with ``tp-pp-dp`` each node
+    holds both stages of four replicas, so two crossing rings share each node's one NIC (the scalar path
+    once priced each ring with the NIC to itself, 11% faster on a consumer cluster)."""
+    model, cluster = load_model("gpt2-small", seq_len=S), load_cluster("a100-v100-16")
+    plan = megatron_plan(model, cluster, Workload(64, S, zero=1), tp=1, pp=pp, dp=dp, micro_batch=1, order=order)
+    assert plan.zero == 1
+    vector, scalar = _both_paths_s(model, cluster, plan)
+    assert vector == pytest.approx(scalar, rel=1e-9)
 
 
 @pytest.mark.parametrize("zero", [0, 1])
@@ -188,16 +194,8 @@ def test_both_paths_agree_when_replicas_are_cut_unlike(zero):
     one = [Replica(4 / 48, (Stage((0, 14), (f"0/0/{i}",)),)) for i in range(8)]
     two = [Replica(4 / 48, (Stage((0, 6), (f"1/0/{2 * i}",)), Stage((6, 14), (f"1/0/{2 * i + 1}",)))) for i in range(4)]
     plan = Plan(global_batch=48, micro_batch=1, seq_len=S, replicas=tuple(one + two), zero=zero)
-    import hetpart.costmodel.simulator as simulator
-
-    def step_s(fewest_for_vector: int) -> float:
-        old, simulator._VECTOR_MIN_REPLICAS = simulator._VECTOR_MIN_REPLICAS, fewest_for_vector
-        try:
-            return Simulator(model, cluster).simulate(plan).step_time_s
-        finally:
-            simulator._VECTOR_MIN_REPLICAS = old
-
-    assert step_s(1) == pytest.approx(step_s(10**9), rel=1e-9)
+    vector, scalar = _both_paths_s(model, cluster, plan)
+    assert vector == pytest.approx(scalar, rel=1e-9)
 
 
 def test_rings_that_take_turns_share_a_nic_only_while_they_run(gpt2, mixed):
