@@ -69,10 +69,12 @@ def _node(cluster: Cluster, device: str):
 
 
 def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict:
-    """Per node: how many shard rings leave it at once. Every pipeline device group whose shard ring for
-    some unit spans nodes adds its ``tp`` rings (one per tensor-parallel rank) to its node's count; a
-    device group runs its own collectives one after another, so it counts once."""
-    crossing: dict[tuple[int, int], tuple] = {}
+    """Per node: how many shard rings leave it at once. A ring is the set of holders of some unit in a shard
+    group; one that spans nodes is crossing. A pipeline device group runs its crossing rings one after
+    another, so a ring runs 1/k of the time when its busiest member is in k crossing rings; each device
+    group adds its ``tp`` rings (one per tensor-parallel rank) to its node's count for the share of the
+    time one of its rings runs (at most all of it)."""
+    rings = []  # distinct crossing rings, each a tuple of (replica, stage) holders
     for unit in range(model.num_units):
         for group in plan.shard_groups():
             if len(group) < 2:
@@ -82,16 +84,29 @@ def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict
                 k = next(i for i, s in enumerate(plan.replicas[r].stages) if s.layers[0] <= unit < s.layers[1])
                 held.append((r, k))
             nodes = {_node(cluster, plan.replicas[r].stages[k].devices[0]) for r, k in held}
-            if len(nodes) < 2:
-                continue
-            for r, k in held:
-                s = plan.replicas[r].stages[k]
-                key = (r, k % plan.pipeline_devices(r))
-                tp = max(s.tp, crossing[key][1]) if key in crossing else s.tp
-                crossing[key] = (_node(cluster, s.devices[0]), tp)
+            if len(nodes) > 1 and tuple(held) not in rings:
+                rings.append(tuple(held))
+
+    def device_group(r: int, k: int) -> tuple[int, int]:
+        return r, k % plan.pipeline_devices(r)
+
+    count: dict[tuple[int, int], int] = {}
+    for ring in rings:
+        for g in {device_group(r, k) for r, k in ring}:
+            count[g] = count.get(g, 0) + 1
+    active: dict[tuple[int, int], float] = {}
+    width: dict[tuple[int, int], tuple] = {}
+    for ring in rings:
+        share = 1.0 / max(count[device_group(r, k)] for r, k in ring)
+        for g in {device_group(r, k) for r, k in ring}:
+            active[g] = active.get(g, 0.0) + share
+        for r, k in ring:
+            s = plan.replicas[r].stages[k]
+            g = device_group(r, k)
+            width[g] = (_node(cluster, s.devices[0]), max(s.tp, width[g][1] if g in width else 0))
     out: dict = {}
-    for node, tp in crossing.values():
-        out[node] = out.get(node, 0) + tp
+    for g, (node, tp) in width.items():
+        out[node] = out.get(node, 0.0) + tp * min(1.0, active[g])
     return out
 
 

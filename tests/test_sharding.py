@@ -220,6 +220,22 @@ def test_rings_that_take_turns_share_a_nic_only_while_they_run(gpt2, mixed):
     assert flows(at_once) == {node0: 2.0, node1: 2.0}
 
 
+def test_shard_gathers_of_replicas_cut_unlike_match_the_reference(gpt2, mixed):
+    """Level 1's parameter gathers where a one-stage replica (node 0) shards with a two-stage one (node 1):
+    both of node 1's devices' rings include the node-0 device, so they take turns; the simulator's per-unit
+    gathers agree with the unit-by-unit reference, which counts the turns in loops of its own."""
+    from hetpart.costmodel.sharding_reference import reference_unit_gather_s
+
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=S, zero=1, replicas=(
+        Replica(0.5, (Stage((0, 14), ("0/0/0",)),)),
+        Replica(0.5, (Stage((0, 6), ("1/0/0",)), Stage((6, 14), ("1/0/1",))))))
+    comm = Simulator(gpt2, mixed)._shard_comm(plan)
+    assert set(comm) == {(0, 0), (1, 0), (1, 1)}
+    for (r, _), times in comm.items():
+        for unit, seconds in times:
+            assert seconds == pytest.approx(reference_unit_gather_s(gpt2, mixed, plan, r, unit), rel=1e-9)
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_predict_takes_zero_and_refuses_a_bad_level(capsys):
     base = ["predict", "--model", "gpt2-small", "--cluster", "a100-8", "--seq-len", "128", "--global-batch", "64",
