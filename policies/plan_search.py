@@ -666,10 +666,13 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
                 bounds.append(c.split.bounds)
         counts = allocate_microbatches(per, fixed, total)
         estimate = max(f + p * k for p, f, k in zip(per, fixed, counts))
-        estimate += _sync_s(ctx, [[g[0][0] for g in groups]], [max(_max_grad(ctx, c, mb, rc) for c in chosen)],
-                            [max(c.tp for c in chosen)], partial(_typed_flows, ctx, groups, bounds),
-                            layout=("typed", tuple((c.pool.key, c.tp, c.pp, c.split.bounds) for c in chosen)))
+        layout = ("typed", tuple((c.pool.key, c.tp, c.pp, c.split.bounds) for c in chosen))
+        peers, tps = [[g[0][0] for g in groups]], [max(c.tp for c in chosen)]
+        flows = partial(_typed_flows, ctx, groups, bounds)
+        estimate += _sync_s(ctx, peers, [max(_max_grad(ctx, c, mb, rc) for c in chosen)], tps, flows, layout=layout)
         estimate += _tied_s(ctx, groups)
+        if ctx.zero in (1, 2):
+            estimate += _typed_gather_s(ctx, chosen, mb, rc, peers, tps, flows, layout)
 
         def build() -> list[Plan]:
             plan = assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)
@@ -691,6 +694,28 @@ def _uneven(ctx: _Context) -> bool:
     from hetpart.rules import RULES
 
     return ctx.options.uneven_shards and ctx.zero in RULES.uneven_shard_levels
+
+
+def _typed_gather_s(ctx: _Context, chosen: list[_PoolConfig], mb: int, rc: str, peers: list[list[str]],
+                    tps: list[int], flows: Callable[[], dict[int, float]], layout: tuple) -> float:
+    """Levels 1-2, typed replicas: the parameter all-gather after the step (:func:`_gather_s`) on the ring
+    :func:`_sync_s` prices them by, per pool configuration its largest stage's, less that stage's forward."""
+    from hetpart.workload import DTYPE_BYTES
+
+    key = ("gather lines", layout)
+    lines = ctx.sync_cache.get(key)
+    if lines is None:
+        lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, flows(), "reduce_scatter")
+    scale = DTYPE_BYTES[ctx.workload.precision] / GRAD_BYTES[ctx.workload.precision]
+    exposed = 0.0
+    for c in chosen:
+        costs = ctx.table.get(c.pool, c.tp, mb, rc)
+        a, b = max(c.split.ranges, key=lambda r: float(costs.grad_bytes[r]))
+        nbytes = float(costs.grad_bytes[a, b]) * scale
+        if nbytes > 0 and lines[0]:
+            gather = min(fixed + per_byte * nbytes for fixed, per_byte in lines[0])
+            exposed = max(exposed, gather - float(costs.forward_s[a, b]))
+    return exposed
 
 
 def _max_grad(ctx: _Context, c: _PoolConfig, mb: int, rc: str) -> float:
