@@ -920,15 +920,10 @@ class Simulator:
         best = min(range(len(lines)), key=lambda i: lines[i][0] + lines[i][1] * nbytes)
         return self._ar_names[ring[0] if collective == "allreduce" else (collective, ring[0])][best]
 
-    @staticmethod
-    def _ring_flows(rings) -> dict[int, float]:
-        """Per node: the all-reduce rings crossing its NICs at once (:func:`~hetpart.costmodel.collectives.nic_flows`)."""
-        return nic_flows(rings)
-
     def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None,
               flows: dict[int, int] | None = None) -> tuple:
         """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
-        member per stage; its ``tp`` ranks run ``tp`` such rings at once). ``flows`` (:meth:`_ring_flows`)
+        member per stage; its ``tp`` ranks run ``tp`` such rings at once). ``flows`` (:func:`~hetpart.costmodel.collectives.nic_flows`)
         counts the shards of crossing rings on each node; divided by this ring's own members there it is
         how many such all-reduces share the node's NICs at once. The cost depends only on which nodes
         the members sit on and on that sharing, so that is the key; ``members()`` lists them when needed."""
@@ -1007,7 +1002,7 @@ class Simulator:
 
     @staticmethod
     def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray]) -> dict[int, float]:
-        """:meth:`_ring_flows` over stage tables: ``crossing``, the runs whose holders span nodes (a row
+        """:func:`~hetpart.costmodel.collectives.nic_flows` over stage tables: ``crossing``, the runs whose holders span nodes (a row
         each: one stage of every replica, so one device group per replica); ``tied``, the flat holders of
         each tied copy. A device group's stages share its devices, so its node and ``tp`` are those of
         any of its stages."""
@@ -1174,7 +1169,7 @@ class Simulator:
         """
         jobs = []
         segments = self._dp_segments_small(plan)
-        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pipes[r].pp),
+        flows = nic_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pipes[r].pp),
                                    plan.replicas[r].stages[k].tp) for r, k in seg.holders] for seg in segments)
         for seg in segments:
             holders = seg.holders
@@ -1222,7 +1217,7 @@ class Simulator:
         """The once-per-step gradient sync of a sharded plan among ``holders`` ((replica, stage) pairs):
         a reduce-scatter inside each shard group (NCCL's rings, padded for uneven shards), plus,
         under hybrid sharding, the all-reduce of each shard across the groups. ``flows``
-        (:meth:`_ring_flows`): the rings crossing each node's NICs at once, which they share, as the
+        (:func:`~hetpart.costmodel.collectives.nic_flows`): the rings crossing each node's NICs at once, which they share, as the
         unsharded all-reduces do."""
         by_replica = dict(holders)
         t = 0.0
@@ -1242,7 +1237,7 @@ class Simulator:
 
         Every stage of every replica runs these collectives at once (after the optimizer step at levels 1-2,
         inside each micro-batch at levels 2-3, when a pipeline's stages all compute), so the rings of
-        different device groups leaving one node share its NICs (:meth:`_ring_flows`), as the gradient
+        different device groups leaving one node share its NICs (:func:`~hetpart.costmodel.collectives.nic_flows`), as the gradient
         all-reduces do."""
         grad_bytes = DTYPE_BYTES[plan.precision]
         out: dict[tuple[int, int], list[tuple[int, float]]] = {}
@@ -1257,7 +1252,7 @@ class Simulator:
                 held = tuple(holders[r] for r in members)
                 if len(held) >= 2:
                     rings.append((a, z, held))
-        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pp[r]),
+        flows = nic_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pp[r]),
                                    plan.replicas[r].stages[k].tp) for r, k in held] for _, _, held in rings)
         for a, z, held in rings:
             members = [r for r, _ in held]

@@ -403,28 +403,31 @@ def _replica_comm_s(ctx: _Context, stages: list[list[tuple[str, ...]]], costs: l
     ahead = [sum(backward[:j]) for j in range(pp)]
     out = _sync_s(ctx, peers, grads, tps, layout=layout, ahead=ahead) + _tied_s(ctx, stages)
     if ctx.zero in (1, 2) and dp > 1:
-        out += _gather_s(ctx, peers, costs, split, tps, layout)
+        out += _gather_s(ctx, peers, tps, layout, [(j, c, r) for j, (c, r) in enumerate(zip(costs, split.ranges))])
     return out
 
 
-def _gather_s(ctx: _Context, peers: list[list[str]], costs: list[StageCosts], split: Split, tps: list[int],
-              layout: tuple) -> float:
-    """Levels 1-2: the all-gather of the updated 16-bit parameters after the optimizer step, on each stage's
-    ring (NCCL's reduce-scatter lines, the same bytes), hidden behind the device's first forward of the next
-    step up to that forward's length (``Simulator._add_param_gather``): the largest exposed rest."""
+def _gather_s(ctx: _Context, peers: list[list[str]], tps: list[int], layout: tuple,
+              pieces: list[tuple[int, StageCosts, tuple[int, int]]],
+              flows: Callable[[], dict[int, float]] | None = None) -> float:
+    """Levels 1-2: the all-gather of the updated 16-bit parameters after the optimizer step, on the rings of
+    ``peers`` (NCCL's reduce-scatter lines, the same bytes), hidden behind the device's first forward of the
+    next step up to that forward's length (``Simulator._add_param_gather``): the largest exposed rest over
+    ``pieces``, each ``(ring, costs, range)``, a stage's units ``[a, b)`` gathered on ring ``peers[ring]``."""
     from hetpart.workload import DTYPE_BYTES
 
     key = ("gather lines", layout)
     lines = ctx.sync_cache.get(key)
     if lines is None:
-        lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, None, "reduce_scatter")
+        lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, flows() if flows is not None else None,
+                                                  "reduce_scatter")
     scale = DTYPE_BYTES[ctx.workload.precision] / GRAD_BYTES[ctx.workload.precision]
     exposed = 0.0
-    for ring, c, (a, b) in zip(lines, costs, split.ranges):
-        nbytes = float(c.grad_bytes[a, b]) * scale
-        if nbytes > 0 and ring:
-            gather = min(fixed + per_byte * nbytes for fixed, per_byte in ring)
-            exposed = max(exposed, gather - float(c.forward_s[a, b]))
+    for ring, costs, (a, b) in pieces:
+        nbytes = float(costs.grad_bytes[a, b]) * scale
+        if nbytes > 0 and lines[ring]:
+            gather = min(fixed + per_byte * nbytes for fixed, per_byte in lines[ring])
+            exposed = max(exposed, gather - float(costs.forward_s[a, b]))
     return exposed
 
 
@@ -671,8 +674,13 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         flows = partial(_typed_flows, ctx, groups, bounds)
         estimate += _sync_s(ctx, peers, [max(_max_grad(ctx, c, mb, rc) for c in chosen)], tps, flows, layout=layout)
         estimate += _tied_s(ctx, groups)
-        if ctx.zero in (1, 2):
-            estimate += _typed_gather_s(ctx, chosen, mb, rc, peers, tps, flows, layout)
+        if ctx.zero in (1, 2):  # per pool configuration its largest stage's gather, on the one ring
+            pieces = []
+            for c in chosen:
+                costs = ctx.table.get(c.pool, c.tp, mb, rc)
+                grads = [float(costs.grad_bytes[r]) for r in c.split.ranges]
+                pieces.append((0, costs, c.split.ranges[grads.index(max(grads))]))
+            estimate += _gather_s(ctx, peers, tps, layout, pieces, flows)
 
         def build() -> list[Plan]:
             plan = assemble(groups, bounds, counts, mb, rc, ctx.workload, zero=ctx.zero)
@@ -694,28 +702,6 @@ def _uneven(ctx: _Context) -> bool:
     from hetpart.rules import RULES
 
     return ctx.options.uneven_shards and ctx.zero in RULES.uneven_shard_levels
-
-
-def _typed_gather_s(ctx: _Context, chosen: list[_PoolConfig], mb: int, rc: str, peers: list[list[str]],
-                    tps: list[int], flows: Callable[[], dict[int, float]], layout: tuple) -> float:
-    """Levels 1-2, typed replicas: the parameter all-gather after the step (:func:`_gather_s`) on the ring
-    :func:`_sync_s` prices them by, per pool configuration its largest stage's, less that stage's forward."""
-    from hetpart.workload import DTYPE_BYTES
-
-    key = ("gather lines", layout)
-    lines = ctx.sync_cache.get(key)
-    if lines is None:
-        lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, flows(), "reduce_scatter")
-    scale = DTYPE_BYTES[ctx.workload.precision] / GRAD_BYTES[ctx.workload.precision]
-    exposed = 0.0
-    for c in chosen:
-        costs = ctx.table.get(c.pool, c.tp, mb, rc)
-        a, b = max(c.split.ranges, key=lambda r: float(costs.grad_bytes[r]))
-        nbytes = float(costs.grad_bytes[a, b]) * scale
-        if nbytes > 0 and lines[0]:
-            gather = min(fixed + per_byte * nbytes for fixed, per_byte in lines[0])
-            exposed = max(exposed, gather - float(costs.forward_s[a, b]))
-    return exposed
 
 
 def _max_grad(ctx: _Context, c: _PoolConfig, mb: int, rc: str) -> float:

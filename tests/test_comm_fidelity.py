@@ -7,6 +7,7 @@ from hetpart import Plan, Replica, Stage, load_model
 from hetpart.catalog.hardware import LINK_CATALOG, NIC_CATALOG
 from hetpart.cluster import cluster_to_dict, parse_cluster
 from hetpart.costmodel import Simulator, allreduce_time_s, megatron_plan, ring_allreduce_time_s, simulate
+from hetpart.costmodel.collectives import nic_flows
 from hetpart.costmodel.links import RDMA_EFFICIENCY, TCP_FRAMING_EFFICIENCY, TCP_SOCKET_GBYTE_S, achieved_link, \
     nic_gbyte_s
 from hetpart.costmodel.simulator import grad_reduce_bytes
@@ -144,7 +145,7 @@ def test_data_parallel_rings_of_stages_on_one_node_share_its_nics(gpt2):
     plan = megatron_plan(gpt2, cluster, Workload(8, S), tp=1, pp=2, dp=2, micro_batch=1, order="tp-pp-dp")
     sim = Simulator(gpt2, cluster)
     segments = sim._dp_segments_small(plan)
-    shared = [sim._ring_small(plan, seg.holders, sim._ring_flows(
+    shared = [sim._ring_small(plan, seg.holders, nic_flows(
         [(sim._node_id(plan.replicas[r].stages[k].devices[0]), (r, k), 1) for r, k in s.holders]
         for s in segments))[2] for seg in segments if seg.a >= 0]  # the two stages' rings (tied copies aside)
     assert shared == [2, 2]

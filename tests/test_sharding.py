@@ -10,6 +10,7 @@ import pytest
 
 from hetpart import Plan, Replica, Stage, load_cluster, load_model
 from hetpart.costmodel import Simulator, megatron_plan
+from hetpart.costmodel.collectives import nic_flows
 from hetpart.costmodel.sharding import exposed_unit_comm_s
 from hetpart.costmodel.sharding_reference import reference_exposed_s, reference_memory_gb
 from hetpart.errors import PlanError, WorkloadError
@@ -188,7 +189,7 @@ def test_many_replicas_take_the_vector_path_and_agree_with_the_scalar_one(pp, dp
 @pytest.mark.parametrize("zero", [0, 1])
 def test_both_paths_agree_when_replicas_are_cut_unlike(zero):
     """Eight one-stage replicas on the A100 node beside four two-stage ones on the V100 node: each A100 is in
-    both stages' rings, so those rings take turns (the duty cycle of :meth:`Simulator._ring_flows`); the
+    both stages' rings, so those rings take turns (the duty cycle of :func:`~hetpart.costmodel.collectives.nic_flows`); the
     numpy path (:meth:`Simulator._table_flows`) counts it alike."""
     model, cluster = load_model("gpt2-small", seq_len=S), load_cluster("a100-v100-16")
     one = [Replica(4 / 48, (Stage((0, 14), (f"0/0/{i}",)),)) for i in range(8)]
@@ -213,7 +214,7 @@ def test_rings_that_take_turns_share_a_nic_only_while_they_run(gpt2, mixed):
     def flows(plan):
         rings = [[(sim._node_id(plan.replicas[r].stages[k].devices[0]), (r, k), 1) for r, k in seg.holders]
                  for seg in sim._dp_segments_small(plan)]
-        return sim._ring_flows(rings)
+        return nic_flows(rings)
 
     node0, node1 = sim._node_id("0/0/0"), sim._node_id("1/0/0")
     assert flows(turns) == {node0: pytest.approx(1.0), node1: pytest.approx(4 / 3)}
