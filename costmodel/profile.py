@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.hardware import GPUSpec
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "DeviceClass", "DeviceBinding", "ComputeEntry", "LinkEntry",
+           "TensorParallelEntry",
            "Profile", "load_profile", "parse_profile", "BoundProfile", "fit_latency_bandwidth"]
 
 PROFILE_FORMAT = "hetpart-profile"
@@ -123,6 +124,42 @@ class ComputeEntry:
 
 
 @dataclass(frozen=True)
+class TensorParallelEntry:
+    """One unit at one micro-batch size run tensor-parallel ``tp`` ways the way ``hetpart run`` runs it
+    (torch's DTensor ``parallelize_module`` over ``tp`` local processes), measured: the median of
+    ``repeats`` calls of every rank's forward and backward, its tensor-parallel all-reduces included, and
+    the same all-reduces (count and bytes) timed alone in the same processes.
+
+    What the unit costs beyond its ``1/tp`` share of the single-process curve and those all-reduces
+    (:meth:`BoundProfile.tp_overhead_s`: DTensor's dispatch of every sharded operator, the ranks waiting
+    for each other at each all-reduce) is the engine's own price of tensor parallelism, which the
+    analytic terms do not see."""
+
+    device: str
+    precision: str
+    unit: str
+    params: int
+    seq_len: int
+    micro_batch: int
+    fwd_flops: float
+    """Forward FLOPs of one call of the whole unit (as :attr:`ComputeEntry.fwd_flops`); a rank does ``1/tp``."""
+    tp: int
+    fwd_s: float
+    """Median seconds of one forward, all-reduces included (the slowest rank's)."""
+    bwd_s: float
+    collective_fwd_s: float
+    """The forward's all-reduces alone: ``collectives_fwd`` all-reduces of ``collective_bytes`` each."""
+    collective_bwd_s: float
+    collectives_fwd: int = 0
+    collectives_bwd: int = 0
+    collective_bytes: float = 0.0
+    fwd_range_s: tuple[float, float] = (0.0, 0.0)
+    bwd_range_s: tuple[float, float] = (0.0, 0.0)
+    repeats: int = 1
+    backend: str = ""
+
+
+@dataclass(frozen=True)
 class LinkEntry:
     """Latency and bandwidth between two device classes, fitted to a measured sweep."""
 
@@ -151,6 +188,7 @@ class Profile:
     device_types: dict[str, DeviceBinding]
     compute: tuple[ComputeEntry, ...] = ()
     links: tuple[LinkEntry, ...] = ()
+    tensor_parallel: tuple[TensorParallelEntry, ...] = ()
     model: dict[str, Any] = field(default_factory=dict)
     """What was measured: name, seq_len, precision, scale (for people; entries match units by shape)."""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -164,7 +202,8 @@ class Profile:
                 "devices": {k: asdict(v) for k, v in self.devices.items()},
                 "device_types": {k: asdict(v) for k, v in self.device_types.items()},
                 "compute": [_entry_dict(e) for e in self.compute],
-                "links": [_link_dict(e) for e in self.links]}
+                "links": [_link_dict(e) for e in self.links],
+                **({"tensor_parallel": [_entry_dict(e) for e in self.tensor_parallel]} if self.tensor_parallel else {})}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -199,22 +238,27 @@ class Profile:
             return self
         from dataclasses import replace
 
-        def stretched(e: ComputeEntry) -> ComputeEntry:
+        def stretched(e):
             if e.device not in cpu:
                 return e
-            return replace(e, fwd_s=e.fwd_s * factor, bwd_s=e.bwd_s * factor,
-                           fwd_range_s=(e.fwd_range_s[0] * factor, e.fwd_range_s[1] * factor),
-                           bwd_range_s=(e.bwd_range_s[0] * factor, e.bwd_range_s[1] * factor))
+            out = replace(e, fwd_s=e.fwd_s * factor, bwd_s=e.bwd_s * factor,
+                          fwd_range_s=(e.fwd_range_s[0] * factor, e.fwd_range_s[1] * factor),
+                          bwd_range_s=(e.bwd_range_s[0] * factor, e.bwd_range_s[1] * factor))
+            if isinstance(e, TensorParallelEntry):  # its all-reduces wait for time-sliced peers alike
+                out = replace(out, collective_fwd_s=e.collective_fwd_s * factor,
+                              collective_bwd_s=e.collective_bwd_s * factor)
+            return out
 
         devices = {name: replace(d, adam_s_per_param=None if d.adam_s_per_param is None
                                  else d.adam_s_per_param * factor, adam_fixed_s=d.adam_fixed_s * factor)
                    if name in cpu else d for name, d in self.devices.items()}
         meta = dict(self.meta, shared_cores={"processes": processes, "threads": threads, "cores": cores,
                                              "stretch": round(factor, 4)})
-        return replace(self, devices=devices, compute=tuple(stretched(e) for e in self.compute), meta=meta)
+        return replace(self, devices=devices, compute=tuple(stretched(e) for e in self.compute),
+                       tensor_parallel=tuple(stretched(e) for e in self.tensor_parallel), meta=meta)
 
 
-def _entry_dict(e: ComputeEntry) -> dict[str, Any]:
+def _entry_dict(e: "ComputeEntry | TensorParallelEntry") -> dict[str, Any]:
     out = asdict(e)
     out["fwd_range_s"], out["bwd_range_s"] = list(e.fwd_range_s), list(e.bwd_range_s)
     return out
@@ -248,7 +292,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     """A :class:`Profile` from its JSON form, checked field by field."""
     data = require_mapping(SpecError, data, source, "")
     require_keys(SpecError, data, source, "", ("format", "version", "devices", "device_types"),
-                 ("meta", "model", "compute", "links", "source"))
+                 ("meta", "model", "compute", "links", "tensor_parallel", "source"))
     if data["format"] != PROFILE_FORMAT:
         raise fail(SpecError, source, "format", f"{data['format']!r} is not {PROFILE_FORMAT!r}; give a profile "
                    "written by 'hetpart calibrate --out'")
@@ -265,7 +309,9 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
                     for i, e in enumerate(_list(data.get("compute", []), source, "compute")))
     links = tuple(_link(e, source, f"links[{i}]", devices)
                   for i, e in enumerate(_list(data.get("links", []), source, "links")))
-    return Profile(devices=devices, device_types=types, compute=compute, links=links,
+    tensor_parallel = tuple(_tensor_parallel(e, source, f"tensor_parallel[{i}]", devices)
+                            for i, e in enumerate(_list(data.get("tensor_parallel", []), source, "tensor_parallel")))
+    return Profile(devices=devices, device_types=types, compute=compute, links=links, tensor_parallel=tensor_parallel,
                    model=dict(require_mapping(SpecError, data.get("model", {}), source, "model")),
                    meta=dict(require_mapping(SpecError, data.get("meta", {}), source, "meta")),
                    source=str(data.get("source") or source))
@@ -334,6 +380,40 @@ def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
         bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
         repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"),
         width=integer(SpecError, v.get("width", 0), source, f"{where}.width", minimum=0), **optional_gb)
+
+
+_TP_KEYS = ("device", "precision", "unit", "params", "seq_len", "micro_batch", "fwd_flops", "tp", "fwd_s", "bwd_s",
+            "collective_fwd_s", "collective_bwd_s")
+
+
+def _tensor_parallel(v: Any, source: str, where: str, devices: dict) -> TensorParallelEntry:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, _TP_KEYS, ("collectives_fwd", "collectives_bwd", "collective_bytes",
+                                                         "fwd_range_s", "bwd_range_s", "repeats", "backend"))
+    if v["device"] not in devices:
+        raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
+                   f"{', '.join(sorted(devices))}")
+    if v["precision"] not in _PRECISIONS:
+        raise fail(SpecError, source, f"{where}.precision", f"{v['precision']!r}; use one of {', '.join(_PRECISIONS)}")
+    if v["unit"] not in _UNIT_KINDS:
+        raise fail(SpecError, source, f"{where}.unit", f"{v['unit']!r}; use one of {', '.join(_UNIT_KINDS)}")
+    seconds = {k: number(SpecError, v[k], source, f"{where}.{k} (seconds)", strict=k.startswith("fwd")
+                         or k.startswith("bwd"), maximum=1e5)
+               for k in ("fwd_s", "bwd_s", "collective_fwd_s", "collective_bwd_s")}
+    return TensorParallelEntry(
+        device=v["device"], precision=v["precision"], unit=v["unit"],
+        params=integer(SpecError, v["params"], source, f"{where}.params", minimum=0, maximum=10**13),
+        seq_len=integer(SpecError, v["seq_len"], source, f"{where}.seq_len"),
+        micro_batch=integer(SpecError, v["micro_batch"], source, f"{where}.micro_batch"),
+        fwd_flops=number(SpecError, v["fwd_flops"], source, f"{where}.fwd_flops", strict=False, maximum=1e21),
+        tp=integer(SpecError, v["tp"], source, f"{where}.tp", minimum=2, maximum=1024), **seconds,
+        collectives_fwd=integer(SpecError, v.get("collectives_fwd", 0), source, f"{where}.collectives_fwd", minimum=0),
+        collectives_bwd=integer(SpecError, v.get("collectives_bwd", 0), source, f"{where}.collectives_bwd", minimum=0),
+        collective_bytes=number(SpecError, v.get("collective_bytes", 0.0), source, f"{where}.collective_bytes",
+                                strict=False, maximum=1e15),
+        fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
+        bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
+        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"), backend=str(v.get("backend", "")))
 
 
 def _link(v: Any, source: str, where: str, devices: dict) -> LinkEntry:
@@ -418,6 +498,9 @@ class BoundProfile:
         for e in profile.compute:
             curves.setdefault((e.device, e.precision, e.unit, e.params), []).append(e)
         self._curves = {k: _Curve(v) for k, v in curves.items()}
+        self._tp: dict[tuple, list[TensorParallelEntry]] = {}
+        for t in profile.tensor_parallel:
+            self._tp.setdefault((t.device, t.precision, t.unit, t.params), []).append(t)
         self._measured_units: dict[tuple[str, str], int] = {}
         self._link_clusters: dict[str, "Cluster"] = {}
 
@@ -448,14 +531,20 @@ class BoundProfile:
         return self._curves.get((device, precision, unit.kind, int(unit.params)))
 
     def unit_compute_s(self, gpu: "GPUSpec", tp: "float | np.ndarray", micro_batch: int, precision: str, recompute: str,
-                       fwd: np.ndarray, bwd: np.ndarray, selective: str = "core") -> tuple[np.ndarray, np.ndarray]:
+                       fwd: np.ndarray, bwd: np.ndarray, selective: str = "core", engine_tp: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones.
 
         ``tp``: the tensor-parallel degree, or per unit ``1 / the device's share`` of an uneven split. A measured
         unit's backward gains the share of its forward that ``recompute`` runs again: the whole forward under
         ``full``; under ``selective`` the attention core, or with ``selective="sublayer"`` (hetpart's runtime,
-        :data:`~hetpart.costmodel.compute.SELECTIVE_SCOPES`) the attention sublayer, projections included."""
+        :data:`~hetpart.costmodel.compute.SELECTIVE_SCOPES`) the attention sublayer, projections included.
+        ``engine_tp``: the even tensor-parallel degree the engine runs these units at (None: ``tp`` when it is one
+        number, else 1); a measured unit then also pays the engine's price of that degree
+        (:meth:`tp_overhead_s`). An uneven split runs Megatron-style by hand, not through DTensor: pass 1."""
         device = self.device_class(gpu)
+        if engine_tp is None:
+            engine_tp = int(round(float(tp))) if np.ndim(tp) == 0 else 1
         measured_precision = self.precision_for(device, precision) if device is not None else None
         if measured_precision is None:
             return fwd, bwd
@@ -474,10 +563,54 @@ class BoundProfile:
             work = u.fwd_flops * micro_batch / shard if u.fwd_flops > 0 else float(micro_batch * self.model.seq_len)
             f, b = curve.at(work)
             share = (u.recompute_flops[recompute] + projections[i]) / u.fwd_flops if u.fwd_flops > 0 else 0.0
+            if engine_tp > 1 and u.tp_shardable:
+                of, ob = self.tp_overhead_s(device, measured_precision, u, micro_batch, engine_tp)
+                f, b = f + of, b + ob
             fwd[i], bwd[i] = f, b + share * f
             hits += 1
         self._measured_units[(gpu.name, precision)] = hits
         return fwd, bwd
+
+    def tp_overhead_s(self, device: str, precision: str, unit: "Unit", micro_batch: int, tp: int) -> tuple[float, float]:
+        """Forward and backward seconds one call of ``unit`` costs tensor-parallel ``tp`` ways beyond its
+        ``1/tp`` share of the single-process curve and its all-reduces (:class:`TensorParallelEntry`):
+        measured minus both, never below 0; ``(0, 0)`` where the profile measured no such unit.
+
+        The all-reduces are priced as the simulator prices them on the measured link, a ring on the
+        profile's all-reduce entry of the device class (:meth:`_collectives_s`), so that at a measured
+        point the prediction adds up to the measured call. Between measured micro-batches the excess is
+        interpolated linearly in tokens per call, beyond them it keeps the nearest one's; a degree that
+        was not measured takes the nearest measured degree's (dispatch per sharded operator and waiting
+        at each all-reduce do not shrink with the degree; they may grow with more ranks to wait for)."""
+        entries = self._tp.get((device, precision, unit.kind, int(unit.params)))
+        curve = self._curve(device, precision, unit)
+        if not entries or curve is None:
+            return 0.0, 0.0
+        degree = min({e.tp for e in entries}, key=lambda d: (abs(d - tp), -d))
+        points: dict[int, list[tuple[float, float]]] = {}
+        for e in entries:
+            if e.tp != degree:
+                continue
+            f, b = curve.at(e.fwd_flops / e.tp if e.fwd_flops > 0 else float(e.micro_batch * e.seq_len))
+            cf, cb = self._collectives_s(e)
+            points.setdefault(e.micro_batch * e.seq_len, []).append(
+                (max(0.0, e.fwd_s - cf - f), max(0.0, e.bwd_s - cb - b)))
+        xs = sorted(points)
+        over = [tuple(float(np.median([p[k] for p in points[x]])) for k in (0, 1)) for x in xs]
+        tokens = micro_batch * self.model.seq_len
+        return tuple(float(np.interp(tokens, xs, [o[k] for o in over])) for k in (0, 1))  # type: ignore[return-value]
+
+    def _collectives_s(self, e: TensorParallelEntry) -> tuple[float, float]:
+        """The forward's and the backward's all-reduces of ``e`` as rings on the measured all-reduce link
+        of its device class (scope ``intra_node``, else ``any``); without one, as timed alone."""
+        from hetpart.costmodel.collectives import ring_allreduce_time_s
+
+        found = {x.scope: x for x in self.profile.links if x.kind == "allreduce" and x.devices == (e.device, e.device)}
+        link = found.get("intra_node") or found.get("any")
+        if link is None or e.collective_bytes <= 0:
+            return e.collective_fwd_s, e.collective_bwd_s
+        one = ring_allreduce_time_s(e.collective_bytes, e.tp, link.bandwidth_gbyte_s, link.latency_us)
+        return e.collectives_fwd * one, e.collectives_bwd * one
 
     def units_measured(self, device_type: str, precision: str) -> int | None:
         """How many of the model's units the profile priced for ``device_type`` (None: not asked yet)."""

@@ -43,9 +43,10 @@ nodes:
   - {count: 1, gpus_per_node: 1, gpu: A100-80GB, intra_node: NVLink3, nic: Ethernet-10}
   - {count: 1, gpus_per_node: 1, gpu: V100-32GB, intra_node: NVLink2, nic: Ethernet-10}
 """
-GRID = ((1, 1, 1), (1, 1, 2), (1, 1, 4), (2, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (4, 1, 1))
-"""(pp, dp, micro-batch) of the Megatron-grid plans (TP 1: the shrunken model's heads allow more, the
-gloo TP all-reduce of every block makes CPU runs communication-bound)."""
+GRID = ((1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 4), (1, 2, 1, 1), (1, 2, 1, 2), (1, 1, 2, 2), (2, 1, 1, 1),
+        (2, 1, 1, 2), (2, 1, 1, 4), (1, 2, 2, 2), (1, 4, 1, 1))
+"""(tp, pp, dp, micro-batch) of the Megatron-grid plans: one and two ranks (a core each), then four ranks
+on the machine's cores (more ranks than cores where it has two)."""
 
 
 def _write(folder: Path, name: str, text: str) -> str:
@@ -89,10 +90,10 @@ def truth_rows(scale: str = "small", global_batch: int = 8, steps: int = 4, warm
     graph = transformer_graph(spec.config, f"gpt2-small@{scale}", seq, 4)
     plans = []
     cluster = load_cluster(cluster_path)
-    for pp, dp, mb in grid:
+    for tp, pp, dp, mb in grid:
         w = Workload(global_batch, seq, precision="fp32", recompute="none")
-        p = megatron_plan(graph, cluster, w, tp=1, pp=pp, dp=dp, micro_batch=mb, recompute="none")
-        plans.append((f"megatron pp{pp} dp{dp} mb{mb}", p, cluster_path))
+        p = megatron_plan(graph, cluster, w, tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute="none")
+        plans.append((f"megatron {f'tp{tp} ' if tp > 1 else ''}pp{pp} dp{dp} mb{mb}", p, cluster_path))
     mixed = load_cluster(mixed_path)
     w = Workload(global_batch, seq, precision="fp32", recompute="none")
     searched = make_plan(graph, mixed, w, "search", predictor=get_predictor("simulator", graph, mixed, w,

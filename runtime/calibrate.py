@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile,
+from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, TensorParallelEntry,
                                        fit_latency_bandwidth)
 from hetpart.errors import ModelError, PlanError
 
@@ -65,6 +65,9 @@ class CalibrateOptions:
     """After ``min_repeats``, stop repeating a measurement once it has taken this long (CPU only)."""
     links: bool = True
     """Also measure links between two local processes."""
+    tensor_parallel: bool = True
+    """Also time each unit kind tensor-parallel over two local processes (``hetpart run``'s engine: DTensor,
+    gloo on the CPU, NCCL across two CUDA devices), its all-reduces and the same all-reduces alone."""
     device: str = "auto"
     """``auto`` (CUDA when present, else the CPU), ``cpu`` or ``cuda``."""
 
@@ -173,6 +176,8 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
             say(f"{t}: not at hand; measured {classes[b.device].description} stands in for it (predictions with "
                 "this profile then price running the plan on this machine)")
     links = _measure_links(cuda, list(classes)[0], say) if options.links else []
+    tensor_parallel = (_measure_tensor_parallel(model_spec, graph, list(classes)[0], cuda, precision, seq, options, say)
+                       if options.tensor_parallel else [])
     meta = {"command": " ".join(["hetpart", *sys.argv[1:]]) if sys.argv and "hetpart" in sys.argv[0] else "",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "python": platform.python_version(), "torch": torch.__version__, "hetpart": _version(),
@@ -184,7 +189,7 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
     model = {"name": spec.name, "scale": str(options.scale or ""), "seq_len": seq, "precision": precision,
              "num_units": graph.num_units, "hidden_size": spec.config.hidden_size, "num_params": graph.num_params}
     return Profile(devices=classes, device_types=bindings, compute=tuple(compute), links=tuple(links),
-                   model=model, meta=meta)
+                   tensor_parallel=tuple(tensor_parallel), model=model, meta=meta)
 
 
 def _version() -> str:
@@ -432,6 +437,208 @@ def _allreduce(dist, buf, repeats: int, device) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         buf.fill_(1.0)
     return _point(buf.numel() * buf.element_size(), times)
+
+
+# ------------------------------------------------------------------------------------------ tensor parallelism
+TP_DEGREE = 2
+"""The degree :func:`_measure_tensor_parallel` times (two local processes: what a two-core machine or a
+two-GPU box can run without sharing a core or a device)."""
+
+
+TP_BLOCK_S = 0.1
+"""On a CPU each timed repeat of a tensor-parallel unit is a block of calls lasting about this long: a rank
+that waits at an all-reduce sleeps, and waking it costs up to a scheduler tick (4 ms at 250 Hz) now and
+then, so a block must span many all-reduces for its mean to be what a training step sees."""
+
+
+def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bool, precision: str, seq: int,
+                             options: CalibrateOptions, say) -> list[TensorParallelEntry]:
+    """Each unit kind at each micro-batch, run tensor-parallel over :data:`TP_DEGREE` local processes as
+    ``hetpart run`` runs an even split, and its all-reduces alone; [] where two processes would share a
+    core or a device."""
+    import json
+
+    import torch
+    import torch.multiprocessing as mp
+
+    tp = TP_DEGREE
+    if cuda and torch.cuda.device_count() < tp:
+        say(f"tensor parallelism: {torch.cuda.device_count()} CUDA device(s), {tp} needed; not measured "
+            "(the analytic all-reduces price it)")
+        return []
+    if not cuda and (os.cpu_count() or 1) < tp:
+        say(f"tensor parallelism: {os.cpu_count()} core(s), {tp} processes would share one; not measured")
+        return []
+    backend = "nccl" if cuda else "gloo"
+    say(f"measuring tensor parallelism: each unit split {tp} ways over {tp} local processes ({backend}, the "
+        "runtime's DTensor engine), and its all-reduces alone")
+    with tempfile.TemporaryDirectory(prefix="hetpart-calibrate-") as tmp:
+        out = Path(tmp) / "tp.json"
+        job = {"model": model_spec, "scale": options.scale, "precision": precision, "seq": seq,
+               "micro_batches": list(options.micro_batches), "repeats": _max_repeats(options, cuda),
+               "min_repeats": options.min_repeats, "budget_s": None if cuda else options.budget_s,
+               "block_s": None if cuda else TP_BLOCK_S}
+        mp.start_processes(_tp_worker, args=(tp, _free_port(), backend, json.dumps(job), str(out)), nprocs=tp,
+                           join=True, start_method="spawn")
+        rows = json.loads(out.read_text())
+    units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
+    entries = []
+    for r in rows:
+        u = units[r["unit"].split("_")[0]]
+        entries.append(TensorParallelEntry(
+            device=device_class, precision=precision, unit=u.kind, params=int(u.params), seq_len=seq,
+            micro_batch=r["micro_batch"], fwd_flops=u.fwd_flops * r["micro_batch"], tp=tp, fwd_s=r["fwd_s"],
+            bwd_s=r["bwd_s"], collective_fwd_s=r["collective_fwd_s"], collective_bwd_s=r["collective_bwd_s"],
+            collectives_fwd=r["collectives_fwd"], collectives_bwd=r["collectives_bwd"],
+            collective_bytes=r["collective_bytes"], fwd_range_s=tuple(r["fwd_range_s"]),
+            bwd_range_s=tuple(r["bwd_range_s"]), repeats=r["repeats"], backend=backend))
+        say(f"  {r['unit']} micro-batch {r['micro_batch']} tp {tp}: forward {r['fwd_s'] * 1e3:.2f} ms "
+            f"({r['collectives_fwd']} all-reduces {r['collective_fwd_s'] * 1e3:.2f} ms alone), backward "
+            f"{r['bwd_s'] * 1e3:.2f} ms ({r['collectives_bwd']}: {r['collective_bwd_s'] * 1e3:.2f} ms)")
+    return entries
+
+
+class _CountCollectives:
+    """Hooks that note the bytes of each tensor-parallel all-reduce (:class:`hetpart.runtime.engine.Hooks`)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def on_compute(self, *_args) -> None:
+        return None
+
+    def on_send(self, *_args) -> None:
+        return None
+
+    def on_collective(self, kind: str, num_bytes: int, group_ranks) -> None:
+        self.sizes.append(int(num_bytes))
+
+
+def _tp_worker(rank: int, world: int, port: int, backend: str, job_json: str, out: str) -> None:
+    """One rank of :func:`_measure_tensor_parallel` (spawned; rank 0 writes the rows)."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hetpart.runtime.engine import parallelize_for_timing
+    from hetpart.runtime.models import build_units, runnable_spec
+    from hetpart.runtime.profile import _DTYPES, _Clock, _unit_input
+
+    job = json.loads(job_json)
+    torch.set_num_threads(1)
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = job["precision"] == "tf32"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        spec = runnable_spec(job["model"], job["scale"])
+        dtype, clock = _DTYPES[job["precision"]], _Clock(device)
+        mesh = init_device_mesh(device.type, (world,))
+        rows = []
+        for index in (0, 1, spec.num_units - 1):
+            unit = build_units(spec, [index], device=device, dtype=dtype)[0]
+            hooks = _CountCollectives()
+            parallelize_for_timing(unit, mesh, hooks)
+            for mb in job["micro_batches"]:
+                x = _unit_input(spec, index, mb, job["seq"], device, dtype)
+                rows.append(_tp_timing(unit, x, mb, dtype, hooks, clock, dist, device, job))
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, rows)
+        if rank == 0:  # the slowest rank's median: its peers wait for it at every all-reduce
+            merged = []
+            for parts in zip(*everyone):
+                slow = max(parts, key=lambda r: r["fwd_s"] + r["bwd_s"])
+                merged.append(dict(slow, fwd_s=max(r["fwd_s"] for r in parts), bwd_s=max(r["bwd_s"] for r in parts),
+                                   collective_fwd_s=max(r["collective_fwd_s"] for r in parts),
+                                   collective_bwd_s=max(r["collective_bwd_s"] for r in parts)))
+            Path(out).write_text(json.dumps(merged))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _agreed(dist, value: float, device) -> float:
+    """The largest of every rank's ``value`` (ranks must agree on how many calls they make)."""
+    import torch
+
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _tp_timing(unit, x, micro_batch: int, dtype, hooks: _CountCollectives, clock, dist, device, job
+               ) -> dict[str, Any]:
+    """Forward and backward of one tensor-parallel unit (blocks of calls on a CPU), then its all-reduces alone."""
+    import math
+
+    import torch
+
+    from hetpart.runtime.profile import _call
+
+    with torch.no_grad():
+        grad = torch.randn_like(unit(x)) * 1e-3
+    hooks.sizes.clear()
+    f, b = _call(unit, x, grad, clock)  # warm-up; its all-reduces say what one call exchanges
+    sizes = list(hooks.sizes)
+    split = _forward_collectives(unit, x, hooks)
+    calls = 1
+    if job["block_s"]:
+        calls = int(_agreed(dist, max(1, min(64, math.ceil(job["block_s"] / max(f + b, 1e-9)))), device))
+    fwd, bwd, started = [], [], time.perf_counter()
+    for _ in range(job["repeats"]):
+        done = len(fwd) >= job["min_repeats"] and job["budget_s"] and time.perf_counter() - started > job["budget_s"]
+        if _agreed(dist, 1.0 if done else 0.0, device):
+            break
+        dist.barrier()
+        f = b = 0.0
+        for _ in range(calls):
+            df, db = _call(unit, x, grad, clock)
+            f, b = f + df, b + db
+        fwd.append(f / calls)
+        bwd.append(b / calls)
+    alone_f = _collectives_alone(sizes[:split], dtype, calls, len(fwd), clock, dist, device)
+    alone_b = _collectives_alone(sizes[split:], dtype, calls, len(fwd), clock, dist, device)
+    return {"unit": unit.unit_name, "micro_batch": micro_batch, "fwd_s": statistics.median(fwd),
+            "bwd_s": statistics.median(bwd), "fwd_range_s": [min(fwd), max(fwd)], "bwd_range_s": [min(bwd), max(bwd)],
+            "repeats": len(fwd), "collective_fwd_s": alone_f, "collective_bwd_s": alone_b,
+            "collectives_fwd": split, "collectives_bwd": len(sizes) - split,
+            "collective_bytes": statistics.fmean(sizes) if sizes else 0.0}
+
+
+def _forward_collectives(unit, x, hooks: _CountCollectives) -> int:
+    """How many of one call's all-reduces its forward makes (the rest are the backward's)."""
+    import torch
+
+    hooks.sizes.clear()
+    with torch.no_grad():
+        unit(x)
+    count = len(hooks.sizes)
+    hooks.sizes.clear()
+    return count
+
+
+def _collectives_alone(sizes: list[int], dtype, calls: int, repeats: int, clock, dist, device) -> float:
+    """Median seconds of the all-reduces ``sizes`` (bytes each) run back to back, as blocks of ``calls``."""
+    import torch
+
+    if not sizes:
+        return 0.0
+    element = torch.tensor([], dtype=dtype).element_size()
+    bufs = [torch.ones(max(1, n // element), dtype=dtype, device=device) for n in sizes]
+
+    def run() -> None:
+        for buf in bufs:
+            dist.all_reduce(buf)
+
+    run()  # warm-up
+    times = []
+    for _ in range(max(1, repeats)):
+        dist.barrier()
+        times.append(sum(clock(run) for _ in range(calls)) / calls)
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------------ inside a run

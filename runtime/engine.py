@@ -42,7 +42,7 @@ from hetpart.runtime.groups import (DEFAULT_BUCKET_CAP, CommLayout, FanOut, Proc
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
 __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "require_runnable",
-           "loss_fn_for"]
+           "loss_fn_for", "parallelize_for_timing"]
 
 
 class Hooks(Protocol):
@@ -782,6 +782,16 @@ def _all_cuda_ids(device: torch.device) -> list[str | None]:
     ids: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ids, mine)
     return ids
+
+
+def parallelize_for_timing(unit: UnitModel, mesh, hooks: Hooks) -> None:
+    """Shard ``unit`` over ``mesh`` as a stage of an even tensor-parallel split runs it (DTensor's
+    column- and row-parallel linears), reporting each of its all-reduces to ``hooks.on_collective``:
+    what ``hetpart calibrate`` times (:mod:`hetpart.runtime.calibrate`)."""
+    clock = _Clock()
+    clock.in_chunk = True
+    ranks = tuple(range(mesh.size()))
+    _parallelize(_StageModule([unit]), mesh, _TPReporter(ranks, hooks, clock))
 
 
 def _parallelize(module: _StageModule, mesh, reporter: "_TPReporter") -> None:

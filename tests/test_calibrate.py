@@ -1,6 +1,7 @@
 """``hetpart calibrate`` on this machine's CPU, end to end, with a 2-layer model; and its bad input."""
 
 import json
+import os
 
 import pytest
 
@@ -37,6 +38,17 @@ def test_calibrate_measures_the_cpu_and_predict_uses_it(tmp_path, capsys):
     assert {(e.kind, e.backend, e.scope) for e in profile.links} == {("p2p", "gloo", "any"), ("allreduce", "gloo", "any")}
     assert all(e.bandwidth_gbyte_s > 0 and len(e.sweep) == 8 for e in profile.links)
     assert profile.devices["cpu"].adam_s_per_param > 0
+    # every unit kind run tensor-parallel two ways by the runtime's engine: a block's Megatron f and g
+    # (two all-reduces of one micro-batch's fp32 activations each way), the embedding and head run whole
+    if (os.cpu_count() or 1) >= 2:
+        assert "measuring tensor parallelism" in err
+        tp = {(e.unit, e.micro_batch): e for e in profile.tensor_parallel}
+        assert sorted(tp) == sorted({(e.unit, e.micro_batch) for e in profile.compute})
+        for (unit, mb), e in tp.items():
+            calls = 2 if unit == "block" else 0
+            assert (e.tp, e.backend, e.collectives_fwd, e.collectives_bwd) == (2, "gloo", calls, calls)
+            assert e.collective_bytes == (mb * 32 * 64 * 4 if calls else 0)
+            assert e.fwd_s > 0 and e.bwd_s > 0 and (e.collective_fwd_s > 0) == bool(calls)
     common = ["--model", model, "--cluster", cluster, "--global-batch", "4", "--seq-len", "32", "--tp", "1", "--pp", "2",
               "--dp", "1", "--micro-batch", "2", "--recompute", "none", "--json"]
     code, stdout, err = run_cli(capsys, "predict", *common, "--profile", str(out))

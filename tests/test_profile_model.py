@@ -9,8 +9,8 @@ import pytest
 from hetpart import load_cluster, load_model
 from hetpart.costmodel import Simulator, megatron_plan
 from hetpart.costmodel.compute import unit_compute_s
-from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, _interp,
-                                       fit_latency_bandwidth, load_profile, parse_profile)
+from hetpart.costmodel.profile import (BoundProfile, ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile,
+                                       TensorParallelEntry, _interp, fit_latency_bandwidth, load_profile, parse_profile)
 from hetpart.costmodel.memory import optimizer_step_bytes
 from hetpart.errors import SpecError
 from hetpart.workload import Workload
@@ -288,3 +288,97 @@ def test_an_uneven_tensor_parallel_group_is_priced_from_the_profile_too(tmp_path
     assert same.breakdown[0]["compute_s"] == pytest.approx(plain.breakdown[0]["compute_s"], rel=0.01)
     assert same.breakdown[0]["tp_comm_s"] == pytest.approx(plain.breakdown[0]["tp_comm_s"], rel=1e-6)
     assert slow.breakdown[0]["compute_s"] == pytest.approx(3 * same.breakdown[0]["compute_s"], rel=1e-9)
+
+
+def with_tensor_parallel(model, cluster, extra_fwd=2e-3, extra_bwd=3e-3, micro_batches=(1, 2, 4)) -> Profile:
+    """The analytic profile plus the block timed tensor-parallel 2 ways: its half of the curve, its two
+    forward and two backward all-reduces as rings on the measured intra-node link, and ``extra`` more
+    (what the engine pays beyond both)."""
+    from dataclasses import replace
+
+    from hetpart.costmodel.collectives import ring_allreduce_time_s
+
+    base = analytic_profile(model, cluster, micro_batches)
+    link = next(e for e in base.links if e.kind == "allreduce" and e.scope == "intra_node")
+    block = model.units[1]
+    entries = []
+    for e in base.compute:
+        if e.unit != "block":
+            continue
+        half = [_interp([x.fwd_flops for x in base.compute if x.unit == "block"],
+                        [getattr(x, k) for x in base.compute if x.unit == "block"], e.fwd_flops / 2)
+                for k in ("fwd_s", "bwd_s")]
+        nbytes = 2 * model.seq_len * e.micro_batch * block.width  # bf16 activations of one micro-batch
+        ring = ring_allreduce_time_s(nbytes, 2, link.bandwidth_gbyte_s, link.latency_us)
+        entries.append(TensorParallelEntry(
+            device="A100", precision="bf16", unit="block", params=e.params, seq_len=e.seq_len,
+            micro_batch=e.micro_batch, fwd_flops=e.fwd_flops, tp=2, fwd_s=half[0] + 2 * ring + extra_fwd,
+            bwd_s=half[1] + 2 * ring + extra_bwd, collective_fwd_s=2 * ring, collective_bwd_s=2 * ring,
+            collectives_fwd=2, collectives_bwd=2, collective_bytes=nbytes, repeats=3, backend="nccl"))
+    return replace(base, tensor_parallel=tuple(entries))
+
+
+def test_a_measured_tensor_parallel_unit_adds_what_the_engine_pays_beyond_its_share_and_all_reduces(cluster):
+    model = _model()
+    prof = with_tensor_parallel(model, cluster)
+    bound = BoundProfile(prof, model, cluster)
+    for mb in (1, 2, 3, 4, 8):  # measured, between (interpolated), beyond (the nearest kept)
+        assert bound.tp_overhead_s("A100", "bf16", model.units[1], mb, 2) == pytest.approx((2e-3, 3e-3), rel=1e-9)
+        assert bound.tp_overhead_s("A100", "bf16", model.units[1], mb, 8) == pytest.approx((2e-3, 3e-3), rel=1e-9)
+    assert bound.tp_overhead_s("A100", "bf16", model.units[0], 2, 2) == (0.0, 0.0)  # the embedding: not measured
+    blocks = sum(u.kind == "block" for u in model.units)
+    w = Workload(16, 64, precision="bf16", recompute="none")
+    plain_prof = analytic_profile(model, cluster)
+    for tp, pp in ((2, 1), (2, 2)):
+        plan = megatron_plan(model, cluster, w, tp=tp, pp=pp, dp=1, micro_batch=2, recompute="none")
+        without, with_tp = (Simulator(model, cluster, overlap_grad_reduce=False, profile=p).simulate(plan)
+                            for p in (plain_prof, prof))
+        micro = plan.global_batch // plan.micro_batch
+        # every block of every stage pays 5 ms more per micro-batch, nothing else moves
+        assert sum(b["compute_s"] for b in with_tp.breakdown) - sum(b["compute_s"] for b in without.breakdown) \
+            == pytest.approx(micro * blocks * 5e-3, rel=1e-6)
+        assert [b["tp_comm_s"] for b in with_tp.breakdown] == pytest.approx([b["tp_comm_s"] for b in without.breakdown])
+    one = megatron_plan(model, cluster, w, tp=1, pp=2, dp=2, micro_batch=2, recompute="none")
+    assert Simulator(model, cluster, profile=prof).simulate(one).step_time_s == pytest.approx(
+        Simulator(model, cluster, profile=plain_prof).simulate(one).step_time_s, rel=1e-12)
+
+
+def test_an_uneven_split_does_not_pay_the_dtensor_engines_price(tmp_path):
+    """An uneven split runs Megatron-style by hand (hetpart.runtime.uneven_tp), not through DTensor."""
+    from hetpart.plan import Plan, Replica, Stage, TPSplit
+
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER)
+    cluster = load_cluster(str(path))
+    model = _model()
+    prof, plain_prof = with_tensor_parallel(model, cluster), analytic_profile(model, cluster)
+    for split in (TPSplit(heads=(8, 4), ffn=(2048, 1024)), None):
+        stage = Stage((0, model.num_units), ("0/0/0", "0/0/1"), tp=2, tp_split=split)
+        plan = Plan(global_batch=8, micro_batch=2, seq_len=64, recompute="none", precision="bf16",
+                    replicas=(Replica(1.0, (stage,)),))
+        a, b = (Simulator(model, cluster, profile=p).simulate(plan).breakdown[0]["compute_s"] for p in (plain_prof, prof))
+        assert b - a == pytest.approx(0.0 if split else 4 * 12 * 5e-3, abs=1e-9)
+
+
+def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cluster):
+    from dataclasses import replace
+
+    model = _model()
+    prof = with_tensor_parallel(model, cluster)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert load_profile(path).to_dict() == prof.to_dict() and load_profile(path).tensor_parallel == prof.tensor_parallel
+    assert "tensor_parallel" not in analytic_profile(model, cluster).to_dict()  # older files read as before
+    cpu = replace(prof, devices={"A100": replace(prof.devices["A100"], kind="cpu")})
+    shared = cpu.sharing_cores(4, 2)
+    assert [e.fwd_s for e in shared.tensor_parallel] == pytest.approx([2 * e.fwd_s for e in prof.tensor_parallel])
+    assert [e.collective_bwd_s for e in shared.tensor_parallel] == pytest.approx(
+        [2 * e.collective_bwd_s for e in prof.tensor_parallel])
+    for edit, match in [(lambda t: t.update(tp=1), r"tensor_parallel\[0\]\.tp: must be >= 2"),
+                        (lambda t: t.pop("collective_fwd_s"), r"tensor_parallel\[0\]\.collective_fwd_s: missing"),
+                        (lambda t: t.update(unit="layer"), r"tensor_parallel\[0\]\.unit: 'layer'; use one of")]:
+        data = prof.to_dict()
+        edit(data["tensor_parallel"][0])
+        path.write_text(json.dumps(data))
+        with pytest.raises(SpecError, match=match):
+            load_profile(path)

@@ -36,6 +36,8 @@ def calibrate_command(
         repeats: Optional[int] = typer.Option(None, "--repeats", help="Most timed repeats per measurement (default 10 on "
                                               "a GPU, 7 on a CPU; at least 3, fewer only when one takes over 3 s)."),
         links: bool = typer.Option(True, "--links/--no-links", help="Also measure p2p and all-reduce between two local processes."),
+        tensor_parallel: bool = typer.Option(True, "--tensor-parallel/--no-tensor-parallel", help="Also time each unit "
+                                             "kind tensor-parallel over two local processes as 'hetpart run' runs it."),
         device: str = typer.Option("auto", "--device", help="auto (CUDA when present, else this CPU), cpu or cuda."),
         import_metis: Optional[Path] = typer.Option(None, "--import-metis", help="Measure nothing: read the per-layer "
                                                     "profiles Metis wrote (DeviceType.NAME_tpT_bsB.json files in this "
@@ -70,7 +72,7 @@ def calibrate_command(
                         "such as 1,2,4,8") from None
     options = CalibrateOptions(micro_batches=sizes, seq_len=seq_len, precision=precision,
                                scale=int(scale) if scale and scale.isdigit() else scale, repeats=repeats,
-                               links=links, device=device)
+                               links=links, tensor_parallel=tensor_parallel, device=device)
     _check_writable(out)
     profile = calibrate_profile(cluster, model, options,
                                 say=lambda text: print(f"hetpart calibrate: {text}", file=sys.stderr, flush=True))
