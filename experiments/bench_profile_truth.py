@@ -98,7 +98,8 @@ def truth_rows(scale: str = "small", global_batch: int = 8, steps: int = 4, warm
     w = Workload(global_batch, seq, precision="fp32", recompute="none")
     searched = make_plan(graph, mixed, w, "search", predictor=get_predictor("simulator", graph, mixed, w,
                                                                           overlap_grad_reduce=False, profile=profile))
-    plans.append(("search with the profile, 2xA100 + 2xV100", searched.plan, mixed_path))
+    shape = "; ".join(" + ".join(f"{len(st.devices)}x tp{st.tp}" for st in r.stages) for r in searched.plan.replicas)
+    plans.append((f"search with the profile, 2xA100 + 2xV100 ({shape})", searched.plan, mixed_path))
     rows = []
     for name, p, cl in plans:
         from dataclasses import replace as dc_replace
