@@ -196,10 +196,19 @@ class Scenario:
         dp = self.pools[pool].num_devices // (tp * pp)
         return max(1, self.total_microbatches(mb) // (dp * len(self.pools)))  # as the search estimates it
 
+    def _fractions(self, pool: int, tp: int, pp: int) -> tuple[float, ...]:
+        """The shard fractions a pool's replicas are fitted under, as search fits them
+        (:func:`~hetpart.policies.plan_search._mask_fractions`): its own replicas' share first, then, when
+        sharding, none (the other pools' replicas hold the states)."""
+        from hetpart.policies.plan_search import _mask_fractions
+
+        return _mask_fractions(self.ctx, self.pools[pool].num_devices // (tp * pp))
+
     def pool_fits(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> bool:
         def compute() -> bool:
             costs = self.ctx.table.get(self.pools[pool], tp, mb, rc)
-            return greedy_fits([costs] * pp, self._m_est(pool, tp, pp, mb))
+            return any(greedy_fits([costs] * pp, self._m_est(pool, tp, pp, mb), self.ctx.zero, f)
+                       for f in self._fractions(pool, tp, pp))
 
         return self._memo(("pool", pool, tp, pp, mb, rc), compute)
 
@@ -225,11 +234,16 @@ class Scenario:
     def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool = False) -> _PoolConfig | None:
         """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them
         (``quick``: with :func:`~hetpart.policies.partition.minimax_split`, as :meth:`mixed_scored`)."""
-        def compute():
+        def compute():  # under the first memory assumption that fits (sharded states: search's two)
             p = self.pools[pool]
             costs = self.ctx.table.get(p, tp, mb, rc)
-            return pool_config(self.ctx, p, tp, pp, mb, costs, [costs.masked(pp - j) for j in range(pp)],
-                               self._m_est(pool, tp, pp, mb), minimax_split if quick else split_layers)
+            for f in self._fractions(pool, tp, pp):
+                masks = [costs.masked(pp - j, False, self.ctx.zero, f) for j in range(pp)]
+                config = pool_config(self.ctx, p, tp, pp, mb, costs, masks, self._m_est(pool, tp, pp, mb),
+                                     minimax_split if quick else split_layers)
+                if config is not None:
+                    return config
+            return None
 
         return self._memo(("config", pool, tp, pp, mb, rc, quick), compute)
 

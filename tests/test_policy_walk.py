@@ -284,3 +284,30 @@ def test_the_policy_also_climbs_its_level_0_plan_sharded_at_level_1(monkeypatch)
     assert point is not None and point[0] == "mixed" and point[3:] == (level0[0].plan.dp, 1, level0[0].plan.recompute)
     for built in Neighbourhood(scenario).exact(point).build():
         assert policy_planner._mixed_point(scenario, built) == point
+
+
+def test_typed_replicas_are_fitted_with_their_states_sharded(tmp_path) -> None:
+    """At sharding level 1 a pool's one-GPU replicas can fit where unsharded states do not: the walk's
+    typed points must be fitted (and split) under the level, as search fits them, or the policy never
+    reaches search's plan (gpt3-6.7b on 16 MI250X GCDs + 8 MI300X: all data parallel at level 1, 0.971 of
+    search when the walk fitted typed replicas unsharded)."""
+    from dataclasses import replace
+
+    from hetpart.policies.neighbourhood import Neighbourhood
+    from hetpart.policies.structure import Scenario
+
+    path = tmp_path / "amd.yaml"
+    path.write_text("name: amd-two-gens\nnodes:\n"
+                    "  - {count: 2, gpus_per_node: 8, gpu: MI250X-GCD-64GB, intra_node: xGMI, nic: RoCE-200}\n"
+                    "  - {count: 1, gpus_per_node: 8, gpu: MI300X-192GB, intra_node: xGMI, nic: RoCE-400}\n")
+    cluster, model = load_cluster(str(path)), load_model("gpt3-6.7b", seq_len=2048, precision="bf16")
+    w = Workload(512, 2048, precision="bf16")
+    unsharded, sharded = (Scenario(model, cluster, replace(w, zero=z)) for z in (0, 1))
+    mi250x = next(i for i, p in enumerate(sharded.pools) if p.gpu.name.startswith("MI250X"))
+    assert not unsharded.pool_fits(mi250x, 1, 1, 2, "selective")  # 6.7 B parameters' states on one GCD
+    assert sharded.pool_fits(mi250x, 1, 1, 2, "selective")
+    assert sharded.pool_config(mi250x, 1, 1, 2, "selective") is not None
+    point = ("typed", tuple(sorted((p, 1, 1) for p in range(2))), 2, "selective")
+    hood = Neighbourhood(sharded)
+    assert hood.valid(point) and hood.exact(point) is not None
+    assert not Neighbourhood(unsharded).valid(point)
