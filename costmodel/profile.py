@@ -126,14 +126,15 @@ class ComputeEntry:
 @dataclass(frozen=True)
 class TensorParallelEntry:
     """One unit at one micro-batch size run tensor-parallel ``tp`` ways the way ``hetpart run`` runs it
-    (torch's DTensor ``parallelize_module`` over ``tp`` local processes), measured: the median of
-    ``repeats`` calls of every rank's forward and backward, its tensor-parallel all-reduces included, and
-    the same all-reduces (count and bytes) timed alone in the same processes.
+    (over ``tp`` local processes; :attr:`engine`: torch's DTensor ``parallelize_module`` for an even split,
+    Megatron-style local slices by hand for an uneven one), measured: the slowest rank's median of
+    ``repeats`` calls, forward and backward, its tensor-parallel all-reduces included, and the same
+    all-reduces (count and bytes) timed alone in the same processes.
 
     What the unit costs beyond its ``1/tp`` share of the single-process curve and those all-reduces
-    (:meth:`BoundProfile.tp_overhead_s`: DTensor's dispatch of every sharded operator, the ranks waiting
-    for each other at each all-reduce) is the engine's own price of tensor parallelism, which the
-    analytic terms do not see."""
+    (:meth:`BoundProfile.tp_overhead_s`: the engine's dispatch of every sharded operator, the ranks waiting
+    for each other at each all-reduce, a unit every rank runs whole) is the engine's own price of tensor
+    parallelism, which the analytic terms do not see."""
 
     device: str
     precision: str
@@ -157,6 +158,9 @@ class TensorParallelEntry:
     bwd_range_s: tuple[float, float] = (0.0, 0.0)
     repeats: int = 1
     backend: str = ""
+    engine: str = "dtensor"
+    """How the runtime ran it: ``dtensor`` (an even split) or ``megatron`` (by hand, as an uneven split runs;
+    measured at an even one)."""
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,7 @@ def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
         width=integer(SpecError, v.get("width", 0), source, f"{where}.width", minimum=0), **optional_gb)
 
 
+_TP_ENGINES = ("dtensor", "megatron")
 _TP_KEYS = ("device", "precision", "unit", "params", "seq_len", "micro_batch", "fwd_flops", "tp", "fwd_s", "bwd_s",
             "collective_fwd_s", "collective_bwd_s")
 
@@ -389,7 +394,9 @@ _TP_KEYS = ("device", "precision", "unit", "params", "seq_len", "micro_batch", "
 def _tensor_parallel(v: Any, source: str, where: str, devices: dict) -> TensorParallelEntry:
     v = require_mapping(SpecError, v, source, where)
     require_keys(SpecError, v, source, where, _TP_KEYS, ("collectives_fwd", "collectives_bwd", "collective_bytes",
-                                                         "fwd_range_s", "bwd_range_s", "repeats", "backend"))
+                                                         "fwd_range_s", "bwd_range_s", "repeats", "backend", "engine"))
+    if v.get("engine", "dtensor") not in _TP_ENGINES:
+        raise fail(SpecError, source, f"{where}.engine", f"{v['engine']!r}; use one of {', '.join(_TP_ENGINES)}")
     if v["device"] not in devices:
         raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
                    f"{', '.join(sorted(devices))}")
@@ -413,7 +420,8 @@ def _tensor_parallel(v: Any, source: str, where: str, devices: dict) -> TensorPa
                                 strict=False, maximum=1e15),
         fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
         bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
-        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"), backend=str(v.get("backend", "")))
+        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"), backend=str(v.get("backend", "")),
+        engine=v.get("engine", "dtensor"))
 
 
 def _link(v: Any, source: str, where: str, devices: dict) -> LinkEntry:
@@ -500,7 +508,7 @@ class BoundProfile:
         self._curves = {k: _Curve(v) for k, v in curves.items()}
         self._tp: dict[tuple, list[TensorParallelEntry]] = {}
         for t in profile.tensor_parallel:
-            self._tp.setdefault((t.device, t.precision, t.unit, t.params), []).append(t)
+            self._tp.setdefault((t.device, t.precision, t.unit, t.params, t.engine), []).append(t)
         self._measured_units: dict[tuple[str, str], int] = {}
         self._link_clusters: dict[str, "Cluster"] = {}
 
@@ -531,17 +539,17 @@ class BoundProfile:
         return self._curves.get((device, precision, unit.kind, int(unit.params)))
 
     def unit_compute_s(self, gpu: "GPUSpec", tp: "float | np.ndarray", micro_batch: int, precision: str, recompute: str,
-                       fwd: np.ndarray, bwd: np.ndarray, selective: str = "core", engine_tp: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+                       fwd: np.ndarray, bwd: np.ndarray, selective: str = "core", engine_tp: int | None = None,
+                       engine: str = "dtensor") -> tuple[np.ndarray, np.ndarray]:
         """``(fwd_s, bwd_s)`` per unit: measured where the profile has the unit, else the given analytic ones.
 
         ``tp``: the tensor-parallel degree, or per unit ``1 / the device's share`` of an uneven split. A measured
         unit's backward gains the share of its forward that ``recompute`` runs again: the whole forward under
         ``full``; under ``selective`` the attention core, or with ``selective="sublayer"`` (hetpart's runtime,
         :data:`~hetpart.costmodel.compute.SELECTIVE_SCOPES`) the attention sublayer, projections included.
-        ``engine_tp``: the even tensor-parallel degree the engine runs these units at (None: ``tp`` when it is one
-        number, else 1); a measured unit then also pays the engine's price of that degree
-        (:meth:`tp_overhead_s`). An uneven split runs Megatron-style by hand, not through DTensor: pass 1."""
+        ``engine_tp``: the tensor-parallel degree the engine runs these units at (None: ``tp`` when it is one
+        number, else 1), ``engine`` how (``dtensor``: an even split; ``megatron``: an uneven one, by hand); a
+        measured unit then also pays the engine's price of that degree (:meth:`tp_overhead_s`)."""
         device = self.device_class(gpu)
         if engine_tp is None:
             engine_tp = int(round(float(tp))) if np.ndim(tp) == 0 else 1
@@ -564,14 +572,15 @@ class BoundProfile:
             f, b = curve.at(work)
             share = (u.recompute_flops[recompute] + projections[i]) / u.fwd_flops if u.fwd_flops > 0 else 0.0
             if engine_tp > 1 and u.tp_shardable:
-                of, ob = self.tp_overhead_s(device, measured_precision, u, micro_batch, engine_tp)
+                of, ob = self.tp_overhead_s(device, measured_precision, u, micro_batch, engine_tp, engine)
                 f, b = f + of, b + ob
             fwd[i], bwd[i] = f, b + share * f
             hits += 1
         self._measured_units[(gpu.name, precision)] = hits
         return fwd, bwd
 
-    def tp_overhead_s(self, device: str, precision: str, unit: "Unit", micro_batch: int, tp: int) -> tuple[float, float]:
+    def tp_overhead_s(self, device: str, precision: str, unit: "Unit", micro_batch: int, tp: int,
+                      engine: str = "dtensor") -> tuple[float, float]:
         """Forward and backward seconds one call of ``unit`` costs tensor-parallel ``tp`` ways beyond its
         ``1/tp`` share of the single-process curve and its all-reduces (:class:`TensorParallelEntry`):
         measured minus both, never below 0; ``(0, 0)`` where the profile measured no such unit.
@@ -582,7 +591,7 @@ class BoundProfile:
         interpolated linearly in tokens per call, beyond them it keeps the nearest one's; a degree that
         was not measured takes the nearest measured degree's (dispatch per sharded operator and waiting
         at each all-reduce do not shrink with the degree; they may grow with more ranks to wait for)."""
-        entries = self._tp.get((device, precision, unit.kind, int(unit.params)))
+        entries = self._tp.get((device, precision, unit.kind, int(unit.params), engine))
         curve = self._curve(device, precision, unit)
         if not entries or curve is None:
             return 0.0, 0.0

@@ -438,7 +438,8 @@ class Simulator:
                     f1, b1 = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, precision, recompute, curve,
                                             attention, kernels=self._op_kernels, dispatch=self.dispatch, selective=self._selective)
                     mf, mb1 = self._profiled.unit_compute_s(gpu, 1.0 / shares[i], mb, precision, recompute, f1, b1,
-                                                            self._selective, engine_tp=tp if split is None else 1)
+                                                            self._selective, engine_tp=tp,
+                                                            engine="dtensor" if split is None else "megatron")
                     f = mf * np.divide(f, f1, out=np.ones_like(f), where=f1 > 0)
                     b = mb1 * np.divide(b, b1, out=np.ones_like(b), where=b1 > 0)
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))

@@ -49,6 +49,10 @@ GRID = ((1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 4), (1, 2, 1, 1), (1, 2, 1, 2), (1
 on the machine's cores (more ranks than cores where it has two)."""
 
 
+UNEVEN_MICRO_BATCHES = (2, 4)
+"""Micro-batches of the uneven tensor-parallel plan (gpt2-small's 12 heads split 9:3, its MLP 3:1)."""
+
+
 def _write(folder: Path, name: str, text: str) -> str:
     path = folder / name
     path.write_text(text)
@@ -94,6 +98,13 @@ def truth_rows(scale: str = "small", global_batch: int = 8, steps: int = 4, warm
         w = Workload(global_batch, seq, precision="fp32", recompute="none")
         p = megatron_plan(graph, cluster, w, tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute="none")
         plans.append((f"megatron {f'tp{tp} ' if tp > 1 else ''}pp{pp} dp{dp} mb{mb}", p, cluster_path))
+    from hetpart.plan import Plan, Replica, Stage, TPSplit
+
+    for mb in UNEVEN_MICRO_BATCHES:  # one stage split 3:1 over two ranks: the runtime runs it by hand (Megatron-style)
+        stage = Stage((0, graph.num_units), ("0/0/0", "0/0/1"), tp=2, tp_split=TPSplit(heads=(9, 3), ffn=(2304, 768)))
+        p = Plan(global_batch=global_batch, micro_batch=mb, seq_len=seq, recompute="none", precision="fp32",
+                 replicas=(Replica(1.0, (stage,)),))
+        plans.append((f"uneven tp2 (heads 9:3) mb{mb}", p, cluster_path))
     mixed = load_cluster(mixed_path)
     w = Workload(global_batch, seq, precision="fp32", recompute="none")
     searched = make_plan(graph, mixed, w, "search", predictor=get_predictor("simulator", graph, mixed, w,

@@ -470,8 +470,8 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
         say(f"tensor parallelism: {os.cpu_count()} core(s), {tp} processes would share one; not measured")
         return []
     backend = "nccl" if cuda else "gloo"
-    say(f"measuring tensor parallelism: each unit split {tp} ways over {tp} local processes ({backend}, the "
-        "runtime's DTensor engine), and its all-reduces alone")
+    say(f"measuring tensor parallelism: each unit split {tp} ways over {tp} local processes ({backend}) as the "
+        "runtime runs an even split (DTensor) and an uneven one (Megatron-style, the blocks), and its all-reduces alone")
     with tempfile.TemporaryDirectory(prefix="hetpart-calibrate-") as tmp:
         out = Path(tmp) / "tp.json"
         job = {"model": model_spec, "scale": options.scale, "precision": precision, "seq": seq,
@@ -491,8 +491,8 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
             bwd_s=r["bwd_s"], collective_fwd_s=r["collective_fwd_s"], collective_bwd_s=r["collective_bwd_s"],
             collectives_fwd=r["collectives_fwd"], collectives_bwd=r["collectives_bwd"],
             collective_bytes=r["collective_bytes"], fwd_range_s=tuple(r["fwd_range_s"]),
-            bwd_range_s=tuple(r["bwd_range_s"]), repeats=r["repeats"], backend=backend))
-        say(f"  {r['unit']} micro-batch {r['micro_batch']} tp {tp}: forward {r['fwd_s'] * 1e3:.2f} ms "
+            bwd_range_s=tuple(r["bwd_range_s"]), repeats=r["repeats"], backend=backend, engine=r["engine"]))
+        say(f"  {r['unit']} micro-batch {r['micro_batch']} tp {tp} ({r['engine']}): forward {r['fwd_s'] * 1e3:.2f} ms "
             f"({r['collectives_fwd']} all-reduces {r['collective_fwd_s'] * 1e3:.2f} ms alone), backward "
             f"{r['bwd_s'] * 1e3:.2f} ms ({r['collectives_bwd']}: {r['collective_bwd_s'] * 1e3:.2f} ms)")
     return entries
@@ -522,7 +522,7 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, job_json: str, ou
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hetpart.runtime.engine import parallelize_for_timing
+    from hetpart.runtime.engine import TP_ENGINES, parallelize_for_timing
     from hetpart.runtime.models import build_units, runnable_spec
     from hetpart.runtime.profile import _DTYPES, _Clock, _unit_input
 
@@ -538,13 +538,16 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, job_json: str, ou
         dtype, clock = _DTYPES[job["precision"]], _Clock(device)
         mesh = init_device_mesh(device.type, (world,))
         rows = []
-        for index in (0, 1, spec.num_units - 1):
-            unit = build_units(spec, [index], device=device, dtype=dtype)[0]
-            hooks = _CountCollectives()
-            parallelize_for_timing(unit, mesh, hooks)
-            for mb in job["micro_batches"]:
-                x = _unit_input(spec, index, mb, job["seq"], device, dtype)
-                rows.append(_tp_timing(unit, x, mb, dtype, hooks, clock, dist, device, job))
+        for engine in TP_ENGINES:
+            for index in (0, 1, spec.num_units - 1):
+                unit = build_units(spec, [index], device=device, dtype=dtype)[0]
+                if engine == "megatron" and not unit.tp_plan:
+                    continue  # by hand only the blocks are cut (an embedding or head runs whole, or vocabulary-split)
+                hooks = _CountCollectives()
+                parallelize_for_timing(unit, mesh, hooks, engine, spec.config, rank)
+                for mb in job["micro_batches"]:
+                    x = _unit_input(spec, index, mb, job["seq"], device, dtype)
+                    rows.append(dict(_tp_timing(unit, x, mb, dtype, hooks, clock, dist, device, job), engine=engine))
         everyone: list[Any] = [None] * world
         dist.all_gather_object(everyone, rows)
         if rank == 0:  # the slowest rank's median: its peers wait for it at every all-reduce

@@ -42,7 +42,7 @@ from hetpart.runtime.groups import (DEFAULT_BUCKET_CAP, CommLayout, FanOut, Proc
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
 __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "require_runnable",
-           "loss_fn_for", "parallelize_for_timing"]
+           "loss_fn_for", "parallelize_for_timing", "TP_ENGINES"]
 
 
 class Hooks(Protocol):
@@ -784,14 +784,29 @@ def _all_cuda_ids(device: torch.device) -> list[str | None]:
     return ids
 
 
-def parallelize_for_timing(unit: UnitModel, mesh, hooks: Hooks) -> None:
-    """Shard ``unit`` over ``mesh`` as a stage of an even tensor-parallel split runs it (DTensor's
-    column- and row-parallel linears), reporting each of its all-reduces to ``hooks.on_collective``:
-    what ``hetpart calibrate`` times (:mod:`hetpart.runtime.calibrate`)."""
+TP_ENGINES = ("dtensor", "megatron")
+"""How a stage runs tensor parallelism: ``dtensor`` (torch's column- and row-parallel linears: a stage
+without ``tp_split``) or ``megatron`` (local slices and Megatron's two autograd wrappers by hand:
+:mod:`hetpart.runtime.uneven_tp`, a stage with one)."""
+
+
+def parallelize_for_timing(unit: UnitModel, mesh, hooks: Hooks, engine: str = "dtensor", cfg=None,
+                           rank: int = 0) -> None:
+    """Shard ``unit`` over ``mesh`` as a stage runs it under ``engine`` (:data:`TP_ENGINES`; ``megatron``
+    with an even split of ``cfg``'s heads and columns, ``rank`` this process's place), reporting each of its
+    all-reduces to ``hooks.on_collective``: what ``hetpart calibrate`` times (:mod:`hetpart.runtime.calibrate`)."""
     clock = _Clock()
     clock.in_chunk = True
     ranks = tuple(range(mesh.size()))
-    _parallelize(_StageModule([unit]), mesh, _TPReporter(ranks, hooks, clock))
+    reporter = _TPReporter(ranks, hooks, clock)
+    if engine == "dtensor":
+        _parallelize(_StageModule([unit]), mesh, reporter)
+        return
+    if engine != "megatron":
+        raise ValueError(f"engine: {engine!r}; use one of {', '.join(TP_ENGINES)}")
+    from hetpart.runtime.uneven_tp import parallelize_uneven, runtime_split
+
+    parallelize_uneven([unit], runtime_split(None, cfg, mesh.size()), rank, cfg, mesh.get_group(), reporter)
 
 
 def _parallelize(module: _StageModule, mesh, reporter: "_TPReporter") -> None:

@@ -42,9 +42,10 @@ def test_calibrate_measures_the_cpu_and_predict_uses_it(tmp_path, capsys):
     # (two all-reduces of one micro-batch's fp32 activations each way), the embedding and head run whole
     if (os.cpu_count() or 1) >= 2:
         assert "measuring tensor parallelism" in err
-        tp = {(e.unit, e.micro_batch): e for e in profile.tensor_parallel}
-        assert sorted(tp) == sorted({(e.unit, e.micro_batch) for e in profile.compute})
-        for (unit, mb), e in tp.items():
+        tp = {(e.unit, e.micro_batch, e.engine): e for e in profile.tensor_parallel}
+        assert sorted(tp) == sorted({(e.unit, e.micro_batch, "dtensor") for e in profile.compute}
+                                    | {(e.unit, e.micro_batch, "megatron") for e in profile.compute if e.unit == "block"})
+        for (unit, mb, _), e in tp.items():
             calls = 2 if unit == "block" else 0
             assert (e.tp, e.backend, e.collectives_fwd, e.collectives_bwd) == (2, "gloo", calls, calls)
             assert e.collective_bytes == (mb * 32 * 64 * 4 if calls else 0)

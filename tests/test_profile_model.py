@@ -290,7 +290,8 @@ def test_an_uneven_tensor_parallel_group_is_priced_from_the_profile_too(tmp_path
     assert slow.breakdown[0]["compute_s"] == pytest.approx(3 * same.breakdown[0]["compute_s"], rel=1e-9)
 
 
-def with_tensor_parallel(model, cluster, extra_fwd=2e-3, extra_bwd=3e-3, micro_batches=(1, 2, 4)) -> Profile:
+def with_tensor_parallel(model, cluster, extra_fwd=2e-3, extra_bwd=3e-3, micro_batches=(1, 2, 4),
+                         engine="dtensor") -> Profile:
     """The analytic profile plus the block timed tensor-parallel 2 ways: its half of the curve, its two
     forward and two backward all-reduces as rings on the measured intra-node link, and ``extra`` more
     (what the engine pays beyond both)."""
@@ -314,7 +315,7 @@ def with_tensor_parallel(model, cluster, extra_fwd=2e-3, extra_bwd=3e-3, micro_b
             device="A100", precision="bf16", unit="block", params=e.params, seq_len=e.seq_len,
             micro_batch=e.micro_batch, fwd_flops=e.fwd_flops, tp=2, fwd_s=half[0] + 2 * ring + extra_fwd,
             bwd_s=half[1] + 2 * ring + extra_bwd, collective_fwd_s=2 * ring, collective_bwd_s=2 * ring,
-            collectives_fwd=2, collectives_bwd=2, collective_bytes=nbytes, repeats=3, backend="nccl"))
+            collectives_fwd=2, collectives_bwd=2, collective_bytes=nbytes, repeats=3, backend="nccl", engine=engine))
     return replace(base, tensor_parallel=tuple(entries))
 
 
@@ -343,21 +344,31 @@ def test_a_measured_tensor_parallel_unit_adds_what_the_engine_pays_beyond_its_sh
         Simulator(model, cluster, profile=plain_prof).simulate(one).step_time_s, rel=1e-12)
 
 
-def test_an_uneven_split_does_not_pay_the_dtensor_engines_price(tmp_path):
-    """An uneven split runs Megatron-style by hand (hetpart.runtime.uneven_tp), not through DTensor."""
+def test_an_uneven_split_pays_its_own_engines_price(tmp_path):
+    """An uneven split runs Megatron-style by hand (hetpart.runtime.uneven_tp), an even one through DTensor:
+    each pays what its engine was measured to cost, and nothing where that engine was not measured."""
+    from dataclasses import replace
+
     from hetpart.plan import Plan, Replica, Stage, TPSplit
 
     path = tmp_path / "c.yaml"
     path.write_text(CLUSTER)
     cluster = load_cluster(str(path))
     model = _model()
-    prof, plain_prof = with_tensor_parallel(model, cluster), analytic_profile(model, cluster)
-    for split in (TPSplit(heads=(8, 4), ffn=(2048, 1024)), None):
+    dtensor, plain_prof = with_tensor_parallel(model, cluster), analytic_profile(model, cluster)
+    by_hand = with_tensor_parallel(model, cluster, 1e-3, 1e-3, engine="megatron")
+    both = replace(dtensor, tensor_parallel=dtensor.tensor_parallel + by_hand.tensor_parallel)
+    blocks = sum(u.kind == "block" for u in model.units)
+    for split, paid in ((TPSplit(heads=(8, 4), ffn=(2048, 1024)), {"dtensor": 0.0, "both": 2e-3}),
+                        (None, {"dtensor": 5e-3, "both": 5e-3})):
         stage = Stage((0, model.num_units), ("0/0/0", "0/0/1"), tp=2, tp_split=split)
         plan = Plan(global_batch=8, micro_batch=2, seq_len=64, recompute="none", precision="bf16",
                     replicas=(Replica(1.0, (stage,)),))
-        a, b = (Simulator(model, cluster, profile=p).simulate(plan).breakdown[0]["compute_s"] for p in (plain_prof, prof))
-        assert b - a == pytest.approx(0.0 if split else 4 * 12 * 5e-3, abs=1e-9)
+        base = Simulator(model, cluster, profile=plain_prof).simulate(plan).breakdown[0]["compute_s"]
+        for name, prof in (("dtensor", dtensor), ("both", both)):
+            got = Simulator(model, cluster, profile=prof).simulate(plan).breakdown[0]["compute_s"] - base
+            # the uneven split's slowest device's share: its time, not the even half, comes from the curve
+            assert got == pytest.approx(4 * blocks * paid[name], rel=1e-6, abs=1e-9), (split, name)
 
 
 def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cluster):
@@ -376,7 +387,8 @@ def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cl
         [2 * e.collective_bwd_s for e in prof.tensor_parallel])
     for edit, match in [(lambda t: t.update(tp=1), r"tensor_parallel\[0\]\.tp: must be >= 2"),
                         (lambda t: t.pop("collective_fwd_s"), r"tensor_parallel\[0\]\.collective_fwd_s: missing"),
-                        (lambda t: t.update(unit="layer"), r"tensor_parallel\[0\]\.unit: 'layer'; use one of")]:
+                        (lambda t: t.update(unit="layer"), r"tensor_parallel\[0\]\.unit: 'layer'; use one of"),
+                        (lambda t: t.update(engine="jax"), r"tensor_parallel\[0\]\.engine: 'jax'; use one of")]:
         data = prof.to_dict()
         edit(data["tensor_parallel"][0])
         path.write_text(json.dumps(data))
