@@ -881,8 +881,13 @@ def profile_summary(profile, path: str | None) -> dict[str, Any]:
               "fwd_spread_pct": [(e.fwd_range_s[0] / e.fwd_s - 1) * 100, (e.fwd_range_s[1] / e.fwd_s - 1) * 100],
               "bwd_spread_pct": [(e.bwd_range_s[0] / e.bwd_s - 1) * 100, (e.bwd_range_s[1] / e.bwd_s - 1) * 100]}
              for e in profile.compute]
+    tensor_parallel = [{"unit": e.unit, "micro_batch": e.micro_batch, "tp": e.tp, "engine": e.engine,
+                        "fwd_ms": e.fwd_s * 1e3, "bwd_ms": e.bwd_s * 1e3,
+                        "all_reduces_alone_ms": (e.collective_fwd_s + e.collective_bwd_s) * 1e3}
+                       for e in profile.tensor_parallel]
     return {"file": path, "measured": "given" if path else "by every rank before and after its steps",
-            "date": profile.meta.get("date"), "fingerprint": profile.fingerprint, "units": units}
+            "date": profile.meta.get("date"), "fingerprint": profile.fingerprint, "units": units,
+            **({"tensor_parallel": tensor_parallel} if tensor_parallel else {})}
 
 
 def emulated_profile(profile, real: Cluster, plan: Plan, precision: str):
