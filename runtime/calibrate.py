@@ -469,6 +469,14 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
     if not cuda and (os.cpu_count() or 1) < tp:
         say(f"tensor parallelism: {os.cpu_count()} core(s), {tp} processes would share one; not measured")
         return []
+    from hetpart.runtime.models import runnable_spec
+
+    cfg = runnable_spec(model_spec, options.scale).config
+    sizes = {"attention heads": cfg.num_heads, "key/value heads": cfg.kv_heads, "MLP width": cfg.ffn}
+    odd = [f"the {n} {what}" for what, n in sizes.items() if n % tp]
+    if odd:  # the runtime refuses such a split: nothing it runs to measure
+        say(f"tensor parallelism: not measured: {tp} does not divide {' and '.join(odd)} of the model that runs")
+        return []
     backend = "nccl" if cuda else "gloo"
     say(f"measuring tensor parallelism: each unit split {tp} ways over {tp} local processes ({backend}) as the "
         "runtime runs an even split (DTensor) and an uneven one (Megatron-style, the blocks), and its all-reduces alone")
@@ -478,8 +486,14 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
                "micro_batches": list(options.micro_batches), "repeats": _max_repeats(options, cuda),
                "min_repeats": options.min_repeats, "budget_s": None if cuda else options.budget_s,
                "block_s": None if cuda else TP_BLOCK_S}
-        mp.start_processes(_tp_worker, args=(tp, _free_port(), backend, json.dumps(job), str(out)), nprocs=tp,
-                           join=True, start_method="spawn")
+        try:
+            mp.start_processes(_tp_worker, args=(tp, _free_port(), backend, json.dumps(job), str(out)), nprocs=tp,
+                               join=True, start_method="spawn")
+        except Exception as exc:  # noqa: BLE001 - an optional part: the rest of the profile is kept
+            last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            say(f"tensor parallelism: not measured: {last[-1][:300] if last else type(exc).__name__} (the profile "
+                "keeps the rest; its tensor-parallel units are priced by the analytic all-reduces)")
+            return []
         rows = json.loads(out.read_text())
     units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
     entries = []

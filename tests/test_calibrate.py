@@ -111,3 +111,32 @@ def test_the_adam_timing_keeps_to_the_memory_at_hand(monkeypatch):
     assert calibrate._adam_units(spec, "cpu") == [0, 1, spec.num_units - 1]
     monkeypatch.setattr(calibrate, "_free_bytes", lambda device: None)
     assert calibrate._adam_units(spec, "cpu") == [0, 1, spec.num_units - 1]
+
+
+@pytest.mark.slow
+def test_tensor_parallelism_the_runtime_would_refuse_or_that_fails_is_skipped_not_fatal(tmp_path, monkeypatch):
+    """A model that two ranks cannot split is not measured (one line why); a measurement that fails leaves
+    the rest of the profile, said so, instead of losing the minutes already measured."""
+    import torch.multiprocessing
+
+    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    odd = dict(TWO_LAYERS, n_embd=48, n_head=3)
+    (tmp_path / "odd.json").write_text(json.dumps(odd))
+    said: list[str] = []
+    options = CalibrateOptions(micro_batches=(1,), seq_len=16, repeats=3, links=False)
+    profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "odd.json"), options, say=said.append)
+    assert profile.compute and not profile.tensor_parallel
+    assert any("not measured: 2 does not divide the 3 attention heads" in line for line in said)
+
+    (tmp_path / "even.json").write_text(json.dumps(TWO_LAYERS))
+
+    def broken(*args, **kwargs):
+        raise torch.multiprocessing.ProcessRaisedException("RuntimeError: a rank failed", 1, 123)
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", broken)
+    said.clear()
+    profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "even.json"), options, say=said.append)
+    assert profile.compute and not profile.tensor_parallel
+    assert any("tensor parallelism: not measured: RuntimeError: a rank failed" in line for line in said)
