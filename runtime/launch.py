@@ -908,7 +908,7 @@ def emulated_profile(profile, real: Cluster, plan: Plan, precision: str):
     fastest = max(_effective_tflops(real, d, precision) for d in plan.devices)
     ratios = {real.device(d).gpu.name: fastest / real.device(d).gpu.tflops(precision) for d in plan.devices}
     source = next(iter(profile.devices.values()))
-    devices, bindings, compute = {}, {}, []
+    devices, bindings, compute, tensor_parallel = {}, {}, [], []
     for gpu, ratio in ratios.items():
         name = f"{source.name} x{ratio:.4g}"
         devices[name] = DeviceClass(name=name, kind=source.kind, description=f"{source.description} slowed "
@@ -919,8 +919,15 @@ def emulated_profile(profile, real: Cluster, plan: Plan, precision: str):
                                         fwd_range_s=(e.fwd_range_s[0] * ratio, e.fwd_range_s[1] * ratio),
                                         bwd_range_s=(e.bwd_range_s[0] * ratio, e.bwd_range_s[1] * ratio))
                     for e in profile.compute if e.device == source.name]
-    return Profile(devices=devices, device_types=bindings, compute=tuple(compute), model=dict(profile.model),
-                   meta=dict(profile.meta), source=profile.source)
+        # what a tensor-parallel unit paid beyond its share and its all-reduces is this CPU's time too,
+        # which the emulator slows like the rest of the compute it measures
+        tensor_parallel += [dataclasses.replace(e, device=name, fwd_s=e.fwd_s * ratio, bwd_s=e.bwd_s * ratio,
+                                                collective_fwd_s=e.collective_fwd_s * ratio,
+                                                collective_bwd_s=e.collective_bwd_s * ratio)
+                            for e in profile.tensor_parallel if e.device == source.name]
+    return Profile(devices=devices, device_types=bindings, compute=tuple(compute),
+                   tensor_parallel=tuple(tensor_parallel), model=dict(profile.model), meta=dict(profile.meta),
+                   source=profile.source)
 
 
 def params_width(graph: ModelGraph) -> int:

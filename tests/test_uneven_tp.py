@@ -377,3 +377,16 @@ def test_an_emulated_profile_prices_a_slowed_device_once() -> None:
     fastest = max(a100 * 0.5, v100)  # the slowed A100 against the V100
     by_ratio = sorted(e.fwd_s for e in emu.compute)
     assert by_ratio == pytest.approx(sorted([fastest / a100, fastest / v100]))
+    # a unit timed tensor-parallel on this CPU is slowed alike: the emulator slows every compute second it
+    # measures, the engine's own cost of tensor parallelism included (a run with --profile then prices it)
+    from dataclasses import replace
+
+    from hetpart.costmodel.profile import TensorParallelEntry
+
+    tp = TensorParallelEntry("cpu", "fp32", "block", 1, 8, 1, 1e9, 2, 0.5, 1.0, 0.1, 0.2, 2, 2, 1024.0)
+    emu = emulated_profile(replace(cpu, tensor_parallel=(tp,)), mixed, plan, "fp16")
+    assert {e.device for e in emu.tensor_parallel} == {e.device for e in emu.compute}
+    ratios = sorted([fastest / a100, fastest / v100])
+    got = sorted(emu.tensor_parallel, key=lambda e: e.fwd_s)
+    assert [(e.fwd_s, e.bwd_s, e.collective_bwd_s) for e in got] == [
+        (pytest.approx(0.5 * r), pytest.approx(1.0 * r), pytest.approx(0.2 * r)) for r in ratios]
