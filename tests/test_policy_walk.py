@@ -311,3 +311,39 @@ def test_typed_replicas_are_fitted_with_their_states_sharded(tmp_path) -> None:
     hood = Neighbourhood(sharded)
     assert hood.valid(point) and hood.exact(point) is not None
     assert not Neighbourhood(unsharded).valid(point)
+
+
+def test_a_compound_move_widens_several_pools_at_once(tmp_path) -> None:
+    """Three pools: two of them (RTX 2080 Ti, Titan RTX) widened to TP 4 while the RTX 3090s keep their
+    eight one-GPU stages, four replicas traded for one, is two TP moves and a replica count away, and each
+    TP move alone is far worse (gpt2-medium, held-out suite of 2026-11-29: the walk stopped at four
+    replicas, 0.985 of search). The compound scales two or more pools' TP by one factor at once."""
+    import time
+
+    from hetpart.policies.neighbourhood import Neighbourhood, improve
+    from hetpart.policies.structure import Scenario
+    from hetpart.workload import cluster_precision
+
+    path = tmp_path / "titan.yaml"
+    path.write_text("name: titan-2080\nnodes:\n"
+                    "  - {count: 1, gpus_per_node: 8, gpu: RTX3090-24GB, intra_node: PCIe4, nic: Ethernet-10}\n"
+                    "  - {count: 1, gpus_per_node: 4, gpu: TitanRTX-24GB, intra_node: PCIe3, nic: Ethernet-10}\n"
+                    "  - {count: 2, gpus_per_node: 4, gpu: RTX2080Ti-11GB, intra_node: PCIe3, nic: Ethernet-10}\n")
+    cluster = load_cluster(str(path))
+    precision = cluster_precision(cluster)
+    hood = Neighbourhood(Scenario(load_model("gpt2-medium", seq_len=1024, precision=precision), cluster,
+                                  Workload(64, 1024, precision=precision)))
+    pool = {p.gpu.name: i for i, p in enumerate(hood.s.pools)}
+    order = (pool["RTX2080Ti-11GB"], pool["RTX3090-24GB"], pool["TitanRTX-24GB"])
+    rc = hood.s.modes[0]
+    start, target = ("mixed", order, (1, 1, 1), 4, 1, rc), ("mixed", order, (4, 1, 4), 1, 1, rc)
+    compound = set(hood.compound(start))
+    assert target in compound and target not in set(hood.neighbours(start))
+    for _, o, tps, *_ in compound:
+        if o == order and sum(a != b for a, b in zip(tps, start[2])) > 1:  # the new kind: one factor for all changed
+            assert len({b / a for a, b in zip(start[2], tps) if a != b}) == 1
+    halves = [("mixed", order, (4, 1, 1), 1, 1, rc), ("mixed", order, (1, 1, 4), 1, 1, rc)]
+    estimate = {p: hood.exact(p).estimate_s for p in (start, target, *halves)}
+    assert estimate[target] < estimate[start] < min(estimate[h] for h in halves)  # no single TP move leads there
+    found = improve(hood, [start], time.perf_counter() + 30.0)
+    assert min(sc.estimate_s for sc in found.values()) <= estimate[target] + 1e-9
