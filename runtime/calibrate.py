@@ -66,8 +66,9 @@ class CalibrateOptions:
     links: bool = True
     """Also measure links between two local processes."""
     tensor_parallel: bool = True
-    """Also time each unit kind tensor-parallel over two local processes (``hetpart run``'s engine: DTensor,
-    gloo on the CPU, NCCL across two CUDA devices), its all-reduces and the same all-reduces alone."""
+    """Also time each unit kind tensor-parallel over two local processes as ``hetpart run`` runs it (DTensor for
+    an even split, and the blocks by hand as an uneven split runs; gloo on the CPU, NCCL across two CUDA
+    devices), with the same all-reduces timed alone."""
     device: str = "auto"
     """``auto`` (CUDA when present, else the CPU), ``cpu`` or ``cuda``."""
 
@@ -454,8 +455,9 @@ then, so a block must span many all-reduces for its mean to be what a training s
 def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bool, precision: str, seq: int,
                              options: CalibrateOptions, say) -> list[TensorParallelEntry]:
     """Each unit kind at each micro-batch, run tensor-parallel over :data:`TP_DEGREE` local processes as
-    ``hetpart run`` runs an even split, and its all-reduces alone; [] where two processes would share a
-    core or a device."""
+    ``hetpart run`` runs an even split (and the blocks as it runs an uneven one, timed at an even split),
+    and its all-reduces alone; [] where two processes would share a core or a device, where the runtime
+    would refuse the split, or where the measurement fails (said, the rest of the profile kept)."""
     import json
 
     import torch
