@@ -89,8 +89,8 @@ class DeviceBinding:
 
 
 @dataclass(frozen=True)
-class ComputeEntry:
-    """One unit at one micro-batch size, measured: the median of ``repeats`` calls."""
+class _UnitCall:
+    """Which unit a measurement is of, on what, and one call's size (the fields every entry of a unit starts with)."""
 
     device: str
     precision: str
@@ -101,13 +101,19 @@ class ComputeEntry:
     seq_len: int
     micro_batch: int
     fwd_flops: float
-    """Forward FLOPs of one call (``micro_batch`` sequences of ``seq_len`` tokens); 0 for a lookup
-    (an embedding), whose calls are then compared by tokens."""
+    """Forward FLOPs of one call of the whole unit (``micro_batch`` sequences of ``seq_len`` tokens); 0 for a
+    lookup (an embedding), whose calls are then compared by tokens."""
 
     @property
     def work(self) -> float:
         """What calls of this unit are interpolated over: FLOPs per call, tokens for a lookup."""
         return self.fwd_flops if self.fwd_flops > 0 else float(self.micro_batch * self.seq_len)
+
+
+@dataclass(frozen=True)
+class ComputeEntry(_UnitCall):
+    """One unit at one micro-batch size, measured: the median of ``repeats`` calls."""
+
     fwd_s: float
     bwd_s: float
     """Backward seconds (input and weight gradients, no recomputation)."""
@@ -124,7 +130,7 @@ class ComputeEntry:
 
 
 @dataclass(frozen=True)
-class TensorParallelEntry:
+class TensorParallelEntry(_UnitCall):
     """One unit at one micro-batch size run tensor-parallel ``tp`` ways the way ``hetpart run`` runs it
     (over ``tp`` local processes; :attr:`engine`: torch's DTensor ``parallelize_module`` for an even split,
     Megatron-style local slices by hand for an uneven one), measured: the slowest rank's median of
@@ -134,16 +140,8 @@ class TensorParallelEntry:
     What the unit costs beyond its ``1/tp`` share of the single-process curve and those all-reduces
     (:meth:`BoundProfile.tp_overhead_s`: the engine's dispatch of every sharded operator, the ranks waiting
     for each other at each all-reduce, a unit every rank runs whole) is the engine's own price of tensor
-    parallelism, which the analytic terms do not see."""
+    parallelism, which the analytic terms do not see. ``fwd_flops`` is the whole unit's; a rank does ``1/tp``."""
 
-    device: str
-    precision: str
-    unit: str
-    params: int
-    seq_len: int
-    micro_batch: int
-    fwd_flops: float
-    """Forward FLOPs of one call of the whole unit (as :attr:`ComputeEntry.fwd_flops`); a rank does ``1/tp``."""
     tp: int
     fwd_s: float
     """Median seconds of one forward, all-reduces included (the slowest rank's)."""
@@ -359,10 +357,8 @@ def _pair(v: Any, source: str, where: str) -> tuple[float, float]:
 _COMPUTE_KEYS = ("device", "precision", "unit", "params", "seq_len", "micro_batch", "fwd_flops", "fwd_s", "bwd_s")
 
 
-def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
-    v = require_mapping(SpecError, v, source, where)
-    require_keys(SpecError, v, source, where, _COMPUTE_KEYS,
-                 ("fwd_range_s", "bwd_range_s", "repeats", "activation_gb", "peak_memory_gb", "width"))
+def _unit_call(v: dict, source: str, where: str, devices: dict) -> dict[str, Any]:
+    """The checked :class:`_UnitCall` fields of an entry (its keys already required)."""
     if v["device"] not in devices:
         raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
                    f"{', '.join(sorted(devices))}")
@@ -370,19 +366,32 @@ def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
         raise fail(SpecError, source, f"{where}.precision", f"{v['precision']!r}; use one of {', '.join(_PRECISIONS)}")
     if v["unit"] not in _UNIT_KINDS:
         raise fail(SpecError, source, f"{where}.unit", f"{v['unit']!r}; use one of {', '.join(_UNIT_KINDS)}")
+    return dict(device=v["device"], precision=v["precision"], unit=v["unit"],
+                params=integer(SpecError, v["params"], source, f"{where}.params", minimum=0, maximum=10**13),
+                seq_len=integer(SpecError, v["seq_len"], source, f"{where}.seq_len"),
+                micro_batch=integer(SpecError, v["micro_batch"], source, f"{where}.micro_batch"),
+                fwd_flops=number(SpecError, v["fwd_flops"], source, f"{where}.fwd_flops", strict=False, maximum=1e21))
+
+
+def _ranges(v: dict, source: str, where: str) -> dict[str, Any]:
+    """An entry's fastest and slowest call (default: its median) and its repeats."""
+    return dict(fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
+                bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
+                repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"))
+
+
+def _compute(v: Any, source: str, where: str, devices: dict) -> ComputeEntry:
+    v = require_mapping(SpecError, v, source, where)
+    require_keys(SpecError, v, source, where, _COMPUTE_KEYS,
+                 ("fwd_range_s", "bwd_range_s", "repeats", "activation_gb", "peak_memory_gb", "width"))
+    call = _unit_call(v, source, where, devices)
     optional_gb = {k: None if v.get(k) is None else number(SpecError, v[k], source, f"{where}.{k}", strict=False)
                    for k in ("activation_gb", "peak_memory_gb")}
     return ComputeEntry(
-        device=v["device"], precision=v["precision"], unit=v["unit"],
-        params=integer(SpecError, v["params"], source, f"{where}.params", minimum=0, maximum=10**13),
-        seq_len=integer(SpecError, v["seq_len"], source, f"{where}.seq_len"),
-        micro_batch=integer(SpecError, v["micro_batch"], source, f"{where}.micro_batch"),
-        fwd_flops=number(SpecError, v["fwd_flops"], source, f"{where}.fwd_flops", strict=False, maximum=1e21),
+        **call,
         fwd_s=number(SpecError, v["fwd_s"], source, f"{where}.fwd_s (seconds)", maximum=1e5),
         bwd_s=number(SpecError, v["bwd_s"], source, f"{where}.bwd_s (seconds)", maximum=1e5),
-        fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
-        bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
-        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"),
+        **_ranges(v, source, where),
         width=integer(SpecError, v.get("width", 0), source, f"{where}.width", minimum=0), **optional_gb)
 
 
@@ -397,31 +406,17 @@ def _tensor_parallel(v: Any, source: str, where: str, devices: dict) -> TensorPa
                                                          "fwd_range_s", "bwd_range_s", "repeats", "backend", "engine"))
     if v.get("engine", "dtensor") not in _TP_ENGINES:
         raise fail(SpecError, source, f"{where}.engine", f"{v['engine']!r}; use one of {', '.join(_TP_ENGINES)}")
-    if v["device"] not in devices:
-        raise fail(SpecError, source, f"{where}.device", f"{v['device']!r} is not under 'devices'; name one of "
-                   f"{', '.join(sorted(devices))}")
-    if v["precision"] not in _PRECISIONS:
-        raise fail(SpecError, source, f"{where}.precision", f"{v['precision']!r}; use one of {', '.join(_PRECISIONS)}")
-    if v["unit"] not in _UNIT_KINDS:
-        raise fail(SpecError, source, f"{where}.unit", f"{v['unit']!r}; use one of {', '.join(_UNIT_KINDS)}")
+    call = _unit_call(v, source, where, devices)
     seconds = {k: number(SpecError, v[k], source, f"{where}.{k} (seconds)", strict=k.startswith("fwd")
                          or k.startswith("bwd"), maximum=1e5)
                for k in ("fwd_s", "bwd_s", "collective_fwd_s", "collective_bwd_s")}
     return TensorParallelEntry(
-        device=v["device"], precision=v["precision"], unit=v["unit"],
-        params=integer(SpecError, v["params"], source, f"{where}.params", minimum=0, maximum=10**13),
-        seq_len=integer(SpecError, v["seq_len"], source, f"{where}.seq_len"),
-        micro_batch=integer(SpecError, v["micro_batch"], source, f"{where}.micro_batch"),
-        fwd_flops=number(SpecError, v["fwd_flops"], source, f"{where}.fwd_flops", strict=False, maximum=1e21),
-        tp=integer(SpecError, v["tp"], source, f"{where}.tp", minimum=2, maximum=1024), **seconds,
+        **call, tp=integer(SpecError, v["tp"], source, f"{where}.tp", minimum=2, maximum=1024), **seconds,
         collectives_fwd=integer(SpecError, v.get("collectives_fwd", 0), source, f"{where}.collectives_fwd", minimum=0),
         collectives_bwd=integer(SpecError, v.get("collectives_bwd", 0), source, f"{where}.collectives_bwd", minimum=0),
         collective_bytes=number(SpecError, v.get("collective_bytes", 0.0), source, f"{where}.collective_bytes",
                                 strict=False, maximum=1e15),
-        fwd_range_s=_pair(v.get("fwd_range_s", [v["fwd_s"], v["fwd_s"]]), source, f"{where}.fwd_range_s"),
-        bwd_range_s=_pair(v.get("bwd_range_s", [v["bwd_s"], v["bwd_s"]]), source, f"{where}.bwd_range_s"),
-        repeats=integer(SpecError, v.get("repeats", 1), source, f"{where}.repeats"), backend=str(v.get("backend", "")),
-        engine=v.get("engine", "dtensor"))
+        **_ranges(v, source, where), backend=str(v.get("backend", "")), engine=v.get("engine", "dtensor"))
 
 
 def _link(v: Any, source: str, where: str, devices: dict) -> LinkEntry:
