@@ -6,8 +6,8 @@ Two parts (``make bench BENCH=profile-truth``):
 
 * ``truth``: ``hetpart calibrate`` on this machine's CPU for the model that runs (gpt2-small shrunk with
   ``--scale small``: 14 units, hidden 256, seq 128), then plans of one to four ranks -- the Megatron
-  grid (pipeline, data parallel, both) and a ``search`` plan planned with the profile on a two-type
-  cluster -- each run with ``hetpart run --no-emulation --profile`` (every rank a process of this CPU,
+  grid (pipeline, data and tensor parallel), one stage split unevenly two ways (9:3 heads, run by hand)
+  and a ``search`` plan planned with the profile on a two-type cluster -- each run with ``hetpart run --no-emulation --profile`` (every rank a process of this CPU,
   gloo, fp32), measured against the profile's prediction;
 * ``emulated``: the issue's plan (gpt2-small, global batch 8, search on one A100 + one V100 over
   Ethernet-10) run three times with ``hetpart run --scale tiny`` (emulated): the prediction's compute
