@@ -163,6 +163,11 @@ def _measured(profiled: "BoundProfile", gpu, precision: str) -> dict[str, Any]:
     measured_precision = profiled.precision_for(device, precision)
     if measured_precision != precision:
         out["precision_measured"] = measured_precision
+    timed = sorted({(e.engine, e.tp) for e in profiled.profile.tensor_parallel
+                    if e.device == device and e.precision == measured_precision})
+    out["tensor_parallel"] = (", ".join(f"{engine} at tp {tp}" for engine, tp in timed) + " measured (what the engine "
+                              "pays beyond a unit's share and its all-reduces)" if timed else
+                              "not measured: tensor-parallel units are their 1/tp share plus the all-reduces")
     if out["stand_in"]:
         out["note"] = (f"{gpu.name} priced as {cls.description or cls.name}: the prediction is for running the "
                        f"plan on that device (hetpart run --no-emulation), not on real {gpu.name}s")

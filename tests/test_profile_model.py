@@ -394,3 +394,13 @@ def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cl
         path.write_text(json.dumps(data))
         with pytest.raises(SpecError, match=match):
             load_profile(path)
+
+
+def test_provenance_says_whether_tensor_parallelism_was_measured(cluster):
+    model = _model()
+    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=2, pp=1, dp=2,
+                         micro_batch=2, recompute="none")
+    said = {name: Simulator(model, cluster, profile=prof).simulate(plan).provenance["device_types"]["A100-80GB"]
+            for name, prof in (("with", with_tensor_parallel(model, cluster)), ("without", analytic_profile(model, cluster)))}
+    assert said["with"]["tensor_parallel"].startswith("dtensor at tp 2 measured")
+    assert said["without"]["tensor_parallel"].startswith("not measured")
