@@ -492,10 +492,11 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
             mp.start_processes(_tp_worker, args=(tp, _free_port(), backend, json.dumps(job), str(out)), nprocs=tp,
                                join=True, start_method="spawn")
         except Exception as exc:  # noqa: BLE001 - an optional part: the rest of the profile is kept
-            last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            say(f"tensor parallelism: not measured: {last[-1][:300] if last else type(exc).__name__} (the profile "
-                "keeps the rest; its tensor-parallel units are priced by the analytic all-reduces)")
-            return []
+            if not out.exists():  # rank 0 writes every row at once after the last measurement: without them, none
+                last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+                say(f"tensor parallelism: not measured: {last[-1][:300] if last else type(exc).__name__} (the "
+                    "profile keeps the rest; its tensor-parallel units are priced by the analytic all-reduces)")
+                return []
         rows = json.loads(out.read_text())
     units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
     entries = []
@@ -549,6 +550,7 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, job_json: str, ou
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = job["precision"] == "tf32"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    done = False
     try:
         spec = runnable_spec(job["model"], job["scale"])
         dtype, clock = _DTYPES[job["precision"]], _Clock(device)
@@ -573,10 +575,16 @@ def _tp_worker(rank: int, world: int, port: int, backend: str, job_json: str, ou
                 merged.append(dict(slow, fwd_s=max(r["fwd_s"] for r in parts), bwd_s=max(r["bwd_s"] for r in parts),
                                    collective_fwd_s=max(r["collective_fwd_s"] for r in parts),
                                    collective_bwd_s=max(r["collective_bwd_s"] for r in parts)))
-            Path(out).write_text(json.dumps(merged))
+            Path(f"{out}.tmp").write_text(json.dumps(merged))
+            os.replace(f"{out}.tmp", out)  # whole or absent: the parent reads it even if a rank dies at exit
         dist.barrier()
+        done = True
     finally:
         dist.destroy_process_group()
+    if done:  # skip the interpreter's teardown: a communication thread destroyed there now and then aborts the
+        sys.stdout.flush()  # process (std::terminate) after its work is done, which would discard it
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _agreed(dist, value: float, device) -> float:
