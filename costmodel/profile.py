@@ -504,6 +504,7 @@ class BoundProfile:
         self._tp: dict[tuple, list[TensorParallelEntry]] = {}
         for t in profile.tensor_parallel:
             self._tp.setdefault((t.device, t.precision, t.unit, t.params, t.engine), []).append(t)
+        self._tp_overheads: dict[tuple, tuple[float, float]] = {}
         self._measured_units: dict[tuple[str, str], int] = {}
         self._link_clusters: dict[str, "Cluster"] = {}
 
@@ -586,6 +587,14 @@ class BoundProfile:
         interpolated linearly in tokens per call, beyond them it keeps the nearest one's; a degree that
         was not measured takes the nearest measured degree's (dispatch per sharded operator and waiting
         at each all-reduce do not shrink with the degree; they may grow with more ranks to wait for)."""
+        key = (device, precision, unit.kind, int(unit.params), engine, micro_batch, tp)
+        hit = self._tp_overheads.get(key)  # every block of a model asks the same
+        if hit is None:
+            hit = self._tp_overheads[key] = self._tp_overhead_s(device, precision, unit, micro_batch, tp, engine)
+        return hit
+
+    def _tp_overhead_s(self, device: str, precision: str, unit: "Unit", micro_batch: int, tp: int,
+                       engine: str) -> tuple[float, float]:
         entries = self._tp.get((device, precision, unit.kind, int(unit.params), engine))
         curve = self._curve(device, precision, unit)
         if not entries or curve is None:
