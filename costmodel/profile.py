@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.hardware import GPUSpec
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "DeviceClass", "DeviceBinding", "ComputeEntry", "LinkEntry",
-           "TensorParallelEntry",
+           "TensorParallelEntry", "CoreSharing",
            "Profile", "load_profile", "parse_profile", "BoundProfile", "fit_latency_bandwidth"]
 
 PROFILE_FORMAT = "hetpart-profile"
@@ -183,6 +183,21 @@ class LinkEntry:
 
 
 @dataclass(frozen=True)
+class CoreSharing:
+    """The processes of one run and the cores they share (:meth:`Profile.sharing_cores`)."""
+
+    processes: int
+    threads: int
+    """Threads each process computes with."""
+    cores: int
+
+    @property
+    def capacity(self) -> float:
+        """How many processes compute at full speed at once."""
+        return self.cores / self.threads
+
+
+@dataclass(frozen=True)
 class Profile:
     """A measured profile (see the module docstring)."""
 
@@ -197,6 +212,8 @@ class Profile:
     """How it was measured: command, date, host, torch, load average, wall time."""
     source: str = ""
     """The file it was read from ("" when built in memory)."""
+    core_sharing: "CoreSharing | None" = None
+    """Set by :meth:`sharing_cores`: the run's processes outnumber the host's cores."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "meta": dict(self.meta),
@@ -205,7 +222,8 @@ class Profile:
                 "device_types": {k: asdict(v) for k, v in self.device_types.items()},
                 "compute": [_entry_dict(e) for e in self.compute],
                 "links": [_link_dict(e) for e in self.links],
-                **({"tensor_parallel": [_entry_dict(e) for e in self.tensor_parallel]} if self.tensor_parallel else {})}
+                **({"tensor_parallel": [_entry_dict(e) for e in self.tensor_parallel]} if self.tensor_parallel else {}),
+                **({"core_sharing": asdict(self.core_sharing)} if self.core_sharing is not None else {})}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -226,13 +244,14 @@ class Profile:
         host of ``cores`` cores, when they need more cores than there are.
 
         ``hetpart calibrate`` times a CPU's units in one process with a core to itself; when a run's
-        ranks outnumber the cores, the operating system time-slices them and each gets
-        ``cores / (processes * threads)`` of a core while all compute. So every ``cpu`` class's unit
-        and optimizer times stretch by ``processes * threads / cores`` (links are measured between
-        processes already). This is the steady state of a run whose ranks compute at the same time
-        (data parallelism, a full pipeline); in a pipeline's fill and drain fewer ranks compute and get
-        more of a core, so a pipeline's prediction errs slow there. The profile itself when the
-        cores suffice, or for GPU classes.
+        ranks outnumber the cores, the operating system time-slices the ones that compute. The profile
+        then carries a :class:`CoreSharing`, and the simulator runs the step's operations under
+        processor sharing (:func:`~hetpart.costmodel.schedule.simulate_shared_cores`): while ``n``
+        processes compute, each gets ``cores / (n * threads)`` of a core, so data-parallel replicas that
+        all compute stretch by their share and a pipeline's fill and drain, where few stages compute, run
+        at full speed. The optimizer step, which every rank runs at once at the end, stretches by
+        ``processes * threads / cores``; links were measured between processes already. The profile
+        itself when the cores suffice, or for GPU classes.
         """
         factor = processes * threads / max(cores, 1)
         cpu = {name for name, d in self.devices.items() if d.kind == "cpu"}
@@ -240,24 +259,10 @@ class Profile:
             return self
         from dataclasses import replace
 
-        def stretched(e):
-            if e.device not in cpu:
-                return e
-            out = replace(e, fwd_s=e.fwd_s * factor, bwd_s=e.bwd_s * factor,
-                          fwd_range_s=(e.fwd_range_s[0] * factor, e.fwd_range_s[1] * factor),
-                          bwd_range_s=(e.bwd_range_s[0] * factor, e.bwd_range_s[1] * factor))
-            if isinstance(e, TensorParallelEntry):  # its all-reduces wait for time-sliced peers alike
-                out = replace(out, collective_fwd_s=e.collective_fwd_s * factor,
-                              collective_bwd_s=e.collective_bwd_s * factor)
-            return out
-
         devices = {name: replace(d, adam_s_per_param=None if d.adam_s_per_param is None
                                  else d.adam_s_per_param * factor, adam_fixed_s=d.adam_fixed_s * factor)
                    if name in cpu else d for name, d in self.devices.items()}
-        meta = dict(self.meta, shared_cores={"processes": processes, "threads": threads, "cores": cores,
-                                             "stretch": round(factor, 4)})
-        return replace(self, devices=devices, compute=tuple(stretched(e) for e in self.compute),
-                       tensor_parallel=tuple(stretched(e) for e in self.tensor_parallel), meta=meta)
+        return replace(self, devices=devices, core_sharing=CoreSharing(processes, threads, cores))
 
 
 def _entry_dict(e: "ComputeEntry | TensorParallelEntry") -> dict[str, Any]:
@@ -294,7 +299,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     """A :class:`Profile` from its JSON form, checked field by field."""
     data = require_mapping(SpecError, data, source, "")
     require_keys(SpecError, data, source, "", ("format", "version", "devices", "device_types"),
-                 ("meta", "model", "compute", "links", "tensor_parallel", "source"))
+                 ("meta", "model", "compute", "links", "tensor_parallel", "source", "core_sharing"))
     if data["format"] != PROFILE_FORMAT:
         raise fail(SpecError, source, "format", f"{data['format']!r} is not {PROFILE_FORMAT!r}; give a profile "
                    "written by 'hetpart calibrate --out'")
@@ -316,7 +321,15 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     return Profile(devices=devices, device_types=types, compute=compute, links=links, tensor_parallel=tensor_parallel,
                    model=dict(require_mapping(SpecError, data.get("model", {}), source, "model")),
                    meta=dict(require_mapping(SpecError, data.get("meta", {}), source, "meta")),
-                   source=str(data.get("source") or source))
+                   source=str(data.get("source") or source),
+                   core_sharing=_core_sharing(data["core_sharing"], source) if "core_sharing" in data else None)
+
+
+def _core_sharing(v: Any, source: str) -> CoreSharing:
+    v = require_mapping(SpecError, v, source, "core_sharing")
+    require_keys(SpecError, v, source, "core_sharing", ("processes", "threads", "cores"), ())
+    return CoreSharing(*(integer(SpecError, v[k], source, f"core_sharing.{k}", maximum=1 << 20)
+                         for k in ("processes", "threads", "cores")))
 
 
 def _list(value: Any, source: str, name: str) -> list:
@@ -688,4 +701,14 @@ class BoundProfile:
         if device is None:
             return None
         found = {e.scope: e for e in self.profile.links if e.kind == kind and e.devices == (device, device)}
-        return found.get(scope) or found.get("any")
+        entry = found.get(scope) or found.get("any")
+        sharing = self.profile.core_sharing
+        if entry is None or kind != "allreduce" or sharing is None or self.profile.devices[device].kind != "cpu":
+            return entry
+        # Every process of the run reaches the gradient all-reduce at the step's end; each hop is CPU work
+        # (copies through the loopback, the reduction), measured with a core per process: on fewer cores
+        # the ring's hops run at cores / processes of a core.
+        from dataclasses import replace
+
+        stretch = max(1.0, sharing.processes / sharing.capacity)
+        return replace(entry, bandwidth_gbyte_s=entry.bandwidth_gbyte_s / stretch, latency_us=entry.latency_us * stretch)

@@ -28,6 +28,7 @@ Shapes:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,7 +38,8 @@ from hetpart.errors import PlanError
 from hetpart.vocabulary import SCHEDULES
 
 __all__ = ["PipelineOp", "PipelineTiming", "device_op_order", "pipeline_timing", "pipeline_step_time_s",
-           "pipeline_summary", "simulate_pipeline_events"]
+           "pipeline_summary", "simulate_pipeline_events",
+           "SharedPipeline", "simulate_shared_cores"]
 
 FWD, BWD = 0, 1
 
@@ -470,3 +472,96 @@ def simulate_pipeline_events(fwd, bwd, p2p, schedule: str, interleave: int = 1) 
         raise RuntimeError("pipeline schedule deadlocked; the op order is inconsistent")
     lay = _layout(schedule, pp, m, interleave)
     return PipelineTiming(float(end.max()), start, end, lay.kind, lay.stage, lay.mb)
+
+
+# --------------------------------------------------------------------------------------------- shared cores
+
+
+@dataclass(frozen=True)
+class SharedPipeline:
+    """One pipeline of :func:`simulate_shared_cores`: its operations' times with a core to each process."""
+
+    fwd: np.ndarray
+    """``[K, M]`` seconds per virtual stage and micro-batch (as :func:`simulate_pipeline_events`)."""
+    bwd: np.ndarray
+    p2p: np.ndarray
+    """``[K-1]`` seconds from virtual stage ``k`` to ``k+1``, waited for without computing."""
+    schedule: str
+    interleave: int = 1
+    processes: tuple[int, ...] = ()
+    """Per device (``pp``): how many processes compute its operations at once (its tensor-parallel
+    ranks); one each when empty."""
+
+
+def simulate_shared_cores(pipelines: list[SharedPipeline], capacity: float) -> list[PipelineTiming]:
+    """Pipelines whose processes share ``capacity`` cores: processor sharing, event by event.
+
+    Every device of every pipeline runs its operations in its schedule's order (as
+    :func:`simulate_pipeline_events`); an operation's time is its work with a core to itself. While ``n``
+    processes compute at once on ``capacity`` cores, each advances at ``min(1, capacity / n)`` of a core,
+    the operating system's fair time-slicing of busy processes; a process waiting for its input (a
+    pipeline's fill and drain, a transfer) takes no core. So data-parallel replicas that all compute
+    stretch by ``n / capacity``, and a pipeline's fill and drain run at full speed where few stages are
+    busy. With ``capacity`` at least the processes, every operation runs at full speed and the result is
+    :func:`simulate_pipeline_events`'s, pipeline by pipeline.
+
+    Returns:
+        One :class:`PipelineTiming` per pipeline, all on one clock from the step's start.
+    """
+    if not capacity > 0:
+        raise ValueError(f"capacity must be a positive number of cores, got {capacity!r}")
+    pipes, owner, local = [], [], []
+    for i, p in enumerate(pipelines):
+        fwd, bwd, p2p, pp, m = _as_arrays(p.fwd, p.bwd, p.p2p, p.interleave)
+        weights = tuple(p.processes) or (1,) * pp
+        if len(weights) != pp or min(weights) < 1:
+            raise ValueError(f"pipeline {i}: processes needs {pp} entries of at least 1, got {weights}")
+        lay = _layout(p.schedule, pp, m, p.interleave)
+        dur = np.where(lay.kind == FWD, fwd[lay.stage, lay.mb], bwd[lay.stage, lay.mb])
+        delay = np.where(lay.has_dep, p2p[lay.p2p_index], 0.0)
+        pipes.append((lay, dur, delay, np.full(dur.shape, np.nan), np.full(dur.shape, np.nan)))
+        owner += [i] * pp
+        local += list(range(pp))
+    weight = [pipelines[i].processes[d] if pipelines[i].processes else 1 for i, d in zip(owner, local)]
+    n_dev = len(owner)
+    ops = [pipes[i][1].shape[1] for i in owner]
+    nxt = [0] * n_dev
+    remaining = [0.0] * n_dev
+    running = [False] * n_dev
+    now = 0.0
+    while True:
+        waiting = math.inf
+        for g in range(n_dev):  # start what can start; note when the others' inputs arrive
+            if running[g] or nxt[g] >= ops[g]:
+                continue
+            lay, dur, delay, start, end = pipes[owner[g]]
+            d, j = local[g], nxt[g]
+            ready = now
+            if lay.has_dep[d, j]:
+                got = end.flat[lay.dep[d, j]]
+                if got != got:  # its input's operation has not finished: wait for that event
+                    continue
+                ready = max(now, got + delay[d, j])
+            if ready > now:
+                waiting = min(waiting, ready)
+                continue
+            running[g], remaining[g], start[d, j] = True, float(dur[d, j]), now
+        busy = [g for g in range(n_dev) if running[g]]
+        if not busy:
+            if waiting == math.inf:
+                break
+            now = waiting
+            continue
+        load = sum(weight[g] for g in busy)
+        rate = min(1.0, capacity / load)
+        step = min(min(remaining[g] for g in busy) / rate, waiting - now)
+        now += step
+        for g in busy:
+            remaining[g] -= step * rate
+            if remaining[g] <= 1e-12 * max(1.0, now):
+                lay, dur, delay, start, end = pipes[owner[g]]
+                end[local[g], nxt[g]] = now
+                running[g], nxt[g] = False, nxt[g] + 1
+    if any(nxt[g] < ops[g] for g in range(n_dev)):
+        raise RuntimeError("pipeline schedule deadlocked; the op order is inconsistent")
+    return [PipelineTiming(float(end.max()), start, end, lay.kind, lay.stage, lay.mb) for lay, _, _, start, end in pipes]

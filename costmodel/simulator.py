@@ -73,7 +73,7 @@ from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
     state_bytes
 from hetpart.costmodel.profile import BoundProfile, Profile
-from hetpart.costmodel.schedule import pipeline_summary, pipeline_timing
+from hetpart.costmodel.schedule import SharedPipeline, pipeline_summary, pipeline_timing, simulate_shared_cores
 from hetpart.costmodel.tp_split import param_shares, unit_shares
 
 __all__ = ["Prediction", "Estimate", "Simulator", "simulate", "simulator_predictor", "OPTIMIZER_BYTES_PER_PARAM",
@@ -320,6 +320,8 @@ class Simulator:
         self.model = model
         self.grad_bucket_params = float(grad_bucket_params)
         self.profile = profile
+        self._sharing = profile.core_sharing if profile is not None else None
+        """The profile's :class:`~hetpart.costmodel.profile.CoreSharing`: the plan's processes share fewer cores."""
         self._profiled = BoundProfile(profile, model, cluster) if profile is not None else None
         # the links the transfers and collectives run over: measured ones where the profile has them
         self._p2p_cluster = self._profiled.link_cluster("p2p") if self._profiled is not None else cluster
@@ -781,6 +783,38 @@ class Simulator:
         if key is not None:
             alike[key] = pipe
         return pipe
+
+    def _sharing_cores(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> list[_Pipe]:
+        """The pipes of ``plan`` when all its processes share the host's cores (the profile's
+        :class:`~hetpart.costmodel.profile.CoreSharing`): every replica's operations run at once under
+        processor sharing (:func:`~hetpart.costmodel.schedule.simulate_shared_cores`), each stage's
+        tensor-parallel ranks being that many processes; a blocking send counts as its device's work, an
+        overlapped one as a wait. New pipes with their finish times (the others are shared)."""
+        v = plan.chunks_per_device
+        shared = []
+        for rep, pipe in zip(plan.replicas, pipes):
+            delay = [t - sent for t, sent in zip(pipe.p2p, pipe.fwd_send)]
+            shared.append(SharedPipeline(np.repeat(np.array(pipe.fwd)[:, None], pipe.m, axis=1),
+                                         np.repeat(np.array(pipe.bwd)[:, None], pipe.m, axis=1), np.array(delay),
+                                         plan.schedule, v, tuple(len(s.devices) for s in rep.stages[:rep.pp // v])))
+        out = []
+        for rep, pipe, timing in zip(plan.replicas, pipes, simulate_shared_cores(shared, self._sharing.capacity)):
+            # the report's busy seconds are wall seconds: an operation time-sliced to half a core is busy
+            # twice as long, not idle (its device's bubble stays the pipeline's own)
+            wall = timing.busy_s()
+            stretch = [float(wall[k % pipe.pp] / max(1e-300, sum(pipe.fwd[j] + pipe.bwd[j]
+                                                                for j in range(k % pipe.pp, rep.pp, pipe.pp)) * pipe.m))
+                       for k in range(rep.pp)]
+
+            def wall_s(values: list[float], stretch: list[float] = stretch) -> list[float]:
+                return [x * f for x, f in zip(values, stretch)] if values else values
+
+            out.append(replace(pipe, fwd=wall_s(pipe.fwd), bwd=wall_s(pipe.bwd), compute=wall_s(pipe.compute),
+                               tp=wall_s(pipe.tp), fwd_send=wall_s(pipe.fwd_send), bwd_send=wall_s(pipe.bwd_send),
+                               cp=wall_s(pipe.cp), makespan=timing.makespan_s,
+                               last_bwd=timing.last_backward_end_s(rep.pp).tolist(),
+                               timing=timing if trace else pipe.timing))
+        return out
 
     # --------------------------------------------------------------------------------- data parallel
     def _stage_table(self, plan: Plan, pipes: list[_Pipe] | None = None) -> _StageTable:
@@ -1509,6 +1543,8 @@ class Simulator:
         alike: dict = {}
         unit_comm = self._unit_comm(plan, shard_comm) if plan.zero >= 2 else None
         pipes = [self._pipe(plan, r, trace, seen, flows, unit_comm, alike, cp_flows) for r in range(plan.dp)]
+        if self._sharing is not None and cp == 1:
+            pipes = self._sharing_cores(plan, pipes, trace)
         if cp == 1:
             dp_end, dp_spent, dp_events, dp_collective = self._dp_sync(plan, pipes, trace)
         else:

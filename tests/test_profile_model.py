@@ -9,7 +9,8 @@ import pytest
 from hetpart import load_cluster, load_model
 from hetpart.costmodel import Simulator, megatron_plan
 from hetpart.costmodel.compute import unit_compute_s
-from hetpart.costmodel.profile import (BoundProfile, ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile,
+from hetpart.costmodel.profile import (BoundProfile, ComputeEntry, CoreSharing, DeviceBinding, DeviceClass, LinkEntry,
+                                       Profile,
                                        TensorParallelEntry, _interp, fit_latency_bandwidth, load_profile, parse_profile)
 from hetpart.costmodel.memory import optimizer_step_bytes
 from hetpart.errors import SpecError
@@ -132,25 +133,47 @@ def test_a_cpu_stand_in_prices_every_precision_and_says_so(cluster):
     assert "from" in prov["error_band"]
 
 
-def test_ranks_outnumbering_the_cores_stretch_a_cpu_profile_by_their_share(cluster):
+def test_ranks_outnumbering_the_cores_share_them_where_they_compute(cluster):
     model = _model()
-    plan = megatron_plan(model, cluster, Workload(8, 64, precision="bf16", recompute="none"), tp=1, pp=1, dp=4,
-                         micro_batch=2, recompute="none")
     base = analytic_profile(model, cluster)
     cpu = Profile(devices={"cpu": DeviceClass("cpu", "cpu", "cpu: test", 1e-9, 1e-4)},
                   device_types={"A100-80GB": DeviceBinding("cpu", stand_in=True)},
                   compute=tuple(ComputeEntry(**{**e.__dict__, "device": "cpu"}) for e in base.compute),
                   links=tuple(LinkEntry(**{**e.__dict__, "devices": ("cpu", "cpu")}) for e in base.links))
     assert cpu.sharing_cores(2, 2) is cpu and cpu.sharing_cores(1, 8) is cpu  # a core each: as measured
-    shared = cpu.sharing_cores(4, 2)  # four ranks on two cores: half a core each
-    assert [e.fwd_s for e in shared.compute] == pytest.approx([2 * e.fwd_s for e in cpu.compute])
-    assert [e.bwd_range_s[1] for e in shared.compute] == pytest.approx([2 * e.bwd_range_s[1] for e in cpu.compute])
-    assert shared.devices["cpu"].adam_s_per_param == pytest.approx(2e-9)
-    assert shared.meta["shared_cores"] == {"processes": 4, "threads": 1, "cores": 2, "stretch": 2.0}
-    assert shared.links == cpu.links  # links were measured between processes already
-    one, two = (Simulator(model, cluster, overlap_grad_reduce=False, profile=p).simulate(plan) for p in (cpu, shared))
-    assert [b["compute_s"] for b in two.breakdown] == pytest.approx([2 * b["compute_s"] for b in one.breakdown])
-    assert parse_profile(json.loads(json.dumps(shared.to_dict()))).fingerprint == shared.fingerprint  # replayable
+    shared = cpu.sharing_cores(4, 2)  # four ranks on two cores
+    assert shared.compute == cpu.compute and shared.links == cpu.links  # the simulation shares the cores
+    assert shared.devices["cpu"].adam_s_per_param == pytest.approx(2e-9)  # every rank steps at once
+    assert shared.core_sharing == CoreSharing(processes=4, threads=1, cores=2)
+    back = parse_profile(json.loads(json.dumps(shared.to_dict())))  # replayable, and not the unshared profile
+    assert back.core_sharing == shared.core_sharing and back.fingerprint == shared.fingerprint != cpu.fingerprint
+
+    def makespans(plan, profile):
+        run = Simulator(model, cluster, overlap_grad_reduce=False, profile=profile)._run(plan)
+        return [p.makespan for p in run.pipes]
+
+    workload = Workload(8, 64, precision="bf16", recompute="none")
+    # four replicas compute at once: each at half a core
+    dp = megatron_plan(model, cluster, workload, tp=1, pp=1, dp=4, micro_batch=2, recompute="none")
+    assert makespans(dp, shared) == pytest.approx([2 * t for t in makespans(dp, cpu)])
+    # and reach the gradient all-reduce together, whose hops are CPU work: half a core each too
+    ring = [Simulator(model, cluster, overlap_grad_reduce=False, profile=p).simulate(dp).breakdown[0]["dp_comm_s"]
+            for p in (cpu, shared)]
+    assert ring[1] == pytest.approx(2 * ring[0]) and ring[0] > 0
+    # one micro-batch down four stages: one stage computes at a time, a core each
+    pipe = megatron_plan(model, cluster, Workload(2, 64, precision="bf16", recompute="none"), tp=1, pp=4, dp=1,
+                         micro_batch=2, recompute="none")
+    assert makespans(pipe, shared) == pytest.approx(makespans(pipe, cpu))
+    # two pipelines of two stages: slower than with a core each, faster than stretched whole
+    mixed = megatron_plan(model, cluster, workload, tp=1, pp=2, dp=2, micro_batch=2, recompute="none")
+    alone, together = makespans(mixed, cpu)[0], makespans(mixed, shared)[0]
+    assert alone < together < 2 * alone
+    traced = Simulator(model, cluster, overlap_grad_reduce=False, profile=shared).simulate(mixed)
+    assert traced.step_time_s >= together
+    for bad, match in [({"processes": 0, "threads": 1, "cores": 2}, r"core_sharing\.processes: must be >= 1"),
+                       ({"processes": 4, "cores": 2}, r"core_sharing.*threads")]:
+        with pytest.raises(SpecError, match=match):
+            parse_profile({**shared.to_dict(), "core_sharing": bad})
     gpu = analytic_profile(model, cluster)  # a measured GPU is not shared
     assert gpu.sharing_cores(8, 2) is gpu
 
@@ -371,7 +394,7 @@ def test_an_uneven_split_pays_its_own_engines_price(tmp_path):
             assert got == pytest.approx(4 * blocks * paid[name], rel=1e-6, abs=1e-9), (split, name)
 
 
-def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cluster):
+def test_tensor_parallel_entries_round_trip_and_are_checked(tmp_path, cluster):
     from dataclasses import replace
 
     model = _model()
@@ -381,10 +404,8 @@ def test_tensor_parallel_entries_round_trip_stretch_and_are_checked(tmp_path, cl
     assert load_profile(path).to_dict() == prof.to_dict() and load_profile(path).tensor_parallel == prof.tensor_parallel
     assert "tensor_parallel" not in analytic_profile(model, cluster).to_dict()  # older files read as before
     cpu = replace(prof, devices={"A100": replace(prof.devices["A100"], kind="cpu")})
-    shared = cpu.sharing_cores(4, 2)
-    assert [e.fwd_s for e in shared.tensor_parallel] == pytest.approx([2 * e.fwd_s for e in prof.tensor_parallel])
-    assert [e.collective_bwd_s for e in shared.tensor_parallel] == pytest.approx(
-        [2 * e.collective_bwd_s for e in prof.tensor_parallel])
+    shared = cpu.sharing_cores(4, 2)  # timed with a core each: the simulation shares the cores, not the entries
+    assert shared.tensor_parallel == prof.tensor_parallel and shared.core_sharing is not None
     for edit, match in [(lambda t: t.update(tp=1), r"tensor_parallel\[0\]\.tp: must be >= 2"),
                         (lambda t: t.pop("collective_fwd_s"), r"tensor_parallel\[0\]\.collective_fwd_s: missing"),
                         (lambda t: t.update(unit="layer"), r"tensor_parallel\[0\]\.unit: 'layer'; use one of"),

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from hetpart.costmodel.memory import in_flight_microbatches
-from hetpart.costmodel.schedule import BWD, FWD, device_op_order, pipeline_step_time_s, pipeline_timing, \
-    simulate_pipeline_events
+from hetpart.costmodel.schedule import BWD, FWD, SharedPipeline, device_op_order, pipeline_step_time_s, \
+    pipeline_timing, simulate_pipeline_events, simulate_shared_cores
 from hetpart.errors import PlanError
 
 
@@ -129,3 +129,40 @@ def test_summary_fast_path_matches_the_reference(vector_min_devices, monkeypatch
         makespan, last_bwd = pipeline_summary(fwd[:, 0].tolist(), bwd[:, 0].tolist(), p2p.tolist(), schedule, m, v)
         assert makespan == pytest.approx(ref.makespan_s, rel=1e-9)
         np.testing.assert_allclose(last_bwd, ref.last_backward_end_s(k), rtol=1e-9)
+
+
+def test_shared_cores_with_a_core_each_is_the_event_reference_pipeline_by_pipeline():
+    rng = np.random.default_rng(99)
+    cases = [_random_case(rng, constant=False) for _ in range(6)]
+    pipes = [SharedPipeline(f, b, p, s, v) for f, b, p, s, v in cases]
+    procs = sum(p.fwd.shape[0] // p.interleave for p in pipes)
+    for got, (f, b, p, s, v) in zip(simulate_shared_cores(pipes, capacity=procs), cases):
+        ref = simulate_pipeline_events(f, b, p, s, v)
+        np.testing.assert_allclose(got.end_s, ref.end_s, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got.start_s, ref.start_s, rtol=1e-9, atol=1e-12)
+
+
+def test_shared_cores_time_slice_only_the_processes_that_compute():
+    one = SharedPipeline(np.ones((1, 4)), np.full((1, 4), 2.0), np.zeros(0), "1f1b")
+    # four data-parallel replicas on two cores all compute at once: half a core each, twice as long
+    assert [t.makespan_s for t in simulate_shared_cores([one] * 4, capacity=2)] == pytest.approx([24.0] * 4)
+    # a four-stage pipeline of one micro-batch computes one stage at a time: two cores are enough
+    deep = SharedPipeline(np.ones((4, 1)), np.full((4, 1), 2.0), np.zeros(3), "1f1b")
+    assert simulate_shared_cores([deep], capacity=2)[0].makespan_s == pytest.approx(12.0)
+    # two such pipelines of eight micro-batches: 8 processes, 192 core-seconds of work on 2 cores; alone 33 s
+    deep = SharedPipeline(np.ones((4, 8)), np.full((4, 8), 2.0), np.zeros(3), "1f1b")
+    assert simulate_shared_cores([deep], capacity=8)[0].makespan_s == pytest.approx(33.0)
+    assert [t.makespan_s for t in simulate_shared_cores([deep] * 2, capacity=2)] == pytest.approx([96.0, 96.0])
+    # a stage of two tensor-parallel processes weighs two: alone with one idle stage on 2 cores, full speed;
+    # both of pp 1 replicas' TP pairs at once on 2 cores: half speed
+    tp = SharedPipeline(np.ones((1, 2)), np.ones((1, 2)), np.zeros(0), "1f1b", processes=(2,))
+    assert simulate_shared_cores([tp], capacity=2)[0].makespan_s == pytest.approx(4.0)
+    assert simulate_shared_cores([tp, tp], capacity=2)[0].makespan_s == pytest.approx(8.0)
+    # a transfer is a wait, not work: the receiver starts when it arrives
+    sent = SharedPipeline(np.ones((2, 1)), np.ones((2, 1)), np.array([0.5]), "1f1b")
+    assert simulate_shared_cores([sent], capacity=1)[0].makespan_s == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="capacity"):
+        simulate_shared_cores([one], capacity=0)
+    with pytest.raises(ValueError, match="processes"):
+        simulate_shared_cores([SharedPipeline(np.ones((2, 1)), np.ones((2, 1)), np.zeros(1), "1f1b", processes=(1,))],
+                              capacity=1)
