@@ -66,9 +66,11 @@ class CalibrateOptions:
     links: bool = True
     """Also measure links between two local processes."""
     tensor_parallel: bool = True
-    """Also time each unit kind tensor-parallel over two local processes as ``hetpart run`` runs it (DTensor for
-    an even split, and the blocks by hand as an uneven split runs; gloo on the CPU, NCCL across two CUDA
+    """Also time each unit kind tensor-parallel over local processes as ``hetpart run`` runs it (DTensor for
+    an even split, and the blocks by hand as an uneven split runs; gloo on the CPU, NCCL across CUDA
     devices), with the same all-reduces timed alone."""
+    tp_degrees: tuple[int, ...] | None = None
+    """The tensor-parallel degrees to time; None: each of :data:`TP_DEGREES` there are devices (or cores) for."""
     device: str = "auto"
     """``auto`` (CUDA when present, else the CPU), ``cpu`` or ``cuda``."""
 
@@ -84,6 +86,9 @@ class CalibrateOptions:
             raise PlanError(f"--device: {self.device!r}; use auto, cpu or cuda")
         if self.repeats is not None and self.repeats < 1:
             raise PlanError(f"--repeats: must be >= 1, got {self.repeats}")
+        if self.tp_degrees is not None and (not self.tp_degrees or any(
+                isinstance(d, bool) or not isinstance(d, int) or d < 2 for d in self.tp_degrees)):
+            raise PlanError(f"--tp-degrees: {self.tp_degrees!r}; give whole numbers >= 2 such as 2,4,8")
 
 
 def cpu_description() -> str:
@@ -441,9 +446,9 @@ def _allreduce(dist, buf, repeats: int, device) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ tensor parallelism
-TP_DEGREE = 2
-"""The degree :func:`_measure_tensor_parallel` times (two local processes: what a two-core machine or a
-two-GPU box can run without sharing a core or a device)."""
+TP_DEGREES = (2, 4, 8)
+"""The degrees :func:`_measure_tensor_parallel` times by default, each where the devices at hand (CUDA
+devices, or cores: a process each, never sharing one) suffice and the runtime can split the model so."""
 
 
 TP_BLOCK_S = 0.1
@@ -454,31 +459,46 @@ then, so a block must span many all-reduces for its mean to be what a training s
 
 def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bool, precision: str, seq: int,
                              options: CalibrateOptions, say) -> list[TensorParallelEntry]:
-    """Each unit kind at each micro-batch, run tensor-parallel over :data:`TP_DEGREE` local processes as
-    ``hetpart run`` runs an even split (and the blocks as it runs an uneven one, timed at an even split),
-    and its all-reduces alone; [] where two processes would share a core or a device, where the runtime
-    would refuse the split, or where the measurement fails (said, the rest of the profile kept)."""
-    import json
-
+    """Each unit kind at each micro-batch, run tensor-parallel over ``tp`` local processes as ``hetpart
+    run`` runs an even split (and the blocks as it runs an uneven one, timed at an even split), and its
+    all-reduces alone, for each degree of ``options.tp_degrees`` (default :data:`TP_DEGREES`); a degree is
+    skipped, with one line why, where its processes would share a core or a device, where the runtime
+    would refuse the split, or where the measurement fails (the rest of the profile kept)."""
     import torch
-    import torch.multiprocessing as mp
 
-    tp = TP_DEGREE
-    if cuda and torch.cuda.device_count() < tp:
-        say(f"tensor parallelism: {torch.cuda.device_count()} CUDA device(s), {tp} needed; not measured "
-            "(the analytic all-reduces price it)")
-        return []
-    if not cuda and (os.cpu_count() or 1) < tp:
-        say(f"tensor parallelism: {os.cpu_count()} core(s), {tp} processes would share one; not measured")
-        return []
     from hetpart.runtime.models import runnable_spec
 
+    available = torch.cuda.device_count() if cuda else _cores()
+    what = "CUDA device(s)" if cuda else "core(s)"
     cfg = runnable_spec(model_spec, options.scale).config
     sizes = {"attention heads": cfg.num_heads, "key/value heads": cfg.kv_heads, "MLP width": cfg.ffn}
-    odd = [f"the {n} {what}" for what, n in sizes.items() if n % tp]
-    if odd:  # the runtime refuses such a split: nothing it runs to measure
-        say(f"tensor parallelism: not measured: {tp} does not divide {' and '.join(odd)} of the model that runs")
-        return []
+    entries = []
+    for tp in options.tp_degrees or TP_DEGREES:
+        if tp > available:
+            if options.tp_degrees or tp == min(TP_DEGREES):  # the defaults above the machine go unsaid
+                say(f"tensor parallelism {tp}: {available} {what}, {tp} needed; not measured "
+                    f"({'the nearest measured degree prices it' if entries else 'the analytic all-reduces price it'})")
+            continue
+        odd = [f"the {n} {what_}" for what_, n in sizes.items() if n % tp]
+        if odd:  # the runtime refuses such a split: nothing it runs to measure
+            say(f"tensor parallelism {tp}: not measured: {tp} does not divide {' and '.join(odd)} of the model "
+                "that runs")
+            continue
+        entries += _tensor_parallel_degree(tp, model_spec, graph, device_class, cuda, precision, seq, options, say)
+    return entries
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _tensor_parallel_degree(tp: int, model_spec: str, graph, device_class: str, cuda: bool, precision: str, seq: int,
+                            options: CalibrateOptions, say) -> list[TensorParallelEntry]:
+    """:func:`_measure_tensor_parallel` at one degree ([] when the measurement fails, said)."""
+    import json
+
+    import torch.multiprocessing as mp
+
     backend = "nccl" if cuda else "gloo"
     say(f"measuring tensor parallelism: each unit split {tp} ways over {tp} local processes ({backend}) as the "
         "runtime runs an even split (DTensor) and an uneven one (Megatron-style, the blocks), and its all-reduces alone")
@@ -494,7 +514,7 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
         except Exception as exc:  # noqa: BLE001 - an optional part: the rest of the profile is kept
             if not out.exists():  # rank 0 writes every row at once after the last measurement: without them, none
                 last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-                say(f"tensor parallelism: not measured: {last[-1][:300] if last else type(exc).__name__} (the "
+                say(f"tensor parallelism {tp}: not measured: {last[-1][:300] if last else type(exc).__name__} (the "
                     "profile keeps the rest; its tensor-parallel units are priced by the analytic all-reduces)")
                 return []
         rows = json.loads(out.read_text())

@@ -8,6 +8,7 @@ import pytest
 from hetpart.costmodel.profile import load_profile
 from hetpart.runtime.calibrate import bind_device_types
 from hetpart.costmodel.profile import DeviceClass
+from hetpart.errors import PlanError
 from tests._cli import run_cli
 
 CLUSTER = """name: two-a100
@@ -70,6 +71,8 @@ def test_calibrate_measures_the_cpu_and_predict_uses_it(tmp_path, capsys):
     (["--precision", "int8"], "--precision: 'int8'; calibrate measures"),
     (["--seq-len", "4096"], "--seq-len: 4096 is more than"),
     (["--model", "python:os:getcwd"], "python: models are not supported yet"),
+    (["--tp-degrees", "2,four"], "--tp-degrees: '2,four'; give whole numbers >= 2"),
+    (["--tp-degrees", "1"], "--tp-degrees: \\(1,\\); give whole numbers >= 2"),
 ])
 def test_calibrate_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, match):
     import re
@@ -128,7 +131,7 @@ def test_tensor_parallelism_the_runtime_would_refuse_or_that_fails_is_skipped_no
     options = CalibrateOptions(micro_batches=(1,), seq_len=16, repeats=3, links=False)
     profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "odd.json"), options, say=said.append)
     assert profile.compute and not profile.tensor_parallel
-    assert any("not measured: 2 does not divide the 3 attention heads" in line for line in said)
+    assert any("tensor parallelism 2: not measured: 2 does not divide the 3 attention heads" in line for line in said)
 
     (tmp_path / "even.json").write_text(json.dumps(TWO_LAYERS))
 
@@ -139,7 +142,7 @@ def test_tensor_parallelism_the_runtime_would_refuse_or_that_fails_is_skipped_no
     said.clear()
     profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "even.json"), options, say=said.append)
     assert profile.compute and not profile.tensor_parallel
-    assert any("tensor parallelism: not measured: RuntimeError: a rank failed" in line for line in said)
+    assert any("tensor parallelism 2: not measured: RuntimeError: a rank failed" in line for line in said)
 
     # a rank that dies after rank 0 wrote every row (at exit) loses nothing: the rows are kept
     row = {"unit": "block_0", "micro_batch": 1, "fwd_s": 0.002, "bwd_s": 0.003, "fwd_range_s": [0.002, 0.002],
@@ -157,3 +160,42 @@ def test_tensor_parallelism_the_runtime_would_refuse_or_that_fails_is_skipped_no
     profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "even.json"), options, say=said.append)
     assert [(e.unit, e.micro_batch, e.fwd_s, e.engine) for e in profile.tensor_parallel] == [("block", 1, 0.002, "dtensor")]
     assert not any("not measured" in line for line in said)
+
+
+def test_every_degree_there_are_devices_for_is_measured(tmp_path, monkeypatch):
+    """Each default degree that the cores (or CUDA devices) hold a process each for and that divides the
+    model's heads and MLP is timed over that many processes; the rest are said and skipped."""
+    import torch.multiprocessing
+
+    from hetpart.runtime import calibrate
+    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "m.json").write_text(json.dumps(dict(TWO_LAYERS, n_embd=48, n_head=4)))
+    spawned: list[int] = []
+
+    def timed(fn, args, nprocs, **kwargs):  # what rank 0 writes: one row of the degree it ran
+        from pathlib import Path
+
+        spawned.append(nprocs)
+        Path(args[-1]).write_text(json.dumps([{
+            "unit": "block_0", "micro_batch": 1, "fwd_s": 0.001 * nprocs, "bwd_s": 0.002, "fwd_range_s": [0.001, 0.001],
+            "bwd_range_s": [0.002, 0.002], "repeats": 3, "collective_fwd_s": 0.0005, "collective_bwd_s": 0.0005,
+            "collectives_fwd": 2, "collectives_bwd": 2, "collective_bytes": 8192.0, "engine": "dtensor"}]))
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", timed)
+    monkeypatch.setattr(calibrate, "_cores", lambda: 4)
+    said: list[str] = []
+    options = CalibrateOptions(micro_batches=(1,), seq_len=16, repeats=3, links=False, device="cpu")
+    profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "m.json"), options, say=said.append)
+    assert spawned == [2, 4]  # 8 needs eight cores: a default beyond the machine goes unsaid
+    assert [(e.tp, e.fwd_s) for e in profile.tensor_parallel] == [(2, 0.002), (4, 0.004)]
+    spawned.clear()
+    said.clear()
+    options = CalibrateOptions(micro_batches=(1,), seq_len=16, repeats=3, links=False, device="cpu", tp_degrees=(3, 8))
+    profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "m.json"), options, say=said.append)
+    assert spawned == [] and not profile.tensor_parallel
+    assert any("tensor parallelism 3: not measured: 3 does not divide the 4 attention heads" in line for line in said)
+    assert any("tensor parallelism 8: 4 core(s), 8 needed; not measured" in line for line in said)
+    with pytest.raises(PlanError, match="--tp-degrees"):
+        CalibrateOptions(tp_degrees=(1,))

@@ -37,7 +37,10 @@ def calibrate_command(
                                               "a GPU, 7 on a CPU; at least 3, fewer only when one takes over 3 s)."),
         links: bool = typer.Option(True, "--links/--no-links", help="Also measure p2p and all-reduce between two local processes."),
         tensor_parallel: bool = typer.Option(True, "--tensor-parallel/--no-tensor-parallel", help="Also time each unit "
-                                             "kind tensor-parallel over two local processes as 'hetpart run' runs it."),
+                                             "kind tensor-parallel over local processes as 'hetpart run' runs it."),
+        tp_degrees: Optional[str] = typer.Option(None, "--tp-degrees", help="Tensor-parallel degrees to time, "
+                                                 "comma-separated (default: 2, 4 and 8 where there are CUDA devices, "
+                                                 "or cores, for a process each)."),
         device: str = typer.Option("auto", "--device", help="auto (CUDA when present, else this CPU), cpu or cuda."),
         import_metis: Optional[Path] = typer.Option(None, "--import-metis", help="Measure nothing: read the per-layer "
                                                     "profiles Metis wrote (DeviceType.NAME_tpT_bsB.json files in this "
@@ -70,9 +73,14 @@ def calibrate_command(
     except ValueError:
         raise PlanError(f"--micro-batches: {micro_batches!r}; give whole numbers separated by commas, "
                         "such as 1,2,4,8") from None
+    try:
+        degrees = tuple(int(x) for x in tp_degrees.split(",") if x.strip()) if tp_degrees is not None else None
+    except ValueError:
+        raise PlanError(f"--tp-degrees: {tp_degrees!r}; give whole numbers >= 2 separated by commas, such as 2,4,8") \
+            from None
     options = CalibrateOptions(micro_batches=sizes, seq_len=seq_len, precision=precision,
                                scale=int(scale) if scale and scale.isdigit() else scale, repeats=repeats,
-                               links=links, tensor_parallel=tensor_parallel, device=device)
+                               links=links, tensor_parallel=tensor_parallel, tp_degrees=degrees, device=device)
     _check_writable(out)
     profile = calibrate_profile(cluster, model, options,
                                 say=lambda text: print(f"hetpart calibrate: {text}", file=sys.stderr, flush=True))
