@@ -13,6 +13,7 @@ gives unlike tensor-parallel groups an uneven split (:mod:`hetpart.costmodel.tp_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -22,7 +23,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 __all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster",
-           "divisors", "zone_components", "speed_typed"]
+           "divisors", "zone_components", "speed_typed", "fewer_nodes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,3 +214,17 @@ def speed_typed(cluster: Cluster) -> tuple[Cluster, dict[str, str]] | None:
             to_real.update({f"{g}/0/{k}": f"{gi}/{n}/{i}" for k, i in enumerate(order)})
         _add_plain(groups, to_real, group, gi, plain)
     return replace(cluster, groups=tuple(groups), slow=(), name=f"{cluster.name} (speed-typed)"), to_real
+
+
+def fewer_nodes(cluster: Cluster, halvings: int) -> Cluster | None:
+    """``cluster`` on the first ``ceil(count / 2**halvings)`` nodes of each node group (at least one), the
+    rest left out; None when that leaves out no node. Device ids are those of the same devices in
+    ``cluster`` (the first nodes of each group keep their numbers), so a plan made on it runs on
+    ``cluster`` as it is, the other nodes idle; speed factors of the nodes kept stay."""
+    groups = tuple(replace(g, count=max(1, math.ceil(g.count / 2 ** halvings))) for g in cluster.groups)
+    if all(a.count == b.count for a, b in zip(groups, cluster.groups)):
+        return None
+    kept = {f"{gi}/{n}" for gi, g in enumerate(groups) for n in range(g.count)}
+    slow = tuple((d, f) for d, f in cluster.slow if d.rsplit("/", 1)[0] in kept)
+    return replace(cluster, groups=groups, slow=slow,
+                   name=f"{cluster.name} ({sum(g.count for g in groups)} of {sum(g.count for g in cluster.groups)} nodes)")

@@ -128,7 +128,8 @@ def _common_microbatches(global_batch: int, replicas: int) -> list[int]:
 
 def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
                       evaluator: Evaluator | None = None, incumbent: Evaluated | None = None) -> Evaluated:
-    """The faster fitting plan of the Holmes and HAP layouts.
+    """The faster fitting plan of the Holmes and HAP layouts (on every device; where none fits, on the first
+    nodes of each node group, :func:`~hetpart.policies.plan_search.fewer_nodes_best`).
 
     Args:
         incumbent: a plan already in hand: layouts whose lower bound cannot beat it are never
@@ -143,6 +144,11 @@ def plan_proportional(model: "ModelGraph", cluster: "Cluster", workload: "Worklo
     evaluate = evaluator or Evaluator(model, cluster, workload)
     best = with_full_shard_fallback(partial(_best_proportional, incumbent=incumbent), model, cluster, workload,
                                     evaluate)
+    if best is None:  # a batch too small for every device: the layouts over the first nodes of each group
+        from hetpart.policies.plan_search import fewer_nodes_best
+
+        best = fewer_nodes_best(model, cluster, workload, evaluate, None, lambda view, ev: with_full_shard_fallback(
+            _best_proportional, model, view, workload, ev))
     if best is None:
         raise no_plan_error(model, cluster, workload, "proportional",
                             "no speed-proportional layout of its grid fits in memory")

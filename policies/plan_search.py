@@ -89,6 +89,12 @@ class SearchOptions:
     water-filled to each device's memory (:mod:`hetpart.policies.shard_fractions`), at the levels the
     runtime runs them (1-2, no hybrid sharding: :func:`hetpart.rules.uneven_shard_problems`; they run on
     :mod:`hetpart.runtime.dist_optimizer`). ``False``: even shards only."""
+    fewer_nodes: bool = True
+    """Also search the cluster on fewer nodes (:func:`~hetpart.costmodel.pools.fewer_nodes`: every node group
+    halved, and halved again while that beats every plan found so far, or while nothing fits yet), the
+    nodes left out idling: a small global batch cannot keep every device busy, and past some size another
+    replica costs more in gradient sync than it adds (Sailor likewise chooses how many GPUs of each type to
+    use). The plans found there are priced on the whole cluster."""
     speed_types: bool = True
     """On a cluster with throttled devices (``slow:``), also search its :func:`~hetpart.costmodel.pools.speed_typed`
     view, where each throttled device is a device type of its own (pools are per type, so only there can a
@@ -843,6 +849,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
         # second (or fractions that win before the climb) cannot hide what the other climbs to
         best = best_of([refine(evaluate, s, options.refine_steps) for s in starts.values() if s is not None])
+    if options.fewer_nodes:
+        best = best_of([best, _fewer_nodes_best(model, cluster, workload, options, evaluate, best)])
     if options.include_baselines and not options.ignore_memory:
         best = best_of([best, *_baselines(model, cluster, workload, evaluate)])
     if best is None:
@@ -874,6 +882,61 @@ def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate
     if "cluster" in meta:
         meta["cluster"] = cluster.name
     return evaluate(replace(plan, replicas=replicas, meta=meta))
+
+
+def _fewer_nodes_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,
+                      best: Evaluated | None) -> Evaluated | None:
+    """The search's plan on fewer nodes (:func:`fewer_nodes_best`)."""
+    def search(view, evaluator: Evaluator) -> Evaluated:
+        return plan_search(model, view, workload, options=replace(options, fewer_nodes=False, include_baselines=False),
+                           evaluator=evaluator)
+
+    return fewer_nodes_best(model, cluster, workload, evaluate, best, search)
+
+
+def fewer_nodes_best(model, cluster, workload, evaluate: Evaluator, best: Evaluated | None,
+                     planner: Callable[..., Evaluated]) -> Evaluated | None:
+    """The best plan ``planner(view, evaluator)`` finds on :func:`~hetpart.costmodel.pools.fewer_nodes`
+    views of ``cluster``: halved, then halved again while the half beats ``best`` and every plan found
+    before it, or while nothing fits; a view whose compute floor (:func:`_compute_floor_s`) the best plan
+    so far already beats is not planned (nor fewer nodes still). Priced by ``evaluate``'s predictor on the
+    whole cluster (the view's devices are the whole cluster's: their plans run there as they are, the
+    other nodes idle); None when no view helps."""
+    from hetpart.costmodel.pools import fewer_nodes
+
+    found = None
+    tokens = workload.global_batch * workload.seq_len
+    for halvings in itertools.count(1):
+        view = fewer_nodes(cluster, halvings)
+        top = best_of([best, found])
+        if view is None or (top is not None and _compute_floor_s(model, view, workload) >= tokens / top.tokens_per_s):
+            break
+        try:
+            got = planner(view, Evaluator(model, view, workload, evaluate.ignore_memory, evaluate.predictor))
+        except (PlanError, WorkloadError):
+            got = None
+        here = evaluate(replace(got.plan, meta=dict(got.plan.meta, cluster=cluster.name))
+                        if "cluster" in got.plan.meta else got.plan) if got is not None else None
+        if here is None and top is not None:
+            break
+        if here is not None:
+            if top is not None and best_of([top, here]) is not here:
+                break
+            found = here
+    return found
+
+
+def _compute_floor_s(model, cluster, workload) -> float:
+    """Seconds below which no plan on ``cluster`` computes a step: the model's training FLOPs at every
+    device's peak times the largest efficiency its curve reaches (large products), communication and
+    bubbles free. Where the best plan found already beats the floor of fewer nodes, searching them is moot."""
+    from hetpart.costmodel.efficiency import curve_for, effective_precision
+
+    rate = 0.0
+    for d in cluster.devices:
+        precision = effective_precision(d.gpu, workload.precision)
+        rate += d.gpu.tflops(precision) * 1e12 * curve_for(d.gpu).e_peak(precision)
+    return model.train_flops * workload.global_batch / rate
 
 
 def _level_pass(model, cluster, workload, options: SearchOptions, evaluate: Evaluator, zero: int

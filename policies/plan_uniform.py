@@ -60,13 +60,19 @@ def _plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", tp: in
 
 def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
                  evaluator: Evaluator | None = None) -> Evaluated:
-    """The fastest uniform Megatron plan that fits.
+    """The fastest uniform Megatron plan that fits (on every device; where none does, on the first nodes of
+    each node group, :func:`~hetpart.policies.plan_search.fewer_nodes_best`).
 
     Raises:
         WorkloadError: when no grid point fits in memory on every device.
     """
     evaluate = evaluator or Evaluator(model, cluster, workload)
     best = with_full_shard_fallback(_best_uniform, model, cluster, workload, evaluate)
+    if best is None:  # a batch too small for every device: the grid over the first nodes of each group
+        from hetpart.policies.plan_search import fewer_nodes_best
+
+        best = fewer_nodes_best(model, cluster, workload, evaluate, None, lambda view, ev: with_full_shard_fallback(
+            _best_uniform, model, view, workload, ev))
     if best is None:
         raise no_plan_error(model, cluster, workload, "uniform",
                             f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "

@@ -28,7 +28,7 @@ import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.policies.common import no_plan_error, offload_level
-from hetpart.errors import SpecError
+from hetpart.errors import SpecError, WorkloadError
 from hetpart.policies.observation import SHAPES, StaticFeatures, observe
 from hetpart.policies.structure import NUM_ACTIONS, Scenario, StructureState
 
@@ -501,11 +501,22 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: no structure fits in memory.
     """
+    from hetpart.policies.plan_search import fewer_nodes_best
+
     options.setdefault("network_alone", not options.get("refine", True))
     workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
-    found = decode(model, cluster, workload, evaluator=evaluator, **options).best
+    failed = None
+    try:
+        found = decode(model, cluster, workload, evaluator=evaluator, **options).best
+    except WorkloadError as exc:  # nothing fits on every node: fewer may still hold it (a small batch)
+        found, failed = None, exc
+    # as search does: fewer nodes where the batch is too small to keep every device busy
+    evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
+    found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
+                                             lambda view, ev: decode(model, view, workload, evaluator=ev,
+                                                                     **options).best)])
     if found is None:
-        raise no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
+        raise failed or no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found
 
 

@@ -244,3 +244,45 @@ def test_proportional_with_an_incumbent_still_falls_back_to_sharding_where_nothi
     fast = Evaluated(alone.plan, replace(alone.estimate, step_time_s=alone.step_time_s / 10,
                                          tokens_per_s=alone.tokens_per_s * 10))
     assert plan_proportional(model, cluster, work, evaluator=evaluator, incumbent=fast) is fast
+
+
+def _a100_nodes(count: int):
+    return parse_cluster({"name": f"a100x{count}", "nodes": [{"count": count, "gpus_per_node": 8, "gpu": "A100-80GB",
+                                                              "intra_node": "NVLink3", "nic": "IB-HDR"}]})
+
+
+def test_a_batch_too_small_for_every_device_is_planned_on_fewer_nodes() -> None:
+    """Eight sequences cannot keep two nodes busy: the planners leave the second idle (one node's eight data-parallel
+    replicas beat any plan that spreads them over both); on 128 nodes no plan uses every device, and every planner
+    still plans (on the first nodes), where each once refused with a memory error."""
+    from hetpart.policies.upper_bound import upper_bound
+
+    model, workload = load_model("gpt2-small", seq_len=128), Workload(8, 128)
+    one = plan(model, _a100_nodes(1), workload, "search")
+    two = _a100_nodes(2)
+    for name in ("search", "policy"):
+        got = plan(model, two, workload, name)
+        assert got.prediction.tokens_per_s == pytest.approx(one.prediction.tokens_per_s, rel=1e-9), name
+        assert {d.split("/")[1] for d in got.plan.devices} == {"0"}, name  # the second node idles
+    bound = upper_bound(model, two, workload)
+    assert bound["memory_lifted_tokens_per_s"] >= one.prediction.tokens_per_s * (1 - 1e-9)  # a ceiling again
+    many = _a100_nodes(128)
+    for name in ("search", "uniform", "proportional"):
+        got = plan(model, many, workload, name)
+        assert got.prediction.fits_in_memory and got.plan.num_devices <= 8 * 8, name
+        assert simulate(model, many, got.plan).tokens_per_s == pytest.approx(got.prediction.tokens_per_s, rel=1e-9)
+
+
+def test_fewer_nodes_keeps_the_first_nodes_of_each_group_under_their_ids() -> None:
+    from hetpart.costmodel.pools import fewer_nodes
+
+    cluster = parse_cluster({"name": "two-groups", "nodes": [
+        {"count": 5, "gpus_per_node": 2, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"},
+        {"count": 1, "gpus_per_node": 4, "gpu": "V100-16GB", "intra_node": "NVLink2", "nic": "IB-HDR"}],
+        "slow": {"1/0/1": 0.5, "0/4/0": 0.7}})
+    half = fewer_nodes(cluster, 1)
+    assert [g.count for g in half.groups] == [3, 1]  # ceil(5 / 2); a group of one node keeps it
+    assert all(cluster.device(d.id).gpu == d.gpu for d in half.devices)  # the same devices, same ids
+    assert half.slow == (("1/0/1", 0.5),)  # the speed factor of a node left out goes with it
+    assert [g.count for g in fewer_nodes(cluster, 3).groups] == [1, 1]
+    assert fewer_nodes(_a100_nodes(1), 1) is None
