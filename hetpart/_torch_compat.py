@@ -9,15 +9,30 @@ This module imports torch: only modules that need torch import it (never ``impor
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "current_autograd_node", "in_backward",
-           "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group"]
+__all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "fake_tensor_log_silenced", "current_autograd_node",
+           "in_backward", "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group"]
+
+
+@contextmanager
+def fake_tensor_log_silenced() -> Iterator[None]:
+    """Mute FakeTensorMode's logger while the block runs: it logs a whole traceback for an op that fails on
+    fake tensors (a user module whose example inputs do not fit it) before raising, and the caller reports
+    that error itself, in one line."""
+    log = logging.getLogger(FakeTensorMode.__module__)  # torch._subclasses.fake_tensor
+    disabled, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = disabled
 
 
 def current_autograd_node() -> Any:

@@ -77,6 +77,18 @@ def number(exc, value: Any, source: str, field: str, *, minimum: float = 0.0, st
     return float(value)
 
 
+def number_text(value: Any) -> Any:
+    """``value``, or the number a text spells in full (``"1e2"``: YAML 1.1 reads an exponent without a decimal
+    point as text); other text stays text, for :func:`number` to refuse."""
+    if isinstance(value, str) and len(value) <= 40:
+        try:
+            parsed = float(value)
+        except ValueError:
+            return value
+        return parsed if math.isfinite(parsed) else value
+    return value
+
+
 def integer(exc, value: Any, source: str, field: str, *, minimum: int = 1, maximum: int = 10**7) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise fail(exc, source, field, f"expected a whole number, got {show(value)}")
@@ -109,7 +121,9 @@ def string(exc, value: Any, source: str, field: str, max_chars: int = MAX_STRING
 
 def unknown_name(exc, kind: str, name: str, known: Iterable[str], source: str, field: str, extra: str = "") -> HetpartError:
     known = sorted(known)
-    hint = difflib.get_close_matches(name, known, n=1) if len(name) < 100 else []
+    folded = {k.casefold(): k for k in known}  # 'a100-80gb' means 'A100-80GB'
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1) if len(name) < 100 else []
+    hint = [folded[c] for c in close]
     did = f"did you mean '{hint[0]}'? " if hint else ""
     return fail(exc, source, field, f"unknown {kind} {show(name, 200)}; {did}known: {', '.join(known)}{extra}")
 

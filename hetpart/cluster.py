@@ -362,25 +362,36 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
     # guessed default would be a number nobody measured.
     v.require_keys(SpecError, data, source, field, ["name", "tflops_bf16", "memory_gb", "hbm_gbyte_s"],
                    ["tflops_fp32", "vendor", "supports_bf16", "source", "arch", "tflops_tf32", "tflops_fp8"])
-    tflops = v.number(SpecError, data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
+    tflops = _number(data["tflops_bf16"], source, f"{field}.tflops_bf16", maximum=1e5)
     vendor = data.get("vendor", "other")
     if vendor not in ("nvidia", "amd", "huawei", "intel", "other"):
         raise v.fail(SpecError, source, f"{field}.vendor", f"unknown vendor {vendor!r}; use nvidia, amd, huawei, intel or other")
-    return GPUSpec(
+    gpu = GPUSpec(
         name=v.string(SpecError, data["name"], source, f"{field}.name"),
         tflops_bf16=tflops,
-        tflops_fp32=v.number(SpecError, data.get("tflops_fp32", tflops / 8), source, f"{field}.tflops_fp32", maximum=1e5),
-        memory_gb=v.number(SpecError, data["memory_gb"], source, f"{field}.memory_gb", maximum=1e5),
-        hbm_gbyte_s=v.number(SpecError, data["hbm_gbyte_s"], source, f"{field}.hbm_gbyte_s", maximum=1e6),
+        tflops_fp32=_number(data.get("tflops_fp32", tflops / 8), source, f"{field}.tflops_fp32", maximum=1e5),
+        memory_gb=_number(data["memory_gb"], source, f"{field}.memory_gb", maximum=1e5),
+        hbm_gbyte_s=_number(data["hbm_gbyte_s"], source, f"{field}.hbm_gbyte_s", maximum=1e6),
         vendor=vendor,
         supports_bf16=v.boolean(SpecError, data.get("supports_bf16", True), source, f"{field}.supports_bf16"),
         source=_provenance(data, source, field),
         arch=_arch(data, source, field),
-        tflops_tf32=v.number(SpecError, data.get("tflops_tf32", 0.0), source, f"{field}.tflops_tf32", strict=False,
-                             maximum=1e5),
-        tflops_fp8=v.number(SpecError, data.get("tflops_fp8", 0.0), source, f"{field}.tflops_fp8", strict=False,
+        tflops_tf32=_number(data.get("tflops_tf32", 0.0), source, f"{field}.tflops_tf32", strict=False,
                             maximum=1e5),
+        tflops_fp8=_number(data.get("tflops_fp8", 0.0), source, f"{field}.tflops_fp8", strict=False,
+                           maximum=1e5),
     )
+    known = GPU_CATALOG.get(gpu.name)
+    if known is not None and replace(gpu, source=known.source) != known:  # outputs per GPU type are keyed by name
+        raise v.fail(SpecError, source, f"{field}.name", f"{gpu.name!r} is a catalog GPU with other specs; rename it "
+                     "or drop the inline specs to use the catalog's")
+    return gpu
+
+
+def _number(value: Any, source: str, field: str, **limits: Any) -> float:
+    """:func:`hetpart._validate.number`, also of text such as ``1e2``: YAML 1.1 reads a number with an exponent
+    but no decimal point as text."""
+    return v.number(SpecError, v.number_text(value), source, field, **limits)
 
 
 def _arch(data: dict, source: str, field: str) -> str:
@@ -393,11 +404,11 @@ def _arch(data: dict, source: str, field: str) -> str:
 
 def _link(data: dict, source: str, field: str) -> LinkSpec:
     v.require_keys(SpecError, data, source, field, ["bandwidth_gbyte_s"], ["latency_us", "name", "efficiency", "source"])
-    efficiency = v.number(SpecError, data.get("efficiency", 1.0), source, f"{field}.efficiency", maximum=1.0)
+    efficiency = _number(data.get("efficiency", 1.0), source, f"{field}.efficiency", maximum=1.0)
     return LinkSpec(
         name=str(data.get("name", "inline")),
-        bandwidth_gbyte_s=v.number(SpecError, data["bandwidth_gbyte_s"], source, f"{field}.bandwidth_gbyte_s", maximum=1e5),
-        latency_us=v.number(SpecError, data.get("latency_us", 2.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
+        bandwidth_gbyte_s=_number(data["bandwidth_gbyte_s"], source, f"{field}.bandwidth_gbyte_s", maximum=1e5),
+        latency_us=_number(data.get("latency_us", 2.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
         source=_provenance(data, source, field),
         efficiency=efficiency,
     )
@@ -407,8 +418,8 @@ def _nic(data: dict, source: str, field: str) -> NICSpec:
     v.require_keys(SpecError, data, source, field, ["bandwidth_gbit_s"], ["latency_us", "name", "rdma", "source"])
     return NICSpec(
         name=str(data.get("name", "inline")),
-        bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
-        latency_us=v.number(SpecError, data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
+        bandwidth_gbit_s=_number(data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
+        latency_us=_number(data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
         rdma=v.boolean(SpecError, data.get("rdma", False), source, f"{field}.rdma"),
         source=_provenance(data, source, field),
     )
@@ -479,10 +490,10 @@ def _node_group(data: Any, source: str, field: str) -> NodeGroup:
         nic=_inline_or_catalog(data["nic"], NIC_CATALOG, "NIC", source, f"{field}.nic", _nic),
         nics_per_node=v.integer(SpecError, data.get("nics_per_node", 1), source, f"{field}.nics_per_node", maximum=64),
         zone=_zone(data.get("zone", "default"), source, f"{field}.zone"),
-        host_memory_gb=v.number(SpecError, data["host_memory_gb"], source, f"{field}.host_memory_gb",
-                                maximum=1e6) if "host_memory_gb" in data else 0.0,
-        host_memory_gbyte_s=v.number(SpecError, data["host_memory_gbyte_s"], source, f"{field}.host_memory_gbyte_s",
-                                     maximum=1e5) if "host_memory_gbyte_s" in data else 0.0,
+        host_memory_gb=_number(data["host_memory_gb"], source, f"{field}.host_memory_gb",
+                               maximum=1e6) if "host_memory_gb" in data else 0.0,
+        host_memory_gbyte_s=_number(data["host_memory_gbyte_s"], source, f"{field}.host_memory_gbyte_s",
+                                    maximum=1e5) if "host_memory_gbyte_s" in data else 0.0,
     )
 
 
@@ -500,8 +511,8 @@ def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink
         raise v.fail(SpecError, source, f"{field}.zones", f"a link joins two different zones, got {a!r} twice")
     return ZoneLink(
         zones=(a, b),
-        bandwidth_gbit_s=v.number(SpecError, data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e6),
-        latency_us=v.number(SpecError, data.get("latency_us", 1000.0), source, f"{field}.latency_us", strict=False, maximum=1e8),
+        bandwidth_gbit_s=_number(data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e6),
+        latency_us=_number(data.get("latency_us", 1000.0), source, f"{field}.latency_us", strict=False, maximum=1e8),
     )
 
 
@@ -548,7 +559,7 @@ def _slow(raw: Any, cluster: Cluster, source: str) -> tuple[tuple[str, float], .
         if not isinstance(key, str) or not cluster.has_device(key):
             raise v.fail(SpecError, source, where, f"device {v.show(key)} does not exist ({cluster.num_devices} "
                          "devices, ids 'group/node/gpu' from 0/0/0; quote them in YAML: \"0/3/5\": 0.6)")
-        factor = v.number(SpecError, value, source, where, maximum=MAX_SPEED_FACTOR)
+        factor = _number(value, source, where, maximum=MAX_SPEED_FACTOR)
         if factor != 1.0:
             out.append((key, factor))
     return tuple(sorted(out, key=lambda kv: cluster.device(kv[0]).index))
@@ -573,6 +584,9 @@ def load_cluster(spec: str | Path) -> Cluster:
     if text in catalog:
         return parse_cluster(_read_yaml(catalog[text]), source=f"catalog:{text}")
     path = Path(text)
+    if not v.path_exists(path) and (text.endswith((".yaml", ".yml")) or "/" in text):
+        raise SpecError(f"--cluster: {v.show(text, 200)}: no such file; check the path (or give a catalog cluster: "
+                        f"{', '.join(sorted(catalog))})")
     if not v.path_exists(path):
         raise v.unknown_name(SpecError, "cluster", text, catalog, "--cluster", "",
                              extra=" (or give the path of a cluster YAML file)")

@@ -90,7 +90,8 @@ def test_inspect_cluster_table(capsys) -> None:
 
 @pytest.mark.parametrize("argv, match", [
     (["inspect", "model", "gpt2-smal"], "hetpart: error: --model: unknown model 'gpt2-smal'; did you mean 'gpt2-small'?"),
-    (["inspect", "cluster", "nowhere.yaml"], "hetpart: error: --cluster: unknown cluster 'nowhere.yaml'"),
+    (["inspect", "cluster", "nowhere.yaml"], "hetpart: error: --cluster: 'nowhere.yaml': no such file; check the path"),
+    (["inspect", "cluster", "nowhere"], "hetpart: error: --cluster: unknown cluster 'nowhere'"),
     (["inspect", "model", "gpt2-small", "--seq-len", "0"], "hetpart: error: --seq-len: must be a whole number"),
     (["inspect", "model", "gpt2-small", "--seq-len", "x"], "hetpart: error: hetpart inspect model: Invalid value for '--seq-len'"),
     (["inspect", "model", "gpt2-small", "--precision", "fp4"], "hetpart: error: --precision: unknown precision 'fp4'"),

@@ -163,6 +163,16 @@ def test_predict_plans_answers_every_line_in_order_in_one_process(capsys, tmp_pa
                                                                       str(tmp_path / "none.jsonl"))
 
 
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_predict_plans_of_an_empty_file_says_so(capsys, tmp_path: Path, text: str) -> None:
+    plans = tmp_path / "empty.jsonl"
+    plans.write_text(text)
+    code, out, err = _run(capsys, "predict", *SMALL, "--plans", str(plans), "--json")
+    assert code == 2 and err.count("\n") == 1
+    assert json.loads(out)["error"] == (f"--plans: {plans} holds no plans (it is empty or blank); give a JSONL file "
+                                        "with one plan per line")
+
+
 def test_predict_plans_without_a_precision_follow_the_devices(capsys, tmp_path: Path) -> None:
     """A plan that states no precision (as the contract's minimal plan) is priced on a V100 cluster, as
     `--precision` left out is: the devices choose (fp16 there), not a bf16 refusal."""

@@ -218,6 +218,9 @@ def test_suite_entries_name_loadable_clusters_and_models() -> None:
     ({"name": "a", "nodes": []}, r"x.yaml: nodes: expected a non-empty list"),
     ({"name": "a", "nodes": [{}], "extra": 1}, r"x.yaml: extra: unknown key"),
     (_mini(gpu="A100-90GB"), r"x.yaml: nodes\[0\].gpu: unknown GPU 'A100-90GB'; did you mean 'A100-80GB'\?.*inline"),
+    (_mini(gpu="a100-80gb"), r"x.yaml: nodes\[0\].gpu: unknown GPU 'a100-80gb'; did you mean 'A100-80GB'\?"),
+    (_mini(nic="ib-hdr"), r"nodes\[0\].nic: unknown NIC 'ib-hdr'; did you mean 'IB-HDR'\?"),
+    (_mini(intra_node="nvlink3"), r"nodes\[0\].intra_node: unknown intra-node link 'nvlink3'; did you mean 'NVLink3'\?"),
     (_mini(nic="IB-XDR"), r"nodes\[0\].nic: unknown NIC 'IB-XDR'"),
     (_mini(intra_node="NVLink9"), r"nodes\[0\].intra_node: unknown intra-node link 'NVLink9'"),
     (_mini(count=0), r"nodes\[0\].count: must be >= 1, got 0"),
@@ -250,6 +253,45 @@ def test_bad_cluster_is_one_clear_line(data, match: str) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_an_inline_gpu_named_like_a_catalog_gpu_must_have_its_specs() -> None:
+    """Outputs per GPU type are keyed by name: an inline 'A100-80GB' with other figures would merge with the
+    catalog's. The catalog's own figures inline (another provenance) are the same type and load."""
+    other = {"name": "A100-80GB", "tflops_bf16": 1, "memory_gb": 1, "hbm_gbyte_s": 1, "vendor": "nvidia"}
+    with pytest.raises(SpecError, match=r"^x.yaml: nodes\[0\].gpu.name: 'A100-80GB' is a catalog GPU with other "
+                                        r"specs; rename it or drop the inline specs to use the catalog's$"):
+        parse_cluster(_mini(gpu=other), "x.yaml")
+    with pytest.raises(SpecError, match=r"nodes\[0\].gpus\[1\].gpu.name: 'A100-80GB' is a catalog GPU"):
+        parse_cluster({"name": "mixed", "nodes": [
+            {"count": 1, "gpus": [{"gpu": "A100-80GB", "count": 1}, {"gpu": other, "count": 1}],
+             "intra_node": "NVLink3", "nic": "IB-HDR"}]}, "x.yaml")
+    same = {f: getattr(GPU_CATALOG["A100-80GB"], f) for f in ("name", "tflops_bf16", "tflops_fp32", "memory_gb",
+                                                                "hbm_gbyte_s", "vendor", "arch", "tflops_tf32")}
+    assert parse_cluster(_mini(gpu=same | {"source": "my notes"}), "x.yaml").devices[0].gpu.memory_gb == 80
+    assert parse_cluster(_mini(gpu=other | {"name": "A100-slow"}), "x.yaml").gpu_types == ["A100-slow"]
+
+
+@pytest.mark.parametrize("text, value", [("1e2", 100.0), ("4.0e+2", 400.0), ("2E1", 20.0), ("25", 25.0)])
+def test_numbers_yaml_reads_as_text_are_numbers(tmp_path: Path, text: str, value: float) -> None:
+    """YAML 1.1 (PyYAML) reads 1e2 as text; a number field takes any text that is one finite number."""
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\nnodes:\n"
+                    f"  - {{count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, zone: a, "
+                    f"nic: {{bandwidth_gbit_s: {text}}}}}\n"
+                    "  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: IB-HDR, zone: b}\n"
+                    f"links:\n  - {{zones: [a, b], bandwidth_gbit_s: {text}, latency_us: 500}}\n")
+    cluster = load_cluster(path)
+    assert cluster.zone_links[0].bandwidth_gbit_s == value and cluster.groups[0].nic.bandwidth_gbit_s == value
+
+
+@pytest.mark.parametrize("text", ["1e2x", "nan", "inf", "'1e999'", "ten"])
+def test_text_that_is_not_one_finite_number_stays_an_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: x\nnodes:\n  - {{count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, "
+                    f"nic: {{bandwidth_gbit_s: {text}}}}}\n")
+    with pytest.raises(SpecError, match=r"c.yaml: nodes\[0\].nic.bandwidth_gbit_s: expected a number, got '"):
+        load_cluster(path)
+
+
 def test_duplicate_zone_link_is_refused() -> None:
     data = _mini(zone="a")
     data["nodes"].append(dict(data["nodes"][0], zone="b"))
@@ -266,6 +308,10 @@ def test_too_many_devices_is_refused() -> None:
 def test_load_cluster_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"--cluster: unknown cluster 'tiny-mixd'; did you mean 'tiny-mixed'\?"):
         load_cluster("tiny-mixd")
+    for path_like in ("nothere.yaml", "nothere.yml", str(tmp_path / "nothere")):
+        with pytest.raises(SpecError, match=r"--cluster: '.*nothere(.yaml|.yml)?': no such file; check the path "
+                                            r"\(or give a catalog cluster: .*tiny-mixed"):
+            load_cluster(path_like)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nnodes: [\n")
     with pytest.raises(SpecError, match=r"bad.yaml: invalid YAML at line \d+, column \d+"):

@@ -150,6 +150,37 @@ def test_export_cli(capsys, tmp_path: Path) -> None:
     assert code == 2 and "--to: unknown target 'fairscale'; use one of megatron, torchtitan, deepspeed" in err
 
 
+def test_export_checks_the_plan_against_its_model_and_cluster_as_predict_does(capsys, tmp_path: Path) -> None:
+    """An impossible plan (overlapping layers, a device the cluster lacks) has no launch arguments: exit 2, one
+    line naming the file and the field, one JSON object under --json."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({
+        "global_batch": 8, "micro_batch": 2, "seq_len": 128, "precision": "fp16",
+        "meta": {"model": "gpt2-small", "cluster": "tiny-mixed"},
+        "replicas": [{"batch_share": 0.5, "stages": [{"layers": [0, 7], "devices": ["5/0/0"], "tp": 1},
+                                                     {"layers": [6, 14], "devices": ["1/0/0"], "tp": 1}]},
+                     {"batch_share": 0.5, "stages": [{"layers": [0, 7], "devices": ["0/0/1"], "tp": 1},
+                                                     {"layers": [7, 14], "devices": ["1/0/1"], "tp": 1}]}]}))
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        code, out, err = run_cli(capsys, "export", str(bad), "--to", target, "--json")
+        assert code == 2 and err.count("\n") == 1
+        assert f"{bad}: replicas[0].stages[1].layers: starts at 6, expected 7 (overlaps the previous stage)" in err
+        assert "'5/0/0' does not exist in cluster 'tiny-mixed'" in json.loads(out)["error"]
+    # A plan that does not name its cluster is checked against --cluster, as predict's is.
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"global_batch": 8, "micro_batch": 2, "seq_len": 128, "precision": "fp16",
+                                "meta": {"model": "gpt2-small"},
+                                "replicas": [{"batch_share": 1.0, "stages": [
+                                    {"layers": [0, 7], "devices": ["0/0/0"], "tp": 1},
+                                    {"layers": [7, 14], "devices": ["1/0/0"], "tp": 1}]}]}))
+    code, _, err = run_cli(capsys, "export", str(bare), "--to", "megatron")
+    assert code == 2 and "--cluster missing and the plan does not record it; give --cluster" in err
+    code, out, err = run_cli(capsys, "export", str(bare), "--to", "megatron", "--cluster", "tiny-mixed")
+    assert code == 0 and "--pipeline-model-parallel-size 2" in out, err
+    code, _, err = run_cli(capsys, "export", str(bare), "--to", "megatron", "--cluster", "a100-8")
+    assert code == 2 and f"{bare}: replicas[0].stages[1].devices: '1/0/0' does not exist in cluster 'a100-8'" in err
+
+
 def test_export_refuses_a_model_without_transformer_layers() -> None:
     graph = load_model("python:tests.fixtures.toy:build")
     plan = Plan(global_batch=4, micro_batch=1, seq_len=graph.seq_len,

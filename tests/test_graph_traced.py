@@ -8,6 +8,7 @@ traced through one training step on fake tensors, and compared with the analytic
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -242,6 +243,70 @@ def test_python_spec_passes_seq_len() -> None:
     assert graph.units[1].out_act_bytes == 4 * 16 * HIDDEN
     fixed = load_model("python:tests.fixtures.toy:build_fixed", seq_len=16)
     assert fixed.seq_len == 24 and fixed.units[1].out_act_bytes == 2 * 24 * HIDDEN  # per sequence of the batch of 2
+
+
+def test_a_seq_len_the_example_inputs_do_not_have_is_refused(capsys, tmp_path: Path) -> None:
+    """The example inputs of a builder without a seq_len parameter fix the length: a --seq-len the user gave
+    that differs is an error naming both lengths and the fix, never silently replaced."""
+    with pytest.raises(ModelError, match=r"build_fixed: --seq-len 16 does not match the 24 tokens of build_fixed\(\)'s "
+                                         r"example inputs .*make the example inputs 16 tokens long .*or drop --seq-len"):
+        load_model("python:tests.fixtures.toy:build_fixed", seq_len=16, exact_seq_len=True)
+    assert load_model("python:tests.fixtures.toy:build_fixed", seq_len=24, exact_seq_len=True).seq_len == 24
+    assert load_model("python:tests.fixtures.toy:build", seq_len=16, exact_seq_len=True).seq_len == 16
+    code = main(["plan", "--model", "python:tests.fixtures.toy:build_fixed", "--cluster", "tiny-mixed",
+                 "--global-batch", "8", "--seq-len", "4096", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "--seq-len 4096 does not match the 24 tokens" in err
+    assert "--seq-len 4096" in json.loads(out)["error"]
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "python:tests.fixtures.toy:build_fixed", "--cluster", "tiny-mixed",
+                 "--global-batch", "8", "--out", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["seq_len"] == 24  # no --seq-len: the inputs' length
+    code = main(["predict", "--plan", str(plan), "--seq-len", "32", "--json"])
+    assert code == 2 and "--seq-len 32 does not match the 24 tokens" in capsys.readouterr().err
+
+
+def test_a_builder_that_exits_or_parses_argv_is_one_clear_line(capsys, monkeypatch, tmp_path: Path) -> None:
+    """sys.exit() in a builder, or an argparse that would read hetpart's own options, is a builder failure like
+    any other: one line, exit 2, one JSON object; the builder sees only its module's name in sys.argv."""
+    (tmp_path / "exiting.py").write_text(
+        "import argparse, sys, torch\n"
+        "def exits():\n    sys.exit(3)\n"
+        "def parses():\n"
+        "    p = argparse.ArgumentParser(); p.add_argument('--hidden', type=int, default=8); a = p.parse_args()\n"
+        "    return torch.nn.Linear(a.hidden, a.hidden), (torch.zeros(2, 4, a.hidden),)\n"
+        "def requires():\n"
+        "    p = argparse.ArgumentParser(); p.add_argument('--hidden', type=int, required=True); p.parse_args()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["hetpart", "inspect", "model", "python:exiting:parses", "--json"])
+    assert main(["inspect", "model", "python:exiting:parses", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_params"] == 8 * 8 + 8
+    assert sys.argv[0] == "hetpart"  # given back
+    for func, why in (("exits", r"SystemExit: 3"), ("requires", r"SystemExit: 2: exiting: error: the following "
+                                                                r"arguments are required: --hidden")):
+        code = main(["inspect", "model", f"python:exiting:{func}", "--json"])
+        out, err = capsys.readouterr()
+        assert code == 2 and err.count("\n") == 1 and "usage:" not in err
+        assert re.search(rf"python:exiting:{func}: calling {func}\(\) failed \({why}\); fix the function",
+                         json.loads(out)["error"])
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit('no GPU here')\n")
+    code = main(["inspect", "model", "python:exits_on_import:build", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1
+    assert json.loads(out)["error"] == ("python:exits_on_import:build: importing exits_on_import failed (SystemExit: "
+                                        "no GPU here); fix the module")
+
+
+def test_inputs_that_do_not_fit_the_module_give_one_line_and_no_torch_log(tmp_path: Path) -> None:
+    """FakeTensorMode logs a traceback for an op that fails on fake tensors; hetpart's one line is all."""
+    (tmp_path / "misfit.py").write_text("import torch\n"
+                                        "def build():\n    return torch.nn.Linear(16, 16), (torch.randn(2, 8),)\n")
+    cli = Path(sys.executable).parent / "hetpart"
+    proc = subprocess.run([str(cli), "inspect", "model", "python:misfit:build", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "tracing one training step failed" in proc.stderr, proc.stderr
+    assert "tracing one training step failed" in json.loads(proc.stdout)["error"]
 
 
 def test_cli_inspect_python_model_json() -> None:

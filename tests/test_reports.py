@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -51,6 +52,21 @@ def test_show_html_is_one_self_contained_page(capsys, tmp_path: Path) -> None:
     assert 'id="comparison"' not in text  # only with --compare
     code, _, err = run_cli(capsys, "show", str(plan), "--html", str(tmp_path / "no" / "such" / "r.html"))
     assert code == 2 and "--html: cannot write" in err
+
+
+def test_show_refuses_a_bad_row_count_and_names_compare_for_an_unknown_planner(capsys, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    cli_json(capsys, "plan", *SMALL, "--planner", "uniform", "--out", str(plan), "--json")
+    for rows in ("0", "-3"):
+        code, out, err = run_cli(capsys, "show", str(plan), "--max-rows", rows, "--gantt", str(tmp_path / "g.png"),
+                                 "--json")
+        assert code == 2 and err == f"hetpart: error: --max-rows: must be >= 1, got {rows}; give the number of Gantt " \
+                                    "rows to draw\n"
+        assert json.loads(out)["error"].startswith("--max-rows: must be >= 1") and not (tmp_path / "g.png").exists()
+    code, out, err = run_cli(capsys, "show", str(plan), "--compare", "uniform,bogus", "--html", str(tmp_path / "r.html"),
+                             "--json")
+    assert code == 2 and err.count("\n") == 1 and "--planner" not in err
+    assert json.loads(out)["error"].startswith("--compare: unknown planner 'bogus'; use one of ")
 
 
 def test_bench_writes_table_plots_html_and_a_tracked_run(capsys, tmp_path: Path) -> None:
@@ -111,6 +127,30 @@ def test_dashboard_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     code, _, err = run_cli(capsys, "dashboard", "--logdir", str(tmp_path / "f"))
     assert code == 2 and "is a file; give the runs folder" in err
+    missing = tmp_path / "no" / "runs"  # a mistyped folder is not created and served empty
+    code, _, err = run_cli(capsys, "dashboard", "--logdir", str(missing))
+    assert code == 2 and err == f"hetpart: error: --logdir: {missing}: no such directory; give the runs folder " \
+                                "('hetpart run' and 'hetpart bench' write to runs/)\n"
+    assert not (tmp_path / "no").exists()
+
+
+def test_dashboard_stops_tensorboard_on_sigterm(tmp_path: Path) -> None:
+    """kill or timeout (SIGTERM) ends the dashboard as Ctrl-C does: TensorBoard goes with it."""
+    hetpart = Path(sys.executable).with_name("hetpart")
+    proc = subprocess.Popen([str(hetpart), "dashboard", "--logdir", str(tmp_path), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with pytest.raises(urllib.error.URLError):  # TensorBoard did not outlive it
+        urllib.request.urlopen(url.group(0), timeout=3)
 
 
 def test_scaling_study_skips_a_planner_over_its_budget_and_tracks_the_points(tmp_path: Path) -> None:

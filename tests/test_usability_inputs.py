@@ -117,6 +117,13 @@ def test_a_missing_file_is_not_called_an_unknown_model(capsys, tmp_path: Path) -
     assert "no such file" in err and "unknown model" not in err
 
 
+def test_a_directory_without_config_json_is_not_called_an_unknown_model(capsys, tmp_path: Path) -> None:
+    (tmp_path / "emptydir").mkdir()
+    err = _error(capsys, "inspect", "model", str(tmp_path / "emptydir"))
+    assert f"--model: '{tmp_path / 'emptydir'}': no config.json in this directory; give the directory of a " \
+           "Hugging Face model" in err and "unknown model" not in err
+
+
 def test_plan_with_defaults_follows_the_model_and_the_devices(capsys, tmp_path: Path) -> None:
     # The first thing a newcomer types: --seq-len 2048 used to exceed GPT-2's 1024 positions (exit 2).
     code, out, err = run_cli(capsys, "plan", "-m", "gpt2-small", "-c", "tiny-mixed", "--global-batch", "8")

@@ -16,24 +16,23 @@ __all__ = ["register"]
 def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A plan JSON written by 'hetpart plan --out'."),
                    to: str = typer.Option(..., "--to", help="megatron, torchtitan or deepspeed."),
                    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
+                   cluster: Optional[str] = typer.Option(None, "--cluster", "-c",
+                                                         help="Cluster (default: the plan's meta.cluster)."),
                    out: Optional[Path] = typer.Option(None, "--out", help="Also write the artifact alone to this file."),
                    strict: bool = typer.Option(False, "--strict", help="Exit 2 when the target cannot express all of the plan."),
                    json_out: bool = JsonFlag) -> None:
     """Print the launch arguments (Megatron-LM), config (torchtitan TOML, DeepSpeed JSON) for PLAN, and what
-    the target cannot express."""
+    the target cannot express. PLAN is checked against its model and cluster first, as 'predict --plan' does."""
+    from hetpart.cli.plan_cmd import _from_plan_meta, _load
     from hetpart.errors import PlanError
     from hetpart.export import TARGETS, export_plan
-    from hetpart.graph import load_model
-    from hetpart.plan import load_plan
 
     if to not in TARGETS:
         raise PlanError(f"--to: unknown target {to!r}; use one of {', '.join(TARGETS)}")
-    plan = load_plan(plan_path)
-    spec = model or plan.meta.get("model")
-    if not isinstance(spec, str) or not spec:
-        raise PlanError(f"{plan_path}: meta.model: missing (the plan does not say which model it was made for); "
-                        "give --model")
-    graph = load_model(spec, seq_len=plan.seq_len, precision=plan.precision)
+    model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
+    graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
+                         precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
+    plan.check(graph, cl, str(plan_path))  # an impossible plan has no launch arguments
     result = export_plan(plan, graph, to)
     if out is not None:
         try:

@@ -89,7 +89,7 @@ def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.js
 
     from hetpart.graph import load_model
 
-    g = load_model(model, seq_len=seq_len, precision=precision or "bf16")
+    g = load_model(model, seq_len=seq_len, precision=precision or "bf16", exact_seq_len=True)
     if json_out:
         emit_json(g.summary())
         return

@@ -39,7 +39,8 @@ def _load(model: str, cluster: str, seq_len: int | None, precision: str | None, 
     cl = load_cluster(cluster)
     used = [cl.device(d) for d in devices if cl.has_device(d)] if devices is not None else cl.devices
     precision = resolve_precision(precision, {d.gpu for d in used}, precision_source)
-    return load_model(model, seq_len=seq_len, precision=precision, seq_len_source=seq_len_source), cl, precision
+    return (load_model(model, seq_len=seq_len, precision=precision, seq_len_source=seq_len_source, exact_seq_len=True),
+            cl, precision)
 
 
 def _metrics_line(metrics: dict[str, Any]) -> str:
@@ -315,6 +316,9 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"--plans: cannot read {plans_path} ({exc.__class__.__name__}); give a JSONL file with one "
                         "plan per line") from None
+    if not any(line.strip() for line in lines):
+        raise PlanError(f"--plans: {plans_path} holds no plans (it is empty or blank); give a JSONL file with one "
+                        "plan per line")
     first, stated = None, None
     for number, line in enumerate(lines, 1):  # the first readable plan fills in what the options leave out
         if line.strip():
@@ -331,7 +335,8 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
         raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
     explicit = global_batch is not None or seq_len is not None
     graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
-                                 precision or stated)
+                                 precision or stated,
+                                 seq_len_source="--seq-len" if seq_len or not first else f"{plans_path}: seq_len")
     workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
                            **(engine or {}))
@@ -357,7 +362,11 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Show a plan as a table, its simulated schedule as a Gantt chart (--gantt) and an HTML report (--html)."""
     from hetpart.costmodel.simulator import simulate
+    from hetpart.errors import PlanError
 
+    if max_replicas < 1:
+        raise PlanError(f"--max-rows: must be >= 1, got {max_replicas}; give the number of Gantt rows to draw")
+    _check_compare(compare)  # an unknown planner fails before the model loads
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
                          precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
@@ -382,6 +391,18 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else "")
               + (f"; HTML report in {html_out}" if html_out else ""))
+
+
+def _check_compare(compare: str) -> None:
+    """Every planner named by ``show --compare`` exists (the registry's error names --planner)."""
+    from hetpart.errors import PlanError
+    from hetpart.policies import get_planner
+
+    for name in (n.strip() for n in compare.split(",") if n.strip()):
+        try:
+            get_planner(name)
+        except PlanError as exc:
+            raise PlanError(f"--compare: {str(exc).removeprefix('--planner: ')}") from None
 
 
 def _write(action, option: str, path: Path) -> None:

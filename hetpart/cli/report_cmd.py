@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -61,15 +62,24 @@ def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[d
     return rows
 
 
-def dashboard_command(logdir: Path = typer.Option(Path("runs"), "--logdir", help="The runs folder to serve."),
+def dashboard_command(logdir: Optional[Path] = typer.Option(None, "--logdir", help="The runs folder to serve "
+                                                             "(default: runs, created when missing)."),
                       port: int = typer.Option(6006, "--port", help="TCP port on 127.0.0.1 (0: a free one).")) -> None:
     """Serve the tracked runs (training curves, cost-model errors, benchmark scalars) with TensorBoard on 127.0.0.1."""
+    from hetpart._validate import path_exists
     from hetpart.experiments.dashboard import Dashboard
 
+    if logdir is not None and not path_exists(logdir):  # a mistyped folder would be served empty
+        from hetpart.errors import SpecError
+
+        raise SpecError(f"--logdir: {logdir}: no such directory; give the runs folder ('hetpart run' and 'hetpart "
+                        "bench' write to runs/)")
+    logdir = logdir or Path("runs")
     board = Dashboard(logdir, port=port)
-    board.start()
-    print(f"hetpart dashboard: {board.url} (TensorBoard over {logdir.resolve()}); Ctrl-C stops it", flush=True)
+    term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill and timeout end it as Ctrl-C does
     try:
+        board.start()
+        print(f"hetpart dashboard: {board.url} (TensorBoard over {logdir.resolve()}); Ctrl-C stops it", flush=True)
         code = board.wait()
     except KeyboardInterrupt:  # the way to end it: stop TensorBoard and exit 130 (interrupted)
         board.stop()
@@ -77,6 +87,7 @@ def dashboard_command(logdir: Path = typer.Option(Path("runs"), "--logdir", help
         raise typer.Exit(130) from None
     finally:
         board.stop()
+        signal.signal(signal.SIGTERM, term)
     if code:
         from hetpart.errors import RuntimeFault
 

@@ -38,6 +38,10 @@ def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
             return _file_model_name(path), read_hf_config(path), str(path)
         if (path / "config.json").is_file():
             return path.name, read_hf_config(path / "config.json"), str(path / "config.json")
+        if path.is_dir():
+            raise ModelError(f"--model: {v.show(spec, 200)}: no config.json in this directory; give the directory "
+                             "of a Hugging Face model (or the path of its config.json), a catalog name or "
+                             "python:MODULE:FUNCTION")
     if spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelError(f"--model: {v.show(spec, 200)}: no such file; give the path of a Hugging Face config.json "
                          "(or of its directory), a catalog name or python:MODULE:FUNCTION")
@@ -78,14 +82,17 @@ def _cached_hub_config(repo_id: str) -> Path | None:
 
 
 def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16",
-               seq_len_source: str = "--seq-len") -> ModelGraph:
+               seq_len_source: str = "--seq-len", exact_seq_len: bool = False) -> ModelGraph:
     """The unit graph of the model ``spec`` for sequences of ``seq_len`` tokens.
 
     ``python:MODULE:FUNCTION`` imports user code (an explicit opt-in) and traces the returned module
-    on the meta device. ``seq_len=None`` takes ``min(2048, max_positions)``. ``seq_len_source`` names
-    where ``seq_len`` came from (a flag, or a plan file's field) in error messages.
+    on the meta device; a function without a ``seq_len`` parameter gives the length in its example inputs,
+    which wins over ``seq_len`` unless ``exact_seq_len`` (the CLI, where ``seq_len`` is what the user asked
+    for): then another length is an error. ``seq_len=None`` takes ``min(2048, max_positions)``.
+    ``seq_len_source`` names where ``seq_len`` came from (a flag, or a plan file's field) in error messages.
     """
     resolved = None if not isinstance(spec, str) or spec.startswith("python:") else resolve_transformer(spec)
+    given = seq_len
     if seq_len is None:
         seq_len = min(2048, resolved[1].max_positions) if resolved else 2048
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 10**7:
@@ -98,7 +105,8 @@ def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16",
     if spec.startswith("python:"):
         from hetpart.graph.trace import trace_python_spec  # imports torch; only on demand
 
-        return trace_python_spec(spec, seq_len=seq_len, precision=precision)
+        return trace_python_spec(spec, seq_len=given, precision=precision,
+                                 seq_len_source=seq_len_source if exact_seq_len else None)
     name, cfg, source = resolved
     if cfg.learned_positions and seq_len > cfg.max_positions:
         raise ModelError(f"{seq_len_source}: {seq_len} exceeds the {cfg.max_positions} learned positions of {name}; "

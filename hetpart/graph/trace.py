@@ -27,19 +27,21 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import io
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from hetpart._torch_compat import FakeTensorMode, TorchDispatchMode, current_autograd_node, in_backward, pytree, \
-    storage_key
+from hetpart._torch_compat import FakeTensorMode, TorchDispatchMode, current_autograd_node, fake_tensor_log_silenced, \
+    in_backward, pytree, storage_key
 from hetpart.errors import ModelError
 from hetpart.graph.model_graph import ModelGraph, Unit
 
@@ -454,7 +456,8 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
     if not isinstance(module, nn.Module):
         raise ModelError(f"{where}: expected a torch.nn.Module, got {type(module).__name__}")
     try:
-        trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+        with fake_tensor_log_silenced():  # a failing op is reported below, in one line
+            trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
     except ModelError as exc:
         raise ModelError(f"{where}: {exc}") from None
     except Exception as exc:  # the module's own code, run on fake tensors
@@ -494,6 +497,30 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+@contextmanager
+def _own_argv(module_name: str) -> Iterator[list[str]]:
+    """Run a builder as if its module were the program: ``sys.argv`` is just the module's name (an argparse in
+    it parses no hetpart options), and what it writes to stderr is held back and replayed, except when it
+    exits: then its last line (argparse's error) goes into the yielded list for the one-line error."""
+    argv, stderr, held = sys.argv, sys.stderr, io.StringIO()
+    said: list[str] = []
+    sys.argv, sys.stderr = [module_name], held
+    try:
+        yield said
+    except SystemExit:
+        said += [line.strip() for line in held.getvalue().splitlines() if line.strip()][-1:]
+        raise
+    finally:
+        sys.argv, sys.stderr = argv, stderr
+        if not said:
+            stderr.write(held.getvalue())
+
+
+def _why(exc: BaseException, said: list[str]) -> str:
+    """What user code failed with: the exception's first line, and for an exit what it said last."""
+    return _first_line(exc) + (f": {said[-1]}" if isinstance(exc, SystemExit) and said else "")
+
+
 def _call_builder(spec: str, seq_len: int) -> tuple[nn.Module, Any, bool]:
     """``(module, example_inputs, whether the function took seq_len)``."""
     parts = spec.split(":")
@@ -501,13 +528,14 @@ def _call_builder(spec: str, seq_len: int) -> tuple[nn.Module, Any, bool]:
         raise ModelError(f"--model: {spec!r}: expected python:MODULE:FUNCTION, e.g. python:mypkg.models:build")
     _, module_name, func_name = parts
     try:
-        fn = getattr(_import(module_name, spec), func_name)
+        with _own_argv(module_name) as said:
+            fn = getattr(_import(module_name, spec), func_name)
     except ModelError:
         raise
     except AttributeError:
         raise ModelError(f"{spec}: module {module_name!r} has no function {func_name!r}; check the name") from None
-    except Exception as exc:  # user code: any failure while importing it
-        raise ModelError(f"{spec}: importing {module_name} failed ({_first_line(exc)}); fix the module") from None
+    except (Exception, SystemExit) as exc:  # user code: any failure while importing it
+        raise ModelError(f"{spec}: importing {module_name} failed ({_why(exc, said)}); fix the module") from None
     if not callable(fn):
         raise ModelError(f"{spec}: {func_name!r} is a {type(fn).__name__}, not a function")
     try:
@@ -515,9 +543,10 @@ def _call_builder(spec: str, seq_len: int) -> tuple[nn.Module, Any, bool]:
     except (TypeError, ValueError):
         takes_seq_len = False
     try:
-        result = fn(seq_len=seq_len) if takes_seq_len else fn()
-    except Exception as exc:  # user code
-        raise ModelError(f"{spec}: calling {func_name}() failed ({_first_line(exc)}); fix the function") from None
+        with _own_argv(module_name) as said:
+            result = fn(seq_len=seq_len) if takes_seq_len else fn()
+    except (Exception, SystemExit) as exc:  # user code; sys.exit() or argparse must not end hetpart
+        raise ModelError(f"{spec}: calling {func_name}() failed ({_why(exc, said)}); fix the function") from None
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
         raise ModelError(f"{spec}: {func_name}() must return (torch.nn.Module, example_inputs), got "
                          f"{type(result).__name__}")
@@ -531,16 +560,24 @@ def _inputs_seq_len(example_inputs: Any) -> int | None:
     return None
 
 
-def trace_python_spec(spec: str, seq_len: int, precision: str = "bf16") -> ModelGraph:
+def trace_python_spec(spec: str, seq_len: int | None = None, precision: str = "bf16",
+                      seq_len_source: str | None = None) -> ModelGraph:
     """Import and call ``python:MODULE:FUNCTION`` and trace the module it returns.
 
     Loading a ``python:`` spec runs user code: it is an explicit opt-in. The function returns
     ``(torch.nn.Module, example_inputs)``; a function with a ``seq_len`` parameter is called with
-    ``seq_len=``, otherwise its example inputs fix the sequence length (their second dimension).
+    ``seq_len=`` (2048 when None), otherwise its example inputs fix the sequence length (their second
+    dimension). With ``seq_len_source`` (where ``seq_len`` came from: ``--seq-len``, a plan's field), a
+    ``seq_len`` the example inputs do not have is an error instead.
     Any failure in user code becomes one :class:`ModelError` line.
     """
-    module, example_inputs, takes_seq_len = _call_builder(spec, seq_len)
-    if not takes_seq_len:
-        seq_len = _inputs_seq_len(example_inputs) or seq_len
-    return trace_module(module, example_inputs, name=spec.split(":")[2], seq_len=seq_len, precision=precision,
-                        source=spec)
+    module, example_inputs, takes_seq_len = _call_builder(spec, seq_len or 2048)
+    own = None if takes_seq_len else _inputs_seq_len(example_inputs)
+    if seq_len_source and seq_len is not None and own is not None and own != seq_len:
+        func = spec.split(":")[2]
+        fix = "drop --seq-len" if seq_len_source == "--seq-len" else f"use a plan made for {own} tokens"
+        raise ModelError(f"{spec}: {seq_len_source} {seq_len} does not match the {own} tokens of {func}()'s "
+                         f"example inputs (their dimension 1); make the example inputs {seq_len} tokens long "
+                         f"(or give {func} a seq_len parameter), or {fix}")
+    return trace_module(module, example_inputs, name=spec.split(":")[2], seq_len=own or seq_len or 2048,
+                        precision=precision, source=spec)
