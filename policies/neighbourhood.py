@@ -9,7 +9,7 @@ layer split, integer batch shares), never simulated. A point is the structure wi
 * ``("typed", ((pool, tp, pp), ...), mb, rc)``: each used pool's own replicas.
 
 Moves: one pool's TP degree (typed: its ``(tp, pp)``), a pool added (at every place its zone allows),
-dropped or swapped with its neighbour (each structural move under every replica count), the replica count, micro-batch and recompute mode one option
+replaced by an unused pool in its place, dropped or swapped with its neighbour (each structural move under every replica count), the replica count, micro-batch and recompute mode one option
 up or down, and the family switched over the same pools. Every move keeps the runtime's rules and
 the zone order (:class:`~hetpart.policies.structure.Scenario` says which are allowed) and must fit in
 memory. A neighbour is skipped when the search's lower bound says it cannot beat the best point so
@@ -209,6 +209,12 @@ class Neighbourhood:
             for t in s.tps[p]:
                 for i in range(len(order) + 1):
                     yield from self._renumbered(order[:i] + (p,) + order[i:], tps[:i] + (t,) + tps[i:], dp, mb, rc)
+        for i in range(len(order)):  # a pool replaced by an unused one, in its place
+            for p in range(len(s.pools)):
+                if p not in order:
+                    for t in s.tps[p]:
+                        yield from self._renumbered(order[:i] + (p,) + order[i + 1:], tps[:i] + (t,) + tps[i + 1:],
+                                                    dp, mb, rc)
         if len(order) > 1:
             for i in range(len(order)):  # a pool dropped
                 yield from self._renumbered(order[:i] + order[i + 1:], tps[:i] + tps[i + 1:], dp, mb, rc)
@@ -246,10 +252,29 @@ class Neighbourhood:
                     moved, moved_tps = rest[:j] + (p,) + rest[j:], rest_tps[:j] + (t,) + rest_tps[j:]
                     if j != i:
                         yield from self._renumbered(moved, moved_tps, dp, mb, rc)
+                    else:  # in place under another recompute mode: a wider TP frees the memory recompute held
+                        for r in self.s.modes:
+                            if r != rc:
+                                yield from self._renumbered(moved, moved_tps, dp, mb, r)
                     for d in self.s.dp_options(moved, moved_tps):
                         b = mb * dp // d
                         if mb * dp % d == 0 and b in self.s.mb_options(d) and (j != i or b not in self._kept_mbs(d, mb)):
                             yield ("mixed", moved, moved_tps, d, b, rc)
+        # the replica count and the recompute mode at once, in every order of up to three pools: shorter
+        # pipelines hold more layers each, which may fit only with the memory recompute frees, and which pool
+        # goes first (holding the most micro-batches in flight) changes with it
+        orders = [order] if len(order) > 3 else [o for o in itertools.permutations(order) if _zone_contiguous(self.s, o)]
+        tp_of = dict(zip(order, tps))
+        for o in orders:
+            o_tps = tuple(tp_of[p] for p in o)
+            for d in self.s.dp_options(o, o_tps):
+                if d == dp:
+                    continue
+                for r in self.s.modes:
+                    if r != rc:
+                        for b in dict.fromkeys(self._kept_mbs(d, mb) + ([mb * dp // d] if mb * dp % d == 0 else [])):
+                            if b in self.s.mb_options(d):
+                                yield ("mixed", o, o_tps, d, b, r)
         if len(order) > 1:  # every pool's TP doubled or halved: TP traded for replicas, the same stages
             for scaled in (tuple(t * 2 for t in tps), tuple(t // 2 for t in tps if t % 2 == 0)):
                 if len(scaled) != len(tps) or any(t not in self.s.tps[p] for p, t in zip(order, scaled)):
@@ -257,7 +282,8 @@ class Neighbourhood:
                 for d in self.s.dp_options(order, scaled):
                     b = mb * dp // d
                     if mb * dp % d == 0 and b in self.s.mb_options(d):
-                        yield ("mixed", order, scaled, d, b, rc)
+                        for r in (rc, *(r for r in self.s.modes if r != rc)):  # wider TP frees memory recompute held
+                            yield ("mixed", order, scaled, d, b, r)
         if len(order) > 2:  # two or more pools' TP scaled alike (x2, x4, /2, /4), the others kept, under every
             # replica count: a slow pool's stages widened while a fast one keeps its many narrow stages
             for size in range(2, len(order)):
@@ -322,7 +348,7 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
     their lower bound, so a walk step stops at the first bound that cannot beat the point it is at.
     """
     found: dict[Point, "Scored"] = {}
-    for p in starts:
+    for p in list(starts) + [q for q in narrow_seeds(hood) if q not in starts]:
         if hood.valid(p) and (scored := hood.price(p)) is not None:
             found[p] = scored
     others = {q for p in found for q in hood.switched(p) if q not in found and hood.valid(q)}
@@ -348,6 +374,29 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
         _fewer_pools(hood, min(found, key=lambda p: found[p].estimate_s), found, deadline,
                      hood.priced + max(SUBSET_POINTS_MIN, limit // SUBSET_SHARE))
     return found
+
+
+def narrow_seeds(hood: Neighbourhood) -> list[Point]:
+    """Starts beside the network's: mixed pipelines over the one, two and three fastest pools (fastest
+    first, where the zones allow that order), each pool at its narrowest TP degree, with the most replicas
+    that fit, micro-batch 1 and the lightest recompute mode that fits: data parallelism as wide as memory
+    allows. A walk from wide tensor parallelism over every pool can spend its budget before it gets there
+    (gpt3-6.7b on 1,024 GPUs of four types, held out: the network proposed all four pools at TP 4-8 and
+    the walk ended at 0.70 of search's throughput)."""
+    s = hood.s
+    fastest = sorted(range(len(s.pools)), key=lambda p: (-s.pools[p].gpu.tflops_bf16, p))
+    out = []
+    for k in range(1, min(3, len(fastest)) + 1):
+        order = tuple(fastest[:k])
+        if not _zone_contiguous(s, order):
+            continue
+        tps = tuple(s.tps[p][0] for p in order)
+        for d in reversed(s.dp_options(order, tps)):
+            point = next((q for r in s.modes if hood.valid(q := ("mixed", order, tps, d, 1, r)) and hood.fits(q)), None)
+            if point is not None:
+                out.append(point)
+                break
+    return out
 
 
 SUBSET_POINTS_MIN, SUBSET_SHARE = 12, 5

@@ -8,7 +8,7 @@ pulls in torch-geometric only when asked for). Adding a planner is one module an
 >>> available_planners()[:3]
 ('uniform', 'proportional', 'search')
 >>> sorted(get_planner("search").options)[:3]
-['configs_per_pool', 'ignore_memory', 'include_baselines']
+['configs_per_pool', 'fewer_nodes', 'ignore_memory']
 """
 
 from __future__ import annotations

@@ -347,3 +347,45 @@ def test_a_compound_move_widens_several_pools_at_once(tmp_path) -> None:
     assert estimate[target] < estimate[start] < min(estimate[h] for h in halves)  # no single TP move leads there
     found = improve(hood, [start], time.perf_counter() + 30.0)
     assert min(sc.estimate_s for sc in found.values()) <= estimate[target] + 1e-9
+
+
+def test_replicas_and_recompute_move_together_and_narrow_seeds_join_the_starts(tmp_path) -> None:
+    """Held-out misses of the policy: a 3B model with one key/value head at 32k tokens on 8 H100 + 8 A100, where
+    eight two-stage replicas fit only with full recompute (from four four-stage replicas without, each half
+    alone is worse: 0.858 of search before), and gpt3-6.7b on 1,024 GPUs of four types, where the network
+    proposed every pool at TP 4-8 and the walk's budget ran out on the way (0.66); narrow seeds start it on
+    the fastest pools at TP 1 with the most replicas that fit."""
+    import json
+
+    from hetpart.cluster import parse_cluster
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.policies import plan
+    from hetpart.policies.neighbourhood import Neighbourhood, narrow_seeds
+    from hetpart.policies.structure import Scenario
+
+    config = {"model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 26,
+              "num_attention_heads": 24, "num_key_value_heads": 1, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path / "config.json"), seq_len=32768)
+    cluster = parse_cluster({"name": "h100-a100-16", "nodes": [
+        {"count": 1, "gpus_per_node": 8, "gpu": "H100-80GB", "intra_node": "NVLink4", "nic": "IB-NDR", "nics_per_node": 4},
+        {"count": 1, "gpus_per_node": 8, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR", "nics_per_node": 4}]})
+    workload = Workload(16, 32768)
+    hood = Neighbourhood(Scenario(model, cluster, workload, evaluator=Evaluator(model, cluster, workload)))
+    start = ("mixed", (1, 0), (1, 1), 4, 1, "none")  # where the policy's walk stopped
+    assert ("mixed", (0, 1), (1, 1), 8, 1, "full") in set(hood.compound(start))
+    assert hood.price(("mixed", (0, 1), (1, 1), 8, 1, "full")).estimate_s < hood.price(start).estimate_s
+    searched, walked = (plan(model, cluster, workload, name) for name in ("search", "policy"))
+    assert walked.prediction.tokens_per_s >= 0.99 * searched.prediction.tokens_per_s
+
+    four = parse_cluster({"name": "four-types", "nodes": [
+        {"count": 4, "gpus_per_node": 8, "gpu": "H100-80GB", "intra_node": "NVLink4", "nic": "IB-NDR"},
+        {"count": 4, "gpus_per_node": 8, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"},
+        {"count": 4, "gpus_per_node": 8, "gpu": "V100-32GB", "intra_node": "NVLink2", "nic": "IB-EDR"},
+        {"count": 8, "gpus_per_node": 4, "gpu": "L4-24GB", "intra_node": "PCIe4", "nic": "Ethernet-100"}]})
+    gpt = load_model("gpt3-6.7b", seq_len=2048)
+    work = Workload(128, 2048)
+    seeds = narrow_seeds(Neighbourhood(Scenario(gpt, four, work, evaluator=Evaluator(gpt, four, work))))
+    assert [s[1] for s in seeds] == [(0,), (0, 1), (0, 1, 2)]  # H100, then A100, then V100: fastest first
+    assert all(set(s[2]) == {1} and s[4] == 1 for s in seeds)  # TP 1, micro-batch 1
