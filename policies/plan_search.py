@@ -899,18 +899,29 @@ def fewer_nodes_best(model, cluster, workload, evaluate: Evaluator, best: Evalua
     """The best plan ``planner(view, evaluator)`` finds on :func:`~hetpart.costmodel.pools.fewer_nodes`
     views of ``cluster``: halved, then halved again while the half beats ``best`` and every plan found
     before it, or while nothing fits; a view whose compute floor (:func:`_compute_floor_s`) the best plan
-    so far already beats is not planned (nor fewer nodes still). Priced by ``evaluate``'s predictor on the
+    so far already beats, or whose memory cannot hold the model's states however sharded, is not planned
+    (nor fewer nodes still); where nothing fits on the whole cluster, views are planned only when it has
+    more devices than the batch has sequences (otherwise memory was what failed, and fewer devices hold
+    less: each failing search of a view cost minutes on a 405B model). Priced by ``evaluate``'s predictor on the
     whole cluster (the view's devices are the whole cluster's: their plans run there as they are, the
     other nodes idle); None when no view helps."""
     from hetpart.costmodel.pools import fewer_nodes
 
+    from hetpart.costmodel.memory import memory_capacity_gb
+    from hetpart.policies.common import device_state_bytes_per_param
+
+    if best is None and cluster.num_devices <= workload.global_batch:
+        return None  # nothing fits, and not for want of sequences: fewer devices hold less
     found = None
     tokens = workload.global_batch * workload.seq_len
+    states_gb = model.num_params * device_state_bytes_per_param(workload) / 1e9
     for halvings in itertools.count(1):
         view = fewer_nodes(cluster, halvings)
         top = best_of([best, found])
         if view is None or (top is not None and _compute_floor_s(model, view, workload) >= tokens / top.tokens_per_s):
             break
+        if sum(memory_capacity_gb(d.gpu) for d in view.devices) < states_gb:
+            break  # the view cannot hold the model's states however they are sharded (nor can fewer nodes)
         try:
             got = planner(view, Evaluator(model, view, workload, evaluate.ignore_memory, evaluate.predictor))
         except (PlanError, WorkloadError):

@@ -286,3 +286,28 @@ def test_fewer_nodes_keeps_the_first_nodes_of_each_group_under_their_ids() -> No
     assert half.slow == (("1/0/1", 0.5),)  # the speed factor of a node left out goes with it
     assert [g.count for g in fewer_nodes(cluster, 3).groups] == [1, 1]
     assert fewer_nodes(_a100_nodes(1), 1) is None
+
+
+def test_fewer_nodes_are_not_planned_where_memory_is_what_fails() -> None:
+    """Fewer devices hold less: where nothing fits on every node and the batch has a sequence for every device,
+    or where half the nodes cannot hold the model's states, no view is planned (each failing search of a view
+    took minutes on a 405B model)."""
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.policies.plan_search import fewer_nodes_best
+
+    calls: list[str] = []
+
+    def planner(view, evaluator):
+        calls.append(view.name)
+        raise WorkloadError("nothing fits")
+
+    model, cluster = load_model("llama2-70b", seq_len=2048), _a100_nodes(2)  # 16 x 80 GB for 70B's 1.3 TB of states
+    evaluate = Evaluator(model, cluster, Workload(64, 2048))
+    assert fewer_nodes_best(model, cluster, Workload(64, 2048), evaluate, None, planner) is None
+    assert calls == []  # 64 sequences for 16 devices: not for want of sequences
+    assert fewer_nodes_best(model, cluster, Workload(8, 2048), evaluate, None, planner) is None
+    assert calls == []  # 8 sequences, but one node (640 GB) cannot hold the states
+    small, four = load_model("gpt2-small", seq_len=1024), _a100_nodes(4)
+    assert fewer_nodes_best(small, four, Workload(16, 1024), Evaluator(small, four, Workload(16, 1024)), None,
+                            planner) is None
+    assert calls == ["a100x4 (2 of 4 nodes)", "a100x4 (1 of 4 nodes)"]  # until a view fits, or none is left
