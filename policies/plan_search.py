@@ -915,8 +915,12 @@ def fewer_nodes_best(model, cluster, workload, evaluate: Evaluator, best: Evalua
     found = None
     tokens = workload.global_batch * workload.seq_len
     states_gb = model.num_params * device_state_bytes_per_param(workload) / 1e9
+    last = None
     for halvings in itertools.count(1):
         view = fewer_nodes(cluster, halvings)
+        if view is not None and last is not None and view.groups == last.groups:
+            break  # one node of each group already
+        last = view
         top = best_of([best, found])
         if view is None or (top is not None and _compute_floor_s(model, view, workload) >= tokens / top.tokens_per_s):
             break
