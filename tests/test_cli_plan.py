@@ -41,6 +41,10 @@ def test_plan_json_follows_the_contract_and_round_trips_through_predict_and_show
     assert again["metrics"]["tokens_per_s"] == pytest.approx(data["metrics"]["tokens_per_s"], rel=1e-9)
     bare = _json(capsys, "predict", "--plan", str(out), "--json")  # model and cluster from the plan's meta
     assert bare["metrics"]["step_time_s"] == pytest.approx(data["metrics"]["step_time_s"], rel=1e-9)
+    # an explicit --recompute overrides the plan's (it was ignored without a word)
+    other = "full" if data["plan"]["recompute"] != "full" else "none"
+    redone = _json(capsys, "predict", *SMALL, "--plan", str(out), "--recompute", other, "--json")
+    assert redone["metrics"]["step_time_s"] != pytest.approx(data["metrics"]["step_time_s"], rel=1e-6)
 
     png = tmp_path / "gantt.png"
     code, text, err = _run(capsys, "show", str(out), "--gantt", str(png))

@@ -267,7 +267,8 @@ def predict_command(
         raise PlanError(f"{flag}: {plan_path} already places its ranks; {flag} applies to the --tp --pp --dp grid"
                         + (" (a plan file sets its context parallelism in its 'cp' field)" if flag == "--cp" else ""))
     if plan is not None:  # the options override what the plan file says
-        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention)
+        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention,
+                       **({"recompute": recompute} if recompute in ("none", "selective", "full") else {}))
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     if zero is not None and plan.zero != zero:
         plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
