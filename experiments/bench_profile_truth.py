@@ -130,6 +130,59 @@ def truth_rows(scale: str = "small", global_batch: int = 8, steps: int = 4, warm
             "scale": scale, "global_batch": global_batch, "steps": steps, "warmup": warmup}
 
 
+STORED_RUNS = Path(__file__).resolve().parent / "data" / "cpu_truth_runs_tp.json"
+"""Rows of real CPU runs (measured step times and the profile calibrated right before them) kept in the repo."""
+
+
+def replay_rows(path: Path = STORED_RUNS, cores: int = 2) -> list[dict[str, Any]]:
+    """The stored real runs of :func:`truth_rows` predicted again by the current code from the profile stored
+    with them (the plans rebuilt as the bench built them; the ranks sharing ``cores`` cores, as on the
+    machine that measured them): what a change to the model does to every measured row, without measuring."""
+    from dataclasses import replace
+
+    from hetpart import Workload, load_cluster
+    from hetpart.costmodel import megatron_plan
+    from hetpart.costmodel.predictor import get_predictor
+    from hetpart.costmodel.profile import parse_profile
+    from hetpart.graph.transformer import transformer_graph
+    from hetpart.plan import Plan, Replica, Stage, TPSplit
+    from hetpart.policies import plan as make_plan
+    from hetpart.runtime import measure
+    from hetpart.runtime.launch import RunOptions, prepare_run
+    from hetpart.runtime.models import runnable_spec, scaled_seq_len
+
+    data = json.loads(Path(path).read_text())
+    folder = Path(tempfile.mkdtemp(prefix="hetpart-replay-"))
+    four, mixed = _write(folder, "four.yaml", TRUTH_CLUSTER), _write(folder, "mixed.yaml", MIXED_CLUSTER)
+    out = []
+    for run in data["runs"]:
+        profile = parse_profile(run["profile"])
+        seq = scaled_seq_len(1024, run["scale"])
+        graph = transformer_graph(runnable_spec("gpt2-small", run["scale"]).config, f"gpt2-small@{run['scale']}", seq, 4)
+        w = Workload(run["global_batch"], seq, precision="fp32", recompute="none")
+        plans = {f"megatron {f'tp{tp} ' if tp > 1 else ''}pp{pp} dp{dp} mb{mb}": (megatron_plan(
+            graph, load_cluster(four), w, tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute="none"), four)
+            for tp, pp, dp, mb in GRID}
+        for mb in UNEVEN_MICRO_BATCHES:
+            stage = Stage((0, graph.num_units), ("0/0/0", "0/0/1"), tp=2, tp_split=TPSplit(heads=(9, 3), ffn=(2304, 768)))
+            plans[f"uneven tp2 (heads 9:3) mb{mb}"] = (Plan(global_batch=run["global_batch"], micro_batch=mb, seq_len=seq,
+                                                       recompute="none", precision="fp32",
+                                                       replicas=(Replica(1.0, (stage,)),)), four)
+        mc = load_cluster(mixed)
+        searched = make_plan(graph, mc, w, "search", predictor=get_predictor("simulator", graph, mc, w,
+                                                                            overlap_grad_reduce=False, profile=profile))
+        for row in run["rows"]:
+            p, cl = (searched.plan, mixed) if row["plan"].startswith("search") else plans[row["plan"]]
+            p = replace(p, seq_len=1024, meta=dict(p.meta, model="gpt2-small", cluster=cl))
+            prep = prepare_run(p, "gpt2-small", cl, RunOptions(steps=run["steps"], scale=run["scale"], emulate=False))
+            predicted = measure.predict(prep.run_graph, prep.cluster, prep.run_plan,
+                                        profile=profile.sharing_cores(p.num_devices, cores))["step_time_s"]
+            out.append({"run": run["run"], "plan": row["plan"], "ranks": row["ranks"], "measured_s": row["measured_s"],
+                        "stored_error_pct": row["error_pct"],
+                        "error_pct": 100 * (predicted / row["measured_s"] - 1), "predicted_s": predicted})
+    return out
+
+
 def emulated_rows(repeats: int = 3, steps: int = 5, say=print) -> list[dict[str, Any]]:
     """The issue's plan, run ``repeats`` times emulated at ``--scale tiny``: predicted vs measured each time."""
     from hetpart import Workload, load_cluster, load_model
@@ -244,12 +297,21 @@ def section():
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
-    ap.add_argument("--part", choices=("truth", "emulated", "both", "gpu"), default="both")
+    ap.add_argument("--part", choices=("truth", "emulated", "both", "gpu", "replay"), default="both")
     ap.add_argument("--scale", default="small")
     args = ap.parse_args(argv)
     from hetpart.experiments.benchdoc import load, machine
 
     where = machine()
+    if args.part == "replay":  # the stored real runs, predicted again by this code
+        rows = replay_rows()
+        print("| run | plan | ranks | measured (s) | predicted then | predicted now |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['run']} | {r['plan']} | {r['ranks']} | {r['measured_s']:.3f} | {r['stored_error_pct']:+.1f}% | "
+                  f"{r['error_pct']:+.1f}% |")
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+        return 0
     if args.part == "gpu":
         rows = gpu_rows()
         print(json.dumps(rows["rows"], indent=1))
