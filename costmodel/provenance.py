@@ -30,12 +30,13 @@ __all__ = ["ERROR_BANDS", "prediction_provenance", "compute_kind"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
-        "mean_abs_pct": 8.9, "signed_pct": [-21.9, 35.6], "rows": 32, "held_out": True,
-        "from": "29 real CPU runs of 1-2 ranks (no emulation; pipeline, data and tensor parallel, even and uneven "
-                "splits, three calibrations minutes apart) predicted with a profile of the same machine (-22% to "
-                "+36%, mean 8.6%) and 3 emulated runs on a quiet machine from in-run profiles (-17% to -6%); more "
-                "ranks than cores: +20% to +35% on a quiet machine, -22% to -32% for a 4-rank data-parallel ring "
-                "(docs/BENCHMARKS.md 'Measured profiles'; make bench BENCH=profile-truth)",
+        "mean_abs_pct": 8.5, "signed_pct": [-21.9, 35.6], "rows": 43, "held_out": True,
+        "from": "40 real CPU runs of 1-2 ranks (no emulation; pipeline, data and tensor parallel, even and uneven "
+                "splits, four calibrations minutes to hours apart) predicted with a profile of the same machine (-22% "
+                "to +36%, mean 8.2%) and 3 emulated runs on a quiet machine from in-run profiles (-17% to -6%); more "
+                "ranks than cores, processor sharing: -5% to -27%, mean 13.8% over 12 four-rank runs on two cores, all "
+                "too fast (docs/BENCHMARKS.md 'Measured profiles', 'More ranks than cores'; make bench "
+                "BENCH=profile-truth)",
     },
     "fitted:ampere": {
         "mean_abs_pct": 2.2, "signed_pct": [-4.0, 4.9], "rows": 18, "held_out": False,
