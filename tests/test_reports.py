@@ -100,7 +100,9 @@ def _ctrl_c_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_dashboard_cli_prints_its_url_and_ends_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_dashboard_cli_prints_its_url_and_ends_on_ctrl_c_or_sigterm(tmp_path: Path, stop) -> None:
+    """Ctrl-C, and kill or timeout (SIGTERM) alike, end the dashboard with 130: TensorBoard goes with it."""
     hetpart = Path(sys.executable).with_name("hetpart")
     proc = subprocess.Popen([str(hetpart), "dashboard", "--logdir", str(tmp_path), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -111,7 +113,7 @@ def test_dashboard_cli_prints_its_url_and_ends_on_ctrl_c(tmp_path: Path) -> None
         assert url, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
         with urllib.request.urlopen(url.group(0), timeout=10) as resp:
             assert resp.status == 200
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=30) == 130
     finally:
         if proc.poll() is None:
@@ -132,25 +134,6 @@ def test_dashboard_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     assert code == 2 and err == f"hetpart: error: --logdir: {missing}: no such directory; give the runs folder " \
                                 "('hetpart run' and 'hetpart bench' write to runs/)\n"
     assert not (tmp_path / "no").exists()
-
-
-def test_dashboard_stops_tensorboard_on_sigterm(tmp_path: Path) -> None:
-    """kill or timeout (SIGTERM) ends the dashboard as Ctrl-C does: TensorBoard goes with it."""
-    hetpart = Path(sys.executable).with_name("hetpart")
-    proc = subprocess.Popen([str(hetpart), "dashboard", "--logdir", str(tmp_path), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        line = proc.stdout.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert url, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 130
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    with pytest.raises(urllib.error.URLError):  # TensorBoard did not outlive it
-        urllib.request.urlopen(url.group(0), timeout=3)
 
 
 def test_scaling_study_skips_a_planner_over_its_budget_and_tracks_the_points(tmp_path: Path) -> None:
