@@ -139,6 +139,8 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     kv = arch.get("num_kv_heads") or arch.get("num_heads")
     if kv and kv != arch.get("num_heads"):
         args.update({"--group-query-attention": True, "--num-query-groups": kv})
+    if graph.config is not None:
+        args.update(_megatron_architecture(graph.config, problems))
     args.update(_megatron_recompute(plan.recompute))
     if getattr(plan, "cp", 1) > 1:
         args["--context-parallel-size"] = plan.cp
@@ -160,6 +162,34 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     lines = [k if v is True else f"{k} {v}" for k, v in args.items()]
     text = " \\\n".join(lines) + "\n"
     return Export("megatron", text, args, tuple(problems), _rank_note(plan, shape, "Megatron-LM"))
+
+
+def _megatron_architecture(cfg, problems: list[str]) -> dict[str, Any]:
+    """The model beyond its sizes as Megatron-LM's GPT takes it (its defaults: GELU, LayerNorm, biases, learned
+    absolute positions, tied embeddings, dropout); what it cannot build goes to ``problems``. Without these a
+    Llama exported as sizes alone builds a GPT-2-style model of other parameters and FLOPs."""
+    args: dict[str, Any] = {}
+    if cfg.family == "bert":
+        problems.append("an encoder (BERT: bidirectional attention): Megatron-LM's pretrain_gpt.py builds a causal "
+                        "decoder; train it with pretrain_bert.py and these parallel settings")
+    if cfg.activation == "swiglu":
+        args["--swiglu"] = True
+    elif cfg.activation == "relu":
+        problems.append("ReLU activation (OPT): Megatron-LM's GPT offers GELU, SwiGLU and squared ReLU; shown: GELU")
+    if cfg.norm == "rmsnorm":
+        args["--normalization"] = "RMSNorm"
+    if not cfg.bias:
+        args["--disable-bias-linear"] = True
+    if not cfg.learned_positions:
+        args["--position-embedding-type"] = "rope"
+    if not cfg.tied_embeddings:
+        args["--untie-embeddings-and-output-weights"] = True
+    if not cfg.dropout:
+        args.update({"--attention-dropout": 0.0, "--hidden-dropout": 0.0})
+    if cfg.embed_dim and cfg.embed_dim != cfg.hidden_size:
+        problems.append(f"an embedding {cfg.embed_dim} wide projected to the hidden size {cfg.hidden_size} (OPT-350m): "
+                        "Megatron-LM's GPT embeds at the hidden size; shown: at the hidden size")
+    return args
 
 
 def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:

@@ -22,7 +22,9 @@ from hetpart.graph import load_model
 from hetpart.plan import Plan, Replica, Stage
 from tests._cli import run_cli
 
-MEGATRON_ARGS = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+MEGATRON_ARGS = {"--swiglu", "--normalization", "--disable-bias-linear", "--position-embedding-type",
+                 "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
+                 "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                  "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
                  "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout", "--micro-batch-size",
                  "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--num-attention-heads",
@@ -94,6 +96,26 @@ def test_megatron_names_what_it_cannot_express() -> None:
     assert any(p.startswith("per-stage tensor parallelism (tp 1, 2)") for p in result.cannot_express)
     assert _megatron_args(result.text)["--recompute-granularity"] == "full"
     assert export_plan(plan, _graph(), "megatron").cannot_express == ()
+
+
+def test_megatron_builds_the_model_the_plan_was_made_for() -> None:
+    """A Llama exported as its sizes alone built a GPT-2-style model (GELU, LayerNorm, biases, learned positions,
+    tied embeddings) of other parameters and FLOPs; an encoder or a ReLU model is named as not expressed."""
+    llama = load_model("llama3-8b", seq_len=256)
+    plan = Plan(global_batch=16, micro_batch=2, seq_len=256, recompute="selective",
+                replicas=(Replica(1.0, (Stage((0, llama.num_units), ("0/0/0",), 1),)),))
+    result = export_plan(plan, llama, "megatron")
+    args = _megatron_args(result.text)
+    assert set(args) <= MEGATRON_ARGS
+    assert args["--swiglu"] is True and args["--normalization"] == "RMSNorm" and args["--disable-bias-linear"] is True
+    assert args["--position-embedding-type"] == "rope" and args["--untie-embeddings-and-output-weights"] is True
+    assert args["--num-query-groups"] == "8" and args["--ffn-hidden-size"] == "14336"
+    assert "--swiglu" not in _megatron_args(export_plan(_plan([(0, 7), (7, 14)]), _graph(), "megatron").text)
+    for name, what in (("bert-large", "an encoder (BERT"), ("opt-350m", "ReLU activation (OPT)")):
+        graph = load_model(name, seq_len=256)
+        other = Plan(global_batch=16, micro_batch=2, seq_len=256, recompute="selective",
+                     replicas=(Replica(1.0, (Stage((0, graph.num_units), ("0/0/0",), 1),)),))
+        assert any(p.startswith(what) for p in export_plan(other, graph, "megatron").cannot_express), name
 
 
 def test_torchtitan_uses_its_documented_config_keys() -> None:
