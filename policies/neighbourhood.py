@@ -9,7 +9,7 @@ layer split, integer batch shares), never simulated. A point is the structure wi
 * ``("typed", ((pool, tp, pp), ...), mb, rc)``: each used pool's own replicas.
 
 Moves: one pool's TP degree (typed: its ``(tp, pp)``), a pool added (at every place its zone allows),
-replaced by an unused pool in its place, dropped or swapped with its neighbour (each structural move under every replica count), the replica count, micro-batch and recompute mode one option
+dropped or swapped with its neighbour (each structural move under every replica count), the replica count, micro-batch and recompute mode one option
 up or down, and the family switched over the same pools. Every move keeps the runtime's rules and
 the zone order (:class:`~hetpart.policies.structure.Scenario` says which are allowed) and must fit in
 memory. A neighbour is skipped when the search's lower bound says it cannot beat the best point so
@@ -209,12 +209,6 @@ class Neighbourhood:
             for t in s.tps[p]:
                 for i in range(len(order) + 1):
                     yield from self._renumbered(order[:i] + (p,) + order[i:], tps[:i] + (t,) + tps[i:], dp, mb, rc)
-        for i in range(len(order)):  # a pool replaced by an unused one, in its place
-            for p in range(len(s.pools)):
-                if p not in order:
-                    for t in s.tps[p]:
-                        yield from self._renumbered(order[:i] + (p,) + order[i + 1:], tps[:i] + (t,) + tps[i + 1:],
-                                                    dp, mb, rc)
         if len(order) > 1:
             for i in range(len(order)):  # a pool dropped
                 yield from self._renumbered(order[:i] + order[i + 1:], tps[:i] + tps[i + 1:], dp, mb, rc)

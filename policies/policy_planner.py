@@ -510,11 +510,13 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         found = decode(model, cluster, workload, evaluator=evaluator, **options).best
     except WorkloadError as exc:  # nothing fits on every node: fewer may still hold it (a small batch)
         found, failed = None, exc
-    # as search does: fewer nodes where the batch is too small to keep every device busy
-    evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
-    found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
-                                             lambda view, ev: decode(model, view, workload, evaluator=ev,
-                                                                     **options).best)])
+    # as search does, fewer nodes, where the batch has fewer sequences than the cluster has devices (or nothing
+    # fit): a decode per view costs what the first did (1 s at 1,024 GPUs), which only a small batch repays
+    if found is None or workload.global_batch < cluster.num_devices:
+        evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
+        found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
+                                                 lambda view, ev: decode(model, view, workload, evaluator=ev,
+                                                                         **options).best)])
     if found is None:
         raise failed or no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found

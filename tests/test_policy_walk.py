@@ -113,12 +113,18 @@ def test_compound_move_changes_a_pools_tp_and_moves_the_pool_or_rescales_the_mic
     assert any(order == (1, 0) for _, order, *_ in compound)  # the pool moved
     assert ("mixed", (0, 1), (2, 1), 1, 4, point[5]) in compound  # TP 2, half the replicas, twice the micro-batch
     assert ("mixed", (0, 1), (2, 2), 1, 4, point[5]) in compound  # every pool's TP doubled, so rescaled
+    # the replica count and the recompute mode at once, in either order
+    assert any(tps == (1, 1) and dp != point[3] and rc != point[5] for _, order, tps, dp, _, rc in compound)
     for _, order, tps, dp, mb, rc in compound:
-        assert sorted(order) == [0, 1] and rc == point[5]
+        assert sorted(order) == [0, 1]
         moved = dict(zip(order, tps))
         changed = sum(moved[p] != t for p, t in zip(point[1], point[2]))
+        if changed == 0:
+            assert rc != point[5] and dp != point[3]
+            continue
         assert changed == 1 or (changed == 2 and tps in ((2, 2),))  # one pool's TP, or every pool's at once
-        assert order == (1, 0) or dp * mb == point[3] * point[4]  # in place: micro-batches per replica kept
+        # in place and the recompute mode kept: micro-batches per replica kept
+        assert order == (1, 0) or rc != point[5] or dp * mb == point[3] * point[4]
     assert list(hood.compound(("typed", ((0, 1, 1), (1, 1, 1)), 1, hood.s.modes[0]))) == []
 
 
