@@ -41,6 +41,8 @@ def test_plan_json_follows_the_contract_and_round_trips_through_predict_and_show
     assert again["metrics"]["tokens_per_s"] == pytest.approx(data["metrics"]["tokens_per_s"], rel=1e-9)
     bare = _json(capsys, "predict", "--plan", str(out), "--json")  # model and cluster from the plan's meta
     assert bare["metrics"]["step_time_s"] == pytest.approx(data["metrics"]["step_time_s"], rel=1e-9)
+    code, _, err = _run(capsys, "predict", "--plan", str(out), "--seq-len", "64")  # a CLI user's fix, not an API's
+    assert code == 2 and f"--seq-len: 64 but {out} was planned for" in err and "drop --seq-len" in err
     # an explicit --recompute overrides the plan's (it was ignored without a word)
     other = "full" if data["plan"]["recompute"] != "full" else "none"
     redone = _json(capsys, "predict", *SMALL, "--plan", str(out), "--recompute", other, "--json")

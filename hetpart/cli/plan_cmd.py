@@ -245,6 +245,11 @@ def predict_command(
         return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     where = f"{plan_path}: " if plan is not None else ""
+    if plan is not None and seq_len is not None and seq_len != plan.seq_len:
+        from hetpart.errors import PlanError
+
+        raise PlanError(f"--seq-len: {seq_len} but {plan_path} was planned for {plan.seq_len} tokens; drop --seq-len "
+                        f"(the plan's is used) or plan for {seq_len} ('hetpart plan ... --seq-len {seq_len}')")
     graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),
                                  precision or (plan.precision if plan else None),
                                  devices=plan.devices if plan else None,
