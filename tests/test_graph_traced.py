@@ -262,8 +262,8 @@ def test_a_seq_len_the_example_inputs_do_not_have_is_refused(capsys, tmp_path: P
     assert main(["plan", "--model", "python:tests.fixtures.toy:build_fixed", "--cluster", "tiny-mixed",
                  "--global-batch", "8", "--out", str(plan), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["seq_len"] == 24  # no --seq-len: the inputs' length
-    code = main(["predict", "--plan", str(plan), "--seq-len", "32", "--json"])
-    assert code == 2 and "--seq-len 32 does not match the 24 tokens" in capsys.readouterr().err
+    code = main(["predict", "--plan", str(plan), "--seq-len", "32", "--json"])  # the plan's 24 tokens, said first
+    assert code == 2 and f"--seq-len: 32 but {plan} was planned for 24 tokens" in capsys.readouterr().err
 
 
 def test_a_builder_that_exits_or_parses_argv_is_one_clear_line(capsys, monkeypatch, tmp_path: Path) -> None:
