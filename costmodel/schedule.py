@@ -510,7 +510,7 @@ def simulate_shared_cores(pipelines: list[SharedPipeline], capacity: float) -> l
     """
     if not capacity > 0:
         raise ValueError(f"capacity must be a positive number of cores, got {capacity!r}")
-    pipes, owner, local = [], [], []
+    pipes, owner, local, weight = [], [], [], []
     for i, p in enumerate(pipelines):
         fwd, bwd, p2p, pp, m = _as_arrays(p.fwd, p.bwd, p.p2p, p.interleave)
         weights = tuple(p.processes) or (1,) * pp
@@ -522,7 +522,7 @@ def simulate_shared_cores(pipelines: list[SharedPipeline], capacity: float) -> l
         pipes.append((lay, dur, delay, np.full(dur.shape, np.nan), np.full(dur.shape, np.nan)))
         owner += [i] * pp
         local += list(range(pp))
-    weight = [pipelines[i].processes[d] if pipelines[i].processes else 1 for i, d in zip(owner, local)]
+        weight += weights
     n_dev = len(owner)
     ops = [pipes[i][1].shape[1] for i in owner]
     nxt = [0] * n_dev

@@ -468,7 +468,9 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
 
     from hetpart.runtime.models import runnable_spec
 
-    available = torch.cuda.device_count() if cuda else _cores()
+    from hetpart.runtime.launch import host_cores
+
+    available = torch.cuda.device_count() if cuda else host_cores()
     what = "CUDA device(s)" if cuda else "core(s)"
     cfg = runnable_spec(model_spec, options.scale).config
     sizes = {"attention heads": cfg.num_heads, "key/value heads": cfg.kv_heads, "MLP width": cfg.ffn}
@@ -486,10 +488,6 @@ def _measure_tensor_parallel(model_spec: str, graph, device_class: str, cuda: bo
             continue
         entries += _tensor_parallel_degree(tp, model_spec, graph, device_class, cuda, precision, seq, options, say)
     return entries
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _tensor_parallel_degree(tp: int, model_spec: str, graph, device_class: str, cuda: bool, precision: str, seq: int,

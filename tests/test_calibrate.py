@@ -167,7 +167,7 @@ def test_every_degree_there_are_devices_for_is_measured(tmp_path, monkeypatch):
     model's heads and MLP is timed over that many processes; the rest are said and skipped."""
     import torch.multiprocessing
 
-    from hetpart.runtime import calibrate
+    from hetpart.runtime import launch
     from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
 
     (tmp_path / "c.yaml").write_text(CLUSTER)
@@ -184,7 +184,7 @@ def test_every_degree_there_are_devices_for_is_measured(tmp_path, monkeypatch):
             "collectives_fwd": 2, "collectives_bwd": 2, "collective_bytes": 8192.0, "engine": "dtensor"}]))
 
     monkeypatch.setattr(torch.multiprocessing, "start_processes", timed)
-    monkeypatch.setattr(calibrate, "_cores", lambda: 4)
+    monkeypatch.setattr(launch, "host_cores", lambda: 4)
     said: list[str] = []
     options = CalibrateOptions(micro_batches=(1,), seq_len=16, repeats=3, links=False, device="cpu")
     profile = calibrate_profile(str(tmp_path / "c.yaml"), str(tmp_path / "m.json"), options, say=said.append)
