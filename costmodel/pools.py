@@ -22,7 +22,7 @@ from hetpart.errors import WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-__all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster",
+__all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster", "type_view",
            "divisors", "zone_components", "speed_typed", "fewer_nodes"]
 
 
@@ -138,7 +138,13 @@ def type_subcluster(cluster: Cluster, gpu_name: str, zones: set[str] | None = No
     """The cluster made of only the devices of type ``gpu_name`` (in ``zones`` when given), with the
     links between their zones: whole node groups, and from mixed nodes that type's GPUs as nodes of
     their own kind. Speed factors follow their devices (renumbered)."""
-    groups, slow = [], []
+    return type_view(cluster, gpu_name, zones)[0]
+
+
+def type_view(cluster: Cluster, gpu_name: str, zones: set[str] | None = None) -> tuple[Cluster, dict[str, str]]:
+    """:func:`type_subcluster` and the map from its device ids to the same devices' ids in ``cluster``
+    (a plan made on the view runs on ``cluster`` through it, the other types idle)."""
+    groups, slow, to_real = [], [], {}
     speed = dict(cluster.slow)
     for gi, g in enumerate(cluster.groups):
         if zones is not None and g.zone not in zones:
@@ -150,13 +156,14 @@ def type_subcluster(cluster: Cluster, gpu_name: str, zones: set[str] | None = No
                 groups.append(replace(g, gpu=gpu, gpus_per_node=count, mixed=()))
                 slow += [(f"{new}/{n}/{i}", speed[f"{gi}/{n}/{lo + i}"]) for n in range(g.count)
                          for i in range(count) if f"{gi}/{n}/{lo + i}" in speed]
+                to_real.update({f"{new}/{n}/{i}": f"{gi}/{n}/{lo + i}" for n in range(g.count) for i in range(count)})
             lo += count
     if not groups:
         raise ValueError(f"no {gpu_name} in {cluster.name}")
     zones = {g.zone for g in groups}
     links = tuple(link for link in cluster.zone_links if set(link.zones) <= zones)
     return replace(cluster, name=f"{cluster.name}[{gpu_name}]", groups=tuple(groups), zone_links=links,
-                   slow=tuple(slow))
+                   slow=tuple(slow)), to_real
 
 
 def _scaled_type(gpu: GPUSpec, factor: float) -> GPUSpec:

@@ -95,6 +95,12 @@ class SearchOptions:
     nodes left out idling: a small global batch cannot keep every device busy, and past some size another
     replica costs more in gradient sync than it adds (Sailor likewise chooses how many GPUs of each type to
     use). The plans found there are priced on the whole cluster."""
+    single_types: bool = True
+    """On a cluster of several device types whose search skips sharding level 1 (more than
+    :data:`LEVEL_ONE_MAX_DEVICES` devices), also search each type alone (:func:`single_types_best`): a type
+    alone may be searched at level 1 there, and the fastest type alone can beat every plan that must
+    carry the slower ones (gpt3-6.7b on 256 H100 + 256 A100 + 256 V100 + 256 L4: 2.83 M tokens/s on all,
+    3.01 M on the H100s alone). The plans found there are priced on the whole cluster."""
     speed_types: bool = True
     """On a cluster with throttled devices (``slow:``), also search its :func:`~hetpart.costmodel.pools.speed_typed`
     view, where each throttled device is a device type of its own (pools are per type, so only there can a
@@ -849,6 +855,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
         # second (or fractions that win before the climb) cannot hide what the other climbs to
         best = best_of([refine(evaluate, s, options.refine_steps) for s in starts.values() if s is not None])
+    if options.single_types:
+        best = best_of([best, _single_types_best(model, cluster, workload, options, evaluate, best)])
     if options.fewer_nodes:
         best = best_of([best, _fewer_nodes_best(model, cluster, workload, options, evaluate, best)])
     if options.include_baselines and not options.ignore_memory:
@@ -875,13 +883,62 @@ def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate
                                                                     include_baselines=False))
     except (PlanError, WorkloadError):
         return None
-    plan = found.plan
+    return evaluate(_on_real(found.plan, to_real, cluster))
+
+
+def _on_real(plan: Plan, to_real: dict[str, str], cluster: "Cluster") -> Plan:
+    """``plan``, made on a view of ``cluster``, on the real devices ``to_real`` maps its devices to."""
     replicas = tuple(replace(r, stages=tuple(replace(s, devices=tuple(to_real[d] for d in s.devices))
                                             for s in r.stages)) for r in plan.replicas)
     meta = dict(plan.meta)
     if "cluster" in meta:
         meta["cluster"] = cluster.name
-    return evaluate(replace(plan, replicas=replicas, meta=meta))
+    return replace(plan, replicas=replicas, meta=meta)
+
+
+def _single_types_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,
+                       best: Evaluated | None) -> Evaluated | None:
+    """The search's plan on one device type alone (:func:`single_types_best`)."""
+    def search(view, evaluator: Evaluator) -> Evaluated:
+        return plan_search(model, view, workload, options=replace(options, single_types=False, include_baselines=False),
+                           evaluator=evaluator)
+
+    return single_types_best(model, cluster, workload, evaluate, best, search)
+
+
+def single_types_best(model, cluster, workload, evaluate: Evaluator, best: Evaluated | None,
+                      planner: Callable[..., Evaluated], max_devices: int | None = None) -> Evaluated | None:
+    """The best plan ``planner(view, evaluator)`` finds on one device type of ``cluster`` alone
+    (:func:`~hetpart.costmodel.pools.type_view`; None on a cluster of one type), priced by ``evaluate``'s
+    predictor on the whole cluster (the other types idle). Types are visited from the lowest compute floor
+    (:func:`_compute_floor_s`) up; one whose floor the best plan so far already beats is not planned, nor
+    one whose memory cannot hold the model's states however sharded, nor (``max_devices``) a larger one.
+    Only where the whole cluster's search skipped sharding level 1 (:func:`searches_level_one`; the workload
+    leaves the level open): otherwise each type alone is already part of its space at both levels."""
+    from hetpart.costmodel.memory import memory_capacity_gb
+    from hetpart.costmodel.pools import type_view
+    from hetpart.policies.common import device_state_bytes_per_param
+
+    if len(cluster.gpu_types) < 2 or zero_levels(workload)[:2] != (0, 1) or searches_level_one(workload, cluster):
+        return None
+    tokens = workload.global_batch * workload.seq_len
+    states_gb = model.num_params * device_state_bytes_per_param(workload) / 1e9
+    views = sorted((type_view(cluster, t) for t in cluster.gpu_types),
+                   key=lambda v: _compute_floor_s(model, v[0], workload))
+    found = None
+    for view, to_real in views:
+        top = best_of([best, found])
+        if top is not None and _compute_floor_s(model, view, workload) >= tokens / top.tokens_per_s:
+            break  # nor can any slower type
+        if (max_devices is not None and view.num_devices > max_devices
+                or sum(memory_capacity_gb(d.gpu) for d in view.devices) < states_gb):
+            continue
+        try:
+            got = planner(view, Evaluator(model, view, workload, evaluate.ignore_memory, evaluate.predictor))
+        except (PlanError, WorkloadError):
+            continue
+        found = best_of([found, evaluate(_on_real(got.plan, to_real, cluster))])
+    return found
 
 
 def _fewer_nodes_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,

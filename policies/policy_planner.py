@@ -501,7 +501,7 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: no structure fits in memory.
     """
-    from hetpart.policies.plan_search import fewer_nodes_best
+    from hetpart.policies.plan_search import fewer_nodes_best, single_types_best
 
     options.setdefault("network_alone", not options.get("refine", True))
     workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
@@ -518,6 +518,14 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
                                                  lambda view, ev: decode(model, view, workload, evaluator=ev,
                                                                          **options).best)])
+    # as search does where the cluster is too large for level 1, one device type alone: each type of at most
+    # FEWER_NODES_MAX_DEVICES devices whose compute floor the plan found does not already beat (gpt3-6.7b on 1,024
+    # GPUs of four types: the 256 H100s alone, at level 1)
+    evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
+    found = best_of([found, single_types_best(model, cluster, workload, evaluate, found,
+                                              lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
+                                                                           **options),
+                                              max_devices=FEWER_NODES_MAX_DEVICES)])
     if found is None:
         raise failed or no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found

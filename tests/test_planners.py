@@ -311,3 +311,57 @@ def test_fewer_nodes_are_not_planned_where_memory_is_what_fails() -> None:
     assert fewer_nodes_best(small, four, Workload(16, 1024), Evaluator(small, four, Workload(16, 1024)), None,
                             planner) is None
     assert calls == ["a100x4 (2 of 4 nodes)", "a100x4 (1 of 4 nodes)"]  # until a view fits, or none is left
+
+
+def _h100_and_l4s():
+    return parse_cluster({"name": "h100-l4", "nodes": [
+        {"count": 1, "gpus_per_node": 4, "gpu": "H100-80GB", "intra_node": "NVLink4", "nic": "IB-NDR"},
+        {"count": 2, "gpus_per_node": 4, "gpu": "L4-24GB", "intra_node": "PCIe4", "nic": "Ethernet-100"}]})
+
+
+def test_type_view_maps_each_device_of_one_type_to_its_real_id() -> None:
+    from hetpart.costmodel.pools import type_view
+
+    cluster = parse_cluster({"name": "mixed-node", "nodes": [
+        {"count": 2, "gpus_per_node": 4, "gpus": [{"gpu": "A100-80GB", "count": 2}, {"gpu": "V100-16GB", "count": 2}],
+         "intra_node": "NVLink3", "nic": "IB-HDR"},
+        {"count": 1, "gpus_per_node": 2, "gpu": "V100-16GB", "intra_node": "NVLink2", "nic": "IB-HDR"}],
+        "slow": {"0/1/3": 0.5}})
+    view, to_real = type_view(cluster, "V100-16GB")
+    assert view.num_devices == 6 and set(to_real) == {d.id for d in view.devices}
+    assert all(cluster.device(to_real[d.id]).gpu == d.gpu for d in view.devices)
+    assert sorted(to_real.values()) == ["0/0/2", "0/0/3", "0/1/2", "0/1/3", "1/0/0", "1/0/1"]
+    assert [(to_real[d], f) for d, f in view.slow] == [("0/1/3", 0.5)]  # the speed factor follows its device
+
+
+def test_search_plans_one_type_alone_where_that_beats_the_whole_cluster(monkeypatch) -> None:
+    """Beyond LEVEL_ONE_MAX_DEVICES the whole cluster is searched at level 0 only; a type alone, small enough, is
+    searched at level 1 too. Llama 2 7B on 4 H100 + 8 L4 (the limit lowered to 4 devices): level 0 on every type
+    pipelines through the L4s, the H100 node alone at level 1 is faster, and search and the policy find it."""
+    import importlib
+
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.costmodel.pools import type_subcluster
+
+    module = importlib.import_module("hetpart.policies.plan_search")  # the attribute is the function
+    monkeypatch.setattr(module, "LEVEL_ONE_MAX_DEVICES", 4)
+    model, cluster, workload = load_model("llama2-7b", seq_len=2048), _h100_and_l4s(), Workload(64, 2048)
+    whole = module.plan_search(model, cluster, workload, single_types=False, fewer_nodes=False)
+    alone = module.plan_search(model, type_subcluster(cluster, "H100-80GB"), workload)
+    assert alone.plan.zero == 1 and alone.tokens_per_s > whole.tokens_per_s * 1.03
+    for name in ("search", "policy"):
+        got = plan(model, cluster, workload, name)
+        assert got.prediction.tokens_per_s >= alone.tokens_per_s * (1 - 1e-9), name
+        assert got.plan.validate(model, cluster) == [] and got.prediction.fits_in_memory, name
+    # the floor: with a plan faster than the L4s could ever be, only the H100s are planned
+    calls: list[str] = []
+
+    def planner(view, evaluator):
+        calls.append(view.name)
+        return module.plan_search(model, view, workload, evaluator=evaluator)
+
+    got = module.single_types_best(model, cluster, workload, Evaluator(model, cluster, workload), whole, planner)
+    assert calls == ["h100-l4[H100-80GB]"]
+    assert got.tokens_per_s == pytest.approx(alone.tokens_per_s, rel=1e-9)
+    assert {d.split("/")[0] for d in got.plan.devices} == {"0"}
+    assert module.single_types_best(model, type_subcluster(cluster, "L4-24GB"), workload, None, None, planner) is None
