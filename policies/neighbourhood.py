@@ -384,9 +384,10 @@ def narrow_seeds(hood: Neighbourhood) -> list[Point]:
         order = tuple(fastest[:k])
         if not _zone_contiguous(s, order):
             continue
-        tps = tuple(s.tps[p][0] for p in order)
-        for d in reversed(s.dp_options(order, tps)):
-            point = next((q for r in s.modes if hood.valid(q := ("mixed", order, tps, d, 1, r)) and hood.fits(q)), None)
+        for notch in range(max(len(s.tps[p]) for p in order)):  # the narrowest degrees where anything fits
+            tps = tuple(s.tps[p][min(notch, len(s.tps[p]) - 1)] for p in order)
+            point = next((q for d in reversed(s.dp_options(order, tps)) for r in s.modes
+                          if hood.valid(q := ("mixed", order, tps, d, 1, r)) and hood.fits(q)), None)
             if point is not None:
                 out.append(point)
                 break
@@ -438,17 +439,23 @@ def _fewer_pools(hood: Neighbourhood, best: Point, found: dict, deadline: float,
 
 
 def _dropped(hood: Neighbourhood, point: Point) -> list[list[Point]]:
-    """Per pool of ``point`` (when it uses two or more), the structures without it: mixed pipelines
-    renumbered under every replica count; typed replicas of three or more pools without it, of two
-    pools the other pool's mixed pipeline."""
+    """Per pool of ``point`` (when it uses two or more), slowest device type first (the likeliest to cost
+    more than it adds: the walk's budget may end after the first), the structures without it: mixed
+    pipelines renumbered under every replica count; typed replicas of three or more pools without it, of
+    two pools the other pool's mixed pipeline."""
     out = []
+    pools = hood.s.pools
+
+    def slowest_first(indices, pool_of):
+        return sorted(indices, key=lambda i: (pools[pool_of(i)].gpu.tflops_bf16, i))
+
     if point[0] == "mixed":
         _, order, tps, dp, mb, rc = point
-        for i in range(len(order)) if len(order) > 1 else ():
+        for i in slowest_first(range(len(order)), lambda i: order[i]) if len(order) > 1 else ():
             out.append(list(hood._renumbered(order[:i] + order[i + 1:], tps[:i] + tps[i + 1:], dp, mb, rc)))
         return out
     _, typed, mb, rc = point
-    for i in range(len(typed)):
+    for i in slowest_first(range(len(typed)), lambda i: typed[i][0]):
         rest = typed[:i] + typed[i + 1:]
         if len(rest) >= 2:
             out.append([("typed", rest, mb, rc)])
