@@ -161,9 +161,10 @@ def test_agrees_with_transformers_parameter_count() -> None:
     (LLAMA2_7B_CONFIG | {"hidden_size": 4096.0}, r"hidden_size: expected a whole number, got 4096.0"),
     (LLAMA2_7B_CONFIG | {"vocab_size": "32000"}, r"vocab_size: expected a whole number, got '32000'"),
     (LLAMA2_7B_CONFIG | {"num_attention_heads": 31}, r"c.json: num_attention_heads: 31 heads do not divide hidden_size 4096; add head_dim"),
-    (LLAMA2_7B_CONFIG | {"num_key_value_heads": 5}, r"num_heads 32 is not divisible by num_kv_heads 5"),
+    (LLAMA2_7B_CONFIG | {"num_key_value_heads": 5}, r"c.json: num_key_value_heads: 5 key/value heads do not divide the 32 attention heads \(num_attention_heads\); "
+         r"use one of 1, 2, 4, 8, 16, 32"),
     (LLAMA2_7B_CONFIG | {"tie_word_embeddings": "false"}, r"tie_word_embeddings: expected true or false, got 'false'"),
-    (GPT2_CONFIG | {"n_head": 7}, r"hidden_size 768 is not divisible by num_heads 7"),
+    (GPT2_CONFIG | {"n_head": 7}, r"c.json: n_head: 7 heads do not divide n_embd 768; use a divisor of 768 such as 6 or 8"),
     ({"model_type": "t5", "d_model": 512}, r"c.json: model_type: 't5' is not supported; supported model types: gpt2, llama, .*opt, bert"),
     ({}, r"model_type '\(missing\)' is not a GPT-2"),
     ([1, 2], r"c.json: expected a mapping"),

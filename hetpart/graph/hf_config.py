@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hetpart import _validate as v
 from hetpart.errors import ModelError
+from hetpart.graph.hf_features import sliding_windows, with_head_task
 from hetpart.graph.transformer import TransformerConfig
 
 __all__ = ["read_hf_config", "hf_config_to_transformer"]
@@ -38,6 +40,9 @@ _LIMITS = {"n_layer": 10_000, "num_hidden_layers": 10_000, "n_head": 100_000, "n
            "num_key_value_heads": 100_000, "head_dim": 100_000, "n_layers": 10_000, "n_heads": 100_000,
            "num_kv_heads": 100_000, "n_head_kv": 100_000, "kv_n_heads": 100_000}
 _MAX_WIDTH = 10**7
+_MAX_ROTARY_POSITIONS = 2**31 - 1
+"""Rotary and ALiBi models hold no table of positions, so their limit only bounds a typo (Llama 4 Scout
+states 10,485,760)."""
 
 
 def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 1) -> int:
@@ -46,6 +51,42 @@ def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 
             raise v.fail(ModelError, source, key, "missing required field; add it to the config")
         return default
     return v.integer(ModelError, data[key], source, key, minimum=minimum, maximum=_LIMITS.get(key, _MAX_WIDTH))
+
+
+def _positions(data: dict, key: str, source: str, default: int) -> int:
+    """The position limit of a rotary or ALiBi model: a stated number, not a table's size."""
+    if data.get(key) is None:
+        return default
+    return v.integer(ModelError, data[key], source, key, maximum=_MAX_ROTARY_POSITIONS)
+
+
+def _first_key(data: dict, keys: tuple[str, ...]) -> str:
+    """The first of ``keys`` the config sets (``keys[0]`` when none is)."""
+    return next((key for key in keys if data.get(key) is not None), keys[0])
+
+
+def _kv_heads(data: dict, source: str, heads: int, keys: tuple[str, ...] = ("num_key_value_heads",),
+              heads_key: str = "num_attention_heads", default: int | None = None) -> int:
+    """Key/value heads under the config's own field names; they must divide the attention heads."""
+    key = _first_key(data, keys)
+    kv = _int(data, key, source, default=heads if default is None else default)
+    if heads % kv:
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise v.fail(ModelError, source, key, f"{kv} key/value heads do not divide the {heads} attention heads "
+                     f"({heads_key}); use one of {divisors}")
+    return kv
+
+
+def _heads(data: dict, source: str, hidden: int, key: str, hidden_key: str) -> int:
+    """The attention heads of a family without ``head_dim``: they must divide the hidden width."""
+    heads = _int(data, key, source)
+    if hidden % heads:
+        below = max(d for d in range(1, min(heads, hidden)) if hidden % d == 0)
+        above = next((d for d in range(heads + 1, hidden + 1) if hidden % d == 0), None)
+        near = f"{below} or {above}" if above else str(below)
+        raise v.fail(ModelError, source, key, f"{heads} heads do not divide {hidden_key} {hidden}; use a divisor of "
+                     f"{hidden} such as {near}")
+    return heads
 
 
 def _bool(data: dict, key: str, source: str, default: bool) -> bool:
@@ -83,23 +124,44 @@ def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
     if not isinstance(model_type, str):
         raise v.fail(ModelError, source, "model_type", f"expected text such as \"llama\", got {v.kind(model_type)}")
     model_type = model_type.lower()
+    if model_type == "refinedweb" and data.get("new_decoder_architecture") is None:
+        data = data | {"new_decoder_architecture": True}  # RefinedWeb is Falcon-40B's architecture
+    model_type = _ALIASES.get(model_type, model_type)
     _refuse_unsupported(data, model_type, source)
     try:
-        if model_type in _GPT_LINEAGES:
-            return _GPT_LINEAGES[model_type](data, source)
-        if model_type == "gpt2" or (not model_type and "n_embd" in data):
-            return _gpt2(data, source)
-        if model_type == "opt":
-            return _opt(data, source)
-        if model_type == "bert":
-            return _bert(data, source)
-        if model_type in _LLAMA_LIKE or ("hidden_size" in data and "num_hidden_layers" in data):
-            return _llama(data, source, model_type)
+        cfg = _shape(data, source, model_type)
+        if cfg is None:
+            raise ModelError(f"{source}: model_type '(missing)' is not a GPT-2, Llama, OPT or BERT config; set "
+                             f"model_type (supported: {_SUPPORTED}), or give n_embd/n_layer/n_head (GPT-2) or "
+                             "hidden_size/num_hidden_layers/num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+        windows = sliding_windows(data, source, model_type, cfg.num_layers)
+        return with_head_task(replace(cfg, sliding_windows=windows) if windows else cfg, data, source)
     except ValueError as exc:  # shape checks of TransformerConfig
         raise ModelError(f"{source}: {exc}; fix the config") from None
-    raise ModelError(f"{source}: model_type '(missing)' is not a GPT-2, Llama, OPT or BERT config; set model_type "
-                     f"(supported: {_SUPPORTED}), or give n_embd/n_layer/n_head (GPT-2) or hidden_size/"
-                     "num_hidden_layers/num_attention_heads (Llama), or use python:MODULE:FUNCTION")
+
+
+_ALIASES = {"refinedwebmodel": "falcon", "refinedweb": "falcon"}
+"""Legacy model types of a supported architecture: Falcon's before transformers took it in (``RWForCausalLM``;
+RefinedWebModel is Falcon-7B's shape, RefinedWeb Falcon-40B's new decoder architecture)."""
+
+
+def _shape(data: dict, source: str, model_type: str) -> TransformerConfig | None:
+    """The family's shape, or None when the config is of no family hetpart reads."""
+    if model_type in _GPT_LINEAGES:
+        return _GPT_LINEAGES[model_type](data, source)
+    if model_type == "gpt2" or (not model_type and "n_embd" in data):
+        return _gpt2(data, source)
+    if model_type == "opt":
+        return _opt(data, source)
+    if model_type == "bert":
+        return _bert(data, source)
+    if model_type == "olmo" and data.get("hidden_size") is None and "d_model" in data:
+        raise v.fail(ModelError, source, "d_model", "this is the native OLMo config (d_model, n_layers), not the "
+                     "Hugging Face one; use the config.json of the Hugging Face conversion (the -hf checkpoint, "
+                     "e.g. allenai/OLMo-7B-hf)")
+    if model_type in _LLAMA_LIKE or ("hidden_size" in data and "num_hidden_layers" in data):
+        return _llama(data, source, model_type)
+    return None
 
 
 def _experts_key(data: dict) -> str | None:
@@ -125,6 +187,12 @@ def _refuse_unsupported(data: dict, model_type: str, source: str) -> None:
         label = v.show(model_type).strip("'\"") if model_type else arch_names
         raise ModelError(f"{source}: {experts_key or 'model_type'}: mixture-of-experts models"
                          f"{f' ({label})' if label else ''} are not supported; supported model types: {_SUPPORTED}")
+    seq2seq = data.get("is_encoder_decoder") is True
+    if seq2seq or (not model_type and any(str(a).endswith("ForConditionalGeneration") for a in (arch if isinstance(arch, list) else ()))):
+        what = "an encoder-decoder (sequence-to-sequence)" if seq2seq else "a sequence-to-sequence or multimodal"
+        raise ModelError(f"{source}: {'is_encoder_decoder' if seq2seq else 'architectures'}: {what} model{named} is "
+                         f"not supported: hetpart models decoders and BERT-style encoders (supported model types: "
+                         f"{_SUPPORTED}); describe it with python:MODULE:FUNCTION")
     if model_type and model_type not in _LLAMA_LIKE | set(_GPT_LINEAGE_TYPES) | {"gpt2", "opt", "bert"}:
         raise ModelError(f"{source}: model_type: {v.show(model_type)}{named} is not supported; supported model "
                          f"types: {_SUPPORTED} (or describe the model with python:MODULE:FUNCTION)")
@@ -164,7 +232,8 @@ def _dropout(data: dict, keys: tuple[str, ...], source: str, default: float = 0.
 def _gpt2(data: dict, source: str) -> TransformerConfig:
     h = _int(data, "n_embd", source)
     return TransformerConfig(
-        "gpt2", _int(data, "n_layer", source), h, _int(data, "n_head", source), _int(data, "vocab_size", source),
+        "gpt2", _int(data, "n_layer", source), h, _heads(data, source, h, "n_head", "n_embd"),
+        _int(data, "vocab_size", source),
         _int(data, "n_positions", source, default=1024), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
 
@@ -180,22 +249,38 @@ def _llama(data: dict, source: str, model_type: str = "llama") -> TransformerCon
 
     Small terms hetpart leaves out (each well under 0.1% of the published counts): the q/k norms of Qwen3,
     OLMo 2, Gemma 3 and Cohere with ``use_qk_norm``; the extra post-attention/post-MLP norms of Gemma 2 and 3
-    (2 h per layer); StableLM's q/k/v biases (``use_qkv_bias``: 3 h per layer); OLMo's parameter-free norms
-    and Cohere's single norm per (parallel) layer, counted as two. Phi-3 fuses qkv and gate/up in the
-    checkpoint, with the same shapes.
+    (2 h per layer); OLMo's parameter-free norms and Cohere's single norm per (parallel) layer, counted as
+    two. Phi-3 fuses qkv and gate/up in the checkpoint, with the same shapes. Qwen2 (no ``attention_bias``
+    key) and StableLM with ``use_qkv_bias`` have q/k/v biases; Gemma gates with GELU (GeGLU).
     """
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
     head_size = _head_size(data, source, h, heads)
     return TransformerConfig(
         "llama", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=4096),
+        _positions(data, "max_position_embeddings", source, default=4096),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        num_kv_heads=_kv_heads(data, source, heads),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, model_type in _TIED_BY_DEFAULT),
         activation="swiglu", norm="layernorm" if model_type in _LAYERNORM else "rmsnorm",
         bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False,
-        head_size=head_size)
+        head_size=head_size, qkv_bias=model_type in _QKV_BIAS or _bool(data, "use_qkv_bias", source, False),
+        gate_activation=_gate_activation(data, source, model_type))
+
+
+_QKV_BIAS = {"qwen2"}
+"""Llama-like types with q/k/v biases and no key that says so (Qwen2, Qwen2.5)."""
+
+
+def _gate_activation(data: dict, source: str, model_type: str) -> str:
+    """``gelu`` for a GELU-gated MLP (GeGLU: Gemma's ``hidden_activation``/``hidden_act`` gelu*), else ``silu``."""
+    key = _first_key(data, ("hidden_activation", "hidden_act"))
+    value = data.get(key)
+    if value is None:
+        return "gelu" if model_type.startswith("gemma") else "silu"
+    if not isinstance(value, str):
+        raise v.fail(ModelError, source, key, f"expected text such as \"silu\", got {v.kind(value)}")
+    return "gelu" if value.lower().startswith("gelu") else "silu"
 
 
 def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key: str,
@@ -206,9 +291,9 @@ def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key
     heads = _int(data, "num_attention_heads", source)
     return TransformerConfig(
         "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=positions),
+        _positions(data, "max_position_embeddings", source, default=positions),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_int(data, "num_key_value_heads", source, default=heads),
+        num_kv_heads=_kv_heads(data, source, heads),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, tied),
         activation=_activation(data, "hidden_act", source), bias=_bool(data, bias_key, source, True),
         learned_positions=False, dropout=_dropout(data, dropout_keys, source), head_size=_head_size(data, source, h, heads))
@@ -226,14 +311,15 @@ def _falcon(data: dict, source: str) -> TransformerConfig:
     h = _int_of(data, ("hidden_size", "n_embed"), source)
     heads = _int_of(data, ("num_attention_heads", "n_head"), source)
     if _bool(data, "new_decoder_architecture", source, False):
-        kv_heads = _int_of(data, ("num_kv_heads", "n_head_kv"), source, default=heads)
+        kv_heads = _kv_heads(data, source, heads, ("num_kv_heads", "n_head_kv"),
+                             _first_key(data, ("num_attention_heads", "n_head")))
     elif _bool(data, "multi_query", source, True):
         kv_heads = 1
     else:
         kv_heads = heads
     return TransformerConfig(
         "gpt", _int_of(data, ("num_hidden_layers", "n_layer"), source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_position_embeddings", source, default=2048),
+        _positions(data, "max_position_embeddings", source, default=2048),
         ffn_hidden_size=_int(data, "ffn_hidden_size", source, default=4 * h), num_kv_heads=kv_heads,
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
         activation=_activation(data, "activation", source), bias=_bool(data, "bias", source, False),
@@ -261,7 +347,7 @@ def _bloom(data: dict, source: str) -> TransformerConfig:
     heads = _int_of(data, ("n_head", "num_attention_heads"), source)
     return TransformerConfig(
         "gpt", _int_of(data, ("n_layer", "num_hidden_layers"), source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "seq_length", source, default=2048), tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        _positions(data, "seq_length", source, default=2048), tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
         learned_positions=False, dropout=_dropout(data, ("hidden_dropout", "attention_dropout"), source),
         head_size=_head_size(data, source, h, heads))
 
@@ -276,17 +362,19 @@ def _mpt(data: dict, source: str) -> TransformerConfig:
     alibi = _bool(attn, "alibi", attn_source, True)
     ratio = data.get("expansion_ratio")
     ffn = 4 * h if ratio is None else round(h * v.number(ModelError, ratio, source, "expansion_ratio", maximum=1000))
+    learned = _bool(data, "learned_pos_emb", source, True) and not alibi
     attn_type = attn.get("attn_type")
     kv_heads = heads
     if attn_type == "multiquery_attention":
         kv_heads = 1
     elif attn_type == "grouped_query_attention":
-        kv_heads = _int(attn, "kv_n_heads", attn_source, default=heads)
+        kv_heads = _kv_heads(attn, attn_source, heads, ("kv_n_heads",), "n_heads")
     return TransformerConfig(
         "gpt", _int(data, "n_layers", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "max_seq_len", source, default=2048), ffn_hidden_size=ffn, num_kv_heads=kv_heads,
+        (_int if learned else _positions)(data, "max_seq_len", source, default=2048), ffn_hidden_size=ffn,
+        num_kv_heads=kv_heads,
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True), bias=not _bool(data, "no_bias", source, True),
-        learned_positions=_bool(data, "learned_pos_emb", source, True) and not alibi,
+        learned_positions=learned,
         dropout=_dropout(data, ("resid_pdrop", "emb_pdrop"), source)
         or _dropout(attn, ("attn_pdrop",), attn_source),
         head_size=_head_size(data, source, h, heads))
@@ -295,7 +383,7 @@ def _mpt(data: dict, source: str) -> TransformerConfig:
 def _gpt_bigcode(data: dict, source: str) -> TransformerConfig:
     """StarCoder (1), SantaCoder: GPT-2 with multi-query attention (``multi_query``)."""
     h = _int(data, "n_embd", source)
-    heads = _int(data, "n_head", source)
+    heads = _heads(data, source, h, "n_head", "n_embd")
     return TransformerConfig(
         "gpt", _int(data, "n_layer", source), h, heads, _int(data, "vocab_size", source),
         _int(data, "n_positions", source, default=1024), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
@@ -309,10 +397,11 @@ def _gptj(data: dict, source: str) -> TransformerConfig:
     """GPT-J: rotary, untied, parallel attention and MLP with one LayerNorm. Its attention has no biases and
     its lm_head has one; hetpart counts GPT biases and two norms (together 0.01% more for GPT-J 6B)."""
     h = _int(data, "n_embd", source)
-    heads = _int(data, "n_head", source)
+    heads = _heads(data, source, h, "n_head", "n_embd")
     return TransformerConfig(
         "gpt", _int(data, "n_layer", source), h, heads, _int(data, "vocab_size", source),
-        _int(data, "n_positions", source, default=2048), ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
+        _positions(data, "n_positions", source, default=2048),
+        ffn_hidden_size=_int(data, "n_inner", source, default=4 * h),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, False),
         activation=_activation(data, "activation_function", source), learned_positions=False,
         dropout=_dropout(data, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), source))
@@ -321,7 +410,7 @@ def _gptj(data: dict, source: str) -> TransformerConfig:
 def _opt(data: dict, source: str) -> TransformerConfig:
     h = _int(data, "hidden_size", source)
     return TransformerConfig(
-        "opt", _int(data, "num_hidden_layers", source), h, _int(data, "num_attention_heads", source),
+        "opt", _int(data, "num_hidden_layers", source), h, _heads(data, source, h, "num_attention_heads", "hidden_size"),
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=2048),
         ffn_hidden_size=_int(data, "ffn_dim", source, default=4 * h), activation="relu",
         embed_dim=_int(data, "word_embed_proj_dim", source, default=h), position_offset=2,
@@ -332,7 +421,7 @@ def _opt(data: dict, source: str) -> TransformerConfig:
 def _bert(data: dict, source: str) -> TransformerConfig:
     h = _int(data, "hidden_size", source)
     return TransformerConfig(
-        "bert", _int(data, "num_hidden_layers", source), h, _int(data, "num_attention_heads", source),
+        "bert", _int(data, "num_hidden_layers", source), h, _heads(data, source, h, "num_attention_heads", "hidden_size"),
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=512),
         ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h), final_norm=False)
 

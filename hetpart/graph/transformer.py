@@ -15,7 +15,7 @@ from typing import Literal
 
 from hetpart.graph.model_graph import ModelGraph, Unit
 
-__all__ = ["TransformerConfig", "transformer_graph"]
+__all__ = ["TransformerConfig", "transformer_graph", "causal_keys"]
 
 _INDEX_BYTES = 8
 """Bytes of an int64 index (token id, loss target) that backward keeps."""
@@ -55,12 +55,37 @@ class TransformerConfig:
     ``num_heads * head_size`` wide (:attr:`q_dim`)."""
     published_params: float = 0.0
     """Published parameter count, for the catalog test (0 when unknown)."""
+    qkv_bias: bool = False
+    """Whether the query, key and value projections have biases where ``bias`` is off (Qwen2; StableLM's
+    ``use_qkv_bias``); with ``bias`` on every projection has them anyway."""
+    gate_activation: Literal["silu", "gelu"] = "silu"
+    """The gate of a gated MLP (``activation`` swiglu, the shape both share): silu for SwiGLU, gelu for
+    GeGLU (Gemma). Costs are the same; engines name them apart."""
+    sliding_windows: tuple[int, ...] = ()
+    """Per layer, the causal sliding window of its attention in tokens, 0 for full attention (Mistral v0.1,
+    StarCoder2, Gemma 2/3's local layers); empty: every layer attends in full. Query ``i`` of a window ``W``
+    attends to ``min(i + 1, W)`` keys."""
+    head_task: Literal["lm", "sequence_classification", "token_classification"] = "lm"
+    """What the head computes: a language-model head over the vocabulary (causal or masked), or a
+    ``num_labels``-wide classifier (``*ForSequenceClassification``: reward models score the last token;
+    ``*ForTokenClassification``: every token)."""
+    num_labels: int = 0
+    """Outputs of a classification head (0 with a language-model head)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "max_positions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        windows = tuple(self.sliding_windows)  # a JSON round trip (run records) gives a list
+        object.__setattr__(self, "sliding_windows", windows)
+        if windows and (len(windows) != self.num_layers or any(
+                isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in windows)):
+            raise ValueError(f"sliding_windows must give a window >= 0 (0: full) for each of the {self.num_layers} "
+                             f"layers, got {len(windows)} entries")
+        if (self.head_task == "lm") != (self.num_labels == 0):
+            raise ValueError(f"num_labels {self.num_labels!r} with head_task {self.head_task!r}: a classification "
+                             "head needs num_labels >= 1, a language-model head 0")
         if isinstance(self.head_size, bool) or not isinstance(self.head_size, int) or self.head_size < 0:
             raise ValueError(f"head_size must be a whole number >= 0, got {self.head_size!r}")
         if not self.head_size and self.hidden_size % self.num_heads:
@@ -93,6 +118,15 @@ class TransformerConfig:
     def emb(self) -> int:
         return self.embed_dim or self.hidden_size
 
+    @property
+    def head_outputs(self) -> int:
+        """Columns of the output head: the vocabulary, or the labels of a classification head."""
+        return self.vocab_size if self.head_task == "lm" else self.num_labels
+
+    def window(self, layer: int) -> int:
+        """The sliding window of ``layer``'s attention, 0 where it attends in full."""
+        return self.sliding_windows[layer] if self.sliding_windows else 0
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -103,7 +137,7 @@ def _norm_params(cfg: TransformerConfig) -> int:
 
 def _block_params(cfg: TransformerConfig) -> int:
     h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn
-    attn = 2 * h * q + 2 * h * kv + (q + h + 2 * kv if cfg.bias else 0)
+    attn = 2 * h * q + 2 * h * kv + (q + h + 2 * kv if cfg.bias else q + 2 * kv if cfg.qkv_bias else 0)
     if cfg.activation == "swiglu":
         mlp = 3 * h * f + (2 * f + h if cfg.bias else 0)
     else:
@@ -111,11 +145,32 @@ def _block_params(cfg: TransformerConfig) -> int:
     return attn + mlp + 2 * _norm_params(cfg)
 
 
+def causal_keys(s: int, window: int = 0) -> int:
+    """Keys the ``s`` queries of a causal attention attend to in all: ``sum_i min(i + 1, W)``, the full
+    triangle ``s (s + 1) / 2`` without a window (``window`` 0) or one of ``s`` tokens or more."""
+    if not window or window >= s:
+        return s * (s + 1) // 2
+    return window * (window + 1) // 2 + (s - window) * window
+
+
+def _attention_core_flops(cfg: TransformerConfig, i: int, s: int) -> float:
+    """QK^T and attention x V of layer ``i``, all heads: ``4 s^2 q`` (the full square, Narayanan et al.'s
+    count) scaled by the share of the causal triangle a sliding window keeps (exactly 1 without one)."""
+    full = 4 * s * s * cfg.q_dim
+    window = cfg.window(i)
+    if not window or window >= s:
+        return float(full)
+    return full * causal_keys(s, window) / causal_keys(s)
+
+
 def _block_unit(cfg: TransformerConfig, i: int, s: int, p: int) -> Unit:
+    """Layer ``i``. A sliding window cuts its attention FLOPs, not the saved ``a s^2`` scores of eager
+    attention: eager kernels (Hugging Face, Megatron's unfused softmax) mask a full ``s x s`` matrix, and
+    the kernels that skip the masked blocks are fused ones, which store no scores."""
     h, q, kv, f, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.ffn, cfg.num_heads
     d = 1 if cfg.dropout else 0
     n_mlp = 3 if cfg.activation == "swiglu" else 2
-    attn_core = 4 * s * s * q  # QK^T and attention x V, all heads, full (unmasked) square
+    attn_core = _attention_core_flops(cfg, i, s)  # QK^T and attention x V, all heads
     fwd = 2 * s * h * (q + 2 * kv) + attn_core + 2 * s * q * h + 2 * s * h * f * n_mlp
     attn_linear = p * s * h + p * s * (q + kv) + p * s * kv + p * s * q + d * s * h  # input; q, k; v; output
     attn_quadratic = a * s * s * (p + d * (1 + p))  # softmax output (+ dropout mask and output)
@@ -157,7 +212,35 @@ def _embedding_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
                 tp_comm_bytes_fwd=float(p * s * h), width=h)
 
 
+def _classifier_head_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
+    """A ``num_labels``-wide classifier (untied): on every token's final hidden state, as Hugging Face's
+    ``*ForSequenceClassification`` computes it before it keeps the last token's logits (the loss is over
+    those alone) and ``*ForTokenClassification`` for every token's loss. Sequence classifiers have no bias
+    (BERT's has one, after its pooler), token classifiers have one."""
+    h, e, n = cfg.hidden_size, cfg.emb, cfg.num_labels
+    sequence = cfg.head_task == "sequence_classification"
+    bert = cfg.family == "bert"
+    params = (_norm_params(cfg) if cfg.final_norm else 0) + n * e + (n if bert or not sequence else 0)
+    flops = 2 * s * e * n
+    # norm input, classifier input, fp32 logits and int64 targets of the tokens the loss reads
+    scored = 1 if sequence else s
+    saved = p * s * h + p * s * e + 4 * scored * n + _INDEX_BYTES * scored
+    if e != h:
+        params += h * e  # project_out
+        flops += 2 * s * h * e
+        saved += p * s * h
+    if bert and sequence:
+        params += h * h + h  # pooler over the first token
+        flops += 2 * h * h
+    acts = {"none": float(saved), "selective": float(saved), "full": float(saved)}
+    return Unit(name="head", kind="head", fwd_flops=float(flops), bwd_flops=float(2 * flops), params=params,
+                out_act_bytes=4.0, act_bytes=acts, recompute_flops={"none": 0.0, "selective": 0.0, "full": 0.0},
+                tp_comm_bytes_fwd=float(p * s * h), width=h)
+
+
 def _head_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
+    if cfg.head_task != "lm":
+        return _classifier_head_unit(cfg, s, p)
     h, e, V = cfg.hidden_size, cfg.emb, cfg.vocab_size
     params = _norm_params(cfg) if cfg.final_norm else 0
     flops = 2 * s * e * V
@@ -186,5 +269,6 @@ def transformer_graph(cfg: TransformerConfig, name: str, seq_len: int, dtype_byt
     units = [_embedding_unit(cfg, seq_len, dtype_bytes)]
     units += [_block_unit(cfg, i, seq_len, dtype_bytes) for i in range(cfg.num_layers)]
     units.append(_head_unit(cfg, seq_len, dtype_bytes))
+    tied = cfg.tied_embeddings and cfg.head_task == "lm"
     return ModelGraph(name=name, units=tuple(units), seq_len=seq_len, dtype_bytes=dtype_bytes, config=cfg,
-                      tied_owner="embedding" if cfg.tied_embeddings else None, source=source)
+                      tied_owner="embedding" if tied else None, source=source)
