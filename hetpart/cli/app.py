@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import warnings
+from contextlib import contextmanager
 
 import typer
 
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--debug"] + [a for a in argv if a != "--debug"]
     fail = _Failure("--json" in argv)
     try:
-        code = app(args=argv, prog_name="hetpart", standalone_mode=False)
+        with _notes_on_stderr():
+            code = app(args=argv, prog_name="hetpart", standalone_mode=False)
         if code == EXIT_INTERRUPTED:  # typer turns KeyboardInterrupt into this return value (it exited 0 before)
             raise KeyboardInterrupt
         if isinstance(code, int) and not isinstance(code, bool) and code:
@@ -91,6 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         return fail(EXIT_INTERNAL, "internal", f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}; "
                     "rerun with --debug for the traceback and report it", "internal error")
     return 0
+
+
+@contextmanager
+def _notes_on_stderr():
+    """Print each :class:`~hetpart.graph.load.ModelNote` (a remark, not an error) as one ``hetpart: note:``
+    line on stderr, never on stdout (which holds the JSON under ``--json``)."""
+    from hetpart.graph.load import ModelNote
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", ModelNote)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, ModelNote):
+                print(f"hetpart: note: {message}", file=sys.stderr)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 class _Failure:

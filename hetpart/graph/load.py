@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from hetpart import _validate as v
@@ -14,7 +16,12 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.vocabulary import DTYPE_BYTES, PRECISIONS
 
-__all__ = ["load_model", "resolve_transformer"]
+__all__ = ["load_model", "resolve_transformer", "ModelNote"]
+
+
+class ModelNote(UserWarning):
+    """A remark on how a model was read that is not an error (the CLI prints it as one ``hetpart: note:``
+    line on stderr)."""
 
 
 def _file_model_name(path: Path) -> str:
@@ -111,4 +118,8 @@ def load_model(spec: str, seq_len: int | None = None, precision: str = "bf16",
     if cfg.learned_positions and seq_len > cfg.max_positions:
         raise ModelError(f"{seq_len_source}: {seq_len} exceeds the {cfg.max_positions} learned positions of {name}; "
                          f"use {'--seq-len ' if seq_len_source.startswith('--') else ''}{cfg.max_positions} or less")
+    if seq_len > cfg.max_positions:  # rotary or ALiBi: context extension; what is built must take the length
+        warnings.warn(ModelNote(f"{seq_len_source} {seq_len} exceeds {name}'s max_position_embeddings "
+                                f"{cfg.max_positions} (rotary/ALiBi positions extrapolated)"), stacklevel=2)
+        cfg = replace(cfg, max_positions=seq_len)
     return transformer_graph(cfg, name, seq_len, dtype_bytes, source=source)
