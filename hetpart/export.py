@@ -172,24 +172,45 @@ def _megatron_architecture(cfg, problems: list[str]) -> dict[str, Any]:
     if cfg.family == "bert":
         problems.append("an encoder (BERT: bidirectional attention): Megatron-LM's pretrain_gpt.py builds a causal "
                         "decoder; train it with pretrain_bert.py and these parallel settings")
-    if cfg.activation == "swiglu":
+    if cfg.activation == "swiglu" and cfg.gate_activation == "gelu":
+        problems.append("a GeGLU MLP (GELU-gated, Gemma): Megatron-LM's arguments gate with SiLU only (--swiglu); "
+                        "shown: a plain GELU MLP, with a third fewer MLP weights")
+    elif cfg.activation == "swiglu":
         args["--swiglu"] = True
     elif cfg.activation == "relu":
         problems.append("ReLU activation (OPT): Megatron-LM's GPT offers GELU, SwiGLU and squared ReLU; shown: GELU")
     if cfg.norm == "rmsnorm":
         args["--normalization"] = "RMSNorm"
     if not cfg.bias:
-        args["--disable-bias-linear"] = True
+        args["--disable-bias-linear"] = True  # Megatron-Core: the qkv bias is add_bias_linear or add_qkv_bias
+        if cfg.qkv_bias:
+            args["--add-qkv-bias"] = True
     if not cfg.learned_positions:
         args["--position-embedding-type"] = "rope"
     if not cfg.tied_embeddings:
         args["--untie-embeddings-and-output-weights"] = True
     if not cfg.dropout:
         args.update({"--attention-dropout": 0.0, "--hidden-dropout": 0.0})
+    problems += _unexpressed_layers_and_head(cfg)
     if cfg.embed_dim and cfg.embed_dim != cfg.hidden_size:
         problems.append(f"an embedding {cfg.embed_dim} wide projected to the hidden size {cfg.hidden_size} (OPT-350m): "
                         "Megatron-LM's GPT embeds at the hidden size; shown: at the hidden size")
     return args
+
+
+def _unexpressed_layers_and_head(cfg) -> list[str]:
+    """A sliding window and a classification head: the engines' language-model arguments build neither."""
+    out = []
+    windows = [w for w in cfg.sliding_windows if w]
+    if windows:
+        sizes = ", ".join(map(str, sorted(set(windows))))
+        out.append(f"sliding-window attention (window {sizes} on {len(windows)} of {cfg.num_layers} layers): these "
+                   "arguments build full causal attention; shown: full attention")
+    if cfg.head_task != "lm":
+        out.append(f"a {cfg.head_task.replace('_', ' ')} head ({cfg.num_labels} label"
+                   f"{'s' if cfg.num_labels > 1 else ''}, a reward or classifier model): the engine's GPT trains a "
+                   f"language-model head; shown: one over the {cfg.vocab_size}-token vocabulary")
+    return out
 
 
 def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
@@ -250,7 +271,7 @@ _TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleave
 
 
 def _torchtitan(plan, graph, shape: _Shape) -> Export:
-    problems = list(shape.problems)
+    problems = list(shape.problems) + (_unexpressed_layers_and_head(graph.config) if graph.config else [])
     chunks = [_titan_fqns(a, b, graph.num_units) for a, b in shape.stage_units]
     split_points = [c[0] for c in chunks[1:] if c and c[0].startswith("layers.")]
     zero = getattr(plan, "zero", 0)
