@@ -177,9 +177,28 @@ def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, sch
                         "--micro-batch")
     from hetpart.costmodel.megatron import DEFAULT_ORDER
 
+    _check_tp_flag(graph, tp)
     return megatron_plan(graph, cl, workload, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                          interleave=interleave, recompute=workload.recompute, order=order or DEFAULT_ORDER,
                          **({"cp": cp} if cp is not None else {}))
+
+
+def _check_tp_flag(graph, tp) -> None:
+    """``--tp`` against the sizes a TP degree must divide (:func:`hetpart.rules.tp_divisors`), answered with the
+    degrees that divide them all."""
+    from hetpart.errors import PlanError
+    from hetpart.rules import tp_divisors
+
+    sizes = tp_divisors(graph)
+    if not sizes or isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        return  # megatron_plan says what is wrong
+    failing = [f"the {n} {what[:-1] if n == 1 and what.endswith('s') else what}" for what, n in sizes.items()
+               if n % tp]
+    if failing:
+        valid = [d for d in range(1, min(sizes.values()) + 1) if all(n % d == 0 for n in sizes.values())]
+        choice = f"one of {', '.join(map(str, valid))}" if len(valid) > 2 else " or ".join(map(str, valid))
+        what = failing[0] if len(failing) == 1 else f"{', '.join(failing[:-1])} or {failing[-1]}"
+        raise PlanError(f"--tp: {tp} does not divide {what} of {graph.name}; use {choice}")
 
 
 def _from_plan_meta(plan_path: Optional[Path], model: Optional[str], cluster: Optional[str]) -> tuple[str, str, Any]:
