@@ -1348,15 +1348,26 @@ class Simulator:
                 out[(r, k)] = rows
         return out
 
-    def _add_param_gather(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict, optim: dict) -> None:
-        """Levels 1-2: the all-gather of the updated parameters after the optimizer step, hidden behind the
-        next step's first forward of the device up to that forward's length; the rest joins optimizer_s."""
+    def _param_gather_exposed(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict) -> dict[tuple[int, int], float]:
+        """Levels 1-2, per pipeline device: the all-gather of its updated parameters after the optimizer step
+        less the next step's first forward of the device, which hides it (negative where it hides it all)."""
+        out = {}
         for r, pipe in enumerate(pipes):
             for d in range(pipe.pp):
                 ks = range(d, plan.replicas[r].pp, pipe.pp)
                 gather = sum(t for k in ks for _, t in shard_comm.get((r, k), ()))
-                forward = sum(pipe.fwd[k] for k in ks)
-                optim[(r, d)] += max(0.0, gather - forward)
+                out[(r, d)] = gather - sum(pipe.fwd[k] for k in ks)
+        return out
+
+    def _add_param_gather(self, plan: Plan, pipes: list[_Pipe], shard_comm: dict, optim: dict) -> None:
+        """Levels 1-2: the all-gather of the updated parameters after the optimizer step, hidden behind the
+        next step's first forward of the device up to that forward's length, and beyond it behind the time its
+        replica's pipeline ends before the slowest replica's (it ends that much later, still first); the rest
+        joins optimizer_s. (A device 1.5x faster than its peers hid less behind its shorter forward, and its
+        exposed rest lengthened the whole step: a faster device predicted a slower step.)"""
+        slowest = max(p.makespan for p in pipes)
+        for (r, d), exposed in self._param_gather_exposed(plan, pipes, shard_comm).items():
+            optim[(r, d)] += max(0.0, exposed - (slowest - pipes[r].makespan))
 
     # --------------------------------------------------------------------------------- memory, optimizer
     def _memory_and_optimizer(self, plan: Plan, pipes: list[_Pipe]) -> tuple[dict, dict]:

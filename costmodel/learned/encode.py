@@ -159,6 +159,7 @@ class PlanBatch:
     p2p_exact: np.ndarray | None = None      # [R, K-1] seconds of each pipeline transfer (NICs shared)
     rep_sched: np.ndarray | None = None      # [R] 0 1f1b, 1 gpipe, 2 interleaved
     opt_exact: np.ndarray | None = None      # [R, D] optimizer step seconds per pipeline device
+    gather_exposed: np.ndarray | None = None  # [R, D] levels 1-2: parameter all-gather less the forward hiding it
     seg_exact: np.ndarray | None = None      # [G] all-reduce seconds of each gradient segment
     seg_last_exact: np.ndarray | None = None  # [G] seconds of its last bucket
     seg_tcp: np.ndarray | None = None        # [G] leaves a node over TCP: not overlapped with the backward

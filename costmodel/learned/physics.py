@@ -49,7 +49,7 @@ def _simulator(ctx):
 
 def add_physics(ctx, plans: list[Plan], batch) -> None:
     """Attach the analytic leaf terms of ``plans`` (the encoded plans of ``batch``, in its order) to
-    ``batch``: ``unit_exact [C, U, 4]``, ``p2p_exact [R, K-1]``, ``rep_sched [R]``, ``opt_exact [R, D]``,
+    ``batch``: ``unit_exact [C, U, 4]``, ``p2p_exact [R, K-1]``, ``rep_sched [R]``, ``opt_exact [R, D]``, ``gather_exposed [R, D]``,
     ``seg_exact [G]``, ``seg_last_exact [G]``, ``seg_tcp [G]``."""
     from hetpart.costmodel.memory import optimizer_step_bytes
 
@@ -80,6 +80,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
     stage_x = np.zeros((S, 2))
     rep_m = batch.rep_m.copy()
     opt = batch.opt_base * 0.0
+    gather = batch.opt_base * 0.0  # [R, D] exposed parameter all-gather before the replica's wait (levels 1-2)
     opt_set = np.zeros(R, bool)
     seg_skip = np.zeros(G, bool)
     s = r = 0
@@ -128,7 +129,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
             opt_scale[r] = optimizer_step_bytes(plan.optimizer, plan.precision)
             r += 1
         if sharded:
-            _sharded_states(sim, plan, batch, j, r0, fwd_of, rep_m, shard_comm, opt)
+            _sharded_states(sim, plan, batch, j, r0, fwd_of, rep_m, shard_comm, opt, gather)
             opt_set[r0:r] = True
         mine = segs_of.get(j)
         if mine:
@@ -149,6 +150,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
     batch.p2p_exact = p2p
     batch.rep_sched = sched
     batch.opt_exact = np.where(opt_set[:, None], opt, batch.opt_base * opt_scale[:, None])
+    batch.gather_exposed = gather
     batch.seg_exact, batch.seg_last_exact, batch.seg_tcp = seg_t, seg_last, seg_tcp
     batch.seg_skip = seg_skip
     batch.stage_x = stage_x
@@ -162,14 +164,16 @@ class _Pipe:
         self.pp, self.m, self.fwd = pp, m, fwd
 
 
-def _sharded_states(sim, plan: Plan, batch, j: int, r0: int, fwd_of: list, rep_m, shard_comm, opt) -> None:
-    """A sharded plan's optimizer step per pipeline device (its shard, and at levels 1-2 the parameter
-    all-gather the next forward does not hide) and its memory (sharded states): the simulator's
+def _sharded_states(sim, plan: Plan, batch, j: int, r0: int, fwd_of: list, rep_m, shard_comm, opt,
+                    gather) -> None:
+    """A sharded plan's optimizer step per pipeline device (its shard; ``gather``: at levels 1-2 the parameter
+    all-gather less the next forward that hides it) and its memory (sharded states): the simulator's
     accounting, written over the encoder's unsharded one."""
     pipes = [_Pipe(plan.pipeline_devices(ri), int(rep_m[r0 + ri]), fwd_of[ri]) for ri in range(plan.dp)]
     memory, optim = sim._memory_and_optimizer(plan, pipes)
-    if shard_comm and plan.zero <= 2:
-        sim._add_param_gather(plan, pipes, shard_comm, optim)
+    if shard_comm and plan.zero <= 2:  # the surrogate hides it behind each replica's wait for the sync, as the simulator
+        for (ri, d), exposed in sim._param_gather_exposed(plan, pipes, shard_comm).items():
+            gather[r0 + ri, d] = exposed
     by_name: dict[str, float] = {}
     fits, headroom = True, float("inf")
     for (ri, d), gb in memory.items():
