@@ -845,7 +845,7 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     finally:
         if ahead is not None:
             ahead.close()
-    if options.speed_types and not options.ignore_memory:
+    if options.speed_types:
         typed = _speed_typed_best(model, cluster, workload, options, evaluate)
         if typed is not None:
             starts[("speed-typed",)] = typed
@@ -869,9 +869,19 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
 
 
 def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator) -> Evaluated | None:
-    """The best plan of the search on the :func:`~hetpart.costmodel.pools.speed_typed` view of ``cluster``,
-    moved onto the real devices and priced there by ``evaluate`` (None without throttled devices, or when
-    nothing of that search fits on the real devices)."""
+    """The search's plan on the speed-typed view (:func:`speed_typed_best`)."""
+    def search(view, evaluator: Evaluator) -> Evaluated:
+        return plan_search(model, view, workload, evaluator=evaluator,
+                           options=replace(options, speed_types=False, refine_steps=0, include_baselines=False))
+
+    return speed_typed_best(model, cluster, workload, evaluate, search)
+
+
+def speed_typed_best(model, cluster, workload, evaluate: Evaluator, planner: Callable[..., Evaluated]
+                     ) -> Evaluated | None:
+    """The best plan ``planner(view, evaluator)`` finds on the :func:`~hetpart.costmodel.pools.speed_typed` view
+    of ``cluster``, moved onto the real devices and priced there by ``evaluate`` (None without throttled
+    devices, or when nothing of that search fits on the real devices)."""
     from hetpart.costmodel.pools import speed_typed
 
     view = speed_typed(cluster)
@@ -879,8 +889,7 @@ def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate
         return None
     typed, to_real = view
     try:
-        found = plan_search(model, typed, workload, options=replace(options, speed_types=False, refine_steps=0,
-                                                                    include_baselines=False))
+        found = planner(typed, Evaluator(model, typed, workload, evaluate.ignore_memory, evaluate.predictor))
     except (PlanError, WorkloadError):
         return None
     return evaluate(_on_real(found.plan, to_real, cluster))

@@ -270,7 +270,7 @@ def _at_level_one(scenario: Scenario, evaluator: Evaluator, found: Evaluated | N
 def _mixed_point(scenario: Scenario, plan) -> tuple | None:
     """The walk's point of a plan of identical mixed pipelines (:func:`~hetpart.policies.neighbourhood.point_of`'s
     form): pools in pipeline order with their TP degrees, replicas, micro-batch, recompute; None for any
-    other plan (typed replicas, a stage over two pools, a pool's stages at unlike TP degrees)."""
+    other plan (typed replicas, a stage over two pools, a pool's stages at unlike TP degrees, uneven shares)."""
     owner = {d: i for i, pool in enumerate(scenario.pools) for d in pool.devices}
     order: list[int] = []
     tps: list[int] = []
@@ -286,8 +286,8 @@ def _mixed_point(scenario: Scenario, plan) -> tuple | None:
             order, tps = [p for p, _ in runs], [t for _, t in runs]
         if [p for p, _ in runs] != order or [t for _, t in runs] != tps:
             return None
-    if len(set(order)) != len(order):
-        return None
+    if len(set(order)) != len(order) or len({r.batch_share for r in plan.replicas}) > 1:
+        return None  # (a pool's replicas with uneven shares are typed replicas of one pool)
     return ("mixed", tuple(order), tuple(tps), plan.dp, plan.micro_batch, plan.recompute)
 
 
@@ -501,7 +501,7 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     Raises:
         WorkloadError: no structure fits in memory.
     """
-    from hetpart.policies.plan_search import fewer_nodes_best, single_types_best
+    from hetpart.policies.plan_search import fewer_nodes_best, single_types_best, speed_typed_best
 
     options.setdefault("network_alone", not options.get("refine", True))
     workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
@@ -526,6 +526,12 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
                                               lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
                                                                            **options),
                                               max_devices=FEWER_NODES_MAX_DEVICES)])
+    # as search does, the view where each throttled device is a type of its own: only there can a structure leave
+    # it out (gpt2-medium on 4 A100, one at 0.01 of its speed, + 4 V100: 63,098 tokens/s through it, search 153,571)
+    if cluster.slow:
+        found = best_of([found, speed_typed_best(model, cluster, workload, evaluate,
+                                                 lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
+                                                                              **options))])
     if found is None:
         raise failed or no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found

@@ -365,3 +365,28 @@ def test_search_plans_one_type_alone_where_that_beats_the_whole_cluster(monkeypa
     assert got.tokens_per_s == pytest.approx(alone.tokens_per_s, rel=1e-9)
     assert {d.split("/")[0] for d in got.plan.devices} == {"0"}
     assert module.single_types_best(model, type_subcluster(cluster, "L4-24GB"), workload, None, None, planner) is None
+
+
+def test_a_crawling_device_is_left_out_and_the_upper_bound_stays_a_ceiling() -> None:
+    """One A100 at 0.01 of its speed beside three A100 and four V100: search and the policy leave it out (the
+    policy ran pipelines through it, 0.41 of search, before it planned the speed-typed view too), and the upper
+    bound's ceiling with memory lifted is not below it (its search with memory lifted skipped the speed-typed view
+    and kept the crawling device: 29,024 against 84,797 tokens/s for gpt2-medium on the A100s alone)."""
+    from hetpart.policies.upper_bound import upper_bound
+
+    cluster = parse_cluster({"name": "one-crawling", "nodes": [
+        {"count": 1, "gpus_per_node": 4, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"},
+        {"count": 1, "gpus_per_node": 4, "gpu": "V100-32GB", "intra_node": "NVLink2", "nic": "IB-HDR"}],
+        "slow": {"0/0/3": 0.01}})
+    model, workload = load_model("gpt2-small", seq_len=512), Workload(32, 512, precision="fp16")
+    found = {name: plan(model, cluster, workload, name) for name in ("search", "policy")}
+    for name, got in found.items():
+        assert "0/0/3" not in got.plan.devices, name
+        assert got.plan.validate(model, cluster) == [] and got.prediction.fits_in_memory, name
+    assert found["policy"].prediction.tokens_per_s >= 0.95 * found["search"].prediction.tokens_per_s
+    bound = upper_bound(model, cluster, workload)
+    best = max(got.prediction.tokens_per_s for got in found.values())
+    assert bound["tokens_per_s"] >= best and bound["memory_lifted_tokens_per_s"] >= bound["tokens_per_s"]
+    alone = bound["per_type"]["A100-80GB"]
+    assert alone["memory_lifted_tokens_per_s"] >= alone["tokens_per_s"]
+
