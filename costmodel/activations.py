@@ -114,7 +114,12 @@ def _torch_impl(family: str) -> str:
 
 def _terms(cfg, seq_len: int) -> dict[str, float]:
     return {"h": cfg.hidden_size, "kv": cfg.kv_dim, "f": cfg.ffn, "a": cfg.num_heads, "one": 1.0,
-            "d": cfg.head_dim, "as": cfg.num_heads * seq_len, "V": cfg.vocab_size}
+            "d": cfg.head_dim, "as": cfg.num_heads * seq_len, "V": _head_outputs(cfg)}
+
+
+def _head_outputs(cfg) -> int:
+    """The head's outputs per token: the vocabulary, or a classifier's labels (``TransformerConfig.head_outputs``)."""
+    return int(getattr(cfg, "head_outputs", cfg.vocab_size))
 
 
 def _dot(coef: dict[str, float], terms: dict[str, float]) -> float:
@@ -219,5 +224,5 @@ def _unit_working_bytes(model: "ModelGraph", recompute: str, attention: str, ker
         if u.kind == "block":
             out[i] += (2 if kernels == "torch" else n) * p * cfg.ffn * s
         elif u.kind == "head":
-            out[i] += (8 if kernels == "torch" else p) * cfg.vocab_size * s
+            out[i] += (8 if kernels == "torch" else p) * _head_outputs(cfg) * s
     return [float(b) for b in out]

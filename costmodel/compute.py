@@ -198,7 +198,7 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
     size16 = gpu.tflops_bf16  # the device's size (SMs) sets where its products saturate
     eff = curve.e_peak(precision) / (1.0 + (curve.w0(size16) / width) ** curve.alpha
                                      + (curve.t0(size16) / tokens) ** curve.alpha)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    vocab = int(getattr(model.config, "head_outputs", getattr(model.config, "vocab_size", 0)) or 0)
     if vocab and not aligned(vocab, precision):
         cap = UNALIGNED_FRACTION * gpu.tflops_bf16 / peak_tflops
         eff = np.where(u["head"], np.minimum(eff, cap), eff)

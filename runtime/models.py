@@ -172,6 +172,10 @@ def runnable_spec(model: str, scale: str | int | None = None, *, max_tp: int = 1
     resolved = resolve_transformer(model)
     assert resolved is not None
     name, cfg, _ = resolved
+    if getattr(cfg, "head_task", "lm") != "lm":  # the planner prices it; the runners build a language-model head
+        raise ModelError(f"--model: {name} has a {cfg.head_task.replace('_', '-')} head ({cfg.num_labels} label{'s' if cfg.num_labels != 1 else ''}), "
+                         "which hetpart run does not build (its runners train a language-model head); plan and "
+                         "predict it, or run the causal-LM config of the same model")
     if scale is not None:
         cfg = scaled_config(cfg, scale, heads_multiple_of=max_tp)
     # Every runner trains without dropout (ranks must agree with the reference bit for bit); the
