@@ -208,18 +208,26 @@ class RunProgress:
     """Why a restart happened."""
 
 
-def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions) -> PreparedRun:
-    """Check the plan, shrink the model and check this machine's capacity; starts nothing."""
+def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions, *,
+                source: str = "plan") -> PreparedRun:
+    """Check the plan, shrink the model and check this machine's capacity; starts nothing. ``source``
+    names the plan in the errors (its file, as ``predict`` and ``export`` do)."""
     if plan.cp != 1:
-        raise PlanError(f"plan: cp: {plan.cp}: context parallelism is prediction-only for now (hetpart predict prices "
+        raise PlanError(f"{source}: cp: {plan.cp}: context parallelism is prediction-only for now (hetpart predict prices "
                         "it); hetpart run executes plans with cp 1")
     from hetpart.graph.transformer import transformer_graph
     from hetpart.runtime.engine import require_runnable
     from hetpart.runtime.models import runnable_spec, scaled_seq_len
 
+    from hetpart.rules import check_precision
+
     cluster = load_cluster(cluster_spec)
+    # The precision against the devices, exactly as predict and export check it (a bf16 plan on V100s
+    # ran, an fp8 one failed in every rank): one line, before any process starts.
+    check_precision(plan.precision, {cluster.device(d).gpu for d in plan.devices if cluster.has_device(d)},
+                    f"{source}: precision")
     full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
-    plan.check(full, cluster, source="plan")
+    plan.check(full, cluster, source=source)
     # Heads a multiple of every TP degree of the plan (stages and replicas may differ: 2 and 3 -> 6).
     from hetpart.runtime.uneven_tp import scale_plan_splits, split_heads_multiple
 
@@ -242,7 +250,7 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
                  schedule=plan.schedule, recompute=plan.recompute, interleave=plan.interleave, precision="fp32",
                  allow_cross_node_tp=plan.allow_cross_node_tp, zero=plan.zero, offload=plan.offload,
                  shard_group=plan.shard_group, shard_fractions=plan.shard_fractions, meta=dict(plan.meta))
-    small.check(graph, cluster, source="plan (shrunken model)")
+    small.check(graph, cluster, source=f"{source} (shrunken model)")
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
     check_capacity(small.num_devices, per_process)
@@ -647,7 +655,7 @@ def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[st
 
 def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, options: RunOptions = RunOptions(), *,
              out: str | Path | None = None, run_dir: str | Path | None = None,
-             on_progress: Callable[[RunProgress], None] | None = None) -> RunResult:
+             on_progress: Callable[[RunProgress], None] | None = None, source: str = "plan") -> RunResult:
     """Run ``plan`` on this machine (emulating its cluster), measure it and predict it.
 
     Args:
@@ -658,6 +666,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         run_dir: where the ranks' files go; by default a fresh temporary directory, removed after a
             successful or interrupted run and kept after a failed one (its logs are named in the error).
         on_progress: called with a :class:`RunProgress` per phase and per finished step (and restart).
+        source: names the plan in the errors (its file).
 
     Raises:
         PlanError: the plan does not fit the model or the cluster, or ``--checkpoint`` cannot work
@@ -669,7 +678,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     from hetpart.runtime import measure
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
-    prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options)
+    prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source)
     profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
     temporary = run_dir is None

@@ -53,7 +53,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
-                          on_progress=_Progress(log_every, track))
+                          on_progress=_Progress(log_every, track), source=plan_path)
     finally:
         track.finish()
     if json_out:

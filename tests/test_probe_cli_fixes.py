@@ -1,0 +1,73 @@
+"""Regression tests for the probe's CLI findings: run checks the precision as predict does, the fp8
+refusal suggests a precision the devices have, export names fp8, plan-file errors name the file, and
+export says which global batch its configs imply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests._cli import run_cli
+
+V100 = "name: v100x2\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: V100-32GB, intra_node: NVLink2, nic: IB-EDR}\n"
+
+
+def _plan(tmp_path: Path, precision: str, cluster_text: str = V100, **extra) -> Path:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(cluster_text)
+    data = {"global_batch": 4, "micro_batch": 1, "seq_len": 128, "schedule": "1f1b", "recompute": "none",
+            "precision": precision, "meta": {"model": "gpt2-small", "cluster": str(cluster)},
+            "replicas": [{"batch_share": 1.0, "stages": [{"layers": [0, 14], "devices": ["0/0/0"], "tp": 1}]}]}
+    data.update(extra)
+    path = tmp_path / f"p_{precision}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails the test if the run gets as far as starting (or profiling) anything."""
+    import hetpart.runtime.launch as launch
+
+    def started(*_a, **_k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch, "run_profile", started)
+    monkeypatch.setattr(launch, "check_capacity", started)
+
+
+@pytest.mark.parametrize("precision, why", [("bf16", "bf16 is not supported by V100-32GB"),
+                                            ("fp8", "fp8 is not supported by V100-32GB")])
+def test_run_refuses_a_precision_the_devices_lack_as_predict_does(capsys, tmp_path, no_launch, precision, why):
+    path = _plan(tmp_path, precision)
+    code, out, err = run_cli(capsys, "predict", "--plan", str(path), "--json")
+    assert code == 2
+    predicted = json.loads(out)["error"]
+    code, out, err = run_cli(capsys, "run", str(path), "--steps", "1", "--scale", "tiny", "--json")
+    assert code == 2, err
+    error = json.loads(out)["error"]
+    assert error == predicted  # exactly predict's line
+    assert error.startswith(f"{path}: precision: {why}")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_fp8_refusal_suggests_fp16_where_some_devices_lack_bf16(capsys, tmp_path):
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("name: mixed\nnodes:\n"
+                     "  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: IB-HDR}\n"
+                     "  - {count: 1, gpus_per_node: 2, gpu: V100-32GB, intra_node: NVLink2, nic: IB-EDR}\n")
+    code, _, err = run_cli(capsys, "plan", "--model", "gpt2-small", "--cluster", str(mixed), "--global-batch", "64",
+                           "--seq-len", "512", "--precision", "fp8")
+    assert code == 2
+    assert "use --precision fp16" in err and "use --precision bf16" not in err
+    assert "bf16 is not supported by V100-32GB" in err
+    a100 = tmp_path / "a100.yaml"
+    a100.write_text("name: a100\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, "
+                    "nic: IB-HDR}\n")
+    code, _, err = run_cli(capsys, "plan", "--model", "gpt2-small", "--cluster", str(a100), "--global-batch", "64",
+                           "--seq-len", "512", "--precision", "fp8")
+    assert code == 2 and "use --precision bf16 (or fp16)" in err  # every device has bf16
+    code, out, _ = run_cli(capsys, "predict", "--plan", str(_plan(tmp_path, "fp8")), "--json")
+    assert code == 2 and "use --precision fp16" in json.loads(out)["error"]
