@@ -146,6 +146,8 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
         args["--context-parallel-size"] = plan.cp
     if plan.precision in ("bf16", "fp16"):
         args[f"--{plan.precision}"] = True
+    elif plan.precision == "fp8":  # Transformer Engine FP8 on bf16 weights (E4M3 forward, E5M2 gradients)
+        args.update({"--bf16": True, "--fp8-format": "hybrid"})
     if getattr(plan, "zero", 0) >= 1:
         args["--use-distributed-optimizer"] = True
         if plan.zero >= 2:
@@ -300,8 +302,14 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
         training["mixed_precision_param"] = "bfloat16"
     elif plan.precision == "fp32":
         training["mixed_precision_param"] = "float32"
+    elif plan.precision == "fp8":
+        training["mixed_precision_param"] = "bfloat16"
+        problems.append("precision fp8: torchtitan turns float8 on with a model converter ([model] converters, named "
+                        "float8 or quantize.linear.float8 depending on the version); shown: bfloat16, add the "
+                        "converter by hand")
     else:
-        problems.append("precision fp16: torchtitan's training.mixed_precision_param takes bfloat16 or float32")
+        problems.append(f"precision {plan.precision}: torchtitan's training.mixed_precision_param takes bfloat16 or "
+                        "float32")
     config = {"training": training, "parallelism": parallelism,
               "activation_checkpoint": {"mode": plan.recompute}}
     text = _toml(config)
@@ -342,6 +350,9 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
                               "gradient_accumulation_steps": accumulation, "zero_optimization": {"stage": zero}}
     if plan.precision in ("bf16", "fp16"):
         config[plan.precision] = {"enabled": True}
+    elif plan.precision == "fp8":
+        problems.append("precision fp8: DeepSpeed's config has no fp8 section (FP8 comes from Transformer Engine "
+                        "layers in the model code); shown: no precision section")
     offload = getattr(plan, "offload", "none")
     if offload != "none":  # ZeRO-Offload; ZeRO-Infinity's parameter offload at stage 3
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
