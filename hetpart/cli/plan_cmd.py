@@ -303,7 +303,16 @@ def predict_command(
                                  workload.optimizer, workload.attention, offload)
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
                            **engine_options(overlap_p2p, overlap_grad_reduce))
-    prediction = chosen.predict(plan, workload, validate=True)
+    from hetpart.errors import PlanError
+
+    if plan_path is not None:  # the rules broken by a plan file name the file, not a literal "plan"
+        plan.check(graph, cl, str(plan_path))
+    try:
+        prediction = chosen.predict(plan, workload, validate=True)
+    except PlanError as exc:  # found while pricing it (two zones without a link an all-reduce crosses)
+        if plan_path is None or str(exc).startswith(f"{plan_path}:"):
+            raise
+        raise PlanError(f"{plan_path}: {exc}") from None
     if json_out:
         answer = {"metrics": prediction.metrics, "predictor": chosen.name, "predictor_version": chosen.version,
                   "breakdown": prediction.breakdown, "provenance": prediction.provenance}
