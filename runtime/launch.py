@@ -219,13 +219,7 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     from hetpart.runtime.engine import require_runnable
     from hetpart.runtime.models import runnable_spec, scaled_seq_len
 
-    from hetpart.rules import check_precision
-
     cluster = load_cluster(cluster_spec)
-    # The precision against the devices, exactly as predict and export check it (a bf16 plan on V100s
-    # ran, an fp8 one failed in every rank): one line, before any process starts.
-    check_precision(plan.precision, {cluster.device(d).gpu for d in plan.devices if cluster.has_device(d)},
-                    f"{source}: precision")
     full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
     plan.check(full, cluster, source=source)
     # Heads a multiple of every TP degree of the plan (stages and replicas may differ: 2 and 3 -> 6).

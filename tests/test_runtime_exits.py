@@ -28,7 +28,7 @@ HETPART = str(Path(sys.executable).with_name("hetpart"))
 
 
 def _plan() -> Plan:
-    return Plan(global_batch=4, micro_batch=1, seq_len=1024, schedule="1f1b",
+    return Plan(global_batch=4, micro_batch=1, seq_len=1024, schedule="1f1b", precision="fp16",  # V100: no bf16
                 replicas=(Replica(1.0, (Stage((0, 8), ("0/0/0",)), Stage((8, 14), ("1/0/0",)))),),
                 meta={"model": "gpt2-small", "cluster": "tiny-mixed"})
 

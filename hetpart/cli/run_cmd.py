@@ -45,6 +45,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     if links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
     plan = load_plan(plan_path)
+    _check_precision(plan, plan_path, model, cluster)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
                          time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
@@ -62,6 +63,18 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     _show(result)
     if track.run_dir is not None:
         console().print(f"tracked run: {track.run_dir}")
+
+
+def _check_precision(plan, plan_path: str, model: str | None, cluster: str | None) -> None:
+    """The plan's precision against the devices it uses, exactly as ``predict --plan`` and ``export`` check
+    it, before any process starts (a bf16 plan on V100s ran, an fp8 one failed in every rank)."""
+    from hetpart import load_cluster
+    from hetpart.runtime.launch import plan_sources
+    from hetpart.cli.common import resolve_precision
+
+    cl = load_cluster(plan_sources(plan, model, cluster)[1])
+    resolve_precision(plan.precision, {cl.device(d).gpu for d in plan.devices if cl.has_device(d)},
+                      f"{plan_path}: precision")
 
 
 def _tracker(kinds: str, logdir: str, seed: int, config: dict):
