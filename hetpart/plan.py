@@ -658,6 +658,17 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.from_json(v.read_text(PlanError, path, "the plan"), source=str(path))
 
 
+def states_precision(path: str | Path) -> bool:
+    """Whether the plan file ``path`` (read by :func:`load_plan` already) names its precision. A file without one
+    is priced and run in the devices' default, as ``--precision`` left out (``hetpart.workload.default_precision``:
+    bf16 where every device has it, else fp16); :class:`Plan` itself defaults to bf16."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return True
+    return not isinstance(data, dict) or "precision" in data
+
+
 def compress_device_ids(ids) -> str:
     """``0/0/0,0/0/1,0/0/2`` -> ``0/0/0-2`` (runs of consecutive GPUs on one node)."""
     out: list[str] = []

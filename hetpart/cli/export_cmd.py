@@ -23,15 +23,18 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
                    json_out: bool = JsonFlag) -> None:
     """Print the launch arguments (Megatron-LM), config (torchtitan TOML, DeepSpeed JSON) for PLAN, and what
     the target cannot express. PLAN is checked against its model and cluster first, as 'predict --plan' does."""
-    from hetpart.cli.plan_cmd import _from_plan_meta, _load
+    from dataclasses import replace
+
+    from hetpart.cli.plan_cmd import _from_plan_meta, _load, _stated_precision
     from hetpart.errors import PlanError
     from hetpart.export import TARGETS, export_plan
 
     if to not in TARGETS:
         raise PlanError(f"--to: unknown target {to!r}; use one of {', '.join(TARGETS)}")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
-    graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
-                         precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
+    graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
+                                 precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
+    plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # an impossible plan has no launch arguments
     result = export_plan(plan, graph, to)
     if out is not None:

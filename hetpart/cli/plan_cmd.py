@@ -183,6 +183,14 @@ def _plan_from_args(graph, cl, workload, plan_path, tp, pp, dp, micro_batch, sch
                          **({"cp": cp} if cp is not None else {}))
 
 
+def _stated_precision(plan, plan_path) -> str | None:
+    """The plan file's precision, or None where it names none (the devices' default then applies, as for
+    ``--precision`` left out: fp16 beside V100s, where the plan's own default, bf16, is refused)."""
+    from hetpart.plan import states_precision
+
+    return plan.precision if plan_path is None or states_precision(plan_path) else None
+
+
 def _check_tp_flag(graph, tp) -> None:
     """``--tp`` against the sizes a TP degree must divide (:func:`hetpart.rules.tp_divisors`), answered with the
     degrees that divide them all."""
@@ -270,7 +278,7 @@ def predict_command(
         raise PlanError(f"--seq-len: {seq_len} but {plan_path} was planned for {plan.seq_len} tokens; drop --seq-len "
                         f"(the plan's is used) or plan for {seq_len} ('hetpart plan ... --seq-len {seq_len}')")
     graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),
-                                 precision or (plan.precision if plan else None),
+                                 precision or (_stated_precision(plan, plan_path) if plan else None),
                                  devices=plan.devices if plan else None,
                                  precision_source="--precision" if precision or not plan else f"{where}precision",
                                  seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
@@ -291,7 +299,7 @@ def predict_command(
         raise PlanError(f"{flag}: {plan_path} already places its ranks; {flag} applies to the --tp --pp --dp grid"
                         + (" (a plan file sets its context parallelism in its 'cp' field)" if flag == "--cp" else ""))
     if plan is not None:  # the options override what the plan file says
-        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention,
+        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention, precision=workload.precision,
                        **({"recompute": recompute} if recompute in ("none", "selective", "full") else {}))
     plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     if zero is not None and plan.zero != zero:
@@ -402,8 +410,9 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
         raise PlanError(f"--max-rows: must be >= 1, got {max_replicas}; give the number of Gantt rows to draw")
     _check_compare(compare)  # an unknown planner fails before the model loads
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
-    graph, cl, _ = _load(model, cluster, plan.seq_len, plan.precision, devices=plan.devices,
-                         precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
+    graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
+                                 precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
+    plan = replace(plan, precision=precision)
     prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None or html_out is not None)
     if gantt is not None:
         from hetpart import plotting

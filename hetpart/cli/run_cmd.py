@@ -44,8 +44,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         raise PlanError(f"--log-every: must be a whole number >= 0, got {log_every}")
     if links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
-    plan = load_plan(plan_path)
-    _check_precision(plan, plan_path, model, cluster)
+    plan = _check_precision(load_plan(plan_path), plan_path, model, cluster)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
                          time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
@@ -65,16 +64,21 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         console().print(f"tracked run: {track.run_dir}")
 
 
-def _check_precision(plan, plan_path: str, model: str | None, cluster: str | None) -> None:
-    """The plan's precision against the devices it uses, exactly as ``predict --plan`` and ``export`` check
-    it, before any process starts (a bf16 plan on V100s ran, an fp8 one failed in every rank)."""
+def _check_precision(plan, plan_path: str, model: str | None, cluster: str | None):
+    """The plan with its precision checked against the devices it uses, exactly as ``predict --plan`` and
+    ``export`` check it, before any process starts (a bf16 plan on V100s ran, an fp8 one failed in every rank);
+    a plan file that names no precision takes the devices' default, as they do."""
+    from dataclasses import replace
+
     from hetpart import load_cluster
-    from hetpart.runtime.launch import plan_sources
     from hetpart.cli.common import resolve_precision
+    from hetpart.cli.plan_cmd import _stated_precision
+    from hetpart.runtime.launch import plan_sources
 
     cl = load_cluster(plan_sources(plan, model, cluster)[1])
-    resolve_precision(plan.precision, {cl.device(d).gpu for d in plan.devices if cl.has_device(d)},
-                      f"{plan_path}: precision")
+    precision = resolve_precision(_stated_precision(plan, plan_path),
+                                  {cl.device(d).gpu for d in plan.devices if cl.has_device(d)}, f"{plan_path}: precision")
+    return replace(plan, precision=precision)
 
 
 def _tracker(kinds: str, logdir: str, seed: int, config: dict):
