@@ -99,13 +99,15 @@ class Neighbourhood:
             return dp in s.dp_options(order, tps) and mb in s.mb_options(dp) and rc in s.modes  # pricing checks memory
         _, typed, mb, rc = point
         pools = [p for p, _, _ in typed]
-        if len(typed) < 2 or len(set(pools)) != len(pools) or rc not in s.modes or mb not in s.mb_options(1):
+        if not typed or len(set(pools)) != len(pools) or rc not in s.modes or mb not in s.mb_options(1):
             return False
         if not RULES.replicas_may_differ_in_tp and len({t for _, t, _ in typed}) > 1:
             return False
         if any(t not in s.tps[p] or pp not in s.pp_options(p, t) for p, t, pp in typed):
             return False
         replicas = sum(s.pools[p].num_devices // (t * pp) for p, t, pp in typed)
+        if len(typed) == 1 and s.total_microbatches(mb) % replicas == 0:
+            return False  # one pool's replicas that split the batch evenly: a mixed pipeline of one pool
         return replicas <= s.total_microbatches(mb) and all(s.pool_fits(p, t, pp, mb, rc) for p, t, pp in typed)
 
     def bound_s(self, point: Point) -> float:
@@ -157,10 +159,9 @@ class Neighbourhood:
         s = self.s
         if point[0] == "mixed":
             _, order, tps, _, mb, rc = point
-            if len(order) > 1:
-                typed = tuple(sorted((p, t, self._best_pp(p, t, mb, rc)) for p, t in zip(order, tps)))
-                if all(q is not None for _, _, q in typed):
-                    yield ("typed", typed, mb, rc)
+            typed = tuple(sorted((p, t, self._best_pp(p, t, mb, rc)) for p, t in zip(order, tps)))
+            if all(q is not None for _, _, q in typed):  # one pool: uneven shares where its replicas need them
+                yield ("typed", typed, mb, rc)
             return
         _, typed, mb, rc = point
         tp_of = {p: t for p, t, _ in typed}
@@ -303,11 +304,12 @@ class Neighbourhood:
                     pp = self._best_pp(p, t, mb, rc)
                     if pp is not None:
                         yield ("typed", tuple(sorted(typed + ((p, t, pp),))), mb, rc)
-        if len(typed) > 2:
+        if len(typed) > 1:
             for i in range(len(typed)):
                 yield ("typed", typed[:i] + typed[i + 1:], mb, rc)
-        for b in self._near(s.mb_options(1), mb):
-            yield ("typed", typed, b, rc)
+        for b in s.mb_options(1):  # every micro-batch (typed points price cheaply; their estimate is not convex in it)
+            if b != mb:
+                yield ("typed", typed, b, rc)
         for r in s.modes:
             if r != rc:
                 yield ("typed", typed, mb, r)
@@ -455,13 +457,14 @@ def _dropped(hood: Neighbourhood, point: Point) -> list[list[Point]]:
             out.append(list(hood._renumbered(order[:i] + order[i + 1:], tps[:i] + tps[i + 1:], dp, mb, rc)))
         return out
     _, typed, mb, rc = point
-    for i in slowest_first(range(len(typed)), lambda i: typed[i][0]):
+    for i in slowest_first(range(len(typed)), lambda i: typed[i][0]) if len(typed) > 1 else ():
         rest = typed[:i] + typed[i + 1:]
         if len(rest) >= 2:
             out.append([("typed", rest, mb, rc)])
         else:
             (p, t, _), = rest
             out.append(list(hood._renumbered((p,), (t,), 1, mb, rc)))
+            out.append([("typed", rest, mb, rc)])  # one pool with uneven shares, where its replicas need them
     return out
 
 

@@ -650,16 +650,14 @@ def _mask_fractions(ctx: _Context, dp: int) -> tuple[float, ...]:
 def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[float], Scored | None]]]:
     """Every typed-replica point (per pool: best configurations or unused) as ``(bound, key, scorer)``."""
     wl = ctx.workload
-    if len(ctx.pools) < 2:
-        return
     for mb in microbatch_options(wl.global_batch, ctx.options.max_micro_batch):
         total = wl.global_batch // mb
         for rc in recompute_modes(wl):
             per_pool = [[None] + _pool_configs(ctx, p, mb, rc, total) for p in ctx.pools]
             for combo in itertools.product(*per_pool):
                 chosen = [c for c in combo if c is not None]
-                if len(chosen) < 2 or sum(c.dp for c in chosen) > total:
-                    continue  # a single pool alone is a mixed pipeline of one pool
+                if not chosen or len(chosen) == 1 and total % chosen[0].dp == 0 or sum(c.dp for c in chosen) > total:
+                    continue  # a single pool whose replicas split the batch evenly is a mixed pipeline of one pool
                 bound = total / sum(c.rate for c in chosen)
                 key = ("typed", tuple((c.pool.key, c.tp, c.pp) for c in chosen), mb, rc)
                 yield bound, key, _typed_scorer(ctx, chosen, mb, rc, total, key)
