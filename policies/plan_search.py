@@ -45,7 +45,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -866,13 +866,20 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     return best
 
 
+def _view_search(model, workload, options: SearchOptions, **changes: Any) -> Callable[..., Evaluated]:
+    """``search(view, evaluator)``: the search of a view of the cluster with ``changes`` to ``options``, no baselines
+    (the whole cluster's search adds them)."""
+    def search(view, evaluator: Evaluator) -> Evaluated:
+        return plan_search(model, view, workload, options=replace(options, include_baselines=False, **changes),
+                           evaluator=evaluator)
+
+    return search
+
+
 def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator) -> Evaluated | None:
     """The search's plan on the speed-typed view (:func:`speed_typed_best`)."""
-    def search(view, evaluator: Evaluator) -> Evaluated:
-        return plan_search(model, view, workload, evaluator=evaluator,
-                           options=replace(options, speed_types=False, refine_steps=0, include_baselines=False))
-
-    return speed_typed_best(model, cluster, workload, evaluate, search)
+    return speed_typed_best(model, cluster, workload, evaluate,
+                            _view_search(model, workload, options, speed_types=False, refine_steps=0))
 
 
 def speed_typed_best(model, cluster, workload, evaluate: Evaluator, planner: Callable[..., Evaluated]
@@ -906,11 +913,8 @@ def _on_real(plan: Plan, to_real: dict[str, str], cluster: "Cluster") -> Plan:
 def _single_types_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,
                        best: Evaluated | None) -> Evaluated | None:
     """The search's plan on one device type alone (:func:`single_types_best`)."""
-    def search(view, evaluator: Evaluator) -> Evaluated:
-        return plan_search(model, view, workload, options=replace(options, single_types=False, include_baselines=False),
-                           evaluator=evaluator)
-
-    return single_types_best(model, cluster, workload, evaluate, best, search)
+    return single_types_best(model, cluster, workload, evaluate, best,
+                             _view_search(model, workload, options, single_types=False))
 
 
 def single_types_best(model, cluster, workload, evaluate: Evaluator, best: Evaluated | None,
@@ -951,11 +955,8 @@ def single_types_best(model, cluster, workload, evaluate: Evaluator, best: Evalu
 def _fewer_nodes_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator,
                       best: Evaluated | None) -> Evaluated | None:
     """The search's plan on fewer nodes (:func:`fewer_nodes_best`)."""
-    def search(view, evaluator: Evaluator) -> Evaluated:
-        return plan_search(model, view, workload, options=replace(options, fewer_nodes=False, include_baselines=False),
-                           evaluator=evaluator)
-
-    return fewer_nodes_best(model, cluster, workload, evaluate, best, search)
+    return fewer_nodes_best(model, cluster, workload, evaluate, best,
+                            _view_search(model, workload, options, fewer_nodes=False))
 
 
 def fewer_nodes_best(model, cluster, workload, evaluate: Evaluator, best: Evaluated | None,

@@ -24,6 +24,7 @@ from hetpart.graph.load import ModelNote
 from hetpart.graph.transformer import causal_keys, transformer_graph
 from hetpart.plan import Plan, Replica, Stage
 from tests._cli import run_cli
+from tests.test_export import _megatron_args
 
 LLAMA31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -74,14 +75,6 @@ def _graph(data: dict, seq_len: int = 2048):
 def _whole_plan(graph, seq_len: int) -> Plan:
     return Plan(global_batch=8, micro_batch=1, seq_len=seq_len, recompute="selective",
                 replicas=(Replica(1.0, (Stage((0, graph.num_units), ("0/0/0",), 1),)),))
-
-
-def _megatron_args(text: str) -> dict[str, str | bool]:
-    out: dict[str, str | bool] = {}
-    for line in text.replace("\\\n", "\n").splitlines():
-        name, _, value = line.strip().partition(" ")
-        out[name] = value or True
-    return out
 
 
 # ------------------------------------------------------------------------------------------- classifiers
