@@ -108,6 +108,13 @@ def _shape(plan, graph) -> _Shape:
     if uneven:
         problems.append(f"uneven tensor-parallel splits ({uneven} stage{'s' if uneven > 1 else ''} with tp_split): "
                         "the engines shard heads and columns evenly (torch.chunk); shown: even shards")
+    step = plan.dp * plan.micro_batch  # each engine's global batch is dp x micro-batch x accumulation steps
+    if plan.global_batch % step:
+        near = sorted({max(step, plan.global_batch // step * step), (plan.global_batch // step + 1) * step})
+        problems.append(f"a global batch of {plan.global_batch} sequences over {plan.dp} data-parallel replicas of "
+                        f"micro-batch {plan.micro_batch} (the engines need a multiple of {step}: the config shown "
+                        f"does not add up to {plan.global_batch} and is refused or trains on fewer): set the global "
+                        f"batch to {' or '.join(map(str, near))} there")
     n = graph.num_units
     blocks = tuple(max(0, min(b, n - 1) - max(a, 1)) for a, b in (s.layers for s in first.stages))
     return _Shape(dp=plan.dp, pp=first.pp // vpp, vpp=vpp, tp=first.stages[0].tp, blocks=blocks,

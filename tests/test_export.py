@@ -11,6 +11,7 @@ Names checked against the engines' sources: Megatron-LM ``megatron/training/argu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,16 @@ def test_export_refuses_a_model_without_transformer_layers() -> None:
     with pytest.raises(PlanError, match=r"export: model .* is not a transformer"):
         export_plan(plan, graph, "megatron")
     assert load_cluster("tiny-mixed").num_devices == 4
+
+
+def test_a_batch_the_replicas_do_not_divide_is_named_with_the_nearest_that_work() -> None:
+    """Three replicas of micro-batch 2 and 16 sequences (shares 6:6:4): every engine's global batch is dp x micro-batch
+    x accumulation steps, so no config adds up to 16; each target says so with the nearest batches that do (a probe
+    found 6 replicas of 64 exported silently as torchtitan 6 x 10 = 60, DeepSpeed 48)."""
+    plan = replace(_plan([(0, 14)], shares=(0.375, 0.375, 0.25)), replicas=tuple(
+        Replica(share, (Stage((0, 14), (f"{r // 2}/0/{r % 2}",), 1),)) for r, share in enumerate((0.375, 0.375, 0.25))))
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        said = [p for p in export_plan(plan, _graph(), target).cannot_express if "global batch of 16" in p]
+        assert len(said) == 1 and "multiple of 6" in said[0] and "set the global batch to 12 or 18" in said[0], target
+    even = _plan([(0, 14)])  # 2 replicas x micro-batch 2 divide 16
+    assert not any("global batch of" in p for p in export_plan(even, _graph(), "megatron").cannot_express)
