@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
            "split_sizes", "split_granularity", "ffn_split_unit", "tp_split_problems", "split_sharding_problems",
            "schedule_problems",
-           "sharding_problems", "uneven_shard_problems", "check", "check_precision"]
+           "sharding_problems", "uneven_shard_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -318,22 +318,3 @@ def _replica_rules(plan: "Plan", i: int, r: "Replica", rules: RuntimeRules) -> l
             out.append(f"replicas[{i}]: {m} micro-batches is not a multiple of {rounds} rounds of {pp} "
                        "(interleaved 1F1B); change micro_batch or the share")
     return out
-
-
-def check_precision(precision: str, gpus, source: str = "--precision") -> str:
-    """``precision`` if every device type in ``gpus`` supports it (:func:`hetpart.workload.check_precision`);
-    else one :class:`~hetpart.errors.WorkloadError` line whose fix is a precision the devices do support:
-    fp8 refused falls back to bf16 only where every device has bf16, else to fp16 (V100, T4)."""
-    from hetpart.errors import WorkloadError
-    from hetpart.workload import check_precision as check
-
-    gpus = set(gpus)
-    if precision == "fp8":
-        lacking = sorted({g.name for g in gpus if not g.supports_fp8})
-        no_bf16 = sorted({g.name for g in gpus if not g.supports_bf16})
-        if lacking:
-            fix = ("use --precision bf16 (or fp16)" if not no_bf16 else
-                   f"use --precision fp16 (or fp32; bf16 is not supported by {', '.join(no_bf16)} either)")
-            raise WorkloadError(f"{source}: fp8 is not supported by {', '.join(lacking)} (fp8 matrix units exist on "
-                                f"Hopper, Ada and MI300 only); {fix}")
-    return check(precision, gpus, source)

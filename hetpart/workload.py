@@ -103,7 +103,10 @@ def check_precision(precision: str, gpus, source: str = "--precision") -> str:
                                 "use --precision fp16 (or fp32)")
     if precision == "fp8":
         lacking = sorted({g.name for g in gpus if not g.supports_fp8})
-        if lacking:
+        if lacking:  # the fix is a precision the devices have: bf16 only where every one has it
+            no_bf16 = sorted({g.name for g in gpus if not g.supports_bf16})
+            fix = ("use --precision bf16 (or fp16)" if not no_bf16 else
+                   f"use --precision fp16 (or fp32; bf16 is not supported by {', '.join(no_bf16)} either)")
             raise WorkloadError(f"{source}: fp8 is not supported by {', '.join(lacking)} (fp8 matrix units exist on "
-                                "Hopper, Ada and MI300 only); use --precision bf16 (or fp16)")
+                                f"Hopper, Ada and MI300 only); {fix}")
     return precision

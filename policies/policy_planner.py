@@ -513,15 +513,14 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     # as search does, fewer nodes: up to FEWER_NODES_MAX_DEVICES devices, and beyond where the batch has fewer
     # sequences than the cluster has devices (or nothing fit): a decode per view costs what the first did
     # (1 s at 1,024 GPUs), which there only a small batch repays
+    evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
     if found is None or workload.global_batch < cluster.num_devices or cluster.num_devices <= FEWER_NODES_MAX_DEVICES:
-        evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
         found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
                                                  lambda view, ev: decode(model, view, workload, evaluator=ev,
                                                                          **options).best)])
     # as search does where the cluster is too large for level 1, one device type alone: each type of at most
     # FEWER_NODES_MAX_DEVICES devices whose compute floor the plan found does not already beat (gpt3-6.7b on 1,024
     # GPUs of four types: the 256 H100s alone, at level 1)
-    evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
     found = best_of([found, single_types_best(model, cluster, workload, evaluate, found,
                                               lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
                                                                            **options),

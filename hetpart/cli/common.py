@@ -75,8 +75,7 @@ def _default(o: Any) -> Any:
 
 def resolve_precision(precision: str | None, gpus, source: str = "--precision") -> str:
     """The given precision checked against the device types ``gpus``, or their common default."""
-    from hetpart.rules import check_precision
-    from hetpart.workload import default_precision
+    from hetpart.workload import check_precision, default_precision
 
     return default_precision(gpus) if precision is None else check_precision(precision, gpus, source)
 
