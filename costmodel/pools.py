@@ -14,6 +14,7 @@ gives unlike tensor-parallel groups an uneven split (:mod:`hetpart.costmodel.tp_
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -23,7 +24,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
 __all__ = ["Pool", "device_pools", "tp_options", "tp_groups", "check_zones_connected", "type_subcluster", "type_view",
-           "divisors", "zone_components", "speed_typed", "fewer_nodes"]
+           "divisors", "zone_components", "zone_path_ok", "zones_linked", "speed_typed", "fewer_nodes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,16 +113,32 @@ def _tp_groups(pool: Pool, tp: int) -> tuple[tuple[str, ...], ...]:
 
 
 def check_zones_connected(cluster: Cluster) -> None:
-    """Raise :class:`WorkloadError` when some zones of ``cluster`` cannot reach each other."""
-    zones = cluster.zones
-    for i, a in enumerate(zones):
-        for b in zones[i + 1:]:
-            if not cluster.zones_connected(a, b):
-                raise WorkloadError(
-                    f"{cluster.source}: links: zones {a!r} and {b!r} have no link, so no plan over the whole cluster "
-                    f"can pass activations or sync gradients between them; add "
-                    f"'- {{zones: [{a}, {b}], bandwidth_gbit_s: ..., latency_us: ...}}' under 'links', "
-                    "or plan each zone as its own cluster")
+    """Raise :class:`WorkloadError` when some zones of ``cluster`` cannot reach each other, not even through
+    other zones. Zones linked only in a chain (a-b, b-c) pass: a pipeline a -> b -> c needs no a-c link, and
+    the planners keep every stage boundary and gradient sync on linked zones (:meth:`Plan.validate`)."""
+    components = zone_components(cluster)
+    if len(components) > 1:
+        a, b = min(components[0]), min(components[1])
+        raise WorkloadError(
+            f"{cluster.source}: links: zones {a!r} and {b!r} have no link, so no plan over the whole cluster "
+            f"can pass activations or sync gradients between them; add "
+            f"'- {{zones: [{a}, {b}], bandwidth_gbit_s: ..., latency_us: ...}}' under 'links', "
+            "or plan each zone as its own cluster")
+
+
+def zone_path_ok(cluster: Cluster, zones: Sequence[str], tied: bool = False) -> bool:
+    """Whether a pipeline whose stages lie in ``zones`` (in stage order) crosses each zone once and only
+    between linked zones: zones contiguous, every change of zone over a link; with ``tied`` weights (the
+    first stage's embedding and the last stage's head), the first and last zones linked too."""
+    changes = [(a, b) for a, b in zip(zones, zones[1:]) if a != b]
+    return (len(changes) == len(set(zones)) - 1 and all(cluster.zones_connected(a, b) for a, b in changes)
+            and (not tied or not zones or cluster.zones_connected(zones[0], zones[-1])))
+
+
+def zones_linked(cluster: Cluster, zones: Iterable[str]) -> bool:
+    """Whether every two of ``zones`` have a link (data-parallel copies in them sync gradients)."""
+    names = sorted(set(zones))
+    return all(cluster.zones_connected(a, b) for i, a in enumerate(names) for b in names[i + 1:])
 
 
 def zone_components(cluster: Cluster) -> list[set[str]]:

@@ -296,7 +296,7 @@ class Plan:
         problems += self._check_layers(model)
         problems += self._check_devices(cluster)
         problems += rules.check(self, model, cluster)  # both skip unknown devices, reported above
-        problems += self._check_zones(cluster)
+        problems += self._check_zones(cluster, model)
         return problems
 
     def check(self, model: "ModelGraph", cluster: "Cluster", source: str = "plan") -> None:
@@ -438,7 +438,7 @@ class Plan:
             out.append(f"devices {compress_device_ids(sorted(twice))} are used more than once; a device serves one stage of one replica")
         return out
 
-    def _check_zones(self, cluster: "Cluster") -> list[str]:
+    def _check_zones(self, cluster: "Cluster", model: "ModelGraph | None" = None) -> list[str]:
         out = []
         names = cluster.zones
         if all(cluster.zones_connected(a, b) for a in names for b in names):
@@ -447,10 +447,12 @@ class Plan:
         def zones(stage: Stage) -> list[str]:
             return list(dict.fromkeys(cluster.device(d).zone for d in stage.devices if cluster.has_device(d)))
 
+        reported: set[frozenset] = set()  # zone pairs already named (the tied rule names no pair twice)
         for i, r in enumerate(self.replicas):
             for j in range(1, len(r.stages)):
                 cut = {(a, b) for a in zones(r.stages[j - 1]) for b in zones(r.stages[j])
                        if not cluster.zones_connected(a, b)}
+                reported.update(frozenset(pair) for pair in cut)
                 for a, b in sorted(cut):
                     out.append(f"replicas[{i}].stages[{j}]: zones {a!r} and {b!r} have no link; add one under 'links'")
         # Every zone holding a copy of a unit (data-parallel replicas, or a TP group across zones)
@@ -464,8 +466,32 @@ class Plan:
         for k, a in enumerate(names):
             for b in names[k + 1:]:
                 if not cluster.zones_connected(a, b) and _ranges_overlap(ranges[a], ranges[b]):
+                    reported.add(frozenset((a, b)))
                     out.append(f"replicas: data-parallel copies in zones {a!r} and {b!r} must sync gradients but "
                                "the zones have no link; add one under 'links'")
+        return out + self._check_tied_zones(cluster, model, zones, reported)
+
+    def _check_tied_zones(self, cluster: "Cluster", model: "ModelGraph | None", zones, reported: set) -> list[str]:
+        """A stage holding a unit that uses tied weights (the head of a tied-embedding model) without their
+        owner keeps a copy, reduced with every holder of either at each step: their zones need links (pairs in
+        ``reported`` are already named by another rule)."""
+        owner = model.tied_owner_index if model is not None else -1
+        if owner < 0:
+            return []
+        out = []
+        for u in (i for i, unit in enumerate(model.units) if unit.shared_params):
+            holds = [(s.layers[0] <= u < s.layers[1], s.layers[0] <= owner < s.layers[1], s)
+                     for r in self.replicas for s in r.stages]
+            if not any(has_u and not has_owner for has_u, has_owner, _ in holds):
+                continue  # every copy sits beside its owner: nothing to reduce
+            names = sorted({z for has_u, has_owner, s in holds if has_u or has_owner for z in zones(s)})
+            for k, a in enumerate(names):
+                for b in names[k + 1:]:
+                    if not cluster.zones_connected(a, b) and frozenset((a, b)) not in reported:
+                        reported.add(frozenset((a, b)))
+                        out.append(f"replicas: the tied weights of {model.units[u].name!r} and "
+                                   f"{model.units[owner].name!r} are reduced together at each step, but zones {a!r} and {b!r} have no "
+                                   "link; add one under 'links', or keep the stages holding them in linked zones")
         return out
 
     # ------------------------------------------------------------------------------- rendering

@@ -173,5 +173,12 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
             fix += ("; at this sequence length the activations are what does not fit: context parallelism splits "
                     "them (the planners do not choose it yet; price a grid with 'hetpart predict ... --cp 2' "
                     "(or 4, 8), prediction only)")
+    unlinked = [(a, b) for i, a in enumerate(cluster.zones) for b in cluster.zones[i + 1:]
+                if not cluster.zones_connected(a, b)]
+    if unlinked:  # the cluster passed check_zones_connected: its zones reach each other through others
+        a, b = unlinked[0]
+        why += (f" (or joins zones {a!r} and {b!r}, which have no link, in a pipeline or a gradient sync"
+                + (", tied embeddings included" if model.tied_owner_index >= 0 else "")
+                + (": `--planner search` keeps to linked zones" if planner != "search" else "") + ")")
     return WorkloadError(f"{planner} planner: no plan for {model.name} (global batch {workload.global_batch}, seq "
                          f"{workload.seq_len}) fits {cluster.name}: {why}; {hint}; {fix}")

@@ -52,6 +52,7 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.rules import RULES
+from hetpart.costmodel.pools import zone_path_ok, zones_linked
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.policies.plan_search import Scored
@@ -103,6 +104,8 @@ class Neighbourhood:
             return False
         if not RULES.replicas_may_differ_in_tp and len({t for _, t, _ in typed}) > 1:
             return False
+        if not zones_linked(s.cluster, (s.pools[p].zone for p in pools)):
+            return False  # replicas in zones without a link cannot sync gradients
         if any(t not in s.tps[p] or pp not in s.pp_options(p, t) for p, t, pp in typed):
             return False
         replicas = sum(s.pools[p].num_devices // (t * pp) for p, t, pp in typed)
@@ -328,8 +331,7 @@ class Neighbourhood:
 
 
 def _zone_contiguous(s: "Scenario", order: tuple[int, ...]) -> bool:
-    zones = [s.pools[p].zone for p in order]
-    return sum(1 for a, b in zip(zones, zones[1:]) if a != b) == len(set(zones)) - 1
+    return zone_path_ok(s.cluster, [s.pools[p].zone for p in order], s.model.tied_owner_index >= 0)
 
 
 def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: int = 4, seeds: int = 8,

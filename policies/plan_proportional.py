@@ -14,13 +14,14 @@ Both run over a small grid (tensor-parallel degree, pipeline depth, micro-batch,
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
-from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options
+from hetpart.costmodel.pools import Pool, device_pools, divisors, tp_groups, tp_options, zone_path_ok
 from hetpart.plan import Plan, Replica, Stage
 from hetpart.policies.common import (FunctionPlanner, microbatch_options, no_plan_error, recompute_modes,
                                      with_full_shard_fallback)
@@ -34,10 +35,18 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plan_proportional", "holmes_plans", "hap_plans", "PROPORTIONAL"]
 
 
-def _zone_order(pools: list[Pool]) -> list[Pool]:
-    """Pools grouped by zone (one zone crossing per boundary), cluster order otherwise."""
+def _zone_order(pools: list[Pool], cluster: "Cluster", tied: bool) -> list[Pool]:
+    """Pools grouped by zone (one zone crossing per boundary), the zones in the first order of their first
+    appearance whose crossings all have links (:func:`~hetpart.costmodel.pools.zone_path_ok`: zones linked
+    only in a chain go along it), cluster order otherwise."""
     zones = list(dict.fromkeys(p.zone for p in pools))
+    if len(zones) <= _ZONE_ORDERS_MAX:
+        zones = next((list(o) for o in itertools.permutations(zones) if zone_path_ok(cluster, o, tied)), zones)
     return sorted(pools, key=lambda p: zones.index(p.zone))
+
+
+_ZONE_ORDERS_MAX = 7
+"""Zones up to which a pipeline's zone order is chosen among all orders (5,040 at 7)."""
 
 
 def _pool_tp(pool: Pool, model: "ModelGraph", tp: int) -> int | None:
@@ -60,7 +69,7 @@ class _Layout:
 
 
 def _holmes_layouts(model: "ModelGraph", cluster: "Cluster", workload: "Workload") -> Iterator[_Layout]:
-    pools = _zone_order(device_pools(cluster))
+    pools = _zone_order(device_pools(cluster), cluster, model.tied_owner_index >= 0)
     for tp in sorted({t for p in pools for t in tp_options(p, model)}):
         tps = [_pool_tp(p, model, tp) for p in pools]
         groups = [tp_groups(p, t) for p, t in zip(pools, tps)]

@@ -51,7 +51,8 @@ import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
 from hetpart.costmodel.memory import GRAD_BYTES
-from hetpart.costmodel.pools import Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options
+from hetpart.costmodel.pools import (Pool, check_zones_connected, device_pools, divisors, tp_groups, tp_options, zone_path_ok,
+                                     zones_linked)
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
 from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes, sharding_levels
@@ -156,10 +157,8 @@ class _Context:
 # --------------------------------------------------------------------------------------------- mixed pipelines
 
 
-def _zone_contiguous(order: tuple[Pool, ...]) -> bool:
-    zones = [p.zone for p in order]
-    changes = sum(1 for a, b in zip(zones, zones[1:]) if a != b)
-    return changes == len(set(zones)) - 1
+def _zone_contiguous(ctx: _Context, order: tuple[Pool, ...]) -> bool:
+    return zone_path_ok(ctx.cluster, [p.zone for p in order], ctx.model.tied_owner_index >= 0)
 
 
 def _mixed_shapes(ctx: _Context) -> Iterator[tuple[tuple[Pool, ...], tuple[int, ...], int]]:
@@ -174,7 +173,7 @@ def _mixed_shapes(ctx: _Context) -> Iterator[tuple[tuple[Pool, ...], tuple[int, 
                         continue
                     by_pool = dict(zip(subset, tps))
                     for order in itertools.permutations(subset):
-                        if _zone_contiguous(order):
+                        if _zone_contiguous(ctx, order):
                             yield order, tuple(by_pool[p] for p in order), dp
 
 
@@ -656,6 +655,8 @@ def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[fl
             per_pool = [[None] + _pool_configs(ctx, p, mb, rc, total) for p in ctx.pools]
             for combo in itertools.product(*per_pool):
                 chosen = [c for c in combo if c is not None]
+                if not zones_linked(ctx.cluster, (c.pool.zone for c in chosen)):
+                    continue  # replicas in zones without a link cannot sync gradients
                 if not chosen or len(chosen) == 1 and total % chosen[0].dp == 0 or sum(c.dp for c in chosen) > total:
                     continue  # a single pool whose replicas split the batch evenly is a mixed pipeline of one pool
                 bound = total / sum(c.rate for c in chosen)
