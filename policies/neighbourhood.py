@@ -346,9 +346,21 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
     their lower bound, so a walk step stops at the first bound that cannot beat the point it is at.
     """
     found: dict[Point, "Scored"] = {}
-    for p in list(starts) + [q for q in narrow_seeds(hood) if q not in starts]:
+    seeded = [q for q in narrow_seeds(hood) if q not in starts]
+    for p in list(starts) + seeded:
         if hood.valid(p) and (scored := hood.price(p)) is not None:
             found[p] = scored
+    # a seed's micro-batch (1) is only where it fits for sure: its other sizes too, within a share of the budget,
+    # so a seed the walks never start from still enters at its best (gpt3-2.7b, 64 sequences, on A100-40GB in
+    # zones a and b and 16 A100-80GB in zone c linked only to b: c alone, 16 replicas, is best at micro-batch 4)
+    budget = max(SUBSET_POINTS_MIN, limit // SUBSET_SHARE)  # points tried, priced before or not (deterministic)
+    sweep = [("mixed", order, tps, dp, mb, rc) for _, order, tps, dp, _, rc in (p for p in seeded if p in found)
+             for mb in hood.s.mb_options(dp)[1:]]
+    for q in sweep[:budget]:
+        if time.perf_counter() > deadline or hood.priced >= limit:
+            break
+        if hood.valid(q) and hood.fits(q) and (scored := hood.price(q)) is not None:
+            found[q] = scored
     others = {q for p in found for q in hood.switched(p) if q not in found and hood.valid(q)}
     tried = 0
     for q in sorted(others, key=lambda q: (hood.bound_s(q), q)):
@@ -375,17 +387,19 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
 
 
 def narrow_seeds(hood: Neighbourhood) -> list[Point]:
-    """Starts beside the network's: mixed pipelines over the one, two and three fastest pools (fastest
-    first, where the zones allow that order), each pool at its narrowest TP degree, with the most replicas
+    """Starts beside the network's: mixed pipelines over each pool alone and over the two and three fastest
+    pools (fastest first, where the zones allow that order), each pool at its narrowest TP degree, with the most replicas
     that fit, micro-batch 1 and the lightest recompute mode that fits: data parallelism as wide as memory
     allows. A walk from wide tensor parallelism over every pool can spend its budget before it gets there
     (gpt3-6.7b on 1,024 GPUs of four types, held out: the network proposed all four pools at TP 4-8 and
     the walk ended at 0.70 of search's throughput)."""
     s = hood.s
-    fastest = sorted(range(len(s.pools)), key=lambda p: (-s.pools[p].gpu.tflops_bf16, p))
+    # fastest first; among equally fast pools, the larger memory and the more devices (A100-80GB before -40GB)
+    fastest = sorted(range(len(s.pools)), key=lambda p: (-s.pools[p].gpu.tflops_bf16, -s.pools[p].gpu.memory_gb,
+                                                         -s.pools[p].num_devices, p))
+    orders = [(p,) for p in fastest] + [tuple(fastest[:k]) for k in range(2, min(3, len(fastest)) + 1)]
     out = []
-    for k in range(1, min(3, len(fastest)) + 1):
-        order = tuple(fastest[:k])
+    for order in orders:  # every pool alone (a zone's pool may be all a linked-in-part cluster can use well)
         if not _zone_contiguous(s, order):
             continue
         for notch in range(max(len(s.tps[p]) for p in order)):  # the narrowest degrees where anything fits

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluator
-from hetpart.costmodel.pools import Pool, divisors, tp_options
+from hetpart.costmodel.pools import Pool, divisors, tp_options, zone_path_ok, zones_linked
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.partition import minimax_split, split_layers
 from hetpart.rules import RULES
@@ -141,6 +141,8 @@ class Scenario:
         smallest-bottleneck split instead (:func:`~hetpart.policies.partition.minimax_split`: never
         below the exact estimate, far cheaper for long pipelines)."""
         pools = tuple(self.pools[p] for p in order)
+        if not self.path_ok(order):
+            return None
         costs = self._mixed_costs(order, tps, dp, mb, rc)
         m = self.workload.global_batch // (dp * mb)
         key = ("mixed", tuple(p.key for p in pools), tuple(tps), dp, mb, rc)
@@ -157,9 +159,15 @@ class Scenario:
             self._mixed_costs(order, tps, dp, mb, rc), self.workload.global_batch // (dp * mb), self.ctx.zero,
             1.0 / dp))
 
+    def path_ok(self, order: tuple[int, ...]) -> bool:
+        """The pipeline crosses zones only over links, each zone once, and (tied embeddings) its first and
+        last zones are linked (:func:`~hetpart.costmodel.pools.zone_path_ok`)."""
+        return zone_path_ok(self.cluster, [self.pools[p].zone for p in order], self.model.tied_owner_index >= 0)
+
     def stop_ok(self, order, tps) -> bool:
-        """Some replica count fits with the most lenient micro-batch (1) and recompute mode."""
-        return any(self.mixed_fits(order, tps, dp, 1, self.lenient) for dp in self.dp_options(order, tps))
+        """The pipeline may end here (:meth:`path_ok`) and some replica count fits with the most lenient
+        micro-batch (1) and recompute mode."""
+        return self.path_ok(order) and any(self.mixed_fits(order, tps, dp, 1, self.lenient) for dp in self.dp_options(order, tps))
 
     def can_finish(self, order: tuple[int, ...], tps: tuple[int, ...]) -> bool:
         """Whether some completion of this partial pipeline (stop now, or add pools) fits."""
@@ -178,11 +186,14 @@ class Scenario:
         return list(self.tps[pool])
 
     def pickable(self, order: tuple[int, ...]) -> list[int]:
-        """Pools that may come next: unused, and not in a zone the pipeline already left."""
+        """Pools that may come next: unused, not in a zone the pipeline already left, and in the last pool's
+        zone or one linked to it."""
         if not order:
             return list(range(len(self.pools)))
-        left = {self.pools[p].zone for p in order[:-1]} - {self.pools[order[-1]].zone}
-        return [p for p in range(len(self.pools)) if p not in order and self.pools[p].zone not in left]
+        here = self.pools[order[-1]].zone
+        left = {self.pools[p].zone for p in order[:-1]} - {here}
+        return [p for p in range(len(self.pools)) if p not in order and self.pools[p].zone not in left
+                and self.cluster.zones_connected(here, self.pools[p].zone)]
 
     # --------------------------------------------------------------------------------- typed replicas
     def total_microbatches(self, mb: int) -> int:
@@ -221,12 +232,23 @@ class Scenario:
 
         return self._memo(("min_dp", pool, mb, rc), compute)
 
-    def typed_can_finish(self, used: int, chosen: int, first: int, mb: int, rc: str) -> bool:
+    def typed_can_finish(self, used: int, chosen: int, first: int, mb: int, rc: str,
+                         zones: frozenset = frozenset()) -> bool:
         """Whether pools ``first..`` can complete typed replicas already holding ``used`` replicas over
-        ``chosen`` pools: at least two pools in all, every replica with at least one micro-batch."""
-        later = sorted(d for p in range(first, len(self.pools)) if (d := self.min_dp(p, mb, rc)) is not None)
-        need = max(0, 2 - chosen)
-        return len(later) >= need and used + sum(later[:need]) <= self.total_microbatches(mb)
+        ``chosen`` pools in ``zones``: at least two pools in all, every replica with at least one micro-batch,
+        every pool in a zone linked to the zones of all the others (replicas sync gradients with every other)."""
+        later = sorted((d, self.pools[p].zone) for p in range(first, len(self.pools))
+                       if (d := self.min_dp(p, mb, rc)) is not None and self.typed_zone_ok(zones, p))
+        need, budget = max(0, 2 - chosen), self.total_microbatches(mb) - used
+        if need < 2:
+            return len(later) >= need and sum(d for d, _ in later[:need]) <= budget
+        # two pools still to come (none chosen): the cheapest pair whose zones are linked
+        return any(da + db <= budget for i, (da, za) in enumerate(later) for db, zb in later[i + 1:]
+                   if self.cluster.zones_connected(za, zb))
+
+    def typed_zone_ok(self, zones: frozenset, pool: int) -> bool:
+        """Whether ``pool``'s replicas may join typed replicas in ``zones``."""
+        return zones_linked(self.cluster, zones | {self.pools[pool].zone})
 
     def typed_ok(self, mb: int, rc: str) -> bool:
         return len(self.pools) >= 2 and self.typed_can_finish(0, 0, 0, mb, rc)
@@ -250,6 +272,8 @@ class Scenario:
     def typed_scored(self, chosen: list[tuple[int, int, int]], mb: int, rc: str, quick: int = 0) -> Scored | None:
         """The search's point for these typed replicas; pools deeper than ``quick`` stages (0: none)
         are split with :func:`~hetpart.policies.partition.minimax_split`."""
+        if not zones_linked(self.cluster, (self.pools[p].zone for p, _, _ in chosen)):
+            return None
         configs = [self.pool_config(p, tp, pp, mb, rc, bool(quick) and pp > quick) for p, tp, pp in chosen]
         if any(c is None for c in configs) or sum(c.dp for c in configs) > self.total_microbatches(mb):
             return None
@@ -340,8 +364,9 @@ class StructureState:
                           else s.typed_ok(self.mb, rc))
         elif self.phase == "ttp":
             opt[0] = self._typed_next_ok(0)
-            for i, t in enumerate(values[1:], start=1):
-                opt[i] = any(self._pp_ok(t, pp) for pp in s.pp_options(self.pool, t))
+            if s.typed_zone_ok(self._typed_zones(), self.pool):
+                for i, t in enumerate(values[1:], start=1):
+                    opt[i] = any(self._pp_ok(t, pp) for pp in s.pp_options(self.pool, t))
         elif self.phase == "tpp":
             for i, pp in enumerate(values):
                 opt[i] = self._pp_ok(self.pending_tp, pp)
@@ -351,7 +376,12 @@ class StructureState:
         """After this pool takes ``dp`` replicas (0: unused), the later pools can still finish."""
         s = self.scenario
         used = sum(s.pools[p].num_devices // (t * q) for p, t, q in self.typed)
-        return s.typed_can_finish(used + dp, len(self.typed) + (dp > 0), self.pool + 1, self.mb, self.rc)
+        zones = self._typed_zones() | ({s.pools[self.pool].zone} if dp > 0 else set())
+        return s.typed_can_finish(used + dp, len(self.typed) + (dp > 0), self.pool + 1, self.mb, self.rc, zones)
+
+    def _typed_zones(self) -> frozenset:
+        """Zones of the typed pools chosen so far."""
+        return frozenset(self.scenario.pools[p].zone for p, _, _ in self.typed)
 
     def _pp_ok(self, tp: int, pp: int) -> bool:
         """The pool's replicas fit and the typed replicas can still be completed."""
