@@ -95,6 +95,15 @@ class LoopConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
+        # 0 is allowed on purpose: the policy then stays as it was (the loop still measures and refits)
+        if isinstance(self.policy_timesteps, bool) or not isinstance(self.policy_timesteps, int) \
+                or self.policy_timesteps < 0:
+            raise PlanError(f"--policy-timesteps: must be a whole number >= 0 (0: no policy training), got "
+                            f"{self.policy_timesteps!r}")
+        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
+                                         or self.seq_len < 1):
+            raise PlanError(f"--seq-len: must be a whole number >= 1, got {self.seq_len!r}; or leave it out for "
+                            "the model's own (at most 1024)")
         if self.ground not in ("emulated", "cpu", "real"):
             raise PlanError(f"--ground: unknown ground {self.ground!r}; use emulated, cpu or real")
         if self.explore + self.held_out >= self.runs_per_iteration + (0 if self.runs_per_iteration > 1 else 1):
@@ -158,17 +167,23 @@ class _State:
 # ----------------------------------------------------------------------------------------------- loop
 class _Loop:
     def __init__(self, cfg: LoopConfig, say: Callable[[str], None]) -> None:
-        from hetpart.cluster import load_cluster
+        from hetpart.cluster import load_cluster, parse_cluster
         from hetpart.graph import load_model
         from hetpart.workload import Workload
 
         self.cfg, self.say = cfg, say
         self.out = Path(cfg.out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.state = _State(self.out, cfg)
-        self.records_path = self.out / "runs.jsonl"
+        if self.out.exists() and not self.out.is_dir():
+            raise PlanError(f"--out: {self.out} is a file; give a directory (a new one, or a loop's to resume it)")
+        _check_tracker(cfg.tracker)
+        _check_runnable(cfg)
+        # everything that can refuse the input is checked before the folder exists: a refused loop leaves none
+        self.created = not self.out.exists()
         self.cluster_spec = self._cluster_spec()
-        self.cluster = load_cluster(self.cluster_spec)
+        self.cluster = load_cluster(self.cluster_spec) if isinstance(self.cluster_spec, str) else \
+            parse_cluster(self.cluster_spec, source="this machine")
+        if cfg.ground == "real":
+            _check_real_ground(self.cluster, cfg.cluster)
         precision = "fp32" if cfg.ground == "cpu" else None
         probe = load_model(cfg.model, seq_len=cfg.seq_len)
         self.precision = precision or _precision(self.cluster)
@@ -176,20 +191,32 @@ class _Loop:
         self.workload = Workload(global_batch=cfg.global_batch, seq_len=self.model.seq_len, precision=self.precision,
                                  recompute="auto")
         self.effects = self._effects()
+        self.out.mkdir(parents=True, exist_ok=True)
+        say(f"state in {self.out} (run again with --out {self.out} to resume)")
+        if cfg.ground == "cpu":
+            self._write_cpu_cluster()
+        self.state = _State(self.out, cfg)
+        self.records_path = self.out / "runs.jsonl"
         self.rng = random.Random(cfg.seed)
         self.refused: set[str] = set()
         """Plans the runtime refused (not proposed again in this process)."""
 
-    def _cluster_spec(self) -> str:
+    def _cluster_spec(self):
+        """The cluster's path or catalog name; on the ``cpu`` ground, the measured cluster as a mapping until
+        :meth:`_write_cpu_cluster` writes it (a resumed loop reads the one it wrote)."""
         if self.cfg.ground == "cpu":
-            import yaml
-
             path = self.out / "cpu-cluster.yaml"
-            if not path.exists():
-                path.write_text(yaml.safe_dump(cpu_cluster(self.cfg.cpu_devices), sort_keys=False))
-            return str(path.resolve())
+            return str(path.resolve()) if path.exists() else cpu_cluster(self.cfg.cpu_devices)
         path = Path(self.cfg.cluster)
         return str(path.resolve()) if path.suffix in (".yaml", ".yml") and path.exists() else self.cfg.cluster
+
+    def _write_cpu_cluster(self) -> None:
+        import yaml
+
+        path = self.out / "cpu-cluster.yaml"
+        if not path.exists():
+            path.write_text(yaml.safe_dump(self.cluster_spec, sort_keys=False))
+        self.cluster_spec = str(path.resolve())
 
     def _effects(self) -> dict[str, Any] | None:
         if self.cfg.ground != "emulated":
@@ -337,6 +364,51 @@ class _Loop:
         return path
 
 
+def _check_tracker(kinds: str) -> None:
+    """``--tracker`` names known kinds (checked before the loop's folder is made)."""
+    from hetpart.experiments.tracking import KINDS
+
+    names = [k.strip() for k in kinds.split(",") if k.strip()]
+    bad = [k for k in names if k not in KINDS]
+    if bad or not names:
+        raise PlanError(f"--tracker: unknown kind {bad[0] if bad else kinds!r}; use one or more of "
+                        f"{', '.join(KINDS)} (comma-separated)")
+    if "null" in names and len(names) > 1:
+        raise PlanError("--tracker: 'null' cannot be combined with other kinds; give it alone")
+
+
+def _check_runnable(cfg: LoopConfig) -> None:
+    """The model is one the runtime builds with hetpart's own GPT (as every loop run does), so that a model
+    it refuses (a classifier head, a SwiGLU/RMSNorm shape) is refused before the loop starts, not at its first run."""
+    if cfg.model.startswith("python:"):
+        return
+    from hetpart.runtime.models import runnable_spec
+
+    runnable_spec(cfg.model, cfg.scale, impl="hetpart", seed=cfg.seed)
+
+
+def _check_real_ground(cluster, spec: str) -> None:
+    """``--ground real`` runs the cluster's own GPUs: where this machine lacks them the runtime would run the
+    ranks on its CPU and record CPU timings as the GPUs' runs, so that is refused. A cluster of CPU
+    processes (vendor ``other``, as ``--ground cpu`` writes) needs no GPU."""
+    gpus = list(dict.fromkeys(gpu.name for g in cluster.groups for gpu, _ in g.gpu_counts if gpu.vendor != "other"))
+    if not gpus:
+        return
+    import torch
+
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    norm = lambda text: "".join(ch for ch in text.upper() if ch.isalnum())  # noqa: E731
+    missing = [t for t in gpus if not any(norm(t.split("-")[0]) in norm(n) for n in names)]
+    if not missing and len(names) >= cluster.num_devices:
+        return
+    here = (f"{len(names)} CUDA device(s) ({', '.join(dict.fromkeys(names))})" if names else "no CUDA device")
+    raise RuntimeFault(f"--ground real: needs the cluster's GPUs on this machine, as CUDA devices of those types "
+                       f"({cluster.num_devices} of {', '.join(gpus)} in {spec}), and this machine has {here}; "
+                       "use the default --ground emulated to emulate the cluster on CPU processes "
+                       "(or --ground cpu to measure this machine's CPU)")
+
+
 def _precision(cluster) -> str:
     return "bf16" if all(g.gpu.supports_bf16 for g in cluster.groups) else "fp16"
 
@@ -385,13 +457,20 @@ def run_loop(cfg: LoopConfig, say: Callable[[str], None] = lambda s: None) -> di
 
     loop = _Loop(cfg, say)
     state = loop.state.data
+    if "simulator_plan" not in state:
+        say(f"simulator-only plan: search on the simulator for {loop.model.name} on {loop.cluster.name}")
+        try:
+            found = make_plan(loop.model, loop.cluster, loop.workload, "search", predictor="simulator")
+        except HetpartError:  # nothing fits, no plan: a loop refused before its first step leaves no folder
+            if loop.created:
+                import shutil
+
+                shutil.rmtree(loop.out, ignore_errors=True)
+            raise
+        state["simulator_plan"] = found.plan.to_dict()
+        loop.state.save()
     tracker = make_tracker(cfg.tracker, "loop", cfg.seed, config=dataclasses.asdict(cfg), root=str(loop.out / "tracked"))
     try:
-        if "simulator_plan" not in state:
-            say(f"simulator-only plan: search on the simulator for {loop.model.name} on {loop.cluster.name}")
-            found = make_plan(loop.model, loop.cluster, loop.workload, "search", predictor="simulator")
-            state["simulator_plan"] = found.plan.to_dict()
-            loop.state.save()
         simulator_plan = Plan.from_dict(state["simulator_plan"])
         policy_path = Path(state["policy"]) if state.get("policy") else None
         for iteration in range(len(state["iterations"]), cfg.iterations):

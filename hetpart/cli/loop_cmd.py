@@ -21,14 +21,14 @@ def loop_command(
                                           "(default: a new runs/loop/loop__SEED__TIME); give it again to resume."),
         ground: str = typer.Option("emulated", "--ground", help="emulated: the cluster on local CPU processes with "
                                    "effects the simulator lacks; cpu: this machine's CPU processes, no emulation; real: "
-                                   "--cluster is this machine's GPUs (no emulation, NCCL between GPUs)."),
+                                   "--cluster is this machine's GPUs (no emulation, NCCL between GPUs; refused where they are missing)."),
         global_batch: int = typer.Option(32, "--global-batch", help="Global batch of the plans (samples)."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length (default: the model's, at most 1024)."),
         steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 1 warm-up step)."),
         repeats: int = typer.Option(2, "--repeats", help="Final runs of each of the two compared plans (interleaved)."),
         race: int = typer.Option(2, "--race", help="Best measured plans that run once more each before the loop's plan "
                                  "is chosen (1: none)."),
-        policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward."),
+        policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward (0: the policy is not trained)."),
         seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
         tracker: str = typer.Option("wandb,tensorboard", "--tracker", help="wandb (offline), tensorboard, both, or null."),
         json_out: bool = JsonFlag) -> None:
@@ -53,7 +53,6 @@ def loop_command(
     def say(text: str) -> None:
         print(f"hetpart loop [{__import__('time').time() - start:5.0f}s] {text}", file=sys.stderr, flush=True)
 
-    say(f"state in {out} (run again with --out {out} to resume)")
     result = run_loop(cfg, say)
     if json_out:
         emit_json(result)

@@ -1,0 +1,107 @@
+"""Regression tests for a probe of ``loop``, ``calibrate`` and ``costmodel``: bad input is one line naming the
+file, field or flag and the fix, exit code 2, refused before anything starts and with no folder left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests._cli import run_cli
+
+MIXED = ("name: mix2\nnodes:\n"
+         "  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: Ethernet-25}\n"
+         "  - {count: 1, gpus_per_node: 1, gpu: V100-16GB, intra_node: NVLink2, nic: Ethernet-25}\n")
+REWARD = {"architectures": ["LlamaForSequenceClassification"], "model_type": "llama", "hidden_size": 1024,
+          "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+          "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+          "num_labels": 1}
+RUNS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "cpu_memory_runs_mmap.jsonl"
+"""Stored emulated runs of the catalog's tiny-mixed cluster whose ranks carry their own compute times."""
+
+
+def _one_line_exit_2(code: int, err: str, *parts: str) -> str:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    path = tmp_path / "c3.yaml"
+    path.write_text(MIXED)
+    return path
+
+
+@pytest.fixture
+def no_loop_run(monkeypatch):
+    """Fails the test if the loop gets as far as planning or running anything."""
+    import hetpart.runtime.launch as launch
+    from hetpart import policies
+
+    def started(*_a, **_k):
+        raise AssertionError("the loop started")
+
+    monkeypatch.setattr(launch, "run_plan", started)
+    monkeypatch.setattr(policies, "plan", started)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def test_loop_ground_real_without_the_clusters_gpus_is_refused(capsys, tmp_path, cluster, monkeypatch, no_loop_run):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    code, _, err = run_cli(capsys, "loop", "--cluster", str(cluster), "--model", "gpt2-small", "--ground", "real",
+                           "--out", str(tmp_path / "loop"))
+    _one_line_exit_2(code, err, "--ground real", "A100-40GB, V100-16GB", "no CUDA device", "--ground emulated")
+    assert not (tmp_path / "loop").exists()
+
+
+def test_loop_ground_real_checks_the_gpu_types_and_lets_a_cluster_of_cpu_processes_pass(cluster, monkeypatch):
+    import torch
+
+    from hetpart.cluster import load_cluster, parse_cluster
+    from hetpart.errors import RuntimeFault
+    from hetpart.experiments.loop import _check_real_ground
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    with pytest.raises(RuntimeFault, match=r"has 2 CUDA device\(s\) \(NVIDIA H200\); use the default --ground emulated"):
+        _check_real_ground(load_cluster(cluster), str(cluster))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: ["NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-16GB"][i])
+    _check_real_ground(load_cluster(cluster), str(cluster))  # the cluster's own GPUs: accepted
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cpu = {"name": "cpus", "nodes": [{"count": 1, "gpus_per_node": 2, "intra_node": "NVLink3", "nic": "Ethernet-25",
+                                      "gpu": {"name": "cpu-process", "tflops_bf16": 0.1, "tflops_fp32": 0.1,
+                                              "memory_gb": 4, "hbm_gbyte_s": 10, "vendor": "other"}}]}
+    _check_real_ground(parse_cluster(cpu, source="cpus"), "cpus")  # no GPU named: nothing to refuse
+
+
+def test_loop_out_that_is_a_file_is_refused(capsys, cluster, no_loop_run):
+    code, _, err = run_cli(capsys, "loop", "--cluster", str(cluster), "--model", "gpt2-small", "--out", str(cluster))
+    _one_line_exit_2(code, err, f"--out: {cluster} is a file; give a directory")
+    assert cluster.read_text() == MIXED
+
+
+@pytest.mark.parametrize("flags, said", [(("--policy-timesteps", "-1"), "--policy-timesteps: must be a whole number >= 0"),
+                                         (("--seq-len", "0"), "--seq-len: must be a whole number >= 1, got 0"),
+                                         (("--tracker", "foo"), "--tracker: unknown kind 'foo'"),
+                                         (("--model", "REWARD"), "sequence-classification head")])
+def test_loop_bad_input_is_refused_before_any_folder_is_made(capsys, tmp_path, cluster, monkeypatch, no_loop_run,
+                                                             flags, said):
+    (tmp_path / "reward.json").write_text(json.dumps(REWARD))
+    flags = tuple(str(tmp_path / "reward.json") if f == "REWARD" else f for f in flags)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for out in ((), ("--out", str(tmp_path / "given"))):  # the default runs/loop/... and a given --out
+        code, _, err = run_cli(capsys, "loop", "--cluster", str(cluster), "--model", "gpt2-small", *out, *flags)
+        _one_line_exit_2(code, err, said)
+        assert not any(work.iterdir()) and not (tmp_path / "given").exists()
