@@ -41,6 +41,9 @@ class DeviceSpeed:
     """Median rate over the fastest device of its type in the same record (1.0 for the fastest)."""
     compared_with: int
     """Other devices of its type it was compared with (0: none, no factor is written)."""
+    runs: int = 1
+    """Records that measured it: a factor resting on one run is one measurement (a pipeline stage's share
+    of the work, a noisy neighbour) and can mark a healthy GPU slow."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class SpeedEstimate:
     tolerance: float
     slow: dict[str, float] = field(default_factory=dict)
     """What goes into ``slow:``: devices whose factor is below ``1 - tolerance`` (rounded to 0.01)."""
+    cluster: str = ""
+    """Name of the cluster the records ran (every record's must be the same)."""
 
 
 def _rank_rates(record: RunRecord, source: str) -> dict[str, float]:
@@ -82,8 +87,14 @@ def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1) 
     factors: dict[str, list[float]] = {}
     peers: dict[str, int] = {}
     gpu_of: dict[str, str] = {}
+    first: tuple[str, str] | None = None
     for source, record in records:
         cluster = parse_cluster(record.cluster, f"{source}: cluster")
+        if first is None:
+            first = (source, cluster.name)
+        elif cluster.name != first[1]:
+            raise RecordError(f"{source}: a run of cluster {cluster.name!r}, and {first[0]} is one of "
+                              f"{first[1]!r}; give the records of one cluster")
         measured = _rank_rates(record, source)
         types: dict[str, list[str]] = {}
         for d in measured:
@@ -95,15 +106,22 @@ def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1) 
                 rates.setdefault(d, []).append(measured[d])
                 factors.setdefault(d, []).append(measured[d] / best if best > 0 else 1.0)
                 peers[d] = max(peers.get(d, 0), len(devices) - 1)
-    out = tuple(DeviceSpeed(d, gpu_of[d], statistics.median(rates[d]), statistics.median(factors[d]), peers[d])
+    out = tuple(DeviceSpeed(d, gpu_of[d], statistics.median(rates[d]), statistics.median(factors[d]), peers[d],
+                            len(factors[d]))
                 for d in sorted(rates, key=lambda d: tuple(int(x) for x in d.split("/"))))
     slow = {s.device: round(s.factor, 2) for s in out if s.compared_with and s.factor < 1 - tolerance}
-    return SpeedEstimate(devices=out, records=len(records), tolerance=tolerance, slow=slow)
+    return SpeedEstimate(devices=out, records=len(records), tolerance=tolerance, slow=slow,
+                         cluster=first[1] if first else "")
 
 
-def with_measured_slow(cluster_spec: str, slow: dict[str, float], devices: list[str]) -> dict[str, Any]:
+def with_measured_slow(cluster_spec: str, slow: dict[str, float], devices: list[str],
+                       measured: SpeedEstimate | None = None, source: str = "the run records") -> dict[str, Any]:
     """The cluster file ``cluster_spec`` (a path or a catalog name) as a YAML mapping, its ``slow:`` entries
-    of ``devices`` replaced by the measured ``slow`` (others kept); checked by parsing it back."""
+    of ``devices`` replaced by the measured ``slow`` (others kept); checked by parsing it back.
+
+    With ``measured`` (the estimate of the records in ``source``), the cluster must be the one the records
+    ran: the same name and the same GPU type on every measured device (factors of another cluster's
+    devices would mark the wrong GPUs slow)."""
     from hetpart.cluster import cluster_catalog, parse_cluster
     from hetpart.errors import SpecError
     from hetpart._yaml import load_yaml_file
@@ -114,6 +132,8 @@ def with_measured_slow(cluster_spec: str, slow: dict[str, float], devices: list[
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the cluster YAML is not a mapping; give a cluster file")
     cluster = parse_cluster(data, source=str(path))
+    if measured is not None:
+        _check_same_cluster(cluster, str(cluster_spec), measured, source)
     missing = [d for d in devices if not cluster.has_device(d)]
     if missing:
         raise SpecError(f"--cluster: {path} has no device {missing[0]} that the run records measured; give the cluster "
@@ -125,3 +145,14 @@ def with_measured_slow(cluster_spec: str, slow: dict[str, float], devices: list[
         out["slow"] = dict(sorted(merged.items(), key=lambda kv: cluster.device(kv[0]).index))
     parse_cluster(out, source=f"{path} with the measured slow:")
     return out
+
+
+def _check_same_cluster(cluster, spec: str, measured: SpeedEstimate, source: str) -> None:
+    from hetpart.errors import SpecError
+
+    other = [d for d in measured.devices if cluster.has_device(d.device) and cluster.device(d.device).gpu.name != d.gpu]
+    if measured.cluster and (cluster.name != measured.cluster or other):
+        why = (f" (its {other[0].device} is {cluster.device(other[0].device).gpu.name}, where the runs had "
+               f"{other[0].gpu})" if other else "")
+        raise SpecError(f"--speeds-from: {source} holds runs of cluster {measured.cluster!r}, and --cluster {spec} is "
+                        f"cluster {cluster.name!r}{why}; give the cluster the runs ran on (or records of this one)")

@@ -105,3 +105,55 @@ def test_loop_bad_input_is_refused_before_any_folder_is_made(capsys, tmp_path, c
         code, _, err = run_cli(capsys, "loop", "--cluster", str(cluster), "--model", "gpt2-small", *out, *flags)
         _one_line_exit_2(code, err, said)
         assert not any(work.iterdir()) and not (tmp_path / "given").exists()
+
+
+# ----------------------------------------------------------------------------------------- calibrate
+def test_calibrate_refuses_run_records_of_another_cluster(capsys, tmp_path):
+    records = tmp_path / "runs.jsonl"
+    records.write_text(RUNS.read_text().splitlines()[0] + "\n")
+    other = tmp_path / "other.yaml"
+    other.write_text("name: othercluster\nnodes:\n"
+                     "  - {count: 2, gpus_per_node: 2, gpu: T4-16GB, intra_node: PCIe4, nic: Ethernet-25}\n")
+    out = tmp_path / "x.yaml"
+    code, _, err = run_cli(capsys, "calibrate", "--cluster", str(other), "--speeds-from", str(records), "--out", str(out))
+    _one_line_exit_2(code, err, f"--speeds-from: {records}", "cluster 'tiny-mixed'", f"--cluster {other}",
+                     "'othercluster'", "T4-16GB", "A100-40GB")
+    assert not out.exists()
+
+
+def test_calibrate_refuses_records_of_two_clusters(capsys, tmp_path):
+    first, second = RUNS.read_text().splitlines()[:2]
+    renamed = json.loads(second)
+    renamed["cluster"]["name"] = "mix3"
+    records = tmp_path / "runs.jsonl"
+    records.write_text(first + "\n" + json.dumps(renamed) + "\n")
+    code, _, err = run_cli(capsys, "calibrate", "--cluster", "tiny-mixed", "--speeds-from", str(records), "--out",
+                           str(tmp_path / "x.yaml"))
+    _one_line_exit_2(code, err, f"{records}:2: a run of cluster 'mix3'", f"{records}:1 is one of 'tiny-mixed'",
+                     "give the records of one cluster")
+
+
+def test_calibrate_says_when_a_factor_rests_on_a_single_record(capsys, tmp_path):
+    records = tmp_path / "runs.jsonl"
+    records.write_text(RUNS.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "x.yaml"
+    code, text, err = run_cli(capsys, "calibrate", "--cluster", "tiny-mixed", "--speeds-from", str(records), "--out",
+                              str(out), "--json")
+    assert code == 0, err
+    got = json.loads(text)
+    assert got["records_cluster"] == "tiny-mixed" and all(d["runs"] == 1 for d in got["devices"])
+    assert got["notes"] and "single run record" in got["notes"][0]
+    assert "hetpart: note:" in err and "can mark a healthy GPU slow" in err
+    records.write_text("".join(RUNS.read_text().splitlines(keepends=True)[:2]))  # two runs: no note
+    code, text, err = run_cli(capsys, "calibrate", "--cluster", "tiny-mixed", "--speeds-from", str(records), "--out",
+                              str(out), "--json")
+    assert code == 0, err
+    assert json.loads(text)["notes"] == [] and "note" not in err
+
+
+@pytest.mark.parametrize("scale", ["3", "70000"])
+def test_calibrate_scale_out_of_range_names_scale(capsys, tmp_path, cluster, scale):
+    code, _, err = run_cli(capsys, "calibrate", "--cluster", str(cluster), "--model", "gpt2-small", "--out",
+                           str(tmp_path / "p.json"), "--scale", scale)
+    line = _one_line_exit_2(code, err, f"--scale: {scale} is outside 8..65536; give tiny, small or a hidden size")
+    assert "--hidden-size" not in line and not (tmp_path / "p.json").exists()

@@ -73,13 +73,14 @@ def calibrate_command(
     except ValueError:
         raise PlanError(f"--micro-batches: {micro_batches!r}; give whole numbers separated by commas, "
                         "such as 1,2,4,8") from None
+    _check_scale(scale)
     try:
         degrees = tuple(int(x) for x in tp_degrees.split(",") if x.strip()) if tp_degrees is not None else None
     except ValueError:
         raise PlanError(f"--tp-degrees: {tp_degrees!r}; give whole numbers >= 2 separated by commas, such as 2,4,8") \
             from None
     options = CalibrateOptions(micro_batches=sizes, seq_len=seq_len, precision=precision,
-                               scale=int(scale) if scale and scale.isdigit() else scale, repeats=repeats,
+                               scale=int(scale) if scale and scale.strip().isdigit() else scale, repeats=repeats,
                                links=links, tensor_parallel=tensor_parallel, tp_degrees=degrees, device=device)
     _check_writable(out)
     profile = calibrate_profile(cluster, model, options,
@@ -95,6 +96,14 @@ def calibrate_command(
             + [f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
                              else f"measured on {profile.devices[b.device].description}")
                for t, b in profile.device_types.items()])
+
+
+def _check_scale(scale: Optional[str]) -> None:
+    """``--scale`` as a hidden size is in the runtime's range (its own error names run's --hidden-size)."""
+    from hetpart.errors import PlanError
+
+    if scale is not None and scale.strip().lstrip("+-").isdigit() and not 8 <= int(scale) <= 65536:
+        raise PlanError(f"--scale: {scale} is outside 8..65536; give tiny, small or a hidden size such as 128")
 
 
 def _report(summary: dict, json_out: bool, lines: list[str]) -> None:
@@ -141,21 +150,32 @@ def _import_metis(cluster: str, model: str, folder: Path, bind: Optional[str], s
 
 def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_out: bool) -> None:
     """``--speeds-from``: the measured factors of the records, written into the cluster file as ``slow:``."""
+    import sys
+
+    import yaml
+
     from hetpart.errors import PlanError
     from hetpart.records import iter_records
     from hetpart.runtime.speeds import speed_factors, with_measured_slow
-    import yaml
 
     if not 0 <= tolerance < 1:
         raise PlanError(f"--tolerance: {tolerance}; give a fraction in [0, 1) such as 0.1")
     _check_writable(out, "measured-cluster.yaml")
     records = [(f"{records_path}:{n}", r) for n, r in iter_records(records_path)]
     estimate = speed_factors(records, tolerance)
-    data = with_measured_slow(cluster, estimate.slow, [d.device for d in estimate.devices])
+    data = with_measured_slow(cluster, estimate.slow, [d.device for d in estimate.devices], estimate, str(records_path))
     out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
-    summary = {"cluster": str(out), "records": estimate.records, "tolerance": tolerance, "slow": estimate.slow,
+    single = [d.device for d in estimate.devices if d.compared_with and d.runs == 1]
+    notes = [f"{', '.join(single)}: each factor rests on a single run record; one run (a pipeline stage's share of "
+             "the work, a busy neighbour) can mark a healthy GPU slow; append more runs ('hetpart run ... --out "
+             f"{records_path}') and calibrate on them all"] if single else []
+    summary = {"cluster": str(out), "records": estimate.records, "records_cluster": estimate.cluster,
+               "tolerance": tolerance, "slow": estimate.slow,
                "devices": [{"device": d.device, "gpu": d.gpu, "tflops": d.tflops, "factor": d.factor,
-                            "compared_with": d.compared_with} for d in estimate.devices]}
+                            "compared_with": d.compared_with, "runs": d.runs} for d in estimate.devices],
+               "notes": notes}
+    for note in notes:
+        print(f"hetpart: note: {note}", file=sys.stderr)
     if json_out:
         emit_json(summary)
         return
@@ -163,6 +183,7 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
     con.print(f"cluster written to {out} from {estimate.records} run record(s): slow: {estimate.slow or 'none'}")
     for d in estimate.devices:
         note = "" if d.compared_with else " (only device of its type: no factor)"
+        note += " (1 run)" if d.compared_with and d.runs == 1 else ""
         con.print(f"  {d.device} {d.gpu}: {d.tflops:.4f} TFLOPS measured, factor {d.factor:.2f}{note}")
 
 
