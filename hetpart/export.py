@@ -8,13 +8,18 @@ parallelism, ...), never a silent approximation. The names are the engines' own:
   ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, or the general
   ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L`` loss, ``|`` between
-  stages), ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``.
+  stages), ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``,
+  ``--optimizer sgd`` and ``--attention-backend unfused`` (eager attention).
 * torchtitan (``torchtitan/config/job_config.py``): ``[parallelism]`` degrees, ``pipeline_parallel_schedule``,
   ``module_fqns_per_model_part`` (the split, per model chunk) and the older ``pipeline_parallel_split_points``.
 * DeepSpeed: the JSON config (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
   ``gradient_accumulation_steps``, ``zero_optimization.stage`` with its ``offload_optimizer`` /
-  ``offload_param``, ``bf16``/``fp16``) and the
+  ``offload_param``, ``bf16``/``fp16``, ``optimizer.type`` ``SGD``) and the
   ``PipelineModule(num_stages=..., partition_method=...)`` arguments.
+
+The plan's optimizer and attention kernel are part of what it assumed (model-state and activation memory):
+where a target has no setting for them (8-bit Adam anywhere, SGD in torchtitan, eager attention outside
+Megatron-LM) they are named, never dropped.
 
 Units of a hetpart transformer are ``embedding, block_0 .. block_{L-1}, head``.
 """
@@ -149,6 +154,7 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     if graph.config is not None:
         args.update(_megatron_architecture(graph.config, problems))
     args.update(_megatron_recompute(plan.recompute))
+    args.update(_megatron_optimizer_and_attention(plan, problems))
     if getattr(plan, "cp", 1) > 1:
         args["--context-parallel-size"] = plan.cp
     if plan.precision in ("bf16", "fp16"):
@@ -224,10 +230,15 @@ def _unexpressed_layers_and_head(cfg) -> list[str]:
 
 def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
     """Which device each rank must run on, in the engine's rank order (TP innermost, then CP, then DP, then
-    PP: Megatron-Core's ``tp-cp-ep-dp-pp`` and torchtitan's device mesh agree)."""
-    if shape.problems:
-        return ()
+    PP: Megatron-Core's ``tp-cp-ep-dp-pp`` and torchtitan's device mesh agree). Given also when the plan has
+    other problems (uneven shares, a batch to round): the placement is still the one to start with."""
     cp = getattr(plan, "cp", 1)
+    width = cp * shape.tp
+    if any(len(r.stages) != len(plan.replicas[0].stages) or any(len(r.stages[k].devices) != width
+                                                                 for k in range(shape.pp)) for r in plan.replicas):
+        return (f"{engine} places ranks on a grid of equal replicas; this plan's replicas differ in depth or "
+                "tensor-parallel width, so no rank order runs it as planned: place each rank by hand "
+                "(hetpart show --full lists every stage's devices)",)
     order = [r.stages[k].devices[c * shape.tp + t] for k in range(shape.pp) for r in plan.replicas
              for c in range(cp) for t in range(shape.tp)]
     from hetpart.plan import compress_device_ids
@@ -265,6 +276,34 @@ def _layout(blocks: tuple[int, ...]) -> str:
     stages[0] = "E" + stages[0]
     stages[-1] = stages[-1] + "L"
     return '"' + "|".join(stages) + '"'
+
+
+def _megatron_optimizer_and_attention(plan, problems: list[str]) -> dict[str, Any]:
+    """``--optimizer`` (adam, its default, or sgd: momentum 0.9 by default) and ``--attention-backend``
+    (default ``auto``: flash or fused kernels, no score matrix; ``unfused`` stores it as eager does)."""
+    args: dict[str, Any] = {}
+    optimizer = getattr(plan, "optimizer", "adam")
+    if optimizer == "sgd":
+        args["--optimizer"] = "sgd"
+    elif optimizer != "adam":
+        problems.append(_optimizer_problem(optimizer, "Megatron-LM's --optimizer takes adam or sgd (its precision-aware "
+                                           "optimizer, --use-precision-aware-optimizer, keeps 16-bit moments, not "
+                                           "8-bit ones); shown: adam, which keeps more optimizer state than planned"))
+    if getattr(plan, "attention", "fused") == "eager":
+        args["--attention-backend"] = "unfused"
+    return args
+
+
+_OPTIMIZERS = {"adam": "Adam: two fp32 moments per parameter", "sgd": "momentum SGD: one fp32 moment per parameter",
+               "adam8bit": "8-bit Adam: two 1-byte moments per parameter"}
+
+
+def _optimizer_problem(optimizer: str, why: str) -> str:
+    return f"optimizer {optimizer} ({_OPTIMIZERS.get(optimizer, optimizer)}, as the plan's memory and step time assume): {why}"
+
+
+def _eager_problem(why: str) -> str:
+    return f"attention eager (the plan keeps each layer's attention-score matrix for the backward pass): {why}"
 
 
 def _megatron_recompute(mode: str) -> dict[str, Any]:
@@ -317,6 +356,13 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
     else:
         problems.append(f"precision {plan.precision}: torchtitan's training.mixed_precision_param takes bfloat16 or "
                         "float32")
+    optimizer = getattr(plan, "optimizer", "adam")
+    if optimizer != "adam":  # build_optimizers takes Adam and AdamW ([optimizer] name, default AdamW)
+        problems.append(_optimizer_problem(optimizer, "torchtitan's [optimizer] name takes Adam or AdamW; shown: its "
+                                           "default, AdamW, which keeps more optimizer state than planned"))
+    if getattr(plan, "attention", "fused") == "eager":
+        problems.append(_eager_problem("torchtitan's models run SDPA or FlexAttention, with no eager kernel to choose; "
+                                      "shown: fused attention, which stores less than planned"))
     config = {"training": training, "parallelism": parallelism,
               "activation_checkpoint": {"mode": plan.recompute}}
     text = _toml(config)
@@ -365,6 +411,11 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if offload == "full":
             config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    _deepspeed_optimizer(plan, config, problems)
+    if getattr(plan, "attention", "fused") == "eager":
+        problems.append(_eager_problem("a DeepSpeed config does not choose the attention kernel, the model code does "
+                                       "(run its unfused attention, e.g. Hugging Face attn_implementation=\"eager\", "
+                                       "for the memory planned)"))
     if shape.tp > 1:
         problems.append(f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own "
                         "(Megatron-DeepSpeed adds it)")
@@ -396,6 +447,24 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
     args = ", ".join(f"{k}={v!r}" for k, v in pipe.items())
     notes = (f"PipelineModule(layers=..., {args})",)
     return Export("deepspeed", text, {"config": config, "pipeline_module": pipe}, tuple(problems), notes)
+
+
+def _deepspeed_optimizer(plan, config: dict[str, Any], problems: list[str]) -> None:
+    """The config's ``optimizer`` section where the plan's is not Adam (no section: the client's optimizer, or
+    one named there). ``SGD`` is not one of DeepSpeed's own types: the engine takes it from ``torch.optim``,
+    and ZeRO runs it only when allowed (``zero_allow_untested_optimizer``; with offload also
+    ``zero_force_ds_cpu_optimizer`` off, which otherwise insists on DeepSpeedCPUAdam)."""
+    optimizer = getattr(plan, "optimizer", "adam")
+    if optimizer == "sgd":
+        config["optimizer"] = {"type": "SGD", "params": {"momentum": 0.9}}
+        if config["zero_optimization"]["stage"] >= 1:
+            config["zero_allow_untested_optimizer"] = True
+        if getattr(plan, "offload", "none") != "none":
+            config["zero_force_ds_cpu_optimizer"] = False
+    elif optimizer != "adam":
+        problems.append(_optimizer_problem(optimizer, "DeepSpeed's optimizer types have no 8-bit Adam (pass "
+                                           "bitsandbytes' Adam8bit to deepspeed.initialize(optimizer=...), with "
+                                           "zero_allow_untested_optimizer under ZeRO); shown: no optimizer section"))
 
 
 def _ds_partition_uniform(num_items: int, num_parts: int) -> list[int]:
