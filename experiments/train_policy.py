@@ -71,6 +71,7 @@ class PolicyTrainConfig:
     resume: str = ""
     """A MaskablePPO checkpoint to continue from (skips imitation)."""
     progress_bar: bool = True
+    """Show PPO's progress (on stderr, so that ``--json`` output stays alone on stdout)."""
     distribution: dict = field(default_factory=dict)
     """Overrides of :class:`hetpart.envs.scenarios.ScenarioDistribution` fields."""
 
@@ -95,6 +96,7 @@ def load_config(path: str | Path) -> PolicyTrainConfig:
             data[key] = float(value)
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise SpecError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
+    _check_ranges(path, data)
     from hetpart.envs.scenarios import ScenarioDistribution
 
     known = {f.name for f in dataclasses.fields(ScenarioDistribution)}
@@ -102,6 +104,34 @@ def load_config(path: str | Path) -> PolicyTrainConfig:
         if key not in known:
             raise SpecError(f"{path}: distribution.{key}: unknown key; known: {', '.join(sorted(known))}")
     return PolicyTrainConfig(**data)
+
+
+_MINIMUM = {"seed": 0, "imitation_scenarios": 0, "imitation_epochs": 1, "imitation_max_devices": 2,
+            "imitation_workers": 1, "timesteps": 1, "n_envs": 1, "n_steps": 1, "batch_size": 2, "n_epochs": 1,
+            "hidden": 1, "layers": 1, "max_devices": 2, "checkpoint_every": 1}
+"""The least each integer key takes (clusters have at least 2 GPUs; SB3's PPO needs a batch of 2 or more)."""
+
+
+def _check_ranges(path: Path, data: dict) -> None:
+    """Values a run would fail on minutes later (or silently ignore), refused before any work."""
+    for key, least in _MINIMUM.items():
+        if key in data and data[key] < least:
+            raise SpecError(f"{path}: {key}: must be >= {least}, got {data[key]}")
+    if "learning_rate" in data and not data["learning_rate"] > 0:
+        raise SpecError(f"{path}: learning_rate: must be > 0, got {data['learning_rate']}")
+    if "gamma" in data and not 0 < data["gamma"] <= 1:
+        raise SpecError(f"{path}: gamma: must be in (0, 1], got {data['gamma']}")
+    n_steps, n_envs = (data.get(k, getattr(PolicyTrainConfig, k)) for k in ("n_steps", "n_envs"))
+    if n_steps * n_envs < 2:
+        raise SpecError(f"{path}: n_steps: n_steps x n_envs must be >= 2 (SB3's PPO), got {n_steps} x {n_envs}")
+    if "tracker" in data:
+        from hetpart.experiments.tracking import KINDS
+
+        names = [k.strip() for k in data["tracker"].split(",") if k.strip()]
+        bad = [k for k in names if k not in KINDS]
+        if bad or not names or ("null" in names and len(names) > 1):
+            raise SpecError(f"{path}: tracker: {data['tracker']!r}: use one or more of {', '.join(KINDS)} "
+                            "(comma-separated; null alone)")
 
 
 def _distribution(cfg: PolicyTrainConfig, max_devices: int):
@@ -171,10 +201,40 @@ def _plan_callback():
     return PlanMetrics()
 
 
-def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
-    """Run the training described by ``cfg``; returns a summary (paths, accuracy, timings)."""
-    import torch
+def _stderr_progress():
+    """A transient rich progress bar on stderr, drawn only on a terminal (elsewhere it leaves blank lines)."""
+    from rich.console import Console
     from rich.progress import Progress
+
+    console = Console(stderr=True)
+    return Progress(console=console, transient=True, disable=not console.is_terminal)
+
+
+def _progress_callback():
+    """PPO's progress as a bar on stderr (SB3's own ``progress_bar=True`` draws on stdout, where a
+    ``--json`` summary must stand alone)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StderrProgress(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.bar = _stderr_progress()
+            self.task = self.bar.add_task("PPO", total=self.locals["total_timesteps"] - self.model.num_timesteps)
+            self.bar.start()
+
+        def _on_step(self) -> bool:
+            self.bar.advance(self.task, self.training_env.num_envs)
+            return True
+
+        def _on_training_end(self) -> None:
+            self.bar.stop()
+
+    return StderrProgress()
+
+
+def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
+    """Run the training described by ``cfg``; returns a summary (paths, accuracy, timings). Progress goes to
+    stderr: stdout is left to the caller."""
+    import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CheckpointCallback
     from stable_baselines3.common.monitor import Monitor
@@ -202,21 +262,22 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         if cfg.imitation_scenarios:
             from hetpart.policies.imitation import behaviour_clone
 
-            with Progress(transient=True) as progress:
+            with _stderr_progress() as progress:
                 demos = _demonstrations(cfg, progress)
             summary["imitation_decisions"] = len(demos)
             summary["imitation_accuracy"] = behaviour_clone(model.policy, demos, epochs=cfg.imitation_epochs,
                                                             seed=cfg.seed, log=tracker.log)
             summary["imitation_s"] = time.time() - start
     run_dir = Path(tracker.run_dir) if tracker.run_dir else Path(cfg.runs_dir) / tracker.name
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)  # else SB3 warns that it creates it
     if not cfg.resume and cfg.imitation_scenarios:
         model.save(run_dir / "checkpoints" / "imitation.zip")  # the warm start alone, for comparison
     model.set_logger(sb3_logger(tracker))
     callbacks = [_plan_callback(), CheckpointCallback(max(cfg.checkpoint_every // cfg.n_envs, 1),
                                                       str(run_dir / "checkpoints"), name_prefix="policy")]
-    if cfg.timesteps:
-        model.learn(cfg.timesteps, callback=callbacks, progress_bar=cfg.progress_bar,
-                    reset_num_timesteps=not cfg.resume)
+    if cfg.progress_bar:
+        callbacks.append(_progress_callback())
+    model.learn(cfg.timesteps, callback=callbacks, reset_num_timesteps=not cfg.resume)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)

@@ -14,7 +14,9 @@ __all__ = ["register"]
 def train_policy_command(
         config: Path = typer.Option(..., "--config", help="Training config YAML (experiments/configs/policy.yaml)."),
         json_out: bool = JsonFlag) -> None:
-    """Train the policy that `hetpart plan --planner policy` uses; writes the checkpoint named in the config."""
+    """Train a planning policy; writes the checkpoint named in the config ('out'). Plan with it by
+    `hetpart plan --planner policy --policy-checkpoint FILE` (without that option the shipped policy plans).
+    Progress goes to stderr; with --json stdout holds the summary alone."""
     from hetpart.experiments.train_policy import load_config, train_policy
 
     summary = train_policy(load_config(config))
@@ -22,7 +24,8 @@ def train_policy_command(
         emit_json(summary)
         return
     print(f"trained {summary['timesteps']} steps in {summary['wall_s']:.0f} s; checkpoint {summary['checkpoint']} "
-          f"(run {summary['run']})")
+          f"(run {summary['run']}); plan with it: hetpart plan --planner policy --policy-checkpoint "
+          f"{summary['checkpoint']} ...")
 
 
 def register(app: typer.Typer) -> None:
