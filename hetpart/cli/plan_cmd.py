@@ -58,12 +58,16 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                  attention: str = AttentionOpt, planner: str = PlannerOpt, predictor: Optional[str] = PredictorOpt,
                  out: Optional[Path] = typer.Option(None, "--out", help="Write the plan JSON here."),
                  profile_path: Optional[Path] = ProfileOpt,
+                 policy_checkpoint: Optional[Path] = typer.Option(
+                     None, "--policy-checkpoint", help="With --planner policy: a checkpoint 'hetpart train-policy' "
+                     "wrote (its config's out) instead of the shipped one."),
                  overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
+    planner_options = _policy_checkpoint(policy_checkpoint, planner)
     workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention, offload)  # bad options fail early
     profile = load_profile_option(profile_path, predictor)
     precision_given = precision is not None
@@ -72,7 +76,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     options = ({"profile": profile} if profile is not None else {}) | engine_options(overlap_p2p, overlap_grad_reduce)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         chosen_predictor = _predictor(predictor, graph, cl, workload, options)
-        result = plan(graph, cl, workload, planner, predictor=chosen_predictor)
+        result = plan(graph, cl, workload, planner, predictor=chosen_predictor, **planner_options)
         if workload.offload == "auto":  # the bound of the offload the plan settled on
             workload = replace(workload, offload=result.plan.offload)
         bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options)
@@ -93,6 +97,30 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _policy_checkpoint(path: Optional[Path], planner: str) -> dict[str, Any]:
+    """The policy planner's ``checkpoint`` option, loaded here so that a wrong file is refused before planning."""
+    from hetpart.errors import HetpartError, PlanError
+
+    if path is None:
+        return {}
+    if planner != "policy":
+        raise PlanError(f"--policy-checkpoint: only --planner policy uses a checkpoint (not {planner!r}); add "
+                        "--planner policy or leave the checkpoint out")
+    if not path.is_file():
+        raise PlanError(f"--policy-checkpoint: {path}: no such file; give the checkpoint 'hetpart train-policy' "
+                        "wrote (the 'out' of its config)")
+    from hetpart.policies.policy_planner import load_policy
+
+    try:
+        load_policy(str(path.resolve()))
+    except HetpartError:
+        raise
+    except Exception as exc:  # a zip SB3 cannot read, or no zip at all: its error names no file
+        raise PlanError(f"--policy-checkpoint: {path}: not a policy checkpoint ({exc.__class__.__name__}: "
+                        f"{' '.join(str(exc).split())[:120]}); give a file 'hetpart train-policy' wrote") from None
+    return {"checkpoint": str(path.resolve())}
 
 
 def _predictor(name, graph, cl, workload, options: dict):
@@ -395,7 +423,8 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
                  model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
                  cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
-                 gantt: Optional[Path] = typer.Option(None, "--gantt", help="Draw the simulated schedule to this PNG."),
+                 gantt: Optional[Path] = typer.Option(None, "--gantt", help="Draw the simulated schedule to this "
+                                                      "image (.png, .svg or .pdf)."),
                  html_out: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
                  compare: str = typer.Option("", "--compare",
                                              help="Planners to compare with in the HTML report (e.g. uniform,proportional)."),
@@ -409,10 +438,12 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     if max_replicas < 1:
         raise PlanError(f"--max-rows: must be >= 1, got {max_replicas}; give the number of Gantt rows to draw")
     _check_compare(compare)  # an unknown planner fails before the model loads
+    _check_image(gantt, "--gantt")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
+    plan.check(graph, cl, str(plan_path))  # the file named, as export and predict name it
     prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None or html_out is not None)
     if gantt is not None:
         from hetpart import plotting
@@ -434,6 +465,19 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + (f"; Gantt chart in {gantt}" if gantt else "")
               + (f"; HTML report in {html_out}" if html_out else ""))
+
+
+IMAGE_FORMATS = (".png", ".svg", ".pdf")
+"""What ``show --gantt`` writes (matplotlib picks the format from the extension)."""
+
+
+def _check_image(path: Optional[Path], option: str) -> None:
+    from hetpart.errors import PlanError
+
+    if path is not None and path.suffix.lower() not in IMAGE_FORMATS:
+        what = f"unsupported extension {path.suffix!r}" if path.suffix else "no extension"
+        raise PlanError(f"{option}: {path}: {what}; give a file ending in {', '.join(IMAGE_FORMATS[:-1])} or "
+                        f"{IMAGE_FORMATS[-1]}")
 
 
 def _check_compare(compare: str) -> None:
