@@ -57,6 +57,7 @@ def run_bench(suite: str | Path, planners: Sequence[str], out_dir: str | Path, *
 
     names = check_planners(planners)
     entries = load_suite(suite)
+    _check_file_names(entries, suite)
     out = make_out_dir(out_dir)
     config = {"suite": str(Path(suite).resolve()), "planners": names, "out": str(out.resolve()),
               "entries": [vars(e) for e in entries]}
@@ -79,6 +80,19 @@ def run_bench(suite: str | Path, planners: Sequence[str], out_dir: str | Path, *
         if run.run_dir is not None:
             shutil.copy(out / "results.csv", run.run_dir / "results.csv")
     return BenchResult(rows, out, files, run.run_dir)
+
+
+def _check_file_names(entries: Sequence[SuiteEntry], suite: str | Path) -> None:
+    """Entries whose names differ only where a file name cannot ('a b', 'a/b') would share one Gantt chart."""
+    from hetpart.errors import SpecError
+
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        slug = _slug(entry.name)
+        if slug in seen:
+            raise SpecError(f"{suite}: entries[{i}].name: {entry.name!r} and entries[{seen[slug]}]'s name "
+                            f"{entries[seen[slug]].name!r} both give gantt_{slug}.png; rename one")
+        seen[slug] = i
 
 
 def _scalars(rows: list[dict[str, Any]]) -> dict[str, float]:

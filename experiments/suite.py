@@ -44,8 +44,29 @@ def _resolve(value: Any, base: Path, source: str, field: str) -> str:
     return str(candidate.resolve()) if candidate.exists() else text
 
 
+def _check_loads(path: Path, field: str, text: str, resolved: str) -> None:
+    """The entry's cluster or model loads (a model given as ``python:`` is traced only when its entry runs):
+    refused here, naming the suite file and the entry's field, not the ``--cluster``/``--model`` flag the
+    loaders name, and before any planner has run."""
+    from hetpart import load_cluster
+    from hetpart.graph.load import resolve_transformer
+
+    kind = field.rsplit(".", 1)[-1]
+    try:
+        if kind == "cluster":
+            load_cluster(resolved)
+        else:
+            resolve_transformer(resolved)
+    except HetpartError as exc:
+        message = " ".join(str(exc).split()).removeprefix(f"--{kind}: ")
+        where = (f" (paths in a suite are relative to its folder, {path.parent})"
+                 if "no such file" in message and not Path(text).is_absolute() else "")
+        raise SpecError(f"{path}: {field}: {message}{where}") from None
+
+
 def load_suite(path: str | Path) -> list[SuiteEntry]:
-    """Read and check a suite file; raises :class:`SpecError` naming the file and field."""
+    """Read and check a suite file; raises :class:`SpecError` naming the file and field (a cluster or model
+    that does not load, two entries of one name)."""
     from hetpart._yaml import load_yaml_file
 
     path = Path(path)
@@ -55,16 +76,25 @@ def load_suite(path: str | Path) -> list[SuiteEntry]:
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"{path}: entries: expected a non-empty list of {{name, cluster, model, global_batch, seq_len}}")
     out = []
+    named: dict[str, int] = {}
     for i, raw in enumerate(entries):
         field = f"entries[{i}]"
         raw = v.require_mapping(SpecError, raw, str(path), field)
         v.require_keys(SpecError, raw, str(path), field, ["name", "cluster", "model", "global_batch", "seq_len"], [])
+        name = v.string(SpecError, raw["name"], str(path), f"{field}.name")
+        if name in named:  # results.csv rows and the gantt_<name>.png files are told apart by name
+            raise SpecError(f"{path}: {field}.name: {name!r} is also entries[{named[name]}]'s name; give every "
+                            "entry its own name")
+        named[name] = i
         out.append(SuiteEntry(
-            name=v.string(SpecError, raw["name"], str(path), f"{field}.name"),
+            name=name,
             cluster=_resolve(raw["cluster"], path.parent, str(path), f"{field}.cluster"),
             model=_resolve(raw["model"], path.parent, str(path), f"{field}.model"),
             global_batch=v.integer(SpecError, raw["global_batch"], str(path), f"{field}.global_batch", maximum=10**8),
             seq_len=v.integer(SpecError, raw["seq_len"], str(path), f"{field}.seq_len", maximum=10**7)))
+        for key in ("cluster", "model"):
+            if not (key == "model" and out[-1].model.startswith("python:")):
+                _check_loads(path, f"{field}.{key}", raw[key], getattr(out[-1], key))
     return out
 
 

@@ -28,9 +28,14 @@ def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: e
     from hetpart.experiments.suite import check_planners, load_suite
 
     names = check_planners(planners.split(","))
-    total = len(load_suite(suite)) * len(dict.fromkeys([*names, "uniform"]))
+    entries = load_suite(suite)
+    total = len(entries) * len(dict.fromkeys([*names, "uniform"]))
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    # the bar only where it redraws in place (a terminal); a line per step in every case, so that a log
+    # shows what runs while a slow planner works
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True, disable=json_out)
+                        console=err, transient=True, disable=json_out or not err.is_terminal)
+    index = {entry.name: i for i, entry in enumerate(entries, 1)}
     with progress:
         task = progress.add_task("bench", total=total)
         started = [False]
@@ -40,6 +45,8 @@ def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: e
                 progress.advance(task)
             started[0] = True
             progress.update(task, description=f"{entry.name}: {planner}")
+            err.print(f"bench: entry {index.get(entry.name, '?')}/{len(entries)} {entry.name}: {planner}",
+                      markup=False)
 
         result = run_bench(suite, names, out, tracker=tracker, runs_dir=runs_dir, on_step=step)
         progress.advance(task)
