@@ -157,3 +157,89 @@ def test_calibrate_scale_out_of_range_names_scale(capsys, tmp_path, cluster, sca
                            str(tmp_path / "p.json"), "--scale", scale)
     line = _one_line_exit_2(code, err, f"--scale: {scale} is outside 8..65536; give tiny, small or a hidden size")
     assert "--hidden-size" not in line and not (tmp_path / "p.json").exists()
+
+
+# ----------------------------------------------------------------------------------------- costmodel
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A real data set (no val scenario), a head trained on it and a file of another kind."""
+    from tests._cli import main
+
+    tmp = tmp_path_factory.mktemp("costmodel")
+    assert main(["costmodel", "dataset", "--out", str(tmp / "ds.pt"), "--scenarios", "4", "--plans-per-scenario", "4",
+                 "--max-devices", "8", "--json"]) == 0
+    assert main(["costmodel", "train-closed", "--dataset", str(tmp / "ds.pt"), "--out", str(tmp / "head.npz"),
+                 "--epochs", "1", "--json"]) == 0
+    (tmp / "some.json").write_text('{"a": 1}\n')
+    (tmp / "tr.yaml").write_text("epochs: 1\n")
+    return {"ds": tmp / "ds.pt", "head": tmp / "head.npz", "json": tmp / "some.json", "config": tmp / "tr.yaml"}
+
+
+@pytest.mark.parametrize("args, said", [
+    ("evaluate --dataset {json}", "{json}: not a data set written by 'hetpart costmodel dataset'"),
+    ("evaluate --dataset {head}", "{head}: not a data set written by 'hetpart costmodel dataset'"),
+    ("evaluate --dataset {ds} --checkpoint {json}", "--checkpoint: {json}: not a checkpoint written by 'hetpart costmodel train'"),
+    ("evaluate --dataset {ds} --checkpoint {head}", "--checkpoint: {head}: not a checkpoint written by 'hetpart costmodel train'"),
+    ("train-closed --dataset {json} --out {new}", "{json}: not a data set written by 'hetpart costmodel dataset'"),
+    ("train --config {config} --dataset {json} --out {new}", "{json}: not a data set written by"),
+    ("train --config {config} --dataset {ds} --out {json}",
+     "--out: {json} exists and is not a checkpoint written by 'hetpart costmodel train'")])
+def test_costmodel_wrong_files_are_named(capsys, tmp_path, files, args, said):
+    names = {k: str(v) for k, v in files.items()} | {"new": str(tmp_path / "new.out")}
+    code, _, err = run_cli(capsys, "costmodel", *args.format(**names).split())
+    _one_line_exit_2(code, err, said.format(**names))
+    assert not (tmp_path / "new.out").exists()
+
+
+def test_closed_head_loader_names_a_wrong_file(files):
+    from hetpart.costmodel.learned.closed import load_head
+    from hetpart.errors import SpecError
+
+    for wrong in (files["json"], files["ds"]):
+        with pytest.raises(SpecError, match="not a head written by 'hetpart costmodel train-closed'"):
+            load_head(wrong)
+    head, meta = load_head(files["head"])
+    assert head.w and meta["epochs"] == 1
+
+
+def _strict(text: str) -> dict:
+    def refuse(constant: str):
+        raise AssertionError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _empty(split: dict) -> None:
+    assert split["scenarios"] == 0 and split["plans"] == 0
+    assert all(split[k] is None for k in ("error_pct_mean", "error_pct_p90", "tau_mean", "tau_std", "top1_regret_pct"))
+
+
+def test_costmodel_reports_are_json_and_an_empty_split_shows_nothing(capsys, tmp_path, files):
+    code, text, err = run_cli(capsys, "costmodel", "train-closed", "--dataset", str(files["ds"]), "--out",
+                              str(tmp_path / "h.npz"), "--epochs", "1", "--json")
+    assert code == 0, err
+    got = _strict(text)
+    _empty(got["report"]["val"])
+    _empty(got["report"]["composition_only"]["val"])
+    code, text, err = run_cli(capsys, "costmodel", "evaluate", "--dataset", str(files["ds"]), "--json")
+    assert code == 0, err
+    got = _strict(text)
+    _empty(got["report"]["val"])
+    assert got["report"]["train"]["plans"] > 0 and got["report"]["train"]["error_pct_mean"] is not None
+    code, text, err = run_cli(capsys, "costmodel", "evaluate", "--dataset", str(files["ds"]))
+    assert code == 0, err
+    val = next(line for line in text.splitlines() if " val " in line)
+    assert [c.strip() for c in val.strip("│ ").split("│")][:4] == ["val", "0", "0", "-"]
+    code, text, err = run_cli(capsys, "costmodel", "train", "--config", str(files["config"]), "--dataset",
+                              str(files["ds"]), "--out", str(tmp_path / "s.pt"), "--tracker", "null", "--device",
+                              "cpu", "--json")
+    assert code == 0, err
+    _empty(_strict(text)["report"]["val"])
+
+
+@pytest.mark.parametrize("planners, bad", [("foo", "foo"), ("uniform,bogus,proportional", "bogus")])
+def test_costmodel_dataset_refuses_unknown_planners(capsys, tmp_path, planners, bad):
+    out = tmp_path / "ds.pt"
+    code, _, err = run_cli(capsys, "costmodel", "dataset", "--out", str(out), "--scenarios", "2", "--planners", planners)
+    _one_line_exit_2(code, err, f"--planners: unknown planner {bad!r}", "uniform, proportional, search")
+    assert not out.exists()

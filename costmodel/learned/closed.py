@@ -648,11 +648,24 @@ def save_head(head: ClosedHead, path, meta: dict) -> None:
 
 
 def load_head(path) -> tuple[ClosedHead, dict]:
+    """The head and its meta of a file written by :func:`save_head`; any other file is a SpecError naming it."""
     import json
+    import zipfile
 
-    with np.load(path) as z:
-        w = {k: z[k] for k in z.files if k != "meta"}
-        meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+    from hetpart.errors import SpecError
+
+    wrong = SpecError(f"{path}: not a head written by 'hetpart costmodel train-closed'; give one (or train it "
+                      "with 'hetpart costmodel train-closed --out FILE')")
+    if not zipfile.is_zipfile(path):  # np.load would read a lone array or refuse a pickle in its own words
+        raise wrong
+    try:
+        with np.load(path) as z:
+            w = {k: z[k] for k in z.files if k != "meta"}
+            meta = json.loads(str(z["meta"])) if "meta" in z.files else None
+    except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError):
+        raise wrong from None
+    if not isinstance(meta, dict) or (w and not {"mean", "std", "layers"} <= set(w)):
+        raise wrong  # another numpy archive, or a torch file (a zip too)
     return ClosedHead(w), meta
 
 

@@ -8,6 +8,7 @@ whose cluster shape (device types x zones, :attr:`Scenario.shape`) is in ``heldo
 from __future__ import annotations
 
 import math
+import pickle
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -170,6 +171,25 @@ def load_dataset(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
 
     if not Path(path).is_file():
         raise SpecError(f"{path}: no such data set; build one with 'hetpart costmodel dataset --out {path}'")
-    data = torch.load(path, weights_only=False)
+    wrong = SpecError(f"{path}: not a data set written by 'hetpart costmodel dataset'; give one (build it with "
+                      f"'hetpart costmodel dataset --out FILE')")
+    if not _is_torch_archive(path):  # JSON, a numpy head, ...: torch's unpickler would fail with its own words
+        raise wrong
+    try:
+        data = torch.load(path, weights_only=False, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError):  # a damaged archive
+        raise wrong from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or not isinstance(data.get("records"), list):
+        raise wrong  # a surrogate checkpoint or another torch file
     return data["config"], data["records"]
+
+
+def _is_torch_archive(path: str | Path) -> bool:
+    """Whether ``path`` is a ``torch.save`` zip archive (every entry under one folder, with a ``data.pkl``)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(name.endswith("/data.pkl") for name in z.namelist())
 

@@ -55,13 +55,13 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
         raise SpecError(f"--max-devices: {max_devices} is outside 2 .. 4096")
     if not 1 <= workers <= 256:
         raise SpecError(f"--workers: {workers} is outside 1 .. 256")
+    names = _planner_names(planners)
     cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
                         max_devices=max_devices, planner_neighbours=planner_neighbours)
     began = time.time()
     update, bar = _progress(json_out, "labelling scenarios")
     with bar:
-        records = build_dataset(cfg, update, _planner_plans([p for p in planners.split(",") if p.strip()]),
-                                workers=workers)
+        records = build_dataset(cfg, update, _planner_plans(names), workers=workers)
     save_dataset(records, cfg, out)
     summary = {"out": str(out), "scenarios": len(records), "plans": sum(len(r["plans"]) for r in records),
                "splits": {s: sum(r["split"] == s for r in records) for s in ("train", "val", "test")},
@@ -72,6 +72,20 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
         return
     console().print(f"{summary['scenarios']} scenarios, {summary['plans']} labelled plans "
                     f"(train/val/test {summary['splits']}) in {summary['wall_time_s']:.0f} s -> {out}")
+
+
+def _planner_names(planners: str) -> list[str]:
+    """``--planners``: registered planner names, comma-separated ('' for none); an unknown one is refused."""
+    from hetpart.errors import PlanError
+    from hetpart.policies import available_planners
+
+    names = [p.strip() for p in planners.split(",") if p.strip()]
+    known = available_planners()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise PlanError(f"--planners: unknown planner {unknown[0]!r}; use one or more of {', '.join(known)} "
+                        "(comma-separated, '' for none)")
+    return names
 
 
 def _planner_plans(names: list[str]):
@@ -111,6 +125,8 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     resolve_device(device)  # a bad --device fails before the data set is read
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
+    if cfg.resume and Path(cfg.out).is_file():  # training resumes from it: a wrong file is refused first
+        _check_checkpoint(Path(cfg.out), "--out")
     data_cfg, records = load_dataset(cfg.dataset)
     heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
     run = _tracker(tracker, cfg)
@@ -122,6 +138,7 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     finally:
         if run:
             run.finish()
+    report = _clean_report(report)
     if json_out:
         emit_json({"checkpoint": cfg.out, "device": str(resolve_device(device)), "report": report})
         return
@@ -137,16 +154,39 @@ def _tracker(kind: str, cfg):
     return make_tracker(kind, "costmodel/train", cfg.seed, cfg)
 
 
+_FIGURES = ("error_pct_mean", "error_pct_p90", "tau_mean", "tau_std", "top1_regret_pct")
+
+
+def _clean_report(report: dict) -> dict:
+    """A report whose splits of no scenario hold 0 plans and no figure, and whose undefined figures (a tau of
+    scenarios too small to rank, a split with nothing in it) are None: JSON null, never NaN or a made-up 0."""
+    import math
+
+    out = {}
+    for split, r in report.items():
+        if not isinstance(r, dict) or "scenarios" not in r:
+            out[split] = _clean_report(r) if isinstance(r, dict) else r
+            continue
+        r = dict(r)
+        if not r["scenarios"]:
+            r.update(plans=0, **{k: None for k in _FIGURES})
+        out[split] = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
+    return out
+
+
 def _print_report(report: dict, title: str) -> None:
     from rich.table import Table
+
+    def fig(value, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
 
     table = Table(title=title)
     for col in ("split", "scenarios", "plans", "error % mean", "error % p90", "tau mean", "tau std", "top-1 regret %"):
         table.add_column(col)
     for split, r in report.items():
-        table.add_row(split, str(r["scenarios"]), str(r["plans"]), f"{r['error_pct_mean']:.2f}",
-                      f"{r['error_pct_p90']:.2f}", f"{r['tau_mean']:.3f}", f"{r['tau_std']:.3f}",
-                      f"{r['top1_regret_pct']:.2f}")
+        table.add_row(split, str(r["scenarios"]), str(r["plans"]), fig(r["error_pct_mean"], 2),
+                      fig(r["error_pct_p90"], 2), fig(r["tau_mean"], 3), fig(r["tau_std"], 3),
+                      fig(r["top1_regret_pct"], 2))
     console().print(table)
 
 
@@ -166,14 +206,37 @@ def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.p
         from hetpart.errors import SpecError
 
         raise SpecError(f"--checkpoint: {path}: no such file; train one with 'hetpart costmodel train'")
+    _check_checkpoint(path)
     model, _ = load_checkpoint(path)
     _, records = load_dataset(dataset)
-    report = {split: evaluate_records(model, [r for r in records if r["split"] == split])
-              for split in ("train", "val", "test")}
+    splits = {split: [r for r in records if r["split"] == split] for split in ("train", "val", "test")}
+    # a split of no scenario is not evaluated: there is nothing to score (evaluate_records would report a plan)
+    report = _clean_report({split: evaluate_records(model, part) if part else {"scenarios": 0}
+                            for split, part in splits.items()})
     if json_out:
         emit_json({"checkpoint": str(path), "dataset": str(dataset), "report": report})
         return
     _print_report(report, f"{path} on {dataset}")
+
+
+def _check_checkpoint(path: Path, option: str = "--checkpoint") -> None:
+    """``path`` is a torch archive (``torch.save``): any other file (JSON, a train-closed head) is named as
+    not a checkpoint before torch's unpickler or zip reader fails on it in its own words."""
+    import zipfile
+
+    from hetpart.errors import SpecError
+
+    ok = zipfile.is_zipfile(path)
+    if ok:
+        with zipfile.ZipFile(path) as z:
+            ok = any(name.endswith("/data.pkl") for name in z.namelist())
+    if ok:
+        return
+    if option == "--out":
+        raise SpecError(f"--out: {path} exists and is not a checkpoint written by 'hetpart costmodel train'; give "
+                        "a new path (or that checkpoint, to resume its training)")
+    raise SpecError(f"{option}: {path}: not a checkpoint written by 'hetpart costmodel train'; give one "
+                    "(a head written by 'hetpart costmodel train-closed' is used with --predictor learned)")
 
 
 @costmodel_app.command("train-closed")
@@ -203,8 +266,9 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
     with bar:
         head, report = train_closed(examples, cfg, update)
     heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
-    meta = {"epochs": epochs, "seed": seed, "dataset": str(dataset), "heldout": heldout, "report": report,
-            "wall_time_s": time.time() - began}
+    meta = {"epochs": epochs, "seed": seed, "dataset": str(dataset), "heldout": heldout,
+            "report": _clean_report(report), "wall_time_s": time.time() - began}
+    report = meta["report"]
     save_head(head, out, meta)
     if json_out:
         emit_json({"out": str(out), **meta})
