@@ -93,7 +93,8 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     _check_capacity(model, cluster, workload, planner)
     prepare = getattr(chosen_planner, "prepare", None)
     if prepare is not None:  # one-off set-up (loading a trained network) is not planning time
-        prepare()
+        checkpoint = options.get("checkpoint")
+        prepare(**({"checkpoint": checkpoint} if checkpoint is not None else {}))
     start = time.perf_counter()
     evaluator = make_evaluator(model, cluster, workload, predictor)
     best = chosen_planner.plan(model, cluster, workload, evaluator=evaluator, **options)

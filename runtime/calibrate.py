@@ -77,7 +77,9 @@ class CalibrateOptions:
     def __post_init__(self) -> None:
         if not self.micro_batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                          for b in self.micro_batches):
-            raise PlanError(f"--micro-batches: {self.micro_batches!r}; give whole numbers >= 1 such as 1,2,4,8")
+            shown = ",".join(str(b) for b in self.micro_batches) if isinstance(self.micro_batches, (tuple, list)) \
+                else repr(self.micro_batches)
+            raise PlanError(f"--micro-batches: {shown or 'none'}; give whole numbers >= 1 such as 1,2,4,8")
         if self.seq_len is not None and self.seq_len < 1:
             raise PlanError(f"--seq-len: must be >= 1, got {self.seq_len}")
         if self.precision is not None and self.precision not in ("fp32", "tf32", "bf16", "fp16"):
@@ -88,7 +90,9 @@ class CalibrateOptions:
             raise PlanError(f"--repeats: must be >= 1, got {self.repeats}")
         if self.tp_degrees is not None and (not self.tp_degrees or any(
                 isinstance(d, bool) or not isinstance(d, int) or d < 2 for d in self.tp_degrees)):
-            raise PlanError(f"--tp-degrees: {self.tp_degrees!r}; give whole numbers >= 2 such as 2,4,8")
+            shown = ",".join(str(d) for d in self.tp_degrees) if isinstance(self.tp_degrees, (tuple, list)) \
+                else repr(self.tp_degrees)
+            raise PlanError(f"--tp-degrees: {shown or 'none'}; give whole numbers >= 2 such as 2,4,8")
 
 
 def cpu_description() -> str:

@@ -67,7 +67,7 @@ def test_calibrate_measures_the_cpu_and_predict_uses_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, match", [
     (["--micro-batches", "1,x"], "--micro-batches: '1,x'; give whole numbers"),
-    (["--micro-batches", "0"], "--micro-batches: \\(0,\\); give whole numbers >= 1"),
+    (["--micro-batches", "0"], "--micro-batches: 0; give whole numbers >= 1"),
     (["--precision", "int8"], "--precision: 'int8'; calibrate measures"),
     (["--seq-len", "4096"], "--seq-len: 4096 is more than"),
     (["--model", "python:os:getcwd"], "python: models are not supported yet"),

@@ -123,3 +123,12 @@ def test_plan_file_errors_of_predict_name_the_file(capsys, tmp_path):
     error = json.loads(out)["error"]
     assert error.startswith(f"{linear}: ") and "zones 'a' and 'c' have no link" in error
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_run_refuses_a_hang_timeout_that_is_not_positive(capsys, tmp_path, value):
+    path = _plan(tmp_path, "fp16", global_batch=8, replicas=[
+        {"batch_share": 1.0, "stages": [{"layers": [0, 14], "devices": ["0/0/0"], "tp": 1}]}])
+    code, out, err = run_cli(capsys, "run", str(path), "--hang-timeout", value)
+    assert code == 2 and f"--hang-timeout: must be > 0 seconds, got {value}" in err
+    assert len(err.strip().splitlines()) == 1

@@ -42,6 +42,8 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
 
     if log_every < 0:
         raise PlanError(f"--log-every: must be a whole number >= 0, got {log_every}")
+    if not hang_timeout > 0:
+        raise PlanError(f"--hang-timeout: must be > 0 seconds, got {hang_timeout:g}; give seconds such as 120")
     if links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
     plan = _check_precision(load_plan(plan_path), plan_path, model, cluster)
