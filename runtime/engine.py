@@ -59,7 +59,11 @@ class Hooks(Protocol):
         """A collective among the global ranks ``group_ranks``, called right after it: ``"all_reduce"`` of a
         gradient bucket, or ``"tp_all_reduce"`` of tensor parallelism (from
         inside the compute: the output of each row-parallel linear in the forward, the input gradient
-        of each column-parallel linear in the backward). The step-loss all-reduce is not reported."""
+        of each column-parallel linear in the backward), or a sharding level's ``"reduce_scatter"`` /
+        ``"all_gather"`` of a unit's whole buffer (FSDP2's, :mod:`hetpart.runtime.sharded`, some from inside
+        the compute, booked as communication; the distributed optimizer's, padded) and, under hybrid
+        sharding, the ``"all_reduce"`` of a shard across the shard groups. The step-loss all-reduce is not
+        reported."""
 
     def on_tp_sync(self, work_s: float) -> None:
         """Optional: right before a tensor-parallel all-reduce of an uneven stage, inside the compute,

@@ -139,7 +139,9 @@ class WorkerHooks:
     def on_collective(self, kind: str, num_bytes: int, group_ranks) -> None:
         if self.emulator is not None:
             delay = self.emulator.collective_delay_s(kind, num_bytes, list(group_ranks))
-            delay = max(0.0, delay - self.transport.get((tuple(sorted(group_ranks)), num_bytes), 0.0))
+            ranks = tuple(sorted(group_ranks))
+            key = (ranks, num_bytes) if kind in ("all_reduce", "tp_all_reduce") else (ranks, num_bytes, kind)
+            delay = max(0.0, delay - self.transport.get(key, 0.0))
             self.account.emulated_comm_s += delay
             self._sleep(delay)
         self.heartbeat.progress()
@@ -215,7 +217,7 @@ def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], i
                 n, shard = math.prod(executor._param_info[key].shape), executor._shard(key)
                 numel += n if bucket.full or shard.tp_dim is None else n // role.tp
             jobs.append((bucket.ranks, numel))
-    out: dict[tuple[tuple[int, ...], int], float] = {}
+    out: dict[tuple, float] = {}
     for ranks, numel in jobs:
         t = torch.zeros(numel, dtype=executor.dtype, device=executor.device)
         group = executor.groups.group(ranks)
@@ -226,6 +228,42 @@ def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], i
             if i:
                 times.append(time.perf_counter() - start)
         key = (ranks, numel * t.element_size())
+        out[key] = min(times + [out.get(key, math.inf)])
+    if executor.sharded_keys and executor.dist_optimizer is None:
+        out.update(_fsdp_transport(executor, repeats))
+    return out
+
+
+def _fsdp_transport(executor, repeats: int) -> dict[tuple, float]:
+    """:func:`transport_costs` of FSDP2's collectives (:func:`hetpart.runtime.sharded.transport_jobs`): a
+    gather or reduce-scatter keyed ``(ranks, bytes, kind)``, hybrid sharding's all-reduce ``(ranks, bytes)``."""
+    import math
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    from hetpart.runtime.sharded import transport_jobs
+
+    out: dict[tuple, float] = {}
+    gather, scatter = DefaultAllGather(), DefaultReduceScatter()
+    for kind, ranks, group, numel, dtype in transport_jobs(executor):
+        n = group.size()
+        whole = torch.zeros(numel, dtype=dtype, device=executor.device)
+        piece = torch.zeros(numel // n if kind != "all_reduce" else numel, dtype=dtype, device=executor.device)
+        times = []
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            if kind == "all_gather":
+                gather(whole, piece, group)
+            elif kind == "reduce_scatter":
+                scatter(piece, whole, group, dist.ReduceOp.SUM)
+            else:
+                dist.all_reduce(piece, group=group)
+            if i:
+                times.append(time.perf_counter() - start)
+        nbytes = (numel if kind != "all_reduce" else piece.numel()) * whole.element_size()
+        key = (ranks, nbytes) if kind == "all_reduce" else (ranks, nbytes, kind)
         out[key] = min(times + [out.get(key, math.inf)])
     return out
 
@@ -271,7 +309,8 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     hooks.board = ArrivalBoard(run_dir / "p2p", rank) if emulator is not None and emulator.shaped != "all" else None
     if emulator is not None and emulator.shaped == "none":  # shaped links: the real transfer IS the emulation
         hooks.transport = transport_costs(executor)
-        emulation["transport"] = [{"ranks": list(r), "bytes": b, "seconds": s} for (r, b), s in hooks.transport.items()]
+        emulation["transport"] = [{"ranks": list(k[0]), "bytes": k[1], "seconds": s} | ({"kind": k[2]} if len(k) > 2 else {})
+                                  for k, s in hooks.transport.items()]
     start = 0
     ckpt = job.get("checkpoint_dir")
     if ckpt:
