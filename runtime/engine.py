@@ -385,6 +385,8 @@ class Executor:
         self.sharded_keys: set[str] = set()
         # levels 1-2 with uneven shard fractions: the sharded keys' Adam (hetpart.runtime.dist_optimizer)
         self.dist_optimizer = None
+        self.sharded_reports = None
+        """Level 1 on FSDP2: the step's deferred reduce-scatter reports (:class:`hetpart.runtime.sharded.Level1Reports`)."""
         if plan.offload != "none" and self.device.type != "cpu":
             # on a CPU device host memory is the device's: an offloaded plan runs as it is (FSDP2's offload policy
             # included); on an accelerator only what FSDP2's CPUOffloadPolicy does is real
@@ -646,7 +648,10 @@ class Executor:
 
     def sync_gradients(self) -> None:
         """All-reduce (sum) every fused gradient bucket this rank belongs to, in the global order (then the
-        uneven shards' reduce-scatters, :meth:`ShardedAdam.finish_backward`)."""
+        uneven shards' reduce-scatters, :meth:`ShardedAdam.finish_backward`). At level 1 on FSDP2, the
+        reduce-scatters its last backward ran are reported first, one per run of units held alike."""
+        if self.sharded_reports is not None:
+            self.sharded_reports.flush()
         self._all_reduce_buckets()
         if self.dist_optimizer is not None:
             self.dist_optimizer.finish_backward()
