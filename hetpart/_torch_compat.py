@@ -19,7 +19,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "fake_tensor_log_silenced", "current_autograd_node",
-           "in_backward", "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group"]
+           "in_backward", "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group",
+           "fsdp_default_collectives"]
 
 
 @contextmanager
@@ -136,3 +137,12 @@ def adopt_pipeline_group(stage: Any, group: Any) -> None:
     import torch.distributed as dist
 
     stage.group, stage.group_rank, stage.group_size = group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def fsdp_default_collectives() -> tuple[type, type]:
+    """FSDP2's default all-gather and reduce-scatter classes (``DefaultAllGather``, ``DefaultReduceScatter``):
+    what ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` take, subclassed by the runtime so that the
+    emulation sees each collective. torch exports the setters but not these defaults."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    return DefaultAllGather, DefaultReduceScatter

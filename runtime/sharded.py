@@ -245,9 +245,9 @@ def _reported(ex: "Executor", kind: str, num_bytes: int, group, begin: float, de
 
 
 def _comm_classes():
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    from hetpart._torch_compat import fsdp_default_collectives
 
-    return DefaultAllGather, DefaultReduceScatter
+    return fsdp_default_collectives()
 
 
 class ReportedAllGather(_comm_classes()[0]):  # type: ignore[misc]

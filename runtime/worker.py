@@ -241,12 +241,13 @@ def _fsdp_transport(executor, repeats: int) -> dict[tuple, float]:
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    from hetpart._torch_compat import fsdp_default_collectives
 
     from hetpart.runtime.sharded import transport_jobs
 
     out: dict[tuple, float] = {}
-    gather, scatter = DefaultAllGather(), DefaultReduceScatter()
+    all_gather, reduce_scatter = fsdp_default_collectives()
+    gather, scatter = all_gather(), reduce_scatter()
     for kind, ranks, group, numel, dtype in transport_jobs(executor):
         n = group.size()
         whole = torch.zeros(numel, dtype=dtype, device=executor.device)

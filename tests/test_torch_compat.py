@@ -127,3 +127,13 @@ def test_a_pipeline_stage_refuses_a_group_larger_than_its_stages_and_maps_stages
     assert "self.group_size > self.num_stages" in source
     for attribute in ("self.group_rank =", "self.group_size =", "self.stage_index_to_group_rank"):
         assert attribute in source, attribute
+
+
+def test_fsdp_default_collectives_are_what_fsdp2_runs_and_take_its_setters() -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    from hetpart._torch_compat import fsdp_default_collectives
+
+    all_gather, reduce_scatter = fsdp_default_collectives()
+    assert callable(all_gather()) and callable(reduce_scatter())
+    assert hasattr(FSDPModule, "set_custom_all_gather") and hasattr(FSDPModule, "set_custom_reduce_scatter")
