@@ -382,9 +382,18 @@ def _check_runnable(cfg: LoopConfig) -> None:
     it refuses (a classifier head, a SwiGLU/RMSNorm shape) is refused before the loop starts, not at its first run."""
     if cfg.model.startswith("python:"):
         return
+    from hetpart.errors import ModelError
     from hetpart.runtime.models import runnable_spec
 
-    runnable_spec(cfg.model, cfg.scale, impl="hetpart", seed=cfg.seed)
+    try:
+        runnable_spec(cfg.model, cfg.scale, impl="hetpart", seed=cfg.seed)
+    except ModelError as exc:
+        if "impl 'transformers'" not in str(exc):
+            raise
+        # the runner's advice names an option the loop does not have: say what the loop runs instead
+        raise ModelError(f"--model: {cfg.model} has a SwiGLU/RMSNorm (Llama) shape, and the loop's runs use "
+                         "hetpart's own GPT; give a GPT-shaped model (gpt2-*, gpt3-*, opt-*, bert-* or such a "
+                         "config.json), or run and calibrate this one with 'hetpart run' and 'hetpart calibrate'") from None
 
 
 def _check_real_ground(cluster, spec: str) -> None:

@@ -107,6 +107,12 @@ def test_tiny_training_run_reduces_the_loss(tiny_records, tmp_path):
     assert loss_of(net) < 0.5 * before
     assert report["train"]["plans"] == sum(len(r["plans"]) for r in tiny_records)
     assert (tmp_path / "s.pt").is_file()
+    # a split of no record has no figure (it reported 1 plan at 0.00 error and NaN taus), in the stored report too
+    empty = [k for k, v in report.items() if v["scenarios"] == 0]
+    assert empty and all(report[k] == {"error_pct_mean": None, "error_pct_p90": None, "tau_mean": None,
+                                       "tau_std": None, "top1_regret_pct": None, "scenarios": 0, "plans": 0}
+                         for k in empty)
+    assert torch.load(tmp_path / "s.pt", weights_only=False)["report"] == report
 
 
 def test_train_config_refuses_unknown_keys(tmp_path):

@@ -93,7 +93,8 @@ def test_loop_out_that_is_a_file_is_refused(capsys, cluster, no_loop_run):
 @pytest.mark.parametrize("flags, said", [(("--policy-timesteps", "-1"), "--policy-timesteps: must be a whole number >= 0"),
                                          (("--seq-len", "0"), "--seq-len: must be a whole number >= 1, got 0"),
                                          (("--tracker", "foo"), "--tracker: unknown kind 'foo'"),
-                                         (("--model", "REWARD"), "sequence-classification head")])
+                                         (("--model", "REWARD"), "sequence-classification head"),
+                                         (("--model", "llama2-7b"), "the loop's runs use hetpart's own GPT")])
 def test_loop_bad_input_is_refused_before_any_folder_is_made(capsys, tmp_path, cluster, monkeypatch, no_loop_run,
                                                              flags, said):
     (tmp_path / "reward.json").write_text(json.dumps(REWARD))

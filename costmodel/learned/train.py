@@ -152,7 +152,11 @@ def _prepare(records: list[dict[str, Any]], device: torch.device | str = "cpu") 
 
 
 def evaluate_records(model: Surrogate, records: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean step-time error (%), mean and spread of Kendall tau per scenario, top-1 regret (%)."""
+    """Mean step-time error (%), mean and spread of Kendall tau per scenario, top-1 regret (%); a figure with
+    nothing to measure it on (no records; tau without a scenario of five plans) is None, never 0 or NaN."""
+    if not records:
+        return {"error_pct_mean": None, "error_pct_p90": None, "tau_mean": None, "tau_std": None,
+                "top1_regret_pct": None, "scenarios": 0, "plans": 0}
     errs, taus, regret = [], [], []
     model.eval()
     device = next(model.parameters()).device
@@ -165,11 +169,11 @@ def evaluate_records(model: Surrogate, records: list[dict[str, Any]]) -> dict[st
             if len(y) >= 5:
                 taus.append(kendall_tau(mu.numpy(), y.numpy()))
             regret.append(float(torch.exp(y[int(mu.argmin())] - y.min()) - 1))
-    e = torch.cat(errs) if errs else torch.zeros(1)
+    e = torch.cat(errs)
     return {"error_pct_mean": float(e.mean() * 100), "error_pct_p90": float(e.quantile(0.9) * 100),
-            "tau_mean": float(np.mean(taus)) if taus else float("nan"),
-            "tau_std": float(np.std(taus)) if taus else float("nan"),
-            "top1_regret_pct": float(np.mean(regret) * 100) if regret else float("nan"),
+            "tau_mean": float(np.mean(taus)) if taus else None,
+            "tau_std": float(np.std(taus)) if taus else None,
+            "top1_regret_pct": float(np.mean(regret) * 100),
             "scenarios": len(records), "plans": int(e.numel())}
 
 
@@ -255,8 +259,8 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
             if progress:
                 progress(step, total)
         val = evaluate_records(model, [r for r in records if r["split"] == "val"])
-        if log:
-            log({f"costmodel/val/{k}": v for k, v in val.items()}, step)
+        if log:  # figures a split cannot give (None) are not logged
+            log({f"costmodel/val/{k}": v for k, v in val.items() if v is not None}, step)
         save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": epoch + 1, "step": step,
                                      "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                                      "input_ranges": ranges})
