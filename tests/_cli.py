@@ -17,3 +17,12 @@ def cli_json(capsys, *argv: str) -> dict:
     code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     return json.loads(out)  # exactly one JSON object, nothing else on stdout
+
+
+def forbid(monkeypatch, why: str, *targets: tuple[object, str]) -> None:
+    """Make each ``(module, name)`` raise AssertionError(``why``) when called: a refusal must come before it."""
+    def called(*_a, **_k):
+        raise AssertionError(why)
+
+    for module, name in targets:
+        monkeypatch.setattr(module, name, called)

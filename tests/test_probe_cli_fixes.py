@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import forbid, run_cli
 
 V100 = "name: v100x2\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: V100-32GB, intra_node: NVLink2, nic: IB-EDR}\n"
 
@@ -31,11 +31,7 @@ def no_launch(monkeypatch):
     """Fails the test if the run gets as far as starting (or profiling) anything."""
     import hetpart.runtime.launch as launch
 
-    def started(*_a, **_k):
-        raise AssertionError("a process was started")
-
-    monkeypatch.setattr(launch, "run_profile", started)
-    monkeypatch.setattr(launch, "check_capacity", started)
+    forbid(monkeypatch, "a process was started", (launch, "run_profile"), (launch, "check_capacity"))
 
 
 @pytest.mark.parametrize("precision, why", [("bf16", "bf16 is not supported by V100-32GB"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import forbid, run_cli
 
 MIXED = ("name: mix2\nnodes:\n"
          "  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: Ethernet-25}\n"
@@ -43,11 +43,7 @@ def no_loop_run(monkeypatch):
     import hetpart.runtime.launch as launch
     from hetpart import policies
 
-    def started(*_a, **_k):
-        raise AssertionError("the loop started")
-
-    monkeypatch.setattr(launch, "run_plan", started)
-    monkeypatch.setattr(policies, "plan", started)
+    forbid(monkeypatch, "the loop started", (launch, "run_plan"), (policies, "plan"))
 
 
 # ---------------------------------------------------------------------------------------------- loop
@@ -128,10 +124,12 @@ def test_calibrate_refuses_records_of_two_clusters(capsys, tmp_path):
     renamed["cluster"]["name"] = "mix3"
     records = tmp_path / "runs.jsonl"
     records.write_text(first + "\n" + json.dumps(renamed) + "\n")
+    out = tmp_path / "x.yaml"
     code, _, err = run_cli(capsys, "calibrate", "--cluster", "tiny-mixed", "--speeds-from", str(records), "--out",
-                           str(tmp_path / "x.yaml"))
-    _one_line_exit_2(code, err, f"{records}:2: a run of cluster 'mix3'", f"{records}:1 is one of 'tiny-mixed'",
-                     "give the records of one cluster")
+                           str(out))
+    line = _one_line_exit_2(code, err, f"{records}:2: a run of cluster 'mix3'", f"{records}:1 is one of 'tiny-mixed'",
+                            "give the records of one cluster")
+    assert line.startswith("hetpart: error: ") and not out.exists()
 
 
 def test_calibrate_says_when_a_factor_rests_on_a_single_record(capsys, tmp_path):
