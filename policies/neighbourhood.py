@@ -52,7 +52,7 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.rules import RULES
-from hetpart.costmodel.pools import zone_path_ok, zones_linked
+from hetpart.costmodel.pools import zones_linked
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.policies.plan_search import Scored
@@ -91,7 +91,7 @@ class Neighbourhood:
         s = self.s
         if point[0] == "mixed":
             _, order, tps, dp, mb, rc = point
-            if not order or len(set(order)) != len(order) or not _zone_contiguous(s, order):
+            if not order or len(set(order)) != len(order) or not s.path_ok(order):
                 return False
             if any(t not in s.tps[p] for p, t in zip(order, tps)):
                 return False
@@ -169,7 +169,7 @@ class Neighbourhood:
         _, typed, mb, rc = point
         tp_of = {p: t for p, t, _ in typed}
         for order in itertools.permutations(sorted(tp_of)):
-            if _zone_contiguous(s, order):
+            if s.path_ok(order):
                 yield from self._renumbered(order, tuple(tp_of[p] for p in order), 1, mb, rc)
 
     # ------------------------------------------------------------------------------------- moves
@@ -261,7 +261,7 @@ class Neighbourhood:
         # the replica count and the recompute mode at once, in every order of up to three pools: shorter
         # pipelines hold more layers each, which may fit only with the memory recompute frees, and which pool
         # goes first (holding the most micro-batches in flight) changes with it
-        orders = [order] if len(order) > 3 else [o for o in itertools.permutations(order) if _zone_contiguous(self.s, o)]
+        orders = [order] if len(order) > 3 else [o for o in itertools.permutations(order) if self.s.path_ok(o)]
         tp_of = dict(zip(order, tps))
         for o in orders:
             o_tps = tuple(tp_of[p] for p in o)
@@ -330,10 +330,6 @@ class Neighbourhood:
         return best
 
 
-def _zone_contiguous(s: "Scenario", order: tuple[int, ...]) -> bool:
-    return zone_path_ok(s.cluster, [s.pools[p].zone for p in order], s.model.tied_owner_index >= 0)
-
-
 def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: int = 4, seeds: int = 8,
             limit: int = 400) -> dict[Point, "Scored"]:
     """First-improvement walks from the best-priced starts until no move helps, ``limit`` points have
@@ -400,7 +396,7 @@ def narrow_seeds(hood: Neighbourhood) -> list[Point]:
     orders = [(p,) for p in fastest] + [tuple(fastest[:k]) for k in range(2, min(3, len(fastest)) + 1)]
     out = []
     for order in orders:  # every pool alone (a zone's pool may be all a linked-in-part cluster can use well)
-        if not _zone_contiguous(s, order):
+        if not s.path_ok(order):
             continue
         for notch in range(max(len(s.tps[p]) for p in order)):  # the narrowest degrees where anything fits
             tps = tuple(s.tps[p][min(notch, len(s.tps[p]) - 1)] for p in order)
