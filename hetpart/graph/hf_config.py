@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,14 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2",
 
 def read_hf_config(path: Path) -> TransformerConfig:
     """Parse ``path`` (a config.json) into a transformer shape; :class:`ModelError` on anything wrong."""
-    text = v.read_text(ModelError, path, "the config")
+    text = v.read_text(ModelError, path, "the config").removeprefix("\ufeff")  # a BOM: read as utf-8-sig
+    if not text.strip():
+        raise ModelError(f"{path}: the file is empty; give the path of a Hugging Face config.json")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ModelError(f"{path}: {exc.key}: this key appears twice in one JSON object (a JSON reader would "
+                         "silently take the last value); keep one") from None
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax") from None
     except RecursionError:
@@ -32,6 +38,105 @@ def read_hf_config(path: Path) -> TransformerConfig:
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
         raise ModelError(f"{path}: unreadable JSON value ({exc}); fix the file") from None
     return hf_config_to_transformer(data, str(path))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object's mapping, refusing a repeated key as the YAML inputs do."""
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key if key.isprintable() and len(key) <= 60 else v.show(key))
+        data[key] = value
+    return data
+
+
+_PENDING_NOTES: list[list[str]] = []
+"""The notes of the configs being read: given only once a config reads through, so that a refused one gives
+its one error line alone."""
+
+
+def _note(message: str) -> None:
+    """A remark on how the config was read (the CLI prints it as one ``hetpart: note:`` line on stderr)."""
+    if _PENDING_NOTES:
+        _PENDING_NOTES[-1].append(message)
+    else:
+        _warn(message)
+
+
+def _warn(message: str) -> None:
+    from hetpart.graph.load import ModelNote  # load imports this module
+
+    warnings.warn(ModelNote(message), stacklevel=4)
+
+
+_HF_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+               "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
+               "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "granite": "GraniteConfig", "phi3": "Phi3Config",
+               "stablelm": "StableLmConfig", "cohere": "CohereConfig", "gpt_neox": "GPTNeoXConfig",
+               "phi": "PhiConfig", "starcoder2": "Starcoder2Config", "opt": "OPTConfig", "bert": "BertConfig"}
+"""transformers' configuration class of each type (yi and internlm2 are remote code, read as Llama)."""
+_HF_FIXED_DEFAULTS = {
+    "llama": {"intermediate_size": 11008, "max_position_embeddings": 2048},
+    "mistral": {"intermediate_size": 14336, "max_position_embeddings": 131072, "num_key_value_heads": 8},
+    "qwen2": {"intermediate_size": 22016, "max_position_embeddings": 32768, "num_key_value_heads": 32},
+    "qwen3": {"intermediate_size": 22016, "max_position_embeddings": 32768, "num_key_value_heads": 32,
+              "head_dim": 128},
+    "gemma": {"intermediate_size": 24576, "max_position_embeddings": 8192, "num_key_value_heads": 16,
+              "head_dim": 256},
+    "gemma2": {"intermediate_size": 9216, "max_position_embeddings": 8192, "num_key_value_heads": 4, "head_dim": 256},
+    "gemma3_text": {"intermediate_size": 9216, "max_position_embeddings": 131072, "num_key_value_heads": 4,
+                    "head_dim": 256},
+    "olmo": {"intermediate_size": 11008, "max_position_embeddings": 2048},
+    "olmo2": {"intermediate_size": 11008, "max_position_embeddings": 2048},
+    "granite": {"intermediate_size": 11008, "max_position_embeddings": 2048},
+    "phi3": {"intermediate_size": 8192, "max_position_embeddings": 4096},
+    "stablelm": {"intermediate_size": 6912, "max_position_embeddings": 4096, "num_key_value_heads": 32},
+    "cohere": {"intermediate_size": 22528, "max_position_embeddings": 8192},
+    "gpt_neox": {"intermediate_size": 24576},
+    "phi": {"intermediate_size": 8192},
+    "starcoder2": {"intermediate_size": 12288, "num_key_value_heads": 2},
+    "opt": {"ffn_dim": 3072},
+    "bert": {"intermediate_size": 3072},
+}
+"""The defaults of transformers' configuration classes (5.x) that are fixed numbers, one published model's,
+rather than derived from the config's own widths: what Hugging Face builds when a config.json leaves the key
+out. The width of the MLP is required (a fixed default is some other model's width: a wrong parameter
+count). The Llama family's position limit (rotary: no table, no parameters; taken as GPT-2's n_positions and
+the other families' limits are), key/value head count and head width are taken from here, with a note.
+``num_key_value_heads`` of the types not listed is one per attention head, and ``head_dim`` is
+``hidden_size / num_attention_heads``, as in transformers."""
+
+
+def _hf_default(model_type: str, key: str) -> str:
+    """Why transformers' fixed default for ``key`` is not taken, or "" where transformers has no class."""
+    cls = _HF_CLASSES.get(model_type)
+    value = _HF_FIXED_DEFAULTS.get(model_type, {}).get(key)
+    if cls is None or value is None:
+        return ""
+    return f" (hetpart does not take transformers' {cls} default, {value}: it is one published model's value)"
+
+
+def _class_default(key: str, source: str, model_type: str) -> int:
+    """transformers' default for a key the config leaves out (yi and internlm2: Llama's), with a note."""
+    if model_type not in _HF_CLASSES:
+        model_type = "llama"
+    value = _HF_FIXED_DEFAULTS[model_type][key]
+    _note(f"{source}: {key} not set; taking {value} (the default of transformers' {_HF_CLASSES[model_type]})")
+    return value
+
+
+def _required(data: dict, key: str, source: str, model_type: str, what: str) -> int:
+    """A key without which hetpart would have to guess the shape: refused, naming transformers' fixed default."""
+    if data.get(key) is None:
+        raise v.fail(ModelError, source, key, f"missing required field ({what}); add the model's own value to "
+                     f"the config{_hf_default(model_type, key)}")
+    return _int(data, key, source)
 
 
 # Far above any published model (Llama 3 405B: 126 layers, width 16384, 128 heads, 128k vocabulary), low
@@ -66,15 +171,29 @@ def _first_key(data: dict, keys: tuple[str, ...]) -> str:
 
 
 def _kv_heads(data: dict, source: str, heads: int, keys: tuple[str, ...] = ("num_key_value_heads",),
-              heads_key: str = "num_attention_heads", default: int | None = None) -> int:
-    """Key/value heads under the config's own field names; they must divide the attention heads."""
+              heads_key: str = "num_attention_heads", default: int | None = None, model_type: str = "") -> int:
+    """Key/value heads under the config's own field names; they must divide the attention heads. With
+    ``model_type``, a config that leaves them out takes transformers' default for the type, with a note."""
     key = _first_key(data, keys)
+    if model_type and data.get(key) is None:
+        fixed = _HF_FIXED_DEFAULTS.get(model_type, {}).get("num_key_value_heads")
+        cls = _HF_CLASSES.get(model_type, "LlamaConfig")
+        if fixed is not None and heads % fixed:
+            raise v.fail(ModelError, source, key, f"not set, and transformers' {cls} default, {fixed} key/value "
+                         f"heads, does not divide the {heads} attention heads ({heads_key}); add {key}: one of "
+                         f"{_divisors(heads)}")
+        default = heads if fixed is None else fixed
+        _note(f"{source}: {key} not set; taking {default} ("
+              f"{'one per attention head, as' if fixed is None else 'the default of'} transformers' {cls})")
     kv = _int(data, key, source, default=heads if default is None else default)
     if heads % kv:
-        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
         raise v.fail(ModelError, source, key, f"{kv} key/value heads do not divide the {heads} attention heads "
-                     f"({heads_key}); use one of {divisors}")
+                     f"({heads_key}); use one of {_divisors(heads)}")
     return kv
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def _heads(data: dict, source: str, hidden: int, key: str, hidden_key: str) -> int:
@@ -94,10 +213,16 @@ def _bool(data: dict, key: str, source: str, default: bool) -> bool:
     return default if value is None else v.boolean(ModelError, value, source, key)
 
 
-def _head_size(data: dict, source: str, hidden: int, heads: int) -> int:
+def _head_size(data: dict, source: str, hidden: int, heads: int, model_type: str = "") -> int:
     """``head_dim`` where the config sets it apart from ``hidden_size / num_attention_heads`` (Gemma, Qwen3,
-    Mistral Nemo), else 0 (the default width)."""
+    Mistral Nemo), else 0 (the default width). A config that leaves it out takes transformers' default for
+    ``model_type`` where that is a fixed width (Gemma 256, Qwen3 128), with a note."""
     if data.get("head_dim") is None:
+        fixed = _HF_FIXED_DEFAULTS.get(model_type, {}).get("head_dim")
+        if fixed is not None:
+            _note(f"{source}: head_dim not set; taking {fixed} (the default of transformers' "
+                  f"{_HF_CLASSES[model_type]})")
+            return 0 if fixed * heads == hidden else fixed
         if hidden % heads:
             raise v.fail(ModelError, source, "num_attention_heads", f"{heads} heads do not divide hidden_size "
                          f"{hidden}; add head_dim (the width of one head) or fix the head count")
@@ -119,6 +244,19 @@ _MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3",
 
 
 def hf_config_to_transformer(data: Any, source: str) -> TransformerConfig:
+    """The shape of the config ``data`` (read from ``source``); its notes (keys left out, transformers' default
+    taken) are given as :class:`~hetpart.graph.load.ModelNote` warnings once the whole config reads through."""
+    _PENDING_NOTES.append([])
+    try:
+        cfg = _to_transformer(data, source)
+    finally:
+        notes = _PENDING_NOTES.pop()
+    for message in dict.fromkeys(notes):
+        _warn(message)
+    return cfg
+
+
+def _to_transformer(data: Any, source: str) -> TransformerConfig:
     data = v.require_mapping(ModelError, data, source, "")
     model_type = data.get("model_type") or ""
     if not isinstance(model_type, str):
@@ -255,13 +393,21 @@ def _llama(data: dict, source: str, model_type: str = "llama") -> TransformerCon
     """
     h = _int(data, "hidden_size", source)
     heads = _int(data, "num_attention_heads", source)
-    head_size = _head_size(data, source, h, heads)
+    layers = _int(data, "num_hidden_layers", source)
+    vocab = _int(data, "vocab_size", source)
+    ffn = _required(data, "intermediate_size", source, model_type, "the width of the MLP")
+    positions = (_positions(data, "max_position_embeddings", source, default=0)
+                 if data.get("max_position_embeddings") is not None
+                 else _class_default("max_position_embeddings", source, model_type))
+    head_size = _head_size(data, source, h, heads, model_type)
+    tied = model_type in _TIED_BY_DEFAULT
+    if data.get("tie_word_embeddings") is None:
+        _note(f"{source}: tie_word_embeddings not set; taking {str(tied).lower()} (the default of transformers' "
+              f"{_HF_CLASSES.get(model_type, 'LlamaConfig')})")
     return TransformerConfig(
-        "llama", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
-        _positions(data, "max_position_embeddings", source, default=4096),
-        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_kv_heads(data, source, heads),
-        tied_embeddings=_bool(data, "tie_word_embeddings", source, model_type in _TIED_BY_DEFAULT),
+        "llama", layers, h, heads, vocab, positions, ffn_hidden_size=ffn,
+        num_kv_heads=_kv_heads(data, source, heads, model_type=model_type or "llama"),
+        tied_embeddings=_bool(data, "tie_word_embeddings", source, tied),
         activation="swiglu", norm="layernorm" if model_type in _LAYERNORM else "rmsnorm",
         bias=_bool(data, "attention_bias", source, False), learned_positions=False, dropout=False,
         head_size=head_size, qkv_bias=model_type in _QKV_BIAS or _bool(data, "use_qkv_bias", source, False),
@@ -283,7 +429,7 @@ def _gate_activation(data: dict, source: str, model_type: str) -> str:
     return "gelu" if value.lower().startswith("gelu") else "silu"
 
 
-def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key: str,
+def _rotary_gpt(data: dict, source: str, model_type: str, *, positions: int, tied: bool, bias_key: str,
                 dropout_keys: tuple[str, ...]) -> TransformerConfig:
     """A rotary GPT in the Hugging Face key names (``hidden_size``, ``num_hidden_layers``, ``intermediate_size``,
     ``num_key_value_heads``, ``hidden_act``): GPT-NeoX, Phi, StarCoder2 differ in their defaults only."""
@@ -292,8 +438,8 @@ def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key
     return TransformerConfig(
         "gpt", _int(data, "num_hidden_layers", source), h, heads, _int(data, "vocab_size", source),
         _positions(data, "max_position_embeddings", source, default=positions),
-        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h),
-        num_kv_heads=_kv_heads(data, source, heads),
+        ffn_hidden_size=_required(data, "intermediate_size", source, model_type, "the width of the MLP"),
+        num_kv_heads=_kv_heads(data, source, heads, model_type=model_type if model_type == "starcoder2" else ""),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, tied),
         activation=_activation(data, "hidden_act", source), bias=_bool(data, bias_key, source, True),
         learned_positions=False, dropout=_dropout(data, dropout_keys, source), head_size=_head_size(data, source, h, heads))
@@ -301,7 +447,7 @@ def _rotary_gpt(data: dict, source: str, *, positions: int, tied: bool, bias_key
 
 def _gpt_neox(data: dict, source: str) -> TransformerConfig:
     """GPT-NeoX, Pythia: rotary, parallel attention and MLP with two LayerNorms, untied output."""
-    return _rotary_gpt(data, source, positions=2048, tied=False, bias_key="attention_bias",
+    return _rotary_gpt(data, source, "gpt_neox", positions=2048, tied=False, bias_key="attention_bias",
                        dropout_keys=("hidden_dropout", "attention_dropout"))
 
 
@@ -331,13 +477,13 @@ def _phi(data: dict, source: str) -> TransformerConfig:
     """Phi-1, Phi-1.5, Phi-2: partial rotary, parallel attention and MLP with one LayerNorm (counted as two,
     2 h per layer more), an lm_head bias (vocab_size, left out). Phi has no bias switch: the ``bias`` key
     is read as absent, so biases are on."""
-    return _rotary_gpt(data, source, positions=2048, tied=False, bias_key="bias",
+    return _rotary_gpt(data, source, "phi", positions=2048, tied=False, bias_key="bias",
                        dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"))
 
 
 def _starcoder2(data: dict, source: str) -> TransformerConfig:
     """StarCoder2: grouped-query attention, rotary, LayerNorm, biases (``use_bias``)."""
-    return _rotary_gpt(data, source, positions=4096, tied=True, bias_key="use_bias",
+    return _rotary_gpt(data, source, "starcoder2", positions=4096, tied=True, bias_key="use_bias",
                        dropout_keys=("residual_dropout", "embedding_dropout", "attention_dropout"))
 
 
@@ -412,7 +558,7 @@ def _opt(data: dict, source: str) -> TransformerConfig:
     return TransformerConfig(
         "opt", _int(data, "num_hidden_layers", source), h, _heads(data, source, h, "num_attention_heads", "hidden_size"),
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=2048),
-        ffn_hidden_size=_int(data, "ffn_dim", source, default=4 * h), activation="relu",
+        ffn_hidden_size=_required(data, "ffn_dim", source, "opt", "the width of the MLP"), activation="relu",
         embed_dim=_int(data, "word_embed_proj_dim", source, default=h), position_offset=2,
         final_norm=_bool(data, "do_layer_norm_before", source, True),
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
@@ -423,7 +569,8 @@ def _bert(data: dict, source: str) -> TransformerConfig:
     return TransformerConfig(
         "bert", _int(data, "num_hidden_layers", source), h, _heads(data, source, h, "num_attention_heads", "hidden_size"),
         _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=512),
-        ffn_hidden_size=_int(data, "intermediate_size", source, default=4 * h), final_norm=False)
+        ffn_hidden_size=_required(data, "intermediate_size", source, "bert", "the width of the MLP"),
+        final_norm=False)
 
 
 _GPT_LINEAGES = {"bloom": _bloom, "falcon": _falcon, "gpt_bigcode": _gpt_bigcode, "gpt_neox": _gpt_neox, "gptj": _gptj,

@@ -59,8 +59,8 @@ def _layer_types(value: Any, source: str, layers: int) -> list[bool]:
                      f"num_hidden_layers), got {v.kind(value) if not isinstance(value, list) else len(value)}")
     for i, kind in enumerate(value):
         if kind not in _LAYER_KINDS:
-            raise v.fail(ModelError, source, f"layer_types[{i}]", f"{v.show(kind)} is not an attention hetpart "
-                         "models; use sliding_attention or full_attention")
+            raise v.fail(ModelError, source, f"layer_types[{i}]", f"{v.show(kind)} is not an attention type "
+                         "hetpart knows; use sliding_attention or full_attention")
     return [_LAYER_KINDS[kind] for kind in value]
 
 

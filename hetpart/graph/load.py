@@ -49,6 +49,9 @@ def resolve_transformer(spec: str) -> tuple[str, TransformerConfig, str] | None:
             raise ModelError(f"--model: {v.show(spec, 200)}: no config.json in this directory; give the directory "
                              "of a Hugging Face model (or the path of its config.json), a catalog name or "
                              "python:MODULE:FUNCTION")
+        raise ModelError(f"--model: {v.show(spec, 200)}: not a regular file (a device, pipe or socket); give the "
+                         "path of a Hugging Face config.json (or of its directory), a catalog name or "
+                         "python:MODULE:FUNCTION")
     if spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelError(f"--model: {v.show(spec, 200)}: no such file; give the path of a Hugging Face config.json "
                          "(or of its directory), a catalog name or python:MODULE:FUNCTION")
