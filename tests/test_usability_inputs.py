@@ -92,7 +92,7 @@ def test_a_hub_id_says_how_to_point_at_a_config_or_uses_the_local_cache(tmp_path
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "vocab_size": 1000, "max_position_embeddings": 256}))
+        "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 256}))
     (tmp_path / "hub" / "models--acme--tiny-llama" / "refs").mkdir()
     (tmp_path / "hub" / "models--acme--tiny-llama" / "refs" / "main").write_text("abc123")
     graph = load_model("acme/tiny-llama")
@@ -101,7 +101,7 @@ def test_a_hub_id_says_how_to_point_at_a_config_or_uses_the_local_cache(tmp_path
 
 def test_a_config_file_names_the_model_by_its_folder_or_its_own_name(tmp_path: Path) -> None:
     cfg = json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                      "vocab_size": 1000, "max_position_embeddings": 256})
+                      "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 256})
     (tmp_path / "tiny-llama").mkdir()
     (tmp_path / "tiny-llama" / "config.json").write_text(cfg)
     (tmp_path / "llama-2.4b.config.json").write_text(cfg)
