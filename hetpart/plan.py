@@ -322,7 +322,13 @@ class Plan:
             elif n % self.micro_batch or n == 0:
                 out.append(f"replicas[{i}].batch_share: {n} sequences is not a positive multiple of "
                            f"micro_batch {self.micro_batch}")
-        if self.schedule == "interleaved":
+        if self.schedule == "interleaved" and self.interleave < 2:
+            # Megatron-LM interleaves only with a virtual pipeline size of 2 or more; one chunk per device is plain
+            # 1F1B, which the simulator and the runtime price and run as such only under schedule '1f1b'
+            out.append(f"interleave: schedule 'interleaved' needs interleave >= 2 model chunks per device, got "
+                       f"{self.interleave} (1 where the key is left out); give "
+                       "interleave 2 or more, or use schedule '1f1b' (one chunk per device is plain 1F1B)")
+        elif self.schedule == "interleaved":
             for i, r in enumerate(self.replicas):
                 if r.pp % self.interleave:
                     out.append(f"replicas[{i}].stages: {r.pp} stages is not a multiple of interleave {self.interleave}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -258,7 +258,7 @@ def predict_command(
         global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (default: the plan's, else 512)."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the plan's, else 2048)."),
         precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp16, fp32, tf32 or fp8 (default: the plan's, else bf16; fp8 on Hopper, Ada and MI300 only)."),
-        recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective)."),
+        recompute: Optional[str] = typer.Option(None, "--recompute", help="none, selective or full (default: the plan's, else selective; 'auto' is for 'hetpart plan')."),
         zero: Optional[int] = ZeroOpt, offload: Optional[str] = OffloadOpt,
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam, sgd or adam8bit (default: the plan's, else adam)."),
         attention: Optional[str] = typer.Option(None, "--attention", help="fused or eager (default: the plan's, else fused)."),
@@ -266,8 +266,10 @@ def predict_command(
         tp: Optional[int] = typer.Option(None, "--tp"), pp: Optional[int] = typer.Option(None, "--pp"),
         dp: Optional[int] = typer.Option(None, "--dp"),
         micro_batch: Optional[int] = typer.Option(None, "--micro-batch"),
-        schedule: str = typer.Option("1f1b", "--schedule", help="1f1b, gpipe or interleaved."),
-        interleave: int = typer.Option(1, "--interleave", help="Model chunks per device (interleaved)."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b (default), gpipe or interleaved (with "
+                                               "--interleave)."),
+        interleave: Optional[int] = typer.Option(None, "--interleave", help="Model chunks per device, 2 or more "
+                                                 "(--schedule interleaved only)."),
         order: Optional[str] = typer.Option(None, "--order", help="Rank order of the --tp --pp --dp grid, innermost "
                                             "first: tp-dp-pp (Megatron-LM's, the default) or tp-pp-dp; with --cp, "
                                             "context parallelism sits next to tp (tp-cp-dp-pp, Megatron-Core's)."),
@@ -287,62 +289,44 @@ def predict_command(
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
+    from hetpart.errors import PlanError
 
     check_predictor_name(predictor)  # an unknown predictor fails before the model loads
-    profile = load_profile_option(profile_path, predictor)
+    flags = _WorkloadFlags(global_batch, seq_len, precision, recompute, zero, offload, optimizer, attention)
+    grid = {"--tp": tp, "--pp": pp, "--dp": dp, "--micro-batch": micro_batch, "--schedule": schedule,
+            "--interleave": interleave, "--order": order, "--cp": cp}
     if records is not None:
+        _records_alone(model, cluster, flags, grid, plan_path, plans_path, profile_path, jobs, overlap_p2p,
+                       overlap_grad_reduce)
         from hetpart.cli.records_cmd import predict_records
 
         return predict_records(records, predictor, json_out)
+    flags.check()  # a bad workload flag fails before anything loads, whichever form prices the plans
+    profile = load_profile_option(profile_path, predictor)
+    engine = engine_options(overlap_p2p, overlap_grad_reduce)
+    if plans_path is not None or plan_path is not None:
+        given = [flag for flag, value in grid.items() if value is not None]
+        if plans_path is not None and plan_path is not None:
+            raise PlanError("predict: give --plan or --plans, not both")
+        if given:
+            source, what = ("--plans", "each plan places") if plans_path is not None else ("--plan", "the plan places")
+            cp_field = "; context parallelism in its 'cp' field" if "--cp" in given else ""
+            raise PlanError(f"{', '.join(given)}: {what} its own ranks (stages, devices, tp, micro_batch, schedule"
+                            f"{cp_field}); give {source} or the --tp/--pp/--dp grid, not both")
     if plans_path is not None:
-        _predict_batch(plans_path, plan_path, model, cluster, global_batch, seq_len, precision, predictor, json_out,
-                       profile, engine_options(overlap_p2p, overlap_grad_reduce), jobs)
+        _predict_batch(plans_path, model, cluster, flags, predictor, json_out, profile, engine, jobs)
         return
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
-    where = f"{plan_path}: " if plan is not None else ""
-    if plan is not None and seq_len is not None and seq_len != plan.seq_len:
-        from hetpart.errors import PlanError
+    models = _Models(model, cluster)
+    if plan is not None:
+        from hetpart.plan import states_precision
 
-        raise PlanError(f"--seq-len: {seq_len} but {plan_path} was planned for {plan.seq_len} tokens; drop --seq-len "
-                        f"(the plan's is used) or plan for {seq_len} ('hetpart plan ... --seq-len {seq_len}')")
-    graph, cl, precision = _load(model, cluster, seq_len or (plan.seq_len if plan else None),
-                                 precision or (_stated_precision(plan, plan_path) if plan else None),
-                                 devices=plan.devices if plan else None,
-                                 precision_source="--precision" if precision or not plan else f"{where}precision",
-                                 seq_len_source="--seq-len" if seq_len or not plan else f"{where}seq_len")
-    optimizer = optimizer or (plan.optimizer if plan else "adam")
-    attention = attention or (plan.attention if plan else "fused")
-    if offload == "auto":
-        from hetpart.errors import WorkloadError
-
-        raise WorkloadError("--offload: 'auto' lets a planner choose ('hetpart plan --offload auto'); predict prices "
-                            "one plan: give none, optimizer or full")
-    offload = offload or (plan.offload if plan else "none")
-    workload = workload_from(global_batch or (plan.global_batch if plan else 512), graph.seq_len, precision,
-                             recompute or (plan.recompute if plan else "selective"), zero, optimizer, attention, offload)
-    if plan is not None and (order is not None or cp is not None):
-        from hetpart.errors import PlanError
-
-        flag = "--order" if order is not None else "--cp"
-        raise PlanError(f"{flag}: {plan_path} already places its ranks; {flag} applies to the --tp --pp --dp grid"
-                        + (" (a plan file sets its context parallelism in its 'cp' field)" if flag == "--cp" else ""))
-    if plan is not None:  # the options override what the plan file says
-        plan = replace(plan, optimizer=workload.optimizer, attention=workload.attention, precision=workload.precision,
-                       **({"recompute": recompute} if recompute in ("none", "selective", "full") else {}))
-    plan = plan or _plan_from_args(graph, cl, workload, None, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
-    if zero is not None and plan.zero != zero:
-        plan = replace(plan, zero=zero, **({"shard_fractions": None, "shard_group": 0} if zero == 0 else {}))
-    if plan.offload != offload:
-        plan = replace(plan, offload=offload)
-    if plan_path is not None and recompute is None:
-        workload = workload_from(workload.global_batch, workload.seq_len, workload.precision, plan.recompute, zero,
-                                 workload.optimizer, workload.attention, offload)
+        graph, workload, plan = _resolve_plan(plan, str(plan_path), states_precision(plan_path), flags, models)
+    else:
+        graph, workload, plan = _grid_plan(flags, models, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
+    cl = models.cluster
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
-                           **engine_options(overlap_p2p, overlap_grad_reduce))
-    from hetpart.errors import PlanError
-
-    if plan_path is not None:  # the rules broken by a plan file name the file, not a literal "plan"
-        plan.check(graph, cl, str(plan_path))
+                           **engine)
     try:
         prediction = chosen.predict(plan, workload, validate=True)
     except PlanError as exc:  # found while pricing it (two zones without a link an all-reduce crosses)
@@ -365,22 +349,174 @@ def predict_command(
     _provenance_lines(con, prediction.provenance)
 
 
-def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[str], cluster: Optional[str],
-                   global_batch: Optional[int], seq_len: Optional[int], precision: Optional[str],
+@dataclass(frozen=True)
+class _WorkloadFlags:
+    """The workload options of ``predict`` as given (None: not given). They act alike on a plan file
+    (``--plan``), on every line of ``--plans`` (:func:`_resolve_plan`) and on the grid (:func:`_grid_plan`)."""
+
+    global_batch: Optional[int]
+    seq_len: Optional[int]
+    precision: Optional[str]
+    recompute: Optional[str]
+    zero: Optional[int]
+    offload: Optional[str]
+    optimizer: Optional[str]
+    attention: Optional[str]
+
+    def check(self) -> None:
+        """Refuse a value no plan can take, before anything loads: 0 or less for a size (0 is not 'left
+        out'), and ``auto``, which only a planner resolves."""
+        from hetpart.errors import WorkloadError
+        from hetpart.vocabulary import RECOMPUTE_MODES
+
+        if self.global_batch is not None and self.global_batch < 1:
+            raise WorkloadError(f"--global-batch: must be a whole number >= 1, got {self.global_batch}; give the "
+                                "sequences per step, or leave it out for the plan's (else 512)")
+        if self.seq_len is not None and not 1 <= self.seq_len <= 10**7:
+            raise WorkloadError(f"--seq-len: must be a whole number between 1 and 1e7, got {self.seq_len}; give the "
+                                "tokens per sequence, or leave it out for the plan's")
+        for flag, value, modes in (("--recompute", self.recompute, RECOMPUTE_MODES),
+                                   ("--offload", self.offload, ("none", "optimizer", "full"))):
+            if value == "auto":
+                raise WorkloadError(f"{flag}: 'auto' lets a planner choose ('hetpart plan {flag} auto'); predict "
+                                    f"prices one plan: give {', '.join(modes[:-1])} or {modes[-1]}")
+        if self.recompute is not None and self.recompute not in RECOMPUTE_MODES:
+            raise WorkloadError(f"--recompute: unknown mode {self.recompute!r}; use "
+                                f"{', '.join(RECOMPUTE_MODES[:-1])} or {RECOMPUTE_MODES[-1]}")
+        workload_from(1, 1, self.precision or "bf16", self.recompute or "none", self.zero, self.optimizer or "adam",
+                      self.attention or "fused", self.offload)  # the names and the zero stage
+
+    def given(self) -> list[str]:
+        return [f"--{name.replace('_', '-')}" for name, value in self.__dict__.items() if value is not None]
+
+
+class _Models:
+    """``predict``'s cluster, loaded once, and its model graphs, one per sequence length and precision (plans
+    in one ``--plans`` file may use devices that choose different precisions)."""
+
+    def __init__(self, model: str, cluster: str) -> None:
+        from hetpart import load_cluster
+
+        self.spec, self.cluster = model, load_cluster(cluster)
+        self._graphs: dict[tuple, Any] = {}
+
+    def check_model(self) -> None:
+        """Refuse an unknown model name or an unreadable config once, not on every plan of a batch."""
+        from hetpart.graph import resolve_transformer
+
+        if not self.spec.startswith("python:"):
+            resolve_transformer(self.spec)
+
+    def load(self, seq_len: int | None, precision: str | None, devices=None, precision_source: str = "--precision",
+             seq_len_source: str = "--seq-len"):
+        """The graph and the precision: ``precision`` checked against the devices in use (``devices``, default the
+        whole cluster), or None for the best they all support (:func:`resolve_precision`)."""
+        from hetpart import load_model
+
+        cl = self.cluster
+        used = [cl.device(d) for d in devices if cl.has_device(d)] if devices is not None else cl.devices
+        precision = resolve_precision(precision, {d.gpu for d in used}, precision_source)
+        key = (seq_len, precision)
+        if key not in self._graphs:
+            self._graphs[key] = load_model(self.spec, seq_len=seq_len, precision=precision,
+                                           seq_len_source=seq_len_source, exact_seq_len=True)
+        return self._graphs[key], precision
+
+
+def _resolve_plan(plan, where: str, stated: bool, flags: _WorkloadFlags, models: _Models, label: str = ""):
+    """What ``predict`` prices for a plan read from ``where`` (``--plan FILE``, or ``FILE:LINE`` of ``--plans``):
+    the model graph, the workload and the plan with the workload flags applied, checked against the model and
+    the cluster. Without ``--precision``, a plan that states no precision (``stated`` False; the key is
+    optional) takes the best its own devices support, as ``--precision`` left out does (fp16 beside V100s).
+    ``label`` names the plan in a sentence (default ``where``)."""
+    from hetpart.errors import PlanError
+
+    if flags.seq_len is not None and flags.seq_len != plan.seq_len:
+        raise PlanError(f"--seq-len: {flags.seq_len} but {label or where} was planned for {plan.seq_len} tokens; drop "
+                        f"--seq-len (the plan's is used) or plan for {flags.seq_len} ('hetpart plan ... --seq-len "
+                        f"{flags.seq_len}')")
+    graph, precision = models.load(plan.seq_len, flags.precision or (plan.precision if stated else None),
+                                   devices=plan.devices,
+                                   precision_source="--precision" if flags.precision else f"{where}: precision",
+                                   seq_len_source="--seq-len" if flags.seq_len else f"{where}: seq_len")
+    recompute = flags.recompute or plan.recompute
+    optimizer, attention = flags.optimizer or plan.optimizer, flags.attention or plan.attention
+    offload = flags.offload or plan.offload
+    workload = workload_from(plan.global_batch if flags.global_batch is None else flags.global_batch, graph.seq_len,
+                             precision, recompute, flags.zero, optimizer, attention, offload)
+    plan = replace(plan, optimizer=optimizer, attention=attention, precision=precision, recompute=recompute,
+                   offload=offload)
+    if flags.zero is not None and plan.zero != flags.zero:
+        plan = replace(plan, zero=flags.zero, **({"shard_fractions": None, "shard_group": 0} if flags.zero == 0 else {}))
+    plan.check(graph, models.cluster, where)  # the rules a plan breaks name its file (and line), not "plan"
+    return graph, workload, plan
+
+
+def _grid_plan(flags: _WorkloadFlags, models: _Models, tp, pp, dp, micro_batch, schedule, interleave, order, cp):
+    """The model graph, the workload and the Megatron plan of the ``--tp --pp --dp`` grid."""
+    from hetpart.errors import PlanError
+
+    from hetpart.vocabulary import SCHEDULES
+
+    schedule = "1f1b" if schedule is None else schedule
+    if schedule not in SCHEDULES:
+        raise PlanError(f"--schedule: unknown schedule {schedule!r}; use {', '.join(SCHEDULES[:-1])} or {SCHEDULES[-1]}")
+    if schedule == "interleaved" and interleave is None:
+        raise PlanError("--interleave: --schedule interleaved needs --interleave 2 or more (model chunks per device; "
+                        "one chunk is plain 1F1B, as in Megatron-LM: use --schedule 1f1b)")
+    if schedule == "interleaved" and isinstance(interleave, int) and interleave == 1:
+        raise PlanError("--interleave: 1 model chunk per device is plain 1F1B (as in Megatron-LM), not interleaved; "
+                        "give --interleave 2 or more, or --schedule 1f1b")
+    graph, precision = models.load(flags.seq_len, flags.precision)
+    workload = workload_from(512 if flags.global_batch is None else flags.global_batch, graph.seq_len, precision,
+                             flags.recompute or "selective", flags.zero, flags.optimizer or "adam",
+                             flags.attention or "fused", flags.offload or "none")
+    plan = _plan_from_args(graph, models.cluster, workload, None, tp, pp, dp, micro_batch, schedule,
+                           1 if interleave is None else interleave, order, cp)
+    if flags.zero is not None and plan.zero != flags.zero:
+        plan = replace(plan, zero=flags.zero, **({"shard_fractions": None, "shard_group": 0} if flags.zero == 0 else {}))
+    if plan.offload != workload.offload:
+        plan = replace(plan, offload=workload.offload)
+    return graph, workload, plan
+
+
+def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path, plans_path, profile_path, jobs,
+                   overlap_p2p, overlap_grad_reduce) -> None:
+    """``--records`` re-predicts each record with its own model, cluster, plan, workload and engine options:
+    refuse the options it would ignore."""
+    from hetpart.errors import PlanError
+
+    given = ([flag for flag, value in (("--model", model), ("--cluster", cluster), ("--plan", plan_path),
+                                       ("--plans", plans_path), ("--profile", profile_path)) if value is not None]
+             + flags.given() + [flag for flag, value in grid.items() if value is not None]
+             + (["--jobs"] if jobs else []) + (["--overlap-p2p"] if overlap_p2p else [])
+             + ([] if overlap_grad_reduce else ["--no-overlap-grad-reduce"]))
+    if given:
+        raise PlanError(f"--records: each record is re-predicted with its own model, cluster, plan, workload and "
+                        f"engine options; drop {', '.join(given)} (only --predictor and --json go with --records)")
+
+
+def _one_line(exc: Exception, where: str) -> str:
+    """An error of one ``--plans`` line, on one line and naming the line."""
+    message = " ".join(str(exc).split())
+    return message if message.startswith(where) else f"{where}: {message}"
+
+
+def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str], flags: _WorkloadFlags,
                    predictor: Optional[str], json_out: bool, profile=None, engine: dict | None = None,
                    jobs: int = 0) -> None:
-    """``predict --plans``: one model, cluster and predictor, one answer line per plan, scored by ``jobs``
-    forked processes (:func:`hetpart.costmodel.batch.workers_for`)."""
+    """``predict --plans``: one model, cluster and predictor, one answer line per plan, each the answer
+    ``--plan`` gives that plan (:func:`_resolve_plan`: the same precision choice, workload flags and errors,
+    naming the line). Plans are priced in groups of one model graph (sequence length and precision), each
+    group by ``jobs`` forked processes (:func:`hetpart.costmodel.batch.workers_for`)."""
     import json
     import sys
 
     from hetpart.costmodel.batch import predict_lines
     from hetpart.costmodel.predictor import get_predictor
-    from hetpart.errors import PlanError
+    from hetpart.errors import HetpartError, PlanError
     from hetpart.plan import Plan
 
-    if plan_path is not None:
-        raise PlanError("predict: give --plan or --plans, not both")
     try:
         lines = plans_path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -389,35 +525,54 @@ def _predict_batch(plans_path: Path, plan_path: Optional[Path], model: Optional[
     if not any(line.strip() for line in lines):
         raise PlanError(f"--plans: {plans_path} holds no plans (it is empty or blank); give a JSONL file with one "
                         "plan per line")
-    first, stated = None, None
-    for number, line in enumerate(lines, 1):  # the first readable plan fills in what the options leave out
+    parsed: dict[int, Any] = {}  # line number -> (plan, states its precision) or an error answer
+    for number, line in enumerate(lines, 1):
         if line.strip():
+            where = f"{plans_path}:{number}"
             try:
-                first = Plan.from_json(line, f"{plans_path}:{number}")
-                stated = json.loads(line).get("precision")  # absent: the devices choose, as for --precision
-                break
-            except PlanError:
-                continue
-    meta = first.meta if first is not None else {}
+                parsed[number] = (Plan.from_json(line, where), "precision" in json.loads(line))
+            except HetpartError as exc:
+                parsed[number] = {"error": _one_line(exc, where)}
+    first = next((p[0] for p in parsed.values() if isinstance(p, tuple)), None)
+    meta = first.meta if first is not None else {}  # the first readable plan names what the options leave out
     model, cluster = model or meta.get("model"), cluster or meta.get("cluster")
     if not model or not cluster:
         what = "--model" if not model else "--cluster"
         raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
-    explicit = global_batch is not None or seq_len is not None
-    graph, cl, precision = _load(str(model), str(cluster), seq_len or (first.seq_len if first else None),
-                                 precision or stated,
-                                 seq_len_source="--seq-len" if seq_len or not first else f"{plans_path}: seq_len")
-    workload = workload_from(global_batch or (first.global_batch if first else 512), graph.seq_len, precision, "auto")
-    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
-                           **(engine or {}))
-    answers = predict_lines(lines, chosen, workload if explicit else None, str(plans_path), jobs=jobs)
+    models = _Models(str(model), str(cluster))
+    models.check_model()
+    answers: dict[int, dict] = {}
+    groups: dict[tuple, tuple] = {}  # (seq_len, precision) -> graph, workload, [(line number, resolved plan)]
+    for number, entry in parsed.items():
+        if not isinstance(entry, tuple):
+            answers[number] = entry
+            continue
+        where = f"{plans_path}:{number}"
+        try:
+            graph, workload, plan = _resolve_plan(entry[0], where, entry[1], flags, models, "this line's plan")
+        except HetpartError as exc:
+            answers[number] = {"error": _one_line(exc, where)}
+            continue
+        groups.setdefault((graph.seq_len, workload.precision), (graph, workload, []))[2].append((number, plan))
+    for graph, workload, members in groups.values():
+        chosen = get_predictor(predictor, graph, models.cluster, workload,
+                               **({"profile": profile} if profile is not None else {}), **(engine or {}))
+        texts = [""] * len(lines)  # the group's plans at their own line numbers; the rest blank (no answer)
+        for number, plan in members:
+            texts[number - 1] = plan.to_json(indent=None)
+        priced = predict_lines(texts, chosen, workload if flags.global_batch is not None else None, str(plans_path),
+                               jobs=jobs)
+        for (number, _), answer in zip(members, priced):
+            answers[number] = answer
     if json_out:
-        for answer in answers:
-            sys.stdout.write(json.dumps(answer) + "\n")
+        for number in sorted(answers):
+            sys.stdout.write(json.dumps(answers[number]) + "\n")
         return
     con = console()
-    for number, answer in enumerate(answers, 1):
-        con.print(f"{number}: " + (_metrics_line(answer["metrics"]) if "metrics" in answer else answer["error"]))
+    for number in sorted(answers):
+        answer = answers[number]
+        con.print(f"{number}: " + (_metrics_line(answer["metrics"]) if "metrics" in answer else answer["error"]),
+                  highlight=False, markup=False)
 
 
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
