@@ -180,9 +180,20 @@ def _mixed_multisets(ctx: _Context) -> Iterator[tuple[tuple[Pool, ...], tuple[in
             for tps in itertools.product(*(tp_options(p, ctx.model) for p in subset)):
                 groups = [p.num_devices // t for p, t in zip(subset, tps)]
                 for dp in divisors(math.gcd(*groups)):
-                    if ctx.workload.global_batch % dp or sum(g // dp for g in groups) > ctx.n:
+                    if ctx.workload.global_batch % dp or sum(g // dp for g in groups) > _most_stages(ctx):
                         continue
                     yield subset, tps, dp
+
+
+MASKS_MAX_BYTES = 2 << 30
+"""Most bytes of one pipeline's stage matrices (one ``[n + 1, n + 1]`` per stage, its memory mask applied): a
+model of 1,000 layers takes 8 MB per matrix, and a 1,000-stage pipeline of it 8 GB (the kernel killed the
+search on this 24 GB machine)."""
+
+
+def _most_stages(ctx: _Context) -> int:
+    """The deepest pipeline the search prices: one unit per stage, and its matrices within :data:`MASKS_MAX_BYTES`."""
+    return min(ctx.n, max(1, MASKS_MAX_BYTES // (8 * (ctx.n + 1) ** 2)))
 
 
 def _orders(ctx: _Context, subset: tuple[Pool, ...]) -> list[tuple[Pool, ...]]:
@@ -726,7 +737,7 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
     for tp in tp_options(pool, ctx.model):
         groups = tp_groups(pool, tp)
         for pp in divisors(len(groups)):
-            if pp > ctx.n:
+            if pp > _most_stages(ctx):
                 continue
             dp = len(groups) // pp
             m_est = max(1, total_mb // (dp * len(ctx.pools)))

@@ -15,6 +15,7 @@ For a pool, tensor-parallel degree, micro-batch and recompute mode, :class:`Stag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections import OrderedDict
 from functools import cached_property, lru_cache, partial
 from typing import Callable
 
@@ -114,9 +115,26 @@ def _largest(costs: StageCosts) -> np.ndarray:
     return _range_max(costs.unit_params)
 
 
-@lru_cache(maxsize=4096)
+MASKED_CACHE_BYTES = 1 << 30
+"""Most bytes of masked matrices kept (:func:`_masked`, least recently used out first). A count of entries
+(4,096 before) held 32 GB for a model of 1,000 layers, whose matrices take 8 MB each, and the kernel killed
+the search."""
+_MASKED: OrderedDict[tuple, np.ndarray] = OrderedDict()
+_MASKED_BYTES = [0]
+
+
 def _masked(costs: StageCosts, in_flight: float, zero: int = 0, fraction: float = 1.0) -> np.ndarray:
-    return np.where(_need_gb(costs, in_flight, zero, fraction) <= costs.capacity_gb, costs.time_s, np.inf)
+    key = (costs, in_flight, zero, fraction)  # StageCosts hash by identity
+    hit = _MASKED.get(key)
+    if hit is not None:
+        _MASKED.move_to_end(key)
+        return hit
+    out = _frozen(np.where(_need_gb(costs, in_flight, zero, fraction) <= costs.capacity_gb, costs.time_s, np.inf))
+    _MASKED[key] = out
+    _MASKED_BYTES[0] += out.nbytes
+    while _MASKED_BYTES[0] > MASKED_CACHE_BYTES and len(_MASKED) > 1:
+        _MASKED_BYTES[0] -= _MASKED.popitem(last=False)[1].nbytes
+    return out
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

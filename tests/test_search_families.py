@@ -121,3 +121,22 @@ def test_families_list_every_order_that_keeps_to_the_links() -> None:
         zones = [[p.zone for p in o] for o in orders]
         assert all(z.count("b") == 0 or z[0] == "b" or z[-1] == "b" for z in zones)  # the b pool at an end
         assert len(orders) == (6 if all(p.zone == "a" for p in subset) else 4)
+
+
+def test_masked_matrices_and_pipelines_stay_within_their_byte_budgets(monkeypatch) -> None:
+    # a model of 1,000 layers takes 8 MB per range matrix: a cache counted in entries held 32 GB of them, and a
+    # 1,000-stage pipeline's matrices 8 GB (the kernel killed the search)
+    costs_module = importlib.import_module("hetpart.policies.search_costs")
+    monkeypatch.setattr(costs_module, "MASKED_CACHE_BYTES", 200_000)
+    ctx = search.make_context(_model(layers=40), FIVE_TYPES, Workload(16, 1024), search.SearchOptions())
+    one = ctx.table.get(ctx.pools[0], 1, 1, "none")
+    for in_flight in range(1, 30):
+        one.masked(in_flight)
+    held = sum(a.nbytes for a in costs_module._MASKED.values())
+    assert 0 < held <= 200_000 and len(costs_module._MASKED) >= 2
+    assert one.masked(29) is one.masked(29)  # the latest stays
+    assert search._most_stages(ctx) == ctx.n  # 42 units: every depth fits
+    monkeypatch.setattr(search, "MASKS_MAX_BYTES", 8 * (ctx.n + 1) ** 2 * 5)
+    assert search._most_stages(ctx) == 5
+    deepest = max(len(fam.kinds) and sum(fam.counts) for _, fam in search._mixed_families(ctx))
+    assert deepest <= 5
