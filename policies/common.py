@@ -175,10 +175,14 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
                     "(or 4, 8), prediction only)")
     unlinked = [(a, b) for i, a in enumerate(cluster.zones) for b in cluster.zones[i + 1:]
                 if not cluster.zones_connected(a, b)]
+    head = (f"{planner} planner: no plan for {model.name} (global batch {workload.global_batch}, seq "
+            f"{workload.seq_len}) fits {cluster.name}: {why}")
     if unlinked:  # the cluster passed check_zones_connected: its zones reach each other through others
         a, b = unlinked[0]
-        why += (f" (or joins zones {a!r} and {b!r}, which have no link, in a pipeline or a gradient sync"
-                + (", tied embeddings included" if model.tied_owner_index >= 0 else "")
-                + (": `--planner search` keeps to linked zones" if planner != "search" else "") + ")")
-    return WorkloadError(f"{planner} planner: no plan for {model.name} (global batch {workload.global_batch}, seq "
-                         f"{workload.seq_len}) fits {cluster.name}: {why}; {hint}; {fix}")
+        # the zones first: memory advice cannot help a plan that needs traffic between unlinked zones
+        route = (f"or every candidate joins zones {a!r} and {b!r}, which have no link, in a pipeline or a gradient "
+                 f"sync" + (", the tied embeddings' reduction included" if model.tied_owner_index >= 0 else ""))
+        if planner != "search":
+            route += "; `--planner search` and `--planner policy` keep to linked zones"
+        return WorkloadError(f"{head}, {route}; where memory is what binds: {hint}; {fix}")
+    return WorkloadError(f"{head}; {hint}; {fix}")

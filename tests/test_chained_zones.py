@@ -78,7 +78,7 @@ def test_tied_embeddings_keep_first_and_last_stage_on_linked_zones() -> None:
         for zones in _zones(found.plan, cluster):
             assert cluster.zones_connected(zones[0], zones[-1])
     # A baseline that must use every pool has no such layout here, and says why.
-    with pytest.raises(WorkloadError, match=r"joins zones 'a' and 'c', which have no link.*tied embeddings included"):
+    with pytest.raises(WorkloadError, match=r"joins zones 'a' and 'c', which have no link.*tied embeddings' reduction included; .--planner search. and .--planner policy. keep to linked zones; where memory is what binds"):
         plan_proportional(model, cluster, workload)
     # The pipeline a -> b -> c is valid for its activations but not for its tied copies: named once, and
     # the simulator is never asked to reduce between a and c.
