@@ -87,6 +87,8 @@ class Evaluator:
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
+        self.time_limited: float | None = None
+        """Set by a planner that stopped at its time limit (seconds) before visiting its whole space."""
         self.speed_shares = True
         """Also price candidates whose replicas differ only in device speed (``slow:``) with batch shares in
         proportion to those speeds (:mod:`hetpart.costmodel.speed_shares`)."""
@@ -101,7 +103,11 @@ class Evaluator:
         p = self.predictor
         note = (f"branch and bound on {p.name}'s lower bound (exact)" if self.pruning else
                 f"no pruning: predictor {p.name!r} has no lower bound, every candidate was priced")
-        return {"predictor": {"name": p.name, "version": p.version}, "pruned": self.pruning, "pruning": note}
+        out = {"predictor": {"name": p.name, "version": p.version}, "pruned": self.pruning, "pruning": note,
+               "complete": self.time_limited is None}
+        if self.time_limited is not None:
+            out["time_limit_s"] = self.time_limited
+        return out
 
     # ------------------------------------------------------------------------------------- filters
     def fits(self, plan: Plan) -> bool:

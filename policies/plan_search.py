@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
@@ -75,6 +76,14 @@ class SearchOptions:
 
     top_k: int = 16
     """Structures simulated after the estimate ranks them."""
+    time_limit_s: float = 600.0
+    """Seconds after which the search stops listing and visiting points and answers with the best it has priced
+    (points are visited in order of their lower bound, so the most promising first); the result says so
+    (``complete: false``). 0: no limit. Clusters of many device types have millions of points: eight types of
+    eight GPUs did not answer in 15 minutes."""
+    deadline: float = math.inf
+    """``time.monotonic()`` at which :attr:`time_limit_s` runs out, set by :func:`plan_search` (the searches of its
+    views and levels share it)."""
     max_micro_batch: int = 16
     """Largest micro-batch size tried."""
     refine_steps: int = 40
@@ -891,9 +900,16 @@ def _top_scored(ctx: _Context) -> list[Scored]:
     not enter the result, and thresholds only fall."""
     entries: list[tuple[float, int, int, Any]] = []  # (bound, tie-break, stage, item); stage 0: family to raise
     tie = itertools.count()
-    for bound, family in _mixed_families(ctx):
+    # listing may take half of the time left (smaller groups of pools come first), visiting the rest
+    deadline = ctx.options.deadline
+    listed_by = time.monotonic() + (deadline - time.monotonic()) / 2
+    for n, (bound, family) in enumerate(_mixed_families(ctx)):
+        if n % 256 == 0 and time.monotonic() > listed_by:
+            break
         entries.append((bound, next(tie), 0, family))
-    for bound, key, scorer in typed_structures(ctx):
+    for n, (bound, key, scorer) in enumerate(typed_structures(ctx)):
+        if n % 256 == 0 and time.monotonic() > listed_by:
+            break
         entries.append((bound, next(tie), 2, (key, scorer)))
     heapq.heapify(entries)
     best: list[tuple[float, int, Scored]] = []  # max-heap on estimate via negation
@@ -918,7 +934,11 @@ def _top_scored(ctx: _Context) -> list[Scored]:
         if len(best) > ctx.options.top_k:
             heapq.heappop(best)
 
+    popped = 0
     while entries:
+        popped += 1
+        if popped % 64 == 0 and best and time.monotonic() > deadline:
+            break  # something is priced: answer with it
         bound, order, stage, item = heapq.heappop(entries)
         if stage == 2:
             visit(*item, bound)
@@ -990,6 +1010,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         raise PlanError(f"planner 'search': unknown option(s) {', '.join(unknown)}; it takes "
                         f"{', '.join(sorted(_OPTION_NAMES))}")
     options = replace(options or SearchOptions(), **overrides)
+    if options.time_limit_s and options.deadline == math.inf:
+        options = replace(options, deadline=time.monotonic() + options.time_limit_s)
     evaluate = evaluator
     if evaluate is None or evaluate.ignore_memory != options.ignore_memory:
         evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
@@ -1013,12 +1035,14 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
             best = best_of([best, found])
             if not _next_level_wanted(found, best, zero, levels[n + 1:], both):
                 break
+            if best is not None and _late(options):
+                break
             if options.ignore_memory and not (both and zero == 0):  # memory lifted: nothing binds above 1
                 break
     finally:
         if ahead is not None:
             ahead.close()
-    if options.speed_types:
+    if options.speed_types and not _late(options):
         typed = _speed_typed_best(model, cluster, workload, options, evaluate)
         if typed is not None:
             starts[("speed-typed",)] = typed
@@ -1028,10 +1052,20 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
         # second (or fractions that win before the climb) cannot hide what the other climbs to
         best = best_of([refine(evaluate, s, options.refine_steps) for s in starts.values() if s is not None])
-    if options.single_types:
+    if options.single_types and not _late(options):
         best = best_of([best, _single_types_best(model, cluster, workload, options, evaluate, best)])
-    if options.fewer_nodes:
+    if options.fewer_nodes and not _late(options):
         best = best_of([best, _fewer_nodes_best(model, cluster, workload, options, evaluate, best)])
+    if _late(options):
+        for e in {id(x): x for x in (evaluate, evaluator) if x is not None}.values():
+            e.time_limited = options.time_limit_s
+        if not options.ignore_memory:  # cut short, the search may not have reached what the policy's walk finds
+            from hetpart.policies.policy_planner import plan_policy
+
+            try:
+                best = best_of([best, plan_policy(model, cluster, workload, evaluator=evaluate)])
+            except WorkloadError:
+                pass
     if options.include_baselines and not options.ignore_memory:
         best = best_of([best, *_baselines(model, cluster, workload, evaluate)])
     if best is None:
@@ -1039,6 +1073,11 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
                             "no point of the search space (mixed pipelines and typed replicas, every tensor-parallel "
                             "degree, pipeline depth, micro-batch and recompute mode) fits in memory")
     return best
+
+
+def _late(options: SearchOptions) -> bool:
+    """Whether the search's time limit has run out (:attr:`SearchOptions.time_limit_s`)."""
+    return time.monotonic() > options.deadline
 
 
 def _view_search(model, workload, options: SearchOptions, **changes: Any) -> Callable[..., Evaluated]:

@@ -140,3 +140,27 @@ def test_masked_matrices_and_pipelines_stay_within_their_byte_budgets(monkeypatc
     assert search._most_stages(ctx) == 5
     deepest = max(len(fam.kinds) and sum(fam.counts) for _, fam in search._mixed_families(ctx))
     assert deepest <= 5
+
+
+def test_a_search_cut_short_by_its_time_limit_says_so_and_answers_at_least_as_well_as_the_policy() -> None:
+    from hetpart.policies.planner import plan
+    from hetpart.policies.policy_planner import plan_policy
+
+    model, workload = _model(), Workload(16, 1024)
+    whole = plan(model, FIVE_TYPES, workload, "search")
+    assert whole.evaluation["complete"] is True
+    cut = plan(model, FIVE_TYPES, workload, "search", time_limit_s=1e-9)
+    assert cut.evaluation["complete"] is False and cut.evaluation["time_limit_s"] == 1e-9
+    assert cut.plan.validate(model, FIVE_TYPES) == []
+    assert cut.prediction.tokens_per_s >= plan_policy(model, FIVE_TYPES, workload).tokens_per_s * (1 - 1e-9)
+    assert cut.prediction.tokens_per_s <= whole.prediction.tokens_per_s * (1 + 1e-9)
+
+
+def test_time_limit_flag_is_for_search_only(capsys) -> None:
+    from tests._cli import run_cli
+
+    base = ("plan", "--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8")
+    code, _, err = run_cli(capsys, *base, "--planner", "uniform", "--time-limit", "5")
+    assert code == 2 and "--time-limit: only --planner search takes a time limit" in err
+    code, _, err = run_cli(capsys, *base, "--time-limit", "-1")
+    assert code == 2 and "--time-limit: -1.0 is no number of seconds" in err

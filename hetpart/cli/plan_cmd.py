@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -62,12 +63,16 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                      None, "--policy-checkpoint", help="With --planner policy: a checkpoint 'hetpart train-policy' "
                      "wrote (its config's out) instead of the shipped one."),
                  overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
+                 time_limit: Optional[float] = typer.Option(
+                     None, "--time-limit", help="With --planner search: seconds after which it answers with the best "
+                     "plan priced so far (default 600; 0: no limit). The JSON's planner.complete says whether it "
+                     "visited its whole space."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
-    planner_options = _policy_checkpoint(policy_checkpoint, planner)
+    planner_options = _policy_checkpoint(policy_checkpoint, planner) | _time_limit(time_limit, planner)
     workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention, offload)  # bad options fail early
     profile = load_profile_option(profile_path, predictor)
     precision_given = precision is not None
@@ -93,10 +98,27 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
     _provenance_lines(con, result.prediction.provenance)
+    if result.evaluation.get("complete") is False:
+        con.print(f"{planner} stopped at its time limit ({result.evaluation.get('time_limit_s', 0):.0f} s) before "
+                  "visiting its whole space: the plan is the best it priced (--time-limit 0 lets it finish)")
     pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
     con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _time_limit(seconds: Optional[float], planner: str) -> dict[str, Any]:
+    """The search's ``time_limit_s`` option from ``--time-limit``."""
+    from hetpart.errors import PlanError
+
+    if seconds is None:
+        return {}
+    if planner != "search":
+        raise PlanError(f"--time-limit: only --planner search takes a time limit (not {planner!r}); add --planner "
+                        "search or leave the limit out")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise PlanError(f"--time-limit: {seconds} is no number of seconds; give 0 (no limit) or more")
+    return {"time_limit_s": float(seconds)}
 
 
 def _policy_checkpoint(path: Optional[Path], planner: str) -> dict[str, Any]:
