@@ -985,7 +985,7 @@ def zero_levels(workload: "Workload") -> tuple[int, ...]:
     return sharding_levels(workload)
 
 
-_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions))
+_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions)) - {"deadline"}  # set by plan_search, not a knob
 
 
 def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
