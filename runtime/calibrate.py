@@ -692,41 +692,64 @@ def _collectives_alone(sizes: list[int], dtype, calls: int, repeats: int, clock,
 
 # ------------------------------------------------------------------------------------------ inside a run
 def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
-                 tick: Callable[[], None] | None = None) -> dict[str, Any]:
-    """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 on the CPU, median of
-    ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures before and after its steps,
-    under the run's own contention (JSON-ready)."""
-    from hetpart.runtime.profile import profile_units
+                 tick: Callable[[], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+    """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 as the runtime runs, on
+    ``device``, the rank's own: median of ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures
+    before and after its steps, under the run's own contention (JSON-ready). ``device`` names the class that
+    measured (a CUDA device's name, or this CPU), so that a GPU run is priced by its GPU's times."""
+    import torch
 
-    rows = profile_units(spec, [micro_batch], seq_len, "fp32", "cpu", warmup=1, repeats=repeats, block_s=BLOCK_S,
-                         tick=tick)
-    fixed, per_param = _adam(spec, "cpu", tick)
-    return {"units": [r.to_dict() for r in rows], "adam_fixed_s": fixed, "adam_s_per_param": per_param}
+    from hetpart.runtime.profile import device_name, profile_units
+
+    where = torch.device(device)
+    rows = profile_units(spec, [micro_batch], seq_len, "fp32", where, warmup=1, repeats=repeats,
+                         block_s=None if where.type == "cuda" else BLOCK_S, tick=tick)
+    fixed, per_param = _adam(spec, str(where), tick)
+    if where.type == "cuda":
+        name = device_name(where)
+        measured_on = {"name": name, "kind": "cuda", "description": f"cuda: {name} (torch {torch.__version__}, "
+                                                                     f"CUDA {torch.version.cuda}); measured inside the run"}
+    else:
+        measured_on = {"name": "cpu", "kind": "cpu", "description": cpu_description() + "; measured inside the run"}
+    return {"units": [r.to_dict() for r in rows], "adam_fixed_s": fixed, "adam_s_per_param": per_param,
+            "device": measured_on}
 
 
 def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_types: list[str]) -> Profile:
-    """A profile from the ranks' :func:`measure_here` samples: per unit kind, the median of their medians,
-    the spread over every repeat, the repeats summed; every device type priced by this CPU (a stand-in)."""
+    """A profile from the ranks' :func:`measure_here` samples: per device class that measured and unit kind,
+    the median of their medians, the spread over every repeat, the repeats summed. A device type is priced by
+    the CUDA class of its own model where one measured (a run on its GPU), else by the first class, this CPU
+    when the ranks ran here (a stand-in)."""
     units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
-    rows: dict[tuple[str, int], list[dict]] = {}
+    cpu_class = {"name": "cpu", "kind": "cpu", "description": cpu_description() + "; measured inside the run"}
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    described: dict[str, dict[str, str]] = {}
     for sample in samples:
-        for r in sample["units"]:
-            rows.setdefault((r["unit"].split("_")[0], r["micro_batch"]), []).append(r)
-    compute = []
-    for (kind, mb), rs in rows.items():
-        u = units[kind]
-        compute.append(ComputeEntry(
-            device="cpu", precision="fp32", unit=u.kind, params=int(u.params), seq_len=graph.seq_len, micro_batch=mb,
-            fwd_flops=u.fwd_flops * mb, fwd_s=statistics.median(r["fwd_s"] for r in rs),
-            bwd_s=statistics.median(r["bwd_s"] for r in rs),
-            fwd_range_s=(min(r["fwd_range_s"][0] for r in rs), max(r["fwd_range_s"][1] for r in rs)),
-            bwd_range_s=(min(r["bwd_range_s"][0] for r in rs), max(r["bwd_range_s"][1] for r in rs)),
-            repeats=sum(r["repeats"] for r in rs), activation_gb=rs[0].get("activation_gb"), width=int(u.width)))
-    cpu = DeviceClass(name="cpu", kind="cpu", description=cpu_description() + "; measured inside the run",
-                      adam_s_per_param=statistics.median(s["adam_s_per_param"] for s in samples),
-                      adam_fixed_s=statistics.median(s["adam_fixed_s"] for s in samples))
-    return Profile(devices={"cpu": cpu}, device_types={t: DeviceBinding("cpu", stand_in=True) for t in device_types},
-                   compute=tuple(compute), model={"name": spec.name, "seq_len": graph.seq_len, "precision": "fp32"},
+        where = sample.get("device") or cpu_class
+        by_class.setdefault(where["name"], []).append(sample)
+        described.setdefault(where["name"], where)
+    compute, classes = [], {}
+    for name, group in by_class.items():
+        rows: dict[tuple[str, int], list[dict]] = {}
+        for sample in group:
+            for r in sample["units"]:
+                rows.setdefault((r["unit"].split("_")[0], r["micro_batch"]), []).append(r)
+        for (kind, mb), rs in rows.items():
+            u = units[kind]
+            compute.append(ComputeEntry(
+                device=name, precision="fp32", unit=u.kind, params=int(u.params), seq_len=graph.seq_len,
+                micro_batch=mb, fwd_flops=u.fwd_flops * mb, fwd_s=statistics.median(r["fwd_s"] for r in rs),
+                bwd_s=statistics.median(r["bwd_s"] for r in rs),
+                fwd_range_s=(min(r["fwd_range_s"][0] for r in rs), max(r["fwd_range_s"][1] for r in rs)),
+                bwd_range_s=(min(r["bwd_range_s"][0] for r in rs), max(r["bwd_range_s"][1] for r in rs)),
+                repeats=sum(r["repeats"] for r in rs), activation_gb=rs[0].get("activation_gb"),
+                width=int(u.width)))
+        where = described[name]
+        classes[name] = DeviceClass(name=name, kind=where["kind"], description=where["description"],
+                                    adam_s_per_param=statistics.median(s["adam_s_per_param"] for s in group),
+                                    adam_fixed_s=statistics.median(s["adam_fixed_s"] for s in group))
+    return Profile(devices=classes, device_types=bind_device_types(device_types, classes), compute=tuple(compute),
+                   model={"name": spec.name, "seq_len": graph.seq_len, "precision": "fp32"},
                    meta={"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "method": f"every rank before and after its steps ({len(samples)} samples), median of "
                                    "the medians"}, source=IN_RUN)

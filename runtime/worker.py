@@ -319,7 +319,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
 
         start = load_checkpoint(ckpt, executor)
         heartbeat.resumed_from = start if start else None
-    profiled = [_unit_profile(job, plan, heartbeat)]
+    profiled = [_unit_profile(job, plan, heartbeat, executor.device)]
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
     every = int(job.get("checkpoint_every") or 0)
     steps = []
@@ -340,7 +340,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     # (the optimizer's moments at the first step), which the steps after it hold from their start
     measure_from = int(job.get("measure_from", int(job.get("first_step", 0)) + job["warmup"]))
     peak = max(s["peak_memory_bytes"] for s in ([s for s in steps if s["step"] >= measure_from] or steps))
-    profiled.append(_unit_profile(job, plan, heartbeat))  # after too: the median brackets a load that drifts
+    profiled.append(_unit_profile(job, plan, heartbeat, executor.device))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
@@ -348,15 +348,16 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
             "profile_samples": [p for p in profiled if p is not None]}
 
 
-def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat) -> dict[str, Any] | None:
-    """This rank's unit timings for the run's prediction, when the launcher asks for them (no ``--profile``)."""
+def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, device) -> dict[str, Any] | None:
+    """This rank's unit timings on its own device for the run's prediction, when the launcher asks for them (no
+    ``--profile``)."""
     if not job.get("profile_units"):
         return None
     from hetpart.runtime.calibrate import measure_here
     from hetpart.runtime.models import RunnableSpec
 
     return measure_here(RunnableSpec.from_dict(job["runnable"]), plan.micro_batch, plan.seq_len,
-                        tick=heartbeat.progress)
+                        tick=heartbeat.progress, device=str(device))
 
 
 def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,
