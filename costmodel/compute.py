@@ -289,7 +289,10 @@ RNG state handling cost more host time than the recomputed operators alone (x1.2
 head included) the H100's held-out runtime runs with full recompute (``experiments/data/h100_runs.jsonl`` rows 6
 and 8, hidden 768, micro-batch 1 and 4) came out +16.4% and +12.5% too slow; with these factors on blocks only,
 -0.1% and -2.2% (held-out validation rows: a check, not a source). Operator counts of the ``torch`` set only: an engine's own
-recomputation (kernel set ``fused`` with ``op_counts="engine"``) pays its forward's operators once more."""
+recomputation (kernel set ``fused`` with ``op_counts="engine"``) pays its forward's operators once more. On CUDA (one H200,
+2026-11-29, ``--device cuda``; experiments/data/h200_session_2026-11-29.txt), where the checkpoint also saves and
+restores the device's RNG state, the mean of the two blocks was ``full`` x1.59 / x1.93 and ``selective`` x1.35 /
+x1.51: within the spread between the models, so these constants serve GPUs too."""
 
 CHECKPOINT_HOST = RECOMPUTE_HOST["full"]
 """:data:`RECOMPUTE_HOST` under full recomputation (the name earlier code and tests use)."""

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PublishedRow", "load_published", "predict_published", "h100_run_rows", "h100_unit_summary", "section",
+__all__ = ["PublishedRow", "load_published", "predict_published", "GPU_RUN_FILES", "gpu_run_rows", "h100_run_rows", "h100_unit_summary", "section",
            "count_ops", "main"]
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -148,28 +148,44 @@ def predict_published(row: PublishedRow, options: dict | None = None) -> Result:
     return Result(**{**base.__dict__, "predicted": best})
 
 
-def h100_run_rows(path: Path = DATA / "h100_runs.jsonl", options: dict | None = None) -> list[Result]:
-    """The repo's real H100 runs (no emulation), re-predicted from their records: step time (``options``:
-    further simulator options)."""
+GPU_RUN_FILES = (DATA / "h100_runs.jsonl", DATA / "h200_runs.jsonl")
+"""The repo's real runs of hetpart's runtime on one GPU (no emulation): an H100 (2026-11-24) and an H200
+(2026-11-29, a GPU the project has never fitted anything on)."""
+
+
+def gpu_run_rows(paths: tuple[Path, ...] = GPU_RUN_FILES, options: dict | None = None) -> list[Result]:
+    """The repo's real GPU runs (:data:`GPU_RUN_FILES`), re-predicted from their records by the simulator as
+    the runtime prices its own runs: step time (``options``: further simulator options). Row ids name the GPU
+    (``h100-run-3``, ``h200-run-1``)."""
     from hetpart.costmodel.predictor import get_predictor
     from hetpart.records import iter_records
     from hetpart.workload import Workload
 
     out = []
-    for line, record in iter_records(path):
-        plan = record.run_plan(f"{path}:{line}")
-        workload = Workload(**record.workload)
-        # the runtime's own options (runtime.measure.predict): its kernels are PyTorch's (Hugging Face modules)
-        sim = get_predictor("simulator", record.model_graph(), record.prediction_cluster(f"{path}:{line}"), workload,
-                            **{"overlap_grad_reduce": False, "kernels": "torch", **(options or {})})
-        pred = {"metrics": sim.predict(plan, workload).metrics}
-        cfg = record.model.run_config or {}
-        setup = (f"H100-80GB x 1, h={cfg.get('hidden_size')} L={cfg.get('num_layers')}, seq {plan.seq_len}, "
-                 f"batch {plan.global_batch}/mb {plan.micro_batch}, {plan.recompute}, {plan.precision}")
-        when = record.environment.time_utc[:10] if record.environment else "date not recorded"
-        out.append(Result(f"h100-run-{line}", "heldout", f"hetpart runtime on one H100 ({when})", setup,
-                          "step_time_s", record.measured.step_time_s, pred["metrics"]["step_time_s"]))
+    for path in paths:
+        for line, record in iter_records(path):
+            plan = record.run_plan(f"{path}:{line}")
+            workload = Workload(**record.workload)
+            cluster = record.prediction_cluster(f"{path}:{line}")
+            # the runtime's own options (runtime.measure.predict): its kernels are PyTorch's (Hugging Face modules)
+            sim = get_predictor("simulator", record.model_graph(), cluster, workload,
+                                **{"overlap_grad_reduce": False, "kernels": "torch", **(options or {})})
+            pred = {"metrics": sim.predict(plan, workload).metrics}
+            cfg = record.model.run_config or {}
+            gpus = sorted({cluster.device(d).gpu.name for d in plan.devices})
+            setup = (f"{'+'.join(gpus)} x {plan.num_devices}, h={cfg.get('hidden_size')} L={cfg.get('num_layers')}, "
+                     f"seq {plan.seq_len}, batch {plan.global_batch}/mb {plan.micro_batch}, {plan.recompute}, "
+                     f"{plan.precision}")
+            when = record.environment.time_utc[:10] if record.environment else "date not recorded"
+            short = gpus[0].split("-")[0]
+            out.append(Result(f"{short.lower()}-run-{line}", "heldout", f"hetpart runtime on one {short} ({when})",
+                              setup, "step_time_s", record.measured.step_time_s, pred["metrics"]["step_time_s"]))
     return out
+
+
+def h100_run_rows(path: Path = DATA / "h100_runs.jsonl", options: dict | None = None) -> list[Result]:
+    """The real H100 runs alone (:func:`gpu_run_rows` of one file)."""
+    return gpu_run_rows((path,), options)
 
 
 def h100_unit_summary(path: Path = DATA / "h100_unit_profile.json", curve=None) -> list[dict]:
@@ -210,7 +226,8 @@ def _groups(results: list[Result]) -> list[str]:
               ("fitting (anchor, one number): Shoeybi et al. 2019, 1.2B on one V100", lambda r: r.id.startswith("s19-1.2b")),
               ("held out: Shoeybi et al. 2019, 8.3B on 8 and 512 V100", lambda r: r.id.startswith("s19-8.3b")),
               ("held out: Llama 3 405B on H100", lambda r: r.id.startswith("l24")),
-              ("held out: hetpart runtime on one H100", lambda r: r.id.startswith("h100-run"))]
+              ("held out: hetpart runtime on one H100", lambda r: r.id.startswith("h100-run")),
+              ("held out: hetpart runtime on one H200 (nothing fitted on it)", lambda r: r.id.startswith("h200-run"))]
     out = []
     for name, pick in groups:
         chosen = [r for r in results if pick(r)]
@@ -226,7 +243,7 @@ def section():
     from hetpart.experiments.benchdoc import Section, load, machine
 
     where = machine()
-    results = [predict_published(r) for r in load_published()] + h100_run_rows()
+    results = [predict_published(r) for r in load_published()] + gpu_run_rows()
     units = h100_unit_summary()
     unit_lines = ["| precision | micro-batch | geometric mean | range | within 25% |", "|---|---|---|---|---|"]
     for u in units:
@@ -235,7 +252,7 @@ def section():
     body = (
         "Every row is predicted by the shipped simulator (`Simulator`, Megatron-LM placement via `megatron_plan`) "
         "from the settings in `experiments/data/published_runs.csv` (source, table, every setting, the published "
-        "number) and from the run records in `experiments/data/h100_runs.jsonl`. Error sign: positive means "
+        "number) and from the run records in `experiments/data/h100_runs.jsonl` and `h200_runs.jsonl`. Error sign: positive means "
         "predicted too slow (step time too long or TFLOPS too low). FITTING rows determined constants of the cost "
         "model (the Ampere curve, the Volta anchor); HELD-OUT rows never tuned anything. Where a paper does not "
         "publish a setting the choice is stated in the row's note (csv).\n\n"

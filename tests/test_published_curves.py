@@ -115,10 +115,10 @@ def test_a_gemm_set_is_a_flop_weighted_harmonic_mean():
 def test_the_hopper_band_is_the_validation_rows_of_hopper():
     """The H100's error band is what the validation benchmark measures on its held-out Hopper rows."""
     from hetpart.costmodel.provenance import _band
-    from hetpart.experiments.bench_validation import h100_run_rows, load_published, predict_published
+    from hetpart.experiments.bench_validation import gpu_run_rows, load_published, predict_published
 
     rows = [predict_published(r) for r in load_published() if r.fields["gpu"].startswith("H100") and r.role == "heldout"]
-    errors = [r.error_pct for r in rows + h100_run_rows()]
+    errors = [r.error_pct for r in rows + gpu_run_rows()]  # the H100's and the H200's
     kind, curve = compute_kind(GPU_CATALOG["H100-80GB"])
     band = _band(kind, curve.split(" ", 1)[0])  # as prediction_provenance reads it
     assert kind == "fitted" and band["held_out"]

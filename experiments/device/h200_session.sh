@@ -2,7 +2,7 @@
 # One lent-GPU session on an H200 (issues 9 and 10), prepared 2026-11-29; about 6 minutes. In order of value:
 #  1. real training steps (hetpart run --no-emulation) on a GPU the project has never fitted or measured: held-out
 #     rows for experiments/data/h200_runs.jsonl (recompute none/selective/full at one width, two micro-batches at a
-#     wider one, and one bf16 run; each record carries the runtime's own prediction and its measured peak memory);
+#     wider one; the runtime runs fp32 whatever the plan's precision, so there is no bf16 run; each record carries the runtime's own prediction and its measured peak memory);
 #  2. a measured profile of the same shrunken model (hetpart calibrate on CUDA, fp32, the run's width and sequence)
 #     so that the runs can be predicted from it afterwards (issue 9 item 2, on a GPU);
 #  3. torch.utils.checkpoint's host cost on CUDA (bench_host_ops --recompute-host --device cuda) against the CPU's
@@ -31,8 +31,7 @@ $W1 4 selective fp32
 $W1 4 full fp32
 $W1 1 none fp32
 $W2 1 none fp32
-$W2 4 none fp32
-$W2 4 none bf16"}
+$W2 4 none fp32"}
 i=0
 while read -r H MB RC PR; do
   [ -z "$H" ] && continue
