@@ -527,7 +527,7 @@ class ShardedAdam:
         for bucket in self.buckets:
             start, length = bucket.mine
             pieces.append(bucket.flat(tensors)[start: start + length].float())
-        return torch.cat(pieces) if pieces else torch.zeros(0)
+        return torch.cat(pieces) if pieces else torch.zeros(0, device=self.ex.device)
 
     def _gathered(self, shard: torch.Tensor, into: dict[str, torch.Tensor]) -> None:
         """All-gather every bucket's ranges of ``shard`` (this rank's) into ``into`` (key -> a tensor shaped

@@ -714,17 +714,26 @@ class Executor:
         dist.all_reduce(t)
         return float(t.item())
 
+    def _settle(self) -> None:
+        """Wait for this rank's GPU to finish what it was given (kernels and NCCL collectives run asynchronously:
+        without it a step's clock stops when the host has issued the optimizer, not when it ran)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def step(self, step: int, *, sync_loss: bool = True) -> StepResult:
         """One training step: forward/backward of every micro-batch, gradient sync, Adam."""
         self.clock.reset()
         mem = _MemoryProbe(self.device)
+        self._settle()
         start = time.perf_counter()
         local = self.forward_backward(step)
         self.sync_gradients()
+        self._settle()
         opt_start = time.perf_counter()
         self.optimizer.step()
         if self.dist_optimizer is not None:
             self.dist_optimizer.step()
+        self._settle()
         end = time.perf_counter()
         peak, source = mem.peak()
         loss = self.global_loss(local) if sync_loss else float("nan")

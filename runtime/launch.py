@@ -88,6 +88,9 @@ class RunOptions:
     profile: str | None = None
     """A measured profile of the model that runs (``hetpart calibrate --scale ...``) for the prediction;
     None: every rank times its units before and after its steps (:func:`hetpart.runtime.calibrate.measure_here`)."""
+    device: str = "auto"
+    """Where the ranks run (:func:`run_device`): ``cpu``; ``cuda``, one GPU per rank, without emulation; ``auto``:
+    ``cuda`` where that holds, else ``cpu``."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup", "checkpoint_every", "max_restarts"):
@@ -100,11 +103,47 @@ class RunOptions:
                             "directory)")
         if self.time_factor is not None and not self.time_factor > 0:
             raise PlanError(f"--time-factor: must be > 0, got {self.time_factor!r}")
+        if self.device not in RUN_DEVICES:
+            raise PlanError(f"--device: {self.device!r}; use {', '.join(RUN_DEVICES)}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["fault"] = self.fault.to_dict() if self.fault else None
         return out
+
+
+RUN_DEVICES = ("auto", "cpu", "cuda")
+"""``hetpart run --device`` values."""
+
+
+def run_device(options: RunOptions, ranks: int) -> str:
+    """Where the ``ranks`` processes of a run compute: ``cuda`` (rank ``i`` on GPU ``i``) or ``cpu``.
+
+    One GPU per rank or none: gloo's point-to-point cannot send CUDA tensors, so two ranks sharing a GPU cannot
+    pass a pipeline's activations, and NCCL refuses two members on one GPU. Emulation runs on the CPU: it
+    calibrates this machine's CPU and slows it (and its links) to the plan's devices, which means nothing for
+    kernels running on a GPU at their own speed.
+
+    Raises:
+        PlanError: ``--device cuda`` where torch sees no GPU, fewer GPUs than ranks, or with emulation.
+    """
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if options.device == "cpu":
+        return "cpu"
+    if options.device == "cuda":
+        if not gpus:
+            raise PlanError("--device cuda: torch sees no CUDA device; use --device cpu (or auto)")
+        if ranks > gpus:
+            raise PlanError(f"--device cuda: the plan has {ranks} devices and this machine {gpus} GPU(s); a run puts "
+                            "one rank on each GPU (ranks sharing a GPU cannot send each other CUDA tensors over gloo); "
+                            f"use --device cpu, or a plan of at most {gpus} devices")
+        if options.emulate:
+            raise PlanError("--device cuda: emulation calibrates and slows this machine's CPU, not a GPU; add "
+                            "--no-emulation to run on the GPUs at their own speed, or use --device cpu")
+        return "cuda"
+    return "cuda" if gpus and ranks <= gpus and not options.emulate else "cpu"
 
 
 @dataclass(frozen=True)
@@ -673,6 +712,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source)
+    run_device(options, len(prep.rank_devices))  # a --device the machine cannot honour: refused before anything runs
     profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
     temporary = run_dir is None
@@ -785,6 +825,7 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
     if options.netem:
         emulation.update(_netem_setup(prep, options, width))
     return {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
+            "device": run_device(options, len(prep.rank_devices)),
             "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
             "first_step": first, "end_step": end, "measure_from": measure_from,
             "emulation": emulation if options.emulate else None,
@@ -871,7 +912,12 @@ def run_profile(prep: PreparedRun, options: RunOptions):
             raise SpecError(f"--profile: {options.profile} has no entry for unit {missing[0]} of the model that runs "
                             f"({prep.run_graph.name}, hidden {prep.runnable.config.hidden_size if prep.runnable.config else '?'}); "
                             f"measure one with 'hetpart calibrate --model {prep.model_spec} --scale {options.scale} "
-                            f"--seq-len {small.seq_len}'")
+                            f"--seq-len {small.seq_len} --precision fp32'")
+        measured = sorted({e.precision for e in profile.compute})
+        if "fp32" not in measured:  # the runtime computes in fp32 (TF32 off): another precision's times price nothing
+            raise SpecError(f"--profile: {options.profile} was measured in {', '.join(measured)}, and the run computes "
+                            f"in fp32; measure one with 'hetpart calibrate --model {prep.model_spec} --scale "
+                            f"{options.scale} --seq-len {small.seq_len} --precision fp32'")
         return profile
     return None
 

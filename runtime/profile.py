@@ -76,9 +76,10 @@ class _Clock:
     def __call__(self, fn: Callable[[], Any]) -> float:
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            stream = torch.cuda.current_stream(self.device)  # the unit's device, whichever is current
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             torch.cuda.synchronize(self.device)
             return start.elapsed_time(end) / 1e3
         t0 = time.perf_counter()

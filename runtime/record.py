@@ -23,6 +23,7 @@ __all__ = ["run_record", "model_summary", "measured_record", "predicted_record",
 def run_record(prep: "PreparedRun", options: "RunOptions", emulation: dict[str, Any], emu: Cluster | None,
                measured: "Measurement", predicted: dict[str, Any] | None) -> RunRecord:
     """The record of a run prepared as ``prep``, emulated on ``emu`` (None: not emulated)."""
+    from hetpart.runtime.launch import run_device
     from hetpart.workload import Workload
 
     small = prep.run_plan
@@ -32,7 +33,8 @@ def run_record(prep: "PreparedRun", options: "RunOptions", emulation: dict[str, 
                      original_plan=prep.plan.to_dict(), workload=workload.to_dict(),
                      measured=measured_record(measured), predicted=predicted_record(predicted),
                      emulated=emu is not None, emulation=_emulation(emulation, prep.cluster, emu),
-                     environment=environment_record(len(prep.rank_devices)), options=options.to_dict())
+                     environment=environment_record(len(prep.rank_devices), run_device(options, len(prep.rank_devices))),
+                     options=options.to_dict())
 
 
 def _model_spec(prep: "PreparedRun", options: "RunOptions") -> ModelSpec:
@@ -97,16 +99,14 @@ def _emulation(summary: dict[str, Any], real: Cluster, emu: Cluster | None) -> E
                      precision=summary["precision"], cluster=cluster_to_dict(emu), gpu_names=names, details=details)
 
 
-def environment_record(world: int) -> Environment:
-    """This machine, now; ``world`` processes (one per device of the plan)."""
+def environment_record(world: int, device: str = "cpu") -> Environment:
+    """This machine, now; ``world`` processes (one per device of the plan), on ``device`` (``cuda``: rank ``i`` on
+    GPU ``i``, :func:`hetpart.runtime.launch.run_device`)."""
     import torch
 
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        devices = tuple(torch.cuda.get_device_name(r % count) for r in range(world))
-    else:
-        devices = ("cpu",) * world
-    backend = "nccl where every member has its own GPU, else gloo" if torch.cuda.is_available() else "gloo"
+    cuda = device == "cuda" and torch.cuda.is_available()
+    devices = tuple(torch.cuda.get_device_name(r) for r in range(world)) if cuda else ("cpu",) * world
+    backend = "nccl where every member has its own GPU, else gloo" if cuda else "gloo"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Environment(torch=torch.__version__, python=platform.python_version(), host=platform.node(),
                        platform=platform.platform(), devices=devices, cores=cores,

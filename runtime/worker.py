@@ -285,6 +285,10 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     from hetpart.runtime.models import RunnableSpec
 
     torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if job.get("device") == "cuda":  # one GPU per rank (launch.run_device); FSDP2 and CUDA events use the current one
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     fault = FaultSpec(**job["fault"]) if job.get("fault") else None
     if fault is not None:
         fault.fire_in("start", rank)
@@ -299,7 +303,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     plan = Plan.from_dict(job["plan"])
     hooks = WorkerHooks(None, None, heartbeat, fault, rank)
     executor = Executor(plan, RunnableSpec.from_dict(job["runnable"]), rank=rank, world_size=world, hooks=hooks,
-                        comm_timeout_s=float(job.get("comm_timeout_s", 600)))
+                        device=device, comm_timeout_s=float(job.get("comm_timeout_s", 600)))
     hooks.attach(executor.lane, executor.role.tp, executor.plan.replicas[executor.replica].pp)
     heartbeat.enter("calibrate")
     if fault is not None:

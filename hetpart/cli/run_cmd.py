@@ -28,6 +28,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster's links (default: fastest peak / calibrated CPU peak, see --links)."),
         links: str = typer.Option("balanced", "--links", help="balanced: links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
+        device: str = typer.Option("auto", "--device", help="Where the ranks compute: cpu; cuda (one GPU per rank, with --no-emulation); auto: cuda where that holds, else cpu."),
         profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the model that runs ('hetpart calibrate "
                                               "--scale ...') for the prediction (default: every rank times its units before and after its steps)."),
         netem: bool = typer.Option(False, "--netem", help="Shape real traffic between per-rank network namespaces with tc (root + iproute2) instead of sleeping."),
@@ -51,7 +52,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
                          time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
                          checkpoint_every=checkpoint_every, max_restarts=max_restarts,
-                         hang_timeout_s=hang_timeout, netem=netem, profile=profile)
+                         hang_timeout_s=hang_timeout, netem=netem, profile=profile, device=device)
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
