@@ -195,6 +195,18 @@ def check_capacity(num_processes: int, per_process_gb: float) -> Capacity:
     return cap
 
 
+def check_gpu_memory(num_processes: int, states_gb: float) -> None:
+    """Raise :class:`RuntimeFault` when the whole model's states and activations (what a rank holds at most,
+    as the host check counts them) exceed the smallest of the GPUs the ranks use."""
+    import torch
+
+    smallest = min(torch.cuda.get_device_properties(i).total_memory for i in range(num_processes)) / 1e9
+    if states_gb > smallest:
+        raise RuntimeFault(f"runtime: a rank may hold {states_gb:.1f} GB (fp32 weights, gradients, Adam moments, "
+                           f"pipeline buffers and activations of the model that runs) and the smallest GPU has "
+                           f"{smallest:.1f} GB; run a smaller --hidden-size or --scale")
+
+
 @dataclass(frozen=True)
 class PreparedRun:
     """Everything checked and resolved before any process starts."""
@@ -285,7 +297,12 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
                  shard_group=plan.shard_group, shard_fractions=plan.shard_fractions, meta=dict(plan.meta))
     small.check(graph, cluster, source=f"{source} (shrunken model)")
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
-    per_process = _PROCESS_BASE_GB + graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
+    states = graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
+    if run_device(options, small.num_devices) == "cuda":  # the states live on each rank's GPU, not in host memory
+        check_gpu_memory(small.num_devices, states)
+        per_process = _PROCESS_BASE_GB
+    else:
+        per_process = _PROCESS_BASE_GB + states
     check_capacity(small.num_devices, per_process)
     if options.checkpoint_dir:
         _check_checkpoint_dir(Path(options.checkpoint_dir), graph.num_units)
@@ -712,7 +729,6 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source)
-    run_device(options, len(prep.rank_devices))  # a --device the machine cannot honour: refused before anything runs
     profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
     temporary = run_dir is None

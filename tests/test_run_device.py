@@ -89,3 +89,23 @@ def test_a_profile_measured_in_another_precision_is_refused_not_ignored(tmp_path
                         ).save(bf16)
     with pytest.raises(SpecError, match="measured in bf16, and the run computes in fp32; .*--precision fp32"):
         run_profile(prep, dataclasses.replace(options, profile=str(bf16)))
+
+
+def test_on_gpus_the_states_are_checked_against_gpu_memory_not_host_memory(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hetpart.errors import RuntimeFault
+    from hetpart.plan import Plan
+    from hetpart.runtime.launch import prepare_run
+
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    _gpus(monkeypatch, 2)
+    sizes = {"gb": 80}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=sizes["gb"] * 1e9))
+    plan = Plan.from_dict(PLAN)
+    on_gpus = prepare_run(plan, "gpt2-small", str(tmp_path / "c.yaml"), RunOptions(steps=1, emulate=False))
+    on_cpu = prepare_run(plan, "gpt2-small", str(tmp_path / "c.yaml"), RunOptions(steps=1))  # emulated: the CPU
+    assert on_gpus.per_process_gb < on_cpu.per_process_gb  # the host holds no model states for a GPU rank
+    sizes["gb"] = 1e-4
+    with pytest.raises(RuntimeFault, match="the smallest GPU has 0.0 GB"):
+        prepare_run(plan, "gpt2-small", str(tmp_path / "c.yaml"), RunOptions(steps=1, emulate=False))
