@@ -61,3 +61,19 @@ def test_measure_here_names_the_device_it_measured_on():
     sample = measure_here(runnable_spec("gpt2-small", "tiny"), 1, 16, repeats=1)
     assert sample["device"]["kind"] == "cpu" and sample["device"]["name"] == "cpu"
     assert {u["unit"].split("_")[0] for u in sample["units"]} == {"embedding", "block", "head"}
+
+
+def test_the_gpu_warm_up_runs_a_block_for_its_time_and_leaves_no_gradient():
+    import time
+
+    import torch
+
+    from hetpart.runtime.models import build_units
+    from hetpart.runtime.profile import GPU_WARMUP_S, _warm_gpu
+
+    spec = runnable_spec("gpt2-small", "tiny")
+    unit = build_units(spec, [1])[0]
+    started = time.perf_counter()
+    _warm_gpu(unit, spec, 1, 2, 16, torch.device("cpu"), torch.float32)  # the CUDA-only path, on this CPU
+    assert time.perf_counter() - started >= GPU_WARMUP_S
+    assert all(p.grad is None for p in unit.parameters())
