@@ -36,8 +36,11 @@ def record(tmp_path_factory) -> Path:
     plan = Plan(global_batch=4, micro_batch=2, seq_len=32, schedule="1f1b", replicas=(
         Replica(1.0, (Stage((0, 14), ("0/0/0", "0/0/1"), 2),)),))
     plan.save(tmp / "plan.json")
+    # --time-factor 200 dilates only the links (the default, fastest peak / CPU rate, made the TP all-reduces sleep
+    # ~3 s a step); the slow rank's compute sleep, which calibrate measures, follows the speed ratio either way
     proc = subprocess.run([sys.executable, "-m", "hetpart.cli.app", "run", str(tmp / "plan.json"), "--model",
                            "gpt2-small", "--cluster", str(tmp / "slow.yaml"), "--steps", "3", "--warmup", "1",
+                           "--time-factor", "200",
                            "--out", str(tmp / "runs.jsonl"), "--log-every", "0", "--run-dir", str(tmp / "ranks")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
