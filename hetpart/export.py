@@ -8,13 +8,18 @@ parallelism, ...), never a silent approximation. The names are the engines' own:
   ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, or the general
   ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L`` loss, ``|`` between
-  stages), ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``,
-  ``--optimizer sgd`` and ``--attention-backend unfused`` (eager attention).
-* torchtitan (``torchtitan/config/job_config.py``): ``[parallelism]`` degrees, ``pipeline_parallel_schedule``,
+  stages; the one way to put the embedding or the head alone on a stage), ``--micro-batch-size``,
+  ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``,
+  ``--optimizer sgd``, ``--attention-backend unfused`` (eager attention) and, for hybrid sharding,
+  ``--num-distributed-optimizer-instances`` (the distributed optimizer sharded inside groups of consecutive ranks).
+* torchtitan (``torchtitan/config/job_config.py``): ``[training] local_batch_size`` (the samples of one forward;
+  ``global_batch_size / (local_batch_size x dp)`` accumulation steps), ``[parallelism]`` degrees (HSDP:
+  ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``), ``pipeline_parallel_schedule``,
   ``module_fqns_per_model_part`` (the split, per model chunk) and the older ``pipeline_parallel_split_points``.
 * DeepSpeed: the JSON config (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
   ``gradient_accumulation_steps``, ``zero_optimization.stage`` with its ``offload_optimizer`` /
-  ``offload_param``, ``bf16``/``fp16``, ``optimizer.type`` ``SGD``) and the
+  ``offload_param`` and MiCS's ``mics_shard_size`` (hybrid sharding, ZeRO-3 only), ``bf16``/``fp16``,
+  ``optimizer.type`` ``SGD``) and the
   ``PipelineModule(num_stages=..., partition_method=...)`` arguments.
 
 The plan's optimizer and attention kernel are part of what it assumed (model-state and activation memory):
@@ -113,6 +118,12 @@ def _shape(plan, graph) -> _Shape:
     if uneven:
         problems.append(f"uneven tensor-parallel splits ({uneven} stage{'s' if uneven > 1 else ''} with tp_split): "
                         "the engines shard heads and columns evenly (torch.chunk); shown: even shards")
+    fractions = getattr(plan, "shard_fractions", None)
+    if getattr(plan, "zero", 0) and fractions is not None and len({round(f, 9) for f in fractions}) > 1:
+        problems.append("uneven shards (shard_fractions " + ", ".join(f"{f:.3f}" for f in fractions) + "): the "
+                        "engines split each sharded state evenly over its shard group (Megatron-LM's distributed "
+                        "optimizer, FSDP2, DeepSpeed ZeRO); shown: even shards, more than planned on the replicas "
+                        "given less")
     step = plan.dp * plan.micro_batch  # each engine's global batch is dp x micro-batch x accumulation steps
     if plan.global_batch % step:
         near = sorted({max(step, plan.global_batch // step * step), (plan.global_batch // step + 1) * step})
@@ -125,6 +136,12 @@ def _shape(plan, graph) -> _Shape:
     return _Shape(dp=plan.dp, pp=first.pp // vpp, vpp=vpp, tp=first.stages[0].tp, blocks=blocks,
                   stage_units=tuple(s.layers for s in first.stages), num_layers=int(arch["num_layers"]),
                   problems=tuple(problems))
+
+
+def _shard_group(plan) -> int:
+    """Replicas per shard group: ``shard_group`` under hybrid sharding (HSDP), else all ``dp`` replicas."""
+    group = getattr(plan, "shard_group", 0)
+    return group if getattr(plan, "zero", 0) and 0 < group < plan.dp else plan.dp
 
 
 # --------------------------------------------------------------------------------------- Megatron-LM
@@ -161,8 +178,15 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
         args[f"--{plan.precision}"] = True
     elif plan.precision == "fp8":  # Transformer Engine FP8 on bf16 weights (E4M3 forward, E5M2 gradients)
         args.update({"--bf16": True, "--fp8-format": "hybrid"})
+    if plan.schedule == "gpipe":
+        problems.append("schedule gpipe (every forward before any backward: all micro-batches' activations held at "
+                        "once): Megatron-LM's pipelines run 1F1B or interleaved 1F1B, and without a pipeline one "
+                        "micro-batch at a time; shown: 1F1B, which holds fewer activations and idles otherwise than "
+                        "planned")
     if getattr(plan, "zero", 0) >= 1:
         args["--use-distributed-optimizer"] = True
+        if _shard_group(plan) < plan.dp:  # partial distributed optimizer: shards inside dp/instances consecutive ranks
+            args["--num-distributed-optimizer-instances"] = plan.dp // _shard_group(plan)
         if plan.zero >= 2:
             problems.append(f"ZeRO stage {plan.zero}: Megatron-LM's distributed optimizer shards optimizer states "
                             "(ZeRO-1) only; gradients and parameters stay replicated")
@@ -259,7 +283,9 @@ def _megatron_partition(shape: _Shape) -> dict[str, Any]:
     if even or pp == 1:
         return {}
     middle = blocks[1:-1]
-    if len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+    # --decoder-first/last-pipeline-num-layers must be > 0 (Megatron-Core refuses 0): an embedding or a head
+    # alone on its stage takes the layout ("E|t...L", "Et...|L"; empty stages are legal there)
+    if len(set(middle)) <= 1 and (not middle or middle[0] > 0) and blocks[0] > 0 and blocks[-1] > 0:
         out: dict[str, Any] = {}
         mid = middle[0] if middle else None
         if mid is None or blocks[0] != mid:
@@ -323,9 +349,10 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
     chunks = [_titan_fqns(a, b, graph.num_units) for a, b in shape.stage_units]
     split_points = [c[0] for c in chunks[1:] if c and c[0].startswith("layers.")]
     zero = getattr(plan, "zero", 0)
+    group = _shard_group(plan)  # FSDP2 shards over dp_shard, replicates over dp_replicate (HSDP when both > 1)
     parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": shape.dp if zero < 3 else 1,
-        "data_parallel_shard_degree": shape.dp if zero >= 3 else 1,
+        "data_parallel_replicate_degree": shape.dp if zero < 3 else shape.dp // group,
+        "data_parallel_shard_degree": group if zero >= 3 else 1,
         "tensor_parallel_degree": shape.tp,
         **({"context_parallel_degree": plan.cp} if getattr(plan, "cp", 1) > 1 else {}),
         "pipeline_parallel_degree": shape.pp,
@@ -336,7 +363,12 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
     if zero in (1, 2):
         problems.append(f"ZeRO stage {zero}: torchtitan shards with FSDP (ZeRO-3, data_parallel_shard_degree) or "
                         "replicates (data_parallel_replicate_degree); shown: replicated")
-    training: dict[str, Any] = {"local_batch_size": plan.global_batch // max(1, shape.dp),
+    # torchtitan runs local_batch_size samples per forward (split into pipeline_parallel_microbatch_size micro-batches
+    # when pp > 1) and accumulates gradients over global / (local x dp) of them. Without a pipeline the plan's
+    # micro-batch is the local batch; GPipe there holds every micro-batch at once, as one forward of them all does.
+    per_replica = plan.global_batch // max(1, shape.dp)
+    local = per_replica if shape.pp > 1 or plan.schedule == "gpipe" else plan.micro_batch
+    training: dict[str, Any] = {"local_batch_size": local,
                                 "global_batch_size": plan.global_batch, "seq_len": plan.seq_len}
     offload = getattr(plan, "offload", "none")
     if offload == "full":
@@ -424,6 +456,17 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
                         "with one chunk per stage")
     if plan.schedule == "gpipe":
         problems.append("schedule gpipe: DeepSpeed's pipeline engine runs 1F1B")
+    notes: list[str] = []
+    group = _shard_group(plan)
+    if group < plan.dp and zero >= 3:  # MiCS: all ZeRO-3 states sharded inside groups of consecutive ranks
+        config["zero_optimization"]["mics_shard_size"] = group
+        notes.append("mics_shard_size (MiCS): build the model under deepspeed.zero.MiCS_Init(config_dict_or_path=...) "
+                      "instead of deepspeed.zero.Init")
+    elif group < plan.dp:
+        problems.append(f"hybrid sharding (shard_group {group}: ZeRO-{zero} states sharded inside groups of {group} "
+                        f"replicas, replicated across the {plan.dp // group} groups): DeepSpeed's hierarchical "
+                        f"sharding (MiCS, mics_shard_size) is ZeRO-3 only; shown: stage {zero} over all {plan.dp} "
+                        "data-parallel ranks")
     if getattr(plan, "cp", 1) > 1:
         problems.append(f"context parallelism (cp {plan.cp}, ring attention): DeepSpeed's sequence parallelism is "
                         "Ulysses (all-to-all over heads), another scheme")
@@ -445,8 +488,8 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
         pipe["activation_checkpoint_interval"] = 1
     text = json.dumps(config, indent=2) + "\n"
     args = ", ".join(f"{k}={v!r}" for k, v in pipe.items())
-    notes = (f"PipelineModule(layers=..., {args})",)
-    return Export("deepspeed", text, {"config": config, "pipeline_module": pipe}, tuple(problems), notes)
+    notes.insert(0, f"PipelineModule(layers=..., {args})")
+    return Export("deepspeed", text, {"config": config, "pipeline_module": pipe}, tuple(problems), tuple(notes))
 
 
 def _deepspeed_optimizer(plan, config: dict[str, Any], problems: list[str]) -> None:

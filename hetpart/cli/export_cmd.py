@@ -19,7 +19,7 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
                    cluster: Optional[str] = typer.Option(None, "--cluster", "-c",
                                                          help="Cluster (default: the plan's meta.cluster)."),
                    out: Optional[Path] = typer.Option(None, "--out", help="Also write the artifact alone to this file."),
-                   strict: bool = typer.Option(False, "--strict", help="Exit 2 when the target cannot express all of the plan."),
+                   strict: bool = typer.Option(False, "--strict", help="Exit 2, writing nothing, when the target cannot express all of the plan."),
                    json_out: bool = JsonFlag) -> None:
     """Print the launch arguments (Megatron-LM), config (torchtitan TOML, DeepSpeed JSON) for PLAN, and what
     the target cannot express. PLAN is checked against its model and cluster first, as 'predict --plan' does."""
@@ -37,14 +37,14 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # an impossible plan has no launch arguments
     result = export_plan(plan, graph, to)
+    if strict and result.cannot_express:  # refused before --out: a refused export writes nothing
+        raise PlanError(f"--strict: {to} cannot express: {'; '.join(result.cannot_express)}")
     if out is not None:
         try:
             out.write_text(result.text)
         except OSError as exc:
             raise PlanError(f"--out: cannot write {out} ({exc.strerror or exc.__class__.__name__}); check the "
                             "directory") from None
-    if strict and result.cannot_express:
-        raise PlanError(f"--strict: {to} cannot express: {'; '.join(result.cannot_express)}")
     if json_out:
         emit_json(result.to_dict())
         return
