@@ -25,7 +25,9 @@ What the files do not say, and how it is filled in (each ASSUMED, named in the p
 * memory (``layer_memory_total_mb``) and links are not imported: Metis measures its links apart.
 
 Each Metis device type prices the cluster's device types whose names start with it (``A100`` ->
-``A100-80GB``, ``A100-40GB``) unless ``bind`` names them, and is a measurement of that device, not a stand-in.
+``A100-80GB``, ``A100-40GB``) unless ``bind`` names them: a cluster type named in ``bind`` is priced by the Metis
+type it is bound to alone, and a ``bind`` key with no Metis file is refused. Each is a measurement of that device,
+not a stand-in.
 """
 
 from __future__ import annotations
@@ -133,18 +135,26 @@ def _read(path: Path) -> tuple[list[float], float | None]:
 def _bindings(kinds: list[str], cluster: "Cluster", bind: dict[str, list[str]], folder: Path) -> dict[str, DeviceBinding]:
     """Cluster device type -> the Metis type that prices it: ``bind``, else by name prefix."""
     types = sorted({g.gpu.name for g in cluster.groups})
+    unknown_kinds = [k for k in bind if k not in kinds]
+    if unknown_kinds:
+        raise SpecError(f"--bind: {unknown_kinds[0]}: no Metis file of that type in {folder} (it holds "
+                        f"{', '.join(kinds)}); name one of those")
     out: dict[str, DeviceBinding] = {}
-    for kind in kinds:
-        named = bind.get(kind)
-        if named is not None:
-            unknown = [t for t in named if t not in types]
-            if unknown:
-                raise SpecError(f"--bind: {kind}={unknown[0]}: {unknown[0]!r} is not a device type of cluster "
+    for kind in kinds:  # an explicit bind first: a type it names is priced by it alone
+        for t in bind.get(kind, []):
+            if t not in types:
+                raise SpecError(f"--bind: {kind}={t}: {t!r} is not a device type of cluster "
                                 f"{cluster.name!r} ({', '.join(types)}); name one of them")
-            matched = named
-        else:
-            matched = [t for t in types if t.lower() == kind.lower() or t.lower().startswith(kind.lower() + "-")]
-        for t in matched:
+            if t in out and out[t].device != kind:
+                raise SpecError(f"--bind: {t} is bound to both {out[t].device} and {kind}; bind it to one")
+            out[t] = DeviceBinding(device=kind, stand_in=False)
+    bound = set(out)
+    for kind in kinds:  # the rest by name prefix, never a type a bind named
+        if kind in bind:
+            continue
+        for t in types:
+            if t in bound or not (t.lower() == kind.lower() or t.lower().startswith(kind.lower() + "-")):
+                continue
             if t in out and out[t].device != kind:
                 raise SpecError(f"--import-metis: {folder}: device type {t} matches both {out[t].device} and {kind}; "
                                 f"say which with --bind {kind}={t}")

@@ -12,7 +12,9 @@ Each iteration:
 3. the run records are appended to ``DIR/runs.jsonl`` and the correction is refitted on every
    measured run but the held-out ones (:func:`fit_records`, features of the plan as planned);
 4. the policy continues MaskablePPO training on the fixed scenario with the corrected model as
-   its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy.zip``.
+   its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy-K.zip`` (``K``: the iteration, from 0,
+   as the JSON's ``iteration``, the records' ``meta.loop.iteration``, ``DIR/correction-K.json`` and the
+   progress lines number it).
 
 At the end the loop's plan is chosen by measurement: the ``race`` plans with the best median measured
 throughput and the simulator-only plan run once more each, interleaved, and the best median of all their
@@ -58,6 +60,8 @@ class LoopConfig:
     """What one loop does (the ``hetpart loop`` flags)."""
 
     cluster: str
+    """Cluster YAML or catalog name; unused on the ``cpu`` ground, which plans for this machine's own measured
+    cluster (``hetpart loop`` refuses ``--cluster`` there)."""
     model: str
     iterations: int = 3
     runs_per_iteration: int = 4
@@ -495,7 +499,8 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     cfg, state, say = loop.cfg, loop.state.data, loop.say
     start = time.time()
     records = loop.records()
-    say(f"iteration {iteration + 1}/{cfg.iterations}: the policy proposes plans")
+    # numbered from 0 as the JSON, the records and DIR/correction-K.json and DIR/policy-K.zip number it
+    say(f"iteration {iteration} ({iteration + 1} of {cfg.iterations}): the policy proposes plans")
     pool = loop.proposals(loop.predictor(loop.correction(records)), policy_path, iteration, records)
     roles = loop.roles(iteration)
     done_here = [_role(r) for r in records if _iteration(r) == iteration]

@@ -75,14 +75,18 @@ def _rank_rates(record: RunRecord, source: str) -> dict[str, float]:
     return out
 
 
-def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1) -> SpeedEstimate:
-    """Measured speed factors of every device of ``records`` (``(source, record)`` pairs)."""
+def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1,
+                  source: str | None = None) -> SpeedEstimate:
+    """Measured speed factors of every device of ``records`` (``(source, record)`` pairs); ``source``: the file
+    they were read from (named when it holds none)."""
     from hetpart.cluster import parse_cluster
 
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
     if not records:
-        raise RecordError("the run records hold no record; give a file written by 'hetpart run --out'")
+        where = f"--speeds-from: {source}: " if source else ""
+        raise RecordError(f"{where}the run records hold no record; give a file written by 'hetpart run --out' "
+                          "(it appends one record per run)")
     rates: dict[str, list[float]] = {}
     factors: dict[str, list[float]] = {}
     peers: dict[str, int] = {}

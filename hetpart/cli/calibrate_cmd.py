@@ -16,6 +16,7 @@ ProfileOpt = typer.Option(None, "--profile", help="A measured profile ('hetpart 
 
 
 def calibrate_command(
+        ctx: typer.Context,
         cluster: str = ClusterArg,
         model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, path to a HF config.json, or "
                                             "python:MODULE:FUNCTION (not with --speeds-from: the records name it)."),
@@ -56,17 +57,17 @@ def calibrate_command(
     from hetpart.errors import PlanError
     from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
 
-    if speeds_from is not None:
+    mode = "speeds" if speeds_from is not None else "metis" if import_metis is not None else "measure"
+    _refuse_unused(ctx, mode)
+    if mode == "speeds":
         _speeds(cluster, speeds_from, out, tolerance, json_out)
         return
     if model is None:
         raise PlanError("--model: missing; give the model to measure (a catalog name such as gpt2-small), or "
                         "--speeds-from RUNS.jsonl to measure device speeds from run records")
-    if import_metis is not None:
+    if mode == "metis":
         _import_metis(cluster, model, import_metis, bind, seq_len, precision, out, json_out)
         return
-    if bind is not None:
-        raise PlanError("--bind: only with --import-metis (it says which cluster device types an imported type prices)")
 
     try:
         sizes = tuple(int(x) for x in micro_batches.split(",") if x.strip())
@@ -96,6 +97,40 @@ def calibrate_command(
             + [f"  {t}: " + (f"priced as {profile.devices[b.device].description} (a stand-in)" if b.stand_in
                              else f"measured on {profile.devices[b.device].description}")
                for t, b in profile.device_types.items()])
+
+
+_OPTION_FLAGS = {"model": "--model", "speeds_from": "--speeds-from", "tolerance": "--tolerance",
+                 "micro_batches": "--micro-batches", "seq_len": "--seq-len", "precision": "--precision",
+                 "scale": "--scale", "repeats": "--repeats", "links": "--links/--no-links",
+                 "tensor_parallel": "--tensor-parallel/--no-tensor-parallel", "tp_degrees": "--tp-degrees",
+                 "device": "--device", "import_metis": "--import-metis", "bind": "--bind"}
+"""Each mode-specific option (parameter name -> its flags), in the order of ``--help``."""
+_MODE_OPTIONS = {
+    "speeds": ("calibrate --speeds-from (it reads device speeds from run records and measures nothing; the records name "
+               "the model)", {"speeds_from", "tolerance"}),
+    "metis": ("calibrate --import-metis (it reads Metis' profiles and measures nothing)",
+              {"model", "import_metis", "bind", "seq_len", "precision"}),
+    "measure": ("calibrate measuring (neither --speeds-from nor --import-metis)",
+                {"model", "micro_batches", "seq_len", "precision", "scale", "repeats", "links", "tensor_parallel",
+                 "tp_degrees", "device"}),
+}
+"""Mode -> (what it is, for the error; the options it uses)."""
+
+
+def _refuse_unused(ctx: typer.Context, mode: str) -> None:
+    """Options given on the command line that ``mode`` does not use are refused, never silently ignored."""
+    from typer._click.core import ParameterSource  # typer vendors click since 0.20
+
+    from hetpart.errors import PlanError
+
+    what, used = _MODE_OPTIONS[mode]
+    given = [flag.split("/")[0 if ctx.params.get(name) else 1] if "/" in flag else flag
+             for name, flag in _OPTION_FLAGS.items() if name not in used
+             and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)]
+    if given:
+        verb = "does" if len(given) == 1 else "do"
+        raise PlanError(f"{', '.join(given)}: {verb} not apply to {what}; leave "
+                        f"{'it' if len(given) == 1 else 'them'} out")
 
 
 def _check_scale(scale: Optional[str]) -> None:
@@ -162,7 +197,7 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
         raise PlanError(f"--tolerance: {tolerance}; give a fraction in [0, 1) such as 0.1")
     _check_writable(out, "measured-cluster.yaml")
     records = [(f"{records_path}:{n}", r) for n, r in iter_records(records_path)]
-    estimate = speed_factors(records, tolerance)
+    estimate = speed_factors(records, tolerance, str(records_path))
     data = with_measured_slow(cluster, estimate.slow, [d.device for d in estimate.devices], estimate, str(records_path))
     out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     single = [d.device for d in estimate.devices if d.compared_with and d.runs == 1]

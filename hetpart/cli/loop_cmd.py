@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def loop_command(
         cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster YAML or catalog name (--ground "
-                                              "emulated; --ground cpu uses this machine)."),
+                                              "emulated or real; not with --ground cpu, which plans for this machine)."),
         model: str = typer.Option(..., "--model", "-m", help="Model (catalog name, HF config, python:...)."),
         iterations: int = typer.Option(3, "--iterations", help="Loop iterations."),
         runs_per_iteration: int = typer.Option(4, "--runs-per-iteration", help="Measured runs per iteration."),
@@ -39,6 +39,10 @@ def loop_command(
 
     from hetpart.errors import PlanError
 
+    if cluster is not None and ground == "cpu":  # it would be ignored: the cpu ground measures this machine
+        raise PlanError(f"--cluster: {cluster} is not used by --ground cpu, which plans for this machine's own "
+                        "cluster (its CPU processes, measured, written to DIR/cpu-cluster.yaml); leave --cluster "
+                        "out, or give --ground emulated to emulate this cluster")
     if cluster is None and ground != "cpu":
         raise PlanError("--cluster: missing; give a cluster YAML or catalog name (or --ground cpu for this machine)")
     if out is None:

@@ -76,7 +76,12 @@ def dashboard_command(logdir: Optional[Path] = typer.Option(None, "--logdir", he
                         "bench' write to runs/)")
     logdir = logdir or Path("runs")
     board = Dashboard(logdir, port=port)
-    term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill and timeout end it as Ctrl-C does
+    from hetpart.errors import Interrupted
+
+    def _terminated(signum, frame):  # kill and timeout: 143, as 'hetpart run' ends on SIGTERM
+        raise Interrupted("stopped by SIGTERM", 128 + signum)
+
+    term = signal.signal(signal.SIGTERM, _terminated)
     try:
         board.start()
         print(f"hetpart dashboard: {board.url} (TensorBoard over {logdir.resolve()}); Ctrl-C stops it", flush=True)
@@ -85,6 +90,10 @@ def dashboard_command(logdir: Optional[Path] = typer.Option(None, "--logdir", he
         board.stop()
         print("hetpart dashboard: stopped", file=sys.stderr)
         raise typer.Exit(130) from None
+    except Interrupted:  # SIGTERM: stop TensorBoard and exit 143
+        board.stop()
+        print("hetpart dashboard: stopped", file=sys.stderr)
+        raise
     finally:
         board.stop()
         signal.signal(signal.SIGTERM, term)
