@@ -95,7 +95,21 @@ def load_suite(path: str | Path) -> list[SuiteEntry]:
         for key in ("cluster", "model"):
             if not (key == "model" and out[-1].model.startswith("python:")):
                 _check_loads(path, f"{field}.{key}", raw[key], getattr(out[-1], key))
+        if not out[-1].model.startswith("python:"):
+            _check_seq_len(path, field, out[-1])
     return out
+
+
+def _check_seq_len(path: Path, field: str, entry: SuiteEntry) -> None:
+    """A model with learned positions takes no longer sequence than it has positions: refused here, naming the
+    entry's ``seq_len`` (not the ``--seq-len`` flag the model loader names), before any planner has run.
+    Rotary and ALiBi models take longer sequences (context extension), as ``hetpart plan`` does."""
+    from hetpart.graph.load import resolve_transformer
+
+    name, cfg, _ = resolve_transformer(entry.model)
+    if cfg.learned_positions and entry.seq_len > cfg.max_positions:
+        raise SpecError(f"{path}: {field}.seq_len: {entry.seq_len} exceeds the {cfg.max_positions} learned positions "
+                        f"of {name} (entry {entry.name!r}); use seq_len {cfg.max_positions} or less, or another model")
 
 
 def check_planners(planners: Sequence[str]) -> list[str]:
@@ -138,7 +152,8 @@ def solve_entry(entry: SuiteEntry, planners: Sequence[str],
     from hetpart.policies.planner import plan
     from hetpart.policies.upper_bound import upper_bound
 
-    model = load_model(entry.model, seq_len=entry.seq_len)
+    # the suite's field, not the --seq-len flag of `hetpart plan`, in the loader's notes and errors
+    model = load_model(entry.model, seq_len=entry.seq_len, seq_len_source=f"suite entry {entry.name!r}: seq_len")
     cluster = load_cluster(entry.cluster)
     workload = Workload(entry.global_batch, entry.seq_len, precision=cluster_precision(cluster))  # as `hetpart plan`
     bound = upper_bound(model, cluster, workload)

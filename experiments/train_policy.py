@@ -35,7 +35,9 @@ class PolicyTrainConfig:
     seed: int = 0
     """Seeds scenarios, imitation, PPO and torch."""
     out: str = "policies/checkpoints/policy.zip"
-    """Where the final checkpoint goes (relative to the working directory)."""
+    """Where the final checkpoint goes (relative to the working directory). A name without a suffix gets
+    ``.zip``, as stable-baselines3 writes it (``out: runs/mine`` writes ``runs/mine.zip``); the summary
+    names the file written."""
     tracker: str = "wandb,tensorboard"
     """``wandb`` (offline), ``tensorboard``, ``null``, or several joined by commas."""
     runs_dir: str = "runs"
@@ -69,7 +71,11 @@ class PolicyTrainConfig:
     checkpoint_every: int = 5000
     """Steps between intermediate checkpoints (under the run folder)."""
     resume: str = ""
-    """A MaskablePPO checkpoint to continue from (skips imitation)."""
+    """A MaskablePPO checkpoint to continue from (skips imitation; relative to the working directory; a
+    name without ``.zip`` is also looked up with it, as stable-baselines3 does). The network keeps its
+    size (``hidden``, ``layers`` differing from the checkpoint's are refused); the training keys
+    (``learning_rate``, ``n_steps``, ``batch_size``, ``n_epochs``, ``ent_coef``, ``gamma``) written in the
+    config apply to the continued training, those left out keep the checkpoint's."""
     progress_bar: bool = True
     """Show PPO's progress (on stderr, so that ``--json`` output stays alone on stdout)."""
     distribution: dict = field(default_factory=dict)
@@ -97,6 +103,10 @@ def load_config(path: str | Path) -> PolicyTrainConfig:
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise SpecError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
     _check_ranges(path, data)
+    _check_out(path, data.get("out", PolicyTrainConfig.out))
+    if data.get("resume"):
+        data = _resume_settings(path, data)
+        _check_ranges(path, data)
     from hetpart.envs.scenarios import ScenarioDistribution
 
     known = {f.name for f in dataclasses.fields(ScenarioDistribution)}
@@ -132,6 +142,86 @@ def _check_ranges(path: Path, data: dict) -> None:
         if bad or not names or ("null" in names and len(names) > 1):
             raise SpecError(f"{path}: tracker: {data['tracker']!r}: use one or more of {', '.join(KINDS)} "
                             "(comma-separated; null alone)")
+
+
+def written_path(out: str | Path) -> Path:
+    """The file stable-baselines3's ``save(out)`` writes: ``out`` itself, or ``out.zip`` when ``out`` has no
+    suffix."""
+    out = Path(out)
+    return out if out.suffix else out.with_name(out.name + ".zip")
+
+
+def _check_out(path: Path, out: str) -> None:
+    """``out`` can be written: not a folder, and no file where its folder would be (refused before training)."""
+    if not out.strip():
+        raise SpecError(f"{path}: out: empty; give the checkpoint's file name (e.g. policies/checkpoints/mine.zip)")
+    target = written_path(out)
+    if target.is_dir():
+        raise SpecError(f"{path}: out: {target} is a folder; give a file name (e.g. {target / 'policy.zip'})")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SpecError(f"{path}: out: {parent} is a file, not a folder; choose another place for {target}")
+            break
+
+
+_RESUMED_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "ent_coef", "gamma")
+"""Training settings a resumed run takes from the config (given) or the checkpoint (left out)."""
+_NETWORK_KEYS = ("hidden", "layers")
+"""The network's size: a resumed run keeps the checkpoint's."""
+
+
+def resume_file(resume: str) -> Path | None:
+    """The checkpoint stable-baselines3 loads for ``resume`` (``resume`` itself, else ``resume.zip``), or None."""
+    for candidate in (Path(resume), Path(f"{resume}.zip")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def checkpoint_settings(resume: str, source: str = "resume") -> dict[str, Any]:
+    """The training settings and network size stored in the MaskablePPO checkpoint ``resume`` (read from its
+    ``data`` entry, without loading the network); :class:`SpecError` naming ``source`` when it is missing or
+    not such a checkpoint."""
+    import json
+    import zipfile
+
+    found = resume_file(resume)
+    if found is None:
+        also = "" if Path(resume).suffix else f" nor {resume}.zip"
+        raise SpecError(f"{source}: no checkpoint {resume}{also} (relative to the working directory {Path.cwd()}); "
+                        "give a file train-policy wrote (its out:, or runs/<run>/checkpoints/*.zip)")
+    wrong = SpecError(f"{source}: {found} is not a MaskablePPO checkpoint; give a file train-policy wrote (its out:, "
+                      "or runs/<run>/checkpoints/*.zip)")
+    try:
+        with zipfile.ZipFile(found) as z:
+            data = json.loads(z.read("data"))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        raise wrong from None
+    kwargs = data.get("policy_kwargs") if isinstance(data, dict) else None
+    net = kwargs.get("features_extractor_kwargs") if isinstance(kwargs, dict) else None
+    if not isinstance(net, dict):
+        raise wrong
+    settings = {k: net[k] for k in _NETWORK_KEYS if isinstance(net.get(k), int)}
+    for key in _RESUMED_KEYS:  # a schedule (not a number) is left as the config says
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            settings[key] = float(value) if isinstance(getattr(PolicyTrainConfig, key), float) else int(value)
+    return settings
+
+
+def _resume_settings(path: Path, data: dict) -> dict:
+    """``data`` completed from the ``resume`` checkpoint: the network size (a different one given is refused)
+    and the training keys the config leaves out."""
+    saved = checkpoint_settings(data["resume"], f"{path}: resume")
+    clash = [k for k in _NETWORK_KEYS if k in data and k in saved and data[k] != saved[k]]
+    if clash:
+        given = ", ".join(f"{k} {data[k]}" for k in clash)
+        stored = ", ".join(f"{k} {saved[k]}" for k in clash)
+        raise SpecError(f"{path}: {', '.join(clash)}: the network resumed from {data['resume']} has {stored}, not "
+                        f"{given}; a resumed network keeps its size: drop {' and '.join(clash)} or set the "
+                        "checkpoint's (or train a new one without resume)")
+    return {k: v for k, v in saved.items() if k not in data} | data
 
 
 def _distribution(cfg: PolicyTrainConfig, max_devices: int):
@@ -244,6 +334,13 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     from hetpart.experiments.tracking import make_tracker, sb3_logger, seed_everything
     from hetpart.policies.gnn import PointerPolicy
 
+    if cfg.resume:  # a config built in code: the same checks as load_config's, before anything is created
+        saved = checkpoint_settings(cfg.resume)
+        clash = [k for k in _NETWORK_KEYS if k in saved and getattr(cfg, k) != saved[k]]
+        if clash:
+            raise SpecError(f"resume: the network in {cfg.resume} has "
+                            f"{', '.join(f'{k} {saved[k]}' for k in clash)}, not "
+                            f"{', '.join(f'{k} {getattr(cfg, k)}' for k in clash)}; a resumed network keeps its size")
     seed_everything(cfg.seed)
     torch.set_num_threads(1)
     start = time.time()
@@ -253,7 +350,11 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     env.seed(cfg.seed)
     summary: dict[str, Any] = {"run": tracker.name}
     if cfg.resume:
-        model = MaskablePPO.load(cfg.resume, env=env, device="cpu", custom_objects={"policy_class": PointerPolicy})
+        # the training settings are the config's (load_config filled those it left out from the checkpoint):
+        # SB3 sets them before it builds the rollout buffer and the learning-rate schedule
+        model = MaskablePPO.load(cfg.resume, env=env, device="cpu", custom_objects={"policy_class": PointerPolicy},
+                                 **{k: getattr(cfg, k) for k in _RESUMED_KEYS})
+        summary["resumed_from"] = str(resume_file(cfg.resume) or cfg.resume)
     else:
         model = MaskablePPO(PointerPolicy, env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                             learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, gamma=cfg.gamma, seed=cfg.seed,
@@ -278,7 +379,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     if cfg.progress_bar:
         callbacks.append(_progress_callback())
     model.learn(cfg.timesteps, callback=callbacks, reset_num_timesteps=not cfg.resume)
-    out = Path(cfg.out)
+    out = written_path(cfg.out)  # what SB3 writes for cfg.out, named so in the summary
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
     tracker.finish()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hetpart.errors import HetpartError, SpecError
+from hetpart.graph.load import ModelNote
 from hetpart.plan import Plan
 
 from hetpart.costmodel.learned.encode import ScenarioContext, teacher_labels
@@ -70,9 +71,26 @@ def scenario_rng(seed: int, index: int) -> random.Random:
     return random.Random(f"hetpart-costmodel-dataset:{seed}:{index}")
 
 
+MIN_PLANS = 4
+"""Valid, priced plans a scenario needs to join the data set (ranking needs a few plans per scenario)."""
+
+
+class DatasetNote(ModelNote):
+    """A remark on the data set built (scenarios drawn again in place of dropped ones); the CLI prints it, as it
+    prints model notes, as one ``hetpart: note:`` line on stderr."""
+
+
 def label_scenario(cfg: DatasetConfig, index: int,
                    extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None) -> dict[str, Any] | None:
-    """Sample and label scenario ``index`` of the data set (None when fewer than 4 plans are valid)."""
+    """Sample and label scenario ``index`` of the data set (None when fewer than :data:`MIN_PLANS` plans are
+    valid)."""
+    found = _label(cfg, index, extra_plans)
+    return found if isinstance(found, dict) else None
+
+
+def _label(cfg: DatasetConfig, index: int,
+           extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None) -> dict[str, Any] | str:
+    """Scenario ``index``'s record, or why it has none (a line)."""
     from hetpart.costmodel.simulator import Simulator
 
     rng = scenario_rng(cfg.seed, index)
@@ -97,8 +115,8 @@ def label_scenario(cfg: DatasetConfig, index: int,
         except HetpartError:
             continue
         plans.append(plan)
-    if len(plans) < 4:
-        return None
+    if len(plans) < MIN_PLANS:
+        return (f"{sc.name}: {len(plans)} of {len(candidates)} plans drawn valid and priced, {MIN_PLANS} needed")
     batch = teacher_labels(ScenarioContext(sc.model, sc.cluster), plans)
     return {"name": sc.name, "family": sc.family, "shape": sc.shape, "split": _split(rng, cfg, sc.family, sc.shape),
             "model_spec": sc.model_spec, "cluster_spec": sc.cluster_spec, "global_batch": sc.global_batch,
@@ -113,13 +131,17 @@ def _label_in_worker(job: tuple[DatasetConfig, int]) -> dict[str, Any] | None:
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return label_scenario(job[0], job[1], _WORKER_EXTRA)
+    return _label(job[0], job[1], _WORKER_EXTRA)
 
 
 def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | None = None,
                   extra_plans: Callable[[Scenario, random.Random], list[Plan]] | None = None,
                   workers: int = 1) -> list[dict[str, Any]]:
     """Sample and label ``cfg.scenarios`` scenarios; one record per scenario (in scenario order).
+
+    A scenario with fewer than :data:`MIN_PLANS` valid plans is dropped and the next scenario index is drawn
+    in its place (at most ``2 * cfg.scenarios`` draws in all), and a :class:`DatasetNote` says which were
+    dropped and why (the CLI prints it on stderr); a data set without drops is what it always was.
 
     ``extra_plans(scenario, rng)`` adds plans from above (the CLI passes the planners' outputs: this
     package imports no planner). A share of the plans gets a neighbour (one move away) as well.
@@ -133,28 +155,48 @@ def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | Non
     """
     global _WORKER_EXTRA
     import multiprocessing as mp
+    import warnings
 
     if not isinstance(workers, int) or workers < 1:
         raise SpecError(f"dataset: workers: expected a whole number >= 1, got {workers!r}")
     n = cfg.scenarios
+    limit = 2 * n  # draws at most: a config where few scenarios have enough valid plans stops, and says so
+    kept: list[dict[str, Any]] = []
+    dropped: list[tuple[int, str]] = []
+    drawn = 0
+    pool = None
     if workers > 1 and "fork" in mp.get_all_start_methods():
         _WORKER_EXTRA = extra_plans
-        try:
-            with mp.get_context("fork").Pool(min(workers, n)) as pool:
-                results = []
-                for rec in pool.imap(_label_in_worker, [(cfg, i) for i in range(n)], chunksize=1):
-                    results.append(rec)
-                    if progress:
-                        progress(len(results), n)
-        finally:
+        pool = mp.get_context("fork").Pool(min(workers, n))
+    try:
+        # scenarios 0 .. n-1 first; each one dropped (too few valid plans) is replaced by the next index, so the
+        # records are the same for any number of workers and a data set without drops is unchanged
+        while len(kept) < n and drawn < limit:
+            batch = range(drawn, min(drawn + n - len(kept), limit))
+            found = (pool.imap(_label_in_worker, [(cfg, i) for i in batch], chunksize=1) if pool is not None
+                     else (_label(cfg, i, extra_plans) for i in batch))
+            for i, rec in zip(batch, found):
+                if isinstance(rec, dict):
+                    kept.append(rec)
+                else:
+                    dropped.append((i, rec))
+                if progress:
+                    progress(len(kept) + len(dropped), n + len(dropped))
+            drawn = batch.stop
+    finally:
+        if pool is not None:
+            pool.terminate()  # as Pool's context manager does (every result is in by now, or an error is raised)
+            pool.join()
             _WORKER_EXTRA = None
-    else:
-        results = []
-        for i in range(n):
-            results.append(label_scenario(cfg, i, extra_plans))
-            if progress:
-                progress(i + 1, n)
-    return [r for r in results if r is not None]
+    if dropped:
+        why = "; ".join(f"scenario {i} ({reason})" for i, reason in dropped[:3])
+        more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        what = (f"drew {len(dropped)} more in their place" if len(kept) == n else
+                f"kept {len(kept)} of the {n} asked for after {drawn} draws; raise --plans-per-scenario "
+                f"(or keep --planners) so that scenarios have {MIN_PLANS} valid plans")
+        warnings.warn(DatasetNote(f"costmodel dataset: {len(dropped)} scenario(s) dropped, too few valid plans: "
+                                  f"{why}{more}; {what}"), stacklevel=2)
+    return kept
 
 
 def save_dataset(records: list[dict[str, Any]], cfg: DatasetConfig, path: str | Path) -> None:

@@ -27,8 +27,9 @@ def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: e
     from hetpart.experiments.bench import run_bench
     from hetpart.experiments.suite import check_planners, load_suite
 
+    _check_paths(tracker, out, runs_dir)
     names = check_planners(planners.split(","))
-    entries = load_suite(suite)
+    entries = load_suite(suite)  # every entry checked (cluster, model, seq_len) before anything is planned or written
     total = len(entries) * len(dict.fromkeys([*names, "uniform"]))
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     # the bar only where it redraws in place (a terminal); a line per step in every case, so that a log
@@ -58,6 +59,26 @@ def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: e
     con = console()
     con.print(f"wrote {', '.join(f.name for f in result.files)} to {out}"
               + (f"; tracked run {result.run_dir} (hetpart dashboard --logdir {runs_dir})" if result.run_dir else ""))
+
+
+def _check_paths(tracker: str, out: Path, runs_dir: Path) -> None:
+    """--tracker, --out and --runs-dir, refused by their flag before any folder is created."""
+    from hetpart.errors import SpecError
+    from hetpart.experiments.tracking import KINDS
+
+    kinds = [k.strip() for k in tracker.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise SpecError(f"--tracker: {tracker!r}: unknown kind {bad[0] if bad else ''!r}; use one or more of "
+                        f"{', '.join(KINDS)} (comma-separated, e.g. --tracker tensorboard,wandb)")
+    if "null" in kinds and len(kinds) > 1:
+        raise SpecError(f"--tracker: {tracker!r}: 'null' cannot be combined with other kinds; give it alone")
+    for flag, folder in (("--out", out), ("--runs-dir", runs_dir)):
+        for place in (folder, *folder.parents):
+            if place.exists():
+                if not place.is_dir():
+                    raise SpecError(f"{flag}: {place} is a file, not a folder; choose another directory")
+                break
 
 
 def _print_table(rows, suite: Path) -> None:

@@ -14,7 +14,8 @@ __all__ = ["register"]
 def train_policy_command(
         config: Path = typer.Option(..., "--config", help="Training config YAML (experiments/configs/policy.yaml)."),
         json_out: bool = JsonFlag) -> None:
-    """Train a planning policy; writes the checkpoint named in the config ('out'). Plan with it by
+    """Train a planning policy; writes the checkpoint named in the config ('out'; a name without a suffix gets
+    '.zip', as stable-baselines3 saves it; the summary names the file written). Plan with it by
     `hetpart plan --planner policy --policy-checkpoint FILE` (without that option the shipped policy plans).
     Progress goes to stderr; with --json stdout holds the summary alone."""
     from hetpart.experiments.train_policy import load_config, train_policy
