@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
 __all__ = ["SCHEMA", "RecordError", "StageTimes", "RankTimes", "Measured", "Predicted", "ModelSpec", "Emulation",
-           "Environment", "RunRecord", "load_records", "iter_records", "append_record"]
+           "Environment", "RunRecord", "load_records", "iter_records", "append_record", "check_records_target"]
 
 SCHEMA = "hetpart.run/2"
 """Schema id written in every record (``schema``); a loader refuses records of another schema."""
@@ -372,8 +373,54 @@ def append_record(path: str | Path, record: RunRecord) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = record.to_json()
-    with path.open("a") as f:
-        f.write(line + "\n")
+    with path.open("a+b") as f:
+        f.seek(0, 2)
+        if f.tell():  # a file whose last line has no newline: the record starts a line of its own
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+        f.write((line + "\n").encode("utf-8"))
+
+
+def check_records_target(path: str | Path, flag: str = "--out") -> None:
+    """Refuse, before a run starts, a place :func:`append_record` cannot append to: a directory or other
+    non-file, an unwritable file or folder, or a file that does not hold run records (its first line is
+    not a JSON object with a ``hetpart.run/...`` schema). Creates nothing.
+
+    Raises:
+        RecordError: naming ``flag``, the path, what is wrong and the fix.
+    """
+    path = Path(path)
+    fix = "give a .jsonl file written by 'hetpart run --out', or a new file's path"
+    if v.path_exists(path):
+        if path.is_dir():
+            raise RecordError(f"{flag}: {path} is a directory; {fix} (e.g. {path / 'runs.jsonl'})")
+        if not path.is_file():
+            raise RecordError(f"{flag}: {path} is not a regular file; {fix}")
+        if not os.access(path, os.W_OK):
+            raise RecordError(f"{flag}: {path} is not writable; {fix}")
+        try:
+            with path.open("rb") as f:
+                first = next((raw for raw in f if raw.strip()), None)
+        except OSError as err:
+            raise RecordError(f"{flag}: cannot read {path} ({err.strerror or err}); {fix}") from None
+        if first is not None:
+            try:
+                data = json.loads(first.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                data = None
+            schema = data.get("schema") if isinstance(data, dict) else None
+            if not (isinstance(schema, str) and schema.startswith(SCHEMA.split("/")[0] + "/")):
+                raise RecordError(f"{flag}: {path} does not hold hetpart run records (its first line is not one); "
+                                  f"{fix}")
+        return
+    parent = path.parent
+    while not v.path_exists(parent) and parent != parent.parent:  # append_record creates the missing folders
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RecordError(f"{flag}: cannot create {path}: {parent} is not a directory; {fix}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RecordError(f"{flag}: cannot create {path}: {parent} is not writable; {fix}")
 
 
 EXAMPLE_LINE = json.dumps({

@@ -11,7 +11,9 @@ Adam's states of uneven shards (:mod:`hetpart.runtime.dist_optimizer`) are all-g
 way and cut back into each rank's ranges after loading, so such a checkpoint resumes under any fractions.
 Rank 0 then writes ``hetpart_checkpoint.json`` with the next step, so a resumed run feeds the same
 synthetic batches (they depend on the step only) to the same weights and optimizer state: its
-losses continue those of an uninterrupted run.
+losses continue those of an uninterrupted run. It also names the model that ran (:func:`model_identity`:
+name, hidden size, parameter count, a fingerprint of its units' sizes), so that a run of another model or
+scale is refused before any rank starts (:func:`identity_mismatch`) instead of failing inside DCP.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from hetpart.errors import RuntimeFault
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info", "META_FILE"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info", "model_identity", "identity_mismatch", "META_FILE"]
 
 META_FILE = "hetpart_checkpoint.json"
 _ADAM_STATES = ("step", "exp_avg", "exp_avg_sq")
@@ -38,6 +40,65 @@ def checkpoint_info(directory: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         raise RuntimeFault(f"{path}: unreadable checkpoint metadata ({getattr(exc, 'strerror', None) or 'invalid JSON'}); "
                            "remove the directory or give another --checkpoint") from None
+
+
+_IDENTITY_KEYS = ("model", "num_units", "hidden_size", "num_params", "units_fingerprint")
+"""What must agree between a checkpoint and the run that resumes it (a checkpoint written before a key
+was kept is compared on the keys it has)."""
+
+
+def model_identity(runnable, graph, model_spec: str | None = None, scale: Any = None) -> dict[str, Any]:
+    """What identifies the model that runs, as ``hetpart_checkpoint.json`` keeps it: the runnable's name,
+    its unit count, hidden size and parameter count, and a fingerprint of every unit's kind and parameter
+    count (the shapes DCP loads into; the plan's cut, TP degrees and fractions are not in it: checkpoints
+    are plan-independent). ``model_spec`` and ``scale`` are kept for the messages only."""
+    import hashlib
+
+    units = ";".join(f"{u.kind}:{u.params}" for u in graph.units)
+    config = getattr(runnable, "config", None)
+    out: dict[str, Any] = {"model": runnable.name, "num_units": graph.num_units,
+                           "hidden_size": getattr(config, "hidden_size", None) if config is not None else None,
+                           "num_params": int(graph.num_params),
+                           "units_fingerprint": hashlib.sha256(units.encode()).hexdigest()[:16]}
+    if model_spec is not None:
+        out["model_spec"] = model_spec
+    if scale is not None:
+        out["scale"] = scale
+    return out
+
+
+def _describe(ident: dict[str, Any]) -> str:
+    parts = [str(ident.get("model", "?"))]
+    if ident.get("hidden_size") is not None:
+        parts.append(f"hidden {ident['hidden_size']}" + (f" (--scale {ident['scale']})" if isinstance(ident.get("scale"), str)
+                                                          else ""))
+    if ident.get("num_params") is not None:
+        parts.append(f"{ident['num_params']:,} parameters")
+    if ident.get("num_units") is not None:
+        parts.append(f"{ident['num_units']} units")
+    return ", ".join(parts)
+
+
+def identity_mismatch(directory: str | Path, info: dict[str, Any], ident: dict[str, Any]) -> str | None:
+    """One line saying why the checkpoint ``info`` in ``directory`` cannot resume the model ``ident``
+    (:func:`model_identity`), with the fix; None when they agree on every key the checkpoint keeps."""
+    differ = [k for k in _IDENTITY_KEYS if k in info and info[k] is not None and k in ident and ident[k] is not None
+              and info[k] != ident[k]]
+    if not differ:
+        return None
+    what = ("another model" if "model" in differ else
+            "another size of the model" if {"hidden_size", "num_params", "units_fingerprint"} & set(differ) else
+            "a model of another unit count")
+    fixes = []
+    if "model" in differ and info.get("model_spec"):
+        fixes.append(f"--model {info['model_spec']}")
+    if "model" not in differ and info.get("scale") is not None and info.get("scale") != ident.get("scale"):
+        scale = info["scale"]
+        fixes.append(f"--scale {scale}" if isinstance(scale, str) else f"--hidden-size {scale}")
+    fix = (f"run with {' '.join(fixes)} to resume it, or give another --checkpoint directory" if fixes else
+           "give another --checkpoint directory (or remove this one to start over)")
+    return (f"--checkpoint: {directory} holds a checkpoint of {what} ({_describe(info)}; differs in "
+            f"{', '.join(differ)}), but this run's model is {_describe(ident)}; {fix}")
 
 
 def _state(executor, *, create: bool) -> dict[str, Any]:
@@ -71,7 +132,13 @@ def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[
     state = _state(executor, create=False)
     if getattr(executor, "dist_optimizer", None) is not None:
         state.update(executor.dist_optimizer.whole_states())
-    dcp.save(_whole_slices(executor, state), checkpoint_id=str(directory))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(_whole_slices(executor, state), checkpoint_id=str(directory))
+    except (OSError, CheckpointException) as exc:  # a full disk, a directory gone: one line, not DCP's tracebacks
+        raise RuntimeFault(f"{directory}: cannot save a checkpoint ({_reason(exc)}); check that the directory is "
+                           "writable and has space, or give another --checkpoint") from None
     if not dist.is_initialized() or dist.get_rank() == 0:
         info = {"next_step": next_step, "model": executor.spec.name, "num_units": len(executor.infos),
                 **(meta or {})}
@@ -82,14 +149,19 @@ def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[
         dist.barrier()
 
 
-def load_checkpoint(directory: str | Path, executor) -> int:
+def load_checkpoint(directory: str | Path, executor, identity: dict[str, Any] | None = None) -> int:
     """Load the checkpoint in ``directory`` into ``executor``; returns the step to continue from (0 when
-    the directory holds no checkpoint yet). Collective: every rank calls it."""
+    the directory holds no checkpoint yet). Collective: every rank calls it. ``identity``: the model that
+    runs (:func:`model_identity`), refused when the checkpoint names another (the launcher checks it first)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     info = checkpoint_info(directory)
     if info is None:
         return 0
+    why = identity_mismatch(directory, info, identity) if identity else None
+    if why is not None:
+        raise RuntimeFault(why)
     if info.get("num_units") != len(executor.infos):
         raise RuntimeFault(f"{directory}: the checkpoint holds a model of {info.get('num_units')} units "
                            f"({info.get('model')}) but this run has {len(executor.infos)}; give another --checkpoint")
@@ -100,13 +172,25 @@ def load_checkpoint(directory: str | Path, executor) -> int:
     state = _whole_slices(executor, local, gather=False)
     try:
         dcp.load(state, checkpoint_id=str(directory))
-    except Exception as exc:  # DCP raises plain exceptions (missing keys, shape mismatches)
-        raise RuntimeFault(f"{directory}: cannot resume from this checkpoint "
-                           f"({' '.join(str(exc).split())[:200]}); it was written for another model or plan") from None
+    except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException, not Exception
+        raise RuntimeFault(f"{directory}: cannot resume from this checkpoint ({_reason(exc)}); it was written "
+                           "for another model or plan; give another --checkpoint directory") from None
     _cut_slices(executor, local, state)
     if dist_opt is not None:
         dist_opt.load_whole_states({k: local[k] for k in sharded})  # loaded in place, slices cut in
     return int(info["next_step"])
+
+
+def _reason(exc: BaseException) -> str:
+    """One short line for a DCP failure: a CheckpointException's first rank's own error, not its tracebacks."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        inner = first[0] if isinstance(first, tuple) and first else first
+        if isinstance(inner, BaseException):
+            exc = inner
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
 
 
 def _sliced(executor, name: str) -> tuple[str, tuple[int, int, int]] | None:

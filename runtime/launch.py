@@ -103,6 +103,11 @@ class RunOptions:
                             "directory)")
         if self.time_factor is not None and not self.time_factor > 0:
             raise PlanError(f"--time-factor: must be > 0, got {self.time_factor!r}")
+        if not self.emulate:
+            given = [flag for flag, on in (("--time-factor", self.time_factor is not None), ("--netem", self.netem)) if on]
+            if given:
+                raise PlanError(f"{', '.join(given)}: only shape the emulation, and --no-emulation turns it off; drop "
+                                f"{'them' if len(given) > 1 else 'it'} or run without --no-emulation")
         if self.device not in RUN_DEVICES:
             raise PlanError(f"--device: {self.device!r}; use {', '.join(RUN_DEVICES)}")
 
@@ -228,6 +233,8 @@ class PreparedRun:
     """Device id of each rank."""
     per_process_gb: float
     meta: dict[str, Any] = field(default_factory=dict)
+    checkpoint_identity: dict[str, Any] = field(default_factory=dict)
+    """What identifies the model that runs in a checkpoint (:func:`hetpart.runtime.checkpoint.model_identity`)."""
 
 
 @dataclass(frozen=True)
@@ -304,16 +311,22 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     else:
         per_process = _PROCESS_BASE_GB + states
     check_capacity(small.num_devices, per_process)
+    from hetpart.runtime.checkpoint import model_identity
+
+    identity = model_identity(runnable, graph, model_spec, options.scale)
     if options.checkpoint_dir:
-        _check_checkpoint_dir(Path(options.checkpoint_dir), graph.num_units)
+        _check_checkpoint_dir(Path(options.checkpoint_dir), identity)
     return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,
                        runnable=runnable, run_graph=graph, run_plan=small, rank_devices=tuple(small.devices),
-                       per_process_gb=per_process, meta={"tp_split_notes": notes} if notes else {})
+                       per_process_gb=per_process, meta={"tp_split_notes": notes} if notes else {},
+                       checkpoint_identity=identity)
 
 
-def _check_checkpoint_dir(path: Path, num_units: int) -> None:
-    """Refuse a ``--checkpoint`` that cannot work before any process starts (it was found after training)."""
-    from hetpart.runtime.checkpoint import checkpoint_info
+def _check_checkpoint_dir(path: Path, identity: dict[str, Any]) -> None:
+    """Refuse a ``--checkpoint`` that cannot work before any process starts (it was found after training):
+    a file, an unwritable place, or a checkpoint of another model or scale (``identity``: the model that runs,
+    :func:`hetpart.runtime.checkpoint.model_identity`)."""
+    from hetpart.runtime.checkpoint import checkpoint_info, identity_mismatch
 
     if v_exists(path) and not path.is_dir():
         raise PlanError(f"--checkpoint: {path} is a file; give a directory (created if missing)")
@@ -323,10 +336,18 @@ def _check_checkpoint_dir(path: Path, num_units: int) -> None:
         raise PlanError(f"--checkpoint: cannot create {path} ({exc.strerror or exc}); give a writable directory") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise PlanError(f"--checkpoint: {path} is not writable; give a writable directory")
-    info = checkpoint_info(path)
-    if info is not None and info.get("num_units") != num_units:
-        raise PlanError(f"--checkpoint: {path} holds a checkpoint of {info.get('model')} with {info.get('num_units')} "
-                        f"units, but this run's model has {num_units}; give another directory")
+    try:
+        info = checkpoint_info(path)
+    except RuntimeFault as exc:  # unreadable metadata: bad input, nothing started
+        raise PlanError(f"--checkpoint: {exc}") from None
+    if info is None:
+        return
+    if not isinstance(info, dict) or not isinstance(info.get("next_step"), int):
+        raise PlanError(f"--checkpoint: {path / 'hetpart_checkpoint.json'} is not a hetpart checkpoint's metadata "
+                        "(no whole next_step); remove the directory or give another --checkpoint")
+    why = identity_mismatch(path, info, identity)
+    if why is not None:
+        raise PlanError(why)
 
 
 def v_exists(path: Path) -> bool:
@@ -721,6 +742,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     Raises:
         PlanError: the plan does not fit the model or the cluster, or ``--checkpoint`` cannot work
             (nothing was started).
+        RecordError: ``out`` is not a place run records can be appended to (nothing was started).
         RuntimeFault: the machine cannot host the plan.
         WorkerFault: a rank died, raised or hung (after ``options.max_restarts`` restarts).
         Interrupted: SIGINT or SIGTERM.
@@ -728,6 +750,10 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     from hetpart.runtime import measure
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
+    if out is not None:  # a directory or a foreign file was found only after every step had run
+        from hetpart.records import check_records_target
+
+        check_records_target(out)
     prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source)
     profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
@@ -848,6 +874,8 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
             "fault": options.fault.to_dict() if options.fault else None,
             "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
             "checkpoint_every": options.checkpoint_every,
+            # written into hetpart_checkpoint.json, checked by the next run before any rank starts
+            "checkpoint_identity": prep.checkpoint_identity or None,
             # the ranks time their units before and after the steps: the prediction's profile
             "profile_units": options.profile is None and prep.runnable.config is not None,
             # hetpart's watchdog must see a hang before gloo's own timeout turns it into a peer's error

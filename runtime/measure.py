@@ -91,7 +91,8 @@ class Measurement:
     losses: tuple[float, ...]
     """Global mean loss of every step, warm-up included."""
     stages: tuple[dict[str, Any], ...]
-    """Per replica and stage: devices, ranks, compute_s, comm_s, idle_s per step (mean over its ranks)."""
+    """Per replica and pipeline position: devices, ranks, compute_s, comm_s, idle_s per step (mean over its
+    ranks); an interleaved rank's chunks are one row (``stages``, ``chunks``), not one row each."""
     ranks: tuple[dict[str, Any], ...]
     """Per rank: device, step time, compute/comm/idle per step, peak memory."""
     peak_memory_gb: dict[str, float]
@@ -138,15 +139,27 @@ def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
 
 
 def _stage_summary(ranks: Sequence[dict[str, Any]], plan) -> tuple[dict[str, Any], ...]:
+    """Per replica, one row per pipeline position: the ranks holding it, seconds per step (mean over them).
+
+    A rank's compute, comm, optimizer and idle are whole-rank figures. Under ``interleaved`` a rank holds
+    ``v`` chunks (stages ``j, j + pp/v, ...``), so one row per stage showed the same rank's figures ``v``
+    times and the rows added up to ``v`` times the step; such a row stands for all of its chunks instead:
+    ``stage`` and ``layers`` are its first chunk's, ``stages`` and ``chunks`` list them all (one entry each
+    without interleaving)."""
     by_device = {r["device"]: r for r in ranks}
+    v = max(1, int(getattr(plan, "chunks_per_device", 1) or 1))
     out = []
     for i, replica in enumerate(plan.replicas):
-        for j, stage in enumerate(replica.stages):
+        positions = len(replica.stages) // v if len(replica.stages) % v == 0 else len(replica.stages)
+        for j in range(positions):
+            held = list(range(j, len(replica.stages), positions))
+            stage = replica.stages[j]
             members = [by_device[d] for d in stage.devices if d in by_device]
             if not members:
                 continue
             row = {"replica": i, "stage": j, "layers": list(stage.layers), "devices": list(stage.devices),
-                   "ranks": [m["rank"] for m in members]}
+                   "ranks": [m["rank"] for m in members], "stages": held,
+                   "chunks": [list(replica.stages[k].layers) for k in held]}
             for key in ("compute_s", "comm_s", "optimizer_s", "idle_s"):
                 row[key] = statistics.fmean(m[key] for m in members)
             out.append(row)

@@ -321,7 +321,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     if ckpt:
         from hetpart.runtime.checkpoint import load_checkpoint
 
-        start = load_checkpoint(ckpt, executor)
+        start = load_checkpoint(ckpt, executor, job.get("checkpoint_identity"))
         heartbeat.resumed_from = start if start else None
     profiled = [_unit_profile(job, plan, heartbeat, executor.device)]
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
@@ -339,7 +339,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         losses.append(float(out.loss))
         heartbeat.finished_step(step, float(out.loss), steps[-1]["wall_s"])
         if ckpt and (step + 1 == end or (every and (step + 1 - start) % every == 0)):
-            _checkpoint(ckpt, executor, step + 1, heartbeat, fault, rank)
+            _checkpoint(ckpt, executor, step + 1, heartbeat, fault, rank, job.get("checkpoint_identity"))
     # the peak of the measured steps: a warm-up step's growth includes states allocated for good during it
     # (the optimizer's moments at the first step), which the steps after it hold from their start
     measure_from = int(job.get("measure_from", int(job.get("first_step", 0)) + job["warmup"]))
@@ -365,13 +365,13 @@ def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, device) -> di
 
 
 def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,
-                rank: int) -> None:
+                rank: int, identity: dict[str, Any] | None = None) -> None:
     from hetpart.runtime.checkpoint import save_checkpoint
 
     heartbeat.enter("checkpoint")
     if fault is not None:
         fault.fire_in("checkpoint", rank)
-    save_checkpoint(directory, executor, next_step=next_step)
+    save_checkpoint(directory, executor, next_step=next_step, meta=identity)
     heartbeat.enter("steps")
 
 

@@ -26,7 +26,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         tracker: str = typer.Option("null", "--tracker", help="Also log the progress to tensorboard, wandb (offline) or both (tensorboard,wandb)."),
         logdir: str = typer.Option("runs", "--logdir", help="Folder of the tracked runs (hetpart dashboard --logdir serves it)."),
         time_factor: Optional[float] = typer.Option(None, "--time-factor", help="Emulation slowdown of the real cluster's links (default: fastest peak / calibrated CPU peak, see --links)."),
-        links: str = typer.Option("balanced", "--links", help="balanced: links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
+        links: Optional[str] = typer.Option(None, "--links", help="balanced (default): links slowed so the shrunken run keeps the plan's gradient-sync to compute ratio (seconds per step); compute: slowed as much as compute (the shrunken model's far fewer tokens then make sync dominate)."),
         no_emulation: bool = typer.Option(False, "--no-emulation", help="Run every process at this machine's speed, links unshaped."),
         device: str = typer.Option("auto", "--device", help="Where the ranks compute: cpu; cuda (one GPU per rank, with --no-emulation); auto: cuda where that holds, else cpu."),
         profile: Optional[str] = typer.Option(None, "--profile", help="A profile of the model that runs ('hetpart calibrate "
@@ -45,18 +45,24 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         raise PlanError(f"--log-every: must be a whole number >= 0, got {log_every}")
     if not hang_timeout > 0:
         raise PlanError(f"--hang-timeout: must be > 0 seconds, got {hang_timeout:g}; give seconds such as 120")
-    if links not in ("balanced", "compute"):
+    if links is not None and links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
+    if no_emulation:  # these only shape the emulation: silently ignored, they looked applied
+        given = [flag for flag, on in (("--time-factor", time_factor is not None), ("--links", links is not None),
+                                       ("--netem", netem)) if on]
+        if given:
+            raise PlanError(f"{', '.join(given)}: only shape the emulation, and --no-emulation turns it off; drop "
+                            f"{'them' if len(given) > 1 else 'it'} or run without --no-emulation")
     plan = _check_precision(load_plan(plan_path), plan_path, model, cluster)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
-                         time_factor=time_factor, balance_links=links == "balanced", emulate=not no_emulation,
+                         time_factor=time_factor, balance_links=links in (None, "balanced"), emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
                          checkpoint_every=checkpoint_every, max_restarts=max_restarts,
                          hang_timeout_s=hang_timeout, netem=netem, profile=profile, device=device)
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
-                          on_progress=_Progress(log_every, track), source=plan_path)
+                          on_progress=_Progress(log_every, track, emulate=not no_emulation), source=plan_path)
     finally:
         track.finish()
     if json_out:
@@ -94,10 +100,10 @@ def _tracker(kinds: str, logdir: str, seed: int, config: dict):
 class _Progress:
     """Prints a run's progress on stderr every ``every`` steps and logs every step to the tracker."""
 
-    def __init__(self, every: int, tracker) -> None:
+    def __init__(self, every: int, tracker, emulate: bool = True) -> None:
         import sys
 
-        self.every, self.tracker, self.err = every, tracker, sys.stderr
+        self.every, self.tracker, self.err, self.emulate = every, tracker, sys.stderr, emulate
 
     def __call__(self, p) -> None:
         if p.phase == "restart":
@@ -107,11 +113,12 @@ class _Progress:
             return
         if p.step is None:
             what = {"start": "starting the ranks", "rendezvous": "ranks joining", "build": "building the model",
-                    "calibrate": "calibrating the emulation", "steps": "running the first step"}.get(p.phase, p.phase)
+                    "calibrate": "calibrating the emulation" if self.emulate else "preparing the steps (no emulation)",
+                    "steps": "running the first step"}.get(p.phase, p.phase)
             self._say(what + (f" (resumed from step {p.resumed_from})" if p.resumed_from else ""))
             return
-        if p.phase == "checkpoint":
-            self._say(f"saving a checkpoint after step {p.done}")
+        if p.phase == "checkpoint":  # the global step, as hetpart_checkpoint.json's next_step counts it
+            self._say(f"saving a checkpoint after step {p.step + 1 if p.step is not None else p.done}")
             return
         metrics = {"run/loss": p.loss, "run/step_time_s": p.step_time_s, "run/tokens_per_s": p.tokens_per_s}
         self.tracker.log({k: float(v) for k, v in metrics.items() if v is not None and v == v}, step=p.step)
@@ -161,11 +168,15 @@ def _show(result) -> None:
         t.add_row("predicted", f"{p['step_time_s']:.4f}", f"{p['tokens_per_s']:.1f}", f"{p['samples_per_s']:.2f}")
         t.add_row("error", f"{100 * (p['step_time_s'] / m['step_time_s'] - 1):+.1f}%", "", "")
     out.print(t)
-    st = Table(title="per stage, seconds per step (mean over its ranks)")
-    for col in ("replica", "stage", "units", "devices", "compute", "comm", "optimizer", "idle"):
+    chunked = any(len(row.get("chunks", ())) > 1 for row in m["stages"])
+    st = Table(title="per stage, seconds per step (mean over its ranks)" if not chunked else
+               "per pipeline position, its chunks together, seconds per step")
+    for col in ("replica", "stage" if not chunked else "stages", "units", "devices", "compute", "comm", "optimizer", "idle"):
         st.add_column(col, justify="right")
     for row in m["stages"]:
-        st.add_row(str(row["replica"]), str(row["stage"]), f"{row['layers'][0]}-{row['layers'][1] - 1}",
+        chunks = row.get("chunks") or [row["layers"]]
+        st.add_row(str(row["replica"]), "+".join(str(k) for k in row.get("stages") or [row["stage"]]),
+                   ",".join(f"{a}-{b - 1}" for a, b in chunks),
                    ",".join(row["devices"]), *(f"{row[k]:.4f}" for k in ("compute_s", "comm_s", "optimizer_s", "idle_s")))
     out.print(st)
     out.print(f"losses: {', '.join(f'{x:.4f}' for x in m['losses'])}; peak memory per device type: "
