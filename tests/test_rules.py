@@ -12,6 +12,7 @@ import pytest
 from hetpart import load_cluster, load_model
 from hetpart.plan import Plan, Replica, Stage
 from hetpart.rules import RULES, allowed_tp_degrees, check, tp_problems
+from tests._suite_plans import suite_plan
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = [p for p in (REPO / "shared" / "scenarios" / "suite.yaml", REPO.parent / "shared" / "scenarios" / "suite.yaml")
@@ -79,19 +80,18 @@ def test_tp_groups_stay_inside_a_node_and_interleaved_rounds_are_whole() -> None
 @pytest.mark.slow
 @pytest.mark.skipif(not SUITES, reason="shared/scenarios is not next to this checkout")
 def test_every_planner_on_every_public_scenario_emits_a_plan_the_runtime_runs() -> None:
-    from hetpart.policies import available_planners, plan
+    from hetpart.policies import available_planners
     from hetpart.errors import WorkloadError
     from hetpart.experiments.suite import load_suite
     from hetpart.runtime.engine import check_runnable
     from hetpart.runtime.models import runnable_spec, scaled_seq_len
-    from hetpart.workload import Workload
 
     checked = 0
     for entry in load_suite(SUITES[0]):
         model, cluster = load_model(entry.model, seq_len=entry.seq_len), load_cluster(entry.cluster)
         for name in available_planners():
-            try:
-                result = plan(model, cluster, Workload(entry.global_batch, entry.seq_len), name)
+            try:  # planned once per session: test_planners compares the same plans
+                result = suite_plan(entry.model, entry.seq_len, entry.cluster, entry.global_batch, name)
             except WorkloadError:  # nothing fits (a baseline may fail); nothing emitted, nothing to check
                 continue
             p = result.plan
