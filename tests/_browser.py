@@ -81,6 +81,20 @@ def screenshot(url: str, path: Path, size: tuple[int, int] = (1400, 1400), budge
     return path
 
 
+def dom_and_screenshot(url: str, path: Path, size: tuple[int, int] = (1400, 1400), budget_ms: int = 2000) -> str:
+    """:func:`dump_dom` and :func:`screenshot` of one page load in one Chromium (each starts its own browser and
+    loads the page again, seconds apiece): the DOM after ``budget_ms`` of virtual time, and the PNG at ``size``."""
+    done = _run([f"--virtual-time-budget={budget_ms}", f"--window-size={size[0]},{size[1]}",
+                 "--hide-scrollbars", f"--screenshot={path}", "--dump-dom", url])
+    assert done.returncode == 0 and done.stdout.strip(), f"chromium --dump-dom {url}: {done.stderr[-500:]}"
+    assert path.exists() and path.stat().st_size > 0, f"chromium --screenshot {url}: {done.stderr[-500:]}"
+    keep = os.environ.get(SCREENSHOTS_ENV)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+    return done.stdout
+
+
 def colour_bins(png: Path) -> int:
     """Distinct colours in a screenshot, in 32 levels per channel (a blank page has 1-3)."""
     import matplotlib.image as mpimg

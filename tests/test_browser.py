@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._browser import colour_bins, dump_dom, screenshot
+from tests._browser import colour_bins, dom_and_screenshot, dump_dom
 from tests._cli import run_cli
 
 # the README's example (16 GPUs of two types): a heterogeneous plan is what the report is for
@@ -42,7 +42,8 @@ def plan_report(tmp_path_factory) -> Path:
 def test_plan_report_renders_every_figure_without_the_network(plan_report: Path) -> None:
     text = plan_report.read_text()
     assert not re.search(r'<(script|link|img|iframe)[^>]+(src|href)="(https?:)?//', text)
-    dom = dump_dom(plan_report.as_uri())
+    shot = plan_report.parent / "report.png"
+    dom = dom_and_screenshot(plan_report.as_uri(), shot, size=(1300, 1900))
     assert _attr(dom, "data-figures") == "3"
     assert _attr(dom, "data-figures-rendered") == "3", "a figure did not draw in the browser"
     for section in ("summary", "metrics", "cluster", "gantt", "memory", "comparison", "stages"):
@@ -50,7 +51,6 @@ def test_plan_report_renders_every_figure_without_the_network(plan_report: Path)
     assert "tokens/s" in dom and "HETHUB upper bound" in dom and "predictor" in dom
     comparison = dom[dom.index('id="comparison-table"'):]
     assert "uniform" in comparison and "proportional" in comparison and "(this plan)" in comparison
-    shot = screenshot(plan_report.as_uri(), plan_report.parent / "report.png", size=(1300, 1900))
     assert colour_bins(shot) >= 30
 
 
@@ -77,8 +77,8 @@ def test_dashboard_shows_a_runs_scalars(tmp_path: Path) -> None:
                 run.log({"costmodel/val_mape": err * scale, "costmodel/train_loss": err / 40 * scale}, step=step)
     with Dashboard(tmp_path, port=0) as board:
         assert board.url.startswith("http://127.0.0.1:")
-        dom = dump_dom(board.url + "#timeseries", budget_ms=12000)
+        dom = dom_and_screenshot(board.url + "#timeseries", tmp_path / "dashboard.png", size=(1300, 800),
+                                 budget_ms=12000)
         assert run.name in dom, "the run is not listed on the page"
         assert "costmodel/val_mape" in dom, "the scalar's card is not on the page"
-        screenshot(board.url + "#timeseries", tmp_path / "dashboard.png", size=(1300, 800), budget_ms=12000)
     assert colour_bins(tmp_path / "dashboard.png") >= 30
