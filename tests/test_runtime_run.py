@@ -17,7 +17,7 @@ import pytest
 
 from hetpart import load_cluster
 from hetpart.cli.app import main
-from hetpart.errors import PlanError, RuntimeFault
+from hetpart.errors import HetpartError, PlanError, RuntimeFault
 from hetpart.plan import Plan, Replica, Stage
 from hetpart.runtime.emulation import ArrivalBoard, Emulator, emulated_cluster, speed_ratios
 from hetpart.runtime.launch import RunOptions, check_capacity, prepare_run, run_plan
@@ -334,7 +334,14 @@ def test_checkpoint_resume_continues_the_same_losses(emulated_run, tmp_path):
                        run_dir=tmp_path / "resumed")
     assert first.measured.losses == pytest.approx(uninterrupted[:1], rel=1e-6)
     assert resumed.measured.losses == pytest.approx(uninterrupted[1:3], rel=1e-6)
-    assert json.loads((ckpt / "hetpart_checkpoint.json").read_text())["next_step"] == 3
+    meta = json.loads((ckpt / "hetpart_checkpoint.json").read_text())
+    assert meta["next_step"] == 3
+    # the workers keep the identity of the model that ran, which the launcher checks before another run starts
+    ident = prepare_run(plan, "gpt2-small", "tiny-mixed", RunOptions(steps=1)).checkpoint_identity
+    assert ident and {k: meta[k] for k in ident} == ident
+    with pytest.raises(HetpartError, match="holds a checkpoint of another size of the model .* run with --scale tiny"):
+        run_plan(plan, options=RunOptions(steps=1, warmup=0, emulate=False, scale="small", checkpoint_dir=str(ckpt)),
+                 run_dir=tmp_path / "other")
 
 
 def test_run_prints_a_readable_summary(emulated_run, capsys):
