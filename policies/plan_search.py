@@ -82,8 +82,11 @@ class SearchOptions:
     (``complete: false``). 0: no limit. Clusters of many device types have millions of points: eight types of
     eight GPUs did not answer in 15 minutes."""
     deadline: float = math.inf
-    """``time.monotonic()`` at which :attr:`time_limit_s` runs out, set by :func:`plan_search` (the searches of its
-    views and levels share it)."""
+    """``time.monotonic()`` at which listing and visiting points stop: :data:`SEARCH_SHARE` of :attr:`time_limit_s`,
+    set by :func:`plan_search` (the searches of its views and levels share it)."""
+    finish_by: float = math.inf
+    """``time.monotonic()`` at which :attr:`time_limit_s` runs out: the climb from the best plans and the policy's
+    walk that finish a cut-short search stop there."""
     max_micro_batch: int = 16
     """Largest micro-batch size tried."""
     refine_steps: int = 40
@@ -934,10 +937,8 @@ def _top_scored(ctx: _Context) -> list[Scored]:
         if len(best) > ctx.options.top_k:
             heapq.heappop(best)
 
-    popped = 0
     while entries:
-        popped += 1
-        if popped % 64 == 0 and best and time.monotonic() > deadline:
+        if best and time.monotonic() > deadline:
             break  # something is priced: answer with it
         bound, order, stage, item = heapq.heappop(entries)
         if stage == 2:
@@ -985,7 +986,11 @@ def zero_levels(workload: "Workload") -> tuple[int, ...]:
     return sharding_levels(workload)
 
 
-_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions)) - {"deadline"}  # set by plan_search, not a knob
+_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions)) - {"deadline", "finish_by"}  # set by plan_search
+SEARCH_SHARE = 0.75
+"""Share of the time limit the search lists and visits points in; the rest finishes (the hill-climb from the best of
+each family, the policy's walk when cut short, the baselines). With the whole limit for the search, fuzzed
+clusters answered 12-43% past it."""
 
 
 def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
@@ -1011,7 +1016,9 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
                         f"{', '.join(sorted(_OPTION_NAMES))}")
     options = replace(options or SearchOptions(), **overrides)
     if options.time_limit_s and options.deadline == math.inf:
-        options = replace(options, deadline=time.monotonic() + options.time_limit_s)
+        now = time.monotonic()
+        options = replace(options, deadline=now + SEARCH_SHARE * options.time_limit_s,
+                          finish_by=now + options.time_limit_s)
     evaluate = evaluator
     if evaluate is None or evaluate.ignore_memory != options.ignore_memory:
         evaluate = Evaluator(model, cluster, workload, options.ignore_memory,
@@ -1051,7 +1058,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         # the hill-climb is local: it starts from the best plan of each family (mixed pipelines, typed
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
         # second (or fractions that win before the climb) cannot hide what the other climbs to
-        best = best_of([refine(evaluate, s, options.refine_steps) for s in starts.values() if s is not None])
+        best = best_of([refine(evaluate, s, options.refine_steps, options.finish_by)
+                        for s in starts.values() if s is not None])
     if options.single_types and not _late(options):
         best = best_of([best, _single_types_best(model, cluster, workload, options, evaluate, best)])
     if options.fewer_nodes and not _late(options):
@@ -1062,8 +1070,11 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         if not options.ignore_memory:  # cut short, the search may not have reached what the policy's walk finds
             from hetpart.policies.policy_planner import plan_policy
 
+            # its four walks (the cluster, fewer nodes, the speed-typed view and fewer nodes of that) share what
+            # is left of the limit; each stops at its budget with what it has priced
+            budget = max(0.5, (options.finish_by - time.monotonic()) / 4)
             try:
-                best = best_of([best, plan_policy(model, cluster, workload, evaluator=evaluate)])
+                best = best_of([best, plan_policy(model, cluster, workload, evaluator=evaluate, time_budget_s=budget)])
             except WorkloadError:
                 pass
     if options.include_baselines and not options.ignore_memory:

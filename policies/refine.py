@@ -7,6 +7,9 @@ counts memory exactly. A few simulated moves around the best candidate close tha
 
 from __future__ import annotations
 
+import math
+import time
+
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
@@ -110,36 +113,39 @@ def finer(plan: Plan, cluster: "Cluster") -> Iterator[Plan]:
                 yield replace(plan, micro_batch=mb, zero=zero)
 
 
-def refine(evaluate: Evaluator, start: Evaluated, budget: int) -> Evaluated:
+def refine(evaluate: Evaluator, start: Evaluated, budget: int, deadline: float = math.inf) -> Evaluated:
     """Hill-climb from ``start``, from its :func:`finer` variants where its replicas run at unlike
     speeds, then from the best one's interleaved (2 and 3 chunks) variants, spending at
-    most ``budget`` simulations on each."""
-    best = _climb(evaluate, start, budget)
+    most ``budget`` simulations on each and stopping at ``deadline`` (``time.monotonic()``)."""
+    best = _climb(evaluate, start, budget, deadline)
     for variant in finer(start.plan, evaluate.cluster):
+        if time.monotonic() > deadline:
+            return best
         found = evaluate(variant)
         if found is not None:
-            found = _climb(evaluate, found, budget)
+            found = _climb(evaluate, found, budget, deadline)
             if found.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
                 best = found
     for chunks in (2, 3):
         variant = interleaved(best.plan, chunks) if best.plan.schedule == "1f1b" else None
-        found = evaluate(variant) if variant is not None else None
+        found = evaluate(variant) if variant is not None and time.monotonic() <= deadline else None
         if found is not None:
-            found = _climb(evaluate, found, budget)
+            found = _climb(evaluate, found, budget, deadline)
             if found.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
                 best = found
     return best
 
 
-def _climb(evaluate: Evaluator, start: Evaluated, budget: int) -> Evaluated:
-    """First-improvement hill-climb from ``start`` spending at most ``budget`` simulations."""
+def _climb(evaluate: Evaluator, start: Evaluated, budget: int, deadline: float = math.inf) -> Evaluated:
+    """First-improvement hill-climb from ``start`` spending at most ``budget`` simulations, none after
+    ``deadline``."""
     cluster = evaluate.cluster
     best, used, improved = start, 0, True
     while improved and used < budget:
         improved = False
         for candidate in neighbours(best.plan, cluster):
-            if used >= budget:
-                break
+            if used >= budget or time.monotonic() > deadline:
+                return best
             used += 1
             found = evaluate(candidate)
             if found is not None and found.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
