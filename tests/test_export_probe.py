@@ -21,6 +21,7 @@ from hetpart.export import export_plan
 from hetpart.graph import load_model
 from hetpart.plan import Plan, Replica, Stage
 from tests._cli import run_cli
+from tests.test_export import _megatron_args
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -42,14 +43,6 @@ def _pipeline(splits, schedule="1f1b", global_batch=16, micro_batch=4) -> Plan:
     stages = tuple(Stage(rng, (DEVICES[k],)) for k, rng in enumerate(splits))
     return Plan(global_batch=global_batch, micro_batch=micro_batch, seq_len=256, replicas=(Replica(1.0, stages),),
                 schedule=schedule, precision="fp16")
-
-
-def _megatron_args(text: str) -> dict[str, str | bool]:
-    out: dict[str, str | bool] = {}
-    for line in text.replace("\\\n", "\n").splitlines():
-        name, _, value = line.strip().partition(" ")
-        out[name] = value or True
-    return out
 
 
 # ------------------------------------------------------------------------------------------ hybrid sharding
