@@ -370,15 +370,9 @@ class _Loop:
 
 def _check_tracker(kinds: str) -> None:
     """``--tracker`` names known kinds (checked before the loop's folder is made)."""
-    from hetpart.experiments.tracking import KINDS
+    from hetpart.experiments.tracking import tracker_kinds
 
-    names = [k.strip() for k in kinds.split(",") if k.strip()]
-    bad = [k for k in names if k not in KINDS]
-    if bad or not names:
-        raise PlanError(f"--tracker: unknown kind {bad[0] if bad else kinds!r}; use one or more of "
-                        f"{', '.join(KINDS)} (comma-separated)")
-    if "null" in names and len(names) > 1:
-        raise PlanError("--tracker: 'null' cannot be combined with other kinds; give it alone")
+    tracker_kinds(kinds, "--tracker")
 
 
 def _check_runnable(cfg: LoopConfig) -> None:

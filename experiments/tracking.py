@@ -38,7 +38,7 @@ from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence, runtime_
 from hetpart.errors import SpecError
 
 __all__ = ["Tracker", "TrackerKind", "NullTracker", "TensorBoardTracker", "WandbTracker", "MultiTracker",
-           "make_tracker", "run_name", "sb3_logger", "seed_everything", "plain_config", "KINDS"]
+           "make_tracker", "run_name", "sb3_logger", "seed_everything", "plain_config", "KINDS", "tracker_kinds"]
 
 TrackerKind = Literal["tensorboard", "wandb", "null"]
 KINDS: tuple[str, ...] = ("tensorboard", "wandb", "null")
@@ -196,7 +196,7 @@ def make_tracker(kinds: str | Iterable[str], experiment: str, seed: int, config:
     Returns:
         The tracker; use it as a context manager or call ``finish()``.
     """
-    names = _kinds(kinds)
+    names = tracker_kinds(kinds)
     rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
     name = run_name(experiment, seed)
     if rank != owner_rank or names == ["null"]:
@@ -276,14 +276,21 @@ def plain_config(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(config), default=str))
 
 
-def _kinds(kinds: str | Iterable[str]) -> list[str]:
+def tracker_kinds(kinds: str | Iterable[str], flag: str = "tracker") -> list[str]:
+    """The tracker kinds named in ``kinds`` (comma-separated text or names), each once; ``flag`` names the option
+    or field in the error (``--tracker`` for the CLI).
+
+    Raises:
+        SpecError: an unknown kind, none, or ``null`` with another kind.
+    """
     names = [k.strip() for k in (kinds.split(",") if isinstance(kinds, str) else kinds) if k.strip()]
     bad = [k for k in names if k not in KINDS]
+    given = f" {kinds!r}:" if isinstance(kinds, str) and kinds.strip() not in (*KINDS, *(bad[:1] if bad else ())) else ""
     if bad or not names:
-        raise SpecError(f"tracker: unknown kind {bad[0] if bad else ''!r}; use one or more of {', '.join(KINDS)} "
-                        "(comma-separated)")
+        raise SpecError(f"{flag}:{given} unknown kind {bad[0] if bad else ''!r}; use one or more of {', '.join(KINDS)} "
+                        "(comma-separated, e.g. tensorboard,wandb)")
     if "null" in names and len(names) > 1:
-        raise SpecError("tracker: 'null' cannot be combined with other kinds; give it alone")
+        raise SpecError(f"{flag}:{given} 'null' cannot be combined with other kinds; give it alone")
     return list(dict.fromkeys(names))
 
 

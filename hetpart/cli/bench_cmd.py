@@ -64,15 +64,9 @@ def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: e
 def _check_paths(tracker: str, out: Path, runs_dir: Path) -> None:
     """--tracker, --out and --runs-dir, refused by their flag before any folder is created."""
     from hetpart.errors import SpecError
-    from hetpart.experiments.tracking import KINDS
+    from hetpart.experiments.tracking import tracker_kinds
 
-    kinds = [k.strip() for k in tracker.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise SpecError(f"--tracker: {tracker!r}: unknown kind {bad[0] if bad else ''!r}; use one or more of "
-                        f"{', '.join(KINDS)} (comma-separated, e.g. --tracker tensorboard,wandb)")
-    if "null" in kinds and len(kinds) > 1:
-        raise SpecError(f"--tracker: {tracker!r}: 'null' cannot be combined with other kinds; give it alone")
+    tracker_kinds(tracker, "--tracker")
     for flag, folder in (("--out", out), ("--runs-dir", runs_dir)):
         for place in (folder, *folder.parents):
             if place.exists():
