@@ -1070,11 +1070,10 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         if not options.ignore_memory:  # cut short, the search may not have reached what the policy's walk finds
             from hetpart.policies.policy_planner import plan_policy
 
-            # its four walks (the cluster, fewer nodes, the speed-typed view and fewer nodes of that) share what
-            # is left of the limit; each stops at its budget with what it has priced
-            budget = max(0.5, (options.finish_by - time.monotonic()) / 4)
+            # a floor, run whole (a walk cut to what is left of the limit fell below the policy's own answer): it
+            # runs in the quarter of the limit the search leaves, past it where the limit is shorter than the walk
             try:
-                best = best_of([best, plan_policy(model, cluster, workload, evaluator=evaluate, time_budget_s=budget)])
+                best = best_of([best, plan_policy(model, cluster, workload, evaluator=evaluate)])
             except WorkloadError:
                 pass
     if options.include_baselines and not options.ignore_memory:
