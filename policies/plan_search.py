@@ -77,8 +77,9 @@ class SearchOptions:
     top_k: int = 16
     """Structures simulated after the estimate ranks them."""
     time_limit_s: float = 600.0
-    """Seconds after which the search stops listing and visiting points and answers with the best it has priced
-    (points are visited in order of their lower bound, so the most promising first); the result says so
+    """Seconds within which the search answers: it stops listing and visiting points at :data:`SEARCH_SHARE` of
+    them and finishes with the best it has priced (points are visited in order of their lower bound, so the most
+    promising first; the climb from the best stops at the limit, the policy's walk runs whole); the result says so
     (``complete: false``). 0: no limit. Clusters of many device types have millions of points: eight types of
     eight GPUs did not answer in 15 minutes."""
     deadline: float = math.inf
