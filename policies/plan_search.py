@@ -24,8 +24,9 @@ Each point is scored by a cost estimate built from the simulator's primitives
 (:mod:`hetpart.policies.search_costs`): ``(m - 1) * slowest stage + sum of stages`` per pipeline, each
 stage paying its blocking pipeline sends every micro-batch, plus the gradient sync of the slowest
 stage's ring, as the simulator prices them: transfers and rings that leave a node at once share its
-NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, and a typed
-replica holding a throttled device (``slow:``) gets fewer micro-batches. For a structure,
+NICs, TCP sends block even where the engine overlaps sends, level 1 reduce-scatters, a typed
+replica holding a throttled device (``slow:``) gets fewer micro-batches, and the stage of a one-replica
+pipeline whose group holds one is priced at the group's pace (:func:`_pace`), so it gets fewer units. For a structure,
 :func:`~hetpart.policies.partition.split_layers` finds the layer split exactly (dynamic program over boundaries, memory as a mask, bounded scan of
 bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
@@ -335,10 +336,44 @@ def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int):
 
 
 def _speed(ctx: _Context, group: tuple[str, ...]) -> float:
-    """The speed factor of a device group (``slow:`` in the cluster file): its slowest device's."""
+    """The speed factor of a device group (``slow:`` in the cluster file): its slowest device's, the pace of an
+    even split. Typed replicas are paced by it (their batch shares; the evaluator then shares the batch by the
+    replicas' real speeds): pacing them by :func:`_pace` instead lost 0.6% on gpt3-13b on 8 A100, one at 0.6x
+    (15,910 against 16,005 tokens/s)."""
     if ctx.uniform_speed:
         return 1.0
     return min(ctx.cluster.device(d).speed for d in group)
+
+
+def _pace(ctx: _Context, group: tuple[str, ...]) -> float:
+    """The pace of a device group against its type's figures: one device's speed factor; a tensor-parallel
+    group's mean, since the evaluator gives a group of unlike speeds the uneven split an LP picks
+    (:func:`~hetpart.costmodel.tp_split.fill_tp_splits`, HAP), which shares the work by speed (memory
+    permitting). A mixed pipeline's layer split prices each stage at it: at its slowest member's pace the search
+    gave llama2-13b on 3 x 4 V100, one at 0.7x, 11 of 42 units on that stage where 13 were best (5,506 against
+    5,760 tokens/s)."""
+    if ctx.uniform_speed:
+        return 1.0
+    return sum(ctx.cluster.device(d).speed for d in group) / len(group)
+
+
+def _stage_speeds(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> list[float] | None:
+    """Per stage of a mixed pipeline of one replica, its group's pace (:func:`_pace`); None where no device is
+    throttled, or where there are several replicas: the evaluator then shares the batch by the replicas' speeds,
+    which pricing every replica at the slowest one's pace hid (gpt3-13b on 8 A100, one at 0.6x: four TP-2
+    replicas at level 1 reach 16,005 tokens/s with shares 17/13/17/17; so paced, they left the search's top
+    structures and a pipeline of 15,910 won)."""
+    if ctx.uniform_speed or len(replicas) > 1:
+        return None
+    return [_pace(ctx, group) for group in replicas[0]]
+
+
+def _paced(ctx: _Context, order, tps, dp: int, mb: int, rc: str, costs: list[StageCosts], speeds: list[float]
+           ) -> list[StageCosts]:
+    """``costs`` (per stage of a mixed pipeline, pools in ``order``) with each throttled stage's priced at its
+    speed factor ``speeds[j]`` (:meth:`CostTable.get`: device work slows, host dispatch and TP collectives not)."""
+    pools = [(p, t) for p, t in zip(order, tps) for _ in range(len(tp_groups(p, t)) // dp)]
+    return [c if v == 1.0 else ctx.table.get(p, t, mb, rc, v) for c, (p, t), v in zip(costs, pools, speeds)]
 
 
 def _send_offsets(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int,
@@ -698,20 +733,24 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
                     floor_s + (m - 1) * min(offsets) + sum(offsets) + fill)
         if bound >= threshold:
             return None  # the sends alone rule it out (the bound it was visited by leaves them out)
-        masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(costs)]
+        slow = _stage_speeds(ctx, stages)  # a throttled group's stage priced at its pace gets fewer units
+        paced = costs if slow is None else _paced(ctx, order, tps, dp, mb, rc, costs, slow)
+        masks = [c.masked(min(pp - j, m), ctx.options.ignore_memory, ctx.zero, 1.0 / dp) for j, c in enumerate(paced)]
         split, fill = _split_with_sends(ctx, splitter, masks, stages, mb, m, layout, threshold)
         if split is None:
             return None
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        estimate = split.objective_s + fill + _replica_comm_s(ctx, stages, costs, split, grads, layout)
+        estimate = split.objective_s + fill + _replica_comm_s(ctx, stages, paced, split, grads, layout)
         placements = ("pp", "dp")
         if dp > 1:  # the other placement at the same split: its sends, rings and gathers
             other = _mixed_groups(order, tps, dp, "dp")
             other_layout = layout + ("dp",)
             offsets, other_fill = _send_offsets(ctx, other, mb, other_layout)
-            times = [float(c.time_s[a, b]) + o for c, (a, b), o in zip(costs, split.ranges, offsets)]
+            speeds = _stage_speeds(ctx, other)
+            other_costs = costs if speeds is None else _paced(ctx, order, tps, dp, mb, rc, costs, speeds)
+            times = [float(c.time_s[a, b]) + o for c, (a, b), o in zip(other_costs, split.ranges, offsets)]
             priced = ((m - 1) * max(times) + sum(times) + other_fill
-                      + _replica_comm_s(ctx, other, costs, split, grads, other_layout))
+                      + _replica_comm_s(ctx, other, other_costs, split, grads, other_layout))
             if priced < estimate:
                 estimate, placements = priced, ("dp", "pp")
 

@@ -159,7 +159,7 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 
 
 class CostTable:
-    """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute) for one model and cluster."""
+    """Caches :class:`StageCosts` per (pool, tp, micro-batch, recompute, speed factor) for one model and cluster."""
 
     def __init__(self, model: ModelGraph, cluster: Cluster, precision: str, optimizer: str = "adam",
                  attention: str = "fused", kernels: str = DEFAULT_KERNELS, offload: str = "none") -> None:
@@ -174,14 +174,16 @@ class CostTable:
         self._states = lru_cache(maxsize=None)(self._tp_states)
         self._activations = lru_cache(maxsize=None)(self._tp_activations)
 
-    def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str) -> StageCosts:
+    def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str, speed: float = 1.0) -> StageCosts:
+        """``speed``: the group's speed factor (its slowest device's, ``slow:`` in the cluster file): device work
+        takes ``1 / speed`` as long, the host's dispatch and the tensor-parallel collectives do not."""
         _, own, states, grads = self._states(tp)
         saved, work = self._activations(tp, recompute)
         return StageCosts(states_gb=states, acts_gb=_frozen(saved * micro_batch / 1e9),
                           extra_gb=_frozen(work * micro_batch / 1e9), grad_bytes=grads,
                           capacity_gb=memory_capacity_gb(pool.gpu), unit_params=own,
-                          unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute),
-                          unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True),
+                          unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute, False, speed),
+                          unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True, speed),
                           precision=self.precision, optimizer=self.optimizer, offload=self.offload)
 
     def _tp_states(self, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -211,12 +213,12 @@ class CostTable:
         work = np.array(unit_working_bytes(self.model, recompute, self.attention, self.kernels))
         return _range_sum(saved / div), _range_max(work / div)
 
-    def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str, forward: bool = False
-                     ) -> np.ndarray:
+    def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str, forward: bool = False,
+                     speed: float = 1.0) -> np.ndarray:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them
         (``forward``: the forward and its all-reduces alone)."""
         fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute,
-                                  attention=self.attention)
+                                  attention=self.attention, speed=speed)
         if tp == 1:
             return fwd if forward else fwd + bwd
         facts = device_group_facts(self.cluster, tp_groups(pool, tp)[0])  # a pool's groups are alike

@@ -48,7 +48,9 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
                            evaluator=make_evaluator(model, sub, workload, predictor, ignore_memory=True,
                                                     predictor_options=options))
         try:
-            best = plan_search(model, sub, workload, include_baselines=False,
+            # the baselines too: where they beat the search's structures (a throttled device's stage), a bound
+            # without them sat below the uniform plan of the whole cluster (llama3-70b, 96 P100: 1,133 vs 1,187)
+            best = plan_search(model, sub, workload,
                                evaluator=make_evaluator(model, sub, workload, predictor, predictor_options=options))
         except WorkloadError:
             best, out["memory_lifted"] = free, True
