@@ -81,13 +81,22 @@ class Neighbourhood:
     def __init__(self, scenario: "Scenario") -> None:
         self.s = scenario
         self._priced: dict[Point, tuple[float, "Scored | None"]] = {}
+        self._valid: dict[Point, bool] = {}
+        self._bounds: dict[Point, float] = {}
         self.priced = 0
         """Points priced (layer splits run)."""
 
     # ------------------------------------------------------------------------------------- pricing
     def valid(self, point: Point) -> bool:
         """Allowed by the rules and the zone order (typed replicas: and fits in memory; a mixed point's
-        pricing finds whether it fits)."""
+        pricing finds whether it fits). Memoised, as :meth:`bound_s` is: a walk step checks every neighbour,
+        and the next step's neighbours are mostly the same points."""
+        known = self._valid.get(point)
+        if known is None:
+            known = self._valid[point] = self._check(point)
+        return known
+
+    def _check(self, point: Point) -> bool:
         s = self.s
         if point[0] == "mixed":
             _, order, tps, dp, mb, rc = point
@@ -115,9 +124,12 @@ class Neighbourhood:
 
     def bound_s(self, point: Point) -> float:
         """A lower bound on the point's estimate (0 for typed replicas: their pricing is cheap)."""
-        if point[0] == "mixed":
-            return self.s.mixed_bound_s(*point[1:])
-        return 0.0
+        if point[0] != "mixed":
+            return 0.0
+        known = self._bounds.get(point)
+        if known is None:
+            known = self._bounds[point] = self.s.mixed_bound_s(*point[1:])
+        return known
 
     def fits(self, point: Point) -> bool:
         """Whether some layer split of a mixed point fits in memory (the structure's exact greedy check,

@@ -84,7 +84,10 @@ def load_policy(path: str):
 
 
 class _Deadline(Evaluator):
-    """An evaluator that stops simulating (returns None) once its deadline has passed."""
+    """An evaluator that stops simulating (returns None) once its deadline has passed, and simulates each
+    plan once: the decodes' shortlist, the walk's shortlist and the climbs from the walk's best, level 1's
+    best and the baseline meet the same plans (gpt3-6.7b on 6 RTX 3090 + 120 Ascend 910B: 164 simulations
+    asked for, 119 distinct plans)."""
 
     deadline = math.inf
 
@@ -92,6 +95,13 @@ class _Deadline(Evaluator):
         if time.perf_counter() > self.deadline:
             return None
         return super().__call__(plan, **options)
+
+    def _one(self, plan):
+        memo = self.__dict__.setdefault("_simulated", {})
+        if plan not in memo:  # plans compare without their meta
+            memo[plan] = super()._one(plan)
+        found = memo[plan]
+        return found if found is None or found.plan is plan else Evaluated(plan, found.estimate)
 
 
 def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator,
@@ -496,44 +506,139 @@ def _complete(evaluator: Evaluator, state: StructureState) -> Evaluated | None:
 
 def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: Evaluator | None = None,
                 **options: Any) -> Evaluated:
-    """The ``policy`` planner (the signature every planner has): the best plan :func:`decode` finds.
+    """The ``policy`` planner (the signature every planner has): the best plan :func:`decode` finds on the
+    whole cluster and on the views ``search`` also plans (fewer nodes, one device type, throttled devices
+    as types of their own), all sharing one :class:`_Views`: one deadline, one incumbent, one cache.
 
     Raises:
         WorkloadError: no structure fits in memory.
     """
-    from hetpart.policies.plan_search import fewer_nodes_best, single_types_best, speed_typed_best
-
     options.setdefault("network_alone", not options.get("refine", True))
     workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
+    views = _Views(model, workload, time.process_time() + VIEWS_BUDGET_SHARE * options.get("time_budget_s", 10.0))
+    return _plan_views(model, cluster, workload, evaluator, options, views)
+
+
+def _plan_views(model, cluster, workload, evaluator: Evaluator | None, options: dict, views: "_Views") -> Evaluated:
+    """:func:`plan_policy` on ``cluster`` (the whole cluster, or a view of it, whose ``evaluator`` prices
+    its plans on the real devices), its views planned through ``views``."""
+    from hetpart.policies.plan_search import fewer_nodes_best, single_types_best, speed_typed_best
+
     failed = None
     try:
         found = decode(model, cluster, workload, evaluator=evaluator, **options).best
     except WorkloadError as exc:  # nothing fits on every node: fewer may still hold it (a small batch)
         found, failed = None, exc
+    views.offer(found)
     # as search does, fewer nodes: up to FEWER_NODES_MAX_DEVICES devices, and beyond where the batch has fewer
     # sequences than the cluster has devices (or nothing fit): a decode per view costs what the first did
     # (1 s at 1,024 GPUs), which there only a small batch repays
     evaluate = evaluator if evaluator is not None else Evaluator(model, cluster, workload)
     if found is None or workload.global_batch < cluster.num_devices or cluster.num_devices <= FEWER_NODES_MAX_DEVICES:
-        found = best_of([found, fewer_nodes_best(model, cluster, workload, evaluate, found,
-                                                 lambda view, ev: decode(model, view, workload, evaluator=ev,
-                                                                         **options).best)])
+        found = views.offer(best_of([found, fewer_nodes_best(
+            model, cluster, workload, evaluate, found,
+            views.planner("decode", lambda view, ev: decode(model, view, workload, evaluator=ev, **options).best))]))
     # as search does where the cluster is too large for level 1, one device type alone: each type of at most
     # FEWER_NODES_MAX_DEVICES devices whose compute floor the plan found does not already beat (gpt3-6.7b on 1,024
     # GPUs of four types: the 256 H100s alone, at level 1)
-    found = best_of([found, single_types_best(model, cluster, workload, evaluate, found,
-                                              lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
-                                                                           **options),
-                                              max_devices=FEWER_NODES_MAX_DEVICES)])
+    nested = views.planner("policy", lambda view, ev: _plan_views(model, view, workload, ev, options, views))
+    found = views.offer(best_of([found, single_types_best(model, cluster, workload, evaluate, found, nested,
+                                                          max_devices=FEWER_NODES_MAX_DEVICES)]))
     # as search does, the view where each throttled device is a type of its own: only there can a structure leave
     # it out (gpt2-medium on 4 A100, one at 0.01 of its speed, + 4 V100: 63,098 tokens/s through it, search 153,571)
     if cluster.slow:
-        found = best_of([found, speed_typed_best(model, cluster, workload, evaluate,
-                                                 lambda view, ev: plan_policy(model, view, workload, evaluator=ev,
-                                                                              **options))])
+        found = views.offer(best_of([found, speed_typed_best(model, cluster, workload, evaluate, nested)]))
     if found is None:
         raise failed or no_plan_error(model, cluster, workload, "policy", "no decoded structure fits in memory")
     return found
+
+
+VIEWS_BUDGET_SHARE = 3.0
+"""The policy planner's overall safety net, in ``time_budget_s``: no view (fewer nodes, one type, the
+speed-typed cluster) is started once the planning process has spent this many CPU seconds (``3 x 10``);
+the whole cluster's decode always runs, and a view started runs to its own ``time_budget_s``. Before it,
+each decode had its own 10 s and nothing bounded their sum: a random 264-GPU cluster of three types with a
+throttled device ran 16 decodes, 35-97 s wall on a busy 2-core machine. CPU seconds, not wall seconds, so
+that a busy machine gives the same plan (the rule :func:`decode`'s budgets follow): on that machine, at load
+5.5, the slowest generated scenarios found their plan at 8, 14 and 7 s of the parent's CPU and finished at
+15, 18 and 7 s (wall 64, 58 and 25 s); a wall-clock limit of 20 s there cost two of them 0.9% and 4.4%."""
+
+
+class _Views:
+    """What every view of one :func:`plan_policy` call shares: the overall deadline (``deadline``, in
+    :func:`time.process_time` seconds: :data:`VIEWS_BUDGET_SHARE`), the best plan so far
+    (every plan is priced on the real devices, so their tokens/s compare), and the answers of views already
+    planned.
+
+    A view is not planned when its compute floor (:func:`~hetpart.policies.plan_search._compute_floor_s`:
+    a step time no plan on its devices can beat) is no faster than the best plan so far, wherever it was found:
+    ``search``'s view loops prune with the best of their own level, and a nested one (a type alone inside the
+    speed-typed view) did not know the better plan the outer level already had. A view asked for again with the
+    same devices, the same real devices behind them and the same predictor (the A6000s alone, planned as a type
+    of the cluster and again as a type of its speed-typed view) gets the first answer: planning is deterministic
+    (the budgets that shape it are counts of points and simulations, not seconds)."""
+
+    def __init__(self, model, workload, deadline: float) -> None:
+        self.model, self.workload, self.deadline = model, workload, deadline
+        self.best: Evaluated | None = None
+        self.answers: dict[tuple, Any] = {}
+        self.skipped = {"floor": 0, "deadline": 0, "repeated": 0}
+        """Views not planned, by reason (tests and benchmarks read it)."""
+
+    def offer(self, found: Evaluated | None) -> Evaluated | None:
+        """Note ``found`` (priced on the real devices) as a candidate for the best so far; returns it."""
+        if found is not None:
+            self.best = best_of([self.best, found])
+        return found
+
+    def planner(self, kind: str, plan_view):
+        """``plan_view(view, evaluator)`` (``kind`` names it in the cache) guarded as the class says: it raises
+        ``WorkloadError`` (a view the callers of ``search``'s view loops skip) for a view past the deadline or
+        whose floor cannot win."""
+        from hetpart.policies.plan_search import _compute_floor_s
+
+        def guarded(view, evaluator: Evaluator) -> Evaluated | None:
+            tokens = self.workload.global_batch * self.workload.seq_len
+            best_s = math.inf if self.best is None else tokens / self.best.tokens_per_s
+            if _compute_floor_s(self.model, view, self.workload) >= best_s:
+                self.skipped["floor"] += 1
+                raise WorkloadError(f"{view.name}: its compute floor cannot beat the plan found")
+            if time.process_time() > self.deadline:
+                self.skipped["deadline"] += 1
+                raise WorkloadError(f"{view.name}: the policy planner's overall deadline has passed")
+            key = (kind, *_view_key(view, evaluator))
+            if key in self.answers:
+                self.skipped["repeated"] += 1
+                found = self.answers[key]
+            else:
+                try:
+                    found = plan_view(view, evaluator)
+                except WorkloadError as exc:
+                    found = exc
+                self.answers[key] = found
+            if isinstance(found, WorkloadError):
+                raise found
+            return self.offer(found)
+
+        return guarded
+
+
+def _view_key(view: "Cluster", evaluator: Evaluator) -> tuple:
+    """What a view's plan depends on besides the model and workload: its devices and links (not its name), the
+    real device each of its devices stands for (through every ``_OnReal`` a view of a view wraps its predictor
+    in), the predictor that prices them there, and whether memory is ignored."""
+    import json
+
+    from hetpart.cluster import cluster_to_dict
+
+    spec = cluster_to_dict(view)
+    spec.pop("name", None)
+    ids = [d.id for d in view.devices]
+    predictor = evaluator.predictor
+    while hasattr(predictor, "_to_real") and hasattr(predictor, "_inner"):  # plan_search._OnReal
+        ids = [predictor._to_real[i] for i in ids]
+        predictor = predictor._inner
+    return json.dumps(spec, sort_keys=True, default=str), tuple(ids), id(predictor), evaluator.ignore_memory
 
 
 FEWER_NODES_MAX_DEVICES = 256
