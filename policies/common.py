@@ -165,8 +165,8 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
         if workload.offload == "none":
             fix += OFFLOAD_HINTS[0]
     else:
-        fix = ("try --recompute full (or auto), a smaller --global-batch that divides into whole micro-batches, "
-               "a shorter --seq-len, or more devices")
+        fix = ("try " + ("--recompute full (or auto), " if workload.recompute in ("none", "selective") else "")
+               + "a smaller --global-batch that divides into whole micro-batches, a shorter --seq-len, or more devices")
         if workload.offload == "none":
             fix += OFFLOAD_HINTS[1]
         if workload.seq_len >= LONG_SEQUENCE and model.config is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator
 from hetpart.costmodel.pools import divisors
-from hetpart.errors import HetpartError
+from hetpart.errors import HetpartError, WorkloadError
 from hetpart.plan import Plan
 from hetpart.policies.common import (FunctionPlanner, microbatch_options, no_plan_error, recompute_modes,
                                      with_full_shard_fallback)
@@ -74,9 +74,17 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
         best = fewer_nodes_best(model, cluster, workload, evaluate, None, lambda view, ev: with_full_shard_fallback(
             _best_uniform, model, view, workload, ev))
     if best is None:
+        n = cluster.num_devices
+        if next(uniform_grid(model, cluster, workload), None) is None:  # not memory: no grid covers the devices
+            per_node = min(g.gpus_per_node for g in cluster.groups)
+            raise WorkloadError(
+                f"uniform planner: no plan for {model.name} (global batch {workload.global_batch}) on {cluster.name}: "
+                f"no tp x pp x dp grid covers its {n} devices (tp divides the smallest node's {per_node} GPUs and "
+                f"the {model.num_heads or 1} heads, pp is at most the model's {model.num_units} units, dp divides "
+                "the global batch); use a global batch or a device count that factors so, or --planner search "
+                "(any split of the devices, some left idle)")
         raise no_plan_error(model, cluster, workload, "uniform",
-                            f"no uniform tp x pp x dp grid over its {cluster.num_devices} devices fits in memory on "
-                            "every device")
+                            f"no uniform tp x pp x dp grid over its {n} devices fits in memory on every device")
     return best
 
 
