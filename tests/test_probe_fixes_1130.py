@@ -33,3 +33,15 @@ def test_memory_advice_does_not_offer_the_recompute_already_chosen() -> None:
     none = str(no_plan_error(model, cluster, Workload(16, 512, recompute="none"), "uniform", "x"))
     assert "--recompute" not in auto
     assert "--recompute full (or auto)" in none
+
+
+def test_the_bound_keeps_the_time_limit_and_says_when_cut_short() -> None:
+    from hetpart import load_cluster
+    from hetpart.policies.upper_bound import upper_bound
+
+    model, cluster, workload = load_model("gpt2-small", seq_len=512), load_cluster("tiny-mixed"), Workload(16, 512)
+    whole = upper_bound(model, cluster, workload)
+    cut = upper_bound(model, cluster, workload, time_limit_s=1e-9)
+    assert whole["complete"] is True and all(t["complete"] for t in whole["per_type"].values())
+    assert cut["complete"] is False and not any(t["complete"] for t in cut["per_type"].values())
+    assert 0 < cut["tokens_per_s"] <= whole["tokens_per_s"] * (1 + 1e-9)

@@ -84,7 +84,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         result = plan(graph, cl, workload, planner, predictor=chosen_predictor, **planner_options)
         if workload.offload == "auto":  # the bound of the offload the plan settled on
             workload = replace(workload, offload=result.plan.offload)
-        bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options)
+        bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options,
+                            time_limit_s=planner_options.get("time_limit_s"))
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
     if out is not None:
@@ -102,7 +103,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         con.print(f"{planner} stopped at its time limit ({result.evaluation.get('time_limit_s', 0):.0f} s) before "
                   "visiting its whole space: the plan is the best it priced (--time-limit 0 lets it finish)")
     pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
-    con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s ({pct:.1f}% reached); roofline "
+    cut = "" if bound.get("complete", True) else " (its searches cut short by --time-limit: not a bound)"
+    con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s{cut} ({pct:.1f}% reached); roofline "
               f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
 
