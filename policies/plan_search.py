@@ -1190,6 +1190,12 @@ class _OnReal:
     def _real(self, plan: Plan) -> Plan:
         return _on_real(plan, self._to_real, self._cluster)
 
+    def on_real(self, ids: list[str]) -> tuple[list[str], Any]:
+        """The view's device ``ids`` as the real devices they stand for, and the predictor that prices them
+        there (through every view of a view)."""
+        real = [self._to_real[i] for i in ids]
+        return self._inner.on_real(real) if isinstance(self._inner, _OnReal) else (real, self._inner)
+
     def estimate_batch(self, plans):
         return self._inner.estimate_batch([self._real(p) for p in plans])
 

@@ -630,14 +630,14 @@ def _view_key(view: "Cluster", evaluator: Evaluator) -> tuple:
     import json
 
     from hetpart.cluster import cluster_to_dict
+    from hetpart.policies.plan_search import _OnReal
 
     spec = cluster_to_dict(view)
     spec.pop("name", None)
     ids = [d.id for d in view.devices]
     predictor = evaluator.predictor
-    while hasattr(predictor, "_to_real") and hasattr(predictor, "_inner"):  # plan_search._OnReal
-        ids = [predictor._to_real[i] for i in ids]
-        predictor = predictor._inner
+    if isinstance(predictor, _OnReal):
+        ids, predictor = predictor.on_real(ids)
     return json.dumps(spec, sort_keys=True, default=str), tuple(ids), id(predictor), evaluator.ignore_memory
 
 
