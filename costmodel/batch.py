@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.costmodel.predictor import Predictor
     from hetpart.workload import Workload
 
-__all__ = ["predict_lines", "workers_for"]
+__all__ = ["predict_lines", "pricer", "answer_lines", "workers_for"]
 
 CHUNK = 8
 """Plans per task handed to a worker: small enough that two workers finish together on a file of mixed
@@ -55,8 +55,41 @@ def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workl
         yield from _predict_batched(lines, many, workload, source)
         return
     numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    answer = _answerer(predictor, workload, source)
-    workers = workers_for(predictor, jobs, len(numbered))
+    price = pricer(predictor, source)
+
+    def answer(number: int, line: str) -> dict[str, Any]:
+        try:
+            plan = Plan.from_json(line, f"{source}:{number}")
+        except HetpartError as exc:
+            return _error(str(exc), source, number)
+        return price(number, plan, workload)
+    yield from answer_lines(numbered, answer, workers_for(predictor, jobs, len(numbered)))
+
+
+def pricer(predictor: "Predictor", source: str,
+           validate: bool = True) -> Callable[[int, Plan, "Workload | None"], dict[str, Any]]:
+    """The answer to the plan of line ``number`` of ``source`` (a workload given: a plan whose global batch or
+    sequence length differs is an error): its metrics, or the error naming the line. ``validate`` False: the
+    caller has checked each plan against the predictor's model and cluster already (on 1,024-GPU plans the
+    rules take about a tenth of an answer, and they give the same verdict twice)."""
+    metrics_of = getattr(predictor, "predict_metrics", None)  # the metrics alone, where a predictor has them
+    if metrics_of is None:
+        def metrics_of(plan: Plan, workload: "Workload | None", validate: bool) -> dict[str, Any]:
+            return predictor.predict(plan, workload, validate=validate).metrics
+
+    def price(number: int, plan: Plan, workload: "Workload | None") -> dict[str, Any]:
+        try:
+            return {"metrics": metrics_of(plan, workload, validate=validate)}
+        except HetpartError as exc:
+            return _error(str(exc), source, number)
+    return price
+
+
+def answer_lines(numbered: list[tuple[int, str]], answer: Callable[[int, str], dict],
+                 workers: int) -> Iterator[dict[str, Any]]:
+    """``answer(number, line)`` of each numbered line, in order, by ``workers`` processes (:func:`workers_for`):
+    this one, or forked ones that score chunks of the lines side by side. Everything ``answer`` does per line
+    (parsing included) is then split between them; what it built before the fork they inherit."""
     if workers == 1:
         for number, line in numbered:
             yield answer(number, line)
@@ -64,25 +97,9 @@ def predict_lines(lines: Iterable[str], predictor: "Predictor", workload: "Workl
     yield from _forked(numbered, answer, workers)
 
 
-def _answerer(predictor: "Predictor", workload: "Workload | None", source: str) -> Callable[[int, str], dict]:
-    """The answer to line ``number`` of the file."""
-    metrics_of = getattr(predictor, "predict_metrics", None)  # the metrics alone, where a predictor has them
-    if metrics_of is None:
-        def metrics_of(plan: Plan, workload: "Workload | None", validate: bool) -> dict[str, Any]:
-            return predictor.predict(plan, workload, validate=validate).metrics
-
-    def answer(number: int, line: str) -> dict[str, Any]:
-        try:
-            plan = Plan.from_json(line, f"{source}:{number}")
-            return {"metrics": metrics_of(plan, workload, validate=True)}
-        except HetpartError as exc:
-            return _error(str(exc), source, number)
-    return answer
-
-
 _ANSWER: Callable[[int, str], dict] | None = None
-"""The forked workers' :func:`_answerer`, set in the parent before the fork (a closure cannot be pickled;
-a forked child inherits it, with the predictor's caches as they were)."""
+"""The forked workers' ``answer`` (:func:`answer_lines`), set in the parent before the fork (a closure cannot be
+pickled; a forked child inherits it, with the predictor's caches as they were)."""
 
 
 def _score_chunk(chunk: list[tuple[int, str]]) -> list[dict[str, Any]]:
@@ -90,7 +107,7 @@ def _score_chunk(chunk: list[tuple[int, str]]) -> list[dict[str, Any]]:
 
 
 def _forked(numbered: list[tuple[int, str]], answer, workers: int) -> Iterator[dict[str, Any]]:
-    """:func:`predict_lines` over ``workers`` forked processes, in order. A worker that dies (killed, out of
+    """:func:`answer_lines` over ``workers`` forked processes, in order. A worker that dies (killed, out of
     memory) fails the whole call with multiprocessing's error rather than leaving lines unanswered."""
     import gc
     import multiprocessing

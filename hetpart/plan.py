@@ -268,8 +268,15 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> "Plan":
+        return cls.read_json(text, source)[0]
+
+    @classmethod
+    def read_json(cls, text: str, source: str = "<plan>") -> tuple["Plan", bool]:
+        """:meth:`from_json`, and whether the text names the plan's precision (the key is optional: see
+        :func:`states_precision`), from one parse (``predict --plans`` lines are tens of KB each)."""
         try:
-            return cls.from_dict(json.loads(text), source)
+            data = json.loads(text)
+            return cls.from_dict(data, source), "precision" in data
         except json.JSONDecodeError as exc:
             raise PlanError(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; "
                             "give a plan written by 'hetpart plan --out'") from None

@@ -531,12 +531,14 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
                    jobs: int = 0) -> None:
     """``predict --plans``: one model, cluster and predictor, one answer line per plan, each the answer
     ``--plan`` gives that plan (:func:`_resolve_plan`: the same precision choice, workload flags and errors,
-    naming the line). Plans are priced in groups of one model graph (sequence length and precision), each
-    group by ``jobs`` forked processes (:func:`hetpart.costmodel.batch.workers_for`)."""
+    naming the line). Each model graph (sequence length and precision) has its predictor. Each line is read,
+    resolved and priced on its own, by ``jobs`` forked processes (:func:`hetpart.costmodel.batch.workers_for`)
+    that share the whole of that work; a predictor that prices a batch in one pass gets its plans in groups
+    of one model graph instead (:func:`_predict_groups`)."""
     import json
     import sys
 
-    from hetpart.costmodel.batch import predict_lines
+    from hetpart.costmodel.batch import answer_lines, pricer, workers_for
     from hetpart.costmodel.predictor import get_predictor
     from hetpart.errors import HetpartError, PlanError
     from hetpart.plan import Plan
@@ -546,48 +548,60 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"--plans: cannot read {plans_path} ({exc.__class__.__name__}); give a JSONL file with one "
                         "plan per line") from None
-    if not any(line.strip() for line in lines):
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
         raise PlanError(f"--plans: {plans_path} holds no plans (it is empty or blank); give a JSONL file with one "
                         "plan per line")
-    parsed: dict[int, Any] = {}  # line number -> (plan, states its precision) or an error answer
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            where = f"{plans_path}:{number}"
-            try:
-                parsed[number] = (Plan.from_json(line, where), "precision" in json.loads(line))
-            except HetpartError as exc:
-                parsed[number] = {"error": _one_line(exc, where)}
-    first = next((p[0] for p in parsed.values() if isinstance(p, tuple)), None)
-    meta = first.meta if first is not None else {}  # the first readable plan names what the options leave out
+    first = None  # the first readable plan names what the options leave out
+    for number, line in numbered:
+        try:
+            first = Plan.from_json(line, f"{plans_path}:{number}")
+            break
+        except HetpartError:
+            continue
+    meta = first.meta if first is not None else {}
     model, cluster = model or meta.get("model"), cluster or meta.get("cluster")
     if not model or not cluster:
         what = "--model" if not model else "--cluster"
         raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
     models = _Models(str(model), str(cluster))
     models.check_model()
-    answers: dict[int, dict] = {}
-    groups: dict[tuple, tuple] = {}  # (seq_len, precision) -> graph, workload, [(line number, resolved plan)]
-    for number, entry in parsed.items():
-        if not isinstance(entry, tuple):
-            answers[number] = entry
-            continue
+    options = {**({"profile": profile} if profile is not None else {}), **(engine or {})}
+    predictors: dict[tuple, tuple] = {}  # (seq_len, precision) -> the predictor of that model graph, its pricer
+
+    def resolved(number: int, line: str):
         where = f"{plans_path}:{number}"
+        plan, stated = Plan.read_json(line, where)
+        return _resolve_plan(plan, where, stated, flags, models, "this line's plan")
+
+    def predictor_of(graph, workload) -> tuple:
+        key = (graph.seq_len, workload.precision)
+        if key not in predictors:
+            chosen = get_predictor(predictor, graph, models.cluster, workload, **options)
+            # _resolve_plan checked the plan against this graph and cluster: the predictor need not again
+            predictors[key] = (chosen, pricer(chosen, str(plans_path), validate=False))
+        return predictors[key]
+
+    def line_answer(number: int, line: str) -> dict[str, Any]:
         try:
-            graph, workload, plan = _resolve_plan(entry[0], where, entry[1], flags, models, "this line's plan")
+            graph, workload, plan = resolved(number, line)
         except HetpartError as exc:
-            answers[number] = {"error": _one_line(exc, where)}
+            return {"error": _one_line(exc, f"{plans_path}:{number}")}
+        return predictor_of(graph, workload)[1](number, plan, workload if flags.global_batch is not None else None)
+
+    chosen = None
+    for number, line in numbered:  # the first plan that resolves: its predictor is built before any fork
+        try:
+            graph, workload, _ = resolved(number, line)
+        except HetpartError:
             continue
-        groups.setdefault((graph.seq_len, workload.precision), (graph, workload, []))[2].append((number, plan))
-    for graph, workload, members in groups.values():
-        chosen = get_predictor(predictor, graph, models.cluster, workload,
-                               **({"profile": profile} if profile is not None else {}), **(engine or {}))
-        texts = [""] * len(lines)  # the group's plans at their own line numbers; the rest blank (no answer)
-        for number, plan in members:
-            texts[number - 1] = plan.to_json(indent=None)
-        priced = predict_lines(texts, chosen, workload if flags.global_batch is not None else None, str(plans_path),
-                               jobs=jobs)
-        for (number, _), answer in zip(members, priced):
-            answers[number] = answer
+        chosen = predictor_of(graph, workload)[0]
+        break
+    if chosen is not None and getattr(chosen, "predict_many", None) is not None:
+        answers = _predict_groups(numbered, resolved, predictor_of, flags, plans_path, len(lines))
+    else:
+        workers = workers_for(chosen, jobs, len(numbered)) if chosen is not None else 1
+        answers = dict(zip((number for number, _ in numbered), answer_lines(numbered, line_answer, workers)))
     if json_out:
         for number in sorted(answers):
             sys.stdout.write(json.dumps(answers[number]) + "\n")
@@ -597,6 +611,33 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
         answer = answers[number]
         con.print(f"{number}: " + (_metrics_line(answer["metrics"]) if "metrics" in answer else answer["error"]),
                   highlight=False, markup=False)
+
+
+def _predict_groups(numbered: list[tuple[int, str]], resolved, predictor_of, flags: _WorkloadFlags, plans_path: Path,
+                    size: int) -> dict[int, dict]:
+    """``predict --plans`` with a predictor that prices a batch in one pass (``predict_many``): every line
+    resolved here, the plans in groups of one model graph, each group in one call."""
+    from hetpart.costmodel.batch import predict_lines
+    from hetpart.errors import HetpartError
+
+    answers: dict[int, dict] = {}
+    groups: dict[tuple, tuple] = {}  # (seq_len, precision) -> graph, workload, [(line number, resolved plan)]
+    for number, line in numbered:
+        try:
+            graph, workload, plan = resolved(number, line)
+        except HetpartError as exc:
+            answers[number] = {"error": _one_line(exc, f"{plans_path}:{number}")}
+            continue
+        groups.setdefault((graph.seq_len, workload.precision), (graph, workload, []))[2].append((number, plan))
+    for graph, workload, members in groups.values():
+        texts = [""] * size  # the group's plans at their own line numbers; the rest blank (no answer)
+        for number, plan in members:
+            texts[number - 1] = plan.to_json(indent=None)
+        priced = predict_lines(texts, predictor_of(graph, workload)[0],
+                               workload if flags.global_batch is not None else None, str(plans_path))
+        for (number, _), answer in zip(members, priced):
+            answers[number] = answer
+    return answers
 
 
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
