@@ -336,9 +336,9 @@ class Neighbourhood:
         for pp in self.s.pp_options(pool, tp):
             if not self.s.pool_fits(pool, tp, pp, mb, rc):
                 continue
-            config = self.s.pool_config(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
-            if config is not None and config.rate > rate:
-                best, rate = pp, config.rate
+            pace = self.s.pool_rate(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
+            if pace is not None and pace > rate:
+                best, rate = pp, pace
         return best
 
 

@@ -812,17 +812,34 @@ def pool_config(ctx: _Context, pool: Pool, tp: int, pp: int, mb: int, costs: Sta
     """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline (``masks``: each stage's range times,
     memory masked), split for ``m_est`` micro-batches; None when nothing fits. Its fixed cost per step is
     the pipeline's fill (blocking sends included, :func:`_split_with_sends`) and the pool's gradient sync."""
+    split = pool_split(ctx, pool, tp, pp, mb, masks, m_est, splitter)
+    return None if split is None else pool_config_of(ctx, pool, tp, pp, costs, m_est, *split)
+
+
+def pool_split(ctx: _Context, pool: Pool, tp: int, pp: int, mb: int, masks: list[np.ndarray], m_est: int,
+               splitter: Callable[..., Split | None] = split_layers) -> tuple[Split, float] | None:
+    """:func:`pool_config` before the gradient sync: the split (sends included) and the seconds the sends that
+    do not block add to the fill. Its bottleneck alone gives the configuration's :attr:`_PoolConfig.rate`,
+    which is all the policy's walk needs of most pipeline depths it compares (the sync's rings are most of the
+    rest of a configuration's cost; on the 1,024-GPU public entry 58 of the 97 configurations the walk compares
+    are never priced as typed replicas)."""
     groups = tp_groups(pool, tp)
     dp = len(groups) // pp
     replicas = [groups[r * pp:(r + 1) * pp] for r in range(dp)]
-    layout = ("pool", pool.key, tp, pp)
-    split, delay = _split_with_sends(ctx, splitter, masks, replicas, mb, m_est, layout)
-    if split is None:
-        return None
+    split, delay = _split_with_sends(ctx, splitter, masks, replicas, mb, m_est, ("pool", pool.key, tp, pp))
+    return None if split is None else (split, delay)
+
+
+def pool_config_of(ctx: _Context, pool: Pool, tp: int, pp: int, costs: StageCosts, m_est: int, split: Split,
+                   delay: float) -> _PoolConfig:
+    """:func:`pool_config` from its :func:`pool_split`."""
+    groups = tp_groups(pool, tp)
+    dp = len(groups) // pp
     # the sum of stage times, sends included: the objective less (m - 1) bottlenecks
     fill = split.objective_s - m_est * split.bottleneck_s + delay
     peers = [[groups[r * pp + j][0] for r in range(dp)] for j in range(pp)]
-    sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges], [tp] * pp, layout=layout)
+    sync = _sync_s(ctx, peers, [float(costs.grad_bytes[a, b]) for a, b in split.ranges], [tp] * pp,
+                   layout=("pool", pool.key, tp, pp))
     return _PoolConfig(pool, tp, pp, split, fill + sync)
 
 

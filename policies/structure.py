@@ -40,7 +40,7 @@ from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.partition import minimax_split, split_layers
 from hetpart.rules import RULES
 from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _PoolConfig,
-                                          _typed_scorer, make_context, pool_config)
+                                          _typed_scorer, make_context, pool_config_of, pool_split)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
@@ -256,18 +256,35 @@ class Scenario:
     def pool_config(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool = False) -> _PoolConfig | None:
         """One pool's replicas of a ``pp``-stage, ``tp``-wide pipeline, priced as the search prices them
         (``quick``: with :func:`~hetpart.policies.partition.minimax_split`, as :meth:`mixed_scored`)."""
+        def compute():
+            split = self._pool_split(pool, tp, pp, mb, rc, quick)
+            if split is None:
+                return None
+            costs = self.ctx.table.get(self.pools[pool], tp, mb, rc)
+            return pool_config_of(self.ctx, self.pools[pool], tp, pp, costs, self._m_est(pool, tp, pp, mb), *split)
+
+        return self._memo(("config", pool, tp, pp, mb, rc, quick), compute)
+
+    def pool_rate(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool = False) -> float | None:
+        """:attr:`pool_config`'s rate (micro-batches per second of the pool's replicas; None: nothing fits),
+        without its gradient sync: comparing pipeline depths needs only the split."""
+        split = self._pool_split(pool, tp, pp, mb, rc, quick)
+        return None if split is None else (self.pools[pool].num_devices // (tp * pp)) / split[0].bottleneck_s
+
+    def _pool_split(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool):
+        """:func:`~hetpart.policies.plan_search.pool_split` of :meth:`pool_config`."""
         def compute():  # under the first memory assumption that fits (sharded states: search's two)
             p = self.pools[pool]
             costs = self.ctx.table.get(p, tp, mb, rc)
             for f in self._fractions(pool, tp, pp):
                 masks = [costs.masked(pp - j, False, self.ctx.zero, f) for j in range(pp)]
-                config = pool_config(self.ctx, p, tp, pp, mb, costs, masks, self._m_est(pool, tp, pp, mb),
-                                     minimax_split if quick else split_layers)
-                if config is not None:
-                    return config
+                split = pool_split(self.ctx, p, tp, pp, mb, masks, self._m_est(pool, tp, pp, mb),
+                                   minimax_split if quick else split_layers)
+                if split is not None:
+                    return split
             return None
 
-        return self._memo(("config", pool, tp, pp, mb, rc, quick), compute)
+        return self._memo(("split", pool, tp, pp, mb, rc, quick), compute)
 
     def typed_scored(self, chosen: list[tuple[int, int, int]], mb: int, rc: str, quick: int = 0) -> Scored | None:
         """The search's point for these typed replicas; pools deeper than ``quick`` stages (0: none)
