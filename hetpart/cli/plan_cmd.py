@@ -439,7 +439,9 @@ class _Models:
 
         cl = self.cluster
         used = [cl.device(d) for d in devices if cl.has_device(d)] if devices is not None else cl.devices
-        precision = resolve_precision(precision, {d.gpu for d in used}, precision_source)
+        # the device types, told apart by identity first (a GPUSpec hashes every field; plans list 1,000s of devices)
+        gpus = set({id(d.gpu): d.gpu for d in used}.values())
+        precision = resolve_precision(precision, gpus, precision_source)
         key = (seq_len, precision)
         if key not in self._graphs:
             self._graphs[key] = load_model(self.spec, seq_len=seq_len, precision=precision,
