@@ -29,9 +29,11 @@ import importlib.util
 import inspect
 import io
 import sys
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from math import prod
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -50,8 +52,15 @@ __all__ = ["trace_module", "trace_python_spec"]
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 aten = torch.ops.aten
 _BATCHED_MATMULS = {aten.bmm, aten.baddbmm}
-_MATMULS = {aten.mm, aten.addmm} | _BATCHED_MATMULS
+_MATMULS = {aten.mm, aten.addmm, aten._grouped_mm} | _BATCHED_MATMULS
 _SOFTMAXES = {aten._softmax, aten._safe_softmax}
+_LOOKUPS = {aten.embedding, aten.index_select, aten._embedding_bag, aten.embedding_bag}
+"""Ops that read a weight matrix without multiplying it (an embedding table's rows): no FLOPs, rightly."""
+UNCOUNTED_SHARE = 0.05
+"""A trace fails when more than this share of the parameters sits in weight matrices that no op with a FLOP
+formula reads (nor a lookup): an op torch's counter does not know does their work, and every step time built on
+the count would be too fast (a mixture of experts run through ``aten._grouped_mm`` before it had a formula here
+counted 1.9 of 10.4 GFLOP per token)."""
 _TAG = "hetpart_unit"
 
 
@@ -64,11 +73,23 @@ def _cpu_flash_backward_flop(grad_out_shape, query_shape, key_shape, value_shape
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """``aten._grouped_mm`` (mixture-of-experts layers: transformers 5 runs every expert in one call), by
+    the shapes its meta function accepts: 2D x 3D (tokens sorted by expert, ``offs`` cutting the rows) and
+    3D x 2D (``offs`` cutting the columns) give one row of ``a`` times one column of ``b`` per output
+    element; 3D x 3D is a batched matmul; 2D x 2D (the weight gradient) cuts the contraction instead, so
+    its ``G`` outputs share one pass over it."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * prod(out_shape) * a_shape[-1]
+
+
 # torch 2.13 counts the CUDA flash/efficient kernels but not the CPU flash kernel that fake CPU
-# tensors dispatch to; the formulas are the ones torch uses for the CUDA kernels.
+# tensors dispatch to (the formulas are the ones torch uses for the CUDA kernels), nor grouped matmuls.
 _EXTRA_FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flop,
+    aten._grouped_mm: _grouped_mm_flop,
 }
 
 
@@ -101,6 +122,14 @@ class _Tracker:
         self.param_users: dict[int, list[int]] = {}
         self.saved_storages: dict[int, torch.Tensor] = {}
         self.score_keys: dict[int, torch.Tensor] = {}
+        self.derived: dict[int, frozenset[int]] = {key: frozenset((key,)) for key in param_keys}
+        """storage key -> the parameters a forward tensor was made from by ops without FLOPs (views, casts)."""
+        self.derived_alive: list[torch.Tensor] = []
+        """Those tensors, kept alive so that no other storage reuses their keys."""
+        self.counted: set[int] = set()
+        """Parameters an op with a FLOP formula (or a lookup) read, directly or through :attr:`derived`."""
+        self.readers: dict[int, set[str]] = {}
+        """parameter storage key -> the ops without FLOP formulas that combined it with activations."""
 
     def enter(self, name: str, kind: str, in_bytes: float) -> None:
         if name not in self.index:
@@ -161,6 +190,35 @@ class _Tracker:
             mat1 = args[1] if packet in (aten.addmm, aten.baddbmm) else args[0]
             unit.contraction_flops[int(mat1.shape[-1])] += flops
 
+    def follow_params(self, packet: Any, args: Sequence[Any], out: Any, counted: bool) -> None:
+        """Note which parameters a forward op reads (through views and casts): counted where the op has a FLOP
+        formula or looks rows up, else passed on to its outputs where it reads parameters alone (an op that
+        also reads activations makes activations: a weight only an unknown op multiplies must stay uncounted
+        when the activations it made reach a counted matmul later)."""
+        sources: frozenset[int] = frozenset()
+        activations = False
+        for a in pytree.tree_leaves(args):
+            if isinstance(a, torch.Tensor) and a.dim() > 0:
+                key = _storage_key(a)
+                found = self.derived.get(key)
+                if found is not None:
+                    sources |= found
+                elif key not in self.buffer_keys:
+                    activations = True
+        if not sources:
+            return
+        if counted or packet in _LOOKUPS:
+            self.counted |= sources
+            return
+        if activations:
+            for key in sources:
+                self.readers.setdefault(key, set()).add(str(packet))
+            return
+        for o in pytree.tree_leaves(out):
+            if isinstance(o, torch.Tensor):
+                self.derived[_storage_key(o)] = self.derived.get(_storage_key(o), frozenset()) | sources
+                self.derived_alive.append(o)
+
     def use_params(self, args: Sequence[Any]) -> None:
         for a in pytree.tree_leaves(args):
             if isinstance(a, torch.Tensor):
@@ -206,6 +264,7 @@ class _Recorder(TorchDispatchMode):
             self.tracker.add_flops(packet, flops, args, backward, scores)
         if not backward:
             self.tracker.use_params(args)
+            self.tracker.follow_params(packet, args, out, packet in self.registry)
         return out
 
 
@@ -350,6 +409,10 @@ class _Trace:
     """Bytes per sequence of the outputs differentiated (the loss)."""
     counter_flops: int
     param_numel: dict[int, int]
+    param_names: dict[int, str]
+    """storage key -> the parameter's first name."""
+    matrices: set[int]
+    """Storage keys of the parameters of two or more dimensions (weight matrices, tables, kernels)."""
 
 
 def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype) -> _Trace:
@@ -362,6 +425,10 @@ def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: tor
         buffers = {name: _fake_like(b, dtype) for name, b in module.named_buffers(remove_duplicate=False)}
         args, kwargs = _fake_inputs(example_inputs, dtype)
     param_keys = {_storage_key(t): t.numel() for t in fakes.values()}
+    names: dict[int, str] = {}
+    for name, t in state.items():
+        names.setdefault(_storage_key(t), name)
+    matrices = {_storage_key(t) for t in fakes.values() if t.dim() >= 2}
     tracker = _Tracker(seq_len, param_keys, {_storage_key(b) for b in buffers.values()})
     tracker.units[0].in_bytes = _tensor_bytes((args, kwargs), grad_only=False)  # until a unit is entered
     counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
@@ -384,7 +451,24 @@ def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: tor
         for h in handles:
             h.remove()
         module.train(was_training)
-    return _Trace(tracker, batch, float(out_bytes), counter.get_total_flops(), param_keys)
+    return _Trace(tracker, batch, float(out_bytes), counter.get_total_flops(), param_keys, names, matrices)
+
+
+def _check_counted(trace: _Trace) -> None:
+    """Raise when weight matrices holding more than :data:`UNCOUNTED_SHARE` of the parameters were read in the
+    forward only by ops without a FLOP formula, naming them and those ops."""
+    tracker = trace.tracker
+    missed = [k for k in trace.matrices if k in tracker.readers and k not in tracker.counted]
+    total = sum(trace.param_numel.values())
+    share = sum(trace.param_numel[k] for k in missed) / max(total, 1)
+    if share <= UNCOUNTED_SHARE:
+        return
+    missed.sort(key=lambda k: (-trace.param_numel[k], trace.param_names[k]))
+    ops = sorted({op for k in missed for op in tracker.readers[k]})
+    raise ModelError(f"{share:.0%} of the parameters ({', '.join(trace.param_names[k] for k in missed[:3])}"
+                     f"{', ...' if len(missed) > 3 else ''}) are read only by ops whose FLOPs torch's counter does "
+                     f"not know ({', '.join(ops[:6])}): every step time would be too fast; compute with ops it counts "
+                     "(torch.matmul, nn.Linear, F.scaled_dot_product_attention)")
 
 
 def _owners(trace: _Trace) -> tuple[Counter, Counter, int | None]:
@@ -455,14 +539,7 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
         raise ModelError(f"{where}: --precision: {precision!r} is not one of {', '.join(_DTYPES)}")
     if not isinstance(module, nn.Module):
         raise ModelError(f"{where}: expected a torch.nn.Module, got {type(module).__name__}")
-    try:
-        with fake_tensor_log_silenced():  # a failing op is reported below, in one line
-            trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
-    except ModelError as exc:
-        raise ModelError(f"{where}: {exc}") from None
-    except Exception as exc:  # the module's own code, run on fake tensors
-        raise ModelError(f"{where}: tracing one training step failed ({_first_line(exc)}); the module must run "
-                         "on shapes alone (no .item(), no data-dependent shapes)") from exc
+    trace = _trace_step(module, example_inputs, units, seq_len, precision, where)
     dtype_bytes = torch.empty((), dtype=_DTYPES[precision]).element_size()
     graph_units, tied_owner = _units(trace, dtype_bytes, name)
     measured = sum(u.fwd_flops + u.bwd_flops for u in graph_units) * trace.batch
@@ -471,6 +548,33 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
                          f"({trace.counter_flops:.4g}); an op ran outside the trace")
     return ModelGraph(name=name, units=tuple(graph_units), seq_len=seq_len, dtype_bytes=dtype_bytes,
                       tied_owner=tied_owner or None, source=source or f"trace:{name}")
+
+
+def _trace_step(module: nn.Module, example_inputs: Any, units, seq_len: int, precision: str, where: str) -> _Trace:
+    """:func:`_run` in ``precision``, its FLOPs checked (:func:`_check_counted`), failures as one ModelError.
+    An fp16 trace that fails is retried in bf16: some CPU kernels take bf16 only (``aten._grouped_mm``), and
+    a 2-byte dtype gives the same FLOPs and bytes either way."""
+    try:
+        with fake_tensor_log_silenced():  # a failing op is reported below, in one line
+            trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+        _check_counted(trace)
+        return trace
+    except ModelError as exc:
+        raise ModelError(f"{where}: {exc}") from None
+    except Exception as exc:  # the module's own code, run on fake tensors
+        if precision == "fp16":
+            try:
+                trace = _trace_step(module, example_inputs, units, seq_len, "bf16", where)
+            except ModelError:
+                pass
+            else:
+                from hetpart.graph.load import ModelNote  # load imports this module
+
+                warnings.warn(ModelNote(f"{where}: traced in bf16 (same bytes as fp16): the fp16 trace failed "
+                                        f"({_first_line(exc)})"), stacklevel=2)
+                return trace
+        raise ModelError(f"{where}: tracing one training step failed ({_first_line(exc)}); the module must run "
+                         "on shapes alone (no .item(), no data-dependent shapes)") from exc
 
 
 def _import(module_name: str, spec: str) -> Any:
