@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "fake_tensor_log_silenced", "current_autograd_node",
            "in_backward", "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group",
-           "fsdp_default_collectives"]
+           "fsdp_default_collectives", "grouped_mm"]
 
 
 @contextmanager
@@ -50,6 +50,12 @@ def storage_key(t: torch.Tensor) -> int:
     """A key equal for tensors that share storage (views), fake tensors included (``data_ptr`` is not
     defined for those)."""
     return t.untyped_storage()._cdata
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """One matmul per group (the experts of a mixture of experts: rows of ``a`` cut by ``offs``, one matrix of
+    ``b`` each): ``torch._grouped_mm``, which transformers 5 calls and torch does not yet make public."""
+    return torch._grouped_mm(a, b, offs=offs)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -137,3 +137,10 @@ def test_fsdp_default_collectives_are_what_fsdp2_runs_and_take_its_setters() -> 
     all_gather, reduce_scatter = fsdp_default_collectives()
     assert callable(all_gather()) and callable(reduce_scatter())
     assert hasattr(FSDPModule, "set_custom_all_gather") and hasattr(FSDPModule, "set_custom_reduce_scatter")
+
+
+def test_grouped_mm_multiplies_each_group_of_rows_by_its_own_matrix() -> None:
+    a = torch.randn(16, 8, dtype=torch.bfloat16)
+    b = torch.randn(2, 8, 8, dtype=torch.bfloat16)
+    got = compat.grouped_mm(a, b, torch.tensor([4, 16], dtype=torch.int32))
+    assert torch.equal(got, torch.cat([a[:4] @ b[0], a[4:] @ b[1]]))
