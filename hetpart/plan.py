@@ -224,6 +224,9 @@ class Plan:
     def from_dict(cls, data: Any, source: str = "<plan>") -> "Plan":
         """Parse a plan mapping; structural problems raise :class:`PlanError` naming the field."""
         data = v.require_mapping(PlanError, data, source, "")
+        if isinstance(data.get("plan"), dict) and "replicas" not in data:  # `hetpart plan --json` output, whole
+            raise v.fail(PlanError, source, "plan", "this is the output of 'hetpart plan --json', whose plan is "
+                         "its \"plan\" object: write the plan itself with 'hetpart plan --out FILE'")
         v.require_keys(PlanError, data, source, "", ["global_batch", "micro_batch", "seq_len", "replicas"],
                        ["schedule", "interleave", "recompute", "precision", "optimizer", "attention",
                         "allow_cross_node_tp", "meta", "zero", "offload", "shard_group", "shard_fractions", "cp"])
