@@ -191,6 +191,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     for s in states:
         distinct.setdefault(s.key(), s)
     greedy = sampled = refined = base = lifted = None
+    near: list[Evaluated] = []
     if network_alone or not refine:
         greedy = _complete(evaluator, states[0])  # the network's own answer is always completed
         evaluator.deadline = start + 0.6 * time_budget_s
@@ -217,15 +218,18 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
             timings["walk_points"] = hood.priced
             evaluator.deadline = start + 0.6 * time_budget_s
             ranked = sorted(found.items(), key=lambda pair: pair[1])
-            exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top)
+            exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top,
+                                                         basins=cluster.num_devices <= FEWER_NODES_MAX_DEVICES)
                            if (sc := hood.exact(point)) is not None)
             deadline, evaluator.deadline = evaluator.deadline, math.inf  # the walk's best is always simulated
             refined = evaluator.best(_plans(exact[:1]), incumbent=sampled)
             evaluator.deadline = deadline
             refined = evaluator.best(_plans(exact[1:]), incumbent=refined)
+            near = _near_groups(evaluator, exact, refined, cluster.num_devices)
             if upper is not None:  # level 1's walk, forked beside level 0's or run now
                 began = time.perf_counter()
-                lifted, timings["walk_level1_s"] = upper.result()
+                (lifted, near_lifted), timings["walk_level1_s"] = upper.result()
+                near += near_lifted
                 timings["level1_wait_s"] = time.perf_counter() - began
         finally:
             if upper is not None:
@@ -242,8 +246,8 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         steps = _climb_steps(refine_steps, cluster.num_devices)
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
         # so does level 0's best at level 1, as it is and split again (the memory it frees lets layers move)
-        resharded = _at_level_one(scenario, evaluator, refined) if upper is not None else []
-        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, *resharded, base) if e is not None]
+        resharded = level_one_starts(scenario, evaluator, refined) if upper is not None else []
+        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, *resharded, base, *near) if e is not None]
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
         refined = base
@@ -251,12 +255,12 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     return Decoded(greedy, sampled, refined, len(distinct), timings, base)
 
 
-def _at_level_one(scenario: Scenario, evaluator: Evaluator, found: Evaluated | None) -> list[Evaluated]:
+def level_one_starts(scenario: Scenario, evaluator: Evaluator, found: Evaluated | None) -> list[Evaluated]:
     """``found``'s plan with its optimizer states sharded (level 1), priced, and the same structure split
     again under level 1's memory (the search's exact split of that point at level 1), each where it fits:
     both climb, because the faster start need not climb higher (llama2-7b on the public consumer cluster:
     31,886 -> 31,984 tokens/s from the same split, 31,828 -> 32,381 from level 1's). Empty where ``found`` is
-    not a level-0 plan of several replicas."""
+    not a level-0 plan of several replicas. ``search`` climbs them too (:func:`~hetpart.policies.plan_search.plan_search`)."""
     from dataclasses import replace
 
     from hetpart.policies.neighbourhood import Neighbourhood
@@ -316,10 +320,11 @@ def _level_one_wanted(scenario: Scenario) -> bool:
 
 
 def _walk_level_one(scenario: Scenario, evaluator: "_Deadline", starts: list, walk_deadline: float,
-                    deadline: float, limit: int, top: int) -> tuple[Evaluated | None, float]:
+                    deadline: float, limit: int, top: int) -> tuple[tuple[Evaluated | None, list[Evaluated]], float]:
     """The structure walk at sharding level 1 from ``starts`` (the decoded points), its shortlist priced
-    exactly and simulated: the best plan (None: nothing fits) and the seconds it took. It depends on
-    nothing the level-0 walk finds, so a child runs it beside that walk (:class:`~hetpart.policies.forked.Forked`)."""
+    exactly and simulated: the best plan (None: nothing fits) with the near groups' bests (:func:`_near_groups`),
+    and the seconds it took. It depends on nothing the level-0 walk finds, so a child runs it beside that walk
+    (:class:`~hetpart.policies.forked.Forked`)."""
     from dataclasses import replace
 
     from hetpart.policies.neighbourhood import Neighbourhood, improve
@@ -327,16 +332,60 @@ def _walk_level_one(scenario: Scenario, evaluator: "_Deadline", starts: list, wa
     began = time.perf_counter()
     upper = Scenario(scenario.model, scenario.cluster, replace(scenario.workload, zero=1), evaluator=evaluator)
     if not upper.feasible:
-        return None, time.perf_counter() - began
+        return (None, []), time.perf_counter() - began
     hood = Neighbourhood(upper)
     found = improve(hood, starts, walk_deadline, limit=limit)
     ranked = sorted(found.items(), key=lambda pair: pair[1])
-    exact = sorted(sc for point, _ in _shortlist(ranked, top) if (sc := hood.exact(point)) is not None)
+    basins = scenario.cluster.num_devices <= FEWER_NODES_MAX_DEVICES
+    exact = sorted(sc for point, _ in _shortlist(ranked, top, basins) if (sc := hood.exact(point)) is not None)
     kept, evaluator.deadline = evaluator.deadline, deadline
     try:
-        return evaluator.best(_plans(exact)), time.perf_counter() - began
+        best = evaluator.best(_plans(exact))
+        return (best, _near_groups(evaluator, exact, best, scenario.cluster.num_devices)), time.perf_counter() - began
     finally:
         evaluator.deadline = kept
+
+
+def walk_starts(scenario: Scenario, evaluator: Evaluator, plans: list, walk_points: int = 600, simulate_top: int = 6
+                ) -> list[Evaluated]:
+    """The policy's structure walk without its network, for ``search``: walked from the points of ``plans`` (mixed
+    pipelines; :func:`_mixed_point`) and the walk's own seeds, its shortlist (basins included) simulated; the best
+    plan and the near basins' (:func:`_near_groups`), where the hill-climb starts. Empty where nothing fits."""
+    from hetpart.policies.neighbourhood import Neighbourhood, improve
+
+    if not scenario.feasible:
+        return []
+    devices = scenario.cluster.num_devices
+    points = list(dict.fromkeys(p for e in plans if e is not None and (p := _mixed_point(scenario, e.plan)) is not None))
+    hood = Neighbourhood(scenario)
+    found = improve(hood, points, time.perf_counter() + 4.5, limit=_walk_points(walk_points, devices))
+    ranked = sorted(found.items(), key=lambda pair: pair[1])
+    exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top, devices <= FEWER_NODES_MAX_DEVICES)
+                   if (sc := hood.exact(point)) is not None)
+    best = evaluator.best(_plans(exact))
+    return [e for e in (best, *_near_groups(evaluator, exact, best, devices)) if e is not None]
+
+
+NEAR_GROUP = 0.02
+"""How close (in simulated tokens/s) another group's best must come to the walk's best for the
+hill-climb to start from it too (:func:`_near_groups`)."""
+
+
+def _near_groups(evaluator: Evaluator, exact: list, best: Evaluated | None, devices: int) -> list[Evaluated]:
+    """The best simulated plan of each basin (:func:`_basin`) of the shortlist ``exact`` that comes within
+    :data:`NEAR_GROUP` of ``best``'s throughput, up to
+    :data:`FEWER_NODES_MAX_DEVICES` devices: the hill-climb is local, and two structures a hair apart may climb
+    to very different heights. falcon-7b (one key/value head: tensor parallelism 1) on 2 x 8 A100 + 2 x 8 V100:
+    the A100s alone (75,785 tokens/s) and an A100-V100 pipeline (75,770) came out of the walk level; the first
+    climbs nowhere, the second to 84,821 through interleaving the V100 stages."""
+    if best is None or not exact or devices > FEWER_NODES_MAX_DEVICES:
+        return []
+    groups: dict[tuple, Evaluated | None] = {}
+    for sc in exact:
+        group = _basin(sc.key)
+        groups[group] = evaluator.best(sc.build(), incumbent=groups.get(group))
+    return [e for e in groups.values() if e is not None and e.plan != best.plan
+            and e.tokens_per_s >= (1 - NEAR_GROUP) * best.tokens_per_s]
 
 
 WALK_DEVICE_POINTS = 400 * 256
@@ -378,7 +427,7 @@ def _decode_structures(policy, scenario: Scenario, samples: int, seed: int) -> l
     return states
 
 
-def _shortlist(ranked: list, top: int) -> list:
+def _shortlist(ranked: list, top: int, basins: bool = False) -> list:
     """The ``top`` best of ``ranked`` (pairs of anything and a :class:`Scored`, best first) plus the
     best of every family and set of pools (the estimate is a model: as in ``search``, the simulator
     decides between groups)."""
@@ -388,7 +437,26 @@ def _shortlist(ranked: list, top: int) -> list:
     groups: dict[tuple, int] = {}
     for i, (_, sc) in enumerate(ranked):
         groups.setdefault(_group(sc.key), i)
+        if basins and sc.estimate_s <= (1 + BASIN_ESTIMATE) * ranked[0][1].estimate_s:
+            groups.setdefault(("basin", *_basin(sc.key)), i)
     return [ranked[i] for i in sorted(chosen.keys() | groups.values())]
+
+
+def _basin(key: tuple) -> tuple:
+    """What the hill-climb cannot change about a point: a mixed pipeline's pools in pipeline order and their
+    tensor-parallel degrees (A100s then V100s and V100s then A100s, TP 2 or TP 1, climb apart: :func:`_near_groups`);
+    a typed plan's family and pools."""
+    from hetpart.policies.plan_search import _group
+
+    return ("mixed", key[1], key[2]) if key[0] == "mixed" else _group(key)
+
+
+BASIN_ESTIMATE = 0.05
+"""Up to :data:`FEWER_NODES_MAX_DEVICES` devices the walk's shortlist also holds the best estimate of every basin
+(:func:`_basin`) within this share of the best estimate: about the estimate's error against the simulator. phi3-mini
+(config.json) on 2 x 8 A100 + 2 x 8 V100 at level 1: A100-V100 pipelines at TP 1 ranked 12th of 121 points by
+estimate (2.2% behind) and simulated best of all (129,267 tokens/s), climbing to 146,709; the shortlist had kept
+only TP 2 of that pool set, which climbs to 133,617."""
 
 
 def _plans(shortlist: list) -> list:
