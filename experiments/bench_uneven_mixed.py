@@ -101,7 +101,8 @@ def plans(cluster_path: Path) -> dict[str, dict]:
     hetpart = plan_search(model, cluster, work).plan.to_dict()
     even_shares = Evaluator(model, cluster, work)
     even_shares.speed_shares = False  # since 2026-11-28 the evaluator's speed shares make data parallelism win
-    uneven_tp = plan_search(model, cluster, work, speed_types=False, evaluator=even_shares).plan.to_dict()
+    # the search's own structures (no walk of the policy's neighbourhood, which finds data parallelism here too)
+    uneven_tp = plan_search(model, cluster, work, speed_types=False, walk=False, evaluator=even_shares).plan.to_dict()
     keep = ("global_batch", "micro_batch", "seq_len", "schedule", "recompute", "precision")
     base = {k: hetpart[k] for k in keep}
     groups = (("0/0/0", "0/0/1"), ("0/0/2", "0/0/3"))
