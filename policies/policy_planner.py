@@ -376,7 +376,7 @@ def _near_groups(evaluator: Evaluator, exact: list, best: Evaluated | None, devi
     :data:`NEAR_GROUP` of ``best``'s throughput, up to
     :data:`FEWER_NODES_MAX_DEVICES` devices: the hill-climb is local, and two structures a hair apart may climb
     to very different heights. falcon-7b (one key/value head: tensor parallelism 1) on 2 x 8 A100 + 2 x 8 V100:
-    the A100s alone (75,785 tokens/s) and an A100-V100 pipeline (75,770) came out of the walk level; the first
+    the A100s alone (75,785 tokens/s) and an A100-V100 pipeline (75,770) came out of the walk neck and neck; the first
     climbs nowhere, the second to 84,821 through interleaving the V100 stages."""
     if best is None or not exact or devices > FEWER_NODES_MAX_DEVICES:
         return []
@@ -430,7 +430,8 @@ def _decode_structures(policy, scenario: Scenario, samples: int, seed: int) -> l
 def _shortlist(ranked: list, top: int, basins: bool = False) -> list:
     """The ``top`` best of ``ranked`` (pairs of anything and a :class:`Scored`, best first) plus the
     best of every family and set of pools (the estimate is a model: as in ``search``, the simulator
-    decides between groups)."""
+    decides between groups); with ``basins``, also the best of every basin (:func:`_basin`) within
+    :data:`BASIN_ESTIMATE` of the best estimate."""
     from hetpart.policies.plan_search import _group
 
     chosen = dict.fromkeys(range(min(top, len(ranked))))
