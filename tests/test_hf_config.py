@@ -158,7 +158,7 @@ def test_agrees_with_transformers_parameter_count() -> None:
     ({"model_type": "gpt2", "n_layer": 2}, r"c.json: n_embd: missing required field"),
     (LLAMA2_7B_CONFIG | {"num_hidden_layers": 0}, r"c.json: num_hidden_layers: must be >= 1, got 0"),
     (LLAMA2_7B_CONFIG | {"num_hidden_layers": 10**6}, r"num_hidden_layers: 1000000 is absurdly large"),
-    (LLAMA2_7B_CONFIG | {"hidden_size": 4096.0}, r"hidden_size: expected a whole number, got 4096.0"),
+    (LLAMA2_7B_CONFIG | {"hidden_size": 4096.5}, r"hidden_size: 4096.5 is not a whole number; use 4096 or 4097$"),
     (LLAMA2_7B_CONFIG | {"vocab_size": "32000"}, r"vocab_size: expected a whole number, got '32000'"),
     (LLAMA2_7B_CONFIG | {"num_attention_heads": 31}, r"c.json: num_attention_heads: 31 heads do not divide hidden_size 4096; add head_dim"),
     (LLAMA2_7B_CONFIG | {"num_key_value_heads": 5}, r"c.json: num_key_value_heads: 5 key/value heads do not divide the 32 attention heads \(num_attention_heads\); "

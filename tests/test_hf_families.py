@@ -229,7 +229,8 @@ def test_experts_without_model_type_name_the_architecture() -> None:
 @pytest.mark.parametrize("data, match", [
     ({"model_type": "rwkv", "hidden_size": 2048, "num_hidden_layers": 24},
      r"^c.json: model_type: 'rwkv' is not supported; supported model types: gpt2, llama, cohere, gemma, gemma2, "
-     r"gemma3_text, .*stablelm, yi, bloom, falcon, gpt_bigcode, gpt_neox, gptj, mpt, phi, starcoder2, opt, bert "
+     r"gemma3_text, .*stablelm, yi, bloom, falcon, gpt_bigcode, gpt_neox, gptj, mpt, phi, starcoder2, opt, bert, "
+     r"roberta, xlm-roberta, camembert, distilbert "
      r"\(or describe the model with python:MODULE:FUNCTION\)$"),
     ({"model_type": "bart", "d_model": 1024}, r"^c.json: model_type: 'bart' is not supported"),
     ({"hidden": 3}, r"^c.json: model_type '\(missing\)' is not a GPT-2, Llama, OPT or BERT config; set model_type "

@@ -39,6 +39,9 @@ MODEL_CATALOG: dict[str, TransformerConfig] = {
     # facebook/opt-350m config: post-LN, ReLU, 512-wide embeddings projected to 1024, 2 offset positions.
     "opt-350m": TransformerConfig("opt", 24, 1024, 16, 50272, 2048, ffn_hidden_size=4096, activation="relu",
                                   embed_dim=512, position_offset=2, final_norm=False, published_params=331.2e6),
-    # bert-large-uncased (Devlin et al. 2019): 24 layers, 1024 wide, 16 heads, 30522 tokens, MLM head + pooler.
-    "bert-large": TransformerConfig("bert", 24, 1024, 16, 30522, 512, published_params=336.2e6, final_norm=False),
+    # bert-large-uncased (Devlin et al. 2019): 24 layers, 1024 wide, 16 heads, 30522 tokens, pretrained with
+    # MLM + NSP: BertForPreTraining's heads (MLM head, pooler, NSP classifier), 336,226,108 in transformers. A
+    # config.json of BertForMaskedLM (the checkpoint's own) counts the MLM head alone: 335,174,458.
+    "bert-large": TransformerConfig("bert", 24, 1024, 16, 30522, 512, published_params=336.2e6, final_norm=False,
+                                    pretraining_head=True),
 }

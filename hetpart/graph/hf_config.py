@@ -1,4 +1,5 @@
-"""Read a Hugging Face ``config.json`` (GPT-2, Llama-like, other dense GPT lineages, OPT, BERT) into a
+"""Read a Hugging Face ``config.json`` (GPT-2, Llama-like, other dense GPT lineages, OPT, BERT and its kin RoBERTa,
+XLM-R, CamemBERT, DistilBERT) into a
 :class:`TransformerConfig`; mixture-of-experts, encoder-decoder and state-space configs are refused."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from hetpart import _validate as v
 from hetpart.errors import ModelError
-from hetpart.graph.hf_features import sliding_windows, with_head_task
+from hetpart.graph.hf_features import sliding_windows, whole_number, with_head_task
 from hetpart.graph.transformer import TransformerConfig
 
 __all__ = ["read_hf_config", "hf_config_to_transformer"]
@@ -79,7 +80,9 @@ _HF_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwe
                "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
                "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "granite": "GraniteConfig", "phi3": "Phi3Config",
                "stablelm": "StableLmConfig", "cohere": "CohereConfig", "gpt_neox": "GPTNeoXConfig",
-               "phi": "PhiConfig", "starcoder2": "Starcoder2Config", "opt": "OPTConfig", "bert": "BertConfig"}
+               "phi": "PhiConfig", "starcoder2": "Starcoder2Config", "opt": "OPTConfig", "bert": "BertConfig",
+               "roberta": "RobertaConfig", "xlm-roberta": "XLMRobertaConfig", "camembert": "CamembertConfig",
+               "distilbert": "DistilBertConfig"}
 """transformers' configuration class of each type (yi and internlm2 are remote code, read as Llama)."""
 _HF_FIXED_DEFAULTS = {
     "llama": {"intermediate_size": 11008, "max_position_embeddings": 2048},
@@ -103,6 +106,10 @@ _HF_FIXED_DEFAULTS = {
     "starcoder2": {"intermediate_size": 12288, "num_key_value_heads": 2},
     "opt": {"ffn_dim": 3072},
     "bert": {"intermediate_size": 3072},
+    "roberta": {"intermediate_size": 3072},
+    "xlm-roberta": {"intermediate_size": 3072},
+    "camembert": {"intermediate_size": 3072},
+    "distilbert": {"hidden_dim": 3072},
 }
 """The defaults of transformers' configuration classes (5.x) that are fixed numbers, one published model's,
 rather than derived from the config's own widths: what Hugging Face builds when a config.json leaves the key
@@ -155,14 +162,14 @@ def _int(data: dict, key: str, source: str, default: Any = None, minimum: int = 
         if default is None:
             raise v.fail(ModelError, source, key, "missing required field; add it to the config")
         return default
-    return v.integer(ModelError, data[key], source, key, minimum=minimum, maximum=_LIMITS.get(key, _MAX_WIDTH))
+    return whole_number(data[key], source, key, minimum=minimum, maximum=_LIMITS.get(key, _MAX_WIDTH))
 
 
 def _positions(data: dict, key: str, source: str, default: int) -> int:
     """The position limit of a rotary or ALiBi model: a stated number, not a table's size."""
     if data.get(key) is None:
         return default
-    return v.integer(ModelError, data[key], source, key, maximum=_MAX_ROTARY_POSITIONS)
+    return whole_number(data[key], source, key, maximum=_MAX_ROTARY_POSITIONS)
 
 
 def _first_key(data: dict, keys: tuple[str, ...]) -> str:
@@ -233,7 +240,9 @@ def _head_size(data: dict, source: str, hidden: int, heads: int, model_type: str
 
 _GPT_LINEAGE_TYPES = ("bloom", "falcon", "gpt_bigcode", "gpt_neox", "gptj", "mpt", "phi", "starcoder2")
 """Pre-LayerNorm GPTs of other lineages, family ``gpt`` (non-gated MLP)."""
-_SUPPORTED = ", ".join(["gpt2", "llama", *sorted(_LLAMA_LIKE - {"llama"}), *_GPT_LINEAGE_TYPES, "opt", "bert"])
+_BERT_LIKE = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
+"""BERT-style encoders (family ``bert``): post-LayerNorm blocks, learned positions, a masked-LM head."""
+_SUPPORTED = ", ".join(["gpt2", "llama", *sorted(_LLAMA_LIKE - {"llama"}), *_GPT_LINEAGE_TYPES, "opt", *_BERT_LIKE])
 _NOT_TRANSFORMER_KEYS = ("state_size", "ssm_cfg", "d_state", "conv_kernel", "time_step_rank")
 """Keys of state-space models (Mamba, Mamba-2): their configs also carry hidden_size and num_hidden_layers."""
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -291,8 +300,8 @@ def _shape(data: dict, source: str, model_type: str) -> TransformerConfig | None
         return _gpt2(data, source)
     if model_type == "opt":
         return _opt(data, source)
-    if model_type == "bert":
-        return _bert(data, source)
+    if model_type in _BERT_LIKE:
+        return _bert(data, source, model_type)
     if model_type == "olmo" and data.get("hidden_size") is None and "d_model" in data:
         raise v.fail(ModelError, source, "d_model", "this is the native OLMo config (d_model, n_layers), not the "
                      "Hugging Face one; use the config.json of the Hugging Face conversion (the -hf checkpoint, "
@@ -309,7 +318,7 @@ def _experts_key(data: dict) -> str | None:
     if isinstance(ffn, dict):
         places += [(f"ffn_config.{key}", ffn.get(key)) for key in _EXPERT_KEYS]
     for key, value in places:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:  # 8.0 experts too
             return key
     return None
 
@@ -331,7 +340,7 @@ def _refuse_unsupported(data: dict, model_type: str, source: str) -> None:
         raise ModelError(f"{source}: {'is_encoder_decoder' if seq2seq else 'architectures'}: {what} model{named} is "
                          f"not supported: hetpart models decoders and BERT-style encoders (supported model types: "
                          f"{_SUPPORTED}); describe it with python:MODULE:FUNCTION")
-    if model_type and model_type not in _LLAMA_LIKE | set(_GPT_LINEAGE_TYPES) | {"gpt2", "opt", "bert"}:
+    if model_type and model_type not in _LLAMA_LIKE | set(_GPT_LINEAGE_TYPES) | {"gpt2", "opt", *_BERT_LIKE}:
         raise ModelError(f"{source}: model_type: {v.show(model_type)}{named} is not supported; supported model "
                          f"types: {_SUPPORTED} (or describe the model with python:MODULE:FUNCTION)")
     odd = [k for k in _NOT_TRANSFORMER_KEYS if k in data]
@@ -564,13 +573,45 @@ def _opt(data: dict, source: str) -> TransformerConfig:
         tied_embeddings=_bool(data, "tie_word_embeddings", source, True))
 
 
-def _bert(data: dict, source: str) -> TransformerConfig:
-    h = _int(data, "hidden_size", source)
+_ROBERTA_POSITIONS = {"roberta", "xlm-roberta", "camembert"}
+"""Types whose position ids start after the padding index (``pad_token_id + 1``, fairseq's convention): their
+table holds ``max_position_embeddings`` rows (514) of which ``pad_token_id + 1`` (2) are never a position, so
+sequences are at most 512 tokens long."""
+
+
+def _bert(data: dict, source: str, model_type: str = "bert") -> TransformerConfig:
+    """BERT and the encoders that differ from it in vocabulary, position offset and token types only:
+    RoBERTa, XLM-R and CamemBERT (one token type in the published configs; ``type_vocab_size``), DistilBERT
+    (its own key names, no token types). The head is the masked-LM head of ``*ForMaskedLM`` (transform,
+    LayerNorm, decoder bias, decoder tied to the embedding; no pooler, see
+    :class:`~hetpart.graph.transformer.TransformerConfig`'s ``pretraining_head``), plus BERT's pooler and
+    next-sentence classifier where ``architectures`` names ``BertForPreTraining``."""
+    if model_type == "distilbert":
+        h = _int(data, "dim", source)
+        layers = _int(data, "n_layers", source)
+        heads = _heads(data, source, h, "n_heads", "dim")
+        ffn = _required(data, "hidden_dim", source, model_type, "the width of the MLP")
+        token_types = 0
+    else:
+        h = _int(data, "hidden_size", source)
+        layers = _int(data, "num_hidden_layers", source)
+        heads = _heads(data, source, h, "num_attention_heads", "hidden_size")
+        ffn = _required(data, "intermediate_size", source, model_type, "the width of the MLP")
+        token_types = _int(data, "type_vocab_size", source, default=2, minimum=0)
+    table = _int(data, "max_position_embeddings", source, default=514 if model_type in _ROBERTA_POSITIONS else 512)
+    offset = 0
+    if model_type in _ROBERTA_POSITIONS:
+        offset = _int(data, "pad_token_id", source, default=1, minimum=0) + 1
+        if table <= offset:
+            raise v.fail(ModelError, source, "max_position_embeddings", f"{table} rows leave no position after the "
+                         f"padding index (pad_token_id {offset - 1}: positions start at {offset}); use "
+                         f"{offset + 512} for 512-token sequences")
+    arch = data.get("architectures")
+    pretraining = isinstance(arch, list) and any(isinstance(a, str) and a.endswith("ForPreTraining") for a in arch)
     return TransformerConfig(
-        "bert", _int(data, "num_hidden_layers", source), h, _heads(data, source, h, "num_attention_heads", "hidden_size"),
-        _int(data, "vocab_size", source), _int(data, "max_position_embeddings", source, default=512),
-        ffn_hidden_size=_required(data, "intermediate_size", source, "bert", "the width of the MLP"),
-        final_norm=False)
+        "bert", layers, h, heads, _int(data, "vocab_size", source), table - offset, ffn_hidden_size=ffn,
+        position_offset=offset, final_norm=False, tied_embeddings=_bool(data, "tie_word_embeddings", source, True),
+        token_types=token_types, pretraining_head=pretraining)
 
 
 _GPT_LINEAGES = {"bloom": _bloom, "falcon": _falcon, "gpt_bigcode": _gpt_bigcode, "gpt_neox": _gpt_neox, "gptj": _gptj,

@@ -3,6 +3,7 @@ and the task of the output head. :mod:`hetpart.graph.hf_config` reads the shape 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -10,7 +11,19 @@ from hetpart import _validate as v
 from hetpart.errors import ModelError
 from hetpart.graph.transformer import TransformerConfig
 
-__all__ = ["sliding_windows", "with_head_task"]
+__all__ = ["sliding_windows", "with_head_task", "whole_number"]
+
+
+def whole_number(value: Any, source: str, key: str, *, minimum: int = 1, maximum: int = 10**7) -> int:
+    """An integer field of a config.json. A float with no fraction (``4096.0``, as some converters and
+    hand-edited files write it) is that integer, as Python's JSON reader cannot tell them apart by intent;
+    one with a fraction is refused, naming the two whole numbers around it."""
+    if isinstance(value, float) and math.isfinite(value):
+        if not value.is_integer():
+            raise v.fail(ModelError, source, key, f"{value!r} is not a whole number; use {math.floor(value)} or "
+                         f"{math.ceil(value)}")
+        value = int(value)
+    return v.integer(ModelError, value, source, key, minimum=minimum, maximum=maximum)
 
 _WINDOW_DEFAULTS = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
 """transformers' ``sliding_window`` where a config of these types leaves the key out."""
@@ -29,7 +42,7 @@ def sliding_windows(data: dict, source: str, model_type: str, layers: int) -> tu
     window = data["sliding_window"] if "sliding_window" in data else _WINDOW_DEFAULTS.get(model_type)
     if window is None:
         return ()
-    window = v.integer(ModelError, window, source, "sliding_window", maximum=_MAX_WINDOW)
+    window = whole_number(window, source, "sliding_window", maximum=_MAX_WINDOW)
     use = data.get("use_sliding_window")
     if not (model_type not in _WINDOW_OFF_BY_DEFAULT if use is None
             else v.boolean(ModelError, use, source, "use_sliding_window")):
@@ -40,11 +53,11 @@ def sliding_windows(data: dict, source: str, model_type: str, layers: int) -> tu
         local = [i % 2 == 0 for i in range(layers)]
     elif model_type == "gemma3_text":
         key = "sliding_window_pattern" if data.get("sliding_window_pattern") is not None else "_sliding_window_pattern"
-        pattern = v.integer(ModelError, data.get(key, 6) or 6, source, key, maximum=10_000)
+        pattern = whole_number(data.get(key, 6) or 6, source, key, maximum=10_000)
         local = [(i + 1) % pattern != 0 for i in range(layers)]
     elif model_type in _WINDOW_OFF_BY_DEFAULT:
         first = data.get("max_window_layers")
-        first = 28 if first is None else v.integer(ModelError, first, source, "max_window_layers", minimum=0,
+        first = 28 if first is None else whole_number(first, source, "max_window_layers", minimum=0,
                                                    maximum=10_000)
         local = [i >= first for i in range(layers)]
     else:
@@ -80,5 +93,5 @@ def with_head_task(cfg: TransformerConfig, data: dict, source: str) -> Transform
     if labels is None:  # transformers: the id2label mapping's size, 2 without one
         id2label = data.get("id2label")
         labels = len(id2label) if isinstance(id2label, dict) and id2label else 2
-    labels = v.integer(ModelError, labels, source, "num_labels", maximum=10**7)
+    labels = whole_number(labels, source, "num_labels", maximum=10**7)
     return replace(cfg, head_task=task, num_labels=labels, tied_embeddings=False)

@@ -19,6 +19,15 @@ list of repeated blocks (a ``ModuleList``/``Sequential`` of one class, the large
 after, the loss included); otherwise each top-level child module. Code between units belongs to the
 unit that ran last before it. All numbers are per sequence: totals divided by the batch size (the
 leading dimension of the first input tensor).
+
+A trace dispatches every operator the module runs, on fake tensors, one at a time in Python: a model that loops
+over tokens (Hugging Face's Mamba without its CUDA kernels runs a sequential scan, ``seq_len`` small ops per
+layer) takes minutes. A trace running longer than :data:`PROGRESS_EVERY_S` prints a progress line on stderr
+(never stdout: ``--json`` output stays one object) every that many seconds, and stops after
+``HETPART_TRACE_LIMIT_S`` seconds (:data:`DEFAULT_LIMIT_S`; 0: no limit) with one error line naming the fixes.
+``HETPART_TRACE_BLOCKS=K`` traces only the first ``K`` of the repeated blocks and gives the others the numbers
+of the last one traced: exact where the blocks are identical (Mamba, Llama, GPT), wrong where blocks of one
+class compute differently by index (Gemma 2/3's alternating local and global attention).
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ import importlib.machinery
 import importlib.util
 import inspect
 import io
+import os
 import sys
+import time
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -62,6 +73,30 @@ formula reads (nor a lookup): an op torch's counter does not know does their wor
 the count would be too fast (a mixture of experts run through ``aten._grouped_mm`` before it had a formula here
 counted 1.9 of 10.4 GFLOP per token)."""
 _TAG = "hetpart_unit"
+PROGRESS_EVERY_S = 15.0
+"""Seconds between the progress lines of a long trace (the first after as many)."""
+DEFAULT_LIMIT_S = 900.0
+"""A trace stops after this many seconds unless ``HETPART_TRACE_LIMIT_S`` says otherwise."""
+_CHECK_EVERY_OPS = 64
+"""Operators between two looks at the clock."""
+
+
+def _env_number(name: str, default: float, integer: bool = False) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        value = -1
+    if not value >= 0 or value == float("inf"):
+        raise ModelError(f"{name}: {text!r} is not a {'whole ' if integer else ''}number >= 0; "
+                         f"{'use e.g. 2' if integer else 'give seconds, 0 for no limit'}")
+    return value
+
+
+class _TraceTooLong(ModelError):
+    """The trace ran past its time limit."""
 
 
 def _cpu_flash_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -130,6 +165,45 @@ class _Tracker:
         """Parameters an op with a FLOP formula (or a lookup) read, directly or through :attr:`derived`."""
         self.readers: dict[int, set[str]] = {}
         """parameter storage key -> the ops without FLOP formulas that combined it with activations."""
+        self.ops = 0
+        """Operators dispatched so far."""
+        self.blocks = 0
+        """Repeated blocks the trace runs (0: none found), for the progress line."""
+        self.where = ""
+        self.started = time.monotonic()
+        self.next_report = self.started + PROGRESS_EVERY_S
+        self.limit_s = 0.0
+        self.reports = 0
+
+    def tick(self, backward: bool) -> None:
+        """Count one operator; now and then, look at the clock: a progress line, or the time limit's error."""
+        self.ops += 1
+        if self.ops % _CHECK_EVERY_OPS:
+            return
+        now = time.monotonic()
+        elapsed = now - self.started
+        if self.limit_s and elapsed > self.limit_s:
+            raise _TraceTooLong(
+                f"tracing stopped after {elapsed:.0f} s ({self.ops:,} operators, {self._position(backward)}): "
+                "every operator runs once, on fake tensors; a model that loops over tokens (a sequential scan, "
+                "as Hugging Face's Mamba without its CUDA kernels) runs seq_len x layers of them. Trace a "
+                "shorter sequence (--seq-len, or the example inputs' length), trace a few of the identical "
+                "blocks and copy them (HETPART_TRACE_BLOCKS=2), or allow longer (HETPART_TRACE_LIMIT_S="
+                f"{int(self.limit_s * 4)}, 0 for no limit)")
+        if now >= self.next_report:
+            self.next_report = now + PROGRESS_EVERY_S
+            hint = ""
+            if not self.reports and self.blocks > 2:
+                hint = "; HETPART_TRACE_BLOCKS=2 traces 2 of the identical blocks and copies them"
+            self.reports += 1
+            limit = f" of at most {self.limit_s:.0f} s" if self.limit_s else ""
+            print(f"hetpart: tracing {self.where}: {elapsed:.0f} s{limit}, {self.ops:,} operators, "
+                  f"{self._position(backward)}{hint}", file=sys.stderr, flush=True)
+
+    def _position(self, backward: bool) -> str:
+        unit = self.units[self.current].name or "(first unit)"
+        of = f" of {self.blocks} blocks" if self.blocks and unit.startswith("block_") else ""
+        return f"{'backward' if backward else 'forward'} in {unit}{of}"
 
     def enter(self, name: str, kind: str, in_bytes: float) -> None:
         if name not in self.index:
@@ -258,6 +332,7 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket
         backward = in_backward()
+        self.tracker.tick(backward)
         scores = not backward and self.tracker.mark_scores(packet, args, out)
         if packet in self.registry:
             flops = self.registry[packet](*args, **kwargs, out_val=out)
@@ -317,8 +392,8 @@ def _find_blocks(module: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def _unit_hooks(module: nn.Module, units: Sequence[str | Sequence[str]] | None,
-                tracker: _Tracker) -> list[tuple[nn.Module, Callable]]:
-    """``(module, pre_hook)`` pairs that mark where each unit starts."""
+                tracker: _Tracker, found: tuple[str, nn.Module] | None = None) -> list[tuple[nn.Module, Callable]]:
+    """``(module, pre_hook)`` pairs that mark where each unit starts (``found``: the blocks, when known)."""
 
     def hook(name_of: Callable[[], tuple[str, str]]):
         def pre(_mod, args, kwargs):
@@ -329,10 +404,11 @@ def _unit_hooks(module: nn.Module, units: Sequence[str | Sequence[str]] | None,
     modules = dict(module.named_modules())
     if units is not None:
         return _explicit_hooks(modules, units, hook)
-    found = _find_blocks(module)
+    found = found or _find_blocks(module)
     if found is None:
         return [(child, hook(lambda n=name: (n, "module"))) for name, child in module.named_children()]
     path, blocks = found
+    tracker.blocks = tracker.blocks or len(blocks)
     started = []
     pairs = []
     for i, block in enumerate(blocks):
@@ -413,9 +489,53 @@ class _Trace:
     """storage key -> the parameter's first name."""
     matrices: set[int]
     """Storage keys of the parameters of two or more dimensions (weight matrices, tables, kernels)."""
+    blocks: int = 0
+    """The repeated blocks of the module, where only the first :attr:`traced_blocks` of them were traced."""
+    traced_blocks: int = 0
 
 
-def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype) -> _Trace:
+def _block_shapes(block: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(p.shape)) for name, p in block.named_parameters()]
+
+
+@contextmanager
+def _fewer_blocks(module: nn.Module, units, keep: int, where: str) -> Iterator[tuple[tuple[str, nn.Module] | None, int]]:
+    """The module with only its first ``keep`` repeated blocks while the trace runs (``keep`` 0: all), and
+    ``(the blocks' path and list as traced, how many the module has)``."""
+    found = _find_blocks(module) if units is None else None
+    if not keep or found is None or len(found[1]) <= keep:
+        yield found, 0
+        return
+    path, blocks = found
+    if not path:
+        raise ModelError(f"HETPART_TRACE_BLOCKS: the module itself is the list of blocks ({type(module).__name__}); "
+                         "wrap it in a module, or unset HETPART_TRACE_BLOCKS")
+    first = _block_shapes(blocks[0])
+    odd = next((i for i, b in enumerate(blocks) if _block_shapes(b) != first), None)
+    if odd is not None:
+        raise ModelError(f"HETPART_TRACE_BLOCKS: {path}[{odd}] has other parameters than {path}[0]; the blocks "
+                         "are not identical, trace them all (unset HETPART_TRACE_BLOCKS)")
+    parent_path, _, attr = path.rpartition(".")
+    parent = module.get_submodule(parent_path)
+    kept = list(blocks)[:keep]
+    parent._modules[attr] = nn.Sequential(*kept) if isinstance(blocks, nn.Sequential) else nn.ModuleList(kept)
+    try:
+        yield (path, parent._modules[attr]), len(blocks)
+    finally:
+        parent._modules[attr] = blocks
+
+
+def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype, where: str = "") -> _Trace:
+    keep = int(_env_number("HETPART_TRACE_BLOCKS", 0, integer=True))
+    with _fewer_blocks(module, units, keep, where) as (found, blocks):
+        trace = _run_all(module, example_inputs, units, seq_len, dtype, where, found, blocks)
+    if blocks:
+        trace.blocks, trace.traced_blocks = blocks, keep
+    return trace
+
+
+def _run_all(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: torch.dtype, where: str,
+             found: tuple[str, nn.Module] | None, blocks: int) -> _Trace:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         fakes: dict[int, torch.Tensor] = {}
@@ -430,9 +550,11 @@ def _run(module: nn.Module, example_inputs: Any, units, seq_len: int, dtype: tor
         names.setdefault(_storage_key(t), name)
     matrices = {_storage_key(t) for t in fakes.values() if t.dim() >= 2}
     tracker = _Tracker(seq_len, param_keys, {_storage_key(b) for b in buffers.values()})
+    tracker.where, tracker.limit_s, tracker.blocks = where, _env_number("HETPART_TRACE_LIMIT_S", DEFAULT_LIMIT_S), blocks
     tracker.units[0].in_bytes = _tensor_bytes((args, kwargs), grad_only=False)  # until a unit is entered
     counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
-    handles = [m.register_forward_pre_hook(h, with_kwargs=True) for m, h in _unit_hooks(module, units, tracker)]
+    handles = [m.register_forward_pre_hook(h, with_kwargs=True)
+               for m, h in _unit_hooks(module, units, tracker, found)]
     was_training = module.training
     module.train()
     try:
@@ -546,8 +668,25 @@ def trace_module(module: nn.Module, example_inputs: Any, *, name: str, seq_len: 
     if abs(measured - trace.counter_flops) > 1e-6 * max(1.0, trace.counter_flops):
         raise ModelError(f"{where}: per-unit FLOPs ({measured:.4g}) differ from FlopCounterMode's total "
                          f"({trace.counter_flops:.4g}); an op ran outside the trace")
+    if trace.blocks:
+        graph_units = _copy_blocks(graph_units, trace, where)
     return ModelGraph(name=name, units=tuple(graph_units), seq_len=seq_len, dtype_bytes=dtype_bytes,
                       tied_owner=tied_owner or None, source=source or f"trace:{name}")
+
+
+def _copy_blocks(units: list[Unit], trace: _Trace, where: str) -> list[Unit]:
+    """The units of a trace of the first ``traced_blocks`` blocks, the last of them copied to the untraced ones."""
+    from dataclasses import replace
+
+    from hetpart.graph.load import ModelNote  # load imports this module
+
+    last = max(i for i, u in enumerate(units) if u.kind == "block")
+    copies = [replace(units[last], name=f"block_{i}") for i in range(trace.traced_blocks, trace.blocks)]
+    warnings.warn(ModelNote(f"{where}: traced {trace.traced_blocks} of {trace.blocks} blocks "
+                            f"(HETPART_TRACE_BLOCKS); block_{trace.traced_blocks} .. block_{trace.blocks - 1} copy "
+                            f"block_{trace.traced_blocks - 1}'s numbers (right for identical blocks, not for "
+                            "blocks that compute differently by index)"), stacklevel=3)
+    return units[:last + 1] + copies + units[last + 1:]
 
 
 def _trace_step(module: nn.Module, example_inputs: Any, units, seq_len: int, precision: str, where: str) -> _Trace:
@@ -556,12 +695,17 @@ def _trace_step(module: nn.Module, example_inputs: Any, units, seq_len: int, pre
     a 2-byte dtype gives the same FLOPs and bytes either way."""
     try:
         with fake_tensor_log_silenced():  # a failing op is reported below, in one line
-            trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision])
+            trace = _run(module, example_inputs, units, seq_len, _DTYPES[precision], where)
         _check_counted(trace)
         return trace
     except ModelError as exc:
         raise ModelError(f"{where}: {exc}") from None
     except Exception as exc:  # the module's own code, run on fake tensors
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, _TraceTooLong):  # the limit, re-raised by other code
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise ModelError(f"{where}: {cause}") from None
         if precision == "fp16":
             try:
                 trace = _trace_step(module, example_inputs, units, seq_len, "bf16", where)

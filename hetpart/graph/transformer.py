@@ -71,6 +71,13 @@ class TransformerConfig:
     ``*ForTokenClassification``: every token)."""
     num_labels: int = 0
     """Outputs of a classification head (0 with a language-model head)."""
+    token_types: int = 2
+    """Rows of a BERT-style encoder's token-type (segment) embedding: BERT 2, RoBERTa and XLM-R 1, DistilBERT 0
+    (``type_vocab_size``); other families have none."""
+    pretraining_head: bool = False
+    """A BERT-style encoder's language-model head is the masked-LM head alone, as ``BertForMaskedLM``,
+    ``RobertaForMaskedLM`` and ``XLMRobertaForMaskedLM`` build it (no pooler); True adds the pooler and the
+    next-sentence classifier of ``BertForPreTraining`` (Devlin et al. 2019's MLM + NSP pretraining)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "max_positions"):
@@ -197,13 +204,13 @@ def _embedding_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
     flops = 0
     # The lookups' backward keeps their int64 indices: token ids (and BERT's token types) per sequence;
     # position ids are one vector shared by the whole micro-batch, negligible per sequence.
-    saved = cfg.dropout * s * h + _INDEX_BYTES * s * (1 + (cfg.family == "bert"))
+    saved = cfg.dropout * s * h + _INDEX_BYTES * s * (1 + (cfg.family == "bert" and cfg.token_types > 0))
     if e != h:
         params += e * h  # project_in
         flops = 2 * s * e * h
         saved += p * s * e
     if cfg.family == "bert":
-        params += 2 * h + _norm_params(cfg)  # token types, embedding LayerNorm
+        params += cfg.token_types * h + _norm_params(cfg)  # token types, embedding LayerNorm
         saved += p * s * h
     acts = {"none": float(saved), "selective": float(saved), "full": float(saved)}
     return Unit(name="embedding", kind="embedding", fwd_flops=float(flops), bwd_flops=float(2 * flops),
@@ -251,9 +258,18 @@ def _head_unit(cfg: TransformerConfig, s: int, p: int) -> Unit:
         flops += 2 * s * h * e
         saved += p * s * h
     if cfg.family == "bert":
-        params += h * h + h + _norm_params(cfg) + V + h * h + h  # MLM transform, LN, decoder bias, pooler
+        # The masked-LM head (BertForMaskedLM, RobertaForMaskedLM): transform dense, LayerNorm, decoder bias;
+        # the decoder's weight is the tied embedding. BertModel's pooler is not in it (transformers builds the
+        # MLM model with add_pooling_layer=False), so a BERT-style config counts what transformers' *ForMaskedLM
+        # holds: bert-large-uncased 335,174,458. BertForPreTraining (pretraining_head) adds the pooler over the
+        # first token and the 2-way next-sentence classifier: 336,226,108.
+        params += h * h + h + _norm_params(cfg) + V
         flops += 2 * s * h * h
         saved += 2 * p * s * h
+        if cfg.pretraining_head:
+            params += h * h + h + 2 * h + 2
+            flops += 2 * h * h + 2 * h * 2
+            saved += p * h + p * h + 4 * 2 + _INDEX_BYTES  # pooler input, NSP input, fp32 logits, label
     shared = cfg.vocab_size * e if cfg.tied_embeddings else 0
     if not cfg.tied_embeddings:
         params += V * e
