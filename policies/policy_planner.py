@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,9 +90,19 @@ class _Deadline(Evaluator):
     asked for, 119 distinct plans)."""
 
     deadline = math.inf
+    asked = 0
+    """Plans asked for one at a time (calls: what the hill-climb asks), simulated before or not."""
+    allowance = math.inf
+    """The count of :attr:`asked` from which every plan asked for is None, as past the deadline: the near basins'
+    shared budget (:func:`_climb_near`). It counts what is asked, not what is simulated (plans met before are free
+    to simulate, and which were met depends on whether level 1's walk ran in a child), nor seconds: the same
+    plans come out on any machine."""
 
     def __call__(self, plan, **options):
         if time.perf_counter() > self.deadline:
+            return None
+        self.asked += 1
+        if self.asked > self.allowance:
             return None
         return super().__call__(plan, **options)
 
@@ -102,6 +112,25 @@ class _Deadline(Evaluator):
             memo[plan] = super()._one(plan)
         found = memo[plan]
         return found if found is None or found.plan is plan else Evaluated(plan, found.estimate)
+
+    def with_splits(self, plan):
+        """The LP-split version of ``plan``, each distinct plan's once: :meth:`Evaluator.best` splits every plan
+        it is given before it bounds them, and the walk's shortlist, its near basins (:func:`_near_groups`) and
+        the climbs hand it the same plans again (llama2-13b on four device types: 1,540 splits asked for, 257
+        LPs solved, about a quarter of the planning time)."""
+        memo = self.__dict__.setdefault("_splits", {})
+        filled = memo.get(plan)
+        if filled is None:
+            filled = super().with_splits(plan)
+            memo[plan] = _UNSPLIT if filled is plan else filled
+            return filled
+        if filled is _UNSPLIT:
+            return plan
+        return filled if filled.meta == plan.meta else replace(filled, meta=plan.meta)
+
+
+_UNSPLIT = object()
+"""In :meth:`_Deadline.with_splits`' memo: the plan needs no split (it is its own split version)."""
 
 
 def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator,
@@ -247,7 +276,9 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
         # so does level 0's best at level 1, as it is and split again (the memory it frees lets layers move)
         resharded = level_one_starts(scenario, evaluator, refined) if upper is not None else []
-        climbed = [hill_climb(evaluator, e, steps) for e in (refined, lifted, *resharded, base, *near) if e is not None]
+        starts = [e for e in (refined, lifted, *resharded, base) if e is not None]
+        climbed = [hill_climb(evaluator, e, steps) for e in starts]
+        climbed += _climb_near(hill_climb, evaluator, near, starts, steps)
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
         refined = base
@@ -380,12 +411,69 @@ def _near_groups(evaluator: Evaluator, exact: list, best: Evaluated | None, devi
     climbs nowhere, the second to 84,821 through interleaving the V100 stages."""
     if best is None or not exact or devices > FEWER_NODES_MAX_DEVICES:
         return []
+    # each group's branch and bound starts from the threshold (_Threshold): a plan whose lower bound cannot come
+    # within it is not simulated, and the same groups come out (a four-type cluster's shortlist holds dozens of
+    # basins far behind the best)
+    threshold = _Threshold(best, 1 - NEAR_GROUP)
     groups: dict[tuple, Evaluated | None] = {}
     for sc in exact:
         group = _basin(sc.key)
-        groups[group] = evaluator.best(sc.build(), incumbent=groups.get(group))
+        found = evaluator.best(sc.build(), incumbent=groups.get(group) or threshold)
+        groups[group] = None if found is threshold else found
     return [e for e in groups.values() if e is not None and e.plan != best.plan
             and e.tokens_per_s >= (1 - NEAR_GROUP) * best.tokens_per_s]
+
+
+NEAR_CLIMBS = 3
+"""The climbs from the near basins (:func:`_near_groups`, both sharding levels) share one budget: this many
+climbs' worth of plans asked for (:func:`_climb_steps` each). Each basin climbed with a budget of its own before:
+llama2-13b on four device types (40 GPUs, held out) had 21 near starts over its views and climbed 30 times."""
+
+
+def _climb_near(hill_climb, evaluator: "_Deadline", near: list[Evaluated], starts: list[Evaluated], steps: int
+                ) -> list[Evaluated]:
+    """The near basins' bests climbed (``hill_climb``: :func:`~hetpart.policies.refine.refine`), fastest first, each
+    plan once and none that ``starts`` (climbed already) holds, until together they have asked for
+    :data:`NEAR_CLIMBS` ``x steps`` plans (:attr:`_Deadline.allowance`; each climb also at most ``steps`` per climb,
+    as every other). Deterministic: the budget is a count of the plans the climbs ask for."""
+    seen = {e.plan for e in starts}
+    order: list[Evaluated] = []
+    for e in sorted(near, key=lambda e: -e.tokens_per_s):  # stable: ties keep their order
+        if e.plan not in seen:
+            seen.add(e.plan)
+            order.append(e)
+    kept, evaluator.allowance = evaluator.allowance, evaluator.asked + NEAR_CLIMBS * steps
+    try:
+        climbed = []
+        for e in order:
+            if evaluator.asked >= evaluator.allowance:
+                break
+            climbed.append(hill_climb(evaluator, e, steps))
+        return climbed
+    finally:
+        evaluator.allowance = kept
+
+
+@dataclass(frozen=True)
+class _Threshold:
+    """A pseudo-incumbent for :meth:`Evaluator.best` a hair slower than ``share`` of ``best``'s throughput: every
+    plan at least that fast beats it (:func:`best_of`), and the branch and bound stops at the first plan whose lower
+    bound is slower (none after it can reach the threshold). Never a plan of its own: :func:`_near_groups` drops it."""
+
+    best: Evaluated
+    share: float
+
+    @property
+    def plan(self):
+        return self.best.plan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.share * self.best.tokens_per_s * (1 - 1e-9)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.best.step_time_s * self.best.tokens_per_s / self.tokens_per_s
 
 
 WALK_DEVICE_POINTS = 400 * 256
