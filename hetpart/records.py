@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -384,8 +385,9 @@ def append_record(path: str | Path, record: RunRecord) -> None:
 
 def check_records_target(path: str | Path, flag: str = "--out") -> None:
     """Refuse, before a run starts, a place :func:`append_record` cannot append to: a directory or other
-    non-file, an unwritable file or folder, or a file that does not hold run records (its first line is
-    not a JSON object with a ``hetpart.run/...`` schema). Creates nothing.
+    non-file, an unwritable file or folder (tried: the file opened for appending, or a file created in the
+    folder and removed), or a file that does not hold run records (its first line is not a JSON object with a
+    ``hetpart.run/...`` schema). Leaves nothing behind.
 
     Raises:
         RecordError: naming ``flag``, the path, what is wrong and the fix.
@@ -397,8 +399,11 @@ def check_records_target(path: str | Path, flag: str = "--out") -> None:
             raise RecordError(f"{flag}: {path} is a directory; {fix} (e.g. {path / 'runs.jsonl'})")
         if not path.is_file():
             raise RecordError(f"{flag}: {path} is not a regular file; {fix}")
-        if not os.access(path, os.W_OK):
-            raise RecordError(f"{flag}: {path} is not writable; {fix}")
+        try:  # opened for appending, as append_record will (os.access says yes to root on read-only mounts)
+            with path.open("ab"):
+                pass
+        except OSError as err:
+            raise RecordError(f"{flag}: {path} is not writable ({err.strerror or err}); {fix}") from None
         try:
             with path.open("rb") as f:
                 first = next((raw for raw in f if raw.strip()), None)
@@ -419,8 +424,13 @@ def check_records_target(path: str | Path, flag: str = "--out") -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise RecordError(f"{flag}: cannot create {path}: {parent} is not a directory; {fix}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RecordError(f"{flag}: cannot create {path}: {parent} is not writable; {fix}")
+    try:  # a file really created there and removed (root passes os.access on /proc and read-only mounts)
+        handle, probe = tempfile.mkstemp(prefix=".hetpart-out-check-", dir=parent)
+    except OSError as err:
+        raise RecordError(f"{flag}: cannot create {path}: {parent} is not writable ({err.strerror or err}); {fix}") \
+            from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 EXAMPLE_LINE = json.dumps({

@@ -699,6 +699,9 @@ class RunResult:
     """How the cluster was emulated, for people (the ``emulation`` of ``hetpart run --json``)."""
     resumed_from: int | None = None
     """The step the measured attempt started from (a checkpoint), None when it started at 0."""
+    record_error: str | None = None
+    """Why the record could not be appended to ``out`` after the run, and where it was kept instead (None: it
+    was appended, or no ``out`` was given)."""
 
     def summary(self) -> dict[str, Any]:
         """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
@@ -709,7 +712,8 @@ class RunResult:
         return {"measured": measured, "predicted": predicted, "model": self.model,
                 "steps": self.measured.steps, "warmup": self.measured.warmup,
                 "emulation": self.emulation, "cluster": self.record.cluster["name"],
-                "run_dir": self.run_dir, "resumed_from": self.resumed_from}
+                "run_dir": self.run_dir, "resumed_from": self.resumed_from,
+                **({"record_error": self.record_error} if self.record_error else {})}
 
 
 def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
@@ -789,13 +793,21 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     from hetpart.runtime.record import model_summary, run_record
 
     record = run_record(prep, options, emulation, emu, measured, predicted)
+    record_error = None
     if out is not None:
-        append_record(out, record)
+        try:
+            append_record(out, record)
+        except OSError as err:  # checked before the start, yet the disk filled or the place went: keep the record
+            kept = run_dir / "record.jsonl"
+            kept.write_text(record.to_json() + "\n")
+            temporary = False
+            record_error = (f"--out: could not append the record to {out} ({err.strerror or err}); it is in {kept} "
+                            f"(append it with: cat {kept} >> FILE)")
     if temporary:
         shutil.rmtree(run_dir, ignore_errors=True)
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=None if temporary else str(run_dir),
                      model=model_summary(prep, options), emulation=emulation,
-                     resumed_from=min(r["first_step"] for r in results) or None)
+                     resumed_from=min(r["first_step"] for r in results) or None, record_error=record_error)
 
 
 def _run_attempts(prep: PreparedRun, options: RunOptions, run_dir: Path,

@@ -67,10 +67,15 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         track.finish()
     if json_out:
         emit_json(result.summary())
-        return
-    _show(result)
-    if track.run_dir is not None:
-        console().print(f"tracked run: {track.run_dir}")
+    else:
+        _show(result)
+        if track.run_dir is not None:
+            console().print(f"tracked run: {track.run_dir}")
+    if result.record_error:  # the run's results were shown; only the record missed its file
+        import sys
+
+        print(f"hetpart: error: {result.record_error}", file=sys.stderr)
+        raise typer.Exit(2)
 
 
 def _check_precision(plan, plan_path: str, model: str | None, cluster: str | None):
