@@ -102,12 +102,21 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at
     states = costs.states_gb[at]
     need = states + in_flight * costs.acts_gb[at] + costs.extra_gb[at]
     if zero or costs.offload != "none":
-        scale = (sharded_state_bytes(1.0, costs.precision, zero, fraction, costs.optimizer, costs.offload)
-                 / state_bytes_per_param(costs.optimizer, costs.precision))
-        need = need - states * (1.0 - scale)
+        kept, working = _state_scales(costs.precision, costs.optimizer, costs.offload, zero, fraction)
+        need = need - states * kept
         if zero >= 2:
-            need = need + _largest(costs)[at] * working_set_bytes(1.0, costs.precision, zero) / 1e9
+            need = need + _largest(costs)[at] * working / 1e9
     return need
+
+
+@lru_cache(maxsize=4096)
+def _state_scales(precision: str, optimizer: str, offload: str, zero: int, fraction: float) -> tuple[float, float]:
+    """``(1 - kept share of the model states, working-set bytes per parameter of the largest unit)`` at level
+    ``zero`` with ``fraction`` held: the same for every range, so computed once (the search's memory masks
+    ask tens of thousands of times)."""
+    scale = (sharded_state_bytes(1.0, precision, zero, fraction, optimizer, offload)
+             / state_bytes_per_param(optimizer, precision))
+    return 1.0 - scale, working_set_bytes(1.0, precision, zero)
 
 
 @lru_cache(maxsize=256)
