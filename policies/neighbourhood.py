@@ -48,9 +48,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from typing import TYPE_CHECKING, Iterator
 
+from hetpart.policies.clock import planning_clock
 from hetpart.rules import RULES
 from hetpart.costmodel.pools import zones_linked
 
@@ -346,7 +346,8 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
             limit: int = 400) -> dict[Point, "Scored"]:
     """First-improvement walks from the best-priced starts until no move helps, ``limit`` points have
     been priced (the budget that makes the answer the same on a busy machine) or the deadline passes
-    (a safety net); every point priced on the way with its price.
+    (a safety net, in :func:`~hetpart.policies.clock.planning_clock` seconds: CPU, so that load does not move
+    it); every point priced on the way with its price.
 
     The starts are joined by their counterparts in the other family (the same pools and TP degrees:
     a network that favours one family still seeds the other), the ``seeds`` of lowest bound priced;
@@ -365,14 +366,14 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
     sweep = [("mixed", order, tps, dp, mb, rc) for _, order, tps, dp, _, rc in (p for p in seeded if p in found)
              for mb in hood.s.mb_options(dp)[1:]]
     for q in sweep[:budget]:
-        if time.perf_counter() > deadline or hood.priced >= limit:
+        if planning_clock() > deadline or hood.priced >= limit:
             break
         if hood.valid(q) and hood.fits(q) and (scored := hood.price(q)) is not None:
             found[q] = scored
     others = {q for p in found for q in hood.switched(p) if q not in found and hood.valid(q)}
     tried = 0
     for q in sorted(others, key=lambda q: (hood.bound_s(q), q)):
-        if tried >= seeds or time.perf_counter() > deadline or hood.priced >= limit:
+        if tried >= seeds or planning_clock() > deadline or hood.priced >= limit:
             break
         if hood.fits(q):  # the ``seeds`` of lowest bound that can fit
             tried += 1
@@ -383,7 +384,7 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
     walked: set[Point] = set()
     for start in sorted(chosen, key=lambda p: found[p].estimate_s):
         point = start
-        while point not in walked and time.perf_counter() < deadline and hood.priced < limit:
+        while point not in walked and planning_clock() < deadline and hood.priced < limit:
             walked.add(point)
             point = _step(hood, point, found, deadline, limit)
             if point is None:
@@ -448,7 +449,7 @@ def _fewer_pools(hood: Neighbourhood, best: Point, found: dict, deadline: float,
             seen.add(group)
             priced = {}
             for q in drop:
-                if time.perf_counter() > deadline or hood.priced >= limit:
+                if planning_clock() > deadline or hood.priced >= limit:
                     return
                 if q not in found and hood.valid(q) and (scored := hood.price(q)) is not None:
                     found[q] = scored
@@ -502,7 +503,7 @@ def _step(hood: Neighbourhood, point: Point, found: dict, deadline: float, limit
         queue = sorted((hood.bound_s(nb), i, nb) for i, nb in enumerate(dict.fromkeys(moves))
                        if nb not in found and (keep is None or keep(nb)) and hood.valid(nb))
         for bound, _, nb in queue:
-            if time.perf_counter() > deadline or hood.priced >= limit:
+            if planning_clock() > deadline or hood.priced >= limit:
                 return None
             if bound >= best_s:
                 break

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluated, Evaluator, best_of
+from hetpart.policies.clock import planning_clock
 from hetpart.policies.common import no_plan_error, offload_level
 from hetpart.errors import SpecError, WorkloadError
 from hetpart.policies.observation import SHAPES, StaticFeatures, observe
@@ -99,7 +100,7 @@ class _Deadline(Evaluator):
     plans come out on any machine."""
 
     def __call__(self, plan, **options):
-        if time.perf_counter() > self.deadline:
+        if planning_clock() > self.deadline:
             return None
         self.asked += 1
         if self.asked > self.allowance:
@@ -182,7 +183,8 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
             ``refine_steps`` simulations per climb, fewer beyond 128 GPUs: :func:`_climb_steps`).
         time_budget_s: a safety net, not the budget that shapes the answer (that is ``walk_points`` and
             ``refine_steps``, so a busy machine gives the same plan): planning stops starting new work
-            this many seconds after it began (loading the network excluded): the walk by 45% of it,
+            this many CPU seconds after it began (:func:`~hetpart.policies.clock.planning_clock`: a busy
+            machine takes longer in wall time, not fewer steps; loading the network excluded): the walk by 45% of it,
             simulating candidates by 60%, the climb at 100%; the greedy structure, the walk's best
             point, the baseline and the final report are always completed.
         evaluator: its predictor prices the plans (default: the default predictor).
@@ -196,6 +198,7 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     loading = time.perf_counter()
     policy = load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
     start = time.perf_counter()  # the budget is for planning; loading the network happens once per process
+    clock = planning_clock()  # where the budget counts from (CPU seconds: hetpart.policies.clock)
     evaluator = _Deadline(model, cluster, workload, predictor=evaluator.predictor if evaluator else None)
     scenario = Scenario(model, cluster, workload, evaluator=evaluator)
     timings = {"load_s": start - loading}
@@ -204,7 +207,7 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     pending = _PendingBaseline(model, cluster, workload, evaluator) if baseline else None
     try:
         return _decode(policy, scenario, evaluator, pending, start, timings, samples, simulate_top, refine,
-                       refine_steps, walk_points, time_budget_s, seed, network_alone)
+                       refine_steps, walk_points, time_budget_s, seed, network_alone, clock)
     finally:
         if pending is not None:
             pending.close()
@@ -212,7 +215,9 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
 
 def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_PendingBaseline | None", start: float,
             timings: dict, samples: int, simulate_top: int, refine: bool, refine_steps: int, walk_points: int,
-            time_budget_s: float, seed: int, network_alone: bool) -> Decoded:
+            time_budget_s: float, seed: int, network_alone: bool, clock: float) -> Decoded:
+    """:func:`decode`'s work; ``start`` (wall) times it, ``clock`` (:func:`planning_clock`) is where its budget
+    counts from."""
     cluster = scenario.cluster
     states = _decode_structures(policy, scenario, samples, seed)
     timings["decode_s"] = time.perf_counter() - start
@@ -223,7 +228,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     near: list[Evaluated] = []
     if network_alone or not refine:
         greedy = _complete(evaluator, states[0])  # the network's own answer is always completed
-        evaluator.deadline = start + 0.6 * time_budget_s
+        evaluator.deadline = clock + 0.6 * time_budget_s
         scored = sorted(sc for s in distinct.values() if (sc := s.scored()) is not None)
         sampled = evaluator.best(_plans([sc for _, sc in _shortlist([(None, sc) for sc in scored], simulate_top)]),
                                  incumbent=greedy)
@@ -235,17 +240,17 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         upper = None
         if _level_one_wanted(scenario):  # level 1 walked from the same decodes, in a child where one can run
             upper = Forked(_walk_level_one, scenario, evaluator, [point_of(s) for s in distinct.values()],
-                           start + 0.45 * time_budget_s, start + 0.6 * time_budget_s,
+                           clock + 0.45 * time_budget_s, clock + 0.6 * time_budget_s,
                            _walk_points(walk_points, cluster.num_devices), simulate_top,
                            fork=PARALLEL_LEVEL_ONE and can_fork(evaluator.predictor))
         try:
             walk = time.perf_counter()
             hood = Neighbourhood(scenario)
-            found = improve(hood, [point_of(s) for s in distinct.values()], start + 0.45 * time_budget_s,
+            found = improve(hood, [point_of(s) for s in distinct.values()], clock + 0.45 * time_budget_s,
                             limit=_walk_points(walk_points, cluster.num_devices))
             timings["walk_s"] = time.perf_counter() - walk
             timings["walk_points"] = hood.priced
-            evaluator.deadline = start + 0.6 * time_budget_s
+            evaluator.deadline = clock + 0.6 * time_budget_s
             ranked = sorted(found.items(), key=lambda pair: pair[1])
             exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top,
                                                          basins=cluster.num_devices <= FEWER_NODES_MAX_DEVICES)
@@ -271,7 +276,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
     if refine:
         from hetpart.policies.refine import refine as hill_climb
 
-        evaluator.deadline = start + time_budget_s
+        evaluator.deadline = clock + time_budget_s
         steps = _climb_steps(refine_steps, cluster.num_devices)
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
         # so does level 0's best at level 1, as it is and split again (the memory it frees lets layers move)
@@ -389,7 +394,7 @@ def walk_starts(scenario: Scenario, evaluator: Evaluator, plans: list, walk_poin
     devices = scenario.cluster.num_devices
     points = list(dict.fromkeys(p for e in plans if e is not None and (p := _mixed_point(scenario, e.plan)) is not None))
     hood = Neighbourhood(scenario)
-    found = improve(hood, points, time.perf_counter() + 4.5, limit=_walk_points(walk_points, devices))
+    found = improve(hood, points, planning_clock() + 4.5, limit=_walk_points(walk_points, devices))
     ranked = sorted(found.items(), key=lambda pair: pair[1])
     exact = sorted(sc for point, _ in _shortlist(ranked, simulate_top, devices <= FEWER_NODES_MAX_DEVICES)
                    if (sc := hood.exact(point)) is not None)
@@ -672,7 +677,7 @@ def plan_policy(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
     """
     options.setdefault("network_alone", not options.get("refine", True))
     workload = offload_level(workload)  # an offloaded optimizer is sharded from level 1 (policies/common.py)
-    views = _Views(model, workload, time.process_time() + VIEWS_BUDGET_SHARE * options.get("time_budget_s", 10.0))
+    views = _Views(model, workload, planning_clock() + VIEWS_BUDGET_SHARE * options.get("time_budget_s", 10.0))
     return _plan_views(model, cluster, workload, evaluator, options, views)
 
 
@@ -723,7 +728,7 @@ that a busy machine gives the same plan (the rule :func:`decode`'s budgets follo
 
 class _Views:
     """What every view of one :func:`plan_policy` call shares: the overall deadline (``deadline``, in
-    :func:`time.process_time` seconds: :data:`VIEWS_BUDGET_SHARE`), the best plan so far
+    :func:`~hetpart.policies.clock.planning_clock` seconds: :data:`VIEWS_BUDGET_SHARE`), the best plan so far
     (every plan is priced on the real devices, so their tokens/s compare), and the answers of views already
     planned.
 
@@ -760,7 +765,7 @@ class _Views:
             if _compute_floor_s(self.model, view, self.workload) >= best_s:
                 self.skipped["floor"] += 1
                 raise WorkloadError(f"{view.name}: its compute floor cannot beat the plan found")
-            if time.process_time() > self.deadline:
+            if planning_clock() > self.deadline:
                 self.skipped["deadline"] += 1
                 raise WorkloadError(f"{view.name}: the policy planner's overall deadline has passed")
             key = (kind, *_view_key(view, evaluator))

@@ -7,13 +7,13 @@ and the same groups come out. llama2-13b on four device types (experiments/suite
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
 
 from hetpart import Workload, load_cluster, load_model
 from hetpart.costmodel.evaluator import Evaluated
+from hetpart.policies.clock import planning_clock
 from hetpart.policies.neighbourhood import Neighbourhood, improve
 from hetpart.policies.policy_planner import (NEAR_CLIMBS, NEAR_GROUP, _basin, _climb_near, _Deadline, _near_groups,
                                              _plans, _shortlist, _Threshold)
@@ -105,7 +105,7 @@ def test_near_groups_from_the_threshold_find_the_same_starts_with_fewer_simulati
         evaluator = _Deadline(model, cluster, workload)
         scenario = Scenario(model, cluster, workload, evaluator=evaluator)
         hood = Neighbourhood(scenario)
-        ranked = sorted(improve(hood, [], time.perf_counter() + 60, limit=150).items(), key=lambda pair: pair[1])
+        ranked = sorted(improve(hood, [], planning_clock() + 60, limit=150).items(), key=lambda pair: pair[1])
         exact = sorted(sc for point, _ in _shortlist(ranked, 6, True) if (sc := hood.exact(point)) is not None)
         best = evaluator.best(_plans(exact))
         before = evaluator.simulations
@@ -124,7 +124,7 @@ def test_an_allowance_spent_answers_nothing_and_simulates_nothing():
     evaluator = _Deadline(model, cluster, workload)
     scenario = Scenario(model, cluster, workload, evaluator=evaluator)
     hood = Neighbourhood(scenario)
-    ranked = sorted(improve(hood, [], time.perf_counter() + 60, limit=60).items(), key=lambda pair: pair[1])
+    ranked = sorted(improve(hood, [], planning_clock() + 60, limit=60).items(), key=lambda pair: pair[1])
     plans = [p for _, sc in ranked[:12] for p in sc.build()]
     first = next(e for p in plans if (e := evaluator(p)) is not None)
     simulated, asked = evaluator.simulations, evaluator.asked
