@@ -439,15 +439,33 @@ def _zone(value: Any, source: str, field: str) -> str:
     return str(value)
 
 
-def _gpu_runs(data: dict, source: str, field: str) -> tuple[int, GPUSpec, tuple[tuple[GPUSpec, int], ...]]:
-    """``(gpus_per_node, first type, mixed runs)`` from ``gpu`` + ``gpus_per_node`` or from ``gpus``."""
+def _unique_inline(value: Any, gpu: GPUSpec, seen: dict[str, tuple[GPUSpec, str]] | None, source: str,
+                   field: str) -> GPUSpec:
+    """Refuse an inline GPU whose name an earlier inline GPU of the file already has with other specs:
+    outputs per GPU type (pools, ``peak_memory_gb``, reports) are keyed by name and would merge the two."""
+    if seen is None or not isinstance(value, dict):
+        return gpu
+    first = seen.get(gpu.name)
+    if first is None:
+        seen[gpu.name] = (gpu, field)
+    elif replace(first[0], source="") != replace(gpu, source=""):
+        raise v.fail(SpecError, source, f"{field}.name", f"{gpu.name!r} is already defined with other specs "
+                     f"({first[1]}); give it another name")
+    return gpu
+
+
+def _gpu_runs(data: dict, source: str, field: str, seen: dict[str, tuple[GPUSpec, str]] | None = None,
+              ) -> tuple[int, GPUSpec, tuple[tuple[GPUSpec, int], ...]]:
+    """``(gpus_per_node, first type, mixed runs)`` from ``gpu`` + ``gpus_per_node`` or from ``gpus``;
+    ``seen`` collects the file's inline GPUs by name (one name, one set of specs)."""
     if "gpus" not in data:
         for key in ("gpus_per_node", "gpu"):
             if key not in data:
                 raise v.fail(SpecError, source, f"{field}.{key}", "missing required field; add it (or list the "
                              "node's devices as gpus: [{gpu: NAME, count: N}, ...])")
         return (v.integer(SpecError, data["gpus_per_node"], source, f"{field}.gpus_per_node", maximum=64),
-                _inline_or_catalog(data["gpu"], GPU_CATALOG, "GPU", source, f"{field}.gpu", _gpu), ())
+                _unique_inline(data["gpu"], _inline_or_catalog(data["gpu"], GPU_CATALOG, "GPU", source,
+                                                               f"{field}.gpu", _gpu), seen, source, f"{field}.gpu"), ())
     if "gpu" in data:
         raise v.fail(SpecError, source, f"{field}.gpu", "give either gpu (one type) or gpus (a list), not both")
     runs_raw = data["gpus"]
@@ -458,7 +476,8 @@ def _gpu_runs(data: dict, source: str, field: str) -> tuple[int, GPUSpec, tuple[
         where = f"{field}.gpus[{i}]"
         raw = v.require_mapping(SpecError, raw, source, where)
         v.require_keys(SpecError, raw, source, where, ["gpu", "count"], [])
-        runs.append((_inline_or_catalog(raw["gpu"], GPU_CATALOG, "GPU", source, f"{where}.gpu", _gpu),
+        gpu = _inline_or_catalog(raw["gpu"], GPU_CATALOG, "GPU", source, f"{where}.gpu", _gpu)
+        runs.append((_unique_inline(raw["gpu"], gpu, seen, source, f"{where}.gpu"),
                      v.integer(SpecError, raw["count"], source, f"{where}.count", maximum=64)))
     total = sum(n for _, n in runs)
     if total > 64:
@@ -475,11 +494,11 @@ def _gpu_runs(data: dict, source: str, field: str) -> tuple[int, GPUSpec, tuple[
     return total, merged[0][0], (tuple(merged) if len(merged) > 1 else ())
 
 
-def _node_group(data: Any, source: str, field: str) -> NodeGroup:
+def _node_group(data: Any, source: str, field: str, seen: dict[str, tuple[GPUSpec, str]] | None = None) -> NodeGroup:
     data = v.require_mapping(SpecError, data, source, field)
     v.require_keys(SpecError, data, source, field, ["count", "intra_node", "nic"],
                    ["gpus_per_node", "gpu", "gpus", "nics_per_node", "zone", "host_memory_gb", "host_memory_gbyte_s"])
-    gpus_per_node, gpu, mixed = _gpu_runs(data, source, field)
+    gpus_per_node, gpu, mixed = _gpu_runs(data, source, field, seen)
     return NodeGroup(
         count=v.integer(SpecError, data["count"], source, f"{field}.count", maximum=100_000),
         gpus_per_node=gpus_per_node,
@@ -524,7 +543,8 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     nodes = data["nodes"]
     if not isinstance(nodes, list) or not nodes:
         raise v.fail(SpecError, source, "nodes", "expected a non-empty list of node groups")
-    groups = tuple(_node_group(g, source, f"nodes[{i}]") for i, g in enumerate(nodes))
+    inline_gpus: dict[str, tuple[GPUSpec, str]] = {}
+    groups = tuple(_node_group(g, source, f"nodes[{i}]", inline_gpus) for i, g in enumerate(nodes))
     total = sum(g.num_devices for g in groups)
     if total > MAX_DEVICES:
         raise v.fail(SpecError, source, "nodes", f"{total} devices is more than hetpart handles ({MAX_DEVICES})")

@@ -1,47 +1,60 @@
-"""Fixes of the 2026-11-30 planner probe: errors that name what really fails."""
+"""Probe B (2026-11-30) findings F6, F8, F9, F11, F12: inputs refused in one line (exit 2) that name the real cause."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from hetpart import Workload, load_model
-from hetpart.cluster import parse_cluster
-from hetpart.errors import WorkloadError
-from hetpart.policies import plan
-from hetpart.policies.common import no_plan_error
+from tests._cli import cli_json, run_cli
 
-
-def test_uniform_says_no_grid_covers_the_devices_not_that_memory_binds() -> None:
-    # 17 one-GPU nodes: pp 17 is more than gpt2-small's 14 units, and dp 17 does not divide 18 sequences (no more
-    # devices than sequences: fewer nodes are not tried)
-    cluster = parse_cluster({"name": "seventeen", "nodes": [
-        {"count": 17, "gpus_per_node": 1, "gpu": "A100-80GB", "intra_node": "NVLink3", "nic": "IB-HDR"}]})
-    model = load_model("gpt2-small", seq_len=512)
-    with pytest.raises(WorkloadError) as err:
-        plan(model, cluster, Workload(18, 512), "uniform")
-    text = str(err.value)
-    assert "no tp x pp x dp grid covers its 17 devices" in text and "14 units" in text
-    assert "memory" not in text and "\n" not in text
-    assert plan(model, cluster, Workload(18, 512), "search").prediction.fits_in_memory
+G_FAST = "{name: G, tflops_bf16: 300, memory_gb: 80, hbm_gbyte_s: 2000, vendor: nvidia}"
+G_SLOW = "{name: G, tflops_bf16: 30, memory_gb: 16, hbm_gbyte_s: 300, vendor: nvidia}"
 
 
-def test_memory_advice_does_not_offer_the_recompute_already_chosen() -> None:
-    cluster = parse_cluster({"name": "one", "nodes": [
-        {"count": 1, "gpus_per_node": 1, "gpu": "T4-16GB", "intra_node": "PCIe3", "nic": "Ethernet-10"}]})
-    model = load_model("gpt2-small", seq_len=512)
-    auto = str(no_plan_error(model, cluster, Workload(16, 512), "uniform", "x"))
-    none = str(no_plan_error(model, cluster, Workload(16, 512, recompute="none"), "uniform", "x"))
-    assert "--recompute" not in auto
-    assert "--recompute full (or auto)" in none
+def _error(capsys, *argv: str) -> str:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out, err)
+    assert err.startswith("hetpart: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
 
 
-def test_the_bound_keeps_the_time_limit_and_says_when_cut_short() -> None:
-    from hetpart import load_cluster
-    from hetpart.policies.upper_bound import upper_bound
+def _cluster(tmp_path: Path, *nodes: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\nnodes:\n" + "".join(f"  - {n}\n" for n in nodes))
+    return str(path)
 
-    model, cluster, workload = load_model("gpt2-small", seq_len=512), load_cluster("tiny-mixed"), Workload(16, 512)
-    whole = upper_bound(model, cluster, workload)
-    cut = upper_bound(model, cluster, workload, time_limit_s=1e-9)
-    assert whole["complete"] is True and all(t["complete"] for t in whole["per_type"].values())
-    assert cut["complete"] is False and not any(t["complete"] for t in cut["per_type"].values())
-    assert 0 < cut["tokens_per_s"] <= whole["tokens_per_s"] * (1 + 1e-9)
+
+def test_f6_two_inline_gpus_with_one_name_and_other_specs_are_refused(capsys, tmp_path: Path) -> None:
+    path = _cluster(tmp_path, f"{{count: 1, gpus_per_node: 4, gpu: {G_FAST}, intra_node: NVLink3, nic: IB-HDR}}",
+                    f"{{count: 1, gpus_per_node: 4, gpu: {G_SLOW}, intra_node: PCIe4, nic: IB-HDR}}")
+    err = _error(capsys, "inspect", "cluster", path)
+    assert err == (f"hetpart: error: {path}: nodes[1].gpu.name: 'G' is already defined with other specs "
+                   "(nodes[0].gpu); give it another name\n")
+    err = _error(capsys, "plan", "-m", "gpt2-small", "-c", path, "--global-batch", "16", "--seq-len", "512")
+    assert "nodes[1].gpu.name: 'G' is already defined with other specs" in err
+
+
+def test_f6_inside_a_mixed_node_list_too(capsys, tmp_path: Path) -> None:
+    path = _cluster(tmp_path, f"{{count: 1, gpus: [{{gpu: {G_FAST}, count: 2}}, {{gpu: {G_SLOW}, count: 2}}], "
+                              "intra_node: PCIe4, nic: IB-HDR}")
+    err = _error(capsys, "inspect", "cluster", path)
+    assert "nodes[0].gpus[1].gpu.name: 'G' is already defined with other specs (nodes[0].gpus[0].gpu)" in err
+
+
+def test_f6_one_name_with_identical_specs_stays_fine(capsys, tmp_path: Path) -> None:
+    path = _cluster(tmp_path, f"{{count: 1, gpus_per_node: 2, gpu: {G_FAST}, intra_node: NVLink3, nic: IB-HDR}}",
+                    f"{{count: 1, gpus_per_node: 2, gpu: {G_FAST}, intra_node: PCIe4, nic: IB-HDR}}")
+    code, _, err = run_cli(capsys, "inspect", "cluster", path)
+    assert code == 0, err
+
+
+def test_f8_devices_below_the_reserve_are_named_not_given_negative_gigabytes(capsys, tmp_path: Path) -> None:
+    tiny = "{name: Tiny, tflops_bf16: 10, memory_gb: 0.05, hbm_gbyte_s: 100, vendor: nvidia}"
+    path = _cluster(tmp_path, f"{{count: 1, gpus_per_node: 2, gpu: {tiny}, intra_node: PCIe4, nic: Ethernet-10}}")
+    for planner in ("search", "uniform"):
+        err = _error(capsys, "plan", "-m", "gpt2-small", "-c", path, "--global-batch", "16", "--seq-len", "512",
+                     "--planner", planner)
+        assert err == (f"hetpart: error: {planner} planner: no plan for gpt2-small fits x: the devices' memory "
+                       "(Tiny 0.05 GB) is below the runtime's reserve (1.5 GB of framework overhead plus 5% for "
+                       "fragmentation), so nothing can be placed on them; check memory_gb (GiB, e.g. 80 for an "
+                       "80 GB card) or use GPUs with more memory\n")
+        assert "-" not in err.split("fits x:")[1].split("GB")[0]
