@@ -151,11 +151,19 @@ def device_state_bytes_per_param(workload: "Workload") -> float:
 
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
     """A :class:`WorkloadError` that says why nothing fits and what would."""
-    from hetpart.costmodel.memory import memory_capacity_gb
+    from hetpart.costmodel.memory import FRAGMENTATION_FRACTION, FRAMEWORK_OVERHEAD_GB, memory_capacity_gb
 
     per_param = device_state_bytes_per_param(workload)
     state_gb = model.num_params * per_param / 1e9
-    capacity = sum(memory_capacity_gb(d.gpu) for d in cluster.devices)
+    capacity = sum(max(0.0, memory_capacity_gb(d.gpu)) for d in cluster.devices)  # a device under the reserve holds 0
+    if capacity <= 0:
+        types = list(dict.fromkeys(d.gpu for d in cluster.devices))
+        return WorkloadError(
+            f"{planner} planner: no plan for {model.name} fits {cluster.name}: the devices' memory ("
+            + ", ".join(f"{g.name} {g.memory_gb:g} GB" for g in types)
+            + f") is below the runtime's reserve ({FRAMEWORK_OVERHEAD_GB:g} GB of framework overhead plus "
+            f"{FRAGMENTATION_FRACTION:.0%} for fragmentation), so nothing can be placed on them; check memory_gb "
+            "(GiB, e.g. 80 for an 80 GB card) or use GPUs with more memory")
     kept = {"none": f"the weights, gradients and {workload.optimizer} states",
             "optimizer": "the 16-bit weights (the rest offloaded)", "full": "the states"}[workload.offload]
     hint = f"{kept} alone need {state_gb:.1f} GB and the cluster's devices hold {capacity:.1f} GB usable in all"
