@@ -273,20 +273,26 @@ class Watchdog:
         hang_timeout_s: seconds without progress on every rank that count as a hang.
         startup_timeout_s: seconds a rank may take to reach its first step.
         launcher_log: torchrun's log: the ranks it terminated after a failure are victims, not causes.
+        ranks: the ranks this machine runs and watches (default: all ``world_size``; ``hetpart run --nnodes``
+            watches each machine's own).
     """
 
     def __init__(self, run_dir: str | Path, describe, world_size: int, hang_timeout_s: float,
-                 startup_timeout_s: float, launcher_log: str | Path | None = None) -> None:
+                 startup_timeout_s: float, launcher_log: str | Path | None = None,
+                 ranks: "list[int] | None" = None) -> None:
         self.run_dir = Path(run_dir)
         self.launcher_log = Path(launcher_log) if launcher_log else None
         self.describe = describe
         self.world_size = world_size
+        self.ranks = list(range(world_size)) if ranks is None else list(ranks)
+        self.scope = (f"all {world_size} ranks" if len(self.ranks) == world_size else
+                      f"this machine's {len(self.ranks)} ranks (of {world_size})")
         self.hang_timeout_s = hang_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.started = time.time()
 
     def states(self) -> list[RankState]:
-        return [read_rank_state(self.run_dir, r) for r in range(self.world_size)]
+        return [read_rank_state(self.run_dir, r) for r in self.ranks]
 
     def check(self, states: list[RankState] | None = None) -> WorkerFault | None:
         """A fault when one rank died, raised or hung; None while the run is healthy."""
@@ -306,7 +312,7 @@ class Watchdog:
                 return WorkerFault(f"runtime: ranks {[s.rank for s in stuck]} did not join the run within "
                                    f"{self.startup_timeout_s:.0f} s (rank {stuck[0].rank}, "
                                    f"{self.describe(stuck[0].rank)}, is in phase {stuck[0].phase} at "
-                                   f"{stuck[0].where or 'unknown code'}); all {self.world_size} ranks were stopped; "
+                                   f"{stuck[0].where or 'unknown code'}); {self.scope} were stopped; "
                                    f"see the worker logs in {self.run_dir / 'logs'}")
             return None
         if running and now - max(s.last_progress for s in running) > self.hang_timeout_s:
@@ -323,7 +329,7 @@ class Watchdog:
         what = f"failed: {s.error}" if s.error else "died (its process is gone without a result)"
         when = f"during step {s.step}" if s.step >= 0 else "before its first step"
         return WorkerFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) {what} {when}; "
-                           f"all {self.world_size} ranks were stopped; logs in {self.run_dir / 'logs'}")
+                           f"{self.scope} were stopped; logs in {self.run_dir / 'logs'}")
 
     def _terminated_by_torchrun(self) -> set[int]:
         """Pids that torchrun's agent sent a closing signal (it logs each before sending it)."""
@@ -344,4 +350,4 @@ class Watchdog:
         return WorkerFault(f"runtime: rank {s.rank} ({self.describe(s.rank)}) hung: no progress on any rank for "
                            f"{now - max(x.last_progress for x in running):.0f} s (limit {self.hang_timeout_s:g} s); "
                            f"rank {s.rank} is stuck at {at} in {s.where or 'unknown code'} while the "
-                           f"others wait on it; all {self.world_size} ranks were stopped")
+                           f"others wait on it; {self.scope} were stopped")

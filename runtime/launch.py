@@ -33,7 +33,7 @@ from hetpart.plan import Plan
 from hetpart.runtime.faults import (HISTORY_STEPS, LAUNCHER_PID_ENV, PHASES, FaultSpec, Watchdog, die_with_parent,
                                     kill_pid_tree, process_alive, read_rank_state, result_path)
 
-__all__ = ["RunOptions", "Capacity", "PreparedRun", "RunResult", "RunProgress", "host_capacity", "check_capacity",
+__all__ = ["RunOptions", "Nodes", "node_ranks", "check_nodes", "LocalRunResult", "Capacity", "PreparedRun", "RunResult", "RunProgress", "host_capacity", "check_capacity",
            "prepare_run", "torchrun_command", "launch", "run_plan", "plan_sources", "link_balance", "PROCESSES_PER_CORE"]
 
 PROCESSES_PER_CORE = 4
@@ -115,6 +115,70 @@ class RunOptions:
         out = asdict(self)
         out["fault"] = self.fault.to_dict() if self.fault else None
         return out
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher stands in a run over several machines (``hetpart run --nnodes``; torchrun's static
+    rendezvous). Every machine runs the same command with its own ``node_rank``: machine ``K`` hosts the
+    plan's devices on the ``K``-th cluster node the plan uses, nodes ordered by the plan's rank order
+    (:func:`node_ranks`)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    """Address of node rank 0's machine, where torchrun's store listens (every machine must reach it)."""
+    master_port: int = 29500
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def node_ranks(devices: list[str] | tuple[str, ...], cluster: Cluster) -> list[list[int]]:
+    """The plan's ranks grouped by cluster node: entry ``K`` lists (ascending) the ranks of the ``K``-th node
+    in the order the ranks first reach it (rank ``r`` runs ``devices[r]``)."""
+    nodes: dict[Any, list[int]] = {}
+    for rank, device in enumerate(devices):
+        nodes.setdefault(cluster.device(device).node_key, []).append(rank)
+    return list(nodes.values())
+
+
+def check_nodes(nodes: Nodes, devices: list[str] | tuple[str, ...], cluster: Cluster, options: RunOptions) -> list[int]:
+    """The ranks this machine runs; refuses what cannot run over ``nodes.nnodes`` machines (before any process).
+
+    Raises:
+        PlanError: ``--nnodes`` is not the number of cluster nodes the plan uses, ``--node-rank`` is out of
+            range, or an option that needs one machine (emulation, checkpoints, restarts) is on.
+    """
+    groups = node_ranks(devices, cluster)
+    if nodes.nnodes < 1:
+        raise PlanError(f"--nnodes: must be a whole number >= 1, got {nodes.nnodes}")
+    if not nodes.multi:
+        if nodes.node_rank != 0:
+            raise PlanError(f"--node-rank: {nodes.node_rank} needs --nnodes > 1 (one machine is node rank 0)")
+        return list(range(len(devices)))
+    if nodes.nnodes != len(groups):
+        names = ", ".join("/".join(str(k) for k in cluster.device(devices[g[0]]).node_key) for g in groups)
+        raise PlanError(f"--nnodes: {nodes.nnodes}, but the plan uses {len(groups)} cluster node"
+                        f"{'s' if len(groups) != 1 else ''} ({names}); give --nnodes {len(groups)}, one machine each")
+    if not 0 <= nodes.node_rank < nodes.nnodes:
+        raise PlanError(f"--node-rank: {nodes.node_rank} is out of range; with --nnodes {nodes.nnodes} give 0 to "
+                        f"{nodes.nnodes - 1} (0 on the --master-addr machine)")
+    if not 0 < nodes.master_port < 65536:
+        raise PlanError(f"--master-port: {nodes.master_port} is not a TCP port (1-65535)")
+    if options.emulate:
+        raise PlanError("--nnodes: emulation calibrates and slows one machine's CPU; runs over several machines "
+                        "run the real devices (add --no-emulation)")
+    given = [flag for flag, on in (("--checkpoint", options.checkpoint_dir is not None),
+                                   ("--max-restarts", options.max_restarts > 0)) if on]
+    if given:
+        raise PlanError(f"{', '.join(given)}: not supported with --nnodes > 1 yet (each machine would restart or "
+                        "resume on its own); run without")
+    return groups[nodes.node_rank]
 
 
 RUN_DEVICES = ("auto", "cpu", "cuda")
@@ -235,6 +299,15 @@ class PreparedRun:
     meta: dict[str, Any] = field(default_factory=dict)
     checkpoint_identity: dict[str, Any] = field(default_factory=dict)
     """What identifies the model that runs in a checkpoint (:func:`hetpart.runtime.checkpoint.model_identity`)."""
+    nodes: Nodes = field(default_factory=lambda: Nodes())
+    """This machine's place in a run over several machines (one machine by default)."""
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """The ranks this machine runs."""
+        if not self.nodes.multi:
+            return list(range(len(self.rank_devices)))
+        return node_ranks(self.rank_devices, self.cluster)[self.nodes.node_rank]
 
 
 @dataclass(frozen=True)
@@ -267,9 +340,10 @@ class RunProgress:
 
 
 def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOptions, *,
-                source: str = "plan") -> PreparedRun:
+                source: str = "plan", nodes: Nodes | None = None) -> PreparedRun:
     """Check the plan, shrink the model and check this machine's capacity; starts nothing. ``source``
-    names the plan in the errors (its file, as ``predict`` and ``export`` do)."""
+    names the plan in the errors (its file, as ``predict`` and ``export`` do); ``nodes``: this machine's
+    place in a run over several machines (its capacity is checked for its own ranks)."""
     if plan.cp != 1:
         raise PlanError(f"{source}: cp: {plan.cp}: context parallelism is prediction-only for now (hetpart predict prices "
                         "it); hetpart run executes plans with cp 1")
@@ -278,6 +352,9 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     from hetpart.runtime.models import runnable_spec, scaled_seq_len
 
     cluster = load_cluster(cluster_spec)
+    nodes = nodes or Nodes()
+    local = len(check_nodes(nodes, plan.devices, cluster, options)) if all(cluster.has_device(d) for d in plan.devices) \
+        else plan.num_devices  # unknown devices: plan.check below names them
     full = load_model(model_spec, seq_len=plan.seq_len, precision=plan.precision)
     plan.check(full, cluster, source=source)
     # Heads a multiple of every TP degree of the plan (stages and replicas may differ: 2 and 3 -> 6).
@@ -305,12 +382,12 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     small.check(graph, cluster, source=f"{source} (shrunken model)")
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     states = graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
-    if run_device(options, small.num_devices) == "cuda":  # the states live on each rank's GPU, not in host memory
-        check_gpu_memory(small.num_devices, states)
+    if run_device(options, local) == "cuda":  # the states live on each rank's GPU, not in host memory
+        check_gpu_memory(local, states)
         per_process = _PROCESS_BASE_GB
     else:
         per_process = _PROCESS_BASE_GB + states
-    check_capacity(small.num_devices, per_process)
+    check_capacity(local, per_process)
     from hetpart.runtime.checkpoint import model_identity
 
     identity = model_identity(runnable, graph, model_spec, options.scale)
@@ -319,7 +396,7 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     return PreparedRun(plan=plan, cluster=cluster, model_spec=model_spec, cluster_spec=cluster_spec, full_graph=full,
                        runnable=runnable, run_graph=graph, run_plan=small, rank_devices=tuple(small.devices),
                        per_process_gb=per_process, meta={"tp_split_notes": notes} if notes else {},
-                       checkpoint_identity=identity)
+                       checkpoint_identity=identity, nodes=nodes)
 
 
 def _check_checkpoint_dir(path: Path, identity: dict[str, Any]) -> None:
@@ -378,15 +455,22 @@ def _activation_gb(graph: ModelGraph, plan: Plan) -> float:
 
 # ------------------------------------------------------------------------------------- launching
 def torchrun_command(job_path: str | Path, nproc_per_node: int, log_dir: str | Path, *, nnodes: int = 1,
-                     rdzv_endpoint: str | None = None, wrapper: str | Path | None = None) -> list[str]:
+                     rdzv_endpoint: str | None = None, wrapper: str | Path | None = None,
+                     nodes: Nodes | None = None) -> list[str]:
     """The torchrun command line that starts the workers of ``job_path`` (one machine by default).
 
-    On several machines, run the same command on each with ``nnodes`` and a shared ``rdzv_endpoint``
-    (``host:port`` of the first machine). ``wrapper``: a script that starts the worker itself
-    (``--netem`` enters the rank's network namespace first).
+    On several machines (``nodes``, ``hetpart run --nnodes``): torchrun's static rendezvous, the same
+    command on each machine with its own ``--node-rank`` and node rank 0's ``--master-addr``/``--master-port``;
+    torchrun numbers the global ranks node after node (a node's ranks follow those of lower node ranks, even
+    with different ``nproc_per_node``). ``nnodes`` with ``rdzv_endpoint`` (``host:port``) is the c10d
+    rendezvous (``--netem``). ``wrapper``: a script that starts the worker itself (``--netem`` enters the
+    rank's network namespace first).
     """
     cmd = [sys.executable, "-m", "torch.distributed.run"]
-    if nnodes == 1 and rdzv_endpoint is None:
+    if nodes is not None and nodes.multi:
+        cmd += ["--nnodes", str(nodes.nnodes), "--rdzv-backend", "static", "--node-rank", str(nodes.node_rank),
+                "--master-addr", str(nodes.master_addr), "--master-port", str(nodes.master_port)]
+    elif nnodes == 1 and rdzv_endpoint is None:
         cmd += ["--standalone", "--nnodes", "1"]
     else:
         cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(rdzv_endpoint)]
@@ -446,18 +530,20 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = len(job["rank_devices"])
+    nodes = Nodes(**job["nodes"]) if job.get("nodes") else Nodes()
+    local = list(job["local_ranks"]) if job.get("local_ranks") is not None else list(range(world))
     job_path = run_dir / "job.json"
     (run_dir / "logs").mkdir(exist_ok=True)
     describe = _describer(job)
     watchdog = Watchdog(run_dir, describe, world, options.hang_timeout_s, options.startup_timeout_s,
-                        launcher_log=run_dir / "torchrun.log")
+                        launcher_log=run_dir / "torchrun.log", ranks=local)
     tracker = _ProgressTracker(job, attempt, on_progress)
     network = _netem_network(job, run_dir)
     with _signals_interrupt(), network or contextlib.nullcontext(), open(run_dir / "torchrun.log", "wb") as log:
         if network is not None:
             job["emulation"]["shaped"] = network.shaped
         job_path.write_text(json.dumps(job, indent=1))
-        cmd = torchrun_command(job_path, world, run_dir / "logs")
+        cmd = torchrun_command(job_path, len(local), run_dir / "logs", nodes=nodes)
         if network is not None:
             cmd = torchrun_command(job_path, world, run_dir / "logs", rdzv_endpoint=f"{network.host_ip}:{network.free_port()}",
                                    wrapper=network.wrapper())
@@ -469,12 +555,19 @@ def launch(job: dict[str, Any], run_dir: str | Path, options: RunOptions,
         except Interrupted as exc:
             with _signals_ignored(), contextlib.suppress(Exception):  # report what the ranks finished by now
                 tracker.update(watchdog.states())
-            raise Interrupted(f"runtime: {exc} {tracker.where()}; all {world} ranks were stopped",
+            raise Interrupted(f"runtime: {exc} {tracker.where()}; {watchdog.scope} were stopped",
                               exc.exit_code) from None
+        except WorkerFault as exc:
+            if nodes.multi:  # a peer on another machine that failed shows here as a lost connection or a hang
+                raise WorkerFault(f"{exc} (node rank {nodes.node_rank} of {nodes.nnodes}; a failure on another "
+                                  "machine shows here as a lost connection or a hang: see that machine's output)") from None
+            raise
         finally:
             with _signals_ignored():  # a second Ctrl-C must not leave workers behind
-                _kill_all(proc, run_dir, world)
-    return _collect(run_dir, world, proc.returncode, describe)
+                _kill_all(proc, run_dir, local)
+    # node rank 0's global rank 0 gathered every rank's result into this run directory (worker.py)
+    collected = list(range(world)) if nodes.multi and nodes.node_rank == 0 else local
+    return _collect(run_dir, collected, proc.returncode, describe)
 
 
 class _ProgressTracker:
@@ -601,11 +694,11 @@ def _supervise(proc: subprocess.Popen, watchdog: Watchdog, tracker: _ProgressTra
         time.sleep(_POLL_S)
 
 
-def _kill_all(proc: subprocess.Popen, run_dir: Path, world: int) -> None:
+def _kill_all(proc: subprocess.Popen, run_dir: Path, ranks: list[int]) -> None:
     """Kill every worker we started (by pid, from their heartbeats and from torchrun's descendants: a rank
     still importing has no heartbeat yet) and torchrun itself, and wait until they are gone."""
     pids = set(_descendants(proc.pid))
-    for rank in range(world):
+    for rank in ranks:
         state = read_rank_state(run_dir, rank)
         if state.pid is not None and state.alive:
             pids.add(state.pid)
@@ -644,9 +737,9 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _collect(run_dir: Path, world: int, returncode: int | None, describe) -> list[dict[str, Any]]:
+def _collect(run_dir: Path, ranks: list[int], returncode: int | None, describe) -> list[dict[str, Any]]:
     results = []
-    for rank in range(world):
+    for rank in ranks:
         path = result_path(run_dir, rank)
         if not path.exists():
             tail = _log_tail(run_dir / "torchrun.log")
@@ -702,6 +795,8 @@ class RunResult:
     record_error: str | None = None
     """Why the record could not be appended to ``out`` after the run, and where it was kept instead (None: it
     was appended, or no ``out`` was given)."""
+    nodes: dict[str, Any] | None = None
+    """Over several machines: ``nnodes``, ``master_addr``/``master_port`` and each node's ranks (None: one)."""
 
     def summary(self) -> dict[str, Any]:
         """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
@@ -713,7 +808,8 @@ class RunResult:
                 "steps": self.measured.steps, "warmup": self.measured.warmup,
                 "emulation": self.emulation, "cluster": self.record.cluster["name"],
                 "run_dir": self.run_dir, "resumed_from": self.resumed_from,
-                **({"record_error": self.record_error} if self.record_error else {})}
+                **({"record_error": self.record_error} if self.record_error else {}),
+                **({"nodes": self.nodes} if self.nodes else {})}
 
 
 def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
@@ -730,8 +826,14 @@ def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[st
 
 def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, options: RunOptions = RunOptions(), *,
              out: str | Path | None = None, run_dir: str | Path | None = None,
-             on_progress: Callable[[RunProgress], None] | None = None, source: str = "plan") -> RunResult:
+             on_progress: Callable[[RunProgress], None] | None = None, source: str = "plan",
+             nodes: Nodes | None = None) -> "RunResult | LocalRunResult":
     """Run ``plan`` on this machine (emulating its cluster), measure it and predict it.
+
+    With ``nodes`` over several machines (``hetpart run --nnodes``) this machine runs its node's ranks;
+    node rank 0 gets every rank's result (gathered by global rank 0) and returns the whole run's
+    :class:`RunResult` (and appends its record to ``out``); the other machines return a
+    :class:`LocalRunResult` of their own ranks and write no record.
 
     Args:
         plan: the plan (made for the full-size model).
@@ -742,6 +844,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
             successful or interrupted run and kept after a failed one (its logs are named in the error).
         on_progress: called with a :class:`RunProgress` per phase and per finished step (and restart).
         source: names the plan in the errors (its file).
+        nodes: this machine's place in a run over several machines (default: one machine).
 
     Raises:
         PlanError: the plan does not fit the model or the cluster, or ``--checkpoint`` cannot work
@@ -758,7 +861,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         from hetpart.records import check_records_target
 
         check_records_target(out)
-    prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source)
+    prep = prepare_run(plan, model_spec, _absolute(cluster_spec), options, source=source, nodes=nodes)
     profile = run_profile(prep, options)
     rates = measure.measure_host_rates(params_width(prep.run_graph))
     temporary = run_dir is None
@@ -770,6 +873,11 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     small = prep.run_plan
+    if prep.nodes.multi and prep.nodes.node_rank != 0:
+        if temporary:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return LocalRunResult(nodes=prep.nodes, ranks=[_local_rank_summary(r, warmup) for r in results],
+                              run_dir=None if temporary else str(run_dir))
     measured = measure.summarize(results, small, prep.cluster, small.seq_len, warmup)
     if profile is None and job.get("profile_units"):
         from hetpart.runtime.calibrate import profile_from_samples
@@ -787,7 +895,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         predicted = measure.predict(prep.run_graph, emu, small, profile=used)
     elif profile is not None:  # this machine's own speed: the profile prices it directly
         if options.profile is not None:  # timed one process at a time: the ranks share this host's cores
-            profile = profile.sharing_cores(len(results), host_cores())
+            profile = profile.sharing_cores(len(prep.local_ranks), host_cores())
         predicted = measure.predict(prep.run_graph, prep.cluster, small, profile=profile)
     from hetpart.records import append_record
     from hetpart.runtime.record import model_summary, run_record
@@ -807,7 +915,37 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         shutil.rmtree(run_dir, ignore_errors=True)
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=None if temporary else str(run_dir),
                      model=model_summary(prep, options), emulation=emulation,
-                     resumed_from=min(r["first_step"] for r in results) or None, record_error=record_error)
+                     resumed_from=min(r["first_step"] for r in results) or None, record_error=record_error,
+                     nodes=_nodes_summary(prep) if prep.nodes.multi else None)
+
+
+def _nodes_summary(prep: PreparedRun) -> dict[str, Any]:
+    """Which machine ran which ranks (the ``nodes`` of ``hetpart run --json`` over several machines)."""
+    groups = node_ranks(prep.rank_devices, prep.cluster)
+    return {**prep.nodes.to_dict(), "ranks": [{"node_rank": k, "ranks": g, "devices": [prep.rank_devices[r] for r in g]}
+                                             for k, g in enumerate(groups)]}
+
+
+def _local_rank_summary(result: dict[str, Any], warmup: int) -> dict[str, Any]:
+    measured = result["steps"][warmup:]
+    return {"rank": result["rank"], "device": result["device"], "step_times_s": [s["time_s"] for s in measured],
+            "losses": [s["loss"] for s in measured]}
+
+
+@dataclass(frozen=True)
+class LocalRunResult:
+    """What a machine other than node rank 0 ran (``hetpart run --nnodes N --node-rank K``, ``K > 0``): its
+    ranks' measured step times and losses; node rank 0 prints the whole run."""
+
+    nodes: Nodes
+    ranks: list[dict[str, Any]]
+    """Per local rank: rank, device, step_times_s and losses of the measured steps."""
+    run_dir: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"nodes": self.nodes.to_dict(), "ranks": self.ranks, "run_dir": self.run_dir,
+                "note": f"node rank {self.nodes.node_rank} of {self.nodes.nnodes}: this machine's ranks only; node "
+                        "rank 0 prints the whole run's measurements and appends its record"}
 
 
 def _run_attempts(prep: PreparedRun, options: RunOptions, run_dir: Path,
@@ -879,8 +1017,10 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
     if options.netem:
         emulation.update(_netem_setup(prep, options, width))
     return {"plan": small.to_dict(), "runnable": prep.runnable.to_dict(), "cluster": prep.cluster_spec,
-            "device": run_device(options, len(prep.rank_devices)),
-            "rank_devices": list(prep.rank_devices), "steps": options.steps, "warmup": options.warmup,
+            "device": run_device(options, len(prep.local_ranks)),
+            "rank_devices": list(prep.rank_devices),
+            # several machines: where this one stands and the (global) ranks it runs, in LOCAL_RANK order
+            **({"nodes": prep.nodes.to_dict(), "local_ranks": prep.local_ranks} if prep.nodes.multi else {}), "steps": options.steps, "warmup": options.warmup,
             "first_step": first, "end_step": end, "measure_from": measure_from,
             "emulation": emulation if options.emulate else None,
             "fault": options.fault.to_dict() if options.fault else None,

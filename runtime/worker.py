@@ -294,7 +294,11 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         fault.fire_in("start", rank)
     heartbeat.enter("rendezvous")
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=float(job.get("comm_timeout_s", 600))))
+        timeout = timedelta(seconds=float(job.get("comm_timeout_s", 600)))
+        if job.get("local_ranks") is not None:  # several machines: the plan's rank, whatever torchrun numbered
+            dist.init_process_group("gloo", timeout=timeout, rank=rank, world_size=world)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
     # Building the model (imports of its library included) takes long without progress: it counts as
     # start-up; from calibration on, the hang limit applies.
     heartbeat.enter("build")
@@ -349,7 +353,28 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
             "schedule_used": getattr(executor, "schedule_used", plan.schedule), "emulation": emulation,
-            "profile_samples": [p for p in profiled if p is not None]}
+            "profile_samples": [p for p in profiled if p is not None],
+            **({"torchrun_rank": int(os.environ["RANK"]), "node_rank": int(job["nodes"]["node_rank"])}
+               if job.get("local_ranks") is not None else {})}
+
+
+def _gather_results(result: dict[str, Any], run_dir: Path, rank: int, world: int) -> None:
+    """Over several machines: every rank's result to global rank 0 (over the gloo group), which writes the
+    other ranks' result files next to its own, where node rank 0's launcher collects the whole run."""
+    import torch.distributed as dist
+
+    everyone: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(result, everyone, dst=0)
+    if rank == 0:
+        for r, res in enumerate(everyone or []):
+            if r != rank and res is not None:
+                _write_result(run_dir, r, res)
+
+
+def _write_result(run_dir: Path, rank: int, result: dict[str, Any]) -> None:
+    tmp = result_path(run_dir, rank).with_suffix(f".{os.getpid()}.tmp")  # rank 0 writes others' too (shared dirs)
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path(run_dir, rank))
 
 
 def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, device) -> dict[str, Any] | None:
@@ -396,12 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(job_path.read_text())
     run_dir = job_path.parent
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if job.get("local_ranks") is not None:  # several machines: this machine's ranks, in LOCAL_RANK order
+        rank = int(job["local_ranks"][int(os.environ["LOCAL_RANK"])])
+        if world != len(job["rank_devices"]):
+            raise SystemExit(f"runtime: torchrun counts {world} ranks over the machines and the plan has "
+                             f"{len(job['rank_devices'])}; every machine must run the same plan")
     heartbeat = Heartbeat(run_dir, rank, launcher).start()
     try:
         result = run_worker(job, run_dir, rank, world, heartbeat)
-        tmp = result_path(run_dir, rank).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, result_path(run_dir, rank))
+        if job.get("local_ranks") is not None:
+            _gather_results(result, run_dir, rank, world)
+        _write_result(run_dir, rank, result)
         return 0
     except BaseException as exc:  # every failure is reported to the launcher, then re-raised
         message = " ".join(f"{exc.__class__.__name__}: {exc}".split())[:500]

@@ -35,11 +35,15 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         hang_timeout: float = typer.Option(120.0, "--hang-timeout", help="Seconds without progress on any rank that count as a hang."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
         run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Directory for the ranks' logs, heartbeats and results (default: a temporary one, removed unless the run fails)."),
+        nnodes: int = typer.Option(1, "--nnodes", help="Machines the run spans: one per cluster node the plan uses (each runs this command with its own --node-rank; implies --no-emulation)."),
+        node_rank: int = typer.Option(0, "--node-rank", help="This machine's place, 0 to --nnodes - 1: it runs the plan's devices on the K-th cluster node the plan uses (in the plan's rank order)."),
+        master_addr: Optional[str] = typer.Option(None, "--master-addr", help="With --nnodes > 1: the address of node rank 0's machine (every machine must reach it)."),
+        master_port: int = typer.Option(29500, "--master-port", help="With --nnodes > 1: a free TCP port on node rank 0's machine."),
         json_out: bool = JsonFlag) -> None:
     """Run PLAN on local CPU processes emulating its cluster; print measured vs predicted step time."""
     from hetpart.errors import PlanError
     from hetpart.plan import load_plan
-    from hetpart.runtime.launch import RunOptions, run_plan
+    from hetpart.runtime.launch import LocalRunResult, Nodes, run_plan, RunOptions
 
     if log_every < 0:
         raise PlanError(f"--log-every: must be a whole number >= 0, got {log_every}")
@@ -47,12 +51,28 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         raise PlanError(f"--hang-timeout: must be > 0 seconds, got {hang_timeout:g}; give seconds such as 120")
     if links is not None and links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
+    if nnodes > 1:  # real devices on several machines: the emulation slows one machine's CPU
+        given = [flag for flag, on in (("--time-factor", time_factor is not None), ("--links", links is not None),
+                                       ("--netem", netem)) if on]
+        if given:
+            raise PlanError(f"{', '.join(given)}: only shape the emulation of a cluster on one machine, and --nnodes "
+                            f"{nnodes} runs the real devices of {nnodes} machines; drop {'them' if len(given) > 1 else 'it'}")
+        if not master_addr:
+            raise PlanError(f"--master-addr: needed with --nnodes {nnodes}: the address of node rank 0's machine "
+                            "(the same on every machine)")
+        if not no_emulation and log_every:
+            import sys
+
+            print(f"hetpart run: --nnodes {nnodes}: running without emulation (as --no-emulation): the real devices "
+                  "at their own speed", file=sys.stderr, flush=True)
+        no_emulation = True
     if no_emulation:  # these only shape the emulation: silently ignored, they looked applied
         given = [flag for flag, on in (("--time-factor", time_factor is not None), ("--links", links is not None),
                                        ("--netem", netem)) if on]
         if given:
             raise PlanError(f"{', '.join(given)}: only shape the emulation, and --no-emulation turns it off; drop "
                             f"{'them' if len(given) > 1 else 'it'} or run without --no-emulation")
+    nodes = Nodes(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr or "127.0.0.1", master_port=master_port)
     plan = _check_precision(load_plan(plan_path), plan_path, model, cluster)
     options = RunOptions(steps=steps, warmup=warmup, scale=hidden_size if hidden_size is not None else scale, seed=seed,
                          time_factor=time_factor, balance_links=links in (None, "balanced"), emulate=not no_emulation,
@@ -62,9 +82,16 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
-                          on_progress=_Progress(log_every, track, emulate=not no_emulation), source=plan_path)
+                          on_progress=_Progress(log_every, track, emulate=not no_emulation), source=plan_path,
+                          nodes=nodes)
     finally:
         track.finish()
+    if isinstance(result, LocalRunResult):  # another machine than node rank 0: its own ranks only
+        if json_out:
+            emit_json(result.summary())
+        else:
+            _show_local(result)
+        return
     if json_out:
         emit_json(result.summary())
     else:
@@ -163,6 +190,11 @@ def _show(result) -> None:
     m, p = s["measured"], s["predicted"]
     out = console()
     out.print(_headline(s))
+    if s.get("nodes"):
+        n = s["nodes"]
+        out.print(f"ran on {n['nnodes']} machines: " + "; ".join(
+            f"node rank {g['node_rank']}: ranks {','.join(str(r) for r in g['ranks'])} ({','.join(g['devices'])})"
+            for g in n["ranks"]))
     if s.get("resumed_from"):
         out.print(f"resumed from step {s['resumed_from']} (the checkpoint's); the measured steps follow it")
     t = Table(title=f"{s['steps']} measured steps after {s['warmup']} warm-up")
@@ -188,6 +220,19 @@ def _show(result) -> None:
               + ", ".join(f"{k} {v * 1e3:.1f} MB" for k, v in m["peak_memory_gb"].items()) + f" ({m['memory_method']})")
     if s["run_dir"]:
         out.print(f"rank files: {s['run_dir']}")
+
+
+def _show_local(result) -> None:
+    """What a machine other than node rank 0 prints: its ranks' measured step times and losses."""
+    n = result.nodes
+    out = console()
+    out.print(f"node rank {n.node_rank} of {n.nnodes}: this machine's ranks; node rank 0 ({n.master_addr}) prints "
+              "the whole run's measurements")
+    for r in result.ranks:
+        out.print(f"rank {r['rank']} ({r['device']}): step times "
+                  f"{', '.join(f'{x:.4f}' for x in r['step_times_s'])} s; losses {', '.join(f'{x:.4f}' for x in r['losses'])}")
+    if result.run_dir:
+        out.print(f"rank files: {result.run_dir}")
 
 
 def _headline(s: dict) -> str:
