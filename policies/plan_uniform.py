@@ -75,6 +75,9 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
             _best_uniform, model, view, workload, ev))
     if best is None:
         n = cluster.num_devices
+        batch_error = _batch_is_the_cause(model, cluster, workload)
+        if batch_error is not None:
+            raise batch_error
         if next(uniform_grid(model, cluster, workload), None) is None:  # not memory: no grid covers the devices
             per_node = min(g.gpus_per_node for g in cluster.groups)
             raise WorkloadError(
@@ -96,3 +99,24 @@ def _best_uniform(model, cluster, workload, evaluate: Evaluator) -> Evaluated | 
 UNIFORM = FunctionPlanner("uniform", plan_uniform, frozenset(),
                           "Megatron-LM's uniform tp x pp x dp grid, heterogeneity-unaware")
 """The registry's ``uniform`` planner (takes no options)."""
+
+
+def _batch_is_the_cause(model, cluster, workload) -> WorkloadError | None:
+    """Where the global batch divides by no data-parallel degree of a grid that would fit (a batch of 7 on 26
+    devices), the error that says so; ``None`` where a batch that every grid's dp divides fits no better."""
+    from dataclasses import replace
+
+    n = cluster.num_devices
+    relaxed = replace(workload, global_batch=workload.global_batch * n)  # every grid's dp divides n
+    if set(uniform_grid(model, cluster, relaxed)) == set(uniform_grid(model, cluster, workload)):
+        return None
+    best = with_full_shard_fallback(_best_uniform, model, cluster, relaxed, Evaluator(model, cluster, relaxed))
+    if best is None:
+        return None
+    dp = len(best.plan.replicas)
+    batch = -(-workload.global_batch // dp) * dp
+    return WorkloadError(
+        f"uniform planner: no plan for {model.name} (global batch {workload.global_batch}) on {cluster.name}: "
+        f"the global batch is the cause, not memory: {workload.global_batch} sequences split evenly over the "
+        f"data-parallel copies of no grid over its {n} devices that fits (the fastest such grid has dp {dp}); use "
+        f"--global-batch {batch} (a multiple of {dp}), or --planner search (any split of the devices, some left idle)")
