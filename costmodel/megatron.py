@@ -75,11 +75,14 @@ def _check_grid(model: ModelGraph, cluster: Cluster, workload: Workload, tp: int
             raise PlanError(f"--{name.replace('_', '-')}: must be a whole number >= 1, got {value!r}")
     need = tp * cp * pp * dp
     if need > cluster.num_devices:
+        # only the dimensions above 1 can go down (--tp 2 on one GPU: tp, not pp or dp)
+        down = [f"--{n}" for n, value in (("pp", pp), ("dp", dp), ("cp", cp), ("tp", tp)) if value > 1]
+        lower = "lower " + (" or ".join(down) if len(down) < 3 else ", ".join(down[:-1]) + " or " + down[-1])
         if cp == 1:
             raise PlanError(f"--tp/--pp/--dp: {tp} x {pp} x {dp} = {need} devices but cluster {cluster.name!r} has "
-                            f"{cluster.num_devices}; lower pp or dp")
+                            f"{cluster.num_devices}; {lower}")
         raise PlanError(f"--tp/--cp/--pp/--dp: {tp} x {cp} x {pp} x {dp} = {need} devices but cluster "
-                        f"{cluster.name!r} has {cluster.num_devices}; lower cp, pp or dp")
+                        f"{cluster.name!r} has {cluster.num_devices}; {lower}")
     if workload.global_batch % (dp * micro_batch):
         raise WorkloadError(f"--global-batch: {workload.global_batch} is not divisible by dp x micro_batch = "
                             f"{dp} x {micro_batch}; use a multiple of {dp * micro_batch}")
