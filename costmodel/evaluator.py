@@ -51,14 +51,22 @@ class Evaluated:
         return self.estimate.step_time_s
 
 
+_RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
+"""Less recomputation first on a tie: the pricing can make selective free (Megatron's, under fused attention)
+where hetpart's own runtime pays for it."""
+
+
 def best_of(candidates: Iterable[Evaluated | None]) -> Evaluated | None:
-    """The fastest candidate (ties: fewest devices, then first seen)."""
+    """The fastest candidate (ties: fewest devices, then least recomputation, then first seen)."""
     best = None
     for c in candidates:
         if c is None:
             continue
         if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-12) or (
-                c.tokens_per_s >= best.tokens_per_s * (1 - 1e-12) and c.plan.num_devices < best.plan.num_devices):
+                c.tokens_per_s >= best.tokens_per_s * (1 - 1e-12) and (
+                    c.plan.num_devices < best.plan.num_devices or (
+                        c.plan.num_devices == best.plan.num_devices
+                        and _RECOMPUTE_RANK.get(c.plan.recompute, 3) < _RECOMPUTE_RANK.get(best.plan.recompute, 3)))):
             best = c
     return best
 

@@ -58,3 +58,49 @@ def test_f8_devices_below_the_reserve_are_named_not_given_negative_gigabytes(cap
                        "fragmentation), so nothing can be placed on them; check memory_gb (GiB, e.g. 80 for an "
                        "80 GB card) or use GPUs with more memory\n")
         assert "-" not in err.split("fits x:")[1].split("GB")[0]
+
+
+def test_f11_uniform_names_an_indivisible_batch_not_memory(capsys, tmp_path: Path) -> None:
+    path = _cluster(tmp_path, "{count: 1, gpus_per_node: 7, gpu: A100-80GB, intra_node: NVLink3, nic: IB-HDR}",
+                    "{count: 2, gpus_per_node: 5, gpu: A6000-48GB, intra_node: PCIe4, nic: Ethernet-100}",
+                    "{count: 3, gpus_per_node: 3, gpu: L4-24GB, intra_node: PCIe4, nic: Ethernet-25}")
+    err = _error(capsys, "plan", "-m", "gpt2-small", "-c", path, "--global-batch", "7", "--seq-len", "512",
+                 "--planner", "uniform")
+    assert err == ("hetpart: error: uniform planner: no plan for gpt2-small (global batch 7) on x: the global batch is "
+                   "the cause, not memory: 7 sequences split evenly over the data-parallel copies of no grid over its "
+                   "26 devices that fits (the fastest such grid has dp 26); use --global-batch 26 (a multiple of 26), "
+                   "or --planner search (any split of the devices, some left idle)\n")
+    assert "fits in memory" not in err
+    code, _, err = run_cli(capsys, "plan", "-m", "gpt2-small", "-c", path, "--global-batch", "26", "--seq-len", "512",
+                           "--planner", "uniform")
+    assert code == 0, err
+
+
+def test_f12_predict_grid_error_names_the_dimensions_that_can_go_down(capsys, tmp_path: Path) -> None:
+    path = _cluster(tmp_path, "{count: 1, gpus_per_node: 1, gpu: H200-141GB, intra_node: NVLink4, nic: IB-NDR}")
+    base = ("predict", "-m", "gpt2-small", "-c", path, "--global-batch", "16", "--seq-len", "512", "--micro-batch", "1")
+    err = _error(capsys, *base, "--tp", "2", "--pp", "1", "--dp", "1")
+    assert err == "hetpart: error: --tp/--pp/--dp: 2 x 1 x 1 = 2 devices but cluster 'x' has 1; lower --tp\n"
+    err = _error(capsys, *base, "--tp", "1", "--pp", "2", "--dp", "2")
+    assert err.endswith("2 devices but cluster 'x' has 1; lower --pp or --dp\n".replace("2 devices", "4 devices"))
+    err = _error(capsys, *base, "--tp", "2", "--pp", "2", "--dp", "2")
+    assert err.endswith("; lower --pp, --dp or --tp\n")
+
+
+def test_f9_an_exact_tie_breaks_towards_less_recompute(capsys, tmp_path: Path) -> None:
+    from hetpart.costmodel.evaluator import best_of
+
+    class _E:  # best_of reads tokens/s and the plan's device count and recompute mode
+        def __init__(self, tokens: float, recompute: str) -> None:
+            self.tokens_per_s = tokens
+            self.plan = type("P", (), {"num_devices": 4, "recompute": recompute})()
+
+    sel, none, full = _E(100.0, "selective"), _E(100.0, "none"), _E(100.0, "full")
+    assert best_of([sel, none]) is none and best_of([none, sel]) is none and best_of([full, sel]) is sel
+    faster = _E(100.0 * (1 + 1e-9), "selective")
+    assert best_of([none, faster]) is faster  # a real difference still wins
+    path = _cluster(tmp_path, "{count: 1, gpus: [{gpu: H100-80GB, count: 2}, {gpu: A100-80GB, count: 2}, "
+                              "{gpu: L4-24GB, count: 3}], intra_node: PCIe5, nic: Ethernet-100}")
+    data = cli_json(capsys, "plan", "-m", "gpt3-1.3b", "-c", path, "--global-batch", "64", "--seq-len", "2048",
+                    "--json")
+    assert data["plan"]["recompute"] == "none"  # selective priced identically here (probe B s02); was "selective"
