@@ -64,7 +64,7 @@ def test_a_view_asked_again_with_the_same_real_devices_is_answered_from_the_cach
 
     model, cluster, workload = case
     views = _views(case)
-    answer = SimpleNamespace(tokens_per_s=5.0, plan=SimpleNamespace(num_devices=4))
+    answer = SimpleNamespace(tokens_per_s=5.0, plan=SimpleNamespace(num_devices=4, recompute="none"))
     calls = []
     guarded = views.planner("policy", lambda view, ev: calls.append(view) or answer)
     view = fewer_nodes(cluster, 1)
