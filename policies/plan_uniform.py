@@ -34,6 +34,8 @@ def uniform_grid(model: "ModelGraph", cluster: "Cluster", workload: "Workload") 
     for tp in divisors(per_node):
         if heads % tp or (tp > 1 and model.traced):
             continue
+        if any(g.gpus_per_node % tp for g in cluster.groups):  # a TP group would cross a node (and tp * pp * dp < n)
+            continue
         for pp in divisors(n // tp):
             dp = n // (tp * pp)
             if pp <= model.num_units and workload.global_batch % dp == 0:
@@ -82,7 +84,7 @@ def plan_uniform(model: "ModelGraph", cluster: "Cluster", workload: "Workload", 
             per_node = min(g.gpus_per_node for g in cluster.groups)
             raise WorkloadError(
                 f"uniform planner: no plan for {model.name} (global batch {workload.global_batch}) on {cluster.name}: "
-                f"no tp x pp x dp grid covers its {n} devices (tp divides the smallest node's {per_node} GPUs and "
+                f"no tp x pp x dp grid covers its {n} devices (tp divides every node's GPUs (the smallest has {per_node}) and "
                 f"the {model.num_heads or 1} heads, pp is at most the model's {model.num_units} units, dp divides "
                 "the global batch); use a global batch or a device count that factors so, or --planner search "
                 "(any split of the devices, some left idle)")
