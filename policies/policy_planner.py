@@ -69,19 +69,37 @@ class Decoded:
 
 @lru_cache(maxsize=4)
 def load_policy(path: str):
-    """The trained :class:`~hetpart.policies.gnn.PointerPolicy` of a MaskablePPO checkpoint (cached)."""
-    from hetpart.policies.gnn import PlanGNNExtractor, PointerPolicy
+    """The decoding network (:class:`~hetpart.policies.gnn.PlanGNN`) of a MaskablePPO checkpoint (cached).
+
+    Read from the plain state-dict file beside the checkpoint (:func:`~hetpart.policies.gnn.network_path`) when it
+    was taken from this checkpoint (its SHA-256), without SB3: loading SB3 and rebuilding the whole algorithm took
+    about 5 of the 9 s a planning process spent loading the policy. Otherwise the checkpoint is loaded with SB3, its
+    actor's network taken (the same weights: the same actions) and the file written for the next process, where the
+    folder allows."""
+    from hetpart.policies.gnn import checkpoint_digest, load_network, network_of, network_path, save_network
 
     if not Path(path).is_file():
         raise SpecError(f"policy checkpoint: {path} does not exist; train one with "
                         "'hetpart train-policy --config experiments/configs/policy.yaml' or use --planner search")
+    digest = checkpoint_digest(path)
+    net = load_network(network_path(path), digest)
+    if net is not None:
+        return net
     from sb3_contrib import MaskablePPO
 
+    from hetpart.policies.gnn import PointerPolicy
+
     model = MaskablePPO.load(path, device="cpu", custom_objects={"policy_class": PointerPolicy})
-    policy = model.policy.eval()
-    if not isinstance(policy.features_extractor, PlanGNNExtractor):
-        raise SpecError(f"policy checkpoint: {path} was not trained with the GNN policy (PlanGNNExtractor)")
-    return policy
+    try:
+        net = network_of(model.policy.eval())
+    except ValueError as exc:
+        raise SpecError(f"policy checkpoint: {path} was not trained with the GNN pointer policy (PointerPolicy): "
+                        f"{exc}") from None
+    try:
+        save_network(net, network_path(path), digest)
+    except OSError:  # a read-only folder: the next process loads it with SB3 again
+        pass
+    return net
 
 
 class _Deadline(Evaluator):
@@ -134,28 +152,27 @@ _UNSPLIT = object()
 """In :meth:`_Deadline.with_splits`' memo: the plan needs no split (it is its own split version)."""
 
 
-def _run_network(policy, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator,
+def _run_network(net, states: list[StructureState], static: StaticFeatures, rng: np.random.Generator,
                  memo: dict | None = None) -> None:
-    """Advance every unfinished state by one decision (state 0 greedy, the others sampled). ``memo`` keeps
-    the model's embedding across the decode's passes (every state plans the same model)."""
+    """Advance every unfinished state by one decision (state 0 greedy, the others sampled) with ``net`` (a
+    :class:`~hetpart.policies.gnn.PlanGNN`: its logits are the pointer policy's action logits). ``memo`` keeps the
+    model's embedding across the decode's passes (every state plans the same model)."""
     import torch
 
-    from hetpart.policies.gnn import PlanGNNExtractor, logits_and_context, model_embedding
+    from hetpart.policies.gnn import logits_and_context, model_embedding
 
     active = [i for i, s in enumerate(states) if not s.done]
     obs = [observe(states[i], static) for i in active]
     batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
     masks = np.stack([states[i].action_mask() for i in active])
-    net = policy.pi_features_extractor
     with torch.no_grad():
-        if isinstance(net, PlanGNNExtractor) and memo is not None:
+        model = None
+        if memo is not None:
             if "model" not in memo:
                 memo["model"] = model_embedding(net, batch["units"][:1].reshape(1, *SHAPES["units"]),
                                                 batch["unit_mask"][:1])
-            features = torch.cat(logits_and_context(net, batch, memo["model"]), dim=-1)
-        else:
-            features = policy.extract_features(batch, net)
-        logits = policy.action_net(policy.mlp_extractor.forward_actor(features)).numpy().astype(float)
+            model = memo["model"]
+        logits = logits_and_context(net, batch, model)[0].numpy().astype(float)
     logits = np.where(masks, logits, -np.inf)
     for row, i in enumerate(active):
         if i == 0:
@@ -821,7 +838,15 @@ class PolicyPlanner:
     description: str = "the trained GNN policy: greedy + best-of-K structures, exact completion, search's refinement"
 
     def prepare(self, checkpoint: str | Path | None = None) -> None:
-        """Load the network once (``plan`` times planning, not reading the checkpoint)."""
+        """Load the network once (``plan`` times planning, not reading the checkpoint), and import what decoding
+        imports on first use (once per process, as loading is: SB3's load imported NumPy's random module, which
+        the decode's sampling needs, before the network came without it)."""
+        import numpy.random  # noqa: F401
+
+        import hetpart.policies.forked  # noqa: F401
+        import hetpart.policies.neighbourhood  # noqa: F401
+        import hetpart.policies.refine  # noqa: F401
+
         load_policy(str(checkpoint or DEFAULT_CHECKPOINT))
 
     def plan(self, model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, evaluator: Evaluator,
