@@ -744,6 +744,20 @@ class Executor:
         return StepResult(step=step, loss=loss, timing=timing, peak_memory_bytes=peak, memory_source=source,
                           tokens=self.plan.global_batch * self.plan.seq_len)
 
+    def memory_step(self, step: int) -> int:
+        """One more training step, every rank at once, counting live tensor bytes on this rank's CPU: their
+        peak during the step, the state held at its start (weights, last step's gradients, optimizer moments,
+        buffers) included, as ``torch.cuda.max_memory_allocated`` counts on a GPU
+        (:class:`hetpart.runtime.live_memory.LiveTensorBytes`). The counting slows the step several times: it
+        is not a timed step. It updates the weights like any step."""
+        from hetpart.runtime.live_memory import LiveTensorBytes, live_tensors
+
+        params = [p for m in self.stage_modules for p in m.parameters()] + list(self.params.values())
+        grads = [p.grad for p in params if p.grad is not None]
+        with LiveTensorBytes(self.device.type).hold(live_tensors(params, grads)) as mem:
+            self.step(step)
+        return mem.peak_bytes
+
     # ------------------------------------------------------------------------------- inspection
     def local_gradients(self) -> dict[str, LocalGrad]:
         """Every parameter's gradient as this rank holds it, by canonical key."""

@@ -91,6 +91,9 @@ class RunOptions:
     device: str = "auto"
     """Where the ranks run (:func:`run_device`): ``cpu``; ``cuda``, one GPU per rank, without emulation; ``auto``:
     ``cuda`` where that holds, else ``cpu``."""
+    check_gradients: bool = False
+    """Compare the loss and every gradient of the run's first step with the single-process reference
+    (:mod:`hetpart.runtime.gradcheck`; one more untimed forward and backward in every rank)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup", "checkpoint_every", "max_restarts"):
@@ -797,6 +800,8 @@ class RunResult:
     was appended, or no ``out`` was given)."""
     nodes: dict[str, Any] | None = None
     """Over several machines: ``nnodes``, ``master_addr``/``master_port`` and each node's ranks (None: one)."""
+    gradient_check: Any = None
+    """:class:`hetpart.runtime.gradcheck.GradientCheck` with ``check_gradients`` (None without)."""
 
     def summary(self) -> dict[str, Any]:
         """The ``hetpart run --json`` object (shared/CONTRACT.md)."""
@@ -809,7 +814,8 @@ class RunResult:
                 "emulation": self.emulation, "cluster": self.record.cluster["name"],
                 "run_dir": self.run_dir, "resumed_from": self.resumed_from,
                 **({"record_error": self.record_error} if self.record_error else {}),
-                **({"nodes": self.nodes} if self.nodes else {})}
+                **({"nodes": self.nodes} if self.nodes else {}),
+                **({"gradient_check": self.gradient_check.to_dict()} if self.gradient_check is not None else {})}
 
 
 def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
@@ -857,6 +863,9 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     from hetpart.runtime import measure
 
     model_spec, cluster_spec = plan_sources(plan, model, cluster)
+    if options.check_gradients and nodes is not None and nodes.multi:
+        raise PlanError("--check-gradients: compares every rank's gradients on one machine and this run spans "
+                        f"{nodes.nnodes}; run the plan on one machine to check it")
     if out is not None:  # a directory or a foreign file was found only after every step had run
         from hetpart.records import check_records_target
 
@@ -879,6 +888,11 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         return LocalRunResult(nodes=prep.nodes, ranks=[_local_rank_summary(r, warmup) for r in results],
                               run_dir=None if temporary else str(run_dir))
     measured = measure.summarize(results, small, prep.cluster, small.seq_len, warmup)
+    gradient_check = None
+    if options.check_gradients:
+        from hetpart.runtime.gradcheck import check_gradients
+
+        gradient_check = check_gradients(prep.runnable, small, run_dir, len(prep.rank_devices))
     if profile is None and job.get("profile_units"):
         from hetpart.runtime.calibrate import profile_from_samples
 
@@ -892,7 +906,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     if options.emulate:
         emulation, emu = _emulation_used(prep, warmup, job, results, emulation, profile is not None)
         used = emulated_profile(profile, prep.cluster, small, prep.plan.precision) if profile is not None else None
-        predicted = measure.predict(prep.run_graph, emu, small, profile=used)
+        predicted = measure.by_real_gpu(measure.predict(prep.run_graph, emu, small, profile=used), emu, prep.cluster)
     elif profile is not None:  # this machine's own speed: the profile prices it directly
         if options.profile is not None:  # timed one process at a time: the ranks share this host's cores
             profile = profile.sharing_cores(len(prep.local_ranks), host_cores())
@@ -916,7 +930,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     return RunResult(measured=measured, predicted=predicted, record=record, run_dir=None if temporary else str(run_dir),
                      model=model_summary(prep, options), emulation=emulation,
                      resumed_from=min(r["first_step"] for r in results) or None, record_error=record_error,
-                     nodes=_nodes_summary(prep) if prep.nodes.multi else None)
+                     nodes=_nodes_summary(prep) if prep.nodes.multi else None, gradient_check=gradient_check)
 
 
 def _nodes_summary(prep: PreparedRun) -> dict[str, Any]:
@@ -1025,7 +1039,7 @@ def _job(prep: PreparedRun, options: RunOptions, checkpoint_dir: str | None, fir
             "emulation": emulation if options.emulate else None,
             "fault": options.fault.to_dict() if options.fault else None,
             "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
-            "checkpoint_every": options.checkpoint_every,
+            "checkpoint_every": options.checkpoint_every, "check_gradients": options.check_gradients,
             # written into hetpart_checkpoint.json, checked by the next run before any rank starts
             "checkpoint_identity": prep.checkpoint_identity or None,
             # the ranks time their units before and after the steps: the prediction's profile

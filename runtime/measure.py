@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["HostRates", "measure_host_rates", "matmul_tflops", "memory_gbyte_s", "Measurement", "summarize",
-           "predict", "Calibration", "calibrate", "warmup_tflops"]
+           "predict", "by_real_gpu", "Calibration", "calibrate", "warmup_tflops"]
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,17 @@ class Measurement:
     ranks: tuple[dict[str, Any], ...]
     """Per rank: device, step time, compute/comm/idle per step, peak memory."""
     peak_memory_gb: dict[str, float]
-    """Per device type (the plan's), the largest peak over its ranks."""
+    """Per device type (the plan's, as the prediction's ``peak_memory_gb`` is keyed), the largest peak over its
+    ranks."""
     memory_method: str
+    """How the peaks were read: ``live_tensors`` (on CPU: the bytes of live tensors at their peak in one extra,
+    untimed step, :mod:`hetpart.runtime.live_memory`), ``cuda_max_allocated`` (the CUDA allocator's peak over
+    the measured steps), or from older runs ``rss_peak_delta``/``rss_peak_since_start`` (resident-set growth)."""
     steps: int
     warmup: int
+    rss_peak_delta_gb: dict[str, float] = field(default_factory=dict)
+    """On CPU, per device type: the largest growth of a rank's resident set during a measured step (what
+    ``peak_memory_gb`` held before ``live_tensors``; it misses tensors placed in pages already resident)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,14 +124,18 @@ def summarize(results: Sequence[dict[str, Any]], plan, cluster, seq_len: int, wa
     ranks = tuple(_rank_summary(r, s[:n]) for r, s in zip(results, steps))
     gpu = {d.id: d.gpu.name for d in cluster.devices}
     peak: dict[str, float] = {}
+    rss: dict[str, float] = {}
     for r in ranks:
         peak[gpu[r["device"]]] = max(peak.get(gpu[r["device"]], 0.0), r["peak_memory_gb"])
+        if "rss_peak_delta_gb" in r:
+            rss[gpu[r["device"]]] = max(rss.get(gpu[r["device"]], 0.0), r["rss_peak_delta_gb"])
     losses = tuple(results[0]["losses"])
     return Measurement(step_time_s=step_time, tokens_per_s=plan.global_batch * seq_len / step_time,
                        samples_per_s=plan.global_batch / step_time, step_times_s=tuple(slowest),
                        step_time_std_s=statistics.pstdev(slowest), losses=losses,
                        stages=_stage_summary(ranks, plan), ranks=ranks, peak_memory_gb=peak,
-                       memory_method=str(results[0].get("memory_method", "")), steps=n, warmup=warmup)
+                       memory_method=str(results[0].get("memory_method", "")), steps=n, warmup=warmup,
+                       rss_peak_delta_gb=rss)
 
 
 def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,7 +146,9 @@ def _rank_summary(result: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
             "idle_s": mean("idle_s"),
             "emulated_slowdown_s": mean("slowdown_s"), "emulated_comm_s": mean("emulated_comm_s"),
             "measured_compute_s": mean("measured_compute_s"),
-            "peak_memory_gb": float(result.get("peak_memory_bytes", 0)) / 1e9}
+            "peak_memory_gb": float(result.get("peak_memory_bytes", 0)) / 1e9,
+            **({"rss_peak_delta_gb": float(result["rss_peak_delta_bytes"]) / 1e9}
+               if "rss_peak_delta_bytes" in result else {})}
 
 
 def _stage_summary(ranks: Sequence[dict[str, Any]], plan) -> tuple[dict[str, Any], ...]:
@@ -193,6 +206,19 @@ def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
     out["predictor"] = {"name": chosen.name, "version": chosen.version, "options": options}
     out["provenance"] = pred.provenance
     out["breakdown"] = pred.breakdown
+    return out
+
+
+def by_real_gpu(predicted: dict[str, Any], emulated, real) -> dict[str, Any]:
+    """``predicted`` with its per-device-type metrics keyed by the real cluster's GPU names, as the measured
+    ones are: the emulated cluster names its types ``emu-<name>`` (:func:`hetpart.runtime.emulation.emulated_cluster`),
+    so ``peak_memory_gb`` read ``emu-A100-80GB`` where the measurement read ``A100-80GB``."""
+    names = {e.name: r.name for eg, rg in zip(emulated.groups, real.groups)
+             for (e, _), (r, _) in zip(eg.gpu_counts, rg.gpu_counts)}
+    out = dict(predicted)
+    for key, value in predicted.items():
+        if isinstance(value, dict) and value and set(value) <= set(names):
+            out[key] = {names[k]: v for k, v in value.items()}
     return out
 
 

@@ -55,14 +55,15 @@ class Scale:
     num_heads: int
     """Attention heads (raised to a multiple of the plan's largest tensor-parallel degree)."""
     vocab_size: int
-    """Vocabulary of the shrunken model."""
+    """The largest vocabulary of the shrunken model (its vocabulary keeps the full model's vocabulary to width
+    ratio, :func:`scaled_config`)."""
     seq_len: int
     """Largest sequence length the shrunken run uses."""
 
 
 SCALES: dict[str, Scale] = {
-    "tiny": Scale(hidden_size=64, num_heads=4, vocab_size=256, seq_len=32),
-    "small": Scale(hidden_size=256, num_heads=8, vocab_size=2048, seq_len=128),
+    "tiny": Scale(hidden_size=64, num_heads=4, vocab_size=8192, seq_len=32),
+    "small": Scale(hidden_size=256, num_heads=8, vocab_size=32768, seq_len=128),
 }
 
 
@@ -75,7 +76,7 @@ def _scale_of(scale: str | int) -> Scale:
         if not 8 <= scale <= 65536:
             raise ModelError(f"--hidden-size: {scale} is outside 8..65536; give a hidden size such as 128")
         heads = max(1, scale // 32)
-        return Scale(hidden_size=scale, num_heads=heads, vocab_size=min(32768, 8 * scale), seq_len=min(512, scale))
+        return Scale(hidden_size=scale, num_heads=heads, vocab_size=128 * scale, seq_len=min(512, scale))
     if scale not in SCALES:
         raise ModelError(f"--scale: unknown scale {scale!r}; use tiny, small or a hidden size such as 128")
     return SCALES[scale]
@@ -83,6 +84,12 @@ def _scale_of(scale: str | int) -> Scale:
 
 def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_multiple_of: int = 1) -> TransformerConfig:
     """The same family and number of units with a small hidden size, head count and vocabulary.
+
+    What makes a family itself stays: the ratios of grouped-query heads, MLP width and vocabulary to the width
+    (so the head weighs as many blocks as in the full model, and llama3-8b's 128,256 tokens do not shrink to
+    mistral-7b's 32,000's size), the query width where heads are wider than ``hidden / heads`` (Gemma, Qwen3),
+    and every flag (tied embeddings, norm, activation, biases, positions, sliding windows, head task). A
+    window stays as long as it was: the shrunken run's sequences are shorter than any published window.
 
     Args:
         config: the full-size shape.
@@ -93,8 +100,8 @@ def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_mu
     Example:
         >>> from hetpart.catalog.models import MODEL_CATALOG
         >>> c = scaled_config(MODEL_CATALOG["llama2-70b"], "tiny", heads_multiple_of=2)
-        >>> (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads)
-        (80, 64, 4, 2)
+        >>> (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size)
+        (80, 64, 4, 2, 256)
     """
     s = _scale_of(scale)
     m = max(1, heads_multiple_of)
@@ -108,9 +115,24 @@ def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_mu
     ffn = max(m, int(round(hidden * ffn_ratio / (2 * m))) * 2 * m)
     return replace(
         config, hidden_size=hidden, num_heads=heads, num_kv_heads=kv if config.num_kv_heads else 0,
-        ffn_hidden_size=ffn, vocab_size=min(config.vocab_size, s.vocab_size),
-        max_positions=max(s.seq_len, 8), embed_dim=0, position_offset=0, head_size=0, published_params=0.0,
+        ffn_hidden_size=ffn, vocab_size=_scaled_vocab(config, hidden, s.vocab_size),
+        max_positions=max(s.seq_len, 8), embed_dim=0, position_offset=0,
+        head_size=_scaled_head_size(config, hidden, heads), published_params=0.0,
     )
+
+
+def _scaled_vocab(config: TransformerConfig, hidden: int, cap: int) -> int:
+    """The vocabulary at the full model's vocabulary / width ratio, in whole tiles of 64 rows (at least one)."""
+    rows = config.vocab_size * hidden / config.hidden_size
+    return min(config.vocab_size, cap, max(64, -(-int(round(rows)) // 64) * 64))
+
+
+def _scaled_head_size(config: TransformerConfig, hidden: int, heads: int) -> int:
+    """Heads as much wider than ``hidden / heads`` as the full model's (0: not apart), an even width (rotary)."""
+    if not config.head_size:
+        return 0
+    width = max(2, 2 * int(round(config.q_dim / config.hidden_size * hidden / heads / 2)))
+    return 0 if width * heads == hidden else width
 
 
 def scaled_seq_len(seq_len: int, scale: str | int = "tiny") -> int:

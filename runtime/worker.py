@@ -327,6 +327,10 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
 
         start = load_checkpoint(ckpt, executor, job.get("checkpoint_identity"))
         heartbeat.resumed_from = start if start else None
+    if job.get("check_gradients"):  # the gate's pass, on the weights the run starts from (hetpart run --check-gradients)
+        from hetpart.runtime.gradcheck import save_gradients
+
+        _unslowed(hooks, save_gradients, executor, run_dir, start)
     profiled = [_unit_profile(job, plan, heartbeat, executor.device)]
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
     every = int(job.get("checkpoint_every") or 0)
@@ -348,14 +352,35 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     # (the optimizer's moments at the first step), which the steps after it hold from their start
     measure_from = int(job.get("measure_from", int(job.get("first_step", 0)) + job["warmup"]))
     peak = max(s["peak_memory_bytes"] for s in ([s for s in steps if s["step"] >= measure_from] or steps))
+    memory = {"peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"] if steps else ""}
+    if steps and executor.device.type == "cpu":  # the resident set misses tensors in resident pages: count them
+        memory = {"peak_memory_bytes": _memory_step(executor, hooks, end - 1), "memory_method": "live_tensors",
+                  "rss_peak_delta_bytes": int(peak)}
     profiled.append(_unit_profile(job, plan, heartbeat, executor.device))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
-            "losses": losses, "peak_memory_bytes": int(peak), "memory_method": steps[-1]["memory_source"],
+            "losses": losses, **memory,
             "schedule_used": getattr(executor, "schedule_used", plan.schedule), "emulation": emulation,
             "profile_samples": [p for p in profiled if p is not None],
             **({"torchrun_rank": int(os.environ["RANK"]), "node_rank": int(job["nodes"]["node_rank"])}
                if job.get("local_ranks") is not None else {})}
+
+
+def _memory_step(executor, hooks: WorkerHooks, step: int) -> int:
+    """Live tensor bytes at their peak in one more step (the data of ``step`` again), after the measured steps and
+    their checkpoint: the counting makes it several times slower than a step, so it is not timed, and neither
+    slowed nor shaped."""
+    return _unslowed(hooks, executor.memory_step, step)
+
+
+def _unslowed(hooks: WorkerHooks, fn, *args):
+    """``fn(*args)`` with the emulation's delays and the injected fault off (an untimed pass of every rank)."""
+    saved = hooks.emulator, hooks.board, hooks.fault
+    hooks.emulator = hooks.board = hooks.fault = None
+    try:
+        return fn(*args)
+    finally:
+        hooks.emulator, hooks.board, hooks.fault = saved
 
 
 def _gather_results(result: dict[str, Any], run_dir: Path, rank: int, world: int) -> None:

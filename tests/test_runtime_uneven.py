@@ -211,8 +211,8 @@ def test_runtime_split_scales_a_plan_split_to_the_shrunken_model() -> None:
     split = runtime_split(TPSplit(heads=(5, 5, 3, 3), ffn=(1280, 1280, 768, 768)), cfg, 4)
     assert split.heads == (5, 5, 3, 3) and sum(split.ffn) == cfg.ffn
     assert split.ffn[0] > split.ffn[3] and split.vocab == ()
-    vocab = runtime_split(TPSplit(vocab=(20000, 20000, 5129, 5128)), cfg, 4).vocab  # 50,257 rows -> 256
-    assert vocab == (102, 102, 26, 26)  # largest remainder: 101.9, 101.9, 26.1, 26.1
+    vocab = runtime_split(TPSplit(vocab=(20000, 20000, 5129, 5128)), cfg, 4).vocab  # 50,257 rows -> 3,200
+    assert vocab == (1273, 1273, 327, 327)  # largest remainder: 1273.45, 1273.45, 326.58, 326.51
 
 
 def test_a_split_shrunk_to_a_tiled_width_stays_in_whole_tiles() -> None:
@@ -241,6 +241,6 @@ def test_a_plan_vocabulary_split_keeps_its_ratio_in_the_shrunken_model() -> None
     cfg = scaled_config(MODEL_CATALOG["gpt2-medium"], "tiny", heads_multiple_of=2)
     plan = _plan(Replica(1.0, (_st(0, 26, A, vocab=(31411, 18846)),)))
     scaled, notes = scale_plan_splits(plan, cfg)
-    assert scaled.replicas[0].stages[0].tp_split == TPSplit(vocab=(160, 96))
-    assert notes == ["replicas[0].stages[0]: vocabulary [31411, 18846] runs as [160, 96] of the 256 rows of the "
+    assert scaled.replicas[0].stages[0].tp_split == TPSplit(vocab=(2000, 1200))
+    assert notes == ["replicas[0].stages[0]: vocabulary [31411, 18846] runs as [2000, 1200] of the 3200 rows of the "
                      "shrunken model"]

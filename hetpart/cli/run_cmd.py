@@ -39,6 +39,11 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         node_rank: int = typer.Option(0, "--node-rank", help="This machine's place, 0 to --nnodes - 1: it runs the plan's devices on the K-th cluster node the plan uses (in the plan's rank order)."),
         master_addr: Optional[str] = typer.Option(None, "--master-addr", help="With --nnodes > 1: the address of node rank 0's machine (every machine must reach it)."),
         master_port: int = typer.Option(29500, "--master-port", help="With --nnodes > 1: a free TCP port on node rank 0's machine."),
+        check_gradients: bool = typer.Option(False, "--check-gradients", help="Also compare the loss and every gradient of "
+                                             "the first step with the whole model run in one process (one more untimed "
+                                             "forward and backward per rank); prints the largest errors per unit and "
+                                             "exits 1 where one is beyond the tolerance (gradients: |error| <= 1e-6 + "
+                                             "1e-4 |reference|; loss: 1e-5 relative)."),
         json_out: bool = JsonFlag) -> None:
     """Run PLAN on local CPU processes emulating its cluster; print measured vs predicted step time."""
     from hetpart.errors import PlanError
@@ -66,6 +71,9 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
             print(f"hetpart run: --nnodes {nnodes}: running without emulation (as --no-emulation): the real devices "
                   "at their own speed", file=sys.stderr, flush=True)
         no_emulation = True
+        if check_gradients:
+            raise PlanError(f"--check-gradients: compares every rank's gradients on one machine, and --nnodes {nnodes} "
+                            "spreads them over several; run the plan on one machine to check it, or drop --check-gradients")
     if no_emulation:  # these only shape the emulation: silently ignored, they looked applied
         given = [flag for flag, on in (("--time-factor", time_factor is not None), ("--links", links is not None),
                                        ("--netem", netem)) if on]
@@ -78,7 +86,8 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
                          time_factor=time_factor, balance_links=links in (None, "balanced"), emulate=not no_emulation,
                          checkpoint_dir=checkpoint,
                          checkpoint_every=checkpoint_every, max_restarts=max_restarts,
-                         hang_timeout_s=hang_timeout, netem=netem, profile=profile, device=device)
+                         hang_timeout_s=hang_timeout, netem=netem, profile=profile, device=device,
+                         check_gradients=check_gradients)
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
@@ -92,12 +101,24 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         else:
             _show_local(result)
         return
+    check = result.gradient_check
+    failed = check is not None and not check.passed
     if json_out:
-        emit_json(result.summary())
+        summary = result.summary()
+        if failed:
+            summary |= {"error": _mismatch_line(check), "kind": "gradient_mismatch"}
+        emit_json(summary)
     else:
         _show(result)
+        if check is not None:
+            _show_check(check)
         if track.run_dir is not None:
             console().print(f"tracked run: {track.run_dir}")
+    if failed:
+        import sys
+
+        print(f"hetpart: error: {_mismatch_line(check)}", file=sys.stderr)
+        raise typer.Exit(1)
     if result.record_error:  # the run's results were shown; only the record missed its file
         import sys
 
@@ -216,10 +237,51 @@ def _show(result) -> None:
                    ",".join(f"{a}-{b - 1}" for a, b in chunks),
                    ",".join(row["devices"]), *(f"{row[k]:.4f}" for k in ("compute_s", "comm_s", "optimizer_s", "idle_s")))
     out.print(st)
-    out.print(f"losses: {', '.join(f'{x:.4f}' for x in m['losses'])}; peak memory per device type: "
-              + ", ".join(f"{k} {v * 1e3:.1f} MB" for k, v in m["peak_memory_gb"].items()) + f" ({m['memory_method']})")
+    out.print(f"losses: {', '.join(f'{x:.4f}' for x in m['losses'])}")
+    out.print(_memory_line(m, p))
     if s["run_dir"]:
         out.print(f"rank files: {s['run_dir']}")
+
+
+def _mismatch_line(check) -> str:
+    return (f"--check-gradients: the run differs from the single-process reference at step {check.step}: "
+            f"{check.mismatches[0]}" + (f" (and {len(check.mismatches) - 1} more)" if len(check.mismatches) > 1 else ""))
+
+
+def _show_check(check) -> None:
+    from rich.table import Table
+
+    tol = check.tolerance
+    t = Table(title=f"gradient check, step {check.step}: {'PASSED' if check.passed else 'FAILED'} against the "
+                    f"single-process reference (|error| <= {tol['grad_atol']:g} + {tol['grad_rtol']:g} |reference|)")
+    for col in ("unit", "params", "max abs error", "max rel error", "worst parameter", "elements off"):
+        t.add_column(col, justify="right")
+    for g in check.groups:
+        t.add_row(g["group"], str(g["params"]), f"{g['max_abs_error']:.2e}", f"{g['max_rel_error']:.2e}", g["worst"],
+                  str(g["mismatched"]))
+    out = console()
+    out.print(t)
+    out.print(f"loss {check.loss:.6f}, reference {check.reference_loss:.6f} (relative error {check.loss_rel_error:.1e}, "
+              f"tolerance {tol['loss_rtol']:g}); max rel error: the worst parameter's largest error over its "
+              f"reference gradient's largest magnitude (gradients within {tol['grad_atol']:g} of zero: absolute "
+              "error only)")
+    for line in check.mismatches[:10]:
+        out.print(f"mismatch: {line}")
+
+
+def _memory_line(m: dict, p: dict | None) -> str:
+    """Peak memory per device type, measured and predicted under the same key (the plan's GPU names)."""
+    predicted = (p or {}).get("peak_memory_gb") or {}
+    parts = []
+    for gpu, gb in m["peak_memory_gb"].items():
+        text = f"{gpu} {gb * 1e3:.1f} MB measured"
+        if gpu in predicted:
+            text += f", {predicted[gpu] * 1e3:.1f} MB predicted ({100 * (predicted[gpu] / gb - 1):+.1f}%)" if gb > 0 else \
+                f", {predicted[gpu] * 1e3:.1f} MB predicted"
+        parts.append(text)
+    how = {"live_tensors": "bytes of live tensors at their peak, counted in one extra untimed step",
+           "cuda_max_allocated": "torch.cuda.max_memory_allocated"}.get(m["memory_method"], m["memory_method"])
+    return f"peak memory per device type: {'; '.join(parts)} ({how})"
 
 
 def _show_local(result) -> None:
