@@ -69,42 +69,64 @@ def on_or_below_diagonal(n: int) -> np.ndarray:
     return mask
 
 
+# The dynamic programs below run stage by stage over "best so far, per unit reached". The first stage starts
+# at unit 0 only, so its step is row 0 of its matrix; the last stage must end at unit n, so its step is
+# column n: two of the ``pp`` steps cost ``O(n)`` instead of ``O(n^2)`` (a two-stage pipeline's whole
+# program is ``O(n)``). Each gives what the full step gives, bit for bit: ``0 + x == x``, ``inf + x == inf``,
+# ``max(0, x) == x`` for the times here, and a minimum over rows that are ``inf`` is taken over the same values
+# (``tests/test_policy_partition_fast.py`` holds the full steps as references).
+
+
 def _minimax(costs: Sequence[np.ndarray]) -> float:
     """Smallest achievable bottleneck over all splits."""
-    n1 = costs[0].shape[0]
-    best = np.full(n1, math.inf)
-    best[0] = 0.0
-    for c in costs:
+    first, last = costs[0], costs[-1]
+    n = first.shape[0] - 1
+    if len(costs) == 1:
+        return float(np.maximum(0.0, first[0, n]))
+    best = np.maximum(0.0, first[0])
+    for c in costs[1:-1]:
         best = np.maximum(best[:, None], c).min(axis=0)
-    return float(best[-1])
+    return float(np.maximum(best, last[:, n]).min())
 
 
 def _least_sum(costs: Sequence[np.ndarray]) -> float:
     """Smallest sum of stage times (:func:`_min_sum` without a cap, its value only: no boundaries to trace)."""
-    best = np.full(costs[0].shape[0], math.inf)
-    best[0] = 0.0
-    for c in costs:
+    first, last = costs[0], costs[-1]
+    n = first.shape[0] - 1
+    if len(costs) == 1:
+        return float(first[0, n])
+    best = first[0]
+    for c in costs[1:-1]:
         best = (best[:, None] + c).min(axis=0)
-    return float(best[-1])
+    return float((best + last[:, n]).min())
 
 
 def _min_sum(costs: Sequence[np.ndarray], cap: float) -> tuple[float, tuple[int, ...]] | None:
-    """Smallest sum of stage times with every stage <= ``cap``, and its boundaries."""
-    n1 = costs[0].shape[0]
-    best = np.full(n1, math.inf)
-    best[0] = 0.0
+    """Smallest sum of stage times with every stage <= ``cap``, and its boundaries (ties: the earliest
+    boundary, as ``argmin`` picks)."""
+    first, last = costs[0], costs[-1]
+    n1 = first.shape[0]
+    n = n1 - 1
+    if len(costs) == 1:
+        value = float(first[0, n]) if first[0, n] <= cap else math.inf
+        return (value, (0, n)) if math.isfinite(value) else None
+    best = np.where(first[0] <= cap, first[0], math.inf)  # the first stage starts at 0: its choice is 0 everywhere
+    columns = np.arange(n1)
     choices = []
-    for c in costs:
+    for c in costs[1:-1]:
         total = best[:, None] + np.where(c <= cap, c, math.inf)
         arg = total.argmin(axis=0)
-        best = total[arg, np.arange(n1)]
+        best = total[arg, columns]
         choices.append(arg)
-    if not math.isfinite(best[-1]):
+    total = best + np.where(last[:, n] <= cap, last[:, n], math.inf)
+    end = int(total.argmin())
+    if not math.isfinite(total[end]):
         return None
-    bounds = [n1 - 1]
+    bounds = [n, end]
     for arg in reversed(choices):
         bounds.append(int(arg[bounds[-1]]))
-    return float(best[-1]), tuple(reversed(bounds))
+    bounds.append(0)
+    return float(total[end]), tuple(reversed(bounds))
 
 
 def _evaluate(costs: Sequence[np.ndarray], bounds: Sequence[int], m: int) -> Split:
@@ -115,16 +137,50 @@ def _evaluate(costs: Sequence[np.ndarray], bounds: Sequence[int], m: int) -> Spl
 def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray) -> np.ndarray:
     """Smallest sum of stage times with every stage <= ``caps[k]``, for every cap at once. Shapes:
     ``caps`` is ``[K]``, the result ``[K]`` (``inf`` where no split fits under the cap)."""
-    n1 = costs[0].shape[0]
-    best = np.full((len(caps), n1), math.inf)
-    best[:, 0] = 0.0
-    capped_of: dict[int, np.ndarray] = {}  # stages of one pool share one matrix: cap it once
-    for c in costs:
+    first, last = costs[0], costs[-1]
+    n = first.shape[0] - 1
+    column = caps[:, None]
+    if len(costs) == 1:
+        return np.where(first[0, n] <= caps, first[0, n], math.inf)
+    best = np.where(first[0][None, :] <= column, first[0][None, :], math.inf)  # [K, n + 1]
+    capped_of: dict[int, tuple] = {}  # stages of one pool share one matrix: cap it once
+    for c in costs[1:-1]:
         capped = capped_of.get(id(c))
         if capped is None:
-            capped = capped_of[id(c)] = np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf)
-        best = (best[:, :, None] + capped).min(axis=1)
-    return best[:, -1]
+            capped = capped_of[id(c)] = _capped(c, caps)
+        band, rows = capped
+        if rows is None:
+            best = (best[:, :, None] + band).min(axis=1)
+        else:  # only ranges [b - d, b) of d <= width units can fit: the same minimum over those rows alone
+            best = (best[:, rows] + band).min(axis=1)
+    end = last[:, n][None, :]
+    return (best + np.where(end <= column, end, math.inf)).min(axis=1)
+
+
+def _capped(c: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``c`` under every cap of ``caps`` for :func:`_min_sums`' step: ``(capped, None)``, ``capped[k, a, b]`` the
+    time of ``[a, b)`` where it is at most ``caps[k]`` (else ``inf``); or, where memory lets no stage hold more
+    than ``width`` units and that is under half the chain, the band ``(capped[k, d - 1, b], rows)`` of the ranges
+    ``[b - d, b)``, ``d = 1..width``, with ``rows[d - 1, b] = b - d`` (ranges before unit 0: ``inf``). Shapes:
+    ``[K, n + 1, n + 1]`` or ``[K, width, n + 1]`` and ``[width, n + 1]``."""
+    n1 = c.shape[0]
+    finite = np.isfinite(c)
+    width = int(_span(n1)[finite].max()) if finite.any() else 1
+    if 2 * width > n1:
+        return np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf), None
+    d = np.arange(1, width + 1)[:, None]
+    b = np.arange(n1)[None, :]
+    rows = b - d  # [width, n + 1]
+    band = np.where(rows >= 0, c[np.maximum(rows, 0), np.broadcast_to(b, rows.shape)], math.inf)
+    return np.where(band[None] <= caps[:, None, None], band[None], math.inf), np.maximum(rows, 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _span(n: int) -> np.ndarray:
+    """``[n, n]``: ``b - a`` (read-only: callers share it)."""
+    out = np.arange(n)[None, :] - np.arange(n)[:, None]
+    out.flags.writeable = False
+    return out
 
 
 def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int = 16,
