@@ -31,9 +31,12 @@ pipeline whose group holds one is priced at the group's pace (:func:`_pace`), so
 bottleneck values) and :func:`~hetpart.policies.partition.allocate_microbatches` the batch shares
 exactly (integer form of HAP's LP). Structures are visited in order of a lower bound and skipped once
 the bound can beat neither the ``top_k``-th best estimate nor the best estimate of its group (family
-and set of pools used). The ``top_k`` best structures and every group's best (both device placements
-of mixed pipelines) are then simulated, the best is refined by hill-climbing its layer
-boundaries and batch shares under the simulator, and the ``uniform`` and ``proportional`` planners'
+and set of pools used) nor, up to 256 devices, the best estimate of its basin (a mixed pipeline's pools in
+order and their tensor-parallel degrees, which the hill-climb cannot change) while that comes within 5% of the
+best estimate. The ``top_k`` best structures, every group's best and those basins' bests (both device placements
+of mixed pipelines) are then simulated; the best of each kind of candidate and of every basin within 2% of
+the level's best (:func:`_near_basins`) are refined by hill-climbing their layer
+boundaries and batch shares under the simulator (and interleaved), and the ``uniform`` and ``proportional`` planners'
 plans join as candidates, so ``search`` is never slower than either.
 """
 
@@ -43,6 +46,7 @@ import heapq
 import itertools
 import math
 import time
+import bisect
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
@@ -59,7 +63,7 @@ from hetpart.errors import PlanError, WorkloadError
 from hetpart.plan import Plan
 from hetpart.policies.common import FunctionPlanner, microbatch_options, no_plan_error, recompute_modes, sharding_levels
 from hetpart.policies.layout import assemble
-from hetpart.policies.partition import Split, allocate_microbatches, split_layers
+from hetpart.policies.partition import Split, _minimax, allocate_microbatches, split_layers
 from hetpart.policies.refine import refine
 from hetpart.policies.search_costs import CostTable, StageCosts
 
@@ -810,7 +814,16 @@ class _PoolConfig:
 
 
 def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) -> list[_PoolConfig]:
-    out: dict[bool, list[_PoolConfig]] = defaultdict(list)  # per memory assumption (:func:`_mask_fractions`)
+    """The best :attr:`~SearchOptions.configs_per_pool` configurations (tp, pp) of ``pool`` by
+    :attr:`_PoolConfig.rate` under each memory assumption (:func:`_mask_fractions`), fastest first.
+
+    Each configuration's rate is at most ``dp`` over its least bottleneck (:func:`~hetpart.policies.partition._minimax`,
+    one pass of the split's dynamic program; the sends only add): configurations are split in order of that bound,
+    and no more once the kept ones all beat the next bound. The same configurations in the same order as splitting
+    every one (:func:`~hetpart.policies.search_reference.pool_configs_reference`), in a third of the splits on
+    the 1,024-GPU acceptance entry's H100s."""
+    pending: dict[bool, list] = {}  # per memory assumption, in the order of its first configuration that fits
+    order = itertools.count()
     for tp in tp_options(pool, ctx.model):
         groups = tp_groups(pool, tp)
         for pp in divisors(len(groups)):
@@ -821,15 +834,31 @@ def _pool_configs(ctx: _Context, pool: Pool, mb: int, rc: str, total_mb: int) ->
             costs = ctx.table.get(pool, tp, mb, rc)
             for fraction in _mask_fractions(ctx, dp):
                 masks = [costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction) for j in range(pp)]
-                config = pool_config(ctx, pool, tp, pp, mb, costs, masks, m_est)
-                if config is not None:
-                    out[fraction == 0.0].append(config)
+                least = _minimax(masks)
+                if math.isfinite(least):  # (else nothing fits: no configuration)
+                    pending.setdefault(fraction == 0.0, []).append(
+                        (-dp / least, next(order), partial(pool_config, ctx, pool, tp, pp, mb, costs, masks, m_est)))
     kept: dict[tuple, _PoolConfig] = {}
-    for configs in out.values():  # the best of each memory assumption, once each
-        configs.sort(key=lambda c: -c.rate)
-        for c in configs[: ctx.options.configs_per_pool]:
+    for entries in pending.values():  # the best of each memory assumption, once each
+        for c in _fastest(entries, ctx.options.configs_per_pool):
             kept.setdefault((c.tp, c.pp, c.split.bounds), c)
     return sorted(kept.values(), key=lambda c: -c.rate)
+
+
+def _fastest(entries: list[tuple[float, int, Callable[[], _PoolConfig | None]]], count: int) -> list[_PoolConfig]:
+    """The ``count`` configurations of highest rate (ties: the first made), fastest first, of ``entries``
+    ``(-bound on the rate, order made, make)``, made in order of their bounds until no bound left can beat them
+    (a relative margin of 1e-9 covers the rounding of the sends added to a split's stages)."""
+    heapq.heapify(entries)
+    made: list[tuple[float, int, _PoolConfig]] = []
+    while entries:
+        if len(made) >= count and -made[count - 1][0] > -entries[0][0] * (1 + 1e-9):
+            break
+        _, index, make = heapq.heappop(entries)
+        config = make()
+        if config is not None:
+            bisect.insort(made, (-config.rate, index, config), key=lambda t: (t[0], t[1]))
+    return [c for _, _, c in made[:count]]
 
 
 def pool_config(ctx: _Context, pool: Pool, tp: int, pp: int, mb: int, costs: StageCosts, masks: list[np.ndarray],
@@ -883,6 +912,8 @@ def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[fl
     wl = ctx.workload
     for mb in microbatch_options(wl.global_batch, ctx.options.max_micro_batch):
         total = wl.global_batch // mb
+        if len(ctx.pools) == 1 and not _uneven_replicas(ctx, ctx.pools[0], total):
+            continue  # every point of one pool would be skipped below: its configurations are not worth splitting
         for rc in recompute_modes(wl):
             per_pool = [[None] + _pool_configs(ctx, p, mb, rc, total) for p in ctx.pools]
             for combo in itertools.product(*per_pool):
@@ -894,6 +925,18 @@ def typed_structures(ctx: _Context) -> Iterator[tuple[float, tuple, Callable[[fl
                 bound = total / sum(c.rate for c in chosen)
                 key = ("typed", tuple((c.pool.key, c.tp, c.pp) for c in chosen), mb, rc)
                 yield bound, key, _typed_scorer(ctx, chosen, mb, rc, total, key)
+
+
+def _uneven_replicas(ctx: _Context, pool: Pool, total: int) -> bool:
+    """Whether some configuration of ``pool`` has replicas that cannot share ``total`` micro-batches evenly (and
+    are no more than them): on a cluster of one pool only those make typed points (the rest are mixed pipelines
+    of one pool). On a homogeneous sub-cluster of 512 A100 or 128 MI250X GCDs (the upper bound's) none has, and
+    splitting every configuration only to skip each point took half of the bound's time at 1,024 GPUs."""
+    for tp in tp_options(pool, ctx.model):
+        groups = len(tp_groups(pool, tp))
+        if any(groups // pp <= total and total % (groups // pp) for pp in divisors(groups) if pp <= _most_stages(ctx)):
+            return True
+    return False
 
 
 def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, key
@@ -973,10 +1016,12 @@ def _group(key: tuple) -> tuple:
 
 def _top_scored(ctx: _Context) -> list[Scored]:
     """The ``top_k`` best estimates overall plus the best estimate of every group (family and set of
-    pools used), visiting points in order of their lower bound. A point is skipped once its bound
-    can beat neither the ``top_k``-th estimate nor its group's best: the estimate is a model, so
+    pools used) and of every basin within 5% of the best estimate (:func:`_basins`), visiting points in order
+    of their lower bound. A point is skipped once its bound can beat neither the ``top_k``-th estimate nor its
+    group's best nor its basin's (while that is near the best): the estimate is a model, so
     keeping each group's best lets the simulator, not the estimate, decide between groups (two
-    A100s alone can beat a mixed plan that must cross a slow network).
+    A100s alone can beat a mixed plan that must cross a slow network), and each near basin's best lets the
+    hill-climb start there (:func:`_near_basins`).
 
     Mixed pipelines come as :class:`_Family` entries, whose orders are enumerated only when one is reached,
     after its bound was raised once to :func:`_order_free_bound_s` (and the entry put back in its new place):
@@ -999,15 +1044,22 @@ def _top_scored(ctx: _Context) -> list[Scored]:
     heapq.heapify(entries)
     best: list[tuple[float, int, Scored]] = []  # max-heap on estimate via negation
     by_group: dict[tuple, Scored] = {}
+    by_basin: dict[tuple, Scored] = {}
+    lowest = [math.inf]  # the best estimate so far
+    basin_of, near = _basins(ctx)
     visits = itertools.count()
 
-    def threshold(group: tuple) -> float:
+    def threshold(group: tuple, basin: tuple | None = None) -> float:
+        """``basin`` None: the largest threshold of any basin of ``group`` (a family's orders are several)."""
         kth = -best[0][0] if len(best) >= ctx.options.top_k else math.inf
-        return max(kth, by_group[group].estimate_s if group in by_group else math.inf)
+        keep = near * lowest[0] if near else 0.0
+        if basin is not None and basin in by_basin:
+            keep = min(keep, by_basin[basin].estimate_s)
+        return max(kth, by_group[group].estimate_s if group in by_group else math.inf, keep)
 
     def visit(key: tuple, scorer: Callable[[float], Scored | None], bound: float) -> None:
-        group = _group(key)
-        limit = threshold(group)
+        group, basin = _group(key), basin_of(key)
+        limit = threshold(group, basin)
         if bound >= limit:
             return
         scored = scorer(limit)
@@ -1015,6 +1067,9 @@ def _top_scored(ctx: _Context) -> list[Scored]:
             return
         if group not in by_group or scored.estimate_s < by_group[group].estimate_s:
             by_group[group] = scored
+        if basin not in by_basin or scored.estimate_s < by_basin[basin].estimate_s:
+            by_basin[basin] = scored
+        lowest[0] = min(lowest[0], scored.estimate_s)
         heapq.heappush(best, (-scored.estimate_s, next(visits), scored))
         if len(best) > ctx.options.top_k:
             heapq.heappop(best)
@@ -1035,8 +1090,20 @@ def _top_scored(ctx: _Context) -> list[Scored]:
                 continue
         for key, scorer in _family_points(ctx, item, bound):
             visit(key, scorer, bound)
-    chosen = {id(s): s for _, _, s in best} | {id(s): s for s in by_group.values()}
+    chosen = ({id(s): s for _, _, s in best} | {id(s): s for s in by_group.values()}
+              | {id(s): s for s in by_basin.values() if near and s.estimate_s <= near * lowest[0]})
     return sorted(chosen.values())
+
+
+def _basins(ctx: _Context) -> tuple[Callable[[tuple], tuple], float]:
+    """What :func:`_top_scored` keeps besides the ``top_k`` and each group's best: ``(basin of a point, share)``, the
+    best estimate of every basin (:func:`~hetpart.policies.policy_planner._basin`: a mixed pipeline's pools in
+    pipeline order and their tensor-parallel degrees, which the hill-climb cannot change) within ``share`` times the
+    best estimate: :data:`~hetpart.policies.policy_planner.BASIN_ESTIMATE` more, as the policy's shortlist keeps, up
+    to :data:`~hetpart.policies.policy_planner.FEWER_NODES_MAX_DEVICES` devices; beyond, 0 (none)."""
+    from hetpart.policies.policy_planner import BASIN_ESTIMATE, FEWER_NODES_MAX_DEVICES, _basin
+
+    return _basin, (1 + BASIN_ESTIMATE if ctx.cluster.num_devices <= FEWER_NODES_MAX_DEVICES else 0.0)
 
 
 def make_context(model, cluster, workload, options: SearchOptions, zero: int | None = None,
@@ -1151,8 +1218,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         # the hill-climb is local: it starts from the best plan of each family (mixed pipelines, typed
         # replicas) with even and with uneven shard fractions, so that a family whose best estimate ranks
         # second (or fractions that win before the climb) cannot hide what the other climbs to
-        best = best_of([refine(evaluate, s, options.refine_steps, options.finish_by)
-                        for s in starts.values() if s is not None])
+        distinct = {s.plan: s for s in starts.values() if s is not None}  # the same plan climbs the same way once
+        best = best_of([refine(evaluate, s, options.refine_steps, options.finish_by) for s in distinct.values()])
     if options.single_types and not _late(options):
         best = best_of([best, _single_types_best(model, cluster, workload, options, evaluate, best)])
     if options.fewer_nodes and not _late(options):
@@ -1400,14 +1467,30 @@ def _level_pass(model, cluster, workload, options: SearchOptions, evaluate: Eval
     without shard fractions, the level), before the hill-climb."""
     ctx = make_context(model, cluster, workload, options, zero, evaluate)
     kinds: dict[tuple, list[Plan]] = {}
-    for scored in _top_scored(ctx):
+    top = _top_scored(ctx)
+    for scored in top:
         for p in scored.build():
             # per level too: a level's best start must not hide another level's, whose climb may go higher;
             # with throttled devices, one replica apart from several: the evaluator prices replicas at unlike
             # speeds with speed-proportional shares, which may lift them above a pipeline that climbs higher
             several = bool(cluster.slow) and p.dp > 1
             kinds.setdefault((scored.key[0], p.shard_fractions is not None, zero, several), []).append(p)
-    return {kind: evaluate.best(plans) for kind, plans in kinds.items()}
+    found = {kind: evaluate.best(plans) for kind, plans in kinds.items()}
+    return found | _near_basins(evaluate, top, best_of(found.values()), zero, cluster.num_devices)
+
+
+def _near_basins(evaluate: Evaluator, top: list[Scored], best: Evaluated | None, zero: int, devices: int
+                 ) -> dict[tuple, Evaluated]:
+    """The best simulated plan of every basin (:func:`~hetpart.policies.policy_planner._basin`: a mixed pipeline's
+    pools in order and their tensor-parallel degrees) of the level's points ``top`` that comes within
+    :data:`~hetpart.policies.policy_planner.NEAR_GROUP` of the level's ``best``, keyed as starts of the hill-climb
+    (:func:`~hetpart.policies.policy_planner._near_groups`, which the policy climbs from too). The climb cannot
+    leave a basin, and one a hair behind may climb, or interleave, higher: llama3-8b at sequence 32,768 on 8 H100 +
+    8 A100-40GB, A100 TP 4 then H100 TP 2 simulated best (44,843 tokens/s) and climbed no higher, while A100 TP 4
+    then H100 TP 4, 1.7% behind at 1F1B, interleaves to 46,305; the policy climbed it and beat search by 3.2%."""
+    from hetpart.policies.policy_planner import _near_groups
+
+    return {("near basin", zero, i): e for i, e in enumerate(_near_groups(evaluate, top, best, devices))}
 
 
 def _counted_pass(model, cluster, workload, options: SearchOptions, evaluate: Evaluator, zero: int):

@@ -17,7 +17,8 @@ from hetpart.costmodel.pools import divisors, tp_groups, tp_options
 from hetpart.plan import Plan
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.layout import assemble
-from hetpart.policies.plan_search import SearchOptions, _mixed_groups, _mixed_shapes, _uneven, make_context
+from hetpart.policies.plan_search import (SearchOptions, _mask_fractions, _mixed_groups, _mixed_shapes, _most_stages,
+                                          _uneven, make_context, pool_config)
 from hetpart.policies.shard_fractions import choose_shard_fractions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["space_plans", "all_splits", "all_allocations"]
+__all__ = ["space_plans", "all_splits", "all_allocations", "pool_configs_reference"]
 
 
 def all_splits(num_units: int, num_stages: int) -> Iterator[tuple[int, ...]]:
@@ -104,3 +105,29 @@ def space_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     ctx = make_context(model, cluster, workload, options or SearchOptions(), zero)
     yield from _mixed(ctx)
     yield from _typed(ctx)
+
+
+def pool_configs_reference(ctx, pool, mb: int, rc: str, total_mb: int) -> list:
+    """:func:`~hetpart.policies.plan_search._pool_configs` the slow way: every configuration of ``pool`` split,
+    each memory assumption's sorted by rate (stably: ties keep the order made) and its best
+    ``configs_per_pool`` kept, once each, fastest first."""
+    out: dict[bool, list] = {}
+    for tp in tp_options(pool, ctx.model):
+        groups = tp_groups(pool, tp)
+        for pp in divisors(len(groups)):
+            if pp > _most_stages(ctx):
+                continue
+            dp = len(groups) // pp
+            m_est = max(1, total_mb // (dp * len(ctx.pools)))
+            costs = ctx.table.get(pool, tp, mb, rc)
+            for fraction in _mask_fractions(ctx, dp):
+                masks = [costs.masked(pp - j, ctx.options.ignore_memory, ctx.zero, fraction) for j in range(pp)]
+                config = pool_config(ctx, pool, tp, pp, mb, costs, masks, m_est)
+                if config is not None:
+                    out.setdefault(fraction == 0.0, []).append(config)
+    kept: dict[tuple, object] = {}
+    for configs in out.values():
+        configs.sort(key=lambda c: -c.rate)
+        for c in configs[: ctx.options.configs_per_pool]:
+            kept.setdefault((c.tp, c.pp, c.split.bounds), c)
+    return sorted(kept.values(), key=lambda c: -c.rate)
