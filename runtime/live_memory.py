@@ -92,7 +92,8 @@ class LiveTensorBytes(TorchDispatchMode):
 def live_tensors(*extra: Iterable[Any]) -> list[torch.Tensor]:
     """Every tensor Python holds now (the garbage collector's objects), and ``extra``'s: a step's starting
     state. ``extra`` names what only C++ may hold (a parameter's ``.grad``)."""
-    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    # type(), not isinstance(): isinstance reads ``__class__``, which some deprecated module attributes warn on
+    found = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
     for group in extra:
         found.extend(t for t in group if isinstance(t, torch.Tensor))
     return found
