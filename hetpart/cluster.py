@@ -280,7 +280,7 @@ class Cluster:
                            "tflops_bf16": gpu.tflops_bf16, "memory_gb": gpu.memory_gb}
                           for (gpu, n), lo in zip(g.gpu_counts, _starts(g.gpu_counts))],
                  "intra_node": g.intra_node.name, "intra_node_gbyte_s": g.intra_node.bandwidth_gbyte_s,
-                 "nic": g.nic.name, "nics_per_node": g.nics_per_node,
+                 "nic": g.nic.name, "nic_rdma": g.nic.rdma, "nics_per_node": g.nics_per_node,
                  "node_bandwidth_gbit_s": g.nics_per_node * g.nic.bandwidth_gbit_s, "zone": g.zone,
                  **{k: getattr(g, k) for k in ("host_memory_gb", "host_memory_gbyte_s") if getattr(g, k)},
                  "device_ids": f"{i}/0/0 .. {i}/{g.count - 1}/{g.gpus_per_node - 1}"}
@@ -414,15 +414,24 @@ def _link(data: dict, source: str, field: str) -> LinkSpec:
     )
 
 
+RDMA_MAX_LATENCY_US = 10.0
+"""An inline NIC without ``rdma`` whose ``latency_us`` is below this is taken as RDMA (InfiniBand, RoCE): kernel
+bypass gives 1-3 us, while TCP through the kernel stack takes 20-30 us (the catalog's Ethernet entries)."""
+RDMA_MIN_GBIT_S = 100.0
+"""An inline NIC without ``rdma`` or ``latency_us`` is taken as RDMA from this line rate up: training fabrics of
+100 Gbit/s and more are InfiniBand or RoCE, and a TCP socket would carry a fraction of the rate written."""
+
+
 def _nic(data: dict, source: str, field: str) -> NICSpec:
     v.require_keys(SpecError, data, source, field, ["bandwidth_gbit_s"], ["latency_us", "name", "rdma", "source"])
-    return NICSpec(
-        name=str(data.get("name", "inline")),
-        bandwidth_gbit_s=_number(data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5),
-        latency_us=_number(data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7),
-        rdma=v.boolean(SpecError, data.get("rdma", False), source, f"{field}.rdma"),
-        source=_provenance(data, source, field),
-    )
+    bandwidth = _number(data["bandwidth_gbit_s"], source, f"{field}.bandwidth_gbit_s", maximum=1e5)
+    latency = _number(data.get("latency_us", 5.0), source, f"{field}.latency_us", strict=False, maximum=1e7)
+    if "rdma" in data:
+        rdma = v.boolean(SpecError, data["rdma"], source, f"{field}.rdma")
+    else:  # what the figures written say: a kernel-bypass latency, or a training fabric's line rate
+        rdma = latency < RDMA_MAX_LATENCY_US if "latency_us" in data else bandwidth >= RDMA_MIN_GBIT_S
+    return NICSpec(name=str(data.get("name", "inline")), bandwidth_gbit_s=bandwidth, latency_us=latency, rdma=rdma,
+                   source=_provenance(data, source, field))
 
 
 def _provenance(data: dict, source: str, field: str) -> str:

@@ -134,7 +134,8 @@ def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or clu
         gpu = g["gpu"] if len(g["gpus"]) == 1 else " + ".join(f"{x['count']}x {x['gpu']}" for x in g["gpus"])
         t.add_row(str(g["index"]), f"{g['count']} x {g['gpus_per_node']}", gpu,
                   f"{g['intra_node']} ({g['intra_node_gbyte_s']:g} GB/s)",
-                  f"{g['nics_per_node']} x {g['nic']} ({g['node_bandwidth_gbit_s']:g} Gbit/s)", g["zone"], g["device_ids"])
+                  f"{g['nics_per_node']} x {g['nic']} ({g['node_bandwidth_gbit_s']:g} Gbit/s, "
+                  f"{'RDMA' if g['nic_rdma'] else 'TCP'})", g["zone"], g["device_ids"])
     out = console()
     out.print(t)
     for link in s["links"]:
