@@ -177,17 +177,21 @@ class _Loop:
 
         self.cfg, self.say = cfg, say
         self.out = Path(cfg.out)
-        if self.out.exists() and not self.out.is_dir():
-            raise PlanError(f"--out: {self.out} is a file; give a directory (a new one, or a loop's to resume it)")
+        # everything that can refuse the input is checked before the folder exists (a refused loop leaves
+        # none), the cheap checks first: the folder, the tracker, the cluster, then what imports torch
+        _check_out(self.out)
         _check_tracker(cfg.tracker)
-        _check_runnable(cfg)
-        # everything that can refuse the input is checked before the folder exists: a refused loop leaves none
         self.created = not self.out.exists()
-        self.cluster_spec = self._cluster_spec()
-        self.cluster = load_cluster(self.cluster_spec) if isinstance(self.cluster_spec, str) else \
-            parse_cluster(self.cluster_spec, source="this machine")
+        if cfg.ground != "cpu":  # the cpu ground's cluster is measured, after the model's check
+            self.cluster_spec = self._cluster_spec()
+            self.cluster = load_cluster(self.cluster_spec)
         if cfg.ground == "real":
             _check_real_ground(self.cluster, cfg.cluster)
+        _check_runnable(cfg)
+        if cfg.ground == "cpu":
+            self.cluster_spec = self._cluster_spec()
+            self.cluster = load_cluster(self.cluster_spec) if isinstance(self.cluster_spec, str) else \
+                parse_cluster(self.cluster_spec, source="this machine")
         precision = "fp32" if cfg.ground == "cpu" else None
         probe = load_model(cfg.model, seq_len=cfg.seq_len)
         self.precision = precision or _precision(self.cluster)
@@ -368,6 +372,16 @@ class _Loop:
         return path
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` is a folder, or one can be made there, and files can be written in it (checked before any
+    work: a loop runs for minutes before it first writes)."""
+    from hetpart import _validate
+
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"--out: {out} is a file; give a directory (a new one, or a loop's to resume it)")
+    _validate.check_creatable(PlanError, out / "state.json", "--out", "give a directory you can write")
+
+
 def _check_tracker(kinds: str) -> None:
     """``--tracker`` names known kinds (checked before the loop's folder is made)."""
     from hetpart.experiments.tracking import tracker_kinds
@@ -401,10 +415,7 @@ def _check_real_ground(cluster, spec: str) -> None:
     gpus = list(dict.fromkeys(gpu.name for g in cluster.groups for gpu, _ in g.gpu_counts if gpu.vendor != "other"))
     if not gpus:
         return
-    import torch
-
-    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    names = _cuda_devices()
     norm = lambda text: "".join(ch for ch in text.upper() if ch.isalnum())  # noqa: E731
     missing = [t for t in gpus if not any(norm(t.split("-")[0]) in norm(n) for n in names)]
     if not missing and len(names) >= cluster.num_devices:
@@ -414,6 +425,23 @@ def _check_real_ground(cluster, spec: str) -> None:
                        f"({cluster.num_devices} of {', '.join(gpus)} in {spec}), and this machine has {here}; "
                        "use the default --ground emulated to emulate the cluster on CPU processes "
                        "(or --ground cpu to measure this machine's CPU)")
+
+
+_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+"""Device files of the NVIDIA, AMD (ROCm) and WSL GPU drivers: without any, no GPU can be visible."""
+
+
+def _cuda_devices() -> list[str]:
+    """The names of this machine's CUDA (or ROCm) devices; torch (seconds to import) is asked only when it is
+    imported already or a GPU driver is there."""
+    import sys
+
+    if "torch" not in sys.modules and not any(Path(f).exists() for f in _GPU_DRIVER_FILES):
+        return []
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
 
 
 def _precision(cluster) -> str:

@@ -34,10 +34,13 @@ class PolicyTrainConfig:
     """Run name prefix (runs are ``{experiment}__{seed}__{time}``)."""
     seed: int = 0
     """Seeds scenarios, imitation, PPO and torch."""
-    out: str = "policies/checkpoints/policy.zip"
-    """Where the final checkpoint goes (relative to the working directory). A name without a suffix gets
-    ``.zip``, as stable-baselines3 writes it (``out: runs/mine`` writes ``runs/mine.zip``); the summary
-    names the file written."""
+    out: str = ""
+    """Where the final checkpoint goes (relative to the working directory); left out: ``policy.zip`` in the
+    run's own folder (``runs/{experiment}__{seed}__{time}/policy.zip``), so that no run replaces another's
+    file. A name without a suffix gets ``.zip``, as stable-baselines3 writes it (``out: runs/mine`` writes
+    ``runs/mine.zip``); the summary names the file written. The shipped checkpoint
+    (``policies/checkpoints/policy.zip`` of the installed package) is written only with ``replace_shipped``
+    (``hetpart train-policy --replace-shipped``)."""
     tracker: str = "wandb,tensorboard"
     """``wandb`` (offline), ``tensorboard``, ``null``, or several joined by commas."""
     runs_dir: str = "runs"
@@ -82,15 +85,21 @@ class PolicyTrainConfig:
     """Overrides of :class:`hetpart.envs.scenarios.ScenarioDistribution` fields."""
 
 
-def load_config(path: str | Path) -> PolicyTrainConfig:
-    """Read a YAML config; unknown keys and wrong types are refused with the file and key named."""
+def load_config(path: str | Path, *, replace_shipped: bool = False) -> PolicyTrainConfig:
+    """Read a YAML config; unknown keys and wrong types are refused with the file and key named, and so is
+    an empty file (a mapping ``{}`` takes every default), an ``out`` (or ``runs_dir``) that cannot be
+    written, and the shipped checkpoint as ``out`` unless ``replace_shipped``: all before any work."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except OSError as err:
         raise SpecError(f"{path}: cannot read the config ({err.strerror}); give an existing YAML file") from err
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML ({' '.join(str(err).split())[:120]})") from err
+    if data is None:  # more likely a wrong or unsaved file than a wish for the full default training
+        raise SpecError(f"{path}: empty config; give the keys to set (e.g. timesteps, out; known: "
+                        f"{', '.join(f.name for f in dataclasses.fields(PolicyTrainConfig))}), as in "
+                        "experiments/configs/policy-smoke.yaml, or '{}' to train with every default")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(PolicyTrainConfig)}
@@ -103,7 +112,8 @@ def load_config(path: str | Path) -> PolicyTrainConfig:
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise SpecError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
     _check_ranges(path, data)
-    _check_out(path, data.get("out", PolicyTrainConfig.out))
+    _check_out(str(path), PolicyTrainConfig(**{k: v for k, v in data.items() if k in _OUT_KEYS}), replace_shipped,
+               given_out="out" in data)
     if data.get("resume"):
         data = _resume_settings(path, data)
         _check_ranges(path, data)
@@ -151,18 +161,43 @@ def written_path(out: str | Path) -> Path:
     return out if out.suffix else out.with_name(out.name + ".zip")
 
 
-def _check_out(path: Path, out: str) -> None:
-    """``out`` can be written: not a folder, and no file where its folder would be (refused before training)."""
-    if not out.strip():
-        raise SpecError(f"{path}: out: empty; give the checkpoint's file name (e.g. policies/checkpoints/mine.zip)")
-    target = written_path(out)
+def shipped_checkpoint() -> Path:
+    """The checkpoint the ``policy`` planner plans with by default (inside the installed package)."""
+    from hetpart.policies.policy_planner import DEFAULT_CHECKPOINT
+
+    return DEFAULT_CHECKPOINT
+
+
+_OUT_KEYS = ("experiment", "seed", "out", "runs_dir")
+"""The keys that say where a run writes."""
+
+
+def _check_out(source: str, cfg: PolicyTrainConfig, replace_shipped: bool, given_out: bool = True) -> None:
+    """``cfg.out`` (empty: the run folder's ``policy.zip``) and the run folder under ``cfg.runs_dir`` can be
+    written, and ``out`` is not the shipped checkpoint unless ``replace_shipped`` (refused before training)."""
+    from hetpart.experiments.tracking import run_name
+
+    run = Path(cfg.runs_dir) / run_name(cfg.experiment, cfg.seed)
+    _check_creatable(run, f"{source}: runs_dir", "runs_dir")
+    if not cfg.out:
+        if given_out:
+            raise SpecError(f"{source}: out: empty; give the checkpoint's file name (e.g. runs/mine.zip), or leave "
+                            "out: out to write policy.zip in the run's folder")
+        return
+    target = written_path(cfg.out)
     if target.is_dir():
-        raise SpecError(f"{path}: out: {target} is a folder; give a file name (e.g. {target / 'policy.zip'})")
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise SpecError(f"{path}: out: {parent} is a file, not a folder; choose another place for {target}")
-            break
+        raise SpecError(f"{source}: out: {target} is a folder; give a file name (e.g. {target / 'policy.zip'})")
+    if not replace_shipped and target.resolve() == shipped_checkpoint().resolve():
+        raise SpecError(f"{source}: out: {target} is the shipped policy, which '--planner policy' plans with; give "
+                        "another file (or leave out: out for the run's folder), or pass --replace-shipped to "
+                        "replace it on purpose")
+    _check_creatable(target, f"{source}: out", "out")
+
+
+def _check_creatable(target: Path, source: str, key: str) -> None:
+    from hetpart import _validate
+
+    _validate.check_creatable(SpecError, target, source, f"choose another place for {key}")
 
 
 _RESUMED_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "ent_coef", "gamma")
@@ -173,10 +208,9 @@ _NETWORK_KEYS = ("hidden", "layers")
 
 def resume_file(resume: str) -> Path | None:
     """The checkpoint stable-baselines3 loads for ``resume`` (``resume`` itself, else ``resume.zip``), or None."""
-    for candidate in (Path(resume), Path(f"{resume}.zip")):
-        if candidate.is_file():
-            return candidate
-    return None
+    from hetpart.policies.registry import checkpoint_file
+
+    return checkpoint_file(resume)
 
 
 def checkpoint_settings(resume: str, source: str = "resume") -> dict[str, Any]:
@@ -321,9 +355,11 @@ def _progress_callback():
     return StderrProgress()
 
 
-def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
+def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> dict[str, Any]:
     """Run the training described by ``cfg``; returns a summary (paths, accuracy, timings). Progress goes to
-    stderr: stdout is left to the caller."""
+    stderr: stdout is left to the caller. The checkpoint goes to ``cfg.out`` (empty: the run folder's
+    ``policy.zip``); the shipped one is replaced only with ``replace_shipped``."""
+    _check_out("config", cfg, replace_shipped, given_out=False)  # a config built in code: load_config's checks
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CheckpointCallback
@@ -379,7 +415,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     if cfg.progress_bar:
         callbacks.append(_progress_callback())
     model.learn(cfg.timesteps, callback=callbacks, reset_num_timesteps=not cfg.resume)
-    out = written_path(cfg.out)  # what SB3 writes for cfg.out, named so in the summary
+    out = written_path(cfg.out) if cfg.out else run_dir / "policy.zip"  # what SB3 writes, named so in the summary
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
     tracker.finish()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -134,6 +136,29 @@ def path_exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):
         return False
+
+
+def check_creatable(exc: type[HetpartError], path: Path, source: str, fix: str) -> None:
+    """Refuse, before long work starts, a ``path`` that cannot be created: its nearest existing folder is no
+    folder, or no file can be made in it (tried: a file created there and removed, since ``os.access`` says
+    yes to root on /proc and read-only mounts). Missing folders between them are left to the writer to
+    create. Leaves nothing behind.
+
+    Raises:
+        exc: ``source: cannot create PATH: FOLDER is not ...; fix``.
+    """
+    parent = path.parent
+    while not path_exists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise exc(f"{source}: cannot create {path}: {parent} is not a directory; {fix}")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".hetpart-out-check-", dir=parent)
+    except OSError as err:
+        raise exc(f"{source}: cannot create {path}: {parent} is not writable ({err.strerror or err}); {fix}") \
+            from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 MAX_FILE_BYTES = 64 * 2**20

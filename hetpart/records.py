@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -419,18 +417,7 @@ def check_records_target(path: str | Path, flag: str = "--out") -> None:
                 raise RecordError(f"{flag}: {path} does not hold hetpart run records (its first line is not one); "
                                   f"{fix}")
         return
-    parent = path.parent
-    while not v.path_exists(parent) and parent != parent.parent:  # append_record creates the missing folders
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RecordError(f"{flag}: cannot create {path}: {parent} is not a directory; {fix}")
-    try:  # a file really created there and removed (root passes os.access on /proc and read-only mounts)
-        handle, probe = tempfile.mkstemp(prefix=".hetpart-out-check-", dir=parent)
-    except OSError as err:
-        raise RecordError(f"{flag}: cannot create {path}: {parent} is not writable ({err.strerror or err}); {fix}") \
-            from None
-    os.close(handle)
-    os.unlink(probe)
+    v.check_creatable(RecordError, path, flag, fix)  # append_record creates the missing folders
 
 
 EXAMPLE_LINE = json.dumps({

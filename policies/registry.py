@@ -14,12 +14,13 @@ pulls in torch-geometric only when asked for). Adding a planner is one module an
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Union
 
 from hetpart.errors import PlanError
 from hetpart.policies.common import Planner
 
-__all__ = ["register_planner", "get_planner", "available_planners", "BUILTIN_PLANNERS"]
+__all__ = ["register_planner", "get_planner", "available_planners", "BUILTIN_PLANNERS", "checkpoint_file"]
 
 BUILTIN_PLANNERS: tuple[str, ...] = ("uniform", "proportional", "search")
 """The planners that ship with the core install (baseline first)."""
@@ -66,3 +67,16 @@ def get_planner(name: str) -> Planner:
         raise PlanError(f"planner {name!r}: {type(planner).__name__} is not a Planner (needs name, options and "
                         "plan(model, cluster, workload, *, evaluator, **options))")
     return planner
+
+
+def checkpoint_file(path: str | Path) -> Path | None:
+    """The policy checkpoint file stable-baselines3 loads for ``path``: ``path`` itself, else ``path.zip``
+    (SB3's ``save("runs/mine")`` writes ``runs/mine.zip``, and ``load("runs/mine")`` reads it), else None.
+
+    >>> checkpoint_file("no/such/policy") is None
+    True
+    """
+    for candidate in (Path(path), Path(f"{path}.zip")):
+        if candidate.is_file():
+            return candidate
+    return None

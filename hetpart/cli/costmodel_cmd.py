@@ -56,6 +56,7 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
     if not 1 <= workers <= 256:
         raise SpecError(f"--workers: {workers} is outside 1 .. 256")
     names = _planner_names(planners)
+    _check_out(out, "dataset.pt")
     cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
                         max_devices=max_devices, planner_neighbours=planner_neighbours)
     began = time.time()
@@ -119,12 +120,16 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     """Train the surrogate on a data set (resumes an unfinished run of the same config)."""
     from dataclasses import replace
 
+    if out:  # before the training module, which imports torch (seconds)
+        _check_out(out, "surrogate.pt")
     from hetpart.costmodel.learned.dataset import load_dataset
     from hetpart.costmodel.learned.train import load_train_config, resolve_device, train
 
-    resolve_device(device)  # a bad --device fails before the data set is read
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
+    if not out:
+        _check_out(Path(cfg.out), "surrogate.pt", f"{config or 'the default config'}: out")
+    resolve_device(device)  # a bad --device fails before the data set is read
     if cfg.resume and Path(cfg.out).is_file():  # training resumes from it: a wrong file is refused first
         _check_checkpoint(Path(cfg.out), "--out")
     data_cfg, records = load_dataset(cfg.dataset)
@@ -219,6 +224,16 @@ def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.p
     _print_report(report, f"{path} on {dataset}")
 
 
+def _check_out(out: Path, example: str, source: str = "--out") -> None:
+    """A file can be written at ``out`` (checked before minutes of work: the file is written last)."""
+    from hetpart import _validate
+    from hetpart.errors import SpecError
+
+    if out.is_dir():
+        raise SpecError(f"{source}: {out} is a directory; give a file name such as {out / example}")
+    _validate.check_creatable(SpecError, out, source, "give a place you can write")
+
+
 def _check_checkpoint(path: Path, option: str = "--checkpoint") -> None:
     """``path`` is a torch archive (``torch.save``): any other file (JSON, a train-closed head) is named as
     not a checkpoint before torch's unpickler or zip reader fails on it in its own words."""
@@ -256,6 +271,7 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
 
     if epochs < 1:
         raise SpecError(f"--epochs: expected a whole number >= 1, got {epochs}")
+    _check_out(out, "closed.npz")
     began = time.time()
     data_cfg, records = load_dataset(dataset)
     update, bar = _progress(json_out, "composing")
