@@ -20,7 +20,18 @@ Two kernel sets, because what a block saves depends on the kernels that run it m
     checkpointed) keeps its input instead of q, k, v and the output.
 
   The head (final norm, vocabulary projection, fp32 cross-entropy as the runtime computes it) keeps
-  ``4 V`` (fp32 log-probabilities) plus 4-12 ``h``.
+  ``4 V`` (fp32 log-probabilities) plus 4-12 ``h``. On top of what autograd saves, the last pipeline
+  stage's output stays alive until that micro-batch's backward: ``torch.distributed.pipelining`` keeps each
+  stage's outputs in its forward cache (``fwd_cache``) for ``stage_backward``, and the last stage's output
+  is the logits, ``p V`` per token (:data:`TORCH_HELD_LOGITS`; measured with
+  :class:`hetpart.runtime.live_memory.LiveTensorBytes`: one ``(tokens, V)`` tensor besides the log-softmax).
+
+  Tensor parallelism (:func:`unit_replicated_bytes`): the runtime's TP plans split the blocks' linears
+  only (column-parallel q/k/v and fc1, row-parallel out-projection and fc2, no sequence parallelism), so on
+  every TP rank the embedding and head are whole (parameters and activations), and a block's residual
+  stream, norm outputs and norm statistics are whole too; only the attention's q, k, v and output, the
+  fp32 log-sum-exp (and eager scores), and the ``f``-wide MLP tensors divide by ``tp`` (measured, gpt2-small
+  tiny, TP-2: 3.17 MB of block activations per rank against 3.16 MB so counted).
 
 * ``fused`` -- Megatron-Core with Transformer Engine, what published large runs use (the default).
   DERIVED, kernel by kernel, from what each fused kernel saves (not measured here: no GPU): the fused
@@ -44,7 +55,10 @@ gradients of the log-probabilities and of the logits, ``8 V`` bytes per token (8
 and bf16); a block's MLP backward two ``f``-wide gradients, ``2 p f`` (8.0-8.5 f measured in fp32 at
 micro-batch 2-4; 4.9-5.0 f in bf16). For the fused set: Megatron's vocabulary-parallel cross-entropy
 computes its gradient in place in the saved fp32 softmax and casts it, ``p V``; the MLP backward the
-gradients of the fc1 output and of the activation, ``p n f``. Under full recomputation the unit being
+gradients of the fc1 output and of the activation, ``p n f``. Megatron's last stage returns the loss, not
+the logits, and its schedule frees (``deallocate_output_tensor``) what earlier stages sent, so the fused
+set holds no stage output; its embedding and head are vocabulary-parallel (``V / tp`` each) and sequence
+parallelism splits the rest, so every fused term divides by ``tp`` where the unit is shardable. Under full recomputation the unit being
 recomputed also holds its whole activations again.
 """
 
@@ -59,7 +73,8 @@ from hetpart.errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
 
-__all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "unit_saved_bytes", "unit_working_bytes",
+__all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "TORCH_HELD_LOGITS", "unit_saved_bytes",
+           "unit_working_bytes", "unit_held_bytes", "unit_kept_bytes", "unit_params_split", "unit_replicated_bytes", "unit_replicated_working_bytes",
            "check_kernels"]
 
 KERNELS = ("fused", "torch")
@@ -99,6 +114,11 @@ TORCH_HEAD: dict[tuple[str, str], dict[str, float]] = {
     ("gpt", "bf16"): {"h": 4, "V": 4, "one": 12}, ("gpt", "fp32"): {"h": 8, "V": 4, "one": 16},
 }
 """MEASURED: the head with the runtime's loss (cross-entropy of the fp32 logits), bytes per token."""
+TORCH_HELD_LOGITS = 1.0
+"""The logits the runtime's last pipeline stage keeps until its backward, in activation bytes ``p`` per
+token and head output: ``torch.distributed.pipelining`` holds every stage output in ``fwd_cache`` until
+``stage_backward`` (module docstring). MEASURED: one ``(tokens, V)`` fp32 tensor at the peak of the
+gpt2-small tiny step (1.08 MB = 64 x 4224 x 4)."""
 
 
 def check_kernels(kernels: str) -> str:
@@ -127,9 +147,14 @@ def _dot(coef: dict[str, float], terms: dict[str, float]) -> float:
 
 
 def _torch_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> float:
-    prec = "fp32" if p >= 4 else "bf16"
     if recompute == "full":
         return float(p * cfg.hidden_size * seq_len)
+    return _dot(_torch_block_coef(cfg, seq_len, p, recompute, attention), _terms(cfg, seq_len)) * seq_len
+
+
+def _torch_block_coef(cfg, seq_len: int, p: int, recompute: str, attention: str) -> dict[str, float]:
+    """:data:`TORCH_BLOCK`'s coefficients for ``cfg``'s runtime block (recompute ``none`` or ``selective``)."""
+    prec = "fp32" if p >= 4 else "bf16"
     impl = _torch_impl(cfg.family)
     att = "sdpa" if attention == "fused" else "eager"
     coef = TORCH_BLOCK.get((impl, prec, att, recompute))
@@ -138,7 +163,7 @@ def _torch_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> f
         if recompute == "none":
             coef.pop("a", None)
             coef["as"] = TORCH_BLOCK[("gpt2", prec, "eager", "none")]["as"]
-    return _dot(coef, _terms(cfg, seq_len)) * seq_len
+    return coef
 
 
 def _fused_block(cfg, seq_len: int, p: int, recompute: str, attention: str) -> float:
@@ -226,3 +251,81 @@ def _unit_working_bytes(model: "ModelGraph", recompute: str, attention: str, ker
         elif u.kind == "head":
             out[i] += (8 if kernels == "torch" else p) * _head_outputs(cfg) * s
     return [float(b) for b in out]
+
+
+def unit_held_bytes(model: "ModelGraph", kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Bytes per sequence each unit's outputs stay alive beyond what autograd saves, until the micro-batch's
+    backward: under ``torch`` the head's logits, the last pipeline stage's output that
+    ``torch.distributed.pipelining`` keeps in its forward cache (:data:`TORCH_HELD_LOGITS`); none under
+    ``fused`` (Megatron's last stage outputs the loss)."""
+    check_kernels(kernels)
+    cfg = model.config
+    if kernels != "torch" or cfg is None:
+        return [0.0] * model.num_units
+    held = TORCH_HELD_LOGITS * model.dtype_bytes * _head_outputs(cfg) * model.seq_len
+    return [held if u.kind == "head" else 0.0 for u in model.units]
+
+
+def unit_kept_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
+                    kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """What each unit keeps per sequence and micro-batch in flight, the memory model's activation term:
+    :func:`unit_saved_bytes` plus :func:`unit_held_bytes`."""
+    return [a + b for a, b in zip(unit_saved_bytes(model, recompute, attention, kernels),
+                                  unit_held_bytes(model, kernels))]
+
+
+def unit_params_split(model: "ModelGraph", kernels: str = DEFAULT_KERNELS) -> list[bool]:
+    """Whether each unit's parameters divide by ``tp``: the graph's ``tp_shardable`` under ``fused``
+    (vocabulary-parallel embedding and head); under ``torch`` the blocks' only, as the runtime's TP plans
+    split the blocks and keep the embedding and head whole on every rank (module docstring)."""
+    check_kernels(kernels)
+    if kernels == "torch" and model.config is not None:
+        return [bool(u.tp_shardable and u.kind == "block") for u in model.units]
+    return [bool(u.tp_shardable) for u in model.units]
+
+
+def unit_replicated_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
+                          kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Of :func:`unit_kept_bytes`, the bytes every rank of a ``tp``-way stage keeps whole, per sequence
+    (the rest divides by ``tp``): a unit that is not shardable keeps all; under ``torch`` the embedding and
+    head keep all and a block its residual stream, norm outputs and statistics (module docstring)."""
+    check_kernels(kernels)
+    return _cached(model, ("replicated", recompute, attention, kernels),
+                   lambda: _unit_replicated_bytes(model, recompute, attention, kernels))
+
+
+def _unit_replicated_bytes(model: "ModelGraph", recompute: str, attention: str, kernels: str) -> list[float]:
+    saved = unit_kept_bytes(model, recompute, attention, kernels)
+    split = unit_params_split(model, kernels)
+    out = [0.0 if sh else b for b, sh in zip(saved, split)]
+    cfg = model.config
+    if kernels != "torch" or cfg is None:
+        return out
+    p, s = model.dtype_bytes, model.seq_len
+    for i, u in enumerate(model.units):
+        if u.kind != "block" or not split[i]:
+            continue
+        if recompute == "full":  # the block's input: the residual stream
+            out[i] = saved[i]
+            continue
+        coef = _torch_block_coef(cfg, s, p, recompute, attention)
+        sharded = sum(coef.get(k, 0.0) * _terms(cfg, s)[k] for k in ("f", "a", "as"))
+        if recompute == "none":  # q, k, v and the attention output (selective keeps the sublayer's input)
+            sharded += p * (2 * getattr(cfg, "q_dim", cfg.hidden_size) + 2 * cfg.kv_dim)
+        out[i] = max(0.0, saved[i] - sharded * s)
+    return out
+
+
+def unit_replicated_working_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
+                                  kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Of :func:`unit_working_bytes`, the bytes every rank of a ``tp``-way stage holds whole: all of a unit
+    that is not split (under ``torch`` the head's cross-entropy gradients); under full recomputation also the
+    recomputed activations' whole part (:func:`unit_replicated_bytes` without recomputation)."""
+    check_kernels(kernels)
+    work = unit_working_bytes(model, recompute, attention, kernels)
+    split = unit_params_split(model, kernels)
+    out = [0.0 if sh else b for b, sh in zip(work, split)]
+    if recompute == "full":
+        again = unit_replicated_bytes(model, "none", attention, kernels)
+        out = [b if not sh else r for b, r, sh in zip(out, again, split)]
+    return out

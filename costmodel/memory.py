@@ -10,12 +10,18 @@ Per device of a stage holding units ``[first, last)`` with tensor parallelism ``
   distributed-optimizer table, "bf16 param, fp32 grads"), fp16 2 + 2 + 4 + 8 = 16 (the ZeRO paper's
   accounting, Rajbhandari et al. 2020), fp32 4 + 4 + 8 = 16. Momentum SGD keeps one moment; 8-bit Adam
   (Dettmers et al. 2022, bitsandbytes) two 1-byte moments (its block-wise scales are ~0.2%).
-  Tensor-parallel units are split ``tp`` ways; a tied embedding copy counts where it is held.
+  Tensor-parallel units are split ``tp`` ways (under the ``torch`` kernel set the blocks only: hetpart's
+  runtime keeps the embedding and head whole on every TP rank, :func:`~hetpart.costmodel.activations.unit_params_split`);
+  a tied embedding copy counts where it is held.
 * activations saved for backward, per unit ``saved * micro_batch / tp`` with ``saved`` the bytes per
-  sequence of :func:`hetpart.costmodel.activations.unit_saved_bytes` (the ``fused`` kernel set of
+  sequence of :func:`hetpart.costmodel.activations.unit_kept_bytes` (what autograd saves, plus what the
+  engine holds beyond it; the ``fused`` kernel set of
   Megatron-Core / Transformer Engine by default, Korthikanti's ``34 s h + 5 a s^2`` per GPT layer with
-  dropout; the ``torch`` set measured on hetpart's runtime modules), sequence parallelism assumed so
-  every term divides by ``tp``, times the micro-batches in flight for the schedule; with full recompute
+  dropout; the ``torch`` set measured on hetpart's runtime modules, with the logits its last pipeline stage
+  holds until their backward), under ``fused`` sequence parallelism assumed so every term divides by ``tp``
+  (under ``torch`` the residual stream, norms, embedding and head stay whole:
+  :func:`~hetpart.costmodel.activations.unit_replicated_bytes`), times the micro-batches in flight for the
+  schedule; with full recompute
   one unit's full activations are live again while it is recomputed. Fused attention (flash / SDPA,
   the default) stores no ``a s^2`` score matrix; eager attention stores it;
 * the running unit's working set (its backward's transients; under full recompute its activations again),
@@ -33,7 +39,8 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GIB, GPUSpec
 
-from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
+from hetpart.costmodel.activations import (DEFAULT_KERNELS, unit_params_split, unit_replicated_bytes,
+                                           unit_kept_bytes, unit_replicated_working_bytes, unit_working_bytes)
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "optimizer_step_bytes", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
@@ -125,10 +132,20 @@ def in_flight_microbatches(schedule: str, stage_index: int, pp: int, num_microba
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int) -> float:
+def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int, kernels: str = DEFAULT_KERNELS) -> float:
     """Parameters one device of a ``tp``-way stage holding units ``[first, last)`` keeps
-    (:meth:`ModelGraph.range_params`)."""
-    return model.range_params(first, last, tp)
+    (:meth:`ModelGraph.range_params`; under ``torch`` the embedding and head whole,
+    :func:`~hetpart.costmodel.activations.unit_params_split`)."""
+    if kernels == DEFAULT_KERNELS:
+        return model.range_params(first, last, tp)
+    split = unit_params_split(model, kernels)[first:last]
+    units = model.units[first:last]
+    keeps_copy = not any(u.name == model.tied_owner for u in units)
+    total = 0.0
+    for u, sh in zip(units, split):
+        n = u.params + (u.shared_params if u.shared_params and keeps_copy else 0)
+        total += n / tp if sh else n
+    return total
 
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,
@@ -151,10 +168,10 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
         kernels: the kernel set whose saved activations count (:mod:`~hetpart.costmodel.activations`).
         working_set: whether to add the running unit's working set (:func:`stage_working_gb`).
     """
-    states = stage_params_per_device(model, first, last, tp) * state_bytes_per_param(optimizer, precision)
-    units = model.units[first:last]
-    saved = unit_saved_bytes(model, recompute, attention, kernels)[first:last]
-    per_mb = sum(b / (tp if u.tp_shardable else 1) for u, b in zip(units, saved)) * micro_batch
+    states = stage_params_per_device(model, first, last, tp, kernels) * state_bytes_per_param(optimizer, precision)
+    saved = unit_kept_bytes(model, recompute, attention, kernels)[first:last]
+    whole = unit_replicated_bytes(model, recompute, attention, kernels)[first:last]
+    per_mb = sum((b - r) / tp + r for b, r in zip(saved, whole)) * micro_batch
     acts = per_mb * in_flight
     work = stage_working_gb(model, first, last, tp, micro_batch, recompute, attention, kernels) if working_set else 0.0
     return (states + acts) / 1e9 + work
@@ -165,11 +182,11 @@ def stage_working_gb(model: ModelGraph, first: int, last: int, tp: int, micro_ba
     """The largest working set of units ``[first, last)`` on one device of a ``tp``-way stage, GB: what the
     running unit's backward holds on top of the saved activations (full recompute: its activations live
     again); 0 for an empty range."""
-    units = model.units[first:last]
-    if not units:
+    if last <= first:
         return 0.0
     work = unit_working_bytes(model, recompute, attention, kernels)[first:last]
-    return max(b / (tp if u.tp_shardable else 1) for u, b in zip(units, work)) * micro_batch / 1e9
+    whole = unit_replicated_working_bytes(model, recompute, attention, kernels)[first:last]
+    return max((b - r) / tp + r for b, r in zip(work, whole)) * micro_batch / 1e9
 
 
 def device_memory_gb(model: ModelGraph, chunks, micro_batch: int, in_flight: float, recompute: str,
@@ -196,15 +213,17 @@ class PrefixTables:
             return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))]).tolist()
 
         units = model.units
-        sh = [1.0 if u.tp_shardable else 0.0 for u in units]
+        sh = [1.0 if split else 0.0 for split in unit_params_split(model, kernels)]
         self._p_sh = prefix([u.params * f for u, f in zip(units, sh)])
         self._p_rep = prefix([u.params * (1 - f) for u, f in zip(units, sh)])
         self._s_sh = prefix([u.shared_params * f for u, f in zip(units, sh)])
         self._s_rep = prefix([u.shared_params * (1 - f) for u, f in zip(units, sh)])
         self.kernels = kernels
-        saved = {(mode, att): unit_saved_bytes(model, mode, att, kernels)
+        saved = {(mode, att): unit_kept_bytes(model, mode, att, kernels)
                  for mode in ("none", "selective", "full") for att in ("fused", "eager")}
-        self._act = {key: (prefix([b * f for b, f in zip(acts, sh)]), prefix([b * (1 - f) for b, f in zip(acts, sh)]))
+        whole = {(mode, att): unit_replicated_bytes(model, mode, att, kernels)
+                 for mode in ("none", "selective", "full") for att in ("fused", "eager")}
+        self._act = {key: (prefix([b - r for b, r in zip(acts, whole[key])]), prefix(whole[key]))
                      for key, acts in saved.items()}
         """Per (recompute, attention), prefix sums of the (sharded, replicated) saved activations."""
         self._work = {}
@@ -212,7 +231,8 @@ class PrefixTables:
         for mode in ("none", "selective", "full"):
             for att in ("fused", "eager"):
                 work = unit_working_bytes(model, mode, att, kernels)
-                self._work[(mode, att)] = ([b * f for b, f in zip(work, sh)], [b * (1 - f) for b, f in zip(work, sh)])
+                rest = unit_replicated_working_bytes(model, mode, att, kernels)
+                self._work[(mode, att)] = ([b - r for b, r in zip(work, rest)], rest)
         self.owner = model.tied_owner_index
         self.sharers = [i for i, u in enumerate(units) if u.shared_params]
 
@@ -304,9 +324,23 @@ class PrefixTables:
                     continue
                 work_sh, work_rep = self._work[(mode, attention)]
                 la, lz = a[sel], z[sel]
+                if self._mixed(mode, attention):  # units with both parts: the exact maximum, stage by stage
+                    out[sel] = [self.working_gb(int(x), int(y), float(t), 1, mode, attention)
+                                for x, y, t in zip(la, lz, tp[sel])]
+                    out[sel] *= micro_batch[sel]
+                    continue
                 out[sel] = np.maximum(self._range_max(work_sh, la, lz) / tp[sel],
                                       self._range_max(work_rep, la, lz)) * micro_batch[sel] / 1e9
         return out
+
+    def _mixed(self, recompute: str, attention: str) -> bool:
+        """Whether some unit's working set has both a ``tp``-split and a whole part (``torch`` kernels under
+        full recomputation); else each unit's is one or the other and the range maxima add up exactly."""
+        mixed = getattr(self, "_mixed_keys", None)
+        if mixed is None:
+            mixed = self._mixed_keys = {key for key, (sh, rep) in self._work.items()
+                                        if any(x > 0 and y > 0 for x, y in zip(sh, rep))}
+        return (recompute, attention) in mixed
 
     def saved_gb(self, a: int, z: int, tp: int, micro_batch: int, recompute: str, attention: str = "fused") -> float:
         """Activations units ``[a, z)`` save for one micro-batch on one device, GB."""
@@ -318,6 +352,8 @@ class PrefixTables:
         if z <= a:
             return 0.0
         work_sh, work_rep = self._work[(recompute, attention)]
+        if self._mixed(recompute, attention):
+            return max(x / tp + y for x, y in zip(work_sh[a:z], work_rep[a:z])) * micro_batch / 1e9
         return max(max(work_sh[a:z]) / tp, max(work_rep[a:z])) * micro_batch / 1e9
 
     def memory_gb(self, a: int, z: int, tp: float, micro_batch: int, in_flight: float, recompute: str,

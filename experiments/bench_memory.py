@@ -1,26 +1,19 @@
 """Benchmark: peak memory of real CPU runs against the simulator (issue 9's and issue 10's memory targets).
 
 Each case is a real ``hetpart run`` on this machine (gloo, one process per plan device, shrunken
-gpt2-small): a 2-stage 1F1B pipeline (tiny and small scale, recompute none and full) and a ZeRO-3
-(FSDP2) data-parallel pair. The runtime reports, per rank, the peak resident-set growth during a
-measured step (``rss_peak_delta``: VmHWM reset at the step's start, minus VmRSS then). So that the
-resident set follows the live tensors, the runs use a fixed ``MALLOC_MMAP_THRESHOLD_=65536``: glibc
-then maps every tensor above 64 KiB on its own and unmaps it when freed (with its default, adaptive
-threshold, freed memory stays resident and the growth depends on the allocation order: the same run
-measured 195 and 211 MB on rank 0).
-
-What is compared is the same quantity on both sides: the growth during a step is the device's
-predicted peak (:class:`~hetpart.costmodel.Simulator`, with the options of the run record: the
-``torch`` kernel set, the activations the runtime's modules were measured to save) less what is
-resident when the probe starts the step (weights, the previous step's gradients and the optimizer
-states, sharded as the plan's level shards them; the runtime frees the gradients only when the next
-forward starts, and the simulator's ``torch`` peak counts them back when the first backward allocates them).
+gpt2-small): a 2-stage 1F1B pipeline (tiny and small scale, recompute none and full) and ZeRO data-parallel
+pairs. The runtime reports, per rank, the peak of its live tensor bytes in one extra untimed step
+(``memory_method`` ``live_tensors``, :mod:`hetpart.runtime.live_memory`: every tensor storage alive, the
+weights, gradients and optimizer states included), the quantity ``torch.cuda.max_memory_allocated`` gives
+on a GPU. So the device's whole predicted peak (:class:`~hetpart.costmodel.Simulator`, with the options of
+the run record: the ``torch`` kernel set) is compared with the measured peak directly, nothing subtracted.
+Records of older runs (``rss_peak_delta``: resident-set growth during a step, blind to the state at rest)
+are compared as before, their growth against the prediction less the state at rest (``_at_rest_gb``).
 
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 6 minutes on the shared
 2-core machine); ``--write`` rewrites the ``memory-validation`` section of docs/BENCHMARKS.md;
 ``--records FILE`` re-predicts records measured before instead of running (the runs of docs/BENCHMARKS.md:
-``experiments/data/cpu_memory_runs_mmap.jsonl``). The tiny case is below what the resident set resolves:
-its tensors (16 KiB) stay under the 64 KiB threshold, in heap pages that stay resident once touched.
+``experiments/data/cpu_memory_runs_mmap.jsonl``, resident-set growth).
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ def run_case(plan: dict, scale: str, out: Path, steps: int = 3) -> None:
     """One real ``hetpart run`` of ``plan``, its record appended to ``out``."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(plan, fh)
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     cmd = [sys.executable, "-m", "hetpart", "run", fh.name, "--model", "gpt2-small", "--cluster", "tiny-mixed",
            "--scale", scale, "--steps", str(steps), "--out", str(out)]
     try:
@@ -93,8 +86,9 @@ def _at_rest_gb(plan, model, replica: int, stage: int) -> float:
 
 
 def compare(record) -> list[dict]:
-    """Per rank of ``record``: measured growth, predicted growth (peak less the states at rest), and the
-    recorded prediction's full account (what the section compared before)."""
+    """Per rank of ``record``: measured and predicted peak. Live-tensor records compare the whole peaks
+    (``at_rest_mb`` 0); resident-set records (``rss_peak_delta``) the growth, the prediction less the states
+    at rest."""
     from hetpart.costmodel.predictor import get_predictor
     from hetpart.workload import Workload
 
@@ -107,11 +101,13 @@ def compare(record) -> list[dict]:
     for r in record.measured.ranks:
         rank = r if isinstance(r, dict) else r.__dict__
         replica, stage, peak = by_device[rank["device"]]
-        rest = _at_rest_gb(plan, graph, replica, stage)
+        whole = record.measured.memory_method in ("live_tensors", "cuda_max_allocated")
+        rest = 0.0 if whole else _at_rest_gb(plan, graph, replica, stage)
         rows.append({"rank": rank["rank"], "device": rank["device"], "measured_mb": rank["peak_memory_gb"] * 1e3,
                      "predicted_peak_mb": peak * 1e3, "at_rest_mb": rest * 1e3, "predicted_mb": (peak - rest) * 1e3,
                      "ratio": (peak - rest) / rank["peak_memory_gb"], "kernels": options.get("kernels", "fused"),
-                     "micro_batch": plan.micro_batch, "recompute": plan.recompute, "zero": plan.zero})
+                     "micro_batch": plan.micro_batch, "recompute": plan.recompute, "zero": plan.zero,
+                     "method": record.measured.memory_method})
     return rows
 
 
@@ -124,7 +120,7 @@ def section(records: Path | None = None, cases=None):
         records = Path(tempfile.mkdtemp()) / "memory_runs.jsonl"
         for _, scale, plan in cases or CASES:
             run_case(plan, scale, records)
-    lines = ["| run | rank | measured growth (MB) | predicted peak (MB) | at rest (MB) | predicted growth (MB) | "
+    lines = ["| run | rank | measured (MB) | predicted peak (MB) | at rest subtracted (MB) | predicted (MB) | "
              "predicted / measured |", "|---|---|---|---|---|---|---|"]
     ratios = []
     for (label, _, _), rec in zip(cases or CASES, load_records(records)):

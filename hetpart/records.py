@@ -84,6 +84,9 @@ class RankTimes:
     computed (:mod:`hetpart.runtime.speeds`)."""
     emulated_comm_s: float = 0.0
     """Sleep added to emulate links."""
+    rss_peak_delta_gb: float | None = None
+    """On CPU, the growth of the rank's resident set during a measured step (GB; None where not read). What
+    ``peak_memory_gb`` held before ``live_tensors``; it misses tensors placed in pages already resident."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,14 @@ class Measured:
     peak_memory_gb: dict[str, float]
     """Per device type of the plan's cluster, the largest peak over its ranks (GB)."""
     memory_method: str
-    """``cuda_max_allocated``, ``rss_peak_delta`` or ``rss_peak_since_start`` (how peaks were read)."""
+    """How the peaks were read: ``live_tensors`` (on CPU: the bytes of live tensors at their peak in one extra,
+    untimed step, :mod:`hetpart.runtime.live_memory`), ``cuda_max_allocated`` (the CUDA allocator's peak over
+    the measured steps), or in older records ``rss_peak_delta``/``rss_peak_since_start`` (resident-set growth)."""
     steps: int
     warmup: int
+    rss_peak_delta_gb: dict[str, float] = field(default_factory=dict)
+    """On CPU, per device type: the largest growth of a rank's resident set during a measured step (GB;
+    empty in records written before it was kept)."""
 
 
 @dataclass(frozen=True)

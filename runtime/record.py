@@ -72,7 +72,7 @@ def measured_record(m: "Measurement") -> Measured:
     return Measured(step_time_s=m.step_time_s, tokens_per_s=m.tokens_per_s, samples_per_s=m.samples_per_s,
                     step_times_s=tuple(m.step_times_s), step_time_std_s=m.step_time_std_s, losses=tuple(m.losses),
                     stages=stages, ranks=ranks, peak_memory_gb=dict(m.peak_memory_gb), memory_method=m.memory_method,
-                    steps=m.steps, warmup=m.warmup)
+                    steps=m.steps, warmup=m.warmup, rss_peak_delta_gb=dict(m.rss_peak_delta_gb))
 
 
 def predicted_record(predicted: dict[str, Any] | None) -> Predicted | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hetpart import load_model
-from hetpart.costmodel.activations import TORCH_BLOCK, TORCH_HEAD, unit_saved_bytes
+from hetpart.costmodel.activations import TORCH_BLOCK, TORCH_HEAD, unit_kept_bytes, unit_saved_bytes
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.graph.transformer import transformer_graph
 
@@ -116,7 +116,8 @@ def test_memory_grows_with_the_micro_batch(tiny, kernels, recompute):
 def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_working_set(tiny):
     """hetpart's runtime frees the gradients at each step's start: a stage that runs every forward before its
     first backward peaks at rest + max(k A, G + (k - 1) A) + W, the last stage (forward, then backward, then
-    forward again) at rest + G + A + W with W its head's fp32 loss gradients (8 V bytes per token)."""
+    forward again) at rest + G + A + W with W its head's fp32 loss gradients (8 V bytes per token) and A
+    counting the logits the pipeline keeps until their backward (unit_kept_bytes)."""
     from hetpart import load_cluster
     from hetpart.costmodel import Simulator
     from hetpart.costmodel.memory import PrefixTables
@@ -125,7 +126,7 @@ def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_work
     plan = _pipeline_plan(b)  # 2 micro-batches: stage 0 holds both before its first backward
     pred = Simulator(tiny, load_cluster("tiny-mixed"), kernels="torch").simulate(plan)
     t = PrefixTables(tiny, "torch")
-    saved = unit_saved_bytes(tiny, "none", "fused", "torch")
+    saved = unit_kept_bytes(tiny, "none", "fused", "torch")  # with the logits the last stage holds
     cfg = tiny.config
     for (a, z), dev, k in (((0, 7), "0/0/0", 2), ((7, 14), "0/0/1", 1)):
         params = t.params_per_device(a, z, 1)
