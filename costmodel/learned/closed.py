@@ -23,10 +23,18 @@ costs only:
   rings of one device group one after another; the optimizer step after the slowest ring.
 * **learned** (:class:`ClosedHead`): a small MLP on pooled plan features (the composed terms, the
   pipeline's shape and imbalance) adds a log correction to the composed step, trained on simulator
-  labels with a pairwise ranking term (:func:`train_closed`).
+  labels with a pairwise ranking term (:func:`train_closed`); a variance model, linear in the same
+  features and fitted apart (:func:`fit_variance`), gives each plan its own relative standard deviation.
+
+``metrics["uncertainty"]`` is that spread, raised to at least ``OOD_RELATIVE_STD`` when the plan is out
+of distribution: a feature outside its training range, or a device type the learned models do not cover
+(:mod:`~hetpart.costmodel.learned.coverage`, the test ``learned-graph`` applies too), with the reasons
+in ``out_of_distribution_reasons``.
 
 Plans it does not compose (ZeRO sharding, uneven tensor-parallel splits, clusters with more node
-groups than the vectorised encoder handles) are priced by the simulator (``priced_by``).
+groups than the vectorised encoder handles) are priced by the simulator (``priced_by``); their
+uncertainty claims no learned spread (``relative_std`` None, ``source: "simulator"``) and carries the
+simulator's compute error band over the plan's device types as the low and high step.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from hetpart.workload import DTYPE_BYTES
 from hetpart.costmodel.memory import GRAD_BYTES
 
 __all__ = ["ClosedContext", "Composed", "compose", "ClosedHead", "HEAD_FEATURES", "ClosedTrainConfig", "train_closed",
-           "record_examples", "evaluate_examples", "save_head", "load_head", "ClosedPredictor", "closed_predictor",
+           "record_examples", "evaluate_examples", "fit_variance", "save_head", "load_head", "ClosedPredictor", "closed_predictor",
            "kendall_tau"]
 
 _BUCKET_PARAMS = 40_000_000
@@ -487,7 +495,18 @@ class ClosedHead:
             h = h @ self.w[f"W{i}"] + self.w[f"b{i}"]
             if i < self.w["layers"].item() - 1:
                 h = h / (1 + np.exp(-h))  # SiLU
-        return h[:, 0], np.clip(h[:, 1], -12, 4)
+        log_var = h[:, 1]
+        if "var_w" in self.w:
+            log_var = self.variance(x)
+        return h[:, 0], np.clip(log_var, -12, 4)
+
+    def variance(self, x: np.ndarray) -> np.ndarray:
+        """The log variance of the variance model (:func:`fit_variance`): linear in the normalised
+        features, each held inside its training range (beyond it the OOD test speaks)."""
+        lo, hi = self.w.get("x_lo"), self.w.get("x_hi")
+        if lo is not None:
+            x = np.clip(x, lo, hi)
+        return self.w["var_b"].item() + ((x - self.w["mean"]) / self.w["std"]) @ self.w["var_w"]
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -624,19 +643,95 @@ def train_closed(examples: list[dict], cfg: ClosedTrainConfig = ClosedTrainConfi
             progress(epoch + 1, cfg.epochs)
     if not val:
         best = head_now()
-    # the variance head's level: its mean variance matched to the squared log errors on the validation
-    # split (or train), so that metrics.uncertainty says how far off the step time typically is
-    calib = val or train
-    r2 = np.concatenate([(e["base"] + best(e["x"])[0] - e["y"]) ** 2 for e in calib])
-    lv = np.concatenate([best(e["x"])[1] for e in calib])
-    best.w["b2"] = best.w["b2"].copy()
-    best.w["b2"][1] += math.log(max(float(r2.mean()), 1e-12)) - math.log(float(np.exp(lv).mean()))
-    report = {s: evaluate_examples(best, [e for e in examples if e["split"] == s]) for s in ("train", "val", "test")}
-    report["composition_only"] = {s: evaluate_examples(ClosedHead(), [e for e in examples if e["split"] == s])
-                                  for s in ("train", "val", "test")}
     best.w["x_lo"] = X.min(0).astype(np.float64)
     best.w["x_hi"] = X.max(0).astype(np.float64)
+    # the variance is fitted apart from the correction: when validation keeps the zero-initialised head
+    # (it usually does), the MLP's variance column is zero too and every plan got the same spread
+    spread = fit_variance(best, examples)
+    report = {s: {**evaluate_examples(best, [e for e in examples if e["split"] == s]), **spread.get(s, {})}
+              for s in ("train", "val", "test")}
+    report["composition_only"] = {s: evaluate_examples(ClosedHead(), [e for e in examples if e["split"] == s])
+                                  for s in ("train", "val", "test")}
     return best, report
+
+
+def fit_variance(head: ClosedHead, examples: list[dict], l2: float = 1e-2,
+                 coverage: float = 0.95) -> dict[str, dict[str, float]]:
+    """Fit ``head``'s variance model in place and return how it does per split.
+
+    The log variance is linear in the normalised features (``var_w``, ``var_b``), fitted to the
+    squared log errors of the head's step on the ``train`` split by the Gaussian likelihood (convex:
+    Newton's method), its level then set so that ``coverage`` of the ``val`` split's plans (or
+    train's) lie within two standard deviations. The step (the correction) is not touched.
+
+    Returns:
+        Per split with examples: ``rel_std_mean`` (the mean predicted relative std), ``rel_std_p10``/``p90``,
+        ``rms_log_error``, ``within_2std`` (share of plans), ``spearman`` (the predicted std against the
+        absolute log error, over plans).
+    """
+    F = len(head.w["mean"])
+    head.w.setdefault("x_lo", np.full(F, -np.inf))
+    head.w.setdefault("x_hi", np.full(F, np.inf))
+    head.w["var_w"], head.w["var_b"] = np.zeros(F), np.array(0.0)
+
+    def rows(split):
+        part = [e for e in examples if e["split"] == split]
+        if not part:
+            return None
+        z = np.concatenate([(np.clip(e["x"], head.w["x_lo"], head.w["x_hi"]) - head.w["mean"]) / head.w["std"]
+                            for e in part])
+        r2 = np.concatenate([(e["base"] + head(e["x"])[0] - e["y"]) ** 2 for e in part])
+        return z, r2
+
+    train = rows("train")
+    if train is None:
+        return {}
+    z, r2 = train
+    A = np.concatenate([np.ones((len(z), 1)), z], 1)
+    r2f = np.maximum(r2, 1e-8)  # a plan priced exactly would pull its variance to -inf
+    theta = np.zeros(F + 1)
+    theta[0] = math.log(r2f.mean())
+    reg = np.full(F + 1, l2)
+    reg[0] = 0.0
+
+    def loss(t):
+        lv = A @ t
+        return float(np.mean(lv + r2f * np.exp(-lv)) + (reg * t * t).sum())
+
+    for _ in range(50):
+        lv = A @ theta
+        w = r2f * np.exp(-lv)
+        grad = A.T @ (1 - w) / len(A) + 2 * reg * theta
+        hess = (A * w[:, None]).T @ A / len(A) + np.diag(2 * reg + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        t, now = 1.0, loss(theta)
+        while loss(theta - t * step) > now and t > 1e-4:
+            t /= 2
+        theta = theta - t * step
+        if np.abs(t * step).max() < 1e-7:
+            break
+    head.w["var_w"], head.w["var_b"] = theta[1:].copy(), np.array(theta[0])
+    # the level: the smallest shift that puts ``coverage`` of the calibration split's plans within two
+    # standard deviations (the errors are heavy-tailed: matching the mean variance left most plans' spread
+    # far below their error)
+    z_cal, r2_cal = rows("val") or train
+    std = np.exp(0.5 * (head.w["var_b"].item() + z_cal @ head.w["var_w"]))
+    ratio = float(np.quantile(np.sqrt(r2_cal) / (2 * std), coverage))
+    head.w["var_b"] = np.array(head.w["var_b"].item() + 2 * math.log(max(ratio, 1e-12)))
+    out = {}
+    for split in ("train", "val", "test"):
+        got = rows(split)
+        if got is None:
+            continue
+        z, r2 = got
+        std = np.exp(0.5 * np.clip(head.w["var_b"].item() + z @ head.w["var_w"], -12, 4))
+        err = np.sqrt(r2)
+        rank = np.argsort(np.argsort(std)), np.argsort(np.argsort(err))
+        out[split] = {"rel_std_mean": float(std.mean()), "rel_std_p10": float(np.percentile(std, 10)),
+                      "rel_std_p90": float(np.percentile(std, 90)), "rms_log_error": float(np.sqrt(r2.mean())),
+                      "within_2std": float((err <= 2 * std).mean()),
+                      "spearman": float(np.corrcoef(*rank)[0, 1]) if len(std) > 1 else float("nan")}
+    return out
 
 
 def save_head(head: ClosedHead, path, meta: dict) -> None:
@@ -724,6 +819,7 @@ class ClosedPredictor(_predictor_base()):
             _HEADS[key] = load_head(path)
         self.head, meta = _HEADS[key]
         self.version = f"closed:{path.name}:epochs{meta.get('epochs', '?')}"
+        self._train_gpus = meta.get("train_gpus")
         self._ctx: dict = {}
         self._sim = None
         self._precision = precision
@@ -747,6 +843,35 @@ class ClosedPredictor(_predictor_base()):
         row = _SimRow(est.fits_in_memory, est.memory_headroom_gb, metrics["peak_memory_gb"],
                       metrics["bubble_fraction"])
         return (math.log(est.step_time_s), -12.0, False, row, 0)
+
+    def _estimate(self, plan: Plan, mu: float, log_var: float, ood: bool, batch, row: int):
+        est = super()._estimate(plan, mu, log_var, ood, batch, row)
+        if isinstance(batch, _SimRow):  # the simulator's own answer: no learned spread around it
+            from dataclasses import replace
+
+            est = replace(est, relative_std=0.0)
+        return est
+
+    def _simulator_band(self, plan: Plan, step: float) -> dict:
+        """``metrics["uncertainty"]`` of a plan the simulator priced: no learned spread (``relative_std``
+        None), the simulator's compute error band over the plan's device types as the low and high step
+        (:mod:`~hetpart.costmodel.provenance`; None where no band has rows), the shared device test."""
+        from hetpart.costmodel.provenance import prediction_provenance
+
+        lo = hi = None
+        for p in prediction_provenance(self.cluster, plan, None)["device_types"].values():
+            band = p["error_band"]
+            a, b = band.get("signed_pct", [None, None])
+            if band.get("rows") and a is not None and b is not None:
+                lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+        reasons = self.ood_reasons(plan)
+        # signed_pct is predicted / measured - 1: a band [lo, hi] puts the measured step at step / (1 + x)
+        return {"relative_std": None, "out_of_distribution": bool(reasons),
+                "step_time_s_low": None if hi is None else step / (1 + hi / 100),
+                "step_time_s_high": None if lo is None else step / (1 + lo / 100),
+                "out_of_distribution_reasons": list(reasons), "source": "simulator",
+                "band": None if lo is None else f"the simulator's compute error band {lo:+.1f}% to {hi:+.1f}% "
+                                                 "(predicted / measured - 1) over the plan's device types"}
 
     def _ood(self, x: np.ndarray) -> np.ndarray:
         lo, hi = self.head.w.get("x_lo"), self.head.w.get("x_hi")
@@ -805,6 +930,8 @@ class ClosedPredictor(_predictor_base()):
         for plan, res in zip(plans, out):
             if not isinstance(res, str):
                 res.metrics["priced_by"] = self.name if _composable(plan) else "simulator"
+                if not _composable(plan):
+                    res.metrics["uncertainty"] = self._simulator_band(plan, res.step_time_s)
                 if plan.offload != "none" and self._sim is not None:  # the simulator's host-memory report
                     res.metrics.update({k: v for k, v in self._sim.host_metrics(plan).items() if k != "host_fits"})
         return out

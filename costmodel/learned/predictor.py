@@ -8,7 +8,9 @@ accounting), never learned.
 
 Every answer carries its uncertainty (``metrics["uncertainty"]``): the variance head's relative
 standard deviation, and ``out_of_distribution`` when some input lies outside what the model was
-trained on (then the relative standard deviation is at least ``OOD_RELATIVE_STD``). It never refuses
+trained on or a device type is one the learned models do not cover (inline, or with assumed compute:
+:mod:`~hetpart.costmodel.learned.coverage`, shared with ``learned``); then the relative standard
+deviation is at least ``OOD_RELATIVE_STD`` and ``out_of_distribution_reasons`` says why. It never refuses
 an input the simulator accepts, except context-parallel plans (``cp > 1``) and plans that offload states to
 the host (``offload``): none were in its training set and its features have no place for them, so it names
 the simulator instead.
@@ -57,7 +59,10 @@ class LearnedEstimate:
     relative_std: float
     """Standard deviation of the step time over the step time (the variance head, OOD-inflated)."""
     out_of_distribution: bool
-    """Some input lies outside the training data's range."""
+    """Some input lies outside the training data's range, or a device type is one the learned models do not
+    cover (:func:`~hetpart.costmodel.learned.coverage.unseen_device_types`)."""
+    ood_reasons: tuple[str, ...] = ()
+    """Why it is out of distribution (one phrase each; empty when it is not)."""
 
 
 _MODELS: dict[str, tuple] = {}
@@ -93,6 +98,7 @@ class LearnedPredictor:
         self._ctx: dict[str, ScenarioContext] = {}
         self._cfg_ood: dict = {}
         self._precision = precision
+        self._train_gpus = meta.get("train_gpus")
 
     def _context(self, precision: str) -> ScenarioContext:
         if precision not in self._ctx:
@@ -216,15 +222,27 @@ class LearnedPredictor:
             out.append(self._estimate(plan, *res))
         return out
 
+    def ood_reasons(self, plan: Plan, features_outside: bool = False) -> tuple[str, ...]:
+        """Why ``plan`` is out of this predictor's distribution: its device types the learned models do not
+        cover (the test both learned predictors share), and ``features_outside`` (the feature-range test)."""
+        from hetpart.costmodel.learned.coverage import DeviceCoverage
+
+        cov = getattr(self, "_coverage", None)
+        if cov is None:
+            cov = self._coverage = DeviceCoverage(self.cluster, getattr(self, "_train_gpus", None))
+        reasons = tuple(f"{gpu}: {why}" for gpu, why in cov.of(plan.devices).items())
+        return reasons + (("plan features outside the training range",) if features_outside else ())
+
     def _estimate(self, plan: Plan, mu: float, log_var: float, ood: bool, batch, row: int) -> LearnedEstimate:
         step = math.exp(mu)
         std = math.sqrt(math.exp(log_var))
-        if ood:
+        reasons = self.ood_reasons(plan, ood)
+        if reasons:
             std = max(std, OOD_RELATIVE_STD)
         headroom = float(batch.headroom_gb[row]) if getattr(batch, "headroom_gb", None) is not None \
             else self._headroom(plan, batch.memory_gb[row])
         return LearnedEstimate(step, plan.global_batch * plan.seq_len / step, bool(batch.fits[row]), headroom, std,
-                               ood)
+                               bool(reasons), reasons)
 
     def _headroom(self, plan: Plan, memory: dict[str, float]) -> float:
         from hetpart.costmodel.memory import memory_capacity_gb
@@ -303,7 +321,8 @@ class LearnedPredictor:
             "fits_in_memory": est.fits_in_memory,
             "uncertainty": {"relative_std": est.relative_std, "out_of_distribution": est.out_of_distribution,
                             "step_time_s_low": step * math.exp(-est.relative_std),
-                            "step_time_s_high": step * math.exp(est.relative_std)},
+                            "step_time_s_high": step * math.exp(est.relative_std),
+                            "out_of_distribution_reasons": list(est.ood_reasons), "source": self.name},
         }
 
 
