@@ -369,6 +369,9 @@ class _Loop:
             model.learn(self.cfg.policy_timesteps, reset_num_timesteps=False)
         path = self.out / f"policy-{iteration}.zip"
         model.save(path)
+        from hetpart.policies.gnn import save_network_file
+
+        save_network_file(model, path)
         return path
 
 

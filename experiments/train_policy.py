@@ -418,6 +418,9 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     out = written_path(cfg.out) if cfg.out else run_dir / "policy.zip"  # what SB3 writes, named so in the summary
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
+    from hetpart.policies.gnn import save_network_file
+
+    save_network_file(model, out)  # planning with it needs no SB3
     tracker.finish()
     summary |= {"checkpoint": str(out), "timesteps": int(model.num_timesteps), "wall_s": time.time() - start}
     return summary

@@ -37,7 +37,7 @@ from hetpart.policies.structure import NUM_ACTIONS, NUM_OPTIONS
 
 __all__ = ["PlanGNN", "DenseConv", "PlanGNNExtractor", "PointerPolicy",  # noqa: F822 (the last two: __getattr__)
            "logits_and_context", "model_embedding", "NETWORK_FORMAT", "network_path", "checkpoint_digest", "network_of",
-           "save_network", "load_network"]
+           "save_network", "save_network_file", "load_network"]
 
 
 def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
@@ -258,6 +258,17 @@ def save_network(net: PlanGNN, path: str | Path, source_digest: str) -> None:
     torch.save({"format": NETWORK_FORMAT, "source_sha256": source_digest, "hidden": net.hidden, "layers": net.layers,
                 "state_dict": net.state_dict()}, tmp)
     os.replace(tmp, path)
+
+
+def save_network_file(model, checkpoint: str | Path) -> None:
+    """After ``model.save(checkpoint)``: write the decoding network of the MaskablePPO ``model`` beside it
+    (:func:`network_path`), so that planning with that checkpoint never loads SB3. Nothing is written for a policy
+    :class:`PlanGNN` cannot reproduce (planning loads such a checkpoint with SB3, as before)."""
+    try:
+        net = network_of(model.policy)
+    except ValueError:
+        return
+    save_network(net, network_path(checkpoint), checkpoint_digest(checkpoint))
 
 
 def load_network(path: str | Path, source_digest: str) -> PlanGNN | None:

@@ -132,9 +132,14 @@ def _policy_checkpoint(path: Optional[Path], planner: str) -> dict[str, Any]:
     if planner != "policy":
         raise PlanError(f"--policy-checkpoint: only --planner policy uses a checkpoint (not {planner!r}); add "
                         "--planner policy or leave the checkpoint out")
-    if not path.is_file():
-        raise PlanError(f"--policy-checkpoint: {path}: no such file; give the checkpoint 'hetpart train-policy' "
-                        "wrote (the 'out' of its config)")
+    from hetpart.policies.registry import checkpoint_file
+
+    found = checkpoint_file(path)  # tp/smoke reads tp/smoke.zip, as SB3 loads it and train-policy writes it
+    if found is None:
+        also = "" if path.suffix else f" nor {path}.zip"
+        raise PlanError(f"--policy-checkpoint: {path}: no such file{also}; give the checkpoint 'hetpart "
+                        "train-policy' wrote (the 'checkpoint' of its summary)")
+    path = found
     from hetpart.policies.policy_planner import load_policy
 
     try:
