@@ -11,7 +11,9 @@ parallelism, ...), never a silent approximation. The names are the engines' own:
   stages; the one way to put the embedding or the head alone on a stage), ``--micro-batch-size``,
   ``--global-batch-size``, ``--seq-length``, ``--recompute-granularity``,
   ``--optimizer sgd``, ``--attention-backend unfused`` (eager attention) and, for hybrid sharding,
-  ``--num-distributed-optimizer-instances`` (the distributed optimizer sharded inside groups of consecutive ranks).
+  ``--num-distributed-optimizer-instances`` (the distributed optimizer sharded inside groups of consecutive ranks),
+  and ``--optimizer-cpu-offload`` with what Megatron-Core requires of it (``--use-precision-aware-optimizer``,
+  hence ``--use-distributed-optimizer`` and Adam) and ``--optimizer-offload-fraction 1.0``.
 * torchtitan (``torchtitan/config/job_config.py``): ``[training] local_batch_size`` (the samples of one forward;
   ``global_batch_size / (local_batch_size x dp)`` accumulation steps), ``[parallelism]`` degrees (HSDP:
   ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``), ``pipeline_parallel_schedule``,
@@ -26,7 +28,11 @@ The plan's optimizer and attention kernel are part of what it assumed (model-sta
 where a target has no setting for them (8-bit Adam anywhere, SGD in torchtitan, eager attention outside
 Megatron-LM) they are named, never dropped.
 
-Units of a hetpart transformer are ``embedding, block_0 .. block_{L-1}, head``.
+Given the cluster, groups whose GPUs come from two vendors (an A100 and an MI250X replica) are named too: no
+NCCL/RCCL communicator spans both, and the engines run one backend for every group.
+
+Units of a hetpart transformer are ``embedding, block_0 .. block_{L-1}, head``; a ``python:`` model, traced
+from a module, has no shape arguments for the engines and is refused.
 """
 
 from __future__ import annotations
@@ -80,26 +86,28 @@ class _Shape:
     problems: tuple[str, ...]
 
 
-def export_plan(plan, graph, target: str) -> Export:
+def export_plan(plan, graph, target: str, cluster=None) -> Export:
     """Express ``plan`` (made for ``graph``) for ``target`` (``megatron``, ``torchtitan`` or ``deepspeed``).
+
+    Args:
+        cluster: the plan's cluster; with it, communication groups that mix GPU vendors are named.
 
     Raises:
         PlanError: an unknown target, or a model that is not a hetpart transformer (embedding, blocks, head).
     """
     if target not in TARGETS:
         raise PlanError(f"--to: unknown target {target!r}; use one of {', '.join(TARGETS)}")
-    shape = _shape(plan, graph)
+    shape = _shape(plan, graph, cluster)
     return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[target](plan, graph, shape)
 
 
-def _shape(plan, graph) -> _Shape:
+def _shape(plan, graph, cluster=None) -> _Shape:
+    _check_exportable(graph)
     arch = graph.arch or {}
-    kinds = [u.kind for u in graph.units]
-    if not arch.get("num_layers") or kinds[0] != "embedding" or kinds[-1] != "head":
-        raise PlanError(f"export: model {graph.name} is not a transformer of embedding, blocks and head (a "
-                        "python: model?); the engines' arguments describe transformer layers only")
     first = plan.replicas[0]
     vpp = plan.chunks_per_device
+    pp, tp = first.pp // vpp, first.stages[0].tp
+    dp, grid_problem = _grid_dp(plan, pp, tp)
     problems = []
     shares = {round(r.batch_share, 9) for r in plan.replicas}
     if len(shares) > 1:
@@ -124,24 +132,95 @@ def _shape(plan, graph) -> _Shape:
                         "engines split each sharded state evenly over its shard group (Megatron-LM's distributed "
                         "optimizer, FSDP2, DeepSpeed ZeRO); shown: even shards, more than planned on the replicas "
                         "given less")
-    step = plan.dp * plan.micro_batch  # each engine's global batch is dp x micro-batch x accumulation steps
-    if plan.global_batch % step:
-        near = sorted({max(step, plan.global_batch // step * step), (plan.global_batch // step + 1) * step})
-        problems.append(f"a global batch of {plan.global_batch} sequences over {plan.dp} data-parallel replicas of "
-                        f"micro-batch {plan.micro_batch} (the engines need a multiple of {step}: the config shown "
-                        f"does not add up to {plan.global_batch} and is refused or trains on fewer): set the global "
-                        f"batch to {' or '.join(map(str, near))} there")
+    problems += [p for p in (grid_problem, _batch_problem(plan, dp, pp, tp), _vendor_problem(plan, cluster)) if p]
     n = graph.num_units
     blocks = tuple(max(0, min(b, n - 1) - max(a, 1)) for a, b in (s.layers for s in first.stages))
-    return _Shape(dp=plan.dp, pp=first.pp // vpp, vpp=vpp, tp=first.stages[0].tp, blocks=blocks,
+    return _Shape(dp=dp, pp=pp, vpp=vpp, tp=tp, blocks=blocks,
                   stage_units=tuple(s.layers for s in first.stages), num_layers=int(arch["num_layers"]),
                   problems=tuple(problems))
 
 
-def _shard_group(plan) -> int:
-    """Replicas per shard group: ``shard_group`` under hybrid sharding (HSDP), else all ``dp`` replicas."""
+def _check_exportable(graph) -> None:
+    """The engines build their own transformer from shape arguments; a traced module states none."""
+    if graph.config is None:
+        raise PlanError(f"export: model {graph.source or graph.name} is a python: model, which cannot be exported: "
+                        "Megatron-LM, torchtitan and DeepSpeed build their own transformer from shape arguments "
+                        "(layers, hidden size, heads, vocabulary), and a traced module gives hetpart its units, "
+                        "not these; describe the model as a Hugging Face config.json and plan with that, or run "
+                        "this plan with 'hetpart run'")
+    kinds = [u.kind for u in graph.units]
+    if not (graph.arch or {}).get("num_layers") or kinds[0] != "embedding" or kinds[-1] != "head":
+        raise PlanError(f"export: model {graph.name} is not a transformer of embedding, blocks and head; the "
+                        "engines' arguments describe transformer layers only")
+
+
+def _grid_dp(plan, pp: int, tp: int) -> tuple[int, str | None]:
+    """The data-parallel degree of the config shown. Replicas alike (the same device count per stage, per-stage
+    TP inside them or not) are its data-parallel ranks. Replicas of other depths or TP widths are no grid: the
+    config shown, run on the plan's devices, makes ``world / (tp x cp x pp)`` of them (Megatron-LM's
+    ``validate_args``; torchtitan's mesh), replica 0 giving tp and pp."""
+    shapes = {tuple(len(s.devices) for s in r.stages) for r in plan.replicas}
+    if len(shapes) == 1:
+        return plan.dp, None
+    width = tp * getattr(plan, "cp", 1) * pp
+    world = plan.num_devices
+    dp = max(1, world // width)
+    if dp * width == world:
+        return dp, None
+    return dp, (f"the plan's {world} devices as one grid of {width}-device replicas (replica 0's tp {tp}, "
+                f"{'cp ' + str(plan.cp) + ', ' if getattr(plan, 'cp', 1) > 1 else ''}pp {pp}): the engines need "
+                f"a multiple of {width}; the config shown runs {dp} data-parallel rank{'s' if dp > 1 else ''} on "
+                f"{dp * width} of them")
+
+
+def _batch_problem(plan, dp: int, pp: int, tp: int) -> str | None:
+    """Each engine's global batch is dp x micro-batch x accumulation steps, dp being the config's (not the
+    plan's replica count: replicas of other TP widths or depths make another grid on the same devices)."""
+    step = dp * plan.micro_batch
+    if plan.global_batch % step == 0:
+        return None
+    near = sorted({max(step, plan.global_batch // step * step), (plan.global_batch // step + 1) * step})
+    whose = "" if dp == plan.dp else (f" (the config's dp: the plan's {plan.num_devices} devices over tp {tp} x "
+                                      f"pp {pp}; the plan has {plan.dp} replicas)")
+    return (f"a global batch of {plan.global_batch} sequences over {dp} data-parallel replicas of micro-batch "
+            f"{plan.micro_batch}{whose} (the engines need a multiple of {step}: the config shown does not add up to "
+            f"{plan.global_batch} and is refused or trains on fewer): set the global batch to "
+            f"{' or '.join(map(str, near))} there")
+
+
+def _vendor_problem(plan, cluster) -> str | None:
+    """Groups whose GPUs come from more than one vendor. Each vendor's collective library connects its own GPUs
+    only (a PyTorch build has NCCL or RCCL behind its ``nccl`` backend, not both), so no one communicator spans
+    two vendors, and the engines create one backend for every group."""
+    if cluster is None or len(_vendors(cluster, plan.devices)) < 2:
+        return None
+    holders: dict[int, set[str]] = {}  # unit -> vendors of the devices holding it: its gradient all-reduce
+    for r in plan.replicas:
+        for s in r.stages:
+            for u in range(*s.layers):
+                holders.setdefault(u, set()).update(_vendors(cluster, s.devices))
+    groups = [name for name, mixed in (
+        ("data-parallel (the gradient all-reduce)", any(len(v) > 1 for v in holders.values())),
+        ("pipeline (the sends between stages)",
+         any(len({_vendors(cluster, s.devices) for s in r.stages}) > 1 for r in plan.replicas)),
+        ("tensor-parallel", any(len(_vendors(cluster, s.devices)) > 1 for r in plan.replicas for s in r.stages)),
+    ) if mixed]
+    gpus = sorted({f"{g.vendor} {g.name}" for g in (cluster.device(d).gpu for d in plan.devices)})
+    return (f"{' and '.join(groups)} groups that mix GPU vendors ({', '.join(gpus)}): each vendor's collective "
+            "library (NVIDIA's NCCL, AMD's RCCL) connects its own GPUs only, so no single NCCL/RCCL communicator "
+            "spans both, while the engines create one backend (nccl) for every group; run these groups over gloo "
+            "through host memory, or one vendor per job")
+
+
+def _vendors(cluster, devices) -> frozenset[str]:
+    return frozenset(cluster.device(d).gpu.vendor for d in devices)
+
+
+def _shard_group(plan, dp: int) -> int:
+    """Ranks per shard group: ``shard_group`` under hybrid sharding (HSDP), else all ``dp`` data-parallel ranks
+    (``dp`` is the config's; a group that does not divide it shards over all of them)."""
     group = getattr(plan, "shard_group", 0)
-    return group if getattr(plan, "zero", 0) and 0 < group < plan.dp else plan.dp
+    return group if getattr(plan, "zero", 0) and 0 < group < dp and dp % group == 0 else dp
 
 
 # --------------------------------------------------------------------------------------- Megatron-LM
@@ -185,22 +264,49 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
                         "planned")
     if getattr(plan, "zero", 0) >= 1:
         args["--use-distributed-optimizer"] = True
-        if _shard_group(plan) < plan.dp:  # partial distributed optimizer: shards inside dp/instances consecutive ranks
-            args["--num-distributed-optimizer-instances"] = plan.dp // _shard_group(plan)
+        if _shard_group(plan, shape.dp) < shape.dp:  # partial distributed optimizer: shards inside dp/instances ranks
+            args["--num-distributed-optimizer-instances"] = shape.dp // _shard_group(plan, shape.dp)
         if plan.zero >= 2:
             problems.append(f"ZeRO stage {plan.zero}: Megatron-LM's distributed optimizer shards optimizer states "
                             "(ZeRO-1) only; gradients and parameters stay replicated")
-    offload = getattr(plan, "offload", "none")
-    if offload != "none":
-        args["--use-distributed-optimizer"] = True  # Megatron-Core's CPU offload goes through it
-        args["--optimizer-cpu-offload"] = True
-        if offload == "full":
-            problems.append("offload full: Megatron-LM offloads the optimizer (--optimizer-cpu-offload), not the "
-                            "parameters; shown: the optimizer only")
+    notes: list[str] = []
+    if getattr(plan, "offload", "none") != "none":
+        args.update(_megatron_offload(plan, shape, problems, notes))
     args = {k: v for k, v in args.items() if v is not None}
     lines = [k if v is True else f"{k} {v}" for k, v in args.items()]
     text = " \\\n".join(lines) + "\n"
-    return Export("megatron", text, args, tuple(problems), _rank_note(plan, shape, "Megatron-LM"))
+    return Export("megatron", text, args, tuple(problems), _rank_note(plan, shape, "Megatron-LM") + tuple(notes))
+
+
+def _megatron_offload(plan, shape: _Shape, problems: list[str], notes: list[str]) -> dict[str, Any]:
+    """Megatron-Core's optimizer CPU offload (its HybridDeviceOptimizer). ``validate_args`` refuses
+    ``--optimizer-cpu-offload`` without ``--use-precision-aware-optimizer``, and ``OptimizerConfig`` refuses that
+    without ``--optimizer adam`` and ``--use-distributed-optimizer``. ``--optimizer-offload-fraction`` is given:
+    it defaults to 0 in Megatron-Core's ``OptimizerConfig`` (1.0 in older ``arguments.py``)."""
+    if getattr(plan, "optimizer", "adam") == "sgd":
+        problems.append("offload optimizer with optimizer sgd: Megatron-LM's --optimizer-cpu-offload needs "
+                        "--use-precision-aware-optimizer, which Megatron-Core takes with adam only; shown: sgd "
+                        "on the GPU, holding the optimizer state in device memory, more than planned")
+        return {}
+    args: dict[str, Any] = {"--use-distributed-optimizer": True, "--optimizer-cpu-offload": True,
+                            "--optimizer-offload-fraction": 1.0, "--use-precision-aware-optimizer": True}
+    if getattr(plan, "zero", 0) == 0:
+        said = ("offload optimizer at ZeRO 0 (every replica keeps the whole optimizer state in host memory): "
+                "Megatron-LM's --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs "
+                f"--use-distributed-optimizer (ZeRO-1); shown: the distributed optimizer, {_sharded_offload(shape.dp)}")
+        (problems if shape.dp > 1 else notes).append(said)
+    if plan.offload == "full":
+        problems.append("offload full: Megatron-LM offloads the optimizer (--optimizer-cpu-offload), not the "
+                        "parameters; shown: the optimizer only")
+    return args
+
+
+def _sharded_offload(dp: int) -> str:
+    """What ZeRO-1, the engines' one way to offload the optimizer, does to a plan's ZeRO-0 offload."""
+    if dp == 1:
+        return "over one data-parallel rank, which shards nothing: the same state as planned"
+    return (f"sharded over the {dp} data-parallel ranks, each offloading and stepping 1/{dp} of it: less host memory "
+            "and CPU work per rank than planned")
 
 
 def _megatron_architecture(cfg, problems: list[str]) -> dict[str, Any]:
@@ -347,9 +453,9 @@ _TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleave
 def _torchtitan(plan, graph, shape: _Shape) -> Export:
     problems = list(shape.problems) + (_unexpressed_layers_and_head(graph.config) if graph.config else [])
     chunks = [_titan_fqns(a, b, graph.num_units) for a, b in shape.stage_units]
-    split_points = [c[0] for c in chunks[1:] if c and c[0].startswith("layers.")]
+    split_points = _titan_split_points(chunks, shape.num_layers)
     zero = getattr(plan, "zero", 0)
-    group = _shard_group(plan)  # FSDP2 shards over dp_shard, replicates over dp_replicate (HSDP when both > 1)
+    group = _shard_group(plan, shape.dp)  # FSDP2 shards over dp_shard, replicates over dp_replicate (HSDP when both > 1)
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": shape.dp if zero < 3 else shape.dp // group,
         "data_parallel_shard_degree": group if zero >= 3 else 1,
@@ -400,7 +506,18 @@ def _torchtitan(plan, graph, shape: _Shape) -> Export:
     text = _toml(config)
     if split_points and shape.vpp == 1:
         text += f"# older torchtitan: pipeline_parallel_split_points = {json.dumps(split_points)}\n"
+        if split_points[-1] == f"layers.{shape.num_layers}":
+            text += (f"# layers.{shape.num_layers} is one past the last layer: older torchtitan's "
+                     "pipeline_llama_manual_split keeps a stage's layers by name, from its split point to the next, so "
+                     "the stage before keeps the layers to the end and the last stage holds norm and output alone\n")
     return Export("torchtitan", text, config, tuple(problems), _rank_note(plan, shape, "torchtitan"))
+
+
+def _titan_split_points(chunks: list[list[str]], num_layers: int) -> list[str]:
+    """The older ``pipeline_parallel_split_points``: the first layer of every stage after the first (one stage
+    per split point more). A stage of the head alone starts at ``layers.{num_layers}``, which names no layer:
+    the stage before keeps every layer to the end and that stage none."""
+    return [c[0] if c[0].startswith("layers.") else f"layers.{num_layers}" for c in chunks[1:] if c]
 
 
 def _titan_fqns(first: int, last: int, num_units: int) -> list[str]:
@@ -438,34 +555,39 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
     elif plan.precision == "fp8":
         problems.append("precision fp8: DeepSpeed's config has no fp8 section (FP8 comes from Transformer Engine "
                         "layers in the model code); shown: no precision section")
+    notes: list[str] = []
     offload = getattr(plan, "offload", "none")
     if offload != "none":  # ZeRO-Offload; ZeRO-Infinity's parameter offload at stage 3
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if offload == "full":
             config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if zero == 0:  # DeepSpeed's config documentation: offload_optimizer is valid for ZeRO stages 1, 2 and 3
+            zero = config["zero_optimization"]["stage"] = 1
+            said = ("offload optimizer at ZeRO 0 (every replica keeps the whole optimizer state in host memory): "
+                    "DeepSpeed's offload_optimizer is valid for ZeRO stages 1-3 only (at stage 0 no ZeRO optimizer "
+                    f"runs to offload); shown: stage 1, the optimizer state {_sharded_offload(shape.dp)}")
+            (problems if shape.dp > 1 else notes).append(said)
     _deepspeed_optimizer(plan, config, problems)
     if getattr(plan, "attention", "fused") == "eager":
         problems.append(_eager_problem("a DeepSpeed config does not choose the attention kernel, the model code does "
                                        "(run its unfused attention, e.g. Hugging Face attn_implementation=\"eager\", "
                                        "for the memory planned)"))
     if shape.tp > 1:
-        problems.append(f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own "
-                        "(Megatron-DeepSpeed adds it)")
+        problems.append(_deepspeed_tp_problem(plan, shape))
     if shape.vpp > 1:
         problems.append(f"interleaved schedule ({shape.vpp} chunks per device): DeepSpeed pipelines run 1F1B "
                         "with one chunk per stage")
     if plan.schedule == "gpipe":
         problems.append("schedule gpipe: DeepSpeed's pipeline engine runs 1F1B")
-    notes: list[str] = []
-    group = _shard_group(plan)
-    if group < plan.dp and zero >= 3:  # MiCS: all ZeRO-3 states sharded inside groups of consecutive ranks
+    group = _shard_group(plan, shape.dp)
+    if group < shape.dp and zero >= 3:  # MiCS: all ZeRO-3 states sharded inside groups of consecutive ranks
         config["zero_optimization"]["mics_shard_size"] = group
         notes.append("mics_shard_size (MiCS): build the model under deepspeed.zero.MiCS_Init(config_dict_or_path=...) "
                       "instead of deepspeed.zero.Init")
-    elif group < plan.dp:
+    elif group < shape.dp:
         problems.append(f"hybrid sharding (shard_group {group}: ZeRO-{zero} states sharded inside groups of {group} "
-                        f"replicas, replicated across the {plan.dp // group} groups): DeepSpeed's hierarchical "
-                        f"sharding (MiCS, mics_shard_size) is ZeRO-3 only; shown: stage {zero} over all {plan.dp} "
+                        f"replicas, replicated across the {shape.dp // group} groups): DeepSpeed's hierarchical "
+                        f"sharding (MiCS, mics_shard_size) is ZeRO-3 only; shown: stage {zero} over all {shape.dp} "
                         "data-parallel ranks")
     if getattr(plan, "cp", 1) > 1:
         problems.append(f"context parallelism (cp {plan.cp}, ring attention): DeepSpeed's sequence parallelism is "
@@ -490,6 +612,20 @@ def _deepspeed(plan, graph, shape: _Shape) -> Export:
     args = ", ".join(f"{k}={v!r}" for k, v in pipe.items())
     notes.insert(0, f"PipelineModule(layers=..., {args})")
     return Export("deepspeed", text, {"config": config, "pipeline_module": pipe}, tuple(problems), tuple(notes))
+
+
+def _deepspeed_tp_problem(plan, shape: _Shape) -> str:
+    """TP under DeepSpeed: its batch figures hold for Megatron-DeepSpeed's grid (dp ranks of tp GPUs each);
+    plain DeepSpeed makes every GPU of a pipeline stage a data-parallel rank, and checks
+    train_batch_size = micro x accumulation x those ranks."""
+    ranks = plan.num_devices // shape.pp
+    per_step = plan.micro_batch * ranks
+    there = (f"gradient_accumulation_steps {plan.global_batch // per_step} there" if plan.global_batch % per_step == 0
+             else f"no whole gradient_accumulation_steps gives {plan.global_batch} there (a multiple of {per_step} does)")
+    return (f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own (Megatron-DeepSpeed "
+            f"adds it); the batch figures shown count {shape.dp} data-parallel ranks of tp {shape.tp}, as "
+            f"Megatron-DeepSpeed does, while plain DeepSpeed makes all {ranks} GPUs of a stage data-parallel ranks: "
+            f"{there}")
 
 
 def _deepspeed_optimizer(plan, config: dict[str, Any], problems: list[str]) -> None:

@@ -36,7 +36,7 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # an impossible plan has no launch arguments
-    result = export_plan(plan, graph, to)
+    result = export_plan(plan, graph, to, cl)
     if strict and result.cannot_express:  # refused before --out: a refused export writes nothing
         raise PlanError(f"--strict: {to} cannot express: {'; '.join(result.cannot_express)}")
     if out is not None:
