@@ -57,7 +57,8 @@ class LearnedEstimate:
     fits_in_memory: bool
     memory_headroom_gb: float
     relative_std: float
-    """Standard deviation of the step time over the step time (the variance head, OOD-inflated)."""
+    """Standard deviation of the step time over the step time (the variance head, OOD-inflated); 0 for a plan
+    ``learned`` left to the simulator (its metrics carry the simulator's error band instead)."""
     out_of_distribution: bool
     """Some input lies outside the training data's range, or a device type is one the learned models do not
     cover (:func:`~hetpart.costmodel.learned.coverage.unseen_device_types`)."""
