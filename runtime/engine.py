@@ -754,7 +754,9 @@ class Executor:
 
         params = [p for m in self.stage_modules for p in m.parameters()] + list(self.params.values())
         grads = [p.grad for p in params if p.grad is not None]
-        with LiveTensorBytes(self.device.type).hold(live_tensors(params, grads)) as mem:
+        mem = LiveTensorBytes(self.device.type).hold(live_tensors(params, grads))
+        del grads  # held here, the last step's gradients would outlive the step's own `p.grad = None`, as on no GPU
+        with mem:
             self.step(step)
         return mem.peak_bytes
 
