@@ -17,10 +17,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper_subclass
 
 __all__ = ["FakeTensorMode", "TorchDispatchMode", "pytree", "fake_tensor_log_silenced", "current_autograd_node",
            "in_backward", "storage_key", "local_tensor", "functional_collectives", "PipelineFanOut", "adopt_pipeline_group",
-           "fsdp_default_collectives", "grouped_mm"]
+           "fsdp_default_collectives", "grouped_mm", "is_wrapper_subclass"]
 
 
 @contextmanager
@@ -152,3 +153,9 @@ def fsdp_default_collectives() -> tuple[type, type]:
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     return DefaultAllGather, DefaultReduceScatter
+
+
+def is_wrapper_subclass(t: Any) -> bool:
+    """Whether ``t`` is a tensor subclass that wraps inner tensors (DTensor and the like), whose bytes are its
+    inner tensors' (``t.__tensor_flatten__()`` names them)."""
+    return bool(_is_wrapper_subclass(t))

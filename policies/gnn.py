@@ -53,7 +53,7 @@ def _masked_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class DenseConv(nn.Module):
     """:class:`torch_geometric.nn.DenseGraphConv` (``add`` and ``mean`` aggregation) in plain torch, the same
     parameters under the same names and the same operations in the same order, so the same outputs bit for bit
-    (``tests/test_policy_network_file.py``): importing PyG pulls in ``torch._dynamo`` and more, several times
+    (``tests/test_policy_network_file.py``): importing PyG pulls in torch's compiler stack and more, several times
     torch's own import, which a planning process need not pay. Training uses PyG's layer itself."""
 
     def __init__(self, in_channels: int, out_channels: int, aggr: str = "add") -> None:

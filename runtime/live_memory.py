@@ -22,8 +22,7 @@ import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_flatten
+from hetpart._torch_compat import TorchDispatchMode, is_wrapper_subclass, pytree
 
 __all__ = ["LiveTensorBytes", "live_tensors"]
 
@@ -62,7 +61,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def _add(self, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
             return
-        if is_traceable_wrapper_subclass(t):  # DTensor & co: their local tensors hold the bytes
+        if is_wrapper_subclass(t):  # DTensor & co: their local tensors hold the bytes
             names, _ = t.__tensor_flatten__()
             for name in names:
                 self._add(getattr(t, name))
@@ -84,7 +83,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
+        for t in pytree.tree_flatten(out)[0]:
             self._add(t)
         return out
 
