@@ -18,9 +18,10 @@ Each iteration:
 
 At the end the loop's plan is chosen by measurement: the ``race`` plans with the best median measured
 throughput and the simulator-only plan run once more each, interleaved, and the best median of all their
-runs wins, but displaces the simulator-only plan only if every one of its runs beats that plan's median
-(one short run of a plan spreads 15-30% on a loaded machine; a single lucky or unlucky run must not
-decide, and a tie keeps the simulator's plan). The correction is then refitted on every run but the
+runs wins, but displaces the simulator-only plan only if both have :data:`RACE_RUNS` runs (a leading
+challenger and the simulator's plan run again, interleaved, until they do) and every run of the challenger
+beats every run of the simulator's plan (one short run of a plan spreads 15-30% on a loaded machine; a
+single lucky or unlucky run must not decide, and a tie keeps the simulator's plan). The correction is then refitted on every run but the
 held-out and final ones, the race's included (``DIR/correction-final.json``). The loop's plan and
 the simulator-only plan are then measured ``repeats`` times each, interleaved, and the JSON of
 shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
@@ -665,7 +666,21 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
                     say(f"  race run of {_describe(measured[key][0])} failed; its earlier runs stand")
             records = loop.records()
         both = _measured_by_plan(records, ("final",))
-        best = _race_winner({k: both[k][1] for k in contenders}, incumbent)
+        best = _race_winner({k: both[k][1] for k in contenders}, incumbent, decide=False)
+        # a challenger ahead of the simulator's plan on fewer than RACE_RUNS runs each: both run again,
+        # interleaved, until each has RACE_RUNS (a failed run ends the race on the runs there are)
+        while best is None:
+            leader = max(contenders, key=lambda k: statistics.median(both[k][1]))
+            say(f"  race: {_describe(measured[leader][0])} leads the simulator's plan; one more run of each")
+            if any(loop.run(measured[k][0], "race", cfg.iterations) is None for k in (incumbent, leader)):
+                say("  a race run failed; the race is decided on the runs there are")
+                records = loop.records()
+                both = _measured_by_plan(records, ("final",))
+                best = _race_winner({k: both[k][1] for k in contenders}, incumbent)
+                break
+            records = loop.records()
+            both = _measured_by_plan(records, ("final",))
+            best = _race_winner({k: both[k][1] for k in contenders}, incumbent, decide=False)
         state["loop_plan"] = measured[best][0].to_dict()
         loop.state.save()
     loop_plan = Plan.from_dict(state["loop_plan"])
@@ -711,15 +726,26 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     return result
 
 
-def _race_winner(runs: dict[str, list[float]], incumbent: str) -> str:
+RACE_RUNS = 3
+"""Runs each (the earlier ones and the race's) a challenger and the simulator's plan need before the challenger
+can displace it: all its runs above all of the simulator plan's. Of two equally fast plans, three runs each
+fall that way by chance once in twenty (two runs each: once in six)."""
+
+
+def _race_winner(runs: dict[str, list[float]], incumbent: str, decide: bool = True) -> str | None:
     """The race's winner among ``{plan key: measured tokens/s of its runs}``: the best median, except that a
-    challenger displaces the simulator's plan (``incumbent``, when it raced) only if every one of its runs
-    beats the incumbent's median. Two plans within the run-to-run spread of each other are a tie, and a tie
-    keeps the simulator's plan: the loop's plan must be measured faster, not drawn faster once."""
+    challenger displaces the simulator's plan (``incumbent``, when it raced) only if it has at least
+    :data:`RACE_RUNS` runs, as does the incumbent, and every one of them beats every run of the incumbent.
+    Anything less is a tie, and a tie keeps the simulator's plan: the loop's plan must be measured faster,
+    not drawn faster once. With ``decide=False``, a challenger that leads on fewer runs gets None (run both
+    again); otherwise the runs there are decide."""
     best = max(runs, key=lambda k: statistics.median(runs[k]))
     if best == incumbent or incumbent not in runs:
         return best
-    return best if min(runs[best]) > statistics.median(runs[incumbent]) else incumbent
+    if not decide and min(len(runs[best]), len(runs[incumbent])) < RACE_RUNS:
+        return None
+    enough = min(len(runs[best]), len(runs[incumbent])) >= RACE_RUNS
+    return best if enough and min(runs[best]) > max(runs[incumbent]) else incumbent
 
 
 def _strip_meta(d: dict) -> dict:

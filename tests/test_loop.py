@@ -174,15 +174,19 @@ def test_loop_config_refuses_too_few_runs():
 
 
 def test_race_winner_keeps_the_simulator_plan_on_a_tie():
-    from hetpart.experiments.loop import _race_winner
+    from hetpart.experiments.loop import RACE_RUNS, _race_winner
 
-    # a better median whose worst run falls under the incumbent's median is a tie: the incumbent stays
-    assert _race_winner({"sim": [100.0, 120.0], "new": [105.0, 130.0]}, "sim") == "sim"
-    # every run of the challenger beats the incumbent's median: it wins
-    assert _race_winner({"sim": [100.0, 120.0], "new": [111.0, 130.0]}, "sim") == "new"
-    # the incumbent's own best median wins outright; without the incumbent, the best median
-    assert _race_winner({"sim": [140.0, 150.0], "new": [111.0, 130.0]}, "sim") == "sim"
-    assert _race_winner({"a": [100.0, 120.0], "b": [105.0, 130.0]}, "sim") == "b"
+    assert RACE_RUNS == 3
+    # a challenger ahead on two runs each: not decided yet (both run again); decided on those runs, a tie
+    assert _race_winner({"sim": [100.0, 120.0], "new": [121.0, 130.0]}, "sim", decide=False) is None
+    assert _race_winner({"sim": [100.0, 120.0], "new": [121.0, 130.0]}, "sim") == "sim"
+    # three runs each, every one of the challenger's above every one of the incumbent's: it wins
+    assert _race_winner({"sim": [100.0, 120.0, 110.0], "new": [121.0, 130.0, 125.0]}, "sim", decide=False) == "new"
+    # a better median whose worst run falls under the incumbent's best is a tie: the incumbent stays
+    assert _race_winner({"sim": [100.0, 120.0, 110.0], "new": [119.0, 130.0, 125.0]}, "sim", decide=False) == "sim"
+    # the incumbent's own best median wins outright, on any number of runs; without the incumbent, the best median
+    assert _race_winner({"sim": [140.0, 150.0], "new": [111.0, 130.0]}, "sim", decide=False) == "sim"
+    assert _race_winner({"a": [100.0, 120.0], "b": [105.0, 130.0]}, "sim", decide=False) == "b"
 
 
 @pytest.mark.slow
@@ -203,25 +207,30 @@ def test_loop_runs_measures_refits_and_resumes(tmp_path):
     out = run_loop(cfg, said.append)
     records = load_records(tmp_path / "loop" / "runs.jsonl")
     roles = [r.original_plan["meta"]["loop"]["role"] for r in records]
-    # the two measured plans race (one more run each), then the final comparison runs each plan once
-    # (repeats=1), or once for both when the loop's plan is the simulator's
-    assert roles[:4] == ["baseline", "held_out", "race", "race"]
-    assert roles[4:] == ["final"] * (1 if out["same_plan"] else 2)
+    # the two measured plans race (one more run each); a challenger ahead of the simulator's plan then
+    # runs again beside it, interleaved, until each has three runs; then the final comparison runs each
+    # plan once (repeats=1), or once for both when the loop's plan is the simulator's
+    raced = roles.count("race")
+    assert roles[:4] == ["baseline", "held_out", "race", "race"] and raced in (2, 4)
+    assert roles[2 + raced:] == ["final"] * (1 if out["same_plan"] else 2)
     from hetpart.experiments.loop import _plan_key, _record_plan
 
     by_plan: dict = {}
-    for r in records[:4]:
+    for r in records[:2 + raced]:
         by_plan.setdefault(_plan_key(_record_plan(r)), []).append(r.measured.tokens_per_s)
-    assert len(by_plan) == 2 and all(len(v) == 2 for v in by_plan.values())
     incumbent = _plan_key(_record_plan(records[0]))  # the simulator's plan, run first
     (challenger,) = set(by_plan) - {incumbent}
-    # the race's winner is the loop's plan; the challenger must beat the incumbent's median on every run
-    displaced = min(by_plan[challenger]) > statistics.median(by_plan[incumbent])
+    assert len(by_plan[incumbent]) == len(by_plan[challenger]) == raced // 2 + 1
+    # the extra round runs exactly when the challenger led on two runs each
+    assert (raced == 4) == (statistics.median(by_plan[challenger][:2]) > statistics.median(by_plan[incumbent][:2]))
+    # the race's winner is the loop's plan: the challenger must beat every run of the incumbent on three runs
+    displaced = raced == 4 and min(by_plan[challenger]) > max(by_plan[incumbent])
     assert out["same_plan"] == (not displaced)
     if out["same_plan"]:
         assert out["measured_tokens_per_s_loop_plan"] == out["measured_tokens_per_s_simulator_plan"]
-    # trained on the baseline and the two race runs (the final correction is refitted after the race)
-    assert out["held_out_runs"] == 1 + len(roles[4:]) and out["held_out_plan_runs"] == 1 and out["trained_on"] == 3
+    # trained on the baseline and the race runs (the final correction is refitted after the race)
+    assert out["held_out_runs"] == 1 + len(roles[2 + raced:]) and out["held_out_plan_runs"] == 1
+    assert out["trained_on"] == 1 + raced
     assert (tmp_path / "loop" / "correction-final.json").exists()
     assert out["simulator_error_pct"] > 0 and out["learned_error_pct"] >= 0
     assert out["measured_tokens_per_s_simulator_plan"] > 0 and out["measured_tokens_per_s_loop_plan"] > 0
