@@ -106,7 +106,23 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
         "model": spec_name(model.source, model.name), "cluster": spec_name(cluster.source, cluster.name),
         "workload": workload.to_dict(), "planner": planner,
         "predicted_tokens_per_s": best.tokens_per_s})
-    return PlanResult(chosen, prediction, wall, planner, evaluator.describe())
+    return PlanResult(chosen, prediction, wall, planner, _describe(evaluator, planner))
+
+
+EXACT_PLANNERS = frozenset({"search"})
+"""Planners that visit their whole space (branch and bound): their ``planner`` block says ``exact``."""
+
+
+def _describe(evaluator: "Evaluator", planner: str) -> dict[str, Any]:
+    """The evaluator's pricing (predictor, pruning, complete) as the ``planner`` block of a result; a planner
+    that is not an exhaustive search says so, and says that its pruning note covers only what it priced."""
+    out = evaluator.describe()
+    out["exact"] = planner in EXACT_PLANNERS and out["complete"]
+    if planner not in EXACT_PLANNERS:
+        how = "with branch and bound" if out["pruned"] else "every one"
+        out["pruning"] = (f"{planner}: not an exhaustive search; its own candidates priced by "
+                          f"{evaluator.predictor.name} ({how})")
+    return out
 
 
 def _plan_offload_auto(model, cluster, workload, planner, predictor, options) -> PlanResult:
