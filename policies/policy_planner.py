@@ -156,15 +156,23 @@ def _run_network(net, states: list[StructureState], static: StaticFeatures, rng:
                  memo: dict | None = None) -> None:
     """Advance every unfinished state by one decision (state 0 greedy, the others sampled) with ``net`` (a
     :class:`~hetpart.policies.gnn.PlanGNN`: its logits are the pointer policy's action logits). ``memo`` keeps the
-    model's embedding across the decode's passes (every state plans the same model)."""
+    model's embedding across the decode's passes (every state plans the same model) and each distinct state's
+    observation and mask (:func:`_signature`: the greedy and sampled decodes share their first decisions)."""
     import torch
 
     from hetpart.policies.gnn import logits_and_context, model_embedding
 
     active = [i for i, s in enumerate(states) if not s.done]
-    obs = [observe(states[i], static) for i in active]
+    seen = memo.setdefault("observed", {}) if memo is not None else {}
+    observed = []
+    for i in active:  # the decodes share their first decisions: each state's observation and mask once
+        key = _signature(states[i])
+        if key not in seen:
+            seen[key] = (observe(states[i], static), states[i].action_mask())
+        observed.append(seen[key])
+    obs = [o for o, _ in observed]
     batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
-    masks = np.stack([states[i].action_mask() for i in active])
+    masks = np.stack([m for _, m in observed])
     with torch.no_grad():
         model = None
         if memo is not None:
@@ -181,6 +189,12 @@ def _run_network(net, states: list[StructureState], static: StaticFeatures, rng:
             p = np.exp(logits[row] - logits[row].max())
             action = int(rng.choice(NUM_ACTIONS, p=p / p.sum()))
         states[i].step(action, masks[row])
+
+
+def _signature(state: StructureState) -> tuple:
+    """Everything a state's observation and mask depend on besides its scenario (states of one decode share it)."""
+    return (state.phase, state.family, state.order, state.tps, state.dp, state.mb, state.rc, state.pool,
+            tuple(state.typed), state.pending_tp)
 
 
 def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16,

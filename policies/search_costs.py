@@ -95,6 +95,35 @@ class StageCosts:
         return _need_gb(self, in_flight, zero, fraction if zero else 1.0, (first, slice(first + 1, stop))) <= \
             self.capacity_gb
 
+    def first_unfit(self, first: int, stop: int, in_flight: float, zero: int = 0, fraction: float = 1.0) -> int:
+        """The first end ``b``, ``first < b < stop``, whose range ``[first, b)`` does not fit (``stop`` when all
+        do): :meth:`fits_from`'s first False. The first :data:`SCAN_RANGES` ranges are summed one at a time in
+        plain floats (the same memory summed in the same order), the rest as :meth:`fits_from`'s row: the
+        policy's memory masks (:func:`~hetpart.policies.structure.greedy_fits`) walk deep pipelines whose
+        stages mostly end within a few units, where a row's dozen array operations per stage cost more."""
+        fraction = fraction if zero else 1.0
+        cap = self.capacity_gb
+        scaled = bool(zero) or self.offload != "none"
+        kept = working = 0.0
+        if scaled:
+            kept, working = _state_scales(self.precision, self.optimizer, self.offload, zero, fraction)
+        states, acts, extra = self.states_gb.item, self.acts_gb.item, self.extra_gb.item
+        b, scan = first + 1, min(stop, first + 1 + SCAN_RANGES)
+        while b < scan:
+            held = states(first, b)
+            need = held + in_flight * acts(first, b) + extra(first, b)
+            if scaled:
+                need = need - held * kept
+                if zero >= 2:
+                    need = need + _largest(self).item(first, b) * working / 1e9
+            if not need <= cap:
+                return b
+            b += 1
+        if b >= stop:
+            return stop
+        ok = _need_gb(self, in_flight, zero, fraction, (first, slice(b, stop))) <= cap
+        return b + int(ok.argmin()) if not ok.all() else stop
+
 
 def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at=(slice(None), slice(None))
              ) -> np.ndarray:
@@ -107,6 +136,10 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at
         if zero >= 2:
             need = need + _largest(costs)[at] * working / 1e9
     return need
+
+
+SCAN_RANGES = 24
+""":meth:`StageCosts.first_unfit` sums this many ranges one at a time before it takes the rest of the row at once."""
 
 
 @lru_cache(maxsize=4096)

@@ -78,12 +78,10 @@ def greedy_fits(costs: "list[StageCosts]", num_microbatches: int, zero: int = 0,
         return False
     for j, c in enumerate(costs):
         last = n - (pp - 1 - j)  # leave one unit to every later stage
-        flight = min(pp - j, num_microbatches)
-        ok = c.fits_from(a, last + 1, flight, zero, fraction)
-        if not ok[0]:
+        end = c.first_unfit(a, last + 1, min(pp - j, num_microbatches), zero, fraction)
+        if end == a + 1:  # not even one unit fits
             return False
-        first_bad = int(ok.argmin())  # the first False (argmin of booleans), or 0 when all are True
-        a = a + (first_bad if first_bad else len(ok))
+        a = end - 1  # as far as it reaches
     return a == n
 
 
