@@ -520,23 +520,64 @@ class BoundProfile:
         self._tp_overheads: dict[tuple, tuple[float, float]] = {}
         self._measured_units: dict[tuple[str, str], int] = {}
         self._link_clusters: dict[str, "Cluster"] = {}
+        measured = {(k[0], k[2], k[3]) for k in self._curves}
+        self._units_of: dict[str, int] = {
+            d: sum((d, u.kind, int(u.params)) in measured for u in model.units) for d in profile.devices}
+        """Per device class: how many of the model's units it measured (at any precision)."""
 
-    # ------------------------------------------------------------------ compute
+    # ------------------------------------------------------------------ which entries apply
     def device_class(self, gpu: "GPUSpec") -> str | None:
-        """The measured device class that prices ``gpu``'s type, None when the profile has none."""
+        """The measured device class the profile names for ``gpu``'s type (None: none), whether or not its
+        entries apply (:meth:`applying_class`)."""
         binding = self.profile.binding(gpu.name)
         if binding is not None:
             return binding.device
         return gpu.name if gpu.name in self.profile.devices else None
 
-    def precision_for(self, device: str, precision: str) -> str | None:
-        """The measured precision that answers ``precision`` on ``device``: the same one, or for a
-        stand-in CPU, whatever it measured (a run on this machine computes in fp32 whatever the plan says),
-        or for an imported class the other 16-bit format (bf16 for fp16 and back)."""
+    def stand_in(self, gpu: "GPUSpec") -> bool:
+        """Whether ``gpu``'s type is priced by a class that is not that type (this CPU for an A100)."""
+        binding = self.profile.binding(gpu.name)
+        return binding is not None and binding.stand_in
+
+    def applying_class(self, gpu: "GPUSpec") -> str | None:
+        """The measured device class whose entries (units, links, optimizer) price ``gpu``, None where none do.
+
+        A class measured as ``gpu``'s own type applies entry by entry: what it measured on that device holds
+        there whatever the model. A STAND-IN (this machine measured for a cluster that names A100s) prices
+        running the plan on the measuring machine: that holds only when the profile measured this model's
+        units (``calibrate --scale`` of the model ``run --scale`` runs; provenance counts how many). Otherwise
+        none of its entries apply: its links and optimizer step beside the analytic compute of another device
+        would price a machine that is neither (:meth:`not_applied_reason`)."""
+        device = self.device_class(gpu)
+        if device is None or (self.stand_in(gpu) and not self._units_of[device]):
+            return None
+        return device
+
+    def not_applied_reason(self, gpu: "GPUSpec") -> str | None:
+        """Why none of the profile's entries price ``gpu`` (None: some may)."""
+        device = self.device_class(gpu)
+        if device is None:
+            return f"no entry for {gpu.name}"
+        if self.applying_class(gpu) is not None:
+            return None
+        m = self.profile.model
+        what = ", ".join(str(x) for x in (m.get("name"), f"scale {m['scale']}" if m.get("scale") else "",
+                                          f"hidden {m['hidden_size']}" if m.get("hidden_size") else "",
+                                          m.get("precision")) if x)
+        return (f"{device} stands in for {gpu.name} and measured none of this model's {self.model.num_units} units"
+                f"{f' (it measured {what})' if what else ''}: a stand-in prices running this model on the measuring "
+                "machine, so none of its entries (units, links, optimizer) apply")
+
+    # ------------------------------------------------------------------ compute
+    def precision_for(self, device: str, precision: str, stand_in: bool = False) -> str | None:
+        """The measured precision that answers ``precision`` on ``device``: the same one, or for a CPU or
+        a ``stand_in`` whatever it measured (a run on the measuring machine computes in what it measured
+        whatever the plan says: fp32 on a CPU), or for an imported class the other 16-bit format (bf16 for
+        fp16 and back)."""
         measured = {k[1] for k in self._curves if k[0] == device}
         if precision in measured:
             return precision
-        if self.profile.devices[device].kind == "cpu" and measured:
+        if (stand_in or self.profile.devices[device].kind == "cpu") and measured:
             return "fp32" if "fp32" in measured else sorted(measured)[0]
         twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
         if self.profile.devices[device].kind == "imported" and twin in measured:
@@ -559,10 +600,10 @@ class BoundProfile:
         ``engine_tp``: the tensor-parallel degree the engine runs these units at (None: ``tp`` when it is one
         number, else 1), ``engine`` how (``dtensor``: an even split; ``megatron``: an uneven one, by hand); a
         measured unit then also pays the engine's price of that degree (:meth:`tp_overhead_s`)."""
-        device = self.device_class(gpu)
+        device = self.applying_class(gpu)
         if engine_tp is None:
             engine_tp = int(round(float(tp))) if np.ndim(tp) == 0 else 1
-        measured_precision = self.precision_for(device, precision) if device is not None else None
+        measured_precision = self.precision_for(device, precision, self.stand_in(gpu)) if device is not None else None
         if measured_precision is None:
             return fwd, bwd
         fwd, bwd = fwd.copy(), bwd.copy()
@@ -644,7 +685,7 @@ class BoundProfile:
 
     def adam_s(self, gpu: "GPUSpec", params: float) -> float | None:
         """Measured seconds of an Adam step over ``params`` parameters on ``gpu``'s class (None: not measured)."""
-        device = self.device_class(gpu)
+        device = self.applying_class(gpu)
         cls = self.profile.devices[device] if device is not None else None
         if cls is None or cls.adam_s_per_param is None:
             return None
@@ -696,8 +737,8 @@ class BoundProfile:
         return dataclasses.replace(self.cluster, groups=tuple(groups), zone_links=zones)
 
     def _link(self, kind: str, gpu: "GPUSpec", scope: str) -> LinkEntry | None:
-        """The entry of ``gpu``'s device class with itself in ``scope`` (else ``any``)."""
-        device = self.device_class(gpu)
+        """The entry of ``gpu``'s device class with itself in ``scope`` (else ``any``), where it applies."""
+        device = self.applying_class(gpu)
         if device is None:
             return None
         found = {e.scope: e for e in self.profile.links if e.kind == kind and e.devices == (device, device)}

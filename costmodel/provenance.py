@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.costmodel.profile import BoundProfile
     from hetpart.plan import Plan
 
-__all__ = ["ERROR_BANDS", "prediction_provenance", "compute_kind"]
+__all__ = ["ERROR_BANDS", "prediction_provenance", "profile_use", "compute_kind"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
@@ -133,6 +133,7 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
         entry["error_band"] = _band(entry["compute"], curve.split(" ", 1)[0])
         out[name] = entry
     links = "datasheet line rates (catalog or cluster file)"
+    used: dict[str, Any] = {}
     if profiled is not None and profiled.profile.links:
         entries = profiled.profile.links
         links = (f"measured where {profiled.profile.source or 'the profile'} has an entry for the device class and "
@@ -141,28 +142,72 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
             backends = ", ".join(sorted({e.backend for e in entries if e.backend})) or "local"
             links += (f" (scope 'any': {backends} between local processes of the measuring machine stands in for "
                       "every link: the prediction is for running the plan there)")
+    if profiled is not None:
+        used = profile_use(profiled, gpus, plan)
+        if not used["links"]:
+            links = "datasheet line rates (catalog or cluster file): no link entry of the profile applies"
     return {"device_types": out, "links": links,
             "profile": None if profiled is None else {"file": profiled.profile.source,
                                                       "fingerprint": profiled.profile.fingerprint,
-                                                      "measured": profiled.profile.meta.get("date", "")}}
+                                                      "measured": profiled.profile.meta.get("date", ""), **used}}
+
+
+def profile_use(profiled: "BoundProfile", gpus: dict[str, Any], plan: "Plan") -> dict[str, Any]:
+    """Which of the profile's entries priced the plan's device types, per kind, and why the others did not.
+
+    Returns ``units`` (device type -> ``"k of n"`` units measured), ``links`` and ``optimizer`` (the device
+    types whose measured links and Adam step were used), ``not_applied`` (device type -> why none of the
+    profile's entries price it) and ``summary``, one line for people."""
+    units: dict[str, str] = {}
+    links: list[str] = []
+    optimizer: list[str] = []
+    not_applied: dict[str, str] = {}
+    notes: list[str] = []
+    total = profiled.model.num_units
+    for name, gpu in gpus.items():
+        reason = profiled.not_applied_reason(gpu)
+        if reason is not None:
+            not_applied[name] = reason
+            continue
+        device = profiled.applying_class(gpu)
+        units[name] = f"{profiled.units_measured(name, plan.precision) or 0} of {total}"
+        if any(e.devices == (device, device) for e in profiled.profile.links):
+            links.append(name)
+        if profiled.profile.devices[device].adam_s_per_param is None:
+            notes.append(f"{name}: no optimizer step measured")
+        elif plan.optimizer != "adam" or plan.offload != "none":
+            notes.append(f"{name}: its measured Adam step does not price "
+                         + (f"{plan.optimizer}" if plan.optimizer != "adam" else "a step offloaded to the CPU"))
+        else:
+            optimizer.append(name)
+    measured_units = [f"{t} ({u})" for t, u in units.items() if not u.startswith("0 ")]
+    unused = [f"{t}: {why}" for t, why in not_applied.items()] + notes
+    unused += [f"{t}: no unit of this model measured at {plan.precision}" for t, u in units.items() if u.startswith("0 ")]
+    if not (measured_units or links or optimizer):
+        summary = "not used, every term analytic: " + "; ".join(unused)
+    else:
+        said = [f"{kind} for {', '.join(types)}" for kind, types in (
+            ("measured units", measured_units), ("measured links", links), ("measured optimizer step", optimizer))
+            if types]
+        summary = "; ".join(said) + ("; analytic elsewhere (" + "; ".join(unused) + ")" if unused else "")
+    return {"units": units, "links": links, "optimizer": optimizer, "not_applied": not_applied, "summary": summary}
 
 
 def _measured(profiled: "BoundProfile", gpu, precision: str) -> dict[str, Any]:
-    binding = profiled.profile.binding(gpu.name)
-    device = profiled.device_class(gpu)
-    if device is None:
-        return {"profile": f"no entry for {gpu.name}; analytic"}
+    reason = profiled.not_applied_reason(gpu)
+    if reason is not None:
+        return {"profile": f"{reason}; analytic"}
+    device = profiled.applying_class(gpu)
+    stand_in = profiled.stand_in(gpu)
     hits = profiled.units_measured(gpu.name, precision)
     total = profiled.model.num_units
+    measured_precision = profiled.precision_for(device, precision, stand_in)
     if not hits:
-        why = ("no unit of this model at this precision" if profiled.precision_for(device, precision) else
-               f"nothing measured at {precision}")
+        why = "no unit of this model at this precision" if measured_precision else f"nothing measured at {precision}"
         return {"profile": f"{device}: {why}; analytic"}
     cls = profiled.profile.devices[device]
     out: dict[str, Any] = {"compute": "measured", "measured_on": cls.description or cls.name,
-                           "stand_in": bool(binding.stand_in) if binding is not None else False,
-                           "units_measured": f"{hits} of {total}"}
-    measured_precision = profiled.precision_for(device, precision)
+                           "stand_in": stand_in, "units_measured": f"{hits} of {total}"}
     if measured_precision != precision:
         out["precision_measured"] = measured_precision
     timed = sorted({(e.engine, e.tp) for e in profiled.profile.tensor_parallel

@@ -186,6 +186,9 @@ def _provenance_lines(con, provenance: dict) -> None:
         trust = (f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
                  if band.get("rows") else "no validation rows yet")
         con.print(f"  {gpu}: compute {what}; {trust}")
+    profile = (provenance or {}).get("profile")
+    if profile and profile.get("summary"):
+        con.print(f"  profile {profile.get('file') or ''}: {profile['summary']}", highlight=False)
 
 
 def _workload_line(workload, graph, cl, seq_default: bool, precision_given: bool) -> str:
