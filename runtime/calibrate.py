@@ -142,6 +142,7 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
     import torch
 
     from hetpart.cluster import load_cluster
+    from hetpart.graph.scales import check_seq_len
     from hetpart.graph.transformer import transformer_graph
     from hetpart.runtime.models import runnable_spec
 
@@ -157,9 +158,7 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
         raise PlanError("--device: cuda asked for but torch sees no CUDA device; use --device cpu")
     precision = options.precision or (("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32")
     seq = options.seq_len or min(spec.config.max_positions, 2048 if cuda else CPU_SEQ_LEN)
-    if seq > spec.config.max_positions:
-        raise PlanError(f"--seq-len: {seq} is more than {spec.name}'s {spec.config.max_positions} positions; "
-                        "give a shorter one")
+    check_seq_len(seq, spec.name, spec.config.max_positions, options.scale)  # the CLI checked the full model's
     graph = transformer_graph(spec.config, spec.name, seq, 2 if precision in ("bf16", "fp16") else 4)
     classes, compute = {}, []
     if cuda:

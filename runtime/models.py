@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hetpart.errors import ModelError
 from hetpart.graph.load import resolve_transformer
+from hetpart.graph.scales import SCALES, Scale, scale_of
 from hetpart.graph.transformer import TransformerConfig
 
 __all__ = [
@@ -46,40 +47,9 @@ _INIT_STD = 0.02
 
 
 # ----------------------------------------------------------------------------------- shrinking
-@dataclass(frozen=True)
-class Scale:
-    """Shape of a shrunken model: same number of units, smaller everything else."""
-
-    hidden_size: int
-    """Width of the shrunken model."""
-    num_heads: int
-    """Attention heads (raised to a multiple of the plan's largest tensor-parallel degree)."""
-    vocab_size: int
-    """The largest vocabulary of the shrunken model (its vocabulary keeps the full model's vocabulary to width
-    ratio, :func:`scaled_config`)."""
-    seq_len: int
-    """Largest sequence length the shrunken run uses."""
-
-
-SCALES: dict[str, Scale] = {
-    "tiny": Scale(hidden_size=64, num_heads=4, vocab_size=8192, seq_len=32),
-    "small": Scale(hidden_size=256, num_heads=8, vocab_size=32768, seq_len=128),
-}
-
-
-def _scale_of(scale: str | int) -> Scale:
-    if isinstance(scale, bool) or not isinstance(scale, (str, int)):
-        raise ModelError(f"--scale: expected tiny, small or a hidden size, got {scale!r}")
-    if isinstance(scale, str) and scale.isdigit():
-        scale = int(scale)
-    if isinstance(scale, int):
-        if not 8 <= scale <= 65536:
-            raise ModelError(f"--hidden-size: {scale} is outside 8..65536; give a hidden size such as 128")
-        heads = max(1, scale // 32)
-        return Scale(hidden_size=scale, num_heads=heads, vocab_size=128 * scale, seq_len=min(512, scale))
-    if scale not in SCALES:
-        raise ModelError(f"--scale: unknown scale {scale!r}; use tiny, small or a hidden size such as 128")
-    return SCALES[scale]
+# Scale, SCALES and the scale of a name or hidden size live torch-free in hetpart.graph.scales (the CLI checks
+# a sequence length against them before importing torch); they stay importable from here.
+_scale_of = scale_of
 
 
 def scaled_config(config: TransformerConfig, scale: str | int = "tiny", heads_multiple_of: int = 1) -> TransformerConfig:

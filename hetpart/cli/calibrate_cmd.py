@@ -55,7 +55,6 @@ def calibrate_command(
     import sys
 
     from hetpart.errors import PlanError
-    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
 
     mode = "speeds" if speeds_from is not None else "metis" if import_metis is not None else "measure"
     _refuse_unused(ctx, mode)
@@ -75,11 +74,14 @@ def calibrate_command(
         raise PlanError(f"--micro-batches: {micro_batches!r}; give whole numbers separated by commas, "
                         "such as 1,2,4,8") from None
     _check_scale(scale)
+    _check_seq_len(model, scale, seq_len)
     try:
         degrees = tuple(int(x) for x in tp_degrees.split(",") if x.strip()) if tp_degrees is not None else None
     except ValueError:
         raise PlanError(f"--tp-degrees: {tp_degrees!r}; give whole numbers >= 2 separated by commas, such as 2,4,8") \
             from None
+    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
     options = CalibrateOptions(micro_batches=sizes, seq_len=seq_len, precision=precision,
                                scale=int(scale) if scale and scale.strip().isdigit() else scale, repeats=repeats,
                                links=links, tensor_parallel=tensor_parallel, tp_degrees=degrees, device=device)
@@ -131,6 +133,19 @@ def _refuse_unused(ctx: typer.Context, mode: str) -> None:
         verb = "does" if len(given) == 1 else "do"
         raise PlanError(f"{', '.join(given)}: {verb} not apply to {what}; leave "
                         f"{'it' if len(given) == 1 else 'them'} out")
+
+
+def _check_seq_len(model: str, scale: Optional[str], seq_len: Optional[int]) -> None:
+    """``--seq-len`` fits the model that will be measured (full size or shrunk by ``--scale``), said before torch
+    loads and anything is measured."""
+    from hetpart.graph.load import resolve_transformer
+    from hetpart.graph.scales import check_seq_len
+
+    resolved = resolve_transformer(model) if seq_len is not None and seq_len >= 1 else None
+    if resolved is not None:
+        name, config, _ = resolved
+        check_seq_len(seq_len, name, config.max_positions,
+                      int(scale) if scale and scale.strip().isdigit() else scale)
 
 
 def _check_scale(scale: Optional[str]) -> None:
