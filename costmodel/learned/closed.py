@@ -544,8 +544,20 @@ def record_examples(records: list[dict], progress=None) -> list[dict]:
 
 def _composable(plan: Plan) -> bool:
     """Whether :func:`compose` prices ``plan`` (else the simulator does)."""
-    return (not plan.zero or plan.dp < 2) and all(s.tp_split is None for r in plan.replicas for s in r.stages) \
-        and int(getattr(plan, "cp", 1) or 1) <= 1 and plan.offload == "none"
+    return _deferred_because(plan) is None
+
+
+def _deferred_because(plan: Plan) -> str | None:
+    """Why :func:`compose` does not price ``plan`` (the simulator does), None when it does."""
+    if plan.zero and plan.dp >= 2:
+        return f"ZeRO {plan.zero} sharding"
+    if any(s.tp_split is not None for r in plan.replicas for s in r.stages):
+        return "an uneven tensor-parallel split"
+    if int(getattr(plan, "cp", 1) or 1) > 1:
+        return "context parallelism"
+    if plan.offload != "none":
+        return f"{plan.offload} offload to host memory"
+    return None
 
 
 @dataclass(frozen=True)
@@ -829,6 +841,15 @@ class ClosedPredictor(_predictor_base()):
             self._ctx[precision] = ClosedContext(self.model, self.cluster, precision)
         return self._ctx[precision]
 
+    def _unvectorised_because(self, precision: str) -> str | None:
+        """Why plans at ``precision`` went to the simulator though they compose (:meth:`_run`), else None."""
+        try:
+            if self._closed(precision).vectorised():
+                return None
+        except (KeyError, ValueError, ZeroDivisionError):
+            return None  # such plans are refused, not priced
+        return "clusters of more than 62 node groups and device types (its vectorised encoder)"
+
     def _simulated(self, plan: Plan):
         from hetpart.costmodel.simulator import Simulator
         from hetpart.errors import HetpartError
@@ -929,8 +950,10 @@ class ClosedPredictor(_predictor_base()):
         out = super().predict_many(plans, workload, validate=validate)
         for plan, res in zip(plans, out):
             if not isinstance(res, str):
-                res.metrics["priced_by"] = self.name if _composable(plan) else "simulator"
-                if not _composable(plan):
+                why = _deferred_because(plan) or self._unvectorised_because(plan.precision)
+                res.metrics["priced_by"] = self.name if why is None else "simulator"
+                if why is not None:
+                    res.metrics["priced_by_reason"] = f"the learned model does not compose {why}"
                     res.metrics["uncertainty"] = self._simulator_band(plan, res.step_time_s)
                 if plan.offload != "none" and self._sim is not None:  # the simulator's host-memory report
                     res.metrics.update({k: v for k, v in self._sim.host_metrics(plan).items() if k != "host_fits"})

@@ -53,6 +53,25 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
             f"{mem}{host}")
 
 
+def _priced_by_line(metrics: dict[str, Any], predictor: str) -> str | None:
+    """Which model priced a learned predictor's answer, with its spread or why the simulator did; None for the
+    simulator's own answers (its provenance lines say the rest)."""
+    u = metrics.get("uncertainty")
+    if not isinstance(u, dict):
+        return None
+    by = metrics.get("priced_by", predictor)
+    if by == "simulator":
+        line = f"  priced by: the simulator ({metrics.get('priced_by_reason', 'deferred by the learned predictor')})"
+        if u.get("band"):
+            line += f"; {u['band']}"
+    else:
+        std = u.get("relative_std")
+        line = f"  priced by: {by}" + (f" (relative std {std * 100:.2f}%)" if std is not None else "")
+    if u.get("out_of_distribution"):
+        line += "; out of distribution: " + ("; ".join(u.get("out_of_distribution_reasons") or ()) or "no reason given")
+    return line
+
+
 def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch: int = GlobalBatch,
                  seq_len: Optional[int] = SeqLen, precision: Optional[str] = Precision, recompute: str = RecomputeOpt,
                  zero: Optional[int] = ZeroOpt, offload: Optional[str] = OffloadOpt, optimizer: str = OptimizerOpt,
@@ -98,6 +117,9 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(_workload_line(workload, graph, cl, seq_len is None, precision_given))
     con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
+    priced = _priced_by_line(result.prediction.metrics, predictor or "")
+    if priced:
+        con.print(priced, highlight=False)
     _provenance_lines(con, result.prediction.provenance)
     if result.evaluation.get("complete") is False:
         con.print(f"{planner} stopped at its time limit ({result.evaluation.get('time_limit_s', 0):.0f} s) before "
@@ -375,9 +397,10 @@ def predict_command(
     con = console()
     con.print(plan.table(cl, graph, full=full))
     con.print(_metrics_line(prediction.metrics) + ("" if prediction.fits_in_memory else " - DOES NOT FIT in memory"))
-    line = None if prediction.fits_in_memory else _memory_line(prediction.breakdown)
-    if line:
-        con.print(line, highlight=False)
+    for line in (None if prediction.fits_in_memory else _memory_line(prediction.breakdown),
+                 _priced_by_line(prediction.metrics, chosen.name)):
+        if line:
+            con.print(line, highlight=False)
     _provenance_lines(con, prediction.provenance)
 
 
