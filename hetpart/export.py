@@ -38,6 +38,7 @@ from a module, has no shape arguments for the engines and is refused.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -121,7 +122,7 @@ def _shape(plan, graph, cluster=None) -> _Shape:
     tps = sorted({s.tp for r in plan.replicas for s in r.stages})
     if len(tps) > 1:
         problems.append(f"per-stage tensor parallelism (tp {', '.join(map(str, tps))}): one TP degree for all "
-                        f"stages there; shown: tp {first.stages[0].tp}")
+                        f"stages there; shown: tp {first.stages[0].tp}" + _one_tp_grid(plan, pp, tp, dp))
     uneven = sum(s.tp_split is not None for r in plan.replicas for s in r.stages)
     if uneven:
         problems.append(f"uneven tensor-parallel splits ({uneven} stage{'s' if uneven > 1 else ''} with tp_split): "
@@ -171,6 +172,31 @@ def _grid_dp(plan, pp: int, tp: int) -> tuple[int, str | None]:
                 f"{'cp ' + str(plan.cp) + ', ' if getattr(plan, 'cp', 1) > 1 else ''}pp {pp}): the engines need "
                 f"a multiple of {width}; the config shown runs {dp} data-parallel rank{'s' if dp > 1 else ''} on "
                 f"{dp * width} of them")
+
+
+def _one_tp_grid(plan, pp: int, tp: int, dp: int) -> str:
+    """What the config shown launches where a plan's replicas are alike but their stages differ in TP width: the
+    plan's replicas as its data-parallel ranks, each stage at replica 0's first TP degree, so another number of
+    ranks than the plan has devices. (Replicas of other shapes: :func:`_grid_dp` counts the grid.)"""
+    if len({tuple(len(s.devices) for s in r.stages) for r in plan.replicas}) > 1:
+        return ""
+    cp = getattr(plan, "cp", 1)
+    ranks, world = tp * cp * pp * dp, plan.num_devices
+    degrees = [("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp)]
+    grid = " x ".join(f"{k} {v}" for k, v in degrees if k != "cp" or v > 1)
+    widths = ", ".join(str(s.tp) for s in plan.replicas[0].stages)
+    each = "its one replica" if dp == 1 else f"each of its {dp} replicas"
+    if ranks < world:
+        launched = (f"launches {ranks} ranks on the plan's {world} devices and leaves {world - ranks} of them idle "
+                    f"(the tensor-parallel ranks its stages wider than tp {tp} add)")
+    elif ranks > world:
+        launched = (f"launches {ranks} ranks, {ranks - world} more than the plan's {world} devices (its stages "
+                    f"narrower than tp {tp} run at tp {tp} there)")
+    else:
+        launched = f"launches {ranks} ranks on the plan's {world} devices, at other TP widths than planned"
+    return (f" on every stage (the plan: tp {widths} in {each}), a grid of {grid} = {ranks} ranks, which "
+            f"{launched}; a plan of one TP degree (hetpart plan --planner uniform) exports as a grid of all its "
+            "devices")
 
 
 def _batch_problem(plan, dp: int, pp: int, tp: int) -> str | None:
@@ -273,9 +299,16 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     if getattr(plan, "offload", "none") != "none":
         args.update(_megatron_offload(plan, shape, problems, notes))
     args = {k: v for k, v in args.items() if v is not None}
-    lines = [k if v is True else f"{k} {v}" for k, v in args.items()]
+    lines = [k if v is True else f"{k} {_shell_word(v)}" for k, v in args.items()]
     text = " \\\n".join(lines) + "\n"
     return Export("megatron", text, args, tuple(problems), _rank_note(plan, shape, "Megatron-LM") + tuple(notes))
+
+
+def _shell_word(value: Any) -> str:
+    """An argument value as the shell reads it: quoted where it holds a character the shell would act on (the
+    layout's ``|``); the data keeps the bare value."""
+    text = str(value)
+    return text if all(c.isalnum() or c in "._-/+=:," for c in text) else f'"{text}"'
 
 
 def _megatron_offload(plan, shape: _Shape, problems: list[str], notes: list[str]) -> dict[str, Any]:
@@ -363,12 +396,11 @@ def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
     PP: Megatron-Core's ``tp-cp-ep-dp-pp`` and torchtitan's device mesh agree). Given also when the plan has
     other problems (uneven shares, a batch to round): the placement is still the one to start with."""
     cp = getattr(plan, "cp", 1)
-    width = cp * shape.tp
-    if any(len(r.stages) != len(plan.replicas[0].stages) or any(len(r.stages[k].devices) != width
-                                                                 for k in range(shape.pp)) for r in plan.replicas):
-        return (f"{engine} places ranks on a grid of equal replicas; this plan's replicas differ in depth or "
-                "tensor-parallel width, so no rank order runs it as planned: place each rank by hand "
-                "(hetpart show --full lists every stage's devices)",)
+    differs = _what_differs(plan, cp * shape.tp)
+    if differs:
+        return (f"{engine} places ranks on one grid of equal replicas with one TP degree on every stage; {differs}, "
+                "so no rank order runs it as planned: place each rank by hand (hetpart show --full lists every "
+                "stage's devices)",)
     order = [r.stages[k].devices[c * shape.tp + t] for k in range(shape.pp) for r in plan.replicas
              for c in range(cp) for t in range(shape.tp)]
     from hetpart.plan import compress_device_ids
@@ -376,6 +408,23 @@ def _rank_note(plan, shape: _Shape, engine: str) -> tuple[str, ...]:
     dims = "TP innermost, then CP, then DP" if cp > 1 else "TP innermost, then DP"
     return (f"{engine} orders ranks {dims}, then PP: start rank r on device r of "
             f"[{compress_device_ids(order)}] (hetpart ids group/node/gpu)",)
+
+
+def _what_differs(plan, width: int) -> str | None:
+    """What keeps the plan off one rank grid: replicas of other depths, replicas of other TP widths, or stages of
+    other TP widths inside alike replicas (``width``: the devices of replica 0's first stage)."""
+    depths = sorted({len(r.stages) for r in plan.replicas})
+    if len(depths) > 1:
+        return f"this plan's replicas differ in depth ({' and '.join(map(str, depths))} stages)"
+    if len({tuple(len(s.devices) for s in r.stages) for r in plan.replicas}) > 1:
+        counts = Counter(", ".join(str(s.tp) for s in r.stages) for r in plan.replicas)
+        said = "; ".join(f"tp {k} in {n} replica{'s' if n > 1 else ''}" for k, n in counts.items())
+        return f"this plan's replicas differ in tensor-parallel width ({said})"
+    if any(len(s.devices) != width for s in plan.replicas[0].stages):
+        each = "" if plan.dp == 1 else f" in each of its {plan.dp} replicas"
+        return (f"this plan's stages differ in tensor-parallel width "
+                f"(tp {', '.join(str(s.tp) for s in plan.replicas[0].stages)}{each})")
+    return None
 
 
 def _megatron_partition(shape: _Shape) -> dict[str, Any]:
@@ -407,7 +456,7 @@ def _layout(blocks: tuple[int, ...]) -> str:
     stages = ["t" * b for b in blocks]
     stages[0] = "E" + stages[0]
     stages[-1] = stages[-1] + "L"
-    return '"' + "|".join(stages) + '"'
+    return "|".join(stages)
 
 
 def _megatron_optimizer_and_attention(plan, problems: list[str]) -> dict[str, Any]:

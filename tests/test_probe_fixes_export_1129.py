@@ -92,7 +92,7 @@ def test_rank_placement_is_given_also_when_the_shape_has_other_problems() -> Non
         Replica(0.5, (Stage((0, 7), ("0/0/0",), 1), Stage((7, 14), ("0/0/1",), 1))),
         Replica(0.5, (Stage((0, 4), ("1/0/0",), 1), Stage((4, 9), ("1/0/1",), 1), Stage((9, 14), ("1/0/2",), 1)))))
     note = export_plan(deeper, _graph(), "megatron").notes[0]
-    assert "replicas differ in depth or tensor-parallel width" in note and "place each rank by hand" in note
+    assert "this plan's replicas differ in depth (2 and 3 stages)" in note and "place each rank by hand" in note
 
 
 # ------------------------------------------------------------------------------- 3, 4. train-policy
