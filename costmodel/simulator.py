@@ -49,7 +49,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -265,6 +265,16 @@ class _Job(NamedTuple):
     """Sort key without overlap (largest first)."""
     collective: str = ""
     """NCCL's algorithm/protocol for one bucket of the all-reduce (``ring/Simple``, ``tree/LL128``, ...)."""
+
+
+def _rest_s(parts: Iterable[tuple[float, float]]) -> float:
+    """What ``(whole, known parts)`` leave over, summed; a remainder within rounding of the whole (the parts make
+    it up exactly, and float subtraction left -5e-17) is 0.0."""
+    rest = whole_sum = 0.0
+    for whole, known in parts:
+        rest += whole - known
+        whole_sum += abs(whole)
+    return 0.0 if abs(rest) <= 1e-12 * max(whole_sum, 1e-300) else float(rest)
 
 
 @dataclass
@@ -1701,9 +1711,8 @@ class Simulator:
                     "devices": list(rep.stages[d].devices), "gpu": group.gpu.name, "tp": rep.stages[d].tp,
                     "compute_s": sum(pipe.compute[k] for k in ks) * pipe.m,
                     "tp_comm_s": sum(pipe.tp[k] for k in ks) * pipe.m,
-                    "zero_comm_s": float(sum(pipe.fwd[k] + pipe.bwd[k] - pipe.compute[k] - pipe.tp[k]
-                                             - pipe.fwd_send[k] - pipe.bwd_send[k] - (pipe.cp[k] if pipe.cp else 0.0)
-                                             for k in ks) * pipe.m),
+                    "zero_comm_s": _rest_s([(pipe.fwd[k] + pipe.bwd[k], pipe.compute[k] + pipe.tp[k] + pipe.fwd_send[k]
+                                             + pipe.bwd_send[k] + (pipe.cp[k] if pipe.cp else 0.0)) for k in ks]) * pipe.m,
                     "pp_blocked_s": sum(pipe.fwd_send[k] + pipe.bwd_send[k] for k in ks) * pipe.m,
                     "pp_comm_s": float(sends),
                     "dp_comm_s": run.dp_spent.get((r, d), 0.0),
