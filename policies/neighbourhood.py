@@ -331,12 +331,24 @@ class Neighbourhood:
         yield from self.switched(("typed", typed, mb, rc))
 
     def _best_pp(self, pool: int, tp: int, mb: int, rc: str) -> int | None:
-        """The pool's pipeline depth whose replicas run the most micro-batches per second."""
+        """The pool's pipeline depth whose replicas run the most micro-batches per second (ties: the first of
+        :meth:`~hetpart.policies.structure.Scenario.pp_options`). Depths are split in order of their ceiling
+        (:meth:`~hetpart.policies.structure.Scenario.pool_rate_ceiling`), and none whose ceiling is below the
+        best rate found: a deep pipeline's stages hold whole units, so its ceiling is low, and its split (one
+        mask and one row walk per stage) costs the most."""
+        s = self.s
+        fitting = [pp for pp in s.pp_options(pool, tp) if s.pool_fits(pool, tp, pp, mb, rc)]
+        ceilings = {pp: s.pool_rate_ceiling(pool, tp, pp, mb, rc) for pp in fitting}
+        paces, top = {}, 0.0
+        for pp in sorted(fitting, key=lambda q: -ceilings[q]):  # stable: equal ceilings in depth order
+            if ceilings[pp] < top:
+                break  # this depth and every one after it cannot reach the best rate found
+            pace = paces[pp] = s.pool_rate(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
+            if pace is not None:
+                top = max(top, pace)
         best, rate = None, 0.0
-        for pp in self.s.pp_options(pool, tp):
-            if not self.s.pool_fits(pool, tp, pp, mb, rc):
-                continue
-            pace = self.s.pool_rate(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
+        for pp in fitting:  # the first depth of the highest rate, as they come
+            pace = paces.get(pp)
             if pace is not None and pace > rate:
                 best, rate = pp, pace
         return best

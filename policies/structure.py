@@ -269,6 +269,18 @@ class Scenario:
         split = self._pool_split(pool, tp, pp, mb, rc, quick)
         return None if split is None else (self.pools[pool].num_devices // (tp * pp)) / split[0].bottleneck_s
 
+    def pool_rate_ceiling(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> float:
+        """A rate :meth:`pool_rate` never exceeds: the replicas over a bottleneck no split of ``pp`` stages goes
+        below, the largest of an even share of the units' time, the slowest unit, and the least time of any
+        ``ceil(n / pp)`` consecutive units (some stage holds that many; memory masks and sends only add), with a
+        relative margin of 1e-6 for the rounding of the sends added to the ranges."""
+        unit_s = self.ctx.table.get(self.pools[pool], tp, mb, rc).unit_time_s
+        prefix = np.concatenate(([0.0], np.cumsum(unit_s)))  # as the stage matrices sum ranges
+        width = -(-len(unit_s) // pp)
+        least = max(float(prefix[-1]) / pp, float(unit_s.max()), float((prefix[width:] - prefix[:-width]).min()))
+        least *= 1 - 1e-6
+        return math.inf if least <= 0 else (self.pools[pool].num_devices // (tp * pp)) / least
+
     def _pool_split(self, pool: int, tp: int, pp: int, mb: int, rc: str, quick: bool):
         """:func:`~hetpart.policies.plan_search.pool_split` of :meth:`pool_config`."""
         def compute():  # under the first memory assumption that fits (sharded states: search's two)

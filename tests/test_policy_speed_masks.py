@@ -94,3 +94,39 @@ def test_greedy_fits_matches_its_row_reference(offload: str) -> None:
             assert got == _greedy_fits_rows(costs, m, zero, fraction)
             answers.append(got)
     assert True in answers and False in answers
+
+
+def _best_pp_reference(hood, pool: int, tp: int, mb: int, rc: str):
+    """:meth:`Neighbourhood._best_pp` splitting every depth that fits (the reference)."""
+    from hetpart.policies.neighbourhood import QUICK_STAGES
+
+    best, rate = None, 0.0
+    for pp in hood.s.pp_options(pool, tp):
+        if hood.s.pool_fits(pool, tp, pp, mb, rc):
+            pace = hood.s.pool_rate(pool, tp, pp, mb, rc, pp > QUICK_STAGES)
+            if pace is not None and pace > rate:
+                best, rate = pp, pace
+    return best
+
+
+@pytest.mark.parametrize("cluster, layers, batch", [("tiny-mixed", 6, 16), ("consumer-mix", 24, 64),
+                                                    ("a100-v100-16", 40, 128)])
+def test_best_depth_skips_only_depths_that_cannot_win(cluster: str, layers: int, batch: int) -> None:
+    from hetpart import Workload
+    from hetpart.policies.neighbourhood import Neighbourhood
+    from hetpart.policies.structure import Scenario
+
+    scenario = Scenario(_model(layers), load_cluster(cluster), Workload(batch, 512))
+    hood = Neighbourhood(scenario)
+    chosen = []
+    for pool, tps in enumerate(scenario.tps):
+        for tp, mb, rc in itertools.product(tps, (1, 2, 4), scenario.modes):
+            got = hood._best_pp(pool, tp, mb, rc)
+            assert got == _best_pp_reference(hood, pool, tp, mb, rc)
+            for pp in scenario.pp_options(pool, tp):  # the ceiling is one: no split beats it
+                pace = scenario.pool_rate(pool, tp, pp, mb, rc, pp > 8) if scenario.pool_fits(pool, tp, pp, mb, rc) \
+                    else None
+                if pace is not None:
+                    assert pace <= scenario.pool_rate_ceiling(pool, tp, pp, mb, rc)
+            chosen.append(got)
+    assert any(c is not None for c in chosen)
