@@ -15,7 +15,9 @@ A profile (``hetpart calibrate`` writes one; :func:`load_profile` reads it) hold
   latency and bandwidth fitted to a point-to-point or all-reduce sweep, with the sweep.
 
 The simulator (:class:`~hetpart.costmodel.simulator.Simulator` with ``profile=``) uses an entry
-in place of its analytic term wherever the profile has one, through :class:`BoundProfile`:
+in place of its analytic term wherever the profile has one that applies, through :class:`BoundProfile`
+(a device type's own class entry by entry; a stand-in only for the model it measured, all its kinds or
+none: :meth:`BoundProfile.applying_class`):
 
 * a unit's time at a micro-batch and sequence length that were not measured is interpolated
   piecewise-linearly in forward FLOPs per call over the measured points of that unit (exact at the
