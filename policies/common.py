@@ -132,7 +132,9 @@ torchtitan recipes turn it on for sequences of 16K-32K tokens and beyond)."""
 
 OFFLOAD_HINTS = ("; or keep the optimizer in host memory (--offload optimizer: ZeRO-Offload, 2 bytes per parameter "
                  "left on the devices; --offload full with --zero 3 keeps none)",
-                 ", or keep the optimizer in host memory (--offload optimizer)")
+                 ", or keep the optimizer in host memory (--offload optimizer)",
+                 "--offload optimizer (the optimizer in host memory: a plan of this planner then fits), ",
+                 ", --offload optimizer (the optimizer in host memory)")
 """What :func:`no_plan_error` adds for a workload that offloads nothing (dropped where offload was tried)."""
 
 
@@ -150,7 +152,12 @@ def device_state_bytes_per_param(workload: "Workload") -> float:
 
 
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
-    """A :class:`WorkloadError` that says why nothing fits and what would."""
+    """A :class:`WorkloadError` that says why nothing fits and what would.
+
+    Where the model states alone bind (more than the devices hold in all; or, for the ``uniform`` and
+    ``proportional`` planners, no plan of the planner's own space fits even at one sequence per micro-batch
+    with full recomputation, checked by the memory rule the planner uses), the advice leads with what shrinks
+    the states, and says nothing of the batch."""
     from hetpart.costmodel.memory import FRAGMENTATION_FRACTION, FRAMEWORK_OVERHEAD_GB, memory_capacity_gb
 
     per_param = device_state_bytes_per_param(workload)
@@ -168,10 +175,11 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
             "optimizer": "the 16-bit weights (the rest offloaded)", "full": "the states"}[workload.offload]
     hint = f"{kept} alone need {state_gb:.1f} GB and the cluster's devices hold {capacity:.1f} GB usable in all"
     if state_gb >= capacity:
-        fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
-               "activations) or a cluster with more device memory")
-        if workload.offload == "none":
-            fix += OFFLOAD_HINTS[0]
+        fix = _states_exceed_fix(model, workload, per_param, capacity)
+    elif _least_activations_fit(model, cluster, workload, planner) is False:
+        hint += (f", but no plan of the {planner} planner's own space fits even at one sequence per micro-batch with "
+                 "full recomputation, so a smaller --global-batch cannot help")
+        fix = _states_bind_fix(model, cluster, workload, planner)
     else:
         fix = ("try " + ("--recompute full (or auto), " if workload.recompute in ("none", "selective") else "")
                + "a smaller --global-batch that divides into whole micro-batches, a shorter --seq-len, or more devices")
@@ -194,3 +202,93 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
             route += "; `--planner search` and `--planner policy` keep to linked zones"
         return WorkloadError(f"{head}, {route}; where memory is what binds: {hint}; {fix}")
     return WorkloadError(f"{head}; {hint}; {fix}")
+
+
+def _states_exceed_fix(model: "ModelGraph", workload: "Workload", per_param: float, capacity: float) -> str:
+    """The advice where the states outgrow the devices' memory in all: offload first where the 16-bit weights
+    alone would fit (the same count), then a smaller model or more memory."""
+    fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
+           "activations) or a cluster with more device memory")
+    if workload.offload != "none":
+        return fix
+    from hetpart.costmodel.sharding import state_bytes
+
+    weights_gb = model.num_params * state_bytes(workload.precision, workload.optimizer)[0] / 1e9
+    if weights_gb < capacity:
+        return (f"keep the optimizer in host memory (--offload optimizer: ZeRO-Offload leaves the 16-bit weights, "
+                f"{weights_gb:.1f} GB, on the devices), " + fix)
+    return fix + OFFLOAD_HINTS[0]
+
+
+def _states_bind_fix(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> str:
+    """The advice where the states bind the planner's own space: offload where that fits by the same check, a
+    planner that cuts layers by device memory, more devices, a shorter sequence; never the batch. The offload
+    parts are :data:`OFFLOAD_HINTS` (``--offload auto`` drops them, having tried offload)."""
+    from dataclasses import replace
+
+    first = last = ""
+    if workload.offload == "none":
+        if _least_activations_fit(model, cluster, replace(workload, offload="optimizer"), planner):
+            first = OFFLOAD_HINTS[2]
+        else:
+            last = OFFLOAD_HINTS[3]
+    search = ("--planner search (it cuts layers by each device's memory, and the devices hold the states in all), "
+              if planner in _CHECKED_PLANNERS else "")
+    return f"try {first}{search}more devices{last}, or a shorter --seq-len"
+
+
+_CHECKED_PLANNERS = ("uniform", "proportional")
+"""Planners whose own space :func:`_least_activations_fit` walks (a grid of a few dozen layouts)."""
+_MAX_CHECKED_PLANS = 4096
+"""At most this many plans of the space are checked; beyond, the answer is unknown."""
+
+
+def _least_activations_fit(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> bool | None:
+    """Whether some plan of ``planner``'s own space fits in memory with the least activations a batch can ask for:
+    one sequence per micro-batch and full recomputation, at each sharding level the planner tries (the memory
+    rule the planner itself checks: :meth:`~hetpart.plan.Plan.validate` and
+    :meth:`~hetpart.costmodel.evaluator.Evaluator.fits`); ``None`` for a
+    planner whose space is not walked here, or one too large to walk."""
+    from dataclasses import replace
+
+    from hetpart.costmodel.evaluator import Evaluator
+    from hetpart.errors import HetpartError
+
+    if planner not in _CHECKED_PLANNERS:
+        return None
+    seen = 0
+    for zero in sharding_levels(workload):
+        least = replace(workload, recompute="full", zero=zero)
+        fits = Evaluator(model, cluster, least).fits
+        for plan in _space(model, cluster, least, planner):
+            seen += 1
+            if seen > _MAX_CHECKED_PLANS:
+                return None
+            try:
+                if plan.micro_batch == 1 and not plan.validate(model, cluster) and fits(plan):
+                    return True
+            except HetpartError:
+                continue
+    return False
+
+
+def _space(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str):
+    """The plans of ``planner``'s own space at ``workload``'s recompute mode (a generator)."""
+    from hetpart.errors import HetpartError
+
+    if planner == "uniform":
+        from hetpart.costmodel.megatron import megatron_plan
+        from hetpart.policies.plan_uniform import uniform_grid
+
+        for tp, pp, dp in uniform_grid(model, cluster, workload):
+            try:
+                yield megatron_plan(model, cluster, workload, tp=tp, pp=pp, dp=dp, micro_batch=1, schedule="1f1b",
+                                    recompute=workload.recompute, zero=workload.zero)
+            except HetpartError:
+                continue
+        return
+    from hetpart.policies.plan_proportional import hap_plans, holmes_plans
+
+    for layouts in (holmes_plans(model, cluster, workload), hap_plans(model, cluster, workload)):
+        for variants in layouts:
+            yield from variants
