@@ -122,12 +122,45 @@ def string(exc, value: Any, source: str, field: str, max_chars: int = MAX_STRING
 
 
 def unknown_name(exc, kind: str, name: str, known: Iterable[str], source: str, field: str, extra: str = "") -> HetpartError:
-    known = sorted(known)
-    folded = {k.casefold(): k for k in known}  # 'a100-80gb' means 'A100-80GB'
-    close = difflib.get_close_matches(name.casefold(), list(folded), n=1) if len(name) < 100 else []
-    hint = [folded[c] for c in close]
-    did = f"did you mean '{hint[0]}'? " if hint else ""
-    return fail(exc, source, field, f"unknown {kind} {show(name, 200)}; {did}known: {', '.join(known)}{extra}")
+    known = list(known)
+    hint = closest_name(name, known)
+    did = f"did you mean '{hint}'? " if hint else ""
+    return fail(exc, source, field, f"unknown {kind} {show(name, 200)}; {did}known: {', '.join(sorted(known))}{extra}")
+
+
+def _squash(text: str) -> str:
+    """``text`` without case and punctuation but decimal points: 'GPT-2' and 'gpt2' are one name, 'gpt3-1.3b'
+    and 'gpt3-13b' two."""
+    return "".join(c for c in text.casefold() if c.isalnum() or c == ".")
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The name of ``known`` that ``name`` most likely means: the same letters and digits (case and
+    punctuation aside), else the first (in ``known``'s order, a catalog's smallest first) that starts with
+    them, a family's name ('GPT-2' -> 'gpt2-small'), else the closest spelling; None when none is close.
+
+    >>> closest_name("GPT-2", ["gpt2-small", "gpt2-medium", "gpt3-2.7b"])
+    'gpt2-small'
+    >>> closest_name("lama2-7b", ["gpt2-small", "llama2-7b"])
+    'llama2-7b'
+    """
+    known = list(known)
+    if len(name) >= 100 or not known:
+        return None
+    squashed = {_squash(k): k for k in reversed(known)}  # the first of names that squash alike wins
+    key = _squash(name)
+    if key in squashed:
+        return squashed[key]
+    if key:
+        family = next((k for k in known if _squash(k).startswith(key)), None)
+        if family is not None:
+            return family
+    close = difflib.get_close_matches(key, list(squashed), n=1) if key else []
+    if close:
+        return squashed[close[0]]
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
+    return folded[close[0]] if close else None
 
 
 def path_exists(path: Path) -> bool:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
     from hetpart.graph.model_graph import ModelGraph
 
-__all__ = ["Schedule", "TPSplit", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids", "ZERO_LEVELS"]
+__all__ = ["Schedule", "TPSplit", "Stage", "Replica", "Plan", "load_plan", "compress_device_ids", "units_text", "ZERO_LEVELS"]
 
 _SHARE_TOL = 1e-6
 ZERO_LEVELS = (0, 1, 2, 3)
@@ -545,9 +545,7 @@ class Plan:
             r = self.replicas[members[0]]
             label = str(members[0]) if len(members) == 1 else f"{_index_ranges(members)} (x{len(members)})"
             for j, s in enumerate(r.stages):
-                units = f"{s.layers[0]}-{s.layers[1] - 1}"
-                if model is not None and s.layers[0] < s.layers[1] <= model.num_units:
-                    units += f" ({model.units[s.layers[0]].name}..{model.units[s.layers[1] - 1].name})"
+                units = units_text(s.layers, model)
                 devices = [d for m in members for d in self.replicas[m].stages[j].devices]
                 tp = str(s.tp) if s.tp_split is None else f"{s.tp} ({_split_text(s.tp_split)})"
                 t.add_row(label if j == 0 else "", f"{r.batch_share:.3f}" if j == 0 else "", str(j), units,
@@ -556,6 +554,20 @@ class Plan:
             t.caption = (f"{t.caption}; " if t.caption else "") + (f"{len(self.replicas)} replicas in {len(groups)} group{'s' if len(groups) > 1 else ''} of "
                          "identical ones (--full lists each)")
         return t
+
+
+def units_text(layers: tuple[int, int], model: "ModelGraph | None" = None) -> str:
+    """A stage's units ``[first, last)`` as the tables print them, with their names where ``model`` has them.
+
+    >>> units_text((13, 22)), units_text((24, 25))
+    ('13-21', '24')
+    """
+    first, last = layers
+    text = f"{first}" if last - first == 1 else f"{first}-{last - 1}"
+    if model is None or not first < last <= model.num_units:
+        return text
+    names = model.units[first].name if last - first == 1 else f"{model.units[first].name}..{model.units[last - 1].name}"
+    return f"{text} ({names})"
 
 
 def _split_text(split: TPSplit) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
 __all__ = ["COLOURS", "ReplicaGroup", "replica_groups", "gantt_figure", "cluster_figure", "memory_figure",
-           "planner_bars", "scaling_figure", "save_png", "to_svg", "to_png_base64", "stage_colour"]
+           "planner_bars", "scaling_figure", "save_png", "to_svg", "to_png_base64", "stage_colour", "replicas_text"]
 
 COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "send": "#9A9A9A", "dp_sync": "#C44E52", "optim": "#8172B3"}
 _LABELS = {"fwd": "forward", "bwd": "backward", "send": "send (p2p)", "dp_sync": "gradient all-reduce",
@@ -63,6 +63,11 @@ class ReplicaGroup:
         runs = m == list(range(m[0], m[-1] + 1))
         names = f"r{m[0]}-r{m[-1]}" if runs else ",".join(f"r{i}" for i in m[:3]) + (",..." if len(m) > 3 else "")
         return f"{names} (x{len(m)})"
+
+
+def replicas_text(n: int) -> str:
+    """``n`` data-parallel replicas in words: '1 replica', '4 replicas'."""
+    return f"{n} replica" if n == 1 else f"{n} replicas"
 
 
 def replica_groups(plan: "Plan", cluster: "Cluster") -> list[ReplicaGroup]:
@@ -133,7 +138,7 @@ def gantt_figure(timeline: Sequence[Mapping[str, Any]], plan: "Plan", cluster: "
     if step_time_s is not None and tokens_per_s is not None:
         head += f"step {step_time_s:.3f} s, {tokens_per_s:,.0f} tokens/s"
     groups = len(replica_groups(plan, cluster))
-    note = f"{plan.dp} replicas as {groups} distinct" if groups < plan.dp else f"{plan.dp} replicas"
+    note = f"{plan.dp} replicas as {groups} distinct" if groups < plan.dp else replicas_text(plan.dp)
     if len(all_rows) > len(rows):
         note += f"; first {len(rows)} of {len(all_rows)} rows"
     ax.set_title(f"{head}\n{note}", fontsize="medium")
@@ -209,7 +214,7 @@ def cluster_figure(plan: "Plan", cluster: "Cluster", *, title: str = "", max_nod
     more = f" (first {len(keys)} of {len(nodes)} nodes)" if len(nodes) > len(keys) else ""
     groups = "" if cols <= 2 else "\nnode groups: " + ", ".join(f"{g} = {'+'.join(t.name for t, _ in grp.gpu_counts)}"
                                                                for g, grp in enumerate(cluster.groups))
-    ax.set_title(f"{title or cluster.name}: {cluster.num_devices} devices, {plan.dp} replicas; "
+    ax.set_title(f"{title or cluster.name}: {cluster.num_devices} devices, {replicas_text(plan.dp)}; "
                  f"shade = replica{more}{groups}", fontsize="medium")
     fig.tight_layout()
     return fig

@@ -146,7 +146,7 @@ def _summary(plan: "Plan", m: Mapping[str, Any], bound: Mapping[str, Any] | None
                  "good" if m["fits_in_memory"] else "bad")]
     if bound:
         kpis.append(_kpi(f"{m['tokens_per_s'] / bound['tokens_per_s'] * 100:.1f}%", "of HETHUB's upper bound"))
-    shape = (f"{plan.dp} replicas, micro-batch {plan.micro_batch}, schedule {plan.schedule}"
+    shape = (f"{plotting.replicas_text(plan.dp)}, micro-batch {plan.micro_batch}, schedule {plan.schedule}"
              f"{f' x{plan.interleave}' if plan.interleave > 1 else ''}, recompute {plan.recompute}, "
              f"precision {plan.precision}"
              f"{f', ZeRO {plan.zero}' if plan.zero else ''}{f', offload {plan.offload}' if plan.offload != 'none' else ''}")
@@ -207,17 +207,15 @@ def _comparison_section(comparison: Sequence[Mapping[str, Any]], chosen: str) ->
 
 
 def _stages_section(plan: "Plan", cluster: "Cluster", model: "ModelGraph") -> str:
-    from hetpart.plan import compress_device_ids
+    from hetpart.plan import compress_device_ids, units_text
 
     rows = []
     for g in plotting.replica_groups(plan, cluster):
         rep = plan.replicas[g.first]
         for k, s in enumerate(rep.stages):
             gpu = ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
-            first, last = s.layers
-            names = f"{model.units[first].name}..{model.units[last - 1].name}" if first < last <= model.num_units else ""
             rows.append([g.label if k == 0 else "", f"{rep.batch_share:.3f}" if k == 0 else "", k,
-                         f"{first}-{last - 1} {names}", compress_device_ids(s.devices), gpu, s.tp])
+                         units_text(s.layers, model), compress_device_ids(s.devices), gpu, s.tp])
     table = html_table(["replicas", "share", "stage", "units", "devices (first replica)", "gpu", "tp"], rows,
                        table_id="stages-table", numeric=[False, True, True, False, False, False, True])
     return f'<section id="stages"><h2>Stages</h2>{table}</section>'

@@ -6,7 +6,7 @@ import typer
 
 from typing import Optional
 
-from hetpart.cli.common import JsonFlag, Precision, console, emit_json, params_text
+from hetpart.cli.common import AttentionOpt, JsonFlag, Precision, console, emit_json, params_text, workload_from
 
 __all__ = ["register"]
 
@@ -83,35 +83,56 @@ def clusters(json_out: bool = JsonFlag) -> None:
 
 def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.json path or python:MODULE:FUNCTION."),
                   seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence (default: min(2048, max positions))."),
-                  precision: str = Precision, json_out: bool = JsonFlag) -> None:
-    """Show a model's units with FLOPs, parameters and activation bytes."""
+                  precision: str = Precision, attention: str = AttentionOpt, json_out: bool = JsonFlag) -> None:
+    """Show a model's units with FLOPs, parameters and the activation bytes plan and predict charge."""
     from rich.table import Table
 
+    from hetpart.costmodel.activations import DEFAULT_KERNELS
     from hetpart.graph import load_model
 
+    workload_from(1, 1, "bf16", "none", attention=attention)  # a bad --attention fails as plan's does
     g = load_model(model, seq_len=seq_len, precision=precision or "bf16", exact_seq_len=True)
+    saved = _saved_bytes(g, attention)
+    kernels = DEFAULT_KERNELS
     if json_out:
-        emit_json(g.summary())
+        s = g.summary()
+        s["memory_model"] = {"attention": attention, "kernels": kernels, "precision": precision or "bf16"}
+        for row, *per_mode in zip(s["units"], *saved.values()):
+            row["saved_bytes"] = dict(zip(saved, per_mode))
+        emit_json(s)
         return
     t = Table(title=f"{g.name}: {params_text(g.num_params)} parameters, {g.num_units} units, seq_len {g.seq_len} "
-                    f"({_fmt(g.flops_per_token)}FLOP/token for training)")
+                    f"({_fmt(g.flops_per_token)}FLOP/token for training)",
+              caption=f"saved bytes per sequence and micro-batch in flight, by recompute mode, as plan and predict "
+                      f"charge them: {attention} attention, {_KERNEL_TEXT[kernels]}, {precision or 'bf16'}")
     for col in ("units", "kind", "fwd FLOPs/seq", "params", "out bytes/seq", "saved bytes/seq (none/sel/full)"):
         t.add_column(col)
+    rows = [(u.kind, u.fwd_flops, u.params, tuple(per_mode[i] for per_mode in saved.values()))
+            for i, u in enumerate(g.units)]
     i = 0
     while i < g.num_units:
         u = g.units[i]
         j = i
-        while j + 1 < g.num_units and _same(g.units[j + 1], u):
+        while j + 1 < g.num_units and rows[j + 1] == rows[i]:
             j += 1
         label = u.name if i == j else f"{u.name} .. {g.units[j].name} (x{j - i + 1})"
         t.add_row(f"{i}" + (f"-{j}" if j > i else "") + f" {label}", u.kind, _fmt(u.fwd_flops), params_text(u.params),
-                  _fmt(u.out_act_bytes), "/".join(_fmt(u.act_bytes[m]) for m in ("none", "selective", "full")))
+                  _fmt(u.out_act_bytes), "/".join(_fmt(b) for b in rows[i][3]))
         i = j + 1
     console().print(t)
 
 
-def _same(a, b) -> bool:
-    return (a.kind, a.fwd_flops, a.params, a.act_bytes) == (b.kind, b.fwd_flops, b.params, b.act_bytes)
+_KERNEL_TEXT = {"fused": "Megatron-Core/Transformer Engine kernels", "torch": "PyTorch kernels (hetpart's runtime)"}
+"""How the header names each kernel set of :mod:`hetpart.costmodel.activations`."""
+
+
+def _saved_bytes(g, attention: str) -> dict[str, list[float]]:
+    """Per recompute mode, the bytes each unit keeps per sequence and micro-batch in flight under the kernel
+    set plan and predict use: the memory model's own activation term
+    (:func:`~hetpart.costmodel.activations.unit_kept_bytes`), so the table shows what the planners charge."""
+    from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_kept_bytes
+
+    return {mode: unit_kept_bytes(g, mode, attention, DEFAULT_KERNELS) for mode in ("none", "selective", "full")}
 
 
 def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or cluster YAML path."),
@@ -120,8 +141,10 @@ def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or clu
     from rich.table import Table
 
     from hetpart.cluster import load_cluster
+    from hetpart.costmodel.pools import check_zones_connected
 
     c = load_cluster(cluster)
+    check_zones_connected(c)  # refused as plan and predict refuse it (README, "zones")
     s = c.summary()
     if json_out:
         emit_json(s)
