@@ -183,7 +183,8 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
     for t, b in bindings.items():
         if b.stand_in:
             say(f"{t}: not at hand; measured {classes[b.device].description} stands in for it (predictions with "
-                "this profile then price running the plan on this machine)")
+                f"this profile then price running {spec.name}{f' at --scale {options.scale}' if options.scale else ''} "
+                "on this machine; for another model or scale it prices nothing)")
     links = _measure_links(cuda, list(classes)[0], say) if options.links else []
     tensor_parallel = (_measure_tensor_parallel(model_spec, graph, list(classes)[0], cuda, precision, seq, options, say)
                        if options.tensor_parallel else [])
