@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def bench_command(suite: Path = typer.Option(..., "--suite", help="Suite YAML: entries [{name, cluster, model, global_batch, seq_len}]."),
                   planners: str = typer.Option("uniform,proportional,search", "--planners",
-                                               help="Comma-separated planners (uniform, proportional, search)."),
+                                               help="Comma-separated planners (uniform, proportional, search, policy; any registered one)."),
                   out: Path = typer.Option(..., "--out", help="Directory for results.csv, results.md, the plots and report.html."),
                   tracker: str = typer.Option("tensorboard", "--tracker",
                                               help="tensorboard, wandb (offline), both comma-separated, or null."),

@@ -17,10 +17,10 @@ from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag,
 __all__ = ["register"]
 
 FullOpt = typer.Option(False, "--full", help="List every replica (identical ones are collapsed into one 'xN' row set).")
-PlannerOpt = typer.Option("search", "--planner", help="A registered planner: search, proportional, uniform (policy once "
-                          "the learned policy is built).")
-PredictorOpt = typer.Option(None, "--predictor", help="What prices plans: simulator (learned once the learned cost model "
-                            "is built); default: the registry's default.")
+PlannerOpt = typer.Option("search", "--planner", help="A registered planner: search (exact), policy (the trained RL "
+                          "planner), proportional, uniform.")
+PredictorOpt = typer.Option(None, "--predictor", help="What prices plans: simulator, learned, learned-graph or corrected "
+                            "(any registered predictor); default: the registry's default.")
 DEMO = {"model": "gpt2-xl", "cluster": "a100-v100-16", "global_batch": 256, "seq_len": 1024}
 """The bundled heterogeneous example of ``hetpart demo`` (one A100 node + one V100 node)."""
 
@@ -690,6 +690,8 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
 
     if max_replicas < 1:
         raise PlanError(f"--max-rows: must be >= 1, got {max_replicas}; give the number of Gantt rows to draw")
+    if compare.strip() and html_out is None:  # refused, not dropped: the comparison lives in the HTML report
+        raise PlanError("--compare: the comparison is part of the HTML report; give --html report.html with it")
     _check_compare(compare)  # an unknown planner fails before the model loads
     _check_image(gantt, "--gantt")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)

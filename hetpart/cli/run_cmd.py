@@ -45,7 +45,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
                                              "exits 1 where one is beyond the tolerance (gradients: |error| <= 1e-6 + "
                                              "1e-4 |reference|; loss: 1e-5 relative)."),
         json_out: bool = JsonFlag) -> None:
-    """Run PLAN on local CPU processes emulating its cluster; print measured vs predicted step time."""
+    """Run PLAN with torch.distributed (emulating its cluster on local processes by default; --no-emulation, --device cuda, --nnodes for real devices); print measured vs predicted step time."""
     from hetpart.errors import PlanError
     from hetpart.plan import load_plan
     from hetpart.runtime.launch import LocalRunResult, Nodes, run_plan, RunOptions
