@@ -38,6 +38,12 @@ flat buffers): the bytes scale by ``n * max(f)``, the ring's latency terms do no
 groups of consecutive replicas and all-reduces each shard across the groups.
 
 A plan's ``offload`` keeps some of these states in host memory instead (:mod:`~hetpart.costmodel.offload`).
+
+hetpart's runtime (the ``torch`` kernel set) shards no tied weight: a key that several units hold (GPT-2's
+token embedding, owned by the embedding and copied by the head) stays out of FSDP2 and out of the uneven
+distributed optimizer and keeps its all-reduce (``_tied_keys`` in :mod:`hetpart.runtime.sharded`), so a
+device keeps its weight, gradient and optimizer states whole at every level (:func:`tied_params_held`).
+Megatron's distributed optimizer shards the embedding's states like any other's (the ``fused`` accounting).
 """
 
 from __future__ import annotations
@@ -48,9 +54,11 @@ from hetpart.costmodel.memory import state_split
 from hetpart.costmodel.offload import device_state_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hetpart.graph.model_graph import ModelGraph
     from hetpart.plan import Plan
 
-__all__ = ["memory_zero", "microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s"]
+__all__ = ["memory_zero", "microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s",
+           "tied_params_held"]
 
 
 def memory_zero(plan: "Plan") -> int:
@@ -104,6 +112,17 @@ def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, 
     kept = (sharded_state_bytes(params, precision, zero, fraction, optimizer, offload)
             + working_set_bytes(largest_unit_params, precision, 3 if offload == "full" else zero))
     return (kept - params * sum(state_bytes(precision, optimizer))) / 1e9
+
+
+def tied_params_held(model: "ModelGraph", first: int, last: int) -> float:
+    """Parameters of tied weights that units ``[first, last)`` hold (the owner's, or a copy where only a
+    sharer is there; counted once): what hetpart's runtime leaves unsharded (module docstring)."""
+    if model.tied_owner_index < 0:
+        return 0.0
+    sharers = [i for i, u in enumerate(model.units) if u.shared_params]
+    if not any(first <= i < last for i in [model.tied_owner_index, *sharers]):
+        return 0.0
+    return float(max((model.units[i].shared_params for i in sharers), default=0))
 
 
 def collective_pad(plan: "Plan", replicas) -> float:

@@ -71,7 +71,7 @@ from hetpart.costmodel.memory import (GRAD_BYTES, OPTIMIZER_STEP_BYTES, PrefixTa
                                       optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
-    state_bytes
+    state_bytes, tied_params_held
 from hetpart.costmodel.profile import BoundProfile, Profile
 from hetpart.costmodel.schedule import SharedPipeline, pipeline_summary, pipeline_timing, simulate_shared_cores
 from hetpart.costmodel.tp_split import param_shares, unit_shares
@@ -1424,15 +1424,18 @@ class Simulator:
                                                    plan.attention) / plan.cp)
                 params += tables.params_per_device(s.layers[0], s.layers[1], s.tp)
             gb += work
+            # hetpart's runtime shards no tied weight (a GPT-2's token embedding): its states stay whole
+            tied = self._tied_held(rep, d, pp) if self.kernels == "torch" and zero else 0.0
             # the states tables.memory_gb counted whole, sharded instead
-            memory = gb + sharded_delta_gb(params, largest, plan.precision, zero, fraction, plan.optimizer, plan.offload)
+            memory = gb + sharded_delta_gb(params - tied, largest, plan.precision, zero, fraction, plan.optimizer,
+                                           plan.offload)
             if self.kernels == "torch" and flight >= m:
-                memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction)
+                memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction, tied)
             if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan) and plan.dp * plan.cp > 1:
                 # hetpart's runtime runs even levels 1-2 on FSDP2 without resharding after the forward:
                 # each parameter's shard stays allocated beside its gathered copy (uneven fractions run
                 # on hetpart.runtime.dist_optimizer, whose parameters stay whole, unsharded)
-                memory += params * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
+                memory += (params - tied) * fraction * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
             if self.kernels == "torch" and (zero >= 3 or plan.offload == "full") and plan.dp * plan.cp > 1:
                 # hetpart's runtime makes each unit its own FSDP2 root, so no unit prefetches the next one's
                 # all-gather (torch 2.13, FSDPParamGroup._backward_prefetch walks its root's order only): one
@@ -1456,23 +1459,34 @@ class Simulator:
         return (float(gbs.max()),  # against the smallest capacity of the group
                 max(self._adam_s(gpu, n * fraction, plan.optimizer, plan.precision) for n, gpu in zip(held, group.gpus)))
 
-    def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float) -> float:
+    def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float,
+                       tied: float = 0.0) -> float:
         """What a device's peak holds less when its engine frees the gradients at each step's start (hetpart's
         runtime: ``p.grad = None``) and runs every forward before its first backward: the gradients are then
         allocated while that backward frees one micro-batch's activations, so the peak holds the larger of
-        the two, not both: ``min(gradients, one micro-batch's activations)``, GB."""
-        grads = params * state_bytes(plan.precision, plan.optimizer)[1] * (fraction if zero >= 2 else 1.0) / 1e9
+        the two, not both: ``min(gradients, one micro-batch's activations)``, GB (``tied`` of the
+        ``params`` keep their gradient whole at every level)."""
+        sharded = (params - tied) * (fraction if zero >= 2 else 1.0) + tied
+        grads = sharded * state_bytes(plan.precision, plan.optimizer)[1] / 1e9
         one = sum(self._tables.saved_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, plan.recompute,
                                         plan.attention) for k in range(d, rep.pp, pp))
         return min(grads, one if plan.cp == 1 else one / plan.cp)
 
     def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
-        """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set)."""
+        """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set; under
+        the ``torch`` kernel set less the tied weights, which hetpart's runtime never shards, gathers or
+        reduce-scatters: they count whole among the states, :meth:`_tied_held`)."""
         per_unit = self._unit_params.get(tp)
         if per_unit is None:
-            t = self._tables
-            per_unit = self._unit_params[tp] = [t.params_per_device(u, u + 1, tp) for u in range(self.model.num_units)]
+            t, torch_set = self._tables, self.kernels == "torch"
+            per_unit = self._unit_params[tp] = [
+                t.params_per_device(u, u + 1, tp) - (tied_params_held(self.model, u, u + 1) if torch_set else 0.0)
+                for u in range(self.model.num_units)]
         return max(per_unit[layers[0]:layers[1]], default=0.0)
+
+    def _tied_held(self, rep, d: int, pp: int) -> float:
+        """Parameters of tied weights device group ``d`` of ``rep`` holds (over its chunks, counted once)."""
+        return max((tied_params_held(self.model, *rep.stages[k].layers) for k in range(d, rep.pp, pp)), default=0.0)
 
     def _adam_s(self, gpu: GPUSpec, params: float, optimizer: str, precision: str) -> float:
         """Optimizer step of ``params`` parameters on one ``gpu``: measured (profile, Adam), else its bytes

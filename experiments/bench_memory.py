@@ -67,22 +67,25 @@ def _at_rest_gb(plan, model, replica: int, stage: int) -> float:
     step's: the runtime frees them only when the next forward starts, after the probe has read the
     resident set) and optimizer states, sharded as the plan's level shards them."""
     from hetpart.costmodel.memory import PrefixTables
-    from hetpart.costmodel.sharding import sharded_state_bytes, state_bytes
+    from hetpart.costmodel.sharding import sharded_state_bytes, state_bytes, tied_params_held
 
     rep = plan.replicas[replica]
     pp = rep.pp // plan.chunks_per_device
     tables = PrefixTables(model)
     params = sum(tables.params_per_device(*rep.stages[k].layers, rep.stages[k].tp) for k in range(stage, rep.pp, pp))
     zero = plan.zero if plan.dp > 1 else 0
+    # the runtime shards no tied weight: its weight, last gradient and optimizer states stay whole
+    tied = max(tied_params_held(model, *rep.stages[k].layers) for k in range(stage, rep.pp, pp)) if zero else 0.0
+    whole = tied * sum(state_bytes(plan.precision, plan.optimizer))
     if zero in (1, 2) and plan.shard_fractions is not None and len(set(plan.shard_fractions)) > 1:
         # hetpart's distributed optimizer (uneven fractions): whole weights and the shard's optimizer states;
         # the gradients were freed into the shard when they were reduce-scattered
         w, _, opt = state_bytes(plan.precision, plan.optimizer)
-        return params * (w + opt * plan.shard_fraction(replica)) / 1e9
+        return ((params - tied) * (w + opt * plan.shard_fraction(replica)) + whole) / 1e9
     # the runtime runs every level on FSDP2, whose parameters, gradients and optimizer states are all sharded
     # between steps (levels 1-2 gather the parameters at the first forward and keep them until the step ends)
-    return sharded_state_bytes(params, plan.precision, 3 if zero else 0, plan.shard_fraction(replica),
-                               plan.optimizer) / 1e9
+    return (sharded_state_bytes(params - tied, plan.precision, 3 if zero else 0, plan.shard_fraction(replica),
+                                plan.optimizer) + whole) / 1e9
 
 
 def compare(record) -> list[dict]:
