@@ -243,6 +243,11 @@ def _unit_working_bytes(model: "ModelGraph", recompute: str, attention: str, ker
     cfg = model.config
     if cfg is None:
         return out
+    if recompute == "full" and kernels == "torch":
+        # hetpart's runtime checkpoints only units with an attention sublayer (UnitModule.set_recompute): the
+        # embedding and head recompute nothing, their activations are the saved ones, not a second copy
+        # (counting the head's again put a 2-stage run's last stage 8% over its measured peak)
+        out = [b if u.kind == "block" else 0.0 for b, u in zip(out, model.units)]
     p, s = model.dtype_bytes, model.seq_len
     n = 3 if cfg.activation == "swiglu" else 2
     for i, u in enumerate(model.units):

@@ -67,7 +67,7 @@ from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
-from hetpart.costmodel.memory import (GRAD_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
+from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
                                       optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
@@ -1441,6 +1441,8 @@ class Simulator:
                 # all-gather (torch 2.13, FSDPParamGroup._backward_prefetch walks its root's order only): one
                 # unit's parameters are gathered at a time, not the two working_set_bytes counts
                 memory -= largest * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
+            if self.kernels == "torch" and not zero and plan.offload == "none":
+                memory = max(memory, self._optimizer_step_gb(plan, params))
             return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
@@ -1458,6 +1460,18 @@ class Simulator:
             return float(gbs.max()), self._step_s(plan, rep.stages[d].devices, float(held.max()), fraction, zero)
         return (float(gbs.max()),  # against the smallest capacity of the group
                 max(self._adam_s(gpu, n * fraction, plan.optimizer, plan.precision) for n, gpu in zip(held, group.gpus)))
+
+    @staticmethod
+    def _optimizer_step_gb(plan: Plan, params: float) -> float:
+        """Peak of an unsharded device during hetpart's runtime's optimizer step (``torch.optim.Adam``), GB: its
+        weights, gradients and moments, the activations freed, plus Adam's temporary square roots of the
+        second moments, one moment's bytes per parameter (foreach, CUDA's default: ``_foreach_sqrt`` over the
+        whole group; single-tensor, the CPU's: two of the tensor being stepped, which never exceeds it where the
+        largest tensor is under half the device's parameters). The device's peak where its activations are
+        smaller than that transient (a full-recompute stage: the first of a 2-stage run, 0.875 of its measured
+        peak without it)."""
+        temporary = MOMENT_BYTES[plan.optimizer] / 2 if plan.optimizer == "adam" else 0.0
+        return params * (state_bytes_per_param(plan.optimizer, plan.precision) + temporary) / 1e9
 
     def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float,
                        tied: float = 0.0) -> float:

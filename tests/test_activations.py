@@ -153,7 +153,10 @@ def test_runtime_level_one_keeps_the_parameter_shards_beside_the_gathered_copy(t
                                          Replica(0.5, (Stage((0, 14), ("0/0/1",), 1),))))
     cluster = load_cluster("tiny-mixed")
     params = PrefixTables(tiny).params_per_device(0, 14, 1)
-    for kernels, extra in (("torch", 4 * 0.5 * params), ("fused", 0.0)):
+    tied = tiny.units[-1].shared_params  # the runtime shards no tied weight (test_tied_unsharded.py)
+    assert (params, tied) == (872320, 270336)
+    for kernels, sharded in (("torch", params - tied), ("fused", params)):
+        extra = 4 * 0.5 * sharded if kernels == "torch" else 0.0
         sim = Simulator(tiny, cluster, kernels=kernels)
         zero0, zero1 = (sim.simulate(plan(z)).memory_gb["0/0/0"] * 1e9 for z in (0, 1))
-        assert zero0 - zero1 == pytest.approx(8 * 0.5 * params - extra, rel=1e-9)  # Adam's 8 fp32 bytes halved
+        assert zero0 - zero1 == pytest.approx(8 * 0.5 * sharded - extra, rel=1e-9)  # Adam's 8 fp32 bytes halved
