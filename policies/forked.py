@@ -15,11 +15,13 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import select
 import signal
+import struct
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["Forked", "can_fork"]
+__all__ = ["Forked", "Staged", "can_fork"]
 
 ENABLED = True
 """Whether :class:`Forked` may fork at all (tests turn it off to compare the two ways)."""
@@ -104,3 +106,91 @@ class Forked:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Staged:
+    """``call(*args)``, a generator, in a forked child where ``fork`` allows: each value it yields comes back
+    on its own, in order (:meth:`next`), as soon as the child has it, so the parent can take an early value
+    (the structure walk's first prices) long before the last (the ``proportional`` baseline). Where no child
+    runs, or it failed before sending a value, :meth:`next` returns its ``fallback()``: the caller computes
+    that value itself, as it would without a child. Use :meth:`close` (or ``with``)."""
+
+    def __init__(self, call: Callable[..., Iterator[Any]], *args: Any, fork: bool = True) -> None:
+        self.pid: int | None = None
+        self.forked = False
+        self.failed = False
+        """Whether the child ended before sending every value asked for (they are computed here)."""
+        if not fork:
+            return
+        read, write = os.pipe()
+        pid = -1
+        gc.freeze()  # as Forked: the child never collects the parent's garbage
+        try:
+            pid = os.fork()
+        finally:
+            if pid != 0:
+                gc.unfreeze()
+        if pid == 0:
+            try:
+                os.close(read)
+                with os.fdopen(write, "wb") as pipe:
+                    try:
+                        for value in call(*args):
+                            _send(pipe, value)
+                    except BaseException:  # noqa: BLE001 (the values not sent are computed by the parent)
+                        pass
+            finally:
+                os._exit(0)
+        os.close(write)
+        self.pid, self.pipe, self.forked = pid, os.fdopen(read, "rb", buffering=0), True
+
+    def ready(self) -> bool:
+        """Whether :meth:`next` would return without waiting for the child (True where there is none)."""
+        if self.pid is None:
+            return True
+        return bool(select.select([self.pipe], [], [], 0)[0])
+
+    def next(self, fallback: Callable[[], Any]) -> Any:
+        """The child's next value (waiting for it), or ``fallback()`` where it has none to send."""
+        if self.pid is None:
+            return fallback()
+        head = _read(self.pipe, 8)
+        data = _read(self.pipe, struct.unpack("<Q", head)[0]) if len(head) == 8 else b""
+        try:
+            return pickle.loads(data)
+        except Exception:  # noqa: BLE001 (the child ended or was killed mid-write)
+            self.failed = True
+            self.close()
+            return fallback()
+
+    def close(self) -> None:
+        """Stop and reap the child (its remaining values are no longer wanted)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pipe.close()
+            self.pid = None
+
+    def __enter__(self) -> "Staged":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read(pipe, size: int) -> bytes:
+    """``size`` bytes from an unbuffered pipe, fewer where the child closed it first."""
+    parts, left = [], size
+    while left:
+        part = pipe.read(left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _send(pipe, value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(struct.pack("<Q", len(data)) + data)
+    pipe.flush()

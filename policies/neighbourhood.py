@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from hetpart.policies.clock import planning_clock
 from hetpart.rules import RULES
@@ -58,7 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.policies.plan_search import Scored
     from hetpart.policies.structure import Scenario, StructureState
 
-__all__ = ["point_of", "improve", "Neighbourhood"]
+__all__ = ["point_of", "improve", "warm_up", "Neighbourhood"]
 
 Point = tuple
 QUICK_STAGES = 8
@@ -78,13 +80,62 @@ def point_of(state: "StructureState") -> Point:
 class Neighbourhood:
     """Moves and prices of points of one scenario (prices memoised)."""
 
-    def __init__(self, scenario: "Scenario") -> None:
+    def __init__(self, scenario: "Scenario", warm: Callable[[], dict | None] | None = None) -> None:
         self.s = scenario
         self._priced: dict[Point, tuple[float, "Scored | None"]] = {}
         self._valid: dict[Point, bool] = {}
         self._bounds: dict[Point, float] = {}
+        self._ready: dict[Point, tuple | None] = {}
+        """Prices a child computed (:func:`warm_up`), taken by :meth:`price` in place of its own."""
+        self._warm = warm
         self.priced = 0
         """Points priced (layer splits run)."""
+
+    # ------------------------------------------------------------------------------------- warm start
+    def take_warm(self) -> None:
+        """Absorb the warm-up a child computed (:func:`warm_up`; waits for it), once; nothing without one."""
+        if self._warm is not None:
+            warm, self._warm = self._warm, None
+            self.absorb(warm())
+
+    def absorb(self, data: dict | None) -> None:
+        """Take :func:`warm_up`'s memos: the scenario's and the search context's pure caches, validity and bounds
+        of points, and prices, which :meth:`price` uses where it would price the same point the same way (counted
+        in :attr:`priced` as before), so the walk visits and returns what it would without them."""
+        if not data:
+            return
+        s = self.s
+        for key, value in data["cache"].items():
+            if key[0] == "config" and value is not None:
+                value = replace(value, pool=s.pools[key[1]])  # pools compare by identity: this process's own
+            s._cache.setdefault(key, value)
+        for key, value in data["sync"].items():
+            s.ctx.sync_cache.setdefault(key, value)
+        for mine, theirs in ((self._valid, data["valid"]), (self._bounds, data["bounds"])):
+            for key, value in theirs.items():
+                mine.setdefault(key, value)
+        for point, value in data["priced"].items():
+            if point not in self._priced:
+                self._ready.setdefault(point, value)
+
+    def _rebuilt(self, point: Point) -> list:
+        """The plans of a point whose price came from :func:`warm_up` (priced again here, as :meth:`price` would)."""
+        if point[0] == "mixed":
+            scored = self.s.mixed_scored(*point[1:], quick=self.stages(point) > QUICK_STAGES)
+        else:
+            scored = self.s.typed_scored(sorted(point[1]), point[2], point[3], quick=QUICK_STAGES)
+        return scored.build()
+
+    def export(self, cache_before: set, sync_before: set) -> dict[str, Any]:
+        """What :meth:`absorb` takes, as plain data (prices without their build functions, which do not pickle):
+        every price, validity and bound found here, and the caches' entries made since ``cache_before`` and
+        ``sync_before`` (their keys then) whose keys and values are plain."""
+        s = self.s
+        return {"priced": {p: None if sc is None else (sc.estimate_s, sc.key)
+                           for p, (threshold, sc) in self._priced.items() if threshold == math.inf},
+                "valid": dict(self._valid), "bounds": dict(self._bounds),
+                "cache": {k: v for k, v in s._cache.items() if k not in cache_before},
+                "sync": {k: v for k, v in s.ctx.sync_cache.items() if k not in sync_before and _plain((k, v))}}
 
     # ------------------------------------------------------------------------------------- pricing
     def valid(self, point: Point) -> bool:
@@ -148,7 +199,13 @@ class Neighbourhood:
             self._priced[point] = (math.inf, None)
             return None
         self.priced += 1
-        if point[0] == "mixed":
+        if point in self._ready and (threshold == math.inf or point[0] != "mixed"):  # typed: priced in full
+            from hetpart.policies.plan_search import Scored
+
+            ready = self._ready.pop(point)
+            found = None if ready is None else Scored(ready[0], ready[1], partial(self._rebuilt, point))
+            threshold = math.inf
+        elif point[0] == "mixed":
             found = self.s.mixed_scored(*point[1:], threshold=threshold, quick=self.stages(point) > QUICK_STAGES)
         else:
             typed = sorted(point[1])  # the search's own order: pools in cluster order
@@ -367,8 +424,12 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
     their lower bound, so a walk step stops at the first bound that cannot beat the point it is at.
     """
     found: dict[Point, "Scored"] = {}
+    for p in starts:  # the decoded points first: a child may still be pricing the seeds (warm_up)
+        if hood.valid(p) and (scored := hood.price(p)) is not None:
+            found[p] = scored
+    hood.take_warm()
     seeded = [q for q in narrow_seeds(hood) if q not in starts]
-    for p in list(starts) + seeded:
+    for p in seeded:
         if hood.valid(p) and (scored := hood.price(p)) is not None:
             found[p] = scored
     # a seed's micro-batch (1) is only where it fits for sure: its other sizes too, within a share of the budget,
@@ -405,6 +466,40 @@ def improve(hood: Neighbourhood, starts: list[Point], deadline: float, walks: in
         _fewer_pools(hood, min(found, key=lambda p: found[p].estimate_s), found, deadline,
                      hood.priced + max(SUBSET_POINTS_MIN, limit // SUBSET_SHARE))
     return found
+
+
+def warm_up(scenario: "Scenario", limit: int = 400) -> dict[str, Any]:
+    """What :func:`improve` computes before it needs the network's proposals, as plain data for
+    :meth:`Neighbourhood.absorb`: the narrow seeds (:func:`narrow_seeds`) priced, their micro-batch sweep
+    (within the share of ``limit`` the walk gives it), and the validity and bounds of their counterparts in the
+    other family (:meth:`Neighbourhood.switched`, whose typed depths take layer splits). A forked child computes
+    it while the parent decodes (1,024 GPUs: about a fifth of the walk). Every value is a pure function of the
+    scenario, so the walk that takes it visits and returns what it would without it, sooner."""
+    cache_before, sync_before = set(scenario._cache), set(scenario.ctx.sync_cache)
+    hood = Neighbourhood(scenario)
+    found = {}
+    seeds = narrow_seeds(hood)
+    for p in seeds:
+        if hood.valid(p) and (scored := hood.price(p)) is not None:
+            found[p] = scored
+    sweep = [("mixed", order, tps, dp, mb, rc) for _, order, tps, dp, _, rc in (p for p in seeds if p in found)
+             for mb in scenario.mb_options(dp)[1:]]
+    for q in sweep[:max(SUBSET_POINTS_MIN, limit // SUBSET_SHARE)]:
+        if hood.valid(q) and hood.fits(q) and (scored := hood.price(q)) is not None:
+            found[q] = scored
+    for q in {q for p in found for q in hood.switched(p)}:
+        if hood.valid(q):
+            hood.bound_s(q)
+    return hood.export(cache_before, sync_before)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is built of numbers, strings and containers of them only (a copy equals the original)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(_plain(v) for v in value)
+    return False
 
 
 def narrow_seeds(hood: Neighbourhood) -> list[Point]:

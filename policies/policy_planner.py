@@ -235,7 +235,8 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     timings = {"load_s": start - loading}
     if not scenario.feasible:
         raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
-    pending = _PendingBaseline(model, cluster, workload, evaluator) if baseline else None
+    pending = _PendingBaseline(model, cluster, workload, evaluator, scenario,
+                               _walk_points(walk_points, cluster.num_devices) if refine else 0) if baseline else None
     try:
         return _decode(policy, scenario, evaluator, pending, start, timings, samples, simulate_top, refine,
                        refine_steps, walk_points, time_budget_s, seed, network_alone, clock)
@@ -276,7 +277,7 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
                            fork=PARALLEL_LEVEL_ONE and can_fork(evaluator.predictor))
         try:
             walk = time.perf_counter()
-            hood = Neighbourhood(scenario)
+            hood = Neighbourhood(scenario, warm=pending.warm if pending is not None else None)
             found = improve(hood, [point_of(s) for s in distinct.values()], clock + 0.45 * time_budget_s,
                             limit=_walk_points(walk_points, cluster.num_devices))
             timings["walk_s"] = time.perf_counter() - walk
@@ -641,14 +642,25 @@ class _PendingBaseline:
     the core that would otherwise idle. Where no child can run, or one fails, :meth:`result` computes it
     here, as before."""
 
-    def __init__(self, model, cluster, workload, evaluator: Evaluator) -> None:
-        from hetpart.policies.forked import Forked
+    def __init__(self, model, cluster, workload, evaluator: Evaluator, scenario: Scenario | None = None,
+                 walk_limit: int = 0) -> None:
+        from hetpart.policies.forked import Staged
 
         self.args = (model, cluster, workload, evaluator)
-        self.job = Forked(_proportional, *self.args, fork=_can_fork(evaluator))
+        self.job = Staged(_child_stages, scenario if walk_limit else None, walk_limit, *self.args,
+                          fork=_can_fork(evaluator))
         self.forked = self.job.forked
+        self.warm_taken = False
         self.redone = False
         """Whether a forked child failed and the baseline was computed here instead."""
+
+    def warm(self) -> dict | None:
+        """The structure walk's warm start the child computed first (:func:`~hetpart.policies.neighbourhood.warm_up`;
+        waits for it), once; None where no child runs (the walk computes it all itself)."""
+        if self.warm_taken:
+            return None
+        self.warm_taken = True
+        return self.job.next(fallback=lambda: None)
 
     @property
     def pid(self) -> int | None:
@@ -659,7 +671,8 @@ class _PendingBaseline:
         """The baseline when it beats ``incumbent`` (or there is none), else None."""
         if not self.job.forked:
             return _baseline(*self.args, incumbent=incumbent)
-        found = self.job.result(fallback=lambda: _FAILED)
+        self.warm()  # the child sends the warm start first (unused where the walk did not run)
+        found = self.job.next(fallback=lambda: _FAILED)
         if found is _FAILED:
             self.redone = True
             return _baseline(*self.args, incumbent=incumbent)
@@ -673,6 +686,20 @@ class _PendingBaseline:
 
 
 _FAILED = object()
+
+
+def _child_stages(scenario: Scenario | None, walk_limit: int, model, cluster, workload, evaluator: Evaluator):
+    """What the baseline's child computes, in order: the structure walk's warm start while the parent decodes
+    (:func:`~hetpart.policies.neighbourhood.warm_up`; None without a ``scenario`` or where it fails: the walk
+    then computes it all itself), then the baseline (:func:`_proportional`)."""
+    from hetpart.policies.neighbourhood import warm_up
+
+    try:
+        warm = warm_up(scenario, walk_limit) if scenario is not None else None
+    except Exception:  # noqa: BLE001 (a warm start is only ever a head start: the parent does without)
+        warm = None
+    yield warm
+    yield _proportional(model, cluster, workload, evaluator)
 
 
 def sample_plans(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, samples: int = 16, seed: int = 0,
