@@ -300,11 +300,20 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         finally:
             if upper is not None:
                 upper.close()  # a child left running by an error
-    if pending is not None:
+    incumbent = best_of([refined, lifted])
+
+    def baseline() -> Evaluated | None:
         began = time.perf_counter()
-        base = pending.result(incumbent=best_of([refined, lifted]))
+        found = pending.result(incumbent=incumbent)
         timings["baseline_s"] = time.perf_counter() - began  # the wait for it, where a child computed it
         timings["baseline_forked"] = pending.forked and not pending.redone
+        return found
+
+    # a child's baseline is taken after the climbs that come before its own: it prices nothing here, and the child
+    # may still be at it (it computes the walk's warm start first)
+    late = refine and pending is not None and pending.forked
+    if pending is not None and not late:
+        base = baseline()
     if refine:
         from hetpart.policies.refine import refine as hill_climb
 
@@ -313,8 +322,13 @@ def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_Pendi
         # level 1's best climbs on its own, as in search (the level whose start is slower may climb higher), and
         # so does level 0's best at level 1, as it is and split again (the memory it frees lets layers move)
         resharded = level_one_starts(scenario, evaluator, refined) if upper is not None else []
-        starts = [e for e in (refined, lifted, *resharded, base) if e is not None]
+        starts = [e for e in (refined, lifted, *resharded) if e is not None]
         climbed = [hill_climb(evaluator, e, steps) for e in starts]
+        if late:
+            base = baseline()
+        if base is not None:
+            starts.append(base)
+            climbed.append(hill_climb(evaluator, base, steps))
         climbed += _climb_near(hill_climb, evaluator, near, starts, steps)
         refined = max(climbed, key=lambda e: e.tokens_per_s, default=None)
     elif base is not None and (sampled is None or base.tokens_per_s > sampled.tokens_per_s):
