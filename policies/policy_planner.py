@@ -649,8 +649,9 @@ def _proportional(model, cluster, workload, evaluator: Evaluator) -> Evaluated |
 class _PendingBaseline:
     """The ``proportional`` baseline of :func:`_baseline`, computed while the network decodes and the walk
     runs. It does not depend on them: ``proportional`` plans from speeds and memory alone, so a forked
-    child plans it on the second core (:class:`~hetpart.policies.forked.Forked`; 1,024 GPUs: 0.5 s of a
-    2 s plan on a 2-core machine) and :meth:`result` applies the incumbent afterwards, which gives what
+    child plans it on the second core (:class:`~hetpart.policies.forked.Staged`; 1,024 GPUs: 0.5 s of a
+    2 s plan on a 2-core machine), after the structure walk's warm start (:meth:`warm`, sent first while the
+    network decodes), and :meth:`result` applies the incumbent afterwards, which gives what
     the sequential call gives (it returns the baseline only when it beats the incumbent; ties as
     :func:`best_of` breaks them). Without an incumbent to prune with, the child prices more layouts, on
     the core that would otherwise idle. Where no child can run, or one fails, :meth:`result` computes it
