@@ -14,7 +14,10 @@ Every prediction says, for each device type of the plan, whether its compute cam
 and carries the error band of that kind: the residuals of the predictions of that kind against
 measurements, with where they come from. The bands below are copied from ``docs/BENCHMARKS.md``
 (the commands that produce them are named beside each); ``signed_pct`` is the range of
-``predicted / measured - 1`` over the rows, negative meaning too fast.
+``predicted / measured - 1`` over the rows, negative meaning too fast. ``scope`` says what the rows are:
+``step`` (whole steps or throughputs: a band a step time can carry) or ``unit`` (one unit's forward or
+backward time: far wider than a step's error, since a step sums many units whose errors partly cancel, and
+not a band for a step time).
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.costmodel.profile import BoundProfile
     from hetpart.plan import Plan
 
-__all__ = ["ERROR_BANDS", "prediction_provenance", "profile_use", "compute_kind"]
+__all__ = ["ERROR_BANDS", "prediction_provenance", "profile_use", "compute_kind", "step_band"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
-        "mean_abs_pct": 8.5, "signed_pct": [-21.9, 35.6], "rows": 43, "held_out": True,
+        "scope": "step", "mean_abs_pct": 8.5, "signed_pct": [-21.9, 35.6], "rows": 43, "held_out": True,
         "from": "40 real CPU runs of 1-2 ranks (no emulation; pipeline, data and tensor parallel, even and uneven "
                 "splits, four calibrations minutes to hours apart) predicted with a profile of the same machine (-22% "
                 "to +36%, mean 8.2%) and 3 emulated runs on a quiet machine from in-run profiles (-17% to -6%); more "
@@ -39,7 +42,7 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "BENCH=profile-truth)",
     },
     "fitted:ampere": {
-        "mean_abs_pct": 2.2, "signed_pct": [-4.0, 4.9], "rows": 18, "held_out": False,
+        "scope": "step", "mean_abs_pct": 2.2, "signed_pct": [-4.0, 4.9], "rows": 18, "held_out": False,
         "from": "in-sample residuals of the fit (2026-11-27 refit, host dispatch overlapped: Table 5 2.5%, Table 1 "
                 "2.0%): Korthikanti et al. 2022 Table 5 and Narayanan et al. 2021 Table 1, large models on DGX "
                 "A100 (make bench BENCH=simulator-calibration). Small work rests on the host cost per operator, "
@@ -48,7 +51,7 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "slower or faster host CPU moves it",
     },
     "fitted:hopper": {
-        "mean_abs_pct": 7.0, "signed_pct": [-13.2, 15.6], "rows": 15, "held_out": True,
+        "scope": "step", "mean_abs_pct": 7.0, "signed_pct": [-13.2, 15.6], "rows": 15, "held_out": True,
         "from": "held-out rows only (the curve was fitted on a GEMM sweep of one H100, never on a training run): "
                 "Llama 3 405B on 8,192 and 16,384 H100 (Table 4; -5.5%, -2.6%, and -11.1% with context "
                 "parallelism 16), all too fast, 11 real runs of a 12-block model on one H100 (fp32, micro-batch "
@@ -57,17 +60,17 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "'Validation against published and measured runs'; make bench BENCH=simulator-validation)",
     },
     "fitted": {
-        "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
+        "scope": "step", "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
         "from": "a curve fitted to measurements whose residuals this table does not hold yet (see its status and "
                 "docs/BENCHMARKS.md)",
     },
     "fitted:volta": {
-        "mean_abs_pct": 9.7, "signed_pct": [-9.7, -9.7], "rows": 1, "held_out": True,
+        "scope": "step", "mean_abs_pct": 9.7, "signed_pct": [-9.7, -9.7], "rows": 1, "held_out": True,
         "from": "anchored to one published point (Shoeybi et al. 2019, 1.2B on one V100); checked on the same "
                 "paper's 8.3B run on 512 V100s (make bench BENCH=simulator-calibration)",
     },
     "published": {
-        "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
+        "scope": "step", "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
         "from": "large-product efficiency from published GEMM figures (AMD's MAF table for MI300X, a MAMF sweep for "
                 "MI250X, cuBLAS on an L20 for Ada, community torch.mm tables for the T4, TITAN RTX, RTX 2080 Ti and "
                 "L4; costmodel/published_gemm.py); no training run on these GPUs was used or checked. The rest of the "
@@ -79,7 +82,7 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "H100)",
     },
     "assumed": {
-        "mean_abs_pct": 80.9, "signed_pct": [-87.6, 598.8], "rows": 120, "held_out": True,
+        "scope": "unit", "mean_abs_pct": 80.9, "signed_pct": [-87.6, 598.8], "rows": 120, "held_out": True,
         "from": "the Ampere curve scaled by peak against 120 per-unit times measured on an H100 (forward and "
                 "backward; bf16, TF32 and fp32; gpt2-small to llama2-7b; python -m "
                 "hetpart.experiments.bench_gpu_profile); end to end on Llama 3 405B -11% and -14%",
@@ -111,6 +114,23 @@ _GENERATION_REFERENCE = {"ampere": ("A100", "A10", "A30", "A40", "A6000", "RTX30
 the architecture; Ada: the L20 measured and the RTX 4090, the same AD102 tensor rate, and the L4 with its own
 figure; Turing: the types with their own figures). Other types priced with such a curve (an L40S, an inline
 ``arch: ada`` type) are ``assumed``."""
+
+
+def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, list[str]]:
+    """``(low, high, unknown)``: the widest step-level band (``signed_pct``) over the device types of a
+    :func:`prediction_provenance`, and the device types that have none (no rows, or rows of single units
+    only). ``low`` and ``high`` are None when any type has none: a step is as uncertain as its least known
+    device, and a band over the others alone would claim more than the rows show."""
+    lo = hi = None
+    unknown: list[str] = []
+    for name, p in provenance["device_types"].items():
+        band = p["error_band"]
+        a, b = band.get("signed_pct", [None, None])
+        if not band.get("rows") or a is None or b is None or band.get("scope", "step") != "step":
+            unknown.append(name)
+            continue
+        lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return (None, None, unknown) if unknown else (lo, hi, unknown)
 
 
 def _band(kind: str, curve_name: str) -> dict[str, Any]:

@@ -106,3 +106,21 @@ def test_a_plan_the_simulator_priced_carries_the_simulators_band_not_a_learned_s
     assert u["step_time_s_low"] == pytest.approx(got.step_time_s / 1.156, rel=1e-9)
     assert u["step_time_s_high"] == pytest.approx(got.step_time_s / 0.868, rel=1e-9)
     assert pred.estimate_batch([sharded])[0].relative_std == 0.0
+
+
+def test_a_device_without_a_step_level_band_leaves_the_step_band_open():
+    """A per-unit band is not a step's: an assumed-curve device (single units' times -88% to +599%) gives no step
+    low/high instead of a 56x range (probe of 2026-11-30: 0.14 s to 7.89 s for a 0.98 s step on an L40S)."""
+    from hetpart.costmodel.provenance import ERROR_BANDS, prediction_provenance, step_band
+
+    model, cluster = _setup()
+    pred = get_predictor("learned", model, cluster)
+    sharded = megatron_plan(model, cluster, Workload(64, 256), tp=1, pp=2, dp=8, micro_batch=1, zero=1)
+    provenance = prediction_provenance(cluster, sharded, None)
+    assert step_band(provenance) == (-13.2, 15.6, [])  # H100 and A100: fitted, step-level rows
+    assumed = {"device_types": {**provenance["device_types"],
+                                "P100-16GB": {"compute": "assumed", "error_band": dict(ERROR_BANDS["assumed"])}}}
+    assert ERROR_BANDS["assumed"]["scope"] == "unit"
+    assert step_band(assumed) == (None, None, ["P100-16GB"])
+    got = pred.predict(sharded).metrics["uncertainty"]
+    assert got["band"].startswith("the simulator's compute error band -13.2% to +15.6%")
