@@ -660,6 +660,10 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
         if cfg.race > 1 and incumbent in measured and incumbent not in contenders:
             contenders.append(incumbent)
         raced = {_plan_key(_record_plan(r)) for r in records if _role(r) == "race"}
+        if cfg.race <= 1:
+            say(f"  no race (--race {cfg.race}): the best median so far, {_describe(measured[contenders[0]][0])} on "
+                f"{len(measured[contenders[0]][1])} run(s), is the loop's plan; the three-run guard of the "
+                "simulator's plan is off")
         if len(contenders) > 1:
             for key in contenders:
                 if key not in raced and loop.run(measured[key][0], "race", cfg.iterations) is None:

@@ -407,19 +407,30 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
             summary["imitation_s"] = time.time() - start
     run_dir = Path(tracker.run_dir) if tracker.run_dir else Path(cfg.runs_dir) / tracker.name
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)  # else SB3 warns that it creates it
+    from hetpart.policies.gnn import save_network_file
+
     if not cfg.resume and cfg.imitation_scenarios:
         model.save(run_dir / "checkpoints" / "imitation.zip")  # the warm start alone, for comparison
+        save_network_file(model, run_dir / "checkpoints" / "imitation.zip")
+
+    class NetworkCheckpoint(CheckpointCallback):
+        """SB3's periodic checkpoint, with the network file planning reads beside each zip."""
+
+        def _on_step(self) -> bool:
+            going = super()._on_step()
+            if self.n_calls % self.save_freq == 0:
+                save_network_file(self.model, self._checkpoint_path(extension="zip"))
+            return going
+
     model.set_logger(sb3_logger(tracker))
-    callbacks = [_plan_callback(), CheckpointCallback(max(cfg.checkpoint_every // cfg.n_envs, 1),
-                                                      str(run_dir / "checkpoints"), name_prefix="policy")]
+    callbacks = [_plan_callback(), NetworkCheckpoint(max(cfg.checkpoint_every // cfg.n_envs, 1),
+                                                     str(run_dir / "checkpoints"), name_prefix="policy")]
     if cfg.progress_bar:
         callbacks.append(_progress_callback())
     model.learn(cfg.timesteps, callback=callbacks, reset_num_timesteps=not cfg.resume)
     out = written_path(cfg.out) if cfg.out else run_dir / "policy.zip"  # what SB3 writes, named so in the summary
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
-    from hetpart.policies.gnn import save_network_file
-
     save_network_file(model, out)  # planning with it needs no SB3
     tracker.finish()
     summary |= {"checkpoint": str(out), "timesteps": int(model.num_timesteps), "wall_s": time.time() - start}

@@ -105,8 +105,14 @@ def plan(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner:
     chosen = replace(best.plan, meta={
         "model": spec_name(model.source, model.name), "cluster": spec_name(cluster.source, cluster.name),
         "workload": workload.to_dict(), "planner": planner,
-        "predicted_tokens_per_s": best.tokens_per_s})
-    return PlanResult(chosen, prediction, wall, planner, _describe(evaluator, planner))
+        "predicted_tokens_per_s": best.tokens_per_s, "plan_time_s": wall})
+    described = _describe(evaluator, planner)
+    if prepare is not None and planner == "policy":  # which network planned: the shipped one or a user's
+        from hetpart.policies.policy_planner import DEFAULT_CHECKPOINT
+
+        described["checkpoint"] = str(options.get("checkpoint") or DEFAULT_CHECKPOINT)
+        chosen = replace(chosen, meta=chosen.meta | {"policy_checkpoint": described["checkpoint"]})
+    return PlanResult(chosen, prediction, wall, planner, described)
 
 
 EXACT_PLANNERS = frozenset({"search"})

@@ -96,7 +96,7 @@ def test_inspect_cluster_table(capsys) -> None:
     (["inspect", "model", "gpt2-small", "--seq-len", "x"], "hetpart: error: hetpart inspect model: Invalid value for '--seq-len'"),
     (["inspect", "model", "gpt2-small", "--precision", "fp4"], "hetpart: error: --precision: unknown precision 'fp4'"),
     (["inspect", "model"], "hetpart: error: hetpart inspect model: Missing argument 'model'"),
-    (["frobnicate"], "hetpart: error: hetpart: No such command 'frobnicate'"),
+    (["frobnicate"], "hetpart: error: No such command 'frobnicate'"),
 ])
 def test_errors_are_one_line_and_exit_2(capsys, argv: list[str], match: str) -> None:
     code, out, err = _run(capsys, *argv)

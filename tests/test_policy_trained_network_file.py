@@ -33,3 +33,17 @@ def test_train_policy_writes_the_network_file_of_its_checkpoint(tmp_path: Path, 
     mine, theirs = net.state_dict(), sb3.state_dict()
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_every_checkpoint_of_a_run_has_its_network_file(tmp_path: Path, monkeypatch) -> None:
+    """The warm start (imitation.zip) and SB3's periodic checkpoints too, as the README says (probe of 2026-11-30:
+    only the final checkpoint had one, so planning with the others loaded SB3 first)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY | {"out": "out/mine.zip"}))
+    assert main(["train-policy", "--config", "tiny.yaml", "--json"]) == 0
+    zips = sorted((tmp_path / "runs").rglob("checkpoints/*.zip"))
+    names = [z.name for z in zips]
+    assert "imitation.zip" in names and any(n.startswith("policy_") for n in names)
+    for z in zips:
+        net = load_network(network_path(z), checkpoint_digest(z))
+        assert net is not None and net.hidden == 8, z

@@ -196,6 +196,14 @@ def build_dataset(cfg: DatasetConfig, progress: Callable[[int, int], None] | Non
                 f"(or keep --planners) so that scenarios have {MIN_PLANS} valid plans")
         warnings.warn(DatasetNote(f"costmodel dataset: {len(dropped)} scenario(s) dropped, too few valid plans: "
                                   f"{why}{more}; {what}"), stacklevel=2)
+    empty = [split for split in ("train", "val", "test") if kept and not any(r["split"] == split for r in kept)]
+    if empty:
+        shares = {"train": "the rest", "val": f"a share of {cfg.val_share:g} at random",
+                  "test": "the held-out model families and cluster shapes"}
+        warnings.warn(DatasetNote(f"costmodel dataset: no scenario in the {' and '.join(empty)} split"
+                                  f"{'s' if len(empty) > 1 else ''} of {len(kept)} ("
+                                  + "; ".join(f"{split}: {shares[split]}" for split in empty)
+                                  + "): training reports no error there; draw more --scenarios"), stacklevel=2)
     return kept
 
 

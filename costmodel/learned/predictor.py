@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.errors import HetpartError, PlanError, WorkloadError
+from hetpart.errors import HetpartError, PlanError, SpecError, WorkloadError
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES, Workload
@@ -72,13 +72,30 @@ _MODELS: dict[str, tuple] = {}
 def _load(path: Path):
     key = str(path.resolve())
     if key not in _MODELS:
+        where = "HETPART_SURROGATE" if os.environ.get("HETPART_SURROGATE") else "--predictor learned-graph"
         if not path.is_file():
-            raise PlanError(f"--predictor learned-graph: no surrogate checkpoint at {path}; train one with "
+            raise PlanError(f"{where}: no surrogate checkpoint at {path}; train one with "
                             "'hetpart costmodel train' or set HETPART_SURROGATE")
         from hetpart.costmodel.learned.train import load_checkpoint
 
+        if not _torch_archive(path):  # before torch's unpickler fails on it in its own words
+            raise SpecError(f"{where}: {path}: not a checkpoint written by 'hetpart costmodel train'; give one "
+                            "(a head written by 'hetpart costmodel train-closed' goes to HETPART_CLOSED_HEAD)")
         _MODELS[key] = load_checkpoint(path)
     return _MODELS[key]
+
+
+def _torch_archive(path: Path) -> bool:
+    """``path`` is a ``torch.save`` zip archive (what every surrogate checkpoint is)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(name.endswith("/data.pkl") for name in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 class LearnedPredictor:

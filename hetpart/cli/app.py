@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = ctx.command_path if ctx is not None else "hetpart"
         if not msg:  # an empty message: a group called without a command, its help is already printed
             return exc.exit_code if exc.exit_code else 2
-        return fail(exc.exit_code if exc.exit_code else 2, "usage", f"{cmd}: {msg} (see '{cmd} --help')")
+        where = "" if cmd == "hetpart" else f"{cmd}: "  # fail() already says "hetpart: error:"
+        return fail(exc.exit_code if exc.exit_code else 2, "usage", f"{where}{msg} (see '{cmd} --help')")
     except typer.Exit as exc:
         return exc.exit_code
     except Exception as exc:  # a bug, not bad input: still one line, the traceback under --debug

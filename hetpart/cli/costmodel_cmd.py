@@ -57,6 +57,10 @@ def dataset_command(out: Path = typer.Option(Path("runs/costmodel/dataset.pt"), 
         raise SpecError(f"--workers: {workers} is outside 1 .. 256")
     names = _planner_names(planners)
     _check_out(out, "dataset.pt")
+    for flag, value, low in (("--scenarios", scenarios, 1), ("--plans-per-scenario", plans_per_scenario, 1),
+                             ("--planner-neighbours", planner_neighbours, 0)):
+        if value < low:  # the flag the user typed, not the config key behind it
+            raise SpecError(f"{flag}: expected a whole number >= {low}, got {value}")
     cfg = DatasetConfig(seed=seed, scenarios=scenarios, plans_per_scenario=plans_per_scenario,
                         max_devices=max_devices, planner_neighbours=planner_neighbours)
     began = time.time()

@@ -27,7 +27,9 @@ def loop_command(
         steps: int = typer.Option(2, "--steps", help="Measured steps per run (after 1 warm-up step)."),
         repeats: int = typer.Option(2, "--repeats", help="Final runs of each of the two compared plans (interleaved)."),
         race: int = typer.Option(2, "--race", help="Best measured plans that run once more each before the loop's plan "
-                                 "is chosen (1: none)."),
+                                 "is chosen, beside the simulator's plan, which a challenger displaces only on three "
+                                 "runs each, every one faster (1: no race and no such guard: the best median so far "
+                                 "wins)."),
         policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward (0: the policy is not trained)."),
         seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
         tracker: str = typer.Option("wandb,tensorboard", "--tracker", help="wandb (offline), tensorboard, both, or null."),

@@ -117,6 +117,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(_workload_line(workload, graph, cl, seq_len is None, precision_given))
     con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
+    if result.evaluation.get("checkpoint"):
+        con.print(f"  policy checkpoint: {result.evaluation['checkpoint']}", highlight=False)
     priced = _priced_by_line(result.prediction.metrics, predictor or "")
     if priced:
         con.print(priced, highlight=False)
@@ -205,8 +207,13 @@ def _provenance_lines(con, provenance: dict) -> None:
         lo, hi = band.get("signed_pct", [None, None])
         what = p["compute"] + (" on a stand-in: " + p["measured_on"] if p.get("stand_in") else
                                (" on " + p["measured_on"] if p.get("measured_on") else f" ({p['curve']})"))
-        trust = (f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
-                 if band.get("rows") else "no validation rows yet")
+        if not band.get("rows"):
+            trust = "no validation rows yet"
+        elif band.get("scope", "step") == "unit":
+            trust = (f"no whole step checked; single units' times {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% "
+                     f"over {band['rows']} units)")
+        else:
+            trust = f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
         con.print(f"  {gpu}: compute {what}; {trust}")
     profile = (provenance or {}).get("profile")
     if profile and profile.get("summary"):

@@ -18,6 +18,11 @@ def predict_records(path: Path, predictor: str | None, json_out: bool) -> None:
     from hetpart.records import iter_records
 
     records = list(iter_records(path))
+    if not records:
+        from hetpart.records import RecordError
+
+        raise RecordError(f"--records: {path}: the file holds no run record; give a file written by "
+                          "'hetpart run --out'")
     con = None if json_out else console()
     for line, record in records:
         where = f"{path}:{line}"

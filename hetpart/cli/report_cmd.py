@@ -44,8 +44,10 @@ def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[d
     if not names:
         return []
     chosen = str(plan.meta.get("planner", "this plan"))
+    took = plan.meta.get("plan_time_s")  # what the planner that wrote the file took (older files: none)
+    took = float(took) if isinstance(took, (int, float)) and not isinstance(took, bool) else None
     rows = [{"planner": chosen, "tokens_per_s": prediction.tokens_per_s, "step_time_s": prediction.step_time_s,
-             "fits_in_memory": prediction.fits_in_memory, "plan_time_s": None}]
+             "fits_in_memory": prediction.fits_in_memory, "plan_time_s": took}]
     for name in dict.fromkeys(names):
         if name == chosen:
             continue

@@ -145,7 +145,9 @@ def _check_precision(plan, plan_path: str, model: str | None, cluster: str | Non
 
 def _tracker(kinds: str, logdir: str, seed: int, config: dict):
     """The experiments tracker for ``--tracker`` (the runtime only sees its ``log``: it cannot import experiments)."""
-    from hetpart.experiments.tracking import make_tracker
+    from hetpart.experiments.tracking import make_tracker, tracker_kinds
+
+    tracker_kinds(kinds, "--tracker")  # a bad kind is named by the flag the user typed
 
     return make_tracker(kinds, "run", seed, config=config, root=logdir, rank=0)
 
