@@ -9,7 +9,11 @@ together into the whole tensor over their TP group before saving, and cut at the
 after loading, so a checkpoint does not depend on the split.
 Adam's states of uneven shards (:mod:`hetpart.runtime.dist_optimizer`) are all-gathered whole the same
 way and cut back into each rank's ranges after loading, so such a checkpoint resumes under any fractions.
-Rank 0 then writes ``hetpart_checkpoint.json`` with the next step, so a resumed run feeds the same
+Each save goes into a folder of its own, ``DIR/step-<next step>``; only when every rank has written it
+does rank 0 point ``hetpart_checkpoint.json`` at it (an atomic replace) and remove the older folders, so a
+save cut short (Ctrl-C, a crash, a hang-timeout kill) leaves the last complete checkpoint in force.
+Checkpoints written before the folders (their files in ``DIR`` itself, no ``data`` key) still load.
+Rank 0 writes ``hetpart_checkpoint.json`` with the next step, so a resumed run feeds the same
 synthetic batches (they depend on the step only) to the same weights and optimizer state: its
 losses continue those of an uninterrupted run. It also names the model that ran (:func:`model_identity`:
 name, hidden size, parameter count, a fingerprint of its units' sizes), so that a run of another model or
@@ -122,31 +126,64 @@ def _state(executor, *, create: bool) -> dict[str, Any]:
     return state
 
 
+def _data_dir(directory: Path, info: dict[str, Any] | None) -> Path:
+    """Where the tensors of the checkpoint described by ``info`` lie (``DIR`` itself before the folders)."""
+    data = (info or {}).get("data")
+    return directory / data if isinstance(data, str) and data else directory
+
+
 def save_checkpoint(directory: str | Path, executor, next_step: int, meta: dict[str, Any] | None = None) -> None:
-    """Save every rank's weights and Adam state (collective: every rank calls it)."""
+    """Save every rank's weights and Adam state (collective: every rank calls it).
+
+    The tensors go to ``DIR/step-<next_step>``, a folder no complete checkpoint is in; the metadata file is
+    switched to it only after every rank has written its part, then older folders are removed."""
+    import shutil
+
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    target = directory / f"step-{next_step}"
+    if rank0 and target.exists() and _data_dir(directory, checkpoint_info(directory)) != target:
+        shutil.rmtree(target, ignore_errors=True)  # what a save cut short left
+    if dist.is_initialized():
+        dist.barrier()  # no rank writes into the folder while rank 0 clears it
     state = _state(executor, create=False)
     if getattr(executor, "dist_optimizer", None) is not None:
         state.update(executor.dist_optimizer.whole_states())
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.save(_whole_slices(executor, state), checkpoint_id=str(directory))
+        dcp.save(_whole_slices(executor, state), checkpoint_id=str(target))
     except (OSError, CheckpointException) as exc:  # a full disk, a directory gone: one line, not DCP's tracebacks
         raise RuntimeFault(f"{directory}: cannot save a checkpoint ({_reason(exc)}); check that the directory is "
                            "writable and has space, or give another --checkpoint") from None
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if dist.is_initialized():
+        dist.barrier()  # every rank's part is on disk before the metadata points at it
+    if rank0:
         info = {"next_step": next_step, "model": executor.spec.name, "num_units": len(executor.infos),
-                **(meta or {})}
+                "data": target.name, **(meta or {})}
         tmp = directory / (META_FILE + ".tmp")
         tmp.write_text(json.dumps(info, indent=1))
         tmp.replace(directory / META_FILE)
+        _remove_stale(directory, keep=target)
     if dist.is_initialized():
         dist.barrier()
+
+
+def _remove_stale(directory: Path, keep: Path) -> None:
+    """Remove the folders and the pre-folder files of older checkpoints in ``directory``."""
+    import shutil
+
+    for path in directory.iterdir():
+        if path == keep:
+            continue
+        if path.is_dir() and path.name.startswith("step-"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file() and (path.suffix == ".distcp" or path.name == ".metadata"):
+            path.unlink(missing_ok=True)
 
 
 def load_checkpoint(directory: str | Path, executor, identity: dict[str, Any] | None = None) -> int:
@@ -170,11 +207,16 @@ def load_checkpoint(directory: str | Path, executor, identity: dict[str, Any] | 
     sharded = dist_opt.whole_states() if dist_opt is not None else {}  # shaped as held here; dcp.load fills them
     local.update(sharded)
     state = _whole_slices(executor, local, gather=False)
+    data = _data_dir(Path(directory), info)
+    if not (data / ".metadata").is_file():
+        raise RuntimeFault(f"{directory}: the checkpoint is incomplete ({data.name}/.metadata is missing: its save "
+                           "did not finish); give another --checkpoint directory, or remove this one to start over")
     try:
-        dcp.load(state, checkpoint_id=str(directory))
+        dcp.load(state, checkpoint_id=str(data))
     except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException, not Exception
-        raise RuntimeFault(f"{directory}: cannot resume from this checkpoint ({_reason(exc)}); it was written "
-                           "for another model or plan; give another --checkpoint directory") from None
+        raise RuntimeFault(f"{directory}: cannot resume from this checkpoint ({_reason(exc)}); its files are "
+                           "damaged or it was written for another model or plan; give another --checkpoint "
+                           "directory") from None
     _cut_slices(executor, local, state)
     if dist_opt is not None:
         dist_opt.load_whole_states({k: local[k] for k in sharded})  # loaded in place, slices cut in

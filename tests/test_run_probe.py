@@ -143,6 +143,7 @@ def test_dcps_checkpoint_exception_becomes_one_clean_line(tmp_path, monkeypatch)
 
     monkeypatch.setattr(dcp, "load", fails)
     ckpt = _checkpoint(tmp_path / "ck", {"next_step": 2, "model": "gpt2-small", "num_units": 1})
+    (ckpt / ".metadata").write_bytes(b"")  # a complete save's marker: the load reaches DCP (patched above)
     executor = SimpleNamespace(params={}, infos=[None], optimizer=SimpleNamespace(state={}), sharded_keys=set(),
                                dist_optimizer=None, _slices={})
     with pytest.raises(RuntimeFault) as info:

@@ -175,7 +175,7 @@ def test_a_sharded_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path
     whole = [ref.step(s) for s in range(2)]
     ckpt = tmp_path / "ckpt"
     first = run(1, "first", ckpt)
-    assert len(list(ckpt.glob("*.distcp"))) == 2  # one file of shards per rank
+    assert len(list(ckpt.glob("step-*/*.distcp"))) == 2  # one file of shards per rank, in the save's folder
     resumed = run(1, "resumed", ckpt)
     assert first.measured.losses == pytest.approx(whole[:1], rel=1e-6)
     assert resumed.measured.losses == pytest.approx(whole[1:2], rel=1e-6)
