@@ -325,6 +325,13 @@ def _plan_callback():
     return PlanMetrics()
 
 
+def _say(line: str) -> None:
+    """One progress line on stderr (stdout is left to the caller's summary), with or without a terminal."""
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 def _stderr_progress():
     """A transient rich progress bar on stderr, drawn only on a terminal (elsewhere it leaves blank lines)."""
     from rich.console import Console
@@ -399,6 +406,8 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
         if cfg.imitation_scenarios:
             from hetpart.policies.imitation import behaviour_clone
 
+            _say(f"train-policy: imitation: search's decisions on {cfg.imitation_scenarios} scenarios, "
+                 f"{cfg.imitation_epochs} epochs")
             with _stderr_progress() as progress:
                 demos = _demonstrations(cfg, progress)
             summary["imitation_decisions"] = len(demos)
@@ -427,6 +436,8 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
                                                      str(run_dir / "checkpoints"), name_prefix="policy")]
     if cfg.progress_bar:
         callbacks.append(_progress_callback())
+    _say(f"train-policy: PPO, {cfg.timesteps} timesteps on {cfg.n_envs} environment(s); checkpoints in "
+         f"{run_dir / 'checkpoints'}")
     model.learn(cfg.timesteps, callback=callbacks, reset_num_timesteps=not cfg.resume)
     out = written_path(cfg.out) if cfg.out else run_dir / "policy.zip"  # what SB3 writes, named so in the summary
     out.parent.mkdir(parents=True, exist_ok=True)

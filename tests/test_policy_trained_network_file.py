@@ -35,12 +35,14 @@ def test_train_policy_writes_the_network_file_of_its_checkpoint(tmp_path: Path, 
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
-def test_every_checkpoint_of_a_run_has_its_network_file(tmp_path: Path, monkeypatch) -> None:
+def test_every_checkpoint_of_a_run_has_its_network_file(tmp_path: Path, monkeypatch, capsys) -> None:
     """The warm start (imitation.zip) and SB3's periodic checkpoints too, as the README says (probe of 2026-11-30:
     only the final checkpoint had one, so planning with the others loaded SB3 first)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY | {"out": "out/mine.zip"}))
     assert main(["train-policy", "--config", "tiny.yaml", "--json"]) == 0
+    err = capsys.readouterr().err  # progress on stderr without a terminal too (the probe saw none for 47 s)
+    assert "train-policy: imitation: search's decisions on 1 scenarios" in err and "train-policy: PPO, 8 timesteps" in err
     zips = sorted((tmp_path / "runs").rglob("checkpoints/*.zip"))
     names = [z.name for z in zips]
     assert "imitation.zip" in names and any(n.startswith("policy_") for n in names)
