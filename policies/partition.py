@@ -134,9 +134,11 @@ def _evaluate(costs: Sequence[np.ndarray], bounds: Sequence[int], m: int) -> Spl
     return Split(tuple(bounds), pipeline_objective_s(times, m), max(times))
 
 
-def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray) -> np.ndarray:
+def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray, bands: dict[int, tuple] | None = None) -> np.ndarray:
     """Smallest sum of stage times with every stage <= ``caps[k]``, for every cap at once. Shapes:
-    ``caps`` is ``[K]``, the result ``[K]`` (``inf`` where no split fits under the cap)."""
+    ``caps`` is ``[K]``, the result ``[K]`` (``inf`` where no split fits under the cap). ``bands``: each middle
+    stage's :func:`_band` by ``id`` of its matrix (:func:`split_layers` calls this for several chunks of caps
+    over the same matrices: their bands are cut once)."""
     first, last = costs[0], costs[-1]
     n = first.shape[0] - 1
     column = caps[:, None]
@@ -147,7 +149,7 @@ def _min_sums(costs: Sequence[np.ndarray], caps: np.ndarray) -> np.ndarray:
     for c in costs[1:-1]:
         capped = capped_of.get(id(c))
         if capped is None:
-            capped = capped_of[id(c)] = _capped(c, caps)
+            capped = capped_of[id(c)] = _capped(c, caps) if bands is None else _under(bands[id(c)], caps)
         band, rows = capped
         if rows is None:
             best = (best[:, :, None] + band).min(axis=1)
@@ -163,16 +165,29 @@ def _capped(c: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray | N
     than ``width`` units and that is under half the chain, the band ``(capped[k, d - 1, b], rows)`` of the ranges
     ``[b - d, b)``, ``d = 1..width``, with ``rows[d - 1, b] = b - d`` (ranges before unit 0: ``inf``). Shapes:
     ``[K, n + 1, n + 1]`` or ``[K, width, n + 1]`` and ``[width, n + 1]``."""
+    return _under(_band(c), caps)
+
+
+def _band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`_capped` before the caps: ``(c, None)``, or the band ``(band[d - 1, b], rows)`` of the ranges
+    ``[b - d, b)``, ``d = 1..width``, where memory lets no stage hold more than ``width`` units, under half the
+    chain."""
     n1 = c.shape[0]
     finite = np.isfinite(c)
     width = int(_span(n1)[finite].max()) if finite.any() else 1
     if 2 * width > n1:
-        return np.where(c[None, :, :] <= caps[:, None, None], c[None, :, :], math.inf), None
+        return c, None
     d = np.arange(1, width + 1)[:, None]
     b = np.arange(n1)[None, :]
     rows = b - d  # [width, n + 1]
     band = np.where(rows >= 0, c[np.maximum(rows, 0), np.broadcast_to(b, rows.shape)], math.inf)
-    return np.where(band[None] <= caps[:, None, None], band[None], math.inf), np.maximum(rows, 0)
+    return band, np.maximum(rows, 0)
+
+
+def _under(banded: tuple[np.ndarray, np.ndarray | None], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A :func:`_band` under every cap of ``caps`` (:func:`_capped`)."""
+    band, rows = banded
+    return np.where(band[None] <= caps[:, None, None], band[None], math.inf), rows
 
 
 @functools.lru_cache(maxsize=16)
@@ -204,26 +219,33 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
     if not costs:
         return None
     m = num_microbatches
+    if m > 1 and len(costs) > 1:
+        low = _minimax(costs)
+        if not math.isfinite(low):
+            return None  # no split fits (nor has a finite sum)
+        if m * low >= give_up_above and _nonnegative(costs):
+            return None  # the least sum is at least its split's slowest stage, so at least ``low``: as below
     least = _least_sum(costs)
     if not math.isfinite(least):
         return None
     if m > 1 and len(costs) > 1:
-        low = _minimax(costs)
         if (m - 1) * low + least >= give_up_above:  # most calls of a search end here: no boundaries traced
             return None
     unconstrained = _min_sum(costs, math.inf)
     best = _evaluate(costs, unconstrained[1], m)
     if m == 1 or len(costs) == 1:
         return best if best.objective_s < give_up_above else None
-    values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in costs]))
+    distinct = {id(c): c for c in costs}  # stages of one pool share one matrix
+    values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in distinct.values()]))
     values = values[(m - 1) * values + unconstrained[0] < best.objective_s]
     best_cap, best_value = None, min(best.objective_s, give_up_above)
+    bands = {key: _band(c) for key, c in {id(c): c for c in costs[1:-1]}.items()} if len(values) else {}
     start, size = 0, 1
     while start < len(values):
         caps = values[start:start + size]
         if (m - 1) * caps[0] + unconstrained[0] >= best_value:
             break
-        proxy = (m - 1) * caps + _min_sums(costs, caps)
+        proxy = (m - 1) * caps + _min_sums(costs, caps, bands)
         k = int(np.argmin(proxy))
         if proxy[k] < best_value:
             best_cap, best_value = float(caps[k]), float(proxy[k])
@@ -234,6 +256,12 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
         if candidate.objective_s < best.objective_s:
             best = candidate
     return best if best.objective_s < give_up_above else None
+
+
+def _nonnegative(costs: Sequence[np.ndarray]) -> bool:
+    """Whether no stage time is negative (the sends :func:`~hetpart.policies.plan_search._split_with_sends` moves
+    out of the matrices could make one so): a split's sum is then at least its slowest stage."""
+    return all(float(c.min()) >= 0.0 for c in {id(c): c for c in costs}.values())
 
 
 def minimax_split(costs: Sequence[np.ndarray], num_microbatches: int, give_up_above: float = math.inf,

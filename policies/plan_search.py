@@ -131,6 +131,11 @@ class SearchOptions:
     view, where each throttled device is a device type of its own (pools are per type, so only there can a
     structure give it a smaller batch share, fewer layers, or leave it out); the best plan found there joins
     the candidates on the real devices."""
+    views: dict | None = field(default=None, compare=False, repr=False)
+    """The searches of views of the cluster run so far under one :func:`plan_search` (set by it, shared by the
+    searches of its views, :func:`_view_search`): a view met twice is searched once. Views nest, and two paths
+    can reach one view: the speed-typed view on fewer nodes and fewer nodes' speed-typed view are the same 28
+    GPUs of llama2-13b's ``four-types.yaml`` (heldout-11-29), searched twice before."""
 
 
 @dataclass(frozen=True, order=True)
@@ -1135,7 +1140,7 @@ def zero_levels(workload: "Workload") -> tuple[int, ...]:
     return sharding_levels(workload)
 
 
-_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions)) - {"deadline", "finish_by"}  # set by plan_search
+_OPTION_NAMES = frozenset(f.name for f in fields(SearchOptions)) - {"deadline", "finish_by", "views"}  # plan_search's
 SEARCH_SHARE = 0.75
 """Share of the time limit the search lists and visits points in; the rest finishes (the hill-climb from the best of
 each family, the policy's walk when cut short, the baselines). With the whole limit for the search, fuzzed
@@ -1164,6 +1169,8 @@ def plan_search(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         raise PlanError(f"planner 'search': unknown option(s) {', '.join(unknown)}; it takes "
                         f"{', '.join(sorted(_OPTION_NAMES))}")
     options = replace(options or SearchOptions(), **overrides)
+    if options.views is None:
+        options = replace(options, views={})
     if options.time_limit_s and options.deadline == math.inf:
         now = time.monotonic()
         options = replace(options, deadline=now + SEARCH_SHARE * options.time_limit_s,
@@ -1275,10 +1282,36 @@ def _view_search(model, workload, options: SearchOptions, **changes: Any) -> Cal
     """``search(view, evaluator)``: the search of a view of the cluster with ``changes`` to ``options``, no baselines
     (the whole cluster's search adds them)."""
     def search(view, evaluator: Evaluator) -> Evaluated:
-        return plan_search(model, view, workload, options=replace(options, include_baselines=False, **changes),
-                           evaluator=evaluator)
+        changed = replace(options, include_baselines=False, **changes)
+        memo = options.views if options.views is not None else {}
+        key = _view_key(model, view, workload, changed, evaluator)
+        if key in memo:
+            got = memo[key]
+            if isinstance(got, Exception):
+                raise got
+            return got
+        try:
+            got = plan_search(model, view, workload, options=changed, evaluator=evaluator)
+        except (PlanError, WorkloadError) as exc:
+            got = exc
+        if not _late(changed):  # a search cut short is not what the view's whole search finds
+            memo[key] = got
+        if isinstance(got, Exception):
+            raise got
+        return got
 
     return search
+
+
+def _view_key(model, view: "Cluster", workload, options: SearchOptions, evaluator: Evaluator) -> tuple:
+    """What a view's search depends on: the view (its name aside: two paths name one view two ways), the real
+    devices its devices stand for and the predictor that prices them there (:meth:`_OnReal.on_real`), the
+    workload, memory limits and the options (their clocks aside)."""
+    ids = [d.id for d in view.devices]
+    predictor = evaluator.predictor
+    real, priced_by = predictor.on_real(ids) if isinstance(predictor, _OnReal) else (ids, predictor)
+    return (id(model), replace(view, name=""), tuple(real), id(priced_by), workload, evaluator.ignore_memory,
+            replace(options, deadline=math.inf, finish_by=math.inf, views=None))
 
 
 def _speed_typed_best(model, cluster, workload, options: SearchOptions, evaluate: Evaluator) -> Evaluated | None:
