@@ -44,7 +44,7 @@ from hetpart.costmodel.activations import (DEFAULT_KERNELS, unit_params_split, u
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "optimizer_step_bytes", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
            "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
-           "stage_working_gb", "device_memory_gb", "PrefixTables"]
+           "stage_working_gb", "device_memory_gb", "pipeline_recv_buffer_bytes", "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
 """Weights + gradients + Adam states per parameter with 16-bit gradients (fp16 mixed precision) or fp32."""
@@ -130,6 +130,37 @@ def in_flight_microbatches(schedule: str, stage_index: int, pp: int, num_microba
         chunks = min(m * v, 2 * (pp - stage_index - 1) + (v - 1) * pp + 1)
         return chunks / v
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def pipeline_recv_buffer_bytes(model: ModelGraph, stages: list[tuple[int, int]], device: int, pp: int,
+                               micro_batch: int, num_microbatches: int, in_flight: float) -> float:
+    """Bytes of torch.distributed.pipelining's receive buffers that one device keeps beside its activations.
+
+    torch allocates one buffer per micro-batch for every tensor a stage receives, once, at the first step, and
+    reuses them every step (torch 2.13 ``torch/distributed/pipelining/stage.py``: ``_prepare_forward_infra``,
+    ``self.args_recv_info[chunk] = self._create_act_recv_info()`` for each micro-batch, and
+    ``_setup_backward_recv_info``, ``self.grad_recv_info[mb_index]`` for each): a stage after the first keeps
+    ``M`` buffers of its input, a stage before the last ``M`` of its output's gradient, one micro-batch's
+    boundary activation each. The received activation is the buffer itself (``_retrieve_recv_activations``),
+    so the inputs of the micro-batches in flight, counted among the saved activations, are not counted again.
+    Measured on a 2-stage gpt2-small (h=256, micro-batch 4, seq 128, ``M = 2``): two 0.52 MB buffers alive
+    between steps on each rank, ``grad_recv_info[0..1]`` on the first, ``args_recv_info[0..1]`` on the last.
+
+    Args:
+        model: the unit graph (``out_act_bytes``: one sequence's boundary activation).
+        stages: ``(first, last)`` units of each stage of the replica, in pipeline order.
+        device, pp: device group ``device`` of ``pp`` holds stages ``device, device + pp, ...``.
+        micro_batch: sequences per micro-batch.
+        num_microbatches: micro-batches the replica runs per step.
+        in_flight: micro-batches whose activations the device holds at its peak.
+    """
+    total = 0.0
+    for k in range(device, len(stages), pp):
+        if k > 0:
+            total += model.units[stages[k][0] - 1].out_act_bytes * max(0.0, num_microbatches - in_flight)  # what k receives
+        if k < len(stages) - 1:
+            total += model.units[stages[k][1] - 1].out_act_bytes * num_microbatches
+    return total * micro_batch
 
 
 def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int, kernels: str = DEFAULT_KERNELS) -> float:

@@ -68,6 +68,7 @@ from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
+                                      pipeline_recv_buffer_bytes,
                                       optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
@@ -1443,6 +1444,10 @@ class Simulator:
                 memory -= largest * state_bytes(plan.precision, plan.optimizer)[0] / 1e9
             if self.kernels == "torch" and not zero and plan.offload == "none":
                 memory = max(memory, self._optimizer_step_gb(plan, params))
+            if self.kernels == "torch" and rep.pp > 1 and plan.cp == 1:
+                # torch's pipelining keeps a receive buffer per micro-batch through the step and between steps
+                memory += pipeline_recv_buffer_bytes(self.model, [st.layers for st in rep.stages], d, pp,
+                                                     plan.micro_batch, m, flight) / 1e9
             return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))

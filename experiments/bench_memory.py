@@ -13,6 +13,7 @@ are compared as before, their growth against the prediction less the state at re
 Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 6 minutes on the shared
 2-core machine); ``--write`` rewrites the ``memory-validation`` section of docs/BENCHMARKS.md;
 ``--records FILE`` re-predicts records measured before instead of running (the runs of docs/BENCHMARKS.md:
+``experiments/data/cpu_memory_runs_live.jsonl``, live-tensor peaks, 2026-11-30; the older
 ``experiments/data/cpu_memory_runs_mmap.jsonl``, resident-set growth).
 """
 

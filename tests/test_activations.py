@@ -117,10 +117,11 @@ def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_work
     """hetpart's runtime frees the gradients at each step's start: a stage that runs every forward before its
     first backward peaks at rest + max(k A, G + (k - 1) A) + W, the last stage (forward, then backward, then
     forward again) at rest + G + A + W with W its head's fp32 loss gradients (8 V bytes per token) and A
-    counting the logits the pipeline keeps until their backward (unit_kept_bytes)."""
+    counting the logits the pipeline keeps until their backward (unit_kept_bytes); plus torch's per-micro-batch
+    receive buffers (pipeline_recv_buffer_bytes)."""
     from hetpart import load_cluster
     from hetpart.costmodel import Simulator
-    from hetpart.costmodel.memory import PrefixTables
+    from hetpart.costmodel.memory import PrefixTables, pipeline_recv_buffer_bytes
 
     b, s = 2, 32
     plan = _pipeline_plan(b)  # 2 micro-batches: stage 0 holds both before its first backward
@@ -136,6 +137,7 @@ def test_the_runtime_stage_peak_is_states_activations_and_the_running_units_work
                    8 * cfg.vocab_size * s if tiny.units[u].kind == "head" else 0 for u in range(a, z)) * b
         late = k >= plan.num_microbatches(0)
         want = rest + (max(k * one, grads + (k - 1) * one) if late else grads + k * one) + work
+        want += pipeline_recv_buffer_bytes(tiny, [(0, 7), (7, 14)], a // 7, 2, b, plan.num_microbatches(0), k)
         assert pred.memory_gb[dev] * 1e9 == pytest.approx(want, rel=1e-9)
 
 
