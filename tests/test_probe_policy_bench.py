@@ -186,8 +186,11 @@ def test_dataset_redraws_a_dropped_scenario_and_says_so(tmp_path, monkeypatch, c
                  "--out", "ds.pt", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["scenarios"] == 3
-    note = [line for line in captured.err.splitlines() if line.startswith("hetpart: note:")]
+    notes = [line for line in captured.err.splitlines() if line.startswith("hetpart: note:")]
+    note = [line for line in notes if "dropped" in line]
     assert len(note) == 1 and "scenario 2 (" in note[0] and "4 needed" in note[0] and "in their place" in note[0]
+    # three scenarios, none drawn for validation: said in a note of its own
+    assert len(notes) == 2 and "no scenario in the val split of 3" in [n for n in notes if n not in note][0]
 
 
 def test_dataset_stops_when_scenarios_keep_failing_and_says_how_many_it_kept():
