@@ -223,7 +223,7 @@ def load_dataset(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
         raise SpecError(f"{path}: no such data set; build one with 'hetpart costmodel dataset --out {path}'")
     wrong = SpecError(f"{path}: not a data set written by 'hetpart costmodel dataset'; give one (build it with "
                       f"'hetpart costmodel dataset --out FILE')")
-    if not _is_torch_archive(path):  # JSON, a numpy head, ...: torch's unpickler would fail with its own words
+    if not is_torch_archive(path):  # JSON, a numpy head, ...: torch's unpickler would fail with its own words
         raise wrong
     try:
         data = torch.load(path, weights_only=False, map_location="cpu")
@@ -234,7 +234,7 @@ def load_dataset(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
     return data["config"], data["records"]
 
 
-def _is_torch_archive(path: str | Path) -> bool:
+def is_torch_archive(path: str | Path) -> bool:
     """Whether ``path`` is a ``torch.save`` zip archive (every entry under one folder, with a ``data.pkl``)."""
     import zipfile
 

@@ -76,26 +76,14 @@ def _load(path: Path):
         if not path.is_file():
             raise PlanError(f"{where}: no surrogate checkpoint at {path}; train one with "
                             "'hetpart costmodel train' or set HETPART_SURROGATE")
+        from hetpart.costmodel.learned.dataset import is_torch_archive
         from hetpart.costmodel.learned.train import load_checkpoint
 
-        if not _torch_archive(path):  # before torch's unpickler fails on it in its own words
+        if not is_torch_archive(path):  # before torch's unpickler fails on it in its own words
             raise SpecError(f"{where}: {path}: not a checkpoint written by 'hetpart costmodel train'; give one "
                             "(a head written by 'hetpart costmodel train-closed' goes to HETPART_CLOSED_HEAD)")
         _MODELS[key] = load_checkpoint(path)
     return _MODELS[key]
-
-
-def _torch_archive(path: Path) -> bool:
-    """``path`` is a ``torch.save`` zip archive (what every surrogate checkpoint is)."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):
-        return False
-    try:
-        with zipfile.ZipFile(path) as z:
-            return any(name.endswith("/data.pkl") for name in z.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
 
 
 class LearnedPredictor:

@@ -241,15 +241,10 @@ def _check_out(out: Path, example: str, source: str = "--out") -> None:
 def _check_checkpoint(path: Path, option: str = "--checkpoint") -> None:
     """``path`` is a torch archive (``torch.save``): any other file (JSON, a train-closed head) is named as
     not a checkpoint before torch's unpickler or zip reader fails on it in its own words."""
-    import zipfile
-
+    from hetpart.costmodel.learned.dataset import is_torch_archive
     from hetpart.errors import SpecError
 
-    ok = zipfile.is_zipfile(path)
-    if ok:
-        with zipfile.ZipFile(path) as z:
-            ok = any(name.endswith("/data.pkl") for name in z.namelist())
-    if ok:
+    if is_torch_archive(path):
         return
     if option == "--out":
         raise SpecError(f"--out: {path} exists and is not a checkpoint written by 'hetpart costmodel train'; give "
