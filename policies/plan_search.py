@@ -51,6 +51,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
@@ -285,9 +286,9 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
     if hit is not None:
         return hit
     shape = (len(replicas), len(replicas[0]))
-    index = ctx.device_index
-    first = np.fromiter((index[s[0]] for stages in replicas for s in stages), np.int64, shape[0] * shape[1])
-    width = np.fromiter((len(s) for stages in replicas for s in stages), np.int64, first.size).reshape(shape)
+    groups = list(itertools.chain.from_iterable(replicas))  # C-level maps below: hundreds of groups per call
+    first = np.fromiter(map(ctx.device_index.__getitem__, map(itemgetter(0), groups)), np.int64, len(groups))
+    width = np.fromiter(map(len, groups), np.int64, len(groups)).reshape(shape)
     places = ctx.places[first].reshape(shape + (3,))
     node, group, local = places[..., 0], places[..., 1], places[..., 2]
     tp = np.maximum(width[:, :-1], width[:, 1:])
@@ -556,9 +557,55 @@ def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: lis
                  ) -> dict[int, float]:
     """The NIC sharing of typed replicas' gradient rings as the simulator counts it
     (:func:`~hetpart.costmodel.collectives.nic_flows`): one ring per span of units between any replica's
-    cuts, holding the stage of every replica that holds the span (replicas cut unlike take turns)."""
-    from hetpart.costmodel.collectives import nic_flows
+    cuts, holding the stage of every replica that holds the span (replicas cut unlike take turns).
 
+    :func:`~hetpart.costmodel.collectives.nic_flows` over those rings, in numpy and bit for bit (its sums taken in
+    its order; :func:`_typed_rings` builds the rings it takes, which ``tests/test_search_speed_s48_flows.py`` holds
+    as the reference): a ring holds a stage of every replica, and the 1,024-GPU public entry's rings were dozens of
+    spans of a hundred replicas each, walked member by member twice (7% of the policy's plan)."""
+    stage, node, width = _typed_stages(ctx, groups, bounds)
+    rings = node[np.arange(len(groups)), stage]  # [span, replica]: the node of each ring's members
+    stage = stage[(rings != rings[:, :1]).any(axis=1)]  # the rings that leave a node
+    if not len(stage):
+        return {}
+    member = np.arange(len(groups)) * node.shape[1] + stage  # [ring, replica]: the device group, numbered
+    busy = np.bincount(member.ravel(), minlength=node.size)
+    duty = 1.0 / busy[member].max(axis=1)
+    # bincount sums each group's duties ring by ring, from 0.0, as nic_flows does
+    active = np.bincount(member.ravel(), np.repeat(duty, member.shape[1]), minlength=node.size)
+    first = np.ones(member.shape, dtype=bool)  # where each group first appears, in nic_flows' order (ring, replica)
+    first[1:] = member[1:] != member[:-1]  # a replica's stage rises with the span
+    order = member[first]
+    share = width.ravel()[order] * np.minimum(1.0, active[order])
+    nodes = node.ravel()[order]
+    totals = np.bincount(nodes, share)  # each node's sum in nic_flows' order
+    present = np.unique(nodes)
+    return dict(zip(present.tolist(), totals[present].tolist()))
+
+
+def _typed_stages(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Typed replicas' rings as arrays: per span of units between any replica's cuts (in order) the stage each
+    replica holds it in (``[span, replica]``), and per replica and stage its first device's flat node number and
+    its width (``[replica, deepest]``, padded with 0)."""
+    flat, index = ctx.places[:, 0], ctx.device_index
+    deepest = max(len(stages) for stages in groups)
+    node = np.zeros((len(groups), deepest), dtype=np.int64)
+    width = np.zeros((len(groups), deepest), dtype=np.int64)
+    for r, stages in enumerate(groups):
+        node[r, :len(stages)] = flat[[index[s[0]] for s in stages]]
+        width[r, :len(stages)] = [len(s) for s in stages]
+    spans = np.array(sorted({b for cuts in bounds for b in cuts[:-1]}))
+    column: dict[tuple[int, ...], np.ndarray] = {}  # replicas of one configuration share their cuts
+    for cuts in bounds:
+        if cuts not in column:
+            column[cuts] = np.searchsorted(np.asarray(cuts), spans, side="right") - 1
+    return np.stack([column[cuts] for cuts in bounds], axis=1), node, width
+
+
+def _typed_rings(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]) -> list[list]:
+    """The rings :func:`_typed_flows` prices, as :func:`~hetpart.costmodel.collectives.nic_flows` takes them
+    (its reference: ``nic_flows(_typed_rings(...))``)."""
     flat, index = ctx.places[:, 0].tolist(), ctx.device_index
     rings = []
     for a in sorted({b for cuts in bounds for b in cuts[:-1]}):
@@ -567,7 +614,7 @@ def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: lis
             k = bisect_right(cuts, a) - 1
             members.append((flat[index[stages[k][0]]], (r, k), len(stages[k])))
         rings.append(members)
-    return nic_flows(rings)
+    return rings
 
 
 def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
