@@ -91,6 +91,7 @@ class Evaluator:
         self.simulations = 0
         """Plans priced so far (the work branch and bound saves)."""
         self._stage_gb: dict[tuple, tuple[float, float] | float] = {}
+        self._range_gb: dict[tuple, tuple[float, float, float | None]] = {}
         self._capacity_gb: dict[tuple[str, ...], float] = {}
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
@@ -177,7 +178,7 @@ class Evaluator:
 
     def _replica_needs_gb(self, plan: Plan, r: int, zero: int):
         """Yields ``(device group, peak GB)`` of replica ``r``."""
-        from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb, stage_working_gb
+        from hetpart.costmodel.memory import in_flight_microbatches
         from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
         from hetpart.costmodel.tp_split import param_shares
 
@@ -194,11 +195,7 @@ class Evaluator:
                 tp = s.tp if s.tp_split is None else 1.0 / float(
                     param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
                 if key not in self._stage_gb:  # (chunk without its working set, its working set)
-                    self._stage_gb[key] = (
-                        stage_memory_gb(self.model, *s.layers, tp, plan.micro_batch, flight, plan.recompute,
-                                        plan.precision, plan.optimizer, plan.attention, working_set=False),
-                        stage_working_gb(self.model, *s.layers, tp, plan.micro_batch, plan.recompute,
-                                         plan.attention))
+                    self._stage_gb[key] = self._stage_memory_gb(s.layers, tp, plan, flight)
                 need += self._stage_gb[key][0]
                 work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
                 if zero or plan.offload != "none":
@@ -207,6 +204,46 @@ class Evaluator:
             yield d, need + work + sharded_delta_gb(params, largest, plan.precision, zero,
                                                     plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
                                                     plan.offload)
+
+    def _stage_memory_gb(self, layers: tuple[int, int], tp: float, plan: Plan, flight: float
+                         ) -> tuple[float, float]:
+        """(:func:`~hetpart.costmodel.memory.stage_memory_gb` without the working set, :func:`~hetpart.costmodel.memory.
+        stage_working_gb`) of one chunk: the same sums in the same order over per-unit terms computed once per
+        ``(tp, recompute, attention)`` (:meth:`_unit_terms`), where those functions rebuild every unit's lists per
+        call (a 1,024-GPU ``proportional`` baseline checks thousands of distinct chunks: most of its time).
+        ``tests/test_policy_speed_s48_memory.py`` compares the two."""
+        first, last = layers
+        known = self._range_gb.get((layers, tp, plan.recompute, plan.attention))
+        if known is None:
+            kept, working = self._unit_terms(tp, plan.recompute, plan.attention)
+            known = self._range_gb[(layers, tp, plan.recompute, plan.attention)] = (
+                self.model.range_params(first, last, tp), sum(kept[first:last]),
+                max(working[first:last]) if last > first else None)
+        params, kept_bytes, working_bytes = known
+        from hetpart.costmodel.memory import state_bytes_per_param
+
+        states = params * state_bytes_per_param(plan.optimizer, plan.precision)
+        acts = kept_bytes * plan.micro_batch * flight
+        work = 0.0 if working_bytes is None else working_bytes * plan.micro_batch / 1e9
+        return (states + acts) / 1e9, work
+
+    def _unit_terms(self, tp: float, recompute: str, attention: str) -> tuple[list[float], list[float]]:
+        """Per unit, the bytes per sequence one device of a ``tp``-way stage keeps per micro-batch in flight and
+        its working set (whole part plus the split part over ``tp``), as the memory model's stage functions sum
+        and maximise them."""
+        key = ("terms", tp, recompute, attention)
+        terms = self._stage_gb.get(key)
+        if terms is None:
+            from hetpart.costmodel.activations import (unit_kept_bytes, unit_replicated_bytes,
+                                                       unit_replicated_working_bytes, unit_working_bytes)
+
+            m = self.model
+            kept = [(b - r) / tp + r for b, r in zip(unit_kept_bytes(m, recompute, attention),
+                                                     unit_replicated_bytes(m, recompute, attention))]
+            working = [(b - r) / tp + r for b, r in zip(unit_working_bytes(m, recompute, attention),
+                                                        unit_replicated_working_bytes(m, recompute, attention))]
+            terms = self._stage_gb[key] = (kept, working)
+        return terms
 
     def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
         key = ("largest", layers, tp)

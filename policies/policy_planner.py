@@ -896,9 +896,14 @@ class PolicyPlanner:
     def prepare(self, checkpoint: str | Path | None = None) -> None:
         """Load the network once (``plan`` times planning, not reading the checkpoint), and import what decoding
         imports on first use (once per process, as loading is: SB3's load imported NumPy's random module, which
-        the decode's sampling needs, before the network came without it)."""
+        the decode's sampling needs, before the network came without it). Modules only: nothing of a plan is
+        computed here. ``numpy.ma``: NumPy imports it on a process's first ``np.unique`` (the layer split's
+        candidate bottlenecks), about 0.05 s of a quiet machine's first plan; the final report's provenance
+        module likewise."""
+        import numpy.ma  # noqa: F401
         import numpy.random  # noqa: F401
 
+        import hetpart.costmodel.provenance  # noqa: F401
         import hetpart.policies.forked  # noqa: F401
         import hetpart.policies.neighbourhood  # noqa: F401
         import hetpart.policies.refine  # noqa: F401
