@@ -47,7 +47,6 @@ import itertools
 import math
 import time
 import bisect
-from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
@@ -560,8 +559,8 @@ def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: lis
     cuts, holding the stage of every replica that holds the span (replicas cut unlike take turns).
 
     :func:`~hetpart.costmodel.collectives.nic_flows` over those rings, in numpy and bit for bit (its sums taken in
-    its order; :func:`_typed_rings` builds the rings it takes, which ``tests/test_search_speed_s48_flows.py`` holds
-    as the reference): a ring holds a stage of every replica, and the 1,024-GPU public entry's rings were dozens of
+    its order; :func:`~hetpart.policies.search_reference.typed_flows_reference` builds the rings it takes, one member
+    at a time): a ring holds a stage of every replica, and the 1,024-GPU public entry's rings were dozens of
     spans of a hundred replicas each, walked member by member twice (7% of the policy's plan)."""
     stage, node, width = _typed_stages(ctx, groups, bounds)
     rings = node[np.arange(len(groups)), stage]  # [span, replica]: the node of each ring's members
@@ -601,20 +600,6 @@ def _typed_stages(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: li
         if cuts not in column:
             column[cuts] = np.searchsorted(np.asarray(cuts), spans, side="right") - 1
     return np.stack([column[cuts] for cuts in bounds], axis=1), node, width
-
-
-def _typed_rings(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]) -> list[list]:
-    """The rings :func:`_typed_flows` prices, as :func:`~hetpart.costmodel.collectives.nic_flows` takes them
-    (its reference: ``nic_flows(_typed_rings(...))``)."""
-    flat, index = ctx.places[:, 0].tolist(), ctx.device_index
-    rings = []
-    for a in sorted({b for cuts in bounds for b in cuts[:-1]}):
-        members = []
-        for r, (stages, cuts) in enumerate(zip(groups, bounds)):
-            k = bisect_right(cuts, a) - 1
-            members.append((flat[index[stages[k][0]]], (r, k), len(stages[k])))
-        rings.append(members)
-    return rings
 
 
 def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:

@@ -10,9 +10,11 @@ the best of them. It grows combinatorially: small clusters only.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
+from hetpart.costmodel.collectives import nic_flows
 from hetpart.costmodel.pools import divisors, tp_groups, tp_options
 from hetpart.plan import Plan
 from hetpart.policies.common import microbatch_options, recompute_modes
@@ -26,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["space_plans", "all_splits", "all_allocations", "pool_configs_reference"]
+__all__ = ["space_plans", "all_splits", "all_allocations", "pool_configs_reference", "typed_flows_reference"]
 
 
 def all_splits(num_units: int, num_stages: int) -> Iterator[tuple[int, ...]]:
@@ -131,3 +133,18 @@ def pool_configs_reference(ctx, pool, mb: int, rc: str, total_mb: int) -> list:
         for c in configs[: ctx.options.configs_per_pool]:
             kept.setdefault((c.tp, c.pp, c.split.bounds), c)
     return sorted(kept.values(), key=lambda c: -c.rate)
+
+
+def typed_flows_reference(ctx, groups: list[list[tuple[str, ...]]], bounds: list[tuple[int, ...]]) -> dict[int, float]:
+    """Reference for :func:`~hetpart.policies.plan_search._typed_flows`: typed replicas' gradient rings built one
+    member at a time (one ring per span of units between any replica's cuts, holding the stage of every replica
+    that holds the span), given to :func:`~hetpart.costmodel.collectives.nic_flows`."""
+    flat, index = ctx.places[:, 0].tolist(), ctx.device_index
+    rings = []
+    for a in sorted({b for cuts in bounds for b in cuts[:-1]}):
+        members = []
+        for r, (stages, cuts) in enumerate(zip(groups, bounds)):
+            k = bisect_right(cuts, a) - 1
+            members.append((flat[index[stages[k][0]]], (r, k), len(stages[k])))
+        rings.append(members)
+    return nic_flows(rings)

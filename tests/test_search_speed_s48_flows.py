@@ -1,6 +1,6 @@
 """The search's NIC sharing of typed replicas' rings (:func:`~hetpart.policies.plan_search._typed_flows`, in numpy)
 against the plain computation: :func:`~hetpart.costmodel.collectives.nic_flows` over the rings built one member at
-a time (:func:`~hetpart.policies.plan_search._typed_rings`), equal to the bit, on seeded random replicas."""
+a time (:func:`~hetpart.policies.search_reference.typed_flows_reference`), equal to the bit, on seeded random replicas."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import random
 
 from hetpart import Workload
 from hetpart.cluster import parse_cluster
-from hetpart.costmodel.collectives import nic_flows
 from hetpart.costmodel.pools import divisors, tp_groups
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
+from hetpart.policies.search_reference import typed_flows_reference
 
 search = importlib.import_module("hetpart.policies.plan_search")
 
@@ -50,7 +50,7 @@ def test_typed_flows_equal_nic_flows_of_the_rings() -> None:
     crossing = 0
     for _ in range(60):
         groups, bounds = _replicas(ctx, rng)
-        reference = nic_flows(search._typed_rings(ctx, groups, bounds))
+        reference = typed_flows_reference(ctx, groups, bounds)
         assert search._typed_flows(ctx, groups, bounds) == reference
         crossing += bool(reference)
     assert crossing > 30  # most draws have rings that leave a node
@@ -61,7 +61,7 @@ def test_typed_flows_of_replicas_inside_one_node_are_empty() -> None:
     pool = next(p for p in ctx.pools if p.gpu.name.startswith("T4"))
     stages = tp_groups(pool, 1)
     groups, bounds = [stages[:2], stages[2:]], [(0, 3, ctx.model.num_units), (0, 5, ctx.model.num_units)]
-    assert nic_flows(search._typed_rings(ctx, groups, bounds)) == {}
+    assert typed_flows_reference(ctx, groups, bounds) == {}
     assert search._typed_flows(ctx, groups, bounds) == {}
 
 
@@ -72,6 +72,6 @@ def test_typed_flows_of_replicas_cut_unlike_take_turns() -> None:
     n = ctx.model.num_units
     groups, bounds = [stages[:3], stages[3:]], [(0, 2, 4, n), (0, 3, 6, n)]
     flows = search._typed_flows(ctx, groups, bounds)
-    assert flows == nic_flows(search._typed_rings(ctx, groups, bounds))
+    assert flows == typed_flows_reference(ctx, groups, bounds)
     assert sorted(flows) == [2, 3, 4]
     assert max(flows.values()) <= 2.0
