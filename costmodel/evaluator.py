@@ -51,6 +51,10 @@ class Evaluated:
         return self.estimate.step_time_s
 
 
+BOUND_SCREEN = True
+"""Whether :meth:`Evaluator.best` drops plans whose first replica's bound is beyond the incumbent (:meth:`Evaluator.
+_beyond`) before computing their whole bound (tests turn it off to compare)."""
+
 _RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
 """Less recomputation first on a tie: the pricing can make selective free (Megatron's, under fused attention)
 where hetpart's own runtime pays for it."""
@@ -325,14 +329,37 @@ class Evaluator:
         if self._bound is None:
             valid = [p for p in plans if not p.validate(self.model, self.cluster) and self.fits(p)]
             return best_of([incumbent, *self._priced(valid)])
-        queue = sorted(((self._bound(p), i, p) for i, p in enumerate(plans) if self.fits(p)),
-                       key=lambda t: (t[0], t[1]))
+        cutoff = incumbent.step_time_s * (1 + 1e-9) if incumbent is not None else math.inf
+        queue = sorted(((self._bound(p), i, p) for i, p in enumerate(plans)
+                        if self.fits(p) and not self._beyond(p, cutoff)), key=lambda t: (t[0], t[1]))
         best = incumbent
         for bound, _, plan in queue:
             if best is not None and bound > best.step_time_s:
                 break
             best = best_of([best, self(plan, split=False)])  # the split versions are in the queue
         return best
+
+    def _beyond(self, plan: Plan, cutoff: float) -> bool:
+        """Whether the simulator's bound on ``plan``'s first replica alone is above ``cutoff`` (a hair above the
+        incumbent's step time): then so is the whole plan's bound, a maximum over its replicas of the same terms,
+        and :meth:`best` would stop before pricing it, so it is dropped before its whole bound is computed (a
+        1,024-GPU plan's bound walks every replica; the policy's shortlist has half its plans beyond the walk's
+        best). Only where that holds term by term: the simulator itself, no sharding (each replica's shard
+        fraction depends on the others), no context parallelism, several replicas."""
+        if (not BOUND_SCREEN or cutoff == math.inf or plan.dp < 2 or plan.zero or plan.cp != 1
+                or not self._replica_bounds()):
+            return False
+        return self._bound(replace(plan, replicas=plan.replicas[:1])) > cutoff
+
+    def _replica_bounds(self) -> bool:
+        """Whether the bound is the simulator's own (:meth:`~hetpart.costmodel.simulator.Simulator.lower_bound_s`:
+        a maximum over replicas), not a wrapper's or another predictor's."""
+        known = self.__dict__.get("_replica_bound")
+        if known is None:
+            from hetpart.costmodel.simulator import Simulator
+
+            known = self._replica_bound = type(self.predictor) is Simulator
+        return known
 
 
 def evaluate(model: "ModelGraph", cluster: "Cluster", plan: Plan, workload: "Workload",
