@@ -96,6 +96,7 @@ class Evaluator:
         """Plans priced so far (the work branch and bound saves)."""
         self._stage_gb: dict[tuple, tuple[float, float] | float] = {}
         self._range_gb: dict[tuple, tuple[float, float, float | None]] = {}
+        self._alike_groups: dict[tuple[str, ...], bool] = {}
         self._capacity_gb: dict[tuple[str, ...], float] = {}
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
@@ -296,9 +297,22 @@ class Evaluator:
         """``plan`` with uneven splits for its unlike tensor-parallel groups (the same object when none)."""
         if not (self.split_tp and self._unlike):
             return plan
+        alike = self._alike
+        if all(s.tp < 2 or s.tp_split is not None or alike(s.devices) for rep in plan.replicas for s in rep.stages):
+            return plan  # what fill_tp_splits returns where no stage has unlike devices to split
         from hetpart.costmodel.tp_split import fill_tp_splits
 
         return fill_tp_splits(plan, self.model, self.cluster)
+
+    def _alike(self, devices: tuple[str, ...]) -> bool:
+        """:func:`~hetpart.costmodel.tp_split.devices_alike` of a stage's devices, memoised per device tuple (a
+        1,024-GPU plan has hundreds of tensor-parallel groups, and the plans of one shortlist share them)."""
+        known = self._alike_groups.get(devices)
+        if known is None:
+            from hetpart.costmodel.tp_split import devices_alike
+
+            known = self._alike_groups[devices] = devices_alike(self.cluster, devices)
+        return known
 
     def _priced(self, plans: list[Plan]) -> list[Evaluated | None]:
         """Estimates of valid, memory-filtered plans in one batch (None: the predictor refused or it

@@ -62,3 +62,29 @@ def test_screen_skips_whole_bounds_beyond_a_strong_incumbent(monkeypatch) -> Non
         assert e.best(plans, incumbent=best).plan == best.plan
         counts[screen] = len(whole)
     assert counts[True] < counts[False]
+
+
+@pytest.mark.parametrize("cluster_name", ["tiny-mixed", "consumer-mix", "a100-v100-16"])
+def test_with_splits_equals_fill_tp_splits(cluster_name: str) -> None:
+    """The evaluator's memoised check that no stage mixes unlike devices, against the split it stands in for: the
+    same plan (the same object where nothing is split), on layouts whose TP groups are alike and unlike."""
+    from hetpart.costmodel.tp_split import fill_tp_splits
+
+    model, cluster = load_model("gpt2-medium", seq_len=1024), load_cluster(cluster_name)
+    workload = Workload(global_batch=64, seq_len=1024)
+    ev = Evaluator(model, cluster, workload)
+    plans = _candidates(model, cluster, workload)
+    for p in list(plans):  # the same plans with each TP group's last device swapped with another type's
+        stages = [s for r in p.replicas for s in r.stages if s.tp >= 2]
+        kinds = {cluster.device(s.devices[0]).gpu.name: s for s in stages}
+        if len(kinds) >= 2:
+            a, b = list(kinds.values())[:2]
+            swap = {a.devices[-1]: b.devices[-1], b.devices[-1]: a.devices[-1]}
+            plans.append(replace(p, replicas=tuple(replace(r, stages=tuple(
+                replace(s, devices=tuple(swap.get(d, d) for d in s.devices)) for s in r.stages)) for r in p.replicas)))
+    changed = 0
+    for p in plans:
+        fast, plain = ev.with_splits(p), fill_tp_splits(p, model, cluster)
+        assert fast == plain and (fast is p) == (plain is p)
+        changed += fast is not p
+    assert len(plans) > 10 and (changed > 0) == ev._unlike
