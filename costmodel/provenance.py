@@ -120,7 +120,9 @@ def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, l
     """``(low, high, unknown)``: the widest step-level band (``signed_pct``) over the device types of a
     :func:`prediction_provenance`, and the device types that have none (no rows, or rows of single units
     only). ``low`` and ``high`` are None when any type has none: a step is as uncertain as its least known
-    device, and a band over the others alone would claim more than the rows show."""
+    device, and a band over the others alone would claim more than the rows show. The band always holds 0 (the
+    point itself): a type checked on rows of one sign only (V100: one row, -9.7%) says the step may be that far
+    off, not that it cannot be right."""
     lo = hi = None
     unknown: list[str] = []
     for name, p in provenance["device_types"].items():
@@ -130,7 +132,7 @@ def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, l
             unknown.append(name)
             continue
         lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
-    return (None, None, unknown) if unknown else (lo, hi, unknown)
+    return (None, None, unknown) if unknown else (min(lo, 0.0), max(hi, 0.0), unknown)
 
 
 def _band(kind: str, curve_name: str) -> dict[str, Any]:

@@ -832,6 +832,7 @@ class ClosedPredictor(_predictor_base()):
         self.head, meta = _HEADS[key]
         self.version = f"closed:{path.name}:epochs{meta.get('epochs', '?')}"
         self._train_gpus = meta.get("train_gpus")
+        self._bands: dict[tuple[str, ...], tuple] = {}  # (:meth:`_step_band`)
         self._ctx: dict = {}
         self._sim = None
         self._precision = precision
@@ -876,25 +877,9 @@ class ClosedPredictor(_predictor_base()):
     def _simulator_band(self, plan: Plan, step: float) -> dict:
         """``metrics["uncertainty"]`` of a plan the simulator priced: no learned spread (``relative_std``
         None), the simulator's step-level error band over the plan's device types as the low and high step
-        (:func:`~hetpart.costmodel.provenance.step_band`; None where a device type has no step-level band),
-        the shared device test."""
-        from hetpart.costmodel.provenance import prediction_provenance, step_band
-
-        provenance = prediction_provenance(self.cluster, plan, None)
-        lo, hi, unknown = step_band(provenance)
+        (:meth:`_step_band`; None where a device type has no step-level band), the shared device test."""
+        lo, hi, band = self._step_band(plan)
         reasons = self.ood_reasons(plan)
-        if unknown:
-            kinds = ", ".join(f"{t} (compute {provenance['device_types'][t]['compute']})" for t in unknown)
-            band = (f"no step-level error band for {kinds}: no whole step of such a device was checked against a "
-                    "measurement")
-            unit = [provenance["device_types"][t]["error_band"] for t in unknown]
-            unit = [b for b in unit if b.get("scope") == "unit" and b.get("rows")]
-            if unit:
-                a, b = unit[0]["signed_pct"]
-                band += f" (single units' times: {a:+.0f}% to {b:+.0f}%)"
-        else:
-            band = (f"the simulator's compute error band {lo:+.1f}% to {hi:+.1f}% (predicted / measured - 1) over "
-                    "the plan's device types")
         # signed_pct is predicted / measured - 1: a band [lo, hi] puts the measured step at step / (1 + x)
         return {"relative_std": None, "out_of_distribution": bool(reasons),
                 "step_time_s_low": None if hi is None else step / (1 + hi / 100),

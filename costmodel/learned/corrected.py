@@ -312,7 +312,10 @@ class CorrectedPredictor:
         m["step_time_s"] = pred.step_time_s * k
         for key in ("tokens_per_s", "samples_per_s", "hardware_tflops_per_device", "model_tflops_per_device", "mfu"):
             m[key] = pred.metrics[key] / k
-        m["uncertainty"] = {"relative_std": std, "out_of_distribution": ood, "correction": k}
+        # the correction's spread is its residuals against measured runs: the band is that spread around the step
+        m["uncertainty"] = {"relative_std": std, "out_of_distribution": ood, "correction": k,
+                            "step_time_s_low": m["step_time_s"] * math.exp(-std),
+                            "step_time_s_high": m["step_time_s"] * math.exp(std), "source": self.name}
         return replace(pred, step_time_s=m["step_time_s"], tokens_per_s=m["tokens_per_s"],
                        samples_per_s=m["samples_per_s"], metrics=m)
 

@@ -105,6 +105,7 @@ class LearnedPredictor:
         self._cfg_ood: dict = {}
         self._precision = precision
         self._train_gpus = meta.get("train_gpus")
+        self._bands: dict[tuple[str, ...], tuple] = {}  # (:meth:`_step_band`)
 
     def _context(self, precision: str) -> ScenarioContext:
         if precision not in self._ctx:
@@ -325,11 +326,50 @@ class LearnedPredictor:
             "bubble_fraction": None,
             "peak_memory_gb": {k: float(v) for k, v in memory.items()},
             "fits_in_memory": est.fits_in_memory,
-            "uncertainty": {"relative_std": est.relative_std, "out_of_distribution": est.out_of_distribution,
-                            "step_time_s_low": step * math.exp(-est.relative_std),
-                            "step_time_s_high": step * math.exp(est.relative_std),
-                            "out_of_distribution_reasons": list(est.ood_reasons), "source": self.name},
+            "uncertainty": self._uncertainty(plan, est),
         }
+
+    def _uncertainty(self, plan: Plan, est: LearnedEstimate) -> dict[str, Any]:
+        """``metrics["uncertainty"]``: the surrogate's spread around the simulator it was trained to imitate
+        (``relative_std``), and a low/high step that composes that spread with the simulator's own step-level
+        error band against measured runs over the plan's device types
+        (:func:`~hetpart.costmodel.provenance.step_band`): a plan cannot be known better than the simulator
+        behind its labels. Both null where a device type has no step-level band; ``band`` says which."""
+        step, spread = est.step_time_s, est.relative_std
+        lo, hi, band = self._step_band(plan)
+        return {"relative_std": spread, "out_of_distribution": est.out_of_distribution,
+                # signed_pct is predicted / measured - 1: a band [lo, hi] puts the measured step at step / (1 + x)
+                "step_time_s_low": None if hi is None else step / (1 + hi / 100) * math.exp(-spread),
+                "step_time_s_high": None if lo is None else step / (1 + lo / 100) * math.exp(spread),
+                "out_of_distribution_reasons": list(est.ood_reasons), "source": self.name,
+                "band": f"relative std {spread * 100:.2f}% around the simulator, within {band}"}
+
+    def _step_band(self, plan: Plan) -> tuple[float | None, float | None, str]:
+        """``(low %, high %, what it is)``: the simulator's step-level error band over the plan's device types
+        (:func:`~hetpart.costmodel.provenance.step_band`; low and high None where a type has none), memoised per
+        set of types."""
+        from hetpart.costmodel.provenance import prediction_provenance, step_band
+
+        types = tuple(sorted({self.cluster.device(d).gpu.name for d in plan.devices}))
+        bands = self._bands
+        known = bands.get(types)
+        if known is None:
+            provenance = prediction_provenance(self.cluster, plan, None)
+            lo, hi, unknown = step_band(provenance)
+            if unknown:
+                kinds = ", ".join(f"{t} (compute {provenance['device_types'][t]['compute']})" for t in unknown)
+                text = (f"no step-level error band for {kinds}: no whole step of such a device was checked against "
+                        "a measurement")
+                unit = [provenance["device_types"][t]["error_band"] for t in unknown]
+                unit = [b for b in unit if b.get("scope") == "unit" and b.get("rows")]
+                if unit:
+                    a, b = unit[0]["signed_pct"]
+                    text += f" (single units' times: {a:+.0f}% to {b:+.0f}%)"
+            else:
+                text = f"the simulator's compute error band {lo:+.1f}% to {hi:+.1f}% (predicted / measured - 1) over " \
+                       "the plan's device types"
+            known = bands[types] = (lo, hi, text)
+        return known
 
 
 def learned_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,

@@ -67,6 +67,11 @@ def _priced_by_line(metrics: dict[str, Any], predictor: str) -> str | None:
     else:
         std = u.get("relative_std")
         line = f"  priced by: {by}" + (f" (relative std {std * 100:.2f}%)" if std is not None else "")
+        low, high = u.get("step_time_s_low"), u.get("step_time_s_high")
+        if low is not None and high is not None:
+            line += f"; measured step likely {low:.3f}-{high:.3f} s"
+        elif u.get("band"):
+            line += "; " + u["band"].split(", within ", 1)[-1]
     if u.get("out_of_distribution"):
         line += "; out of distribution: " + ("; ".join(u.get("out_of_distribution_reasons") or ()) or "no reason given")
     return line
