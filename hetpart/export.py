@@ -274,7 +274,7 @@ def _megatron(plan, graph, shape: _Shape) -> Export:
     if kv and kv != arch.get("num_heads"):
         args.update({"--group-query-attention": True, "--num-query-groups": kv})
     if graph.config is not None:
-        args.update(_megatron_architecture(graph.config, problems))
+        args.update(_megatron_architecture(graph.config, problems, plan.seq_len))
     args.update(_megatron_recompute(plan.recompute))
     args.update(_megatron_optimizer_and_attention(plan, problems))
     if getattr(plan, "cp", 1) > 1:
@@ -342,7 +342,7 @@ def _sharded_offload(dp: int) -> str:
             "and CPU work per rank than planned")
 
 
-def _megatron_architecture(cfg, problems: list[str]) -> dict[str, Any]:
+def _megatron_architecture(cfg, problems: list[str], seq_len: int) -> dict[str, Any]:
     """The model beyond its sizes as Megatron-LM's GPT takes it (its defaults: GELU, LayerNorm, biases, learned
     absolute positions, tied embeddings, dropout); what it cannot build goes to ``problems``. Without these a
     Llama exported as sizes alone builds a GPT-2-style model of other parameters and FLOPs."""
@@ -369,17 +369,18 @@ def _megatron_architecture(cfg, problems: list[str]) -> dict[str, Any]:
         args["--untie-embeddings-and-output-weights"] = True
     if not cfg.dropout:
         args.update({"--attention-dropout": 0.0, "--hidden-dropout": 0.0})
-    problems += _unexpressed_layers_and_head(cfg)
+    problems += _unexpressed_layers_and_head(cfg, seq_len)
     if cfg.embed_dim and cfg.embed_dim != cfg.hidden_size:
         problems.append(f"an embedding {cfg.embed_dim} wide projected to the hidden size {cfg.hidden_size} (OPT-350m): "
                         "Megatron-LM's GPT embeds at the hidden size; shown: at the hidden size")
     return args
 
 
-def _unexpressed_layers_and_head(cfg) -> list[str]:
-    """A sliding window and a classification head: the engines' language-model arguments build neither."""
+def _unexpressed_layers_and_head(cfg, seq_len: int) -> list[str]:
+    """A sliding window and a classification head: the engines' language-model arguments build neither. A window
+    of at least ``seq_len`` tokens covers every key: that attention is full causal attention, nothing lost."""
     out = []
-    windows = [w for w in cfg.sliding_windows if w]
+    windows = [w for w in cfg.sliding_windows if w and w < seq_len]
     if windows:
         sizes = ", ".join(map(str, sorted(set(windows))))
         out.append(f"sliding-window attention (window {sizes} on {len(windows)} of {cfg.num_layers} layers): these "
@@ -500,7 +501,7 @@ _TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleave
 
 
 def _torchtitan(plan, graph, shape: _Shape) -> Export:
-    problems = list(shape.problems) + (_unexpressed_layers_and_head(graph.config) if graph.config else [])
+    problems = list(shape.problems) + (_unexpressed_layers_and_head(graph.config, plan.seq_len) if graph.config else [])
     chunks = [_titan_fqns(a, b, graph.num_units) for a, b in shape.stage_units]
     split_points = _titan_split_points(chunks, shape.num_layers)
     zero = getattr(plan, "zero", 0)

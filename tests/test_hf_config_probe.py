@@ -199,9 +199,14 @@ def test_qwen2_uses_no_window_unless_asked() -> None:
 def test_starcoder2_windows_every_layer_and_phi3_without_a_window_has_none() -> None:
     assert hf_config_to_transformer(STARCODER2_15B, "c.json").sliding_windows == (4096,) * 40
     assert not hf_config_to_transformer(PHI3_MINI, "c.json").sliding_windows
-    graph = _graph(STARCODER2_15B, 256)
-    result = export_plan(_whole_plan(graph, 256), graph, "megatron")
+    graph = _graph(STARCODER2_15B, 8192)
+    result = export_plan(_whole_plan(graph, 8192), graph, "megatron")
     assert any(p.startswith("sliding-window attention (window 4096 on 40 of 40 layers)") for p in result.cannot_express)
+    # a window of at least the sequence covers every key: full causal attention, nothing to warn about (probe s48)
+    for seq in (256, 4096):
+        graph = _graph(STARCODER2_15B, seq)
+        result = export_plan(_whole_plan(graph, seq), graph, "megatron")
+        assert not any(p.startswith("sliding-window") for p in result.cannot_express)
 
 
 def test_windows_survive_a_json_round_trip() -> None:
