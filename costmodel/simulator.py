@@ -382,6 +382,11 @@ class Simulator:
         self._peaks: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
         self._cp_rings: dict[tuple, tuple[tuple[PathLink, ...], bool]] = {}
         """Context-parallel rings by (devices, tp, cp, NIC flows of their nodes): :meth:`_cp_ring`."""
+        self._bound_terms: dict[tuple, dict[tuple, tuple[float, float]]] = {}
+        """(micro_batch, precision, recompute, attention) -> a stage's :meth:`lower_bound_s` terms by its
+        :meth:`_bound_stages` key."""
+        self._bound_groups: dict[tuple[str, ...], object] = {}
+        """:meth:`_bound_group` per device tuple."""
 
     # --------------------------------------------------------------------------------- cached facts
     def _tp_lines(self, devices: tuple[str, ...]) -> tuple[tuple[float, float], ...]:
@@ -1657,29 +1662,95 @@ class Simulator:
         at least ``sum_{k<d} (f_k + b_k) + m (f_d + b_d)``; the optimizer step comes after all of it.
         The costs are this simulator's own (same cache, same efficiency curve), so the bound is sound
         for it and for nothing else; branch and bound uses it to skip plans.
+
+        Both terms are maxima over replicas, so a replica alike to one already walked in everything they
+        read (:meth:`_bound_stages`, micro-batches, shard fraction) adds nothing and is skipped: a 1,024-GPU
+        plan's 16-128 replicas are a few classes. Each stage's terms are memoised by the same key.
+        ``tests/test_policy_speed_s48b_bound.py`` compares it with the replica-by-replica walk, bit for bit.
         """
         v = plan.chunks_per_device
         pipe = optim = 0.0
         cp_flows = self._cp_flows(plan) if plan.cp > 1 else None
+        seen: set[tuple] = set()
+        several = len(plan.replicas) > 1
+        step_bytes = optimizer_step_bytes(plan.optimizer, plan.precision)
+        memo = (self._bound_terms.setdefault((plan.micro_batch, plan.precision, plan.recompute, plan.attention), {})
+                if cp_flows is None else None)
         for r, rep in enumerate(plan.replicas):
-            pp, m = rep.pp // v, plan.num_microbatches(r)
-            per_device = [0.0] * pp
-            params = [0.0] * pp
-            for k, s in enumerate(rep.stages):
-                u = (self._cp_unit_prefix(s, plan, cp_flows) if cp_flows is not None else
-                     self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
-                                       plan.attention))
-                f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
-                a, z = s.layers
-                per_device[k % pp] += (f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a])
-                params[k % pp] += self._tables.params_per_device(a, z, s.tp)
-            before = 0.0
-            for d in range(pp):
-                pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
-                before += per_device[d]
-                optim = max(optim, self._optimizer_s(rep.stages[d].devices, params[d] * self._fraction(plan, r),
-                                                     plan.optimizer, plan.precision))
+            m, fraction = plan.num_microbatches(r), self._fraction(plan, r)
+            stages = None
+            if memo is not None:
+                stages = self._bound_stages(rep)
+                if several:  # a class already walked adds nothing (one hash per key: the set grows or not)
+                    walked = len(seen)
+                    seen.add((m, fraction, stages))
+                    if len(seen) == walked:
+                        continue
+            p, o = self._replica_bound(plan, rep, m, fraction, v, cp_flows, stages, memo, step_bytes)
+            pipe, optim = max(pipe, p), max(optim, o)
         return (pipe + optim) * _BOUND_SLACK
+
+    def _replica_bound(self, plan: Plan, rep, m: int, fraction: float, v: int, cp_flows: dict[int, int] | None,
+                       stages: tuple | None, memo: dict | None, step_bytes: float) -> tuple[float, float]:
+        """:meth:`lower_bound_s`'s two terms for one replica: its pipeline's least time and its slowest
+        optimizer step. Each stage's terms come from ``memo`` by its :meth:`_bound_stages` key where there is
+        one (not under context parallelism, whose ring depends on the plan's flows)."""
+        pp = rep.pp // v
+        per_device = [0.0] * pp
+        params = [0.0] * pp
+        for k, s in enumerate(rep.stages):
+            if memo is None:
+                busy, held = self._stage_bound_terms(s, plan, cp_flows)
+            else:
+                busy, held = memo.get(stages[k]) or memo.setdefault(stages[k], self._stage_bound_terms(s, plan, None))
+            per_device[k % pp] += busy
+            params[k % pp] += held
+        pipe = optim = before = 0.0
+        for d in range(pp):
+            pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
+            before += per_device[d]
+            optim = max(optim, self._bound_optimizer_s(rep.stages[d].devices, params[d] * fraction, plan.optimizer,
+                                                       step_bytes))
+        return pipe, optim
+
+    def _bound_optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str, step_bytes: float) -> float:
+        """:meth:`_optimizer_s` with the plan's :func:`~hetpart.costmodel.memory.optimizer_step_bytes` computed
+        once per bound (the same arithmetic; the bound's test compares the two)."""
+        g = self._group(devices)
+        if self._profiled is not None and optimizer == "adam":
+            measured = [self._profiled.adam_s(gpu, params) for gpu in g.gpus]
+            if all(m is not None for m in measured):
+                return max(measured)
+        return params * step_bytes / (g.hbm_gbyte_s * 1e9)
+
+    def _stage_bound_terms(self, s, plan: Plan, cp_flows: dict[int, int] | None) -> tuple[float, float]:
+        """One stage's compute and tensor-parallel seconds per micro-batch, and its parameters per device."""
+        u = (self._cp_unit_prefix(s, plan, cp_flows) if cp_flows is not None else
+             self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
+                               plan.attention))
+        f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
+        a, z = s.layers
+        return ((f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a]),
+                self._tables.params_per_device(a, z, s.tp))
+
+    def _bound_stages(self, rep) -> tuple:
+        """Everything :meth:`_replica_bound` reads of a replica's stages besides the plan-wide fields: per
+        stage its device facts (:meth:`_bound_group`; the optimizer step reads the same facts), layers, TP
+        degree and split."""
+        get = self._bound_groups.get
+        return tuple([(get(s.devices) or self._bound_group(s.devices), s.layers, s.tp, s.tp_split)
+                      for s in rep.stages])
+
+    def _bound_group(self, devices: tuple[str, ...]) -> object:
+        """What a stage's bound terms read of its devices: their :meth:`_group` facts (one object per distinct
+        facts, so its ``id`` names them) where the ring prices tensor parallelism from those facts alone, else
+        the devices themselves (NCCL's lines and a profile's measured links are per device). Memoised per
+        device tuple."""
+        hit = self._bound_groups.get(devices)
+        if hit is None:
+            hit = self._bound_groups[devices] = (id(self._group(devices)) if self.tp_comm == "ring"
+                                                 and self._profiled is None else devices)
+        return hit
 
     def simulate(self, plan: Plan, workload: Workload | None = None, *, validate: bool = True,
                  trace: bool = False) -> Prediction:
