@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -424,7 +425,11 @@ class Plan:
     def _check_devices(self, cluster: "Cluster") -> list[str]:
         out = []
         uses: Counter[str] = Counter()
-        unknown = {d for r in self.replicas for s in r.stages for d in s.devices if not cluster.has_device(d)}
+        listed = [d for r in self.replicas for s in r.stages for d in s.devices]
+        unknown = set(filterfalse(cluster.has_device, listed))
+        # no device listed twice anywhere (a planner's plan): no stage repeats one and none is used twice, so
+        # the per-stage sets and the count of uses (a 1,024-GPU plan's most of this check) are skipped
+        once = len(set(listed)) == len(listed)
         for i, r in enumerate(self.replicas):
             groups = [s.devices for s in r.stages]
             for j, s in enumerate(r.stages):
@@ -435,7 +440,7 @@ class Plan:
                     out.append(f"replicas[{i}].stages[{j}].devices: {len(s.devices)} devices listed, but tp {s.tp} x "
                                f"cp {self.cp} = {s.tp * self.cp}; list tp x cp devices (tensor-parallel groups one "
                                "after another) or change tp")
-                if len(s.devices) > 1 and len(set(s.devices)) != len(s.devices):
+                if not once and len(s.devices) > 1 and len(set(s.devices)) != len(s.devices):
                     out.append(f"replicas[{i}].stages[{j}].devices: a device is listed twice")
                 for d in s.devices if unknown else ():
                     if d in unknown:
@@ -448,7 +453,8 @@ class Plan:
                     out.append(f"replicas[{i}].stages: interleaved stage k must run on the devices of stage k mod {pp}")
             elif len(distinct) != len(groups):
                 out.append(f"replicas[{i}].stages: two stages share devices; use schedule 'interleaved' for that")
-            uses.update(d for g in distinct for d in set(g))
+            if not once:
+                uses.update(d for g in distinct for d in set(g))
         twice = [d for d, c in uses.items() if c > 1]
         if twice:
             out.append(f"devices {compress_device_ids(sorted(twice))} are used more than once; a device serves one stage of one replica")
