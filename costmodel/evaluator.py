@@ -98,6 +98,8 @@ class Evaluator:
         self._range_gb: dict[tuple, tuple[float, float, float | None]] = {}
         self._alike_groups: dict[tuple[str, ...], bool] = {}
         self._capacity_gb: dict[tuple[str, ...], float] = {}
+        self._flights: dict[tuple[str, int, int, int], tuple[float, ...]] = {}
+        """Micro-batches in flight per pipeline device, by (schedule, pp, micro-batches, chunks per device)."""
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
@@ -140,8 +142,11 @@ class Evaluator:
             # and the same shard fraction, need the same: one of them is checked (a 1,024-GPU plan has hundreds)
             caps = tuple(self._least_capacity_gb(s.devices) for s in rep.stages)
             pp, m = rep.pp // v, microbatches_run(plan, r)
-            key = (tuple((s.layers, s.tp, s.tp_split) for s in rep.stages), caps,
-                   tuple(in_flight_microbatches(plan.schedule, d, pp, m, v) for d in range(pp)),
+            flights = self._flights.get((plan.schedule, pp, m, v))
+            if flights is None:
+                flights = self._flights[(plan.schedule, pp, m, v)] = tuple(
+                    in_flight_microbatches(plan.schedule, d, pp, m, v) for d in range(pp))
+            key = (tuple((s.layers, s.tp, s.tp_split) for s in rep.stages), caps, flights,
                    plan.shard_fraction(r) if zero else 1.0)
             if key in seen:
                 continue
