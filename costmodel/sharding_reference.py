@@ -14,7 +14,7 @@ from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.collectives import reduce_scatter_time_s
 from hetpart.costmodel.activations import unit_working_bytes
-from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
+from hetpart.costmodel.memory import PrefixTables, chunk_flights, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
 
 __all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_exposed_s"]
@@ -27,6 +27,7 @@ def _holder(plan: Plan, replica: int, unit: int):
 def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], float]:
     """(replica, pipeline device group) -> predicted peak memory, GB, unit by unit."""
     w, g, opt = state_bytes(plan.precision, plan.optimizer)
+    tables = PrefixTables(model)  # (the chunks' weights for the counts in flight: chunk_flights)
     out = {}
     for r, rep in enumerate(plan.replicas):
         pp = plan.pipeline_devices(r)
@@ -34,13 +35,15 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             m = plan.num_microbatches(r)
             if plan.zero >= 2:  # padded up to the shard group's largest count
                 m = max(plan.num_microbatches(x) for g in plan.shard_groups() if r in g for x in g)
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, plan.chunks_per_device)
+            flights = chunk_flights(tables, plan.schedule, d, pp, m, plan.chunks_per_device,
+                                    [(*rep.stages[k].layers, rep.stages[k].tp) for k in range(d, rep.pp, pp)],
+                                    plan.recompute, plan.attention)
             total = 0.0
             params = 0.0
             largest = 0.0
             work = 0.0  # the running unit's working set: one unit of the device runs at a time
             transient = unit_working_bytes(model, plan.recompute, plan.attention)
-            for k in range(d, rep.pp, pp):
+            for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
                                          plan.recompute, plan.precision, plan.optimizer, plan.attention,

@@ -67,8 +67,8 @@ from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
-from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
-                                      pipeline_recv_buffer_bytes,
+from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, chunk_flights,
+                                      in_flight_microbatches, pipeline_recv_buffer_bytes,
                                       optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
@@ -1406,6 +1406,7 @@ class Simulator:
         tables = self._tables
         zero = memory_zero(plan)
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+        flights = self._chunk_flights(plan, rep, d, pp, m)  # per chunk of the device (interleaved: unlike)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
         if zero >= 2 or plan.offload == "full":
@@ -1413,12 +1414,12 @@ class Simulator:
                           for k in range(d, rep.pp, pp))
         if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
             gb = params = work = 0.0
-            for k in range(d, rep.pp, pp):
+            for k, in_flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 if plan.cp > 1:
-                    gb += self._cp_memory_gb(s, plan, flight)
+                    gb += self._cp_memory_gb(s, plan, in_flight)
                 else:
-                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
+                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, in_flight, plan.recompute,
                                            plan.optimizer, plan.attention, working_set=False, precision=plan.precision)
                 # one unit runs at a time: the device's working set is its chunks' largest, once
                 work = max(work, tables.working_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, plan.recompute,
@@ -1447,14 +1448,14 @@ class Simulator:
             if self.kernels == "torch" and rep.pp > 1 and plan.cp == 1:
                 # torch's pipelining keeps a receive buffer per micro-batch through the step and between steps
                 memory += pipeline_recv_buffer_bytes(self.model, [st.layers for st in rep.stages], d, pp,
-                                                     plan.micro_batch, m, flight) / 1e9
+                                                     plan.micro_batch, m, flights) / 1e9
             return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
         work = np.zeros(len(group.gpus))
-        for k in range(d, rep.pp, pp):
+        for k, in_flight in zip(range(d, rep.pp, pp), flights):
             s = rep.stages[k]
-            gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+            gbs += self._device_memory_gb(s, plan.micro_batch, in_flight, plan.recompute, plan.optimizer,
                                           plan.attention, plan.precision)
             work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
@@ -1477,6 +1478,14 @@ class Simulator:
         peak without it)."""
         temporary = MOMENT_BYTES[plan.optimizer] / 2 if plan.optimizer == "adam" else 0.0
         return params * (state_bytes_per_param(plan.optimizer, plan.precision) + temporary) / 1e9
+
+    def _chunk_flights(self, plan: Plan, rep, d: int, pp: int, m: int) -> tuple[float, ...]:
+        """Micro-batches in flight in each chunk of device group ``d`` at its peak
+        (:func:`~hetpart.costmodel.memory.chunk_flights`; a chunk split unevenly weighed on its most loaded
+        device)."""
+        chunks = [(*rep.stages[k].layers, min(self._device_tps(rep.stages[k]))) for k in range(d, rep.pp, pp)]
+        return chunk_flights(self._tables, plan.schedule, d, pp, m, plan.chunks_per_device, chunks, plan.recompute,
+                             plan.attention)
 
     def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float,
                        tied: float = 0.0) -> float:
