@@ -10,7 +10,9 @@ the algorithm. An all-reduce is NCCL's choice of the faster of
   each (sharing the node's NICs), all-gather inside each node.
 
 ``concurrent`` says how many such all-reduces run at once through the same nodes (the ``tp`` ranks of
-a data-parallel group each reduce their own shard): they share each node's NICs.
+a data-parallel group each reduce their own shard): they share each node's NICs, and the link between
+zones that the ring crosses (a zone link is shared by the rings crossing it as a NIC is: a link of the
+same rate as a NIC gives the same time).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hetpart.errors import PlanError
 
 from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_ring_gbyte_s, nic_gbyte_s, \
-    node_nic_gbyte_s
+    node_nic_gbyte_s, zone_cap_gbyte_s
 from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINKS, Collective, CollectiveLine, \
     RingShape, nccl_lines
 
@@ -117,6 +119,14 @@ def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) 
     return min(nic_gbyte_s(group.nic), node_nic_gbyte_s(group) / max(flows, 1))
 
 
+def _zone_share_gbyte_s(cluster: Cluster, devices: Sequence, flows: float) -> float:
+    """Bandwidth one of ``flows`` concurrent rings gets from the slowest zone link that the ring over
+    ``devices`` (in ring order) crosses: the link carries them all at once (inf: one zone)."""
+    if not cluster.zone_links:
+        return float("inf")
+    return zone_cap_gbyte_s(cluster, [d.zone for d in devices]) / max(flows, 1)
+
+
 def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tuple[float, float]:
     """``(fixed_s, per_byte_s)`` of a ring all-reduce (see :func:`ring_allreduce_time_s`)."""
     steps = 2 * (members - 1)
@@ -155,7 +165,7 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
         # up to k NICs (each flow at most one NIC), shared with the other rings crossing the node
         share = min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes))
         bus = min(hops.get("intra_node", (float("inf"), 0))[0], k * min(hops.get("nic", (float("inf"), 0))[0], share),
-                  hops.get("inter_zone", (float("inf"), 0))[0])
+                  hops.get("inter_zone", (float("inf"), 0))[0], _zone_share_gbyte_s(cluster, devices, concurrent))
         if per_node != {1} and len(per_node) == 1:
             local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
             bus = min(bus, min(intra_node_ring_gbyte_s(g, local) for g in groups))
@@ -288,7 +298,8 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
         first_on.setdefault(d.node_key, d)
     leaders = [first_on[key] for key in nodes]
     bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders, links)
-    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)))
+    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)),
+             _zone_share_gbyte_s(cluster, leaders, k * concurrent))
     base = 0.0
     if shape is not None:
         intra_lat, lat = max(HW_LAT_US[shape.intra_hw][("ring", "Simple")], shape.intra_floor_us), \

@@ -65,7 +65,7 @@ from hetpart.costmodel.compute import DISPATCH_MODES, unit_attention_core_s, uni
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
-from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
+from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s, zone_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
                                       pipeline_recv_buffer_bytes,
@@ -520,12 +520,15 @@ class Simulator:
         hit = self._units[key] = _UnitPrefix(*lists[:4], arrays[1], arrays[3], *lists[4:])
         return hit
 
-    def _cp_flows(self, plan: Plan) -> dict[int, int]:
+    def _cp_flows(self, plan: Plan) -> dict:
         """Per node: the context-parallel ring transfers leaving it at once: per stage (interleaved chunks
         of one device group once), each hop that leaves its node carries the ``tp`` shards of its rank.
-        Every replica's stages compute attention at about the same time, so their rings share the NICs."""
-        out: dict[int, int] = {}
+        Every replica's stages compute attention at about the same time, so their rings share the NICs,
+        and per pair of zones (a ``frozenset`` key) the link between them: the larger of the hops'
+        shards crossing it one way and the other."""
+        out: dict = {}
         seen = set()
+        zoned = bool(self.cluster.zone_links)
         for rep in plan.replicas:
             for s in rep.stages:
                 if s.devices in seen:
@@ -535,7 +538,12 @@ class Simulator:
                     na = self._node_id(a)
                     if na != self._node_id(b):
                         out[na] = out.get(na, 0) + s.tp
-        return out
+                        za, zb = (self.cluster.device(a).zone, self.cluster.device(b).zone) if zoned else (0, 0)
+                        if za != zb:
+                            out[(za, zb)] = out.get((za, zb), 0) + s.tp
+        for za, zb in [n for n in out if isinstance(n, tuple)]:
+            out[frozenset((za, zb))] = max(out[(za, zb)], out.get((zb, za), 0))
+        return {n: c for n, c in out.items() if not isinstance(n, tuple)}
 
     def _cp_ring(self, devices: tuple[str, ...], tp: int, cp: int, flows: dict[int, int]
                  ) -> tuple[tuple[PathLink, ...], bool]:
@@ -543,15 +551,19 @@ class Simulator:
         its transfers overlap compute (not when a hop leaves a node over a TCP NIC)."""
         hops = ring_hops(devices, tp, cp)
         nodes = [(self._node_id(a), self._node_id(b)) for a, b in hops]
-        key = (devices, tp, cp, tuple(flows.get(n, tp) for pair in nodes for n in pair))
+        zones = [frozenset((self.cluster.device(a).zone, self.cluster.device(b).zone)) for a, b in hops] \
+            if self.cluster.zone_links else [frozenset()] * len(hops)
+        key = (devices, tp, cp, tuple(flows.get(n, tp) for pair in nodes for n in pair),
+               tuple(flows.get(z, tp) for z in zones if len(z) > 1))
         hit = self._cp_rings.get(key)
         if hit is None:
             links, overlap = [], True
-            for (a, b), (na, nb) in zip(hops, nodes):
+            for (a, b), (na, nb), z in zip(hops, nodes, zones):
                 if achieved_link(self._p2p_cluster, a, b) is None:
                     raise PlanError(f"cp: devices {a} and {b} of a context-parallel ring sit in zones without a "
                                     "link; add one under 'links'")
-                links.append(self._p2p_link(a, b, (flows.get(na, tp), flows.get(nb, tp))))
+                share = (flows.get(na, tp), flows.get(nb, tp))
+                links.append(self._p2p_link(a, b, share + (flows.get(z, tp),) if len(z) > 1 else share))
                 if na != nb and not (self._node_rdma[na] and self._node_rdma[nb]):
                     overlap = False
             hit = self._cp_rings[key] = (tuple(links), overlap)
@@ -657,6 +669,10 @@ class Simulator:
         """The link of a pipeline transfer from ``a``'s group to ``b``'s (first devices), cached by :meth:`_p2p_key`."""
         na, nb = self._nodes.get(a), self._nodes.get(b)
         share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
+        if na != nb and self.cluster.zone_links:
+            za, zb = self.cluster.device(a).zone, self.cluster.device(b).zone
+            if za != zb:
+                share += (flows.get(frozenset((za, zb)), tp),)
         key = self._p2p_key(a, b, na, nb, share)
         link = self._p2p.get(key)
         if link is None:
@@ -673,14 +689,17 @@ class Simulator:
         (ga, la), (gb, lb) = self._places.get(a, (a, a)), self._places.get(b, (b, b))
         return (ga, la, lb) if na == nb and na is not None else (ga, gb, share)
 
-    def _pipeline_flows(self, plan: Plan) -> dict[int, int]:
+    def _pipeline_flows(self, plan: Plan) -> dict:
         """Per node: how many pipeline transfers cross its NICs at once, shards counted (each of a
         stage's ``tp`` ranks sends its ``1/tp``). Replicas run in step, so the transfers of every
         replica's boundary leave together; a node sends forward on its outgoing boundaries while its
         incoming ones send gradients back to it, so the larger of the two counts is what shares its NICs.
-        Interleaved chunks of one device pair send one after another and count once."""
-        out: dict[int, int] = {}
-        into: dict[int, int] = {}
+        Interleaved chunks of one device pair send one after another and count once. Per pair of zones
+        (a ``frozenset`` key), the same count for the link between them: the larger of the transfers
+        crossing it one way and the other."""
+        out: dict = {}
+        into: dict = {}
+        zoned = bool(self.cluster.zone_links)
         for r, rep in enumerate(plan.replicas):
             pp = plan.pipeline_devices(r)
             seen = set()
@@ -696,7 +715,15 @@ class Simulator:
                     shards = max(src.tp, dst.tp)
                     out[na] = out.get(na, 0) + shards
                     into[nb] = into.get(nb, 0) + shards
-        return {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
+                    if zoned:
+                        za = self.cluster.device(src.devices[c * src.tp]).zone
+                        zb = self.cluster.device(dst.devices[c * dst.tp]).zone
+                        if za != zb:  # one way a -> b is what b -> a receives
+                            out[(za, zb)] = out.get((za, zb), 0) + shards
+        flows = {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys() if not isinstance(n, tuple)}
+        for za, zb in [n for n in out if isinstance(n, tuple)]:
+            flows[frozenset((za, zb))] = max(out.get((za, zb), 0), out.get((zb, za), 0))
+        return flows
 
     def _send_blocks(self, src, dst) -> bool:
         """Whether the sender of a pipeline transfer waits for it: always in Megatron-style engines
@@ -709,14 +736,17 @@ class Simulator:
             return False
         return not (self.cluster.group_of(a).nic.rdma and self.cluster.group_of(b).nic.rdma)
 
-    def _p2p_link(self, a: str, b: str, flows: tuple[int, int]) -> PathLink:
+    def _p2p_link(self, a: str, b: str, flows: tuple[int, ...]) -> PathLink:
         """The link one transfer from ``a``'s node to ``b``'s gets when ``flows`` transfers (on ``a``'s
-        node, on ``b``'s) share each node's NICs."""
+        node, on ``b``'s) share each node's NICs and, a third count, the link between their zones."""
         link = achieved_link(self._p2p_cluster, a, b)
         if link is None:
             raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
         if link.kind in ("nic", "inter_zone"):
             share = min(node_nic_gbyte_s(self._p2p_cluster.group_of(d)) / n for d, n in zip((a, b), flows))
+            if len(flows) > 2:
+                wan = zone_gbyte_s(self._p2p_cluster, self.cluster.device(a).zone, self.cluster.device(b).zone)
+                share = min(share, wan / max(flows[2], 1))
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         return link

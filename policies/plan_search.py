@@ -296,6 +296,7 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
     size = int(node.max()) + 1
     flows = np.maximum(np.bincount(src[cross], weights=tp[cross], minlength=size),
                        np.bincount(dst[cross], weights=tp[cross], minlength=size)).astype(np.int64)
+    wan = _zone_flows(ctx, group, tp, cross)
     depth = tp.shape[1]
     boundary = np.broadcast_to(np.arange(depth), tp.shape)
     links: list[set[tuple]] = [set() for _ in range(depth)]
@@ -306,15 +307,31 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
             links[k].add((_inside_link(ctx, g, la, lb), t))
     if cross.any():
         # one link per kind: boundary, node groups, flows and tp (the nodes themselves do not matter)
-        across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], tp, src, dst],
+        across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], wan, tp, src, dst],
                           axis=-1)[cross].tolist()
-        kinds = {tuple(row[:6]): row for row in across}
-        for k, _, _, fa, fb, t, a, b in kinds.values():
-            link, tcp = _across_link(ctx, a, b, fa, fb)
+        kinds = {tuple(row[:7]): row for row in across}
+        for k, _, _, fa, fb, fz, t, a, b in kinds.values():
+            link, tcp = _across_link(ctx, a, b, fa, fb, fz)
             links[k].add((link, t))
             blocks[k] = blocks[k] or tcp
     hit = ctx.sync_cache[key] = (links, tuple(blocks))
     return hit
+
+
+def _zone_flows(ctx: _Context, group: np.ndarray, tp: np.ndarray, cross: np.ndarray) -> np.ndarray:
+    """Per boundary of the replicas (``[replica, boundary]``; ``group``: each stage's node group): how many
+    transfers share the link between the zones it crosses (the simulator's ``_pipeline_flows``): the shards
+    crossing that link one way or the other, the larger; 0 inside a zone."""
+    if not ctx.cluster.zone_links:
+        return np.zeros(tp.shape, dtype=np.int64)
+    names = ctx.cluster.zones
+    zone = np.array([names.index(g.zone) for g in ctx.cluster.groups], dtype=np.int64)[group]
+    za, zb = zone[:, :-1], zone[:, 1:]
+    size = len(names)
+    moved = cross & (za != zb)
+    count = np.bincount((za * size + zb)[moved], weights=tp[moved], minlength=size * size).reshape(size, size)
+    count = np.maximum(count, count.T).astype(np.int64)
+    return np.where(za != zb, count[za, zb], 0)
 
 
 def _inside_link(ctx: _Context, group: int, a: int, b: int):
@@ -328,20 +345,23 @@ def _inside_link(ctx: _Context, group: int, a: int, b: int):
     return link
 
 
-def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int):
+def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int, flows_zone: int = 0):
     """``(link, over TCP)`` between nodes ``na`` and ``nb`` (flat node numbers) when ``flows_a`` and
-    ``flows_b`` transfers share each node's NICs (the simulator's ``_p2p_link``)."""
+    ``flows_b`` transfers share each node's NICs and ``flows_zone`` the link between their zones (0: one
+    zone) (the simulator's ``_p2p_link``)."""
     from hetpart.cluster import PathLink
-    from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
+    from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s, zone_gbyte_s
 
     ga, gb = ctx.node_group[na], ctx.node_group[nb]
-    key = ("across", ga, gb, flows_a, flows_b)
+    key = ("across", ga, gb, flows_a, flows_b, flows_zone)
     hit = ctx.sync_cache.get(key)
     if hit is None:
         cluster = ctx.cluster
         link = achieved_link(cluster, ctx.node_device[na], ctx.node_device[nb])
         if link is not None:
             share = min(node_nic_gbyte_s(cluster.groups[g]) / f for g, f in ((ga, flows_a), (gb, flows_b)))
+            if flows_zone:
+                share = min(share, zone_gbyte_s(cluster, cluster.groups[ga].zone, cluster.groups[gb].zone) / flows_zone)
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         # TCP: the socket transport's sends do not run beside compute

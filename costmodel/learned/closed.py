@@ -116,6 +116,13 @@ class ClosedContext:
         self.node_rdma = np.array([cl.groups[g].nic.rdma for g, _ in keys], bool)
         self.num_nodes = max(len(keys), 1)
         self.node_group = np.array([g for g, _ in keys], np.int64)
+        # per node its zone; per pair of zones what their link carries for all flows crossing it (GB/s)
+        from hetpart.costmodel.links import zone_gbyte_s
+
+        zones = cl.zones
+        self.node_zone = np.array([zones.index(cl.groups[g].zone) for g, _ in keys], np.int64)
+        self.num_zones = len(zones)
+        self.zone_gbyte_s = np.array([[zone_gbyte_s(cl, a, b) for b in zones] for a in zones], float)
         devs = [cl.device(i) for i in V["dev_ids"]]
         self.dev_group = np.array([d.group for d in devs], np.int64)
         self.dev_local = np.array([d.local for d in devs], np.int64)
@@ -266,6 +273,15 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
         fa = np.maximum(flows[plan_of * NN + na], 1.0)
         fb = np.maximum(flows[plan_of * NN + nb], 1.0)
         share = np.minimum(cc.node_nic[na] / fa, cc.node_nic[nb] / fb)
+        if cc.num_zones > 1:  # the link between two zones is shared by the transfers crossing it, either way
+            Z = cc.num_zones
+            za, zb = cc.node_zone[na], cc.node_zone[nb]
+            zsel = sel[za[sel] != zb[sel]]
+            ways = np.bincount((plan_of[zsel] * Z + za[zsel]) * Z + zb[zsel], weights=tp[zsel],
+                               minlength=N * Z * Z).reshape(N, Z, Z)
+            ways = np.maximum(ways, ways.transpose(0, 2, 1))
+            fz = np.maximum(ways[plan_of, za, zb], 1.0)
+            share = np.where(za != zb, np.minimum(share, cc.zone_gbyte_s[za, zb] / fz), share)
         bw = np.where(cross, np.minimum(bw, share), bw)
         nbytes = raw["p2p_bytes"]
         t = np.where((kind == 0) | (nbytes <= 0), 0.0, lat * 1e-6 + nbytes / (bw * 1e9))
