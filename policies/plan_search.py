@@ -489,25 +489,32 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
     reduce-scatters the gradients once per step (the updated parameters' all-gather after the step:
     :func:`_gather_s`); levels 2-3 reduce-scatter every micro-batch, priced here as one all-reduce.
     ``collective``: the lines of another collective on the same rings."""
-    from hetpart.costmodel.collectives import allreduce_lines
+    from hetpart.costmodel.collectives import allreduce_lines, zone_concurrency
 
     collective = collective or ("reduce_scatter" if ctx.zero == 1 else "allreduce")
     rows, index = _place_rows(ctx), ctx.device_index
     nodes = [[rows[index[d]][0] for d in peers] for peers in peer_sets]
     crossing = [len(set(ns)) > 1 for ns in nodes]
+    zoned = bool(ctx.cluster.zone_links)
+    zones = [[("zone", z) for z in _node_zones(ctx)[ns].tolist()] for ns in nodes] if zoned else None
     if flows is None:  # one ring per stage, each device group in one: every crossing group counts whole
         flows = defaultdict(int)
         for ns, tp, out in zip(nodes, tps, crossing):
             for n in ns if out else ():
                 flows[n] += tp
+        for zs, tp in zip(zones or (), tps):  # and per zone, the groups of the rings crossing a zone link
+            for z in zs if len(set(zs)) > 1 else ():
+                flows[z] += tp
     out = []
-    for peers, ns, tp, leaves in zip(peer_sets, nodes, tps, crossing):
+    for j, (peers, ns, tp, leaves) in enumerate(zip(peer_sets, nodes, tps, crossing)):
         concurrent = max([tp] + [flows.get(n, 0) / c for n, c in Counter(ns).items()]) if leaves else tp
-        key = ("lines", _ring_kind(rows, index, peers), concurrent, collective)
+        zone = zone_concurrency(zones[j], tp, flows) if zoned else None
+        key = ("lines", _ring_kind(rows, index, peers), concurrent, zone, collective)
         ring = ctx.sync_cache.get(key)
         if ring is None:
             ring = ctx.sync_cache[key] = tuple((line.fixed_s, line.per_byte_s) for line in
-                                               allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
+                                               allreduce_lines(peers, ctx.cluster, concurrent, collective=collective,
+                                                               zone_concurrent=zone))
         out.append(ring)
     return out
 
@@ -583,11 +590,30 @@ def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: lis
     at a time): a ring holds a stage of every replica, and the 1,024-GPU public entry's rings were dozens of
     spans of a hundred replicas each, walked member by member twice (7% of the policy's plan)."""
     stage, node, width = _typed_stages(ctx, groups, bounds)
-    rings = node[np.arange(len(groups)), stage]  # [span, replica]: the node of each ring's members
+    flows = _place_flows(stage, node, width, len(groups))
+    if ctx.cluster.zone_links:  # per zone the same over the rings that cross a zone link (nic_flows by zone)
+        zones = _node_zones(ctx)[node]
+        flows.update({("zone", z): c for z, c in _place_flows(stage, zones, width, len(groups)).items()})
+    return flows
+
+
+def _node_zones(ctx: _Context) -> np.ndarray:
+    """Per flat node number, its zone's index in the cluster's zones."""
+    hit = ctx.sync_cache.get(("node zones",))
+    if hit is None:
+        names = ctx.cluster.zones
+        hit = ctx.sync_cache[("node zones",)] = np.array([names.index(ctx.cluster.groups[g].zone)
+                                                          for g in ctx.node_group], dtype=np.int64)
+    return hit
+
+
+def _place_flows(stage: np.ndarray, node: np.ndarray, width: np.ndarray, replicas: int) -> dict:
+    """:func:`_typed_flows` by place: ``node``, per replica and stage, its node (or zone)."""
+    rings = node[np.arange(replicas), stage]  # [span, replica]: the node of each ring's members
     stage = stage[(rings != rings[:, :1]).any(axis=1)]  # the rings that leave a node
     if not len(stage):
         return {}
-    member = np.arange(len(groups)) * node.shape[1] + stage  # [ring, replica]: the device group, numbered
+    member = np.arange(replicas) * node.shape[1] + stage  # [ring, replica]: the device group, numbered
     busy = np.bincount(member.ravel(), minlength=node.size)
     duty = 1.0 / busy[member].max(axis=1)
     # bincount sums each group's duties ring by ring, from 0.0, as nic_flows does

@@ -31,10 +31,10 @@ NIC = {"name": "n2-1g", "nodes": [dict(_NODE, count=2, nics_per_node=1,
                                        nic={"bandwidth_gbit_s": 1, "latency_us": 1000, "rdma": False})]}
 
 
-def _step(spec, model_name, seq_len, batch, mb, tp, pp, dp):
+def _step(spec, model_name, seq_len, batch, mb, tp, pp, dp, order="tp-dp-pp"):
     model, cluster = load_model(model_name, seq_len=seq_len), parse_cluster(spec)
     workload = Workload(batch, seq_len)
-    plan = megatron_plan(model, cluster, workload, tp, pp, dp, mb, zero=1)
+    plan = megatron_plan(model, cluster, workload, tp, pp, dp, mb, zero=1, order=order)
     return Simulator(model, cluster).predict(plan, workload)
 
 
@@ -130,3 +130,19 @@ def test_context_parallel_rings_share_the_zone_link_as_they_share_a_nic():
     assert hops[0][0] == pytest.approx(0.125 * 1460 / 1538 / 8, rel=1e-9)
     assert steps[0] == pytest.approx(steps[1], rel=0.05)
     assert steps[0] > 400
+
+
+def test_rings_from_different_nodes_count_together_on_the_zone_link():
+    """tp8 pp2 dp2 on two zones of two 8-GPU nodes: each replica's pipeline stays in its zone, and both
+    stages' rings (each from its own pair of nodes, so no NIC is shared) cross the zone link at once with
+    8 shards each: 16 flows. The larger stage's fp32 reduce-scatter then needs at least half of all
+    gradients' bytes over the link (>= 22.2 s at 1 Gbit/s for gpt3-1.3b); counting per node alone gave
+    each stage the link to itself (about half that)."""
+    spec = dict(ZONES, nodes=[dict(_NODE, count=2, zone="a"), dict(_NODE, count=2, zone="b")])
+    step = _step(spec, "gpt3-1.3b", 2048, 64, 2, 8, 2, 2, order="tp-pp-dp")
+    assert {row["gpu"] for row in step.breakdown} == {"A100-80GB"} and len(step.breakdown) == 4
+    dp_comm = max(row["dp_comm_s"] for row in step.breakdown)
+    model = load_model("gpt3-1.3b", seq_len=2048)
+    floor = 4 * model.range_params(0, model.num_units, 1) / 2 / (0.125e9 * 1460 / 1538)
+    assert floor > 22.0
+    assert dp_comm >= 0.98 * floor
