@@ -146,3 +146,24 @@ def test_rings_from_different_nodes_count_together_on_the_zone_link():
     floor = 4 * model.range_params(0, model.num_units, 1) / 2 / (0.125e9 * 1460 / 1538)
     assert floor > 22.0
     assert dp_comm >= 0.98 * floor
+
+
+def test_shard_gathers_across_zones_match_the_reference():
+    """Level 1's parameter gathers where a one-stage replica (zone a) shards with a two-stage one (zone b):
+    the simulator's per-unit gathers share the zone link as the unit-by-unit reference counts it."""
+    from hetpart import Plan, Replica, Stage
+    from hetpart.costmodel.sharding_reference import reference_unit_gather_s
+
+    model, cluster = load_model("gpt2-small", seq_len=256), parse_cluster(ZONES)
+    n, cut = model.num_units, model.num_units // 2
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=256, zero=1, replicas=(
+        Replica(0.5, (Stage((0, n), ("0/0/0",)),)),
+        Replica(0.5, (Stage((0, cut), ("1/0/0",)), Stage((cut, n), ("1/0/1",))))))
+    comm = Simulator(model, cluster)._shard_comm(plan)
+    assert set(comm) == {(0, 0), (1, 0), (1, 1)}
+    checked = 0
+    for (r, _), times in comm.items():
+        for unit, seconds in times:
+            assert seconds == pytest.approx(reference_unit_gather_s(model, cluster, plan, r, unit), rel=1e-9)
+            checked += 1
+    assert checked == 2 * n
