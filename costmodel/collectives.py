@@ -10,7 +10,9 @@ the algorithm. An all-reduce is NCCL's choice of the faster of
   each (sharing the node's NICs), all-gather inside each node.
 
 ``concurrent`` says how many such all-reduces run at once through the same nodes (the ``tp`` ranks of
-a data-parallel group each reduce their own shard): they share each node's NICs.
+a data-parallel group each reduce their own shard): they share each node's NICs, and the link between
+zones that the ring crosses (a zone link is shared by the rings crossing it as a NIC is: a link of the
+same rate as a NIC gives the same time).
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from hetpart.errors import PlanError
 
 from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.costmodel.links import achieved_link, intra_node_link, intra_node_ring_gbyte_s, nic_gbyte_s, \
-    node_nic_gbyte_s
+    node_nic_gbyte_s, zone_cap_gbyte_s
 from hetpart.costmodel.nccl import BASE_LAT_US, HW_LAT_US, LL128_GPUS, NVLS_LINKS, Collective, CollectiveLine, \
     RingShape, nccl_lines
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "allreduce_time_s", "allreduce_cost", "allreduce_lines",
-           "allreduce_choice", "reduce_scatter_time_s", "nic_flows"]
+           "allreduce_choice", "reduce_scatter_time_s", "nic_flows", "zone_concurrency"]
 
 _ID, _INDEX, _GROUP, _NODE = attrgetter("id"), attrgetter("index"), attrgetter("group"), attrgetter("node")
 _NVLINK_LIKE = ("NVLink", "xGMI", "HCCS")
@@ -117,6 +119,14 @@ def _nic_share_gbyte_s(cluster: Cluster, node_key: tuple[int, int], flows: int) 
     return min(nic_gbyte_s(group.nic), node_nic_gbyte_s(group) / max(flows, 1))
 
 
+def _zone_share_gbyte_s(cluster: Cluster, devices: Sequence, flows: float) -> float:
+    """Bandwidth one of ``flows`` concurrent rings gets from the slowest zone link that the ring over
+    ``devices`` (in ring order) crosses: the link carries them all at once (inf: one zone)."""
+    if not cluster.zone_links:
+        return float("inf")
+    return zone_cap_gbyte_s(cluster, [d.zone for d in devices]) / max(flows, 1)
+
+
 def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tuple[float, float]:
     """``(fixed_s, per_byte_s)`` of a ring all-reduce (see :func:`ring_allreduce_time_s`)."""
     steps = 2 * (members - 1)
@@ -124,7 +134,8 @@ def _ring_cost(members: int, bandwidth_gbyte_s: float, latency_us: float) -> tup
 
 
 def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: float = 1,
-                    links: dict | None = None, collective: Collective = "allreduce") -> tuple[CollectiveLine, ...]:
+                    links: dict | None = None, collective: Collective = "allreduce",
+                    zone_concurrent: float | None = None) -> tuple[CollectiveLine, ...]:
     """The all-reduce among ``device_ids`` as NCCL's candidate algorithm x protocol lines
     (:mod:`hetpart.costmodel.nccl`), plus hetpart's hierarchical all-reduce when every node holds the
     same number ``k > 1`` of members; NCCL runs the fastest, so the time of ``b`` bytes is
@@ -132,7 +143,9 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
     the plain ring and the hierarchical all-reduce on the measured latency and bandwidth.
     ``links``: a dict the caller keeps to cache hop links across calls on the same cluster.
     ``collective="reduce_scatter"``: the lines of a reduce-scatter (or all-gather) of the whole buffer
-    instead, NCCL's rings only (half a ring all-reduce's steps and bytes).
+    instead, NCCL's rings only (half a ring all-reduce's steps and bytes). ``zone_concurrent``: how many
+    such rings cross the zone links this one crosses at once (:func:`zone_concurrency`; default
+    ``concurrent``).
 
     Raises:
         PlanError: when two members' zones have no link.
@@ -145,6 +158,7 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
     ids = list(map(_ID, devices))
     nodes = Counter(zip(map(_GROUP, devices), map(_NODE, devices)))  # Device.node_key
     hops = _ring_hop_kinds(ids, cluster, devices, links)
+    zc = concurrent if zone_concurrent is None else zone_concurrent
     groups = [cluster.groups[g] for g in sorted({key[0] for key in nodes})]
     per_node = set(nodes.values())
     k = min(per_node)
@@ -155,7 +169,7 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
         # up to k NICs (each flow at most one NIC), shared with the other rings crossing the node
         share = min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes))
         bus = min(hops.get("intra_node", (float("inf"), 0))[0], k * min(hops.get("nic", (float("inf"), 0))[0], share),
-                  hops.get("inter_zone", (float("inf"), 0))[0])
+                  hops.get("inter_zone", (float("inf"), 0))[0], _zone_share_gbyte_s(cluster, devices, zc))
         if per_node != {1} and len(per_node) == 1:
             local = [d.local for d in devices if d.node_key == devices[0].node_key]  # every node holds k alike
             bus = min(bus, min(intra_node_ring_gbyte_s(g, local) for g in groups))
@@ -169,24 +183,25 @@ def allreduce_lines(device_ids: Sequence[str], cluster: Cluster, concurrent: flo
         if not hier:
             return (flat,)
         return flat, CollectiveLine("hierarchical", "Simple",
-                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links))
+                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, None, zc))
     shape = _shape(n, nodes, groups, bus, hops)
     lines = list(nccl_lines(shape, collective))
     if hier:
         lines.append(CollectiveLine("hierarchical", "Simple",
-                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, shape)))
+                                    *_hierarchical_cost(ids, nodes, cluster, concurrent, devices, links, shape, zc)))
     return tuple(lines)
 
 
 def allreduce_cost(device_ids: Sequence[str], cluster: Cluster, concurrent: float = 1,
-                   links: dict | None = None) -> tuple[tuple[float, float], ...]:
+                   links: dict | None = None, zone_concurrent: float | None = None) -> tuple[tuple[float, float], ...]:
     """:func:`allreduce_lines` as bare ``(fixed_s, per_byte_s)`` pairs (the time of ``b`` bytes is
     ``min(fixed + per_byte * b)``; empty: no communication).
 
     Raises:
         PlanError: when two members' zones have no link.
     """
-    return tuple((line.fixed_s, line.per_byte_s) for line in allreduce_lines(device_ids, cluster, concurrent, links))
+    return tuple((line.fixed_s, line.per_byte_s) for line in
+                 allreduce_lines(device_ids, cluster, concurrent, links, zone_concurrent=zone_concurrent))
 
 
 def allreduce_choice(num_bytes: float, device_ids: Sequence[str], cluster: Cluster,
@@ -242,7 +257,7 @@ def _one_node_per_group(nodes: Counter) -> list[tuple[int, int]]:
 
 
 def reduce_scatter_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster,
-                          concurrent: float = 1) -> float:
+                          concurrent: float = 1, zone_concurrent: float | None = None) -> float:
     """Time of a reduce-scatter (or an all-gather) of a buffer of ``num_bytes`` among ``device_ids``:
     NCCL's fastest ring (:func:`allreduce_lines` with ``collective="reduce_scatter"``).
 
@@ -252,7 +267,8 @@ def reduce_scatter_time_s(num_bytes: float, device_ids: Sequence[str], cluster: 
     if num_bytes <= 0:
         return 0.0
     return min((line.time_s(num_bytes) for line in
-                allreduce_lines(device_ids, cluster, concurrent, collective="reduce_scatter")), default=0.0)
+                allreduce_lines(device_ids, cluster, concurrent, collective="reduce_scatter",
+                                zone_concurrent=zone_concurrent)), default=0.0)
 
 
 def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Cluster, concurrent: int = 1) -> float:
@@ -274,7 +290,7 @@ def allreduce_time_s(num_bytes: float, device_ids: Sequence[str], cluster: Clust
 
 def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurrent: float,
                        devices: Sequence, links: dict | None = None,
-                       shape: RingShape | None = None) -> tuple[float, float]:
+                       shape: RingShape | None = None, zone_concurrent: float | None = None) -> tuple[float, float]:
     """``(fixed_s, per_byte_s)`` of reduce-scatter inside each node, ``k`` parallel rings across nodes on
     ``bytes / k`` each (sharing the node's NICs), all-gather inside each node. Steps take NCCL's ring
     Simple latencies of ``shape`` (once the call's base latency), or the measured hop latencies."""
@@ -288,7 +304,8 @@ def _hierarchical_cost(ids: list[str], nodes: Counter, cluster: Cluster, concurr
         first_on.setdefault(d.node_key, d)
     leaders = [first_on[key] for key in nodes]
     bw, lat = _ring_hops([d.id for d in leaders], cluster, leaders, links)
-    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)))
+    bw = min(bw, min(_nic_share_gbyte_s(cluster, key, k * concurrent) for key in _one_node_per_group(nodes)),
+             _zone_share_gbyte_s(cluster, leaders, k * (concurrent if zone_concurrent is None else zone_concurrent)))
     base = 0.0
     if shape is not None:
         intra_lat, lat = max(HW_LAT_US[shape.intra_hw][("ring", "Simple")], shape.intra_floor_us), \
@@ -328,3 +345,14 @@ def nic_flows(rings) -> dict[int, float]:
     for node, tp, active in share.values():
         flows[node] = flows.get(node, 0.0) + tp * min(1.0, active)
     return flows
+
+
+def zone_concurrency(zones: Sequence, tp: int, flows: dict) -> float | None:
+    """How many rings share the zone links crossed by the ring whose members sit in ``zones`` (one per
+    member), as :func:`nic_flows` over the rings' members by zone counts them per zone (``flows``): the
+    ring's ``tp`` shards, or the largest count in one of its zones over its own members there. None when
+    the ring stays in one zone (nothing to share)."""
+    here = Counter(zones)
+    if len(here) < 2:
+        return None
+    return max([tp] + [flows.get(z, 0) / c for z, c in here.items()])

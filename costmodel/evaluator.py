@@ -100,6 +100,8 @@ class Evaluator:
         self._capacity_gb: dict[tuple[str, ...], float] = {}
         self._flights: dict[tuple[str, int, int, int], tuple[float, ...]] = {}
         """Micro-batches in flight per pipeline device, by (schedule, pp, micro-batches, chunks per device)."""
+        self._prefix_tables = None
+        """The model's :class:`~hetpart.costmodel.memory.PrefixTables`, built for the first interleaved plan."""
         self.split_tp = True
         """Fill uneven tensor-parallel splits into candidates with unlike groups (HAP)."""
         self._unlike = not cluster.uniform_speed or len(cluster.gpu_types) > 1
@@ -188,22 +190,29 @@ class Evaluator:
 
     def _replica_needs_gb(self, plan: Plan, r: int, zero: int):
         """Yields ``(device group, peak GB)`` of replica ``r``."""
-        from hetpart.costmodel.memory import in_flight_microbatches
+        from hetpart.costmodel.memory import PrefixTables, chunk_flights
         from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
         from hetpart.costmodel.tp_split import param_shares
 
         v = plan.chunks_per_device
         rep = plan.replicas[r]
         pp, m = rep.pp // v, microbatches_run(plan, r)
+        # the largest share's divisor of each stage (its most loaded device)
+        tps = [s.tp if s.tp_split is None else 1.0 / float(param_shares(self.model, s.tp, s.tp_split).max())
+               for s in rep.stages]
+        tables = None
+        if plan.schedule == "interleaved" and v > 1:  # chunks hold unlike counts (chunk_flights weighs them)
+            tables = self._prefix_tables = self._prefix_tables or PrefixTables(self.model)
         for d in range(pp):
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+            flights = chunk_flights(tables, plan.schedule, d, pp, m, v,
+                                    [(*rep.stages[k].layers, tps[k]) for k in range(d, rep.pp, pp)], plan.recompute,
+                                    plan.attention)
             need = params = largest = work = 0.0
-            for k in range(d, rep.pp, pp):
+            for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
                        plan.attention, plan.precision)
-                tp = s.tp if s.tp_split is None else 1.0 / float(
-                    param_shares(self.model, s.tp, s.tp_split).max())  # the largest share
+                tp = tps[k]
                 if key not in self._stage_gb:  # (chunk without its working set, its working set)
                     self._stage_gb[key] = self._stage_memory_gb(s.layers, tp, plan, flight)
                 need += self._stage_gb[key][0]

@@ -14,7 +14,8 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   ``TCP_SOCKET_GBYTE_S`` per NIC: the socket transport copies through host memory with a few CPU
   threads, and a published nccl-tests run over 100 GbE TCP stopped at 4.7 GB/s bus bandwidth (NVIDIA/nccl
   issue 398, AWS p3dn, default socket settings) where the wire would allow 11.9.
-* **Between zones**: the zone link at the same TCP framing efficiency (WAN traffic is TCP/IP).
+* **Between zones**: the zone link at the same TCP framing efficiency (WAN traffic is TCP/IP), shared by
+  every transfer and ring that crosses it at once, as a node's NICs are (:func:`zone_gbyte_s`).
 * **Hybrid cube-mesh NVLink** (``NVLink2-cube-mesh``: DGX-1 with V100, the 8-GPU V100 cloud boards):
   no switch; each GPU has 6 NVLink bricks to 4 of the 7 others (``CUBE_MESH_BRICKS``, the published
   ``nvidia-smi topo -m`` matrix of these boards). NCCL packs rings onto the bricks; a ring runs at one
@@ -39,7 +40,7 @@ from hetpart.hardware import LinkSpec, NICSpec
 
 __all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "CUBE_MESH_BRICKS",
            "nic_gbyte_s", "node_nic_gbyte_s", "intra_node_link", "achieved_link", "cube_mesh_ring_gbyte_s",
-           "intra_node_ring_gbyte_s"]
+           "intra_node_ring_gbyte_s", "zone_gbyte_s", "zone_cap_gbyte_s"]
 
 RDMA_EFFICIENCY = 12.0 / 12.5
 """NCCL topo.h ``NET_BW``: 12 GB/s for a 100 Gbit/s (12.5 GB/s) port."""
@@ -122,6 +123,25 @@ def nic_gbyte_s(nic: NICSpec) -> float:
 def node_nic_gbyte_s(group: NodeGroup) -> float:
     """What all NICs of one node of ``group`` carry together, GB/s."""
     return group.nics_per_node * nic_gbyte_s(group.nic)
+
+
+def zone_gbyte_s(cluster: Cluster, zone_a: str, zone_b: str) -> float:
+    """What the link between two different zones carries for all the flows crossing it together, GB/s
+    (inf when the zones are one; the caller divides it among the flows crossing it at once)."""
+    if zone_a == zone_b:
+        return float("inf")
+    link = cluster.zone_link(zone_a, zone_b)
+    return 0.0 if link is None else link.bandwidth_gbyte_s * TCP_FRAMING_EFFICIENCY
+
+
+def zone_cap_gbyte_s(cluster: Cluster, zones: list[str]) -> float:
+    """The slowest zone link a ring crosses, whole (``zones``: its members' zones in ring order; inf when
+    it stays in one zone)."""
+    cap = float("inf")
+    for a, b in set(zip(zones, zones[1:] + zones[:1])):
+        if a != b:
+            cap = min(cap, zone_gbyte_s(cluster, a, b))
+    return cap
 
 
 def achieved_link(cluster: Cluster, a: str, b: str) -> PathLink | None:

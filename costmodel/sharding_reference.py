@@ -12,9 +12,9 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
-from hetpart.costmodel.collectives import reduce_scatter_time_s
+from hetpart.costmodel.collectives import reduce_scatter_time_s, zone_concurrency
 from hetpart.costmodel.activations import unit_working_bytes
-from hetpart.costmodel.memory import in_flight_microbatches, stage_memory_gb
+from hetpart.costmodel.memory import PrefixTables, chunk_flights, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
 
 __all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_exposed_s"]
@@ -27,6 +27,7 @@ def _holder(plan: Plan, replica: int, unit: int):
 def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], float]:
     """(replica, pipeline device group) -> predicted peak memory, GB, unit by unit."""
     w, g, opt = state_bytes(plan.precision, plan.optimizer)
+    tables = PrefixTables(model)  # (the chunks' weights for the counts in flight: chunk_flights)
     out = {}
     for r, rep in enumerate(plan.replicas):
         pp = plan.pipeline_devices(r)
@@ -34,13 +35,15 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
             m = plan.num_microbatches(r)
             if plan.zero >= 2:  # padded up to the shard group's largest count
                 m = max(plan.num_microbatches(x) for g in plan.shard_groups() if r in g for x in g)
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, plan.chunks_per_device)
+            flights = chunk_flights(tables, plan.schedule, d, pp, m, plan.chunks_per_device,
+                                    [(*rep.stages[k].layers, rep.stages[k].tp) for k in range(d, rep.pp, pp)],
+                                    plan.recompute, plan.attention)
             total = 0.0
             params = 0.0
             largest = 0.0
             work = 0.0  # the running unit's working set: one unit of the device runs at a time
             transient = unit_working_bytes(model, plan.recompute, plan.attention)
-            for k in range(d, rep.pp, pp):
+            for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
                                          plan.recompute, plan.precision, plan.optimizer, plan.attention,
@@ -68,12 +71,17 @@ def _node(cluster: Cluster, device: str):
     return cluster.device(device).node_key
 
 
-def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict:
+def _zone(cluster: Cluster, device: str):
+    return "zone", cluster.device(device).zone
+
+
+def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan, place=_node) -> dict:
     """Per node: how many shard rings leave it at once. A ring is the set of holders of some unit in a shard
     group; one that spans nodes is crossing. A pipeline device group runs its crossing rings one after
     another, so a ring runs 1/k of the time when its busiest member is in k crossing rings; each device
     group adds its ``tp`` rings (one per tensor-parallel rank) to its node's count for the share of the
-    time one of its rings runs (at most all of it)."""
+    time one of its rings runs (at most all of it). ``place``: what the rings are counted by (the node;
+    :func:`_zone` counts the rings crossing a zone link per zone, keys ``("zone", name)``)."""
     rings = []  # distinct crossing rings, each a tuple of (replica, stage) holders
     for unit in range(model.num_units):
         for group in plan.shard_groups():
@@ -83,7 +91,7 @@ def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict
             for r in group:
                 k = next(i for i, s in enumerate(plan.replicas[r].stages) if s.layers[0] <= unit < s.layers[1])
                 held.append((r, k))
-            nodes = {_node(cluster, plan.replicas[r].stages[k].devices[0]) for r, k in held}
+            nodes = {place(cluster, plan.replicas[r].stages[k].devices[0]) for r, k in held}
             if len(nodes) > 1 and tuple(held) not in rings:
                 rings.append(tuple(held))
 
@@ -103,7 +111,7 @@ def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan) -> dict
         for r, k in ring:
             s = plan.replicas[r].stages[k]
             g = device_group(r, k)
-            width[g] = (_node(cluster, s.devices[0]), max(s.tp, width[g][1] if g in width else 0))
+            width[g] = (place(cluster, s.devices[0]), max(s.tp, width[g][1] if g in width else 0))
     out: dict = {}
     for g, (node, tp) in width.items():
         out[node] = out.get(node, 0.0) + tp * min(1.0, active[g])
@@ -127,7 +135,11 @@ def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, rep
     for node in {_node(cluster, d) for d in members}:
         here = sum(1 for d in members if _node(cluster, d) == node)
         concurrent = max(concurrent, nics.get(node, 0) / here)
-    return reduce_scatter_time_s(nbytes * pad, members, cluster, concurrent=concurrent)
+    zone = None
+    if len(cluster.zones) > 1:  # the zone links are shared by the rings crossing them, counted alike
+        zone = zone_concurrency([_zone(cluster, d) for d in members], max(s.tp for s in stages),
+                                reference_nic_rings(model, cluster, plan, _zone))
+    return reduce_scatter_time_s(nbytes * pad, members, cluster, concurrent=concurrent, zone_concurrent=zone)
 
 
 def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, stage: int,

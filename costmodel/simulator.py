@@ -60,15 +60,15 @@ from hetpart.hardware import GPUSpec
 from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.workload import DTYPE_BYTES, Workload
 
-from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, nic_flows, p2p_time_s
+from hetpart.costmodel.collectives import allreduce_cost, allreduce_lines, nic_flows, p2p_time_s, zone_concurrency
 from hetpart.costmodel.compute import DISPATCH_MODES, unit_attention_core_s, unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s, ring_hops, ring_step_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
-from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
+from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s, zone_gbyte_s
 from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
-from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, in_flight_microbatches,
-                                      pipeline_recv_buffer_bytes,
+from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, chunk_flights,
+                                      in_flight_microbatches, pipeline_recv_buffer_bytes,
                                       optimizer_step_bytes, state_bytes_per_param)
 from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
@@ -375,6 +375,10 @@ class Simulator:
         """Node group and place in its node of each device."""
         self._node_rdma = np.array([cluster.groups[g].nic.rdma for g, _ in numbers], dtype=bool)
         """Per node number: whether its NICs are RDMA (:meth:`_crosses_tcp`)."""
+        zones = cluster.zones
+        self._node_zone = np.array([zones.index(cluster.groups[g].zone) for g, _ in numbers], dtype=np.int64)
+        """Per node number: its zone's index (the rings crossing a zone link share it)."""
+        self._zoned = len(zones) > 1
         self._unit_params: dict[int, list[float]] = {}
         self._offload_node_cache: dict[tuple[str, ...], dict[tuple[int, int], int]] = {}
         self._stage_units: dict[tuple, _UnitPrefix] = {}
@@ -525,12 +529,15 @@ class Simulator:
         hit = self._units[key] = _UnitPrefix(*lists[:4], arrays[1], arrays[3], *lists[4:])
         return hit
 
-    def _cp_flows(self, plan: Plan) -> dict[int, int]:
+    def _cp_flows(self, plan: Plan) -> dict:
         """Per node: the context-parallel ring transfers leaving it at once: per stage (interleaved chunks
         of one device group once), each hop that leaves its node carries the ``tp`` shards of its rank.
-        Every replica's stages compute attention at about the same time, so their rings share the NICs."""
-        out: dict[int, int] = {}
+        Every replica's stages compute attention at about the same time, so their rings share the NICs,
+        and per pair of zones (a ``frozenset`` key) the link between them: the larger of the hops'
+        shards crossing it one way and the other."""
+        out: dict = {}
         seen = set()
+        zoned = bool(self.cluster.zone_links)
         for rep in plan.replicas:
             for s in rep.stages:
                 if s.devices in seen:
@@ -540,7 +547,12 @@ class Simulator:
                     na = self._node_id(a)
                     if na != self._node_id(b):
                         out[na] = out.get(na, 0) + s.tp
-        return out
+                        za, zb = (self.cluster.device(a).zone, self.cluster.device(b).zone) if zoned else (0, 0)
+                        if za != zb:
+                            out[(za, zb)] = out.get((za, zb), 0) + s.tp
+        for za, zb in [n for n in out if isinstance(n, tuple)]:
+            out[frozenset((za, zb))] = max(out[(za, zb)], out.get((zb, za), 0))
+        return {n: c for n, c in out.items() if not isinstance(n, tuple)}
 
     def _cp_ring(self, devices: tuple[str, ...], tp: int, cp: int, flows: dict[int, int]
                  ) -> tuple[tuple[PathLink, ...], bool]:
@@ -548,15 +560,19 @@ class Simulator:
         its transfers overlap compute (not when a hop leaves a node over a TCP NIC)."""
         hops = ring_hops(devices, tp, cp)
         nodes = [(self._node_id(a), self._node_id(b)) for a, b in hops]
-        key = (devices, tp, cp, tuple(flows.get(n, tp) for pair in nodes for n in pair))
+        zones = [frozenset((self.cluster.device(a).zone, self.cluster.device(b).zone)) for a, b in hops] \
+            if self.cluster.zone_links else [frozenset()] * len(hops)
+        key = (devices, tp, cp, tuple(flows.get(n, tp) for pair in nodes for n in pair),
+               tuple(flows.get(z, tp) for z in zones if len(z) > 1))
         hit = self._cp_rings.get(key)
         if hit is None:
             links, overlap = [], True
-            for (a, b), (na, nb) in zip(hops, nodes):
+            for (a, b), (na, nb), z in zip(hops, nodes, zones):
                 if achieved_link(self._p2p_cluster, a, b) is None:
                     raise PlanError(f"cp: devices {a} and {b} of a context-parallel ring sit in zones without a "
                                     "link; add one under 'links'")
-                links.append(self._p2p_link(a, b, (flows.get(na, tp), flows.get(nb, tp))))
+                share = (flows.get(na, tp), flows.get(nb, tp))
+                links.append(self._p2p_link(a, b, share + (flows.get(z, tp),) if len(z) > 1 else share))
                 if na != nb and not (self._node_rdma[na] and self._node_rdma[nb]):
                     overlap = False
             hit = self._cp_rings[key] = (tuple(links), overlap)
@@ -662,6 +678,10 @@ class Simulator:
         """The link of a pipeline transfer from ``a``'s group to ``b``'s (first devices), cached by :meth:`_p2p_key`."""
         na, nb = self._nodes.get(a), self._nodes.get(b)
         share = (flows.get(na, tp), flows.get(nb, tp)) if na != nb or na is None else (tp, tp)
+        if na != nb and self.cluster.zone_links:
+            za, zb = self.cluster.device(a).zone, self.cluster.device(b).zone
+            if za != zb:
+                share += (flows.get(frozenset((za, zb)), tp),)
         key = self._p2p_key(a, b, na, nb, share)
         link = self._p2p.get(key)
         if link is None:
@@ -678,14 +698,17 @@ class Simulator:
         (ga, la), (gb, lb) = self._places.get(a, (a, a)), self._places.get(b, (b, b))
         return (ga, la, lb) if na == nb and na is not None else (ga, gb, share)
 
-    def _pipeline_flows(self, plan: Plan) -> dict[int, int]:
+    def _pipeline_flows(self, plan: Plan) -> dict:
         """Per node: how many pipeline transfers cross its NICs at once, shards counted (each of a
         stage's ``tp`` ranks sends its ``1/tp``). Replicas run in step, so the transfers of every
         replica's boundary leave together; a node sends forward on its outgoing boundaries while its
         incoming ones send gradients back to it, so the larger of the two counts is what shares its NICs.
-        Interleaved chunks of one device pair send one after another and count once."""
-        out: dict[int, int] = {}
-        into: dict[int, int] = {}
+        Interleaved chunks of one device pair send one after another and count once. Per pair of zones
+        (a ``frozenset`` key), the same count for the link between them: the larger of the transfers
+        crossing it one way and the other."""
+        out: dict = {}
+        into: dict = {}
+        zoned = bool(self.cluster.zone_links)
         for r, rep in enumerate(plan.replicas):
             pp = plan.pipeline_devices(r)
             seen = set()
@@ -701,7 +724,15 @@ class Simulator:
                     shards = max(src.tp, dst.tp)
                     out[na] = out.get(na, 0) + shards
                     into[nb] = into.get(nb, 0) + shards
-        return {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
+                    if zoned:
+                        za = self.cluster.device(src.devices[c * src.tp]).zone
+                        zb = self.cluster.device(dst.devices[c * dst.tp]).zone
+                        if za != zb:  # one way a -> b is what b -> a receives
+                            out[(za, zb)] = out.get((za, zb), 0) + shards
+        flows = {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys() if not isinstance(n, tuple)}
+        for za, zb in [n for n in out if isinstance(n, tuple)]:
+            flows[frozenset((za, zb))] = max(out.get((za, zb), 0), out.get((zb, za), 0))
+        return flows
 
     def _send_blocks(self, src, dst) -> bool:
         """Whether the sender of a pipeline transfer waits for it: always in Megatron-style engines
@@ -714,14 +745,17 @@ class Simulator:
             return False
         return not (self.cluster.group_of(a).nic.rdma and self.cluster.group_of(b).nic.rdma)
 
-    def _p2p_link(self, a: str, b: str, flows: tuple[int, int]) -> PathLink:
+    def _p2p_link(self, a: str, b: str, flows: tuple[int, ...]) -> PathLink:
         """The link one transfer from ``a``'s node to ``b``'s gets when ``flows`` transfers (on ``a``'s
-        node, on ``b``'s) share each node's NICs."""
+        node, on ``b``'s) share each node's NICs and, a third count, the link between their zones."""
         link = achieved_link(self._p2p_cluster, a, b)
         if link is None:
             raise PlanError(f"pipeline: devices {a} and {b} sit in zones without a link; add one under 'links'")
         if link.kind in ("nic", "inter_zone"):
             share = min(node_nic_gbyte_s(self._p2p_cluster.group_of(d)) / n for d, n in zip((a, b), flows))
+            if len(flows) > 2:
+                wan = zone_gbyte_s(self._p2p_cluster, self.cluster.device(a).zone, self.cluster.device(b).zone)
+                share = min(share, wan / max(flows[2], 1))
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         return link
@@ -933,11 +967,11 @@ class Simulator:
     def _allreduce_lines(self, ring: tuple, collective: str = "allreduce") -> tuple[tuple[float, float], ...]:
         """``(fixed_s, per_byte_s)`` of NCCL's candidate lines for ``ring`` (from :meth:`_ring`); a
         ``reduce_scatter`` (or all-gather) of the whole buffer takes NCCL's rings only."""
-        key, members, concurrent = ring
+        key, members, (concurrent, zone) = ring
         key = key if collective == "allreduce" else (collective, key)
         lines = self._ar.get(key)
         if lines is None:
-            found = allreduce_lines(members(), self._ar_cluster, concurrent, self._hop_links, collective)
+            found = allreduce_lines(members(), self._ar_cluster, concurrent, self._hop_links, collective, zone)
             lines = self._ar[key] = tuple((line.fixed_s, line.per_byte_s) for line in found)
             self._ar_names[key] = tuple(line.name for line in found)
         return lines
@@ -973,22 +1007,44 @@ class Simulator:
 
     def _ring(self, plan: Plan, holders: np.ndarray, table: _StageTable | None = None,
               flows: dict[int, int] | None = None) -> tuple:
-        """``(cache key, members, concurrent rings)`` of the all-reduce among the holding stages (one
-        member per stage; its ``tp`` ranks run ``tp`` such rings at once). ``flows`` (:func:`~hetpart.costmodel.collectives.nic_flows`)
-        counts the shards of crossing rings on each node; divided by this ring's own members there it is
-        how many such all-reduces share the node's NICs at once. The cost depends only on which nodes
-        the members sit on and on that sharing, so that is the key; ``members()`` lists them when needed."""
+        """``(cache key, members, (concurrent rings, rings across its zone links))`` of the all-reduce among
+        the holding stages (one member per stage; its ``tp`` ranks run ``tp`` such rings at once). ``flows``
+        (:meth:`_ring_flows`) counts the shards of crossing rings on each node; divided by this ring's own
+        members there it is how many such all-reduces share the node's NICs at once; per zone (``("zone",
+        z)`` keys) the same for the zone links (:func:`~hetpart.costmodel.collectives.zone_concurrency`).
+        The cost depends only on which nodes the members sit on and on that sharing, so that is the key;
+        ``members()`` lists them when needed."""
         table = table or self._stage_table(plan)
         flat = table.offsets[holders[:, 0]] + holders[:, 1]
-        concurrent = int(table.tp[flat].max())
+        tp = int(table.tp[flat].max())
+        concurrent = tp
         if flows:
             nodes, here = np.unique(table.node[flat], return_counts=True)
             concurrent = max([concurrent] + [flows.get(n, 0) / c for n, c in zip(nodes.tolist(), here.tolist())])
+        zone = self._zone_concurrency(table.node[flat].tolist(), tp, flows)
 
         def members() -> tuple[str, ...]:
             return tuple(dict.fromkeys(table.first_device[i] for i in flat.tolist()))
 
-        return (np.sort(table.node[flat]).tobytes(), concurrent), members, concurrent
+        return (np.sort(table.node[flat]).tobytes(), concurrent, zone), members, (concurrent, zone)
+
+    def _zone_concurrency(self, nodes: list[int], tp: int, flows: dict | None) -> float | None:
+        """:func:`~hetpart.costmodel.collectives.zone_concurrency` of a ring whose members sit on ``nodes``."""
+        if not self._zoned:
+            return None
+        return zone_concurrency([("zone", z) for z in self._node_zone[nodes].tolist()], tp, flows or {})
+
+    def _ring_flows(self, rings) -> dict:
+        """:func:`~hetpart.costmodel.collectives.nic_flows` of ``rings`` (members ``(node, device group, tp)``)
+        and, where the cluster has zones, the same count per zone over the rings crossing a zone link
+        (``("zone", z)`` keys): the rings crossing a zone link share it as those leaving a node share its NICs."""
+        rings = [list(members) for members in rings]
+        flows = nic_flows(rings)
+        if self._zoned:
+            zone = self._node_zone
+            by_zone = nic_flows([[(int(zone[n]), g, tp) for n, g, tp in members] for members in rings])
+            flows.update({("zone", z): c for z, c in by_zone.items()})
+        return flows
 
     def _crosses_tcp(self, devices) -> bool:
         """Whether an all-reduce among ``devices`` leaves a node over a TCP NIC: NCCL's socket transport
@@ -1018,7 +1074,13 @@ class Simulator:
         nodes = table.node[runs]
         crossing = nodes.min(axis=1) != nodes.max(axis=1)
         flows = self._table_flows(table, runs[crossing], tied)
-        rings = self._run_rings(table, runs, nodes, flows)
+        zones = None
+        if self._zoned:
+            place = self._node_zone[table.node]
+            zones = place[runs]
+            across = zones.min(axis=1) != zones.max(axis=1)
+            flows.update({("zone", z): c for z, c in self._table_flows(table, runs[across], tied, place).items()})
+        rings = self._run_rings(table, runs, nodes, flows, zones)
         tcp = (crossing & ~self._node_rdma[nodes].all(axis=1)).tolist()  # _crosses_tcp of each run
         groups = list(table.group[runs])  # one per replica, ascending: np.unique's order
         done = table.device_done[runs].max(axis=1).tolist() if not overlap else None
@@ -1052,14 +1114,17 @@ class Simulator:
         return jobs
 
     @staticmethod
-    def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray]) -> dict[int, float]:
+    def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray],
+                     place: np.ndarray | None = None) -> dict[int, float]:
         """:func:`~hetpart.costmodel.collectives.nic_flows` over stage tables: ``crossing``, the runs whose holders span nodes (a row
         each: one stage of every replica, so one device group per replica); ``tied``, the flat holders of
         each tied copy. A device group's stages share its devices, so its node and ``tp`` are those of
-        any of its stages."""
+        any of its stages. ``place``: per flat stage what the flows are counted by (default its node; its
+        zone for the zone links)."""
+        place = table.node if place is None else place
         size = int(table.group.max()) + 1
         groups = table.group[crossing]  # [runs, replicas]
-        out = [np.unique(table.group[flat]) for flat in tied if table.node[flat].min() != table.node[flat].max()]
+        out = [np.unique(table.group[flat]) for flat in tied if place[flat].min() != place[flat].max()]
         if not len(groups) and not out:
             return {}
         busy = np.bincount(groups.ravel(), minlength=size)
@@ -1074,16 +1139,34 @@ class Simulator:
         group_tp = np.zeros(size, dtype=np.int64)
         np.maximum.at(group_tp, table.group, table.tp)
         group_node = np.zeros(size, dtype=np.int64)
-        group_node[table.group] = table.node
+        group_node[table.group] = place
         per_node = np.bincount(group_node[mask], weights=(group_tp * np.minimum(active, 1.0))[mask])
         return {n: float(c) for n, c in enumerate(per_node.tolist()) if c}
 
     @staticmethod
-    def _run_rings(table: _StageTable, runs: np.ndarray, nodes: np.ndarray, flows: dict[int, int]) -> list[tuple]:
-        """:meth:`_ring` of every run at once (``runs``: flat holders, a row each; ``nodes``: their nodes):
-        the same keys and concurrency, element by element."""
+    def _run_rings(table: _StageTable, runs: np.ndarray, nodes: np.ndarray, flows: dict,
+                   zones: np.ndarray | None = None) -> list[tuple]:
+        """:meth:`_ring` of every run at once (``runs``: flat holders, a row each; ``nodes``: their nodes;
+        ``zones``: their zones, where the cluster has several): the same keys and concurrency, element by element."""
         if not len(runs):
             return []
+        concurrent = Simulator._run_concurrency(table, runs, nodes, {n: c for n, c in flows.items() if type(n) is int})
+        zone = [None] * len(runs)
+        if zones is not None:
+            across = (zones.min(axis=1) != zones.max(axis=1)).tolist()
+            by_zone = Simulator._run_concurrency(table, runs, zones, {z: c for (_, z), c in
+                                                                       (i for i in flows.items() if type(i[0]) is tuple)})
+            zone = [c if a else None for c, a in zip(by_zone, across)]
+        ordered = np.sort(nodes, axis=1)
+
+        def members(row: np.ndarray) -> Callable[[], tuple[str, ...]]:
+            return lambda: tuple(dict.fromkeys(table.first_device[i] for i in row.tolist()))
+
+        return [((ordered[i].tobytes(), c, z), members(runs[i]), (c, z)) for i, (c, z) in enumerate(zip(concurrent, zone))]
+
+    @staticmethod
+    def _run_concurrency(table: _StageTable, runs: np.ndarray, nodes: np.ndarray, flows: dict) -> list:
+        """Per run: its ``tp``, or the largest ``flows`` count on one of its ``nodes`` over its members there."""
         concurrent = table.tp[runs].max(axis=1).tolist()
         if flows:
             width = max(int(nodes.max()), max(flows)) + 1
@@ -1094,12 +1177,7 @@ class Simulator:
             # flows.get(n, 0) / (members on n), the largest over the ring's nodes
             most = np.divide(share, count, out=np.zeros(count.shape), where=count > 0).max(axis=1).tolist()
             concurrent = [c if c >= m else m for c, m in zip(concurrent, most)]
-        ordered = np.sort(nodes, axis=1)
-
-        def members(row: np.ndarray) -> Callable[[], tuple[str, ...]]:
-            return lambda: tuple(dict.fromkeys(table.first_device[i] for i in row.tolist()))
-
-        return [((ordered[i].tobytes(), c), members(runs[i]), c) for i, c in enumerate(concurrent)]
+        return concurrent
 
     def _dp_sync(self, plan: Plan, pipes: list[_Pipe], trace: bool) -> tuple[float, dict, list, dict]:
         """(end of the last gradient all-reduce, dp seconds per (replica, device group), events).
@@ -1189,10 +1267,12 @@ class Simulator:
         stages = [plan.replicas[r].stages[k] for r, k in holders]
         members = tuple({s.devices[0]: None for s in stages})
         nodes = tuple(sorted(self._node_id(d) for d in members))
-        concurrent = max(s.tp for s in stages)
+        tp = max(s.tp for s in stages)
+        concurrent = tp
         if flows:
             concurrent = max([concurrent] + [flows.get(n, 0) / nodes.count(n) for n in set(nodes)])
-        return (nodes, concurrent), lambda: members, concurrent
+        zone = self._zone_concurrency(list(nodes), tp, flows)
+        return (nodes, concurrent, zone), lambda: members, (concurrent, zone)
 
     def _segment_ready_small(self, plan: Plan, pipes: list[_Pipe], holders, a: int, z: int) -> tuple[float, float]:
         """When every holder has the gradients of unit ``z-1`` (the first bucket) and of unit ``a`` (the
@@ -1220,7 +1300,7 @@ class Simulator:
         """
         jobs = []
         segments = self._dp_segments_small(plan)
-        flows = nic_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pipes[r].pp),
+        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pipes[r].pp),
                                    plan.replicas[r].stages[k].tp) for r, k in seg.holders] for seg in segments)
         for seg in segments:
             holders = seg.holders
@@ -1303,7 +1383,7 @@ class Simulator:
                 held = tuple(holders[r] for r in members)
                 if len(held) >= 2:
                     rings.append((a, z, held))
-        flows = nic_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pp[r]),
+        flows = self._ring_flows([(self._node_id(plan.replicas[r].stages[k].devices[0]), (r, k % pp[r]),
                                    plan.replicas[r].stages[k].tp) for r, k in held] for _, _, held in rings)
         for a, z, held in rings:
             members = [r for r, _ in held]
@@ -1411,6 +1491,7 @@ class Simulator:
         tables = self._tables
         zero = memory_zero(plan)
         flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+        flights = self._chunk_flights(plan, rep, d, pp, m)  # per chunk of the device (interleaved: unlike)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
         if zero >= 2 or plan.offload == "full":
@@ -1418,12 +1499,12 @@ class Simulator:
                           for k in range(d, rep.pp, pp))
         if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
             gb = params = work = 0.0
-            for k in range(d, rep.pp, pp):
+            for k, in_flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 if plan.cp > 1:
-                    gb += self._cp_memory_gb(s, plan, flight)
+                    gb += self._cp_memory_gb(s, plan, in_flight)
                 else:
-                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight, plan.recompute,
+                    gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, in_flight, plan.recompute,
                                            plan.optimizer, plan.attention, working_set=False, precision=plan.precision)
                 # one unit runs at a time: the device's working set is its chunks' largest, once
                 work = max(work, tables.working_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, plan.recompute,
@@ -1452,14 +1533,14 @@ class Simulator:
             if self.kernels == "torch" and rep.pp > 1 and plan.cp == 1:
                 # torch's pipelining keeps a receive buffer per micro-batch through the step and between steps
                 memory += pipeline_recv_buffer_bytes(self.model, [st.layers for st in rep.stages], d, pp,
-                                                     plan.micro_batch, m, flight) / 1e9
+                                                     plan.micro_batch, m, flights) / 1e9
             return memory, self._step_s(plan, rep.stages[d].devices, params, fraction, zero)
         gbs = np.zeros(len(group.gpus))
         held = np.zeros(len(group.gpus))
         work = np.zeros(len(group.gpus))
-        for k in range(d, rep.pp, pp):
+        for k, in_flight in zip(range(d, rep.pp, pp), flights):
             s = rep.stages[k]
-            gbs += self._device_memory_gb(s, plan.micro_batch, flight, plan.recompute, plan.optimizer,
+            gbs += self._device_memory_gb(s, plan.micro_batch, in_flight, plan.recompute, plan.optimizer,
                                           plan.attention, plan.precision)
             work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
@@ -1482,6 +1563,14 @@ class Simulator:
         peak without it)."""
         temporary = MOMENT_BYTES[plan.optimizer] / 2 if plan.optimizer == "adam" else 0.0
         return params * (state_bytes_per_param(plan.optimizer, plan.precision) + temporary) / 1e9
+
+    def _chunk_flights(self, plan: Plan, rep, d: int, pp: int, m: int) -> tuple[float, ...]:
+        """Micro-batches in flight in each chunk of device group ``d`` at its peak
+        (:func:`~hetpart.costmodel.memory.chunk_flights`; a chunk split unevenly weighed on its most loaded
+        device)."""
+        chunks = [(*rep.stages[k].layers, min(self._device_tps(rep.stages[k]))) for k in range(d, rep.pp, pp)]
+        return chunk_flights(self._tables, plan.schedule, d, pp, m, plan.chunks_per_device, chunks, plan.recompute,
+                             plan.attention)
 
     def _late_grads_gb(self, plan: Plan, rep, d: int, pp: int, params: float, zero: int, fraction: float,
                        tied: float = 0.0) -> float:

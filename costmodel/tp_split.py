@@ -296,12 +296,13 @@ def _polish(times: _BlockTimes, heads: list[int], ffn: list[int], units: tuple[i
 
 
 def lp_split(model: "ModelGraph", cluster: "Cluster", stage: "Stage", micro_batch: int, precision: str,
-             recompute: str, in_flight: float = 1.0, curve_of=None, chunks=None, zero: int = 0,
+             recompute: str, in_flight: "float | tuple[float, ...]" = 1.0, curve_of=None, chunks=None, zero: int = 0,
              fraction: float = 1.0) -> "TPSplit | None":
     """The uneven split of ``stage`` that an LP finds fastest within each device's memory, in whole units.
 
     Args:
-        in_flight: micro-batches whose activations the stage holds at once (its pipeline position).
+        in_flight: micro-batches whose activations the stage holds at once (its pipeline position), or one
+            such count per chunk of ``chunks`` (:func:`~hetpart.costmodel.memory.chunk_flights`).
         curve_of: efficiency curve per device type (calibration), as the simulator takes it.
         chunks: layer ranges of every model chunk the stage's devices host (interleaved schedules),
             which share their memory; default the stage's alone.
@@ -359,7 +360,7 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
     (the same plan object when nothing changes: alike groups cost one cached check)."""
     from dataclasses import replace
 
-    from hetpart.costmodel.memory import in_flight_microbatches
+    from hetpart.costmodel.memory import PrefixTables, chunk_flights
     from hetpart.costmodel.sharding import memory_zero
 
     replicas, changed = [], False
@@ -371,7 +372,9 @@ def fill_tp_splits(plan, model: "ModelGraph", cluster: "Cluster", curve_of=None)
         for k, s in enumerate(stages):
             if s.tp < 2 or s.tp_split is not None or devices_alike(cluster, s.devices):
                 continue
-            flight = in_flight_microbatches(plan.schedule, k % pp, pp, m, v)
+            chunks = rep.stages[k % pp::pp]
+            flight = chunk_flights(PrefixTables(model), plan.schedule, k % pp, pp, m, v,
+                                   [(*c.layers, c.tp) for c in chunks], plan.recompute, plan.attention)
             split = lp_split(model, cluster, s, plan.micro_batch, plan.precision, plan.recompute, flight, curve_of,
                              chunks=[c.layers for c in rep.stages[k % pp::pp]], zero=zero,
                              fraction=plan.shard_fraction(r))

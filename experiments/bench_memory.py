@@ -1,8 +1,9 @@
 """Benchmark: peak memory of real CPU runs against the simulator (issue 9's and issue 10's memory targets).
 
 Each case is a real ``hetpart run`` on this machine (gloo, one process per plan device, shrunken
-gpt2-small): a 2-stage 1F1B pipeline (tiny and small scale, recompute none and full) and ZeRO data-parallel
-pairs. The runtime reports, per rank, the peak of its live tensor bytes in one extra untimed step
+gpt2-small): a 2-stage 1F1B pipeline (tiny and small scale, recompute none and full, 8 micro-batches, GPipe), a
+4-stage pipeline, a 2-stage pipeline of TP-2 stages, a 2-device interleaved pipeline of 2 chunks each, and ZeRO
+data-parallel pairs. The runtime reports, per rank, the peak of its live tensor bytes in one extra untimed step
 (``memory_method`` ``live_tensors``, :mod:`hetpart.runtime.live_memory`: every tensor storage alive, the
 weights, gradients and optimizer states included), the quantity ``torch.cuda.max_memory_allocated`` gives
 on a GPU. So the device's whole predicted peak (:class:`~hetpart.costmodel.Simulator`, with the options of
@@ -10,7 +11,7 @@ the run record: the ``torch`` kernel set) is compared with the measured peak dir
 Records of older runs (``rss_peak_delta``: resident-set growth during a step, blind to the state at rest)
 are compared as before, their growth against the prediction less the state at rest (``_at_rest_gb``).
 
-Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 6 minutes on the shared
+Run: ``OMP_NUM_THREADS=1 python -m hetpart.experiments.bench_memory`` (about 10 minutes on the shared
 2-core machine); ``--write`` rewrites the ``memory-validation`` section of docs/BENCHMARKS.md;
 ``--records FILE`` re-predicts records measured before instead of running (the runs of docs/BENCHMARKS.md:
 ``experiments/data/cpu_memory_runs_live.jsonl``, live-tensor peaks, 2026-11-30; the older
@@ -38,6 +39,17 @@ _ZERO = {"global_batch": 8, "micro_batch": 2, "seq_len": 128, "schedule": "1f1b"
                       {"batch_share": 0.5, "stages": [{"layers": [0, 14], "devices": ["0/0/1"], "tp": 1}]}],
          "meta": {"model": "gpt2-small", "cluster": "tiny-mixed"}}
 
+_PIPE4 = [{"batch_share": 1.0, "stages": [{"layers": [0, 4], "devices": ["0/0/0"], "tp": 1},
+                                           {"layers": [4, 8], "devices": ["0/0/1"], "tp": 1},
+                                           {"layers": [8, 11], "devices": ["1/0/0"], "tp": 1},
+                                           {"layers": [11, 14], "devices": ["1/0/1"], "tp": 1}]}]
+_PIPE_TP = [{"batch_share": 1.0, "stages": [{"layers": [0, 7], "devices": ["0/0/0", "0/0/1"], "tp": 2},
+                                            {"layers": [7, 14], "devices": ["1/0/0", "1/0/1"], "tp": 2}]}]
+_INTERLEAVED = [{"batch_share": 1.0, "stages": [{"layers": [0, 4], "devices": ["0/0/0"], "tp": 1},
+                                                {"layers": [4, 7], "devices": ["0/0/1"], "tp": 1},
+                                                {"layers": [7, 11], "devices": ["0/0/0"], "tp": 1},
+                                                {"layers": [11, 14], "devices": ["0/0/1"], "tp": 1}]}]
+
 CASES = [
     ("pipeline, tiny (h=64, seq 32)", "tiny", dict(_PIPE, micro_batch=2, recompute="none")),
     ("pipeline, small (h=256, seq 128)", "small", dict(_PIPE, micro_batch=4, recompute="none")),
@@ -46,6 +58,15 @@ CASES = [
     ("ZeRO-1 x 2, small", "small", dict(_ZERO, zero=1)),
     ("ZeRO-1 x 2, uneven 0.75/0.25, small", "small", dict(_ZERO, zero=1, shard_fractions=[0.75, 0.25])),
     ("ZeRO-2 x 2, uneven 0.75/0.25, small", "small", dict(_ZERO, zero=2, shard_fractions=[0.75, 0.25])),
+    ("pipeline, small, 8 micro-batches", "small", dict(_PIPE, global_batch=32, micro_batch=4, recompute="none")),
+    ("pipeline, small, GPipe", "small", dict(_PIPE, micro_batch=4, recompute="none", schedule="gpipe")),
+    ("pipeline x 4, small", "small",
+     dict(_PIPE, global_batch=16, micro_batch=4, recompute="none", precision="fp16", replicas=_PIPE4)),
+    ("pipeline x 2, TP 2, small", "small",
+     dict(_PIPE, micro_batch=4, recompute="none", precision="fp16", replicas=_PIPE_TP)),
+    ("pipeline x 2, interleaved x 2, small", "small",
+     dict(_PIPE, global_batch=16, micro_batch=4, recompute="none", schedule="interleaved", interleave=2,
+          replicas=_INTERLEAVED)),
 ]
 """(label, scale, plan): the runs of the comparison."""
 

@@ -296,6 +296,7 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
     size = int(node.max()) + 1
     flows = np.maximum(np.bincount(src[cross], weights=tp[cross], minlength=size),
                        np.bincount(dst[cross], weights=tp[cross], minlength=size)).astype(np.int64)
+    wan = _zone_flows(ctx, group, tp, cross)
     depth = tp.shape[1]
     boundary = np.broadcast_to(np.arange(depth), tp.shape)
     links: list[set[tuple]] = [set() for _ in range(depth)]
@@ -306,15 +307,31 @@ def _send_links(ctx: _Context, replicas: list[list[tuple[str, ...]]], layout: tu
             links[k].add((_inside_link(ctx, g, la, lb), t))
     if cross.any():
         # one link per kind: boundary, node groups, flows and tp (the nodes themselves do not matter)
-        across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], tp, src, dst],
+        across = np.stack([boundary, group[:, :-1], group[:, 1:], flows[src], flows[dst], wan, tp, src, dst],
                           axis=-1)[cross].tolist()
-        kinds = {tuple(row[:6]): row for row in across}
-        for k, _, _, fa, fb, t, a, b in kinds.values():
-            link, tcp = _across_link(ctx, a, b, fa, fb)
+        kinds = {tuple(row[:7]): row for row in across}
+        for k, _, _, fa, fb, fz, t, a, b in kinds.values():
+            link, tcp = _across_link(ctx, a, b, fa, fb, fz)
             links[k].add((link, t))
             blocks[k] = blocks[k] or tcp
     hit = ctx.sync_cache[key] = (links, tuple(blocks))
     return hit
+
+
+def _zone_flows(ctx: _Context, group: np.ndarray, tp: np.ndarray, cross: np.ndarray) -> np.ndarray:
+    """Per boundary of the replicas (``[replica, boundary]``; ``group``: each stage's node group): how many
+    transfers share the link between the zones it crosses (the simulator's ``_pipeline_flows``): the shards
+    crossing that link one way or the other, the larger; 0 inside a zone."""
+    if not ctx.cluster.zone_links:
+        return np.zeros(tp.shape, dtype=np.int64)
+    names = ctx.cluster.zones
+    zone = np.array([names.index(g.zone) for g in ctx.cluster.groups], dtype=np.int64)[group]
+    za, zb = zone[:, :-1], zone[:, 1:]
+    size = len(names)
+    moved = cross & (za != zb)
+    count = np.bincount((za * size + zb)[moved], weights=tp[moved], minlength=size * size).reshape(size, size)
+    count = np.maximum(count, count.T).astype(np.int64)
+    return np.where(za != zb, count[za, zb], 0)
 
 
 def _inside_link(ctx: _Context, group: int, a: int, b: int):
@@ -328,20 +345,23 @@ def _inside_link(ctx: _Context, group: int, a: int, b: int):
     return link
 
 
-def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int):
+def _across_link(ctx: _Context, na: int, nb: int, flows_a: int, flows_b: int, flows_zone: int = 0):
     """``(link, over TCP)`` between nodes ``na`` and ``nb`` (flat node numbers) when ``flows_a`` and
-    ``flows_b`` transfers share each node's NICs (the simulator's ``_p2p_link``)."""
+    ``flows_b`` transfers share each node's NICs and ``flows_zone`` the link between their zones (0: one
+    zone) (the simulator's ``_p2p_link``)."""
     from hetpart.cluster import PathLink
-    from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s
+    from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s, zone_gbyte_s
 
     ga, gb = ctx.node_group[na], ctx.node_group[nb]
-    key = ("across", ga, gb, flows_a, flows_b)
+    key = ("across", ga, gb, flows_a, flows_b, flows_zone)
     hit = ctx.sync_cache.get(key)
     if hit is None:
         cluster = ctx.cluster
         link = achieved_link(cluster, ctx.node_device[na], ctx.node_device[nb])
         if link is not None:
             share = min(node_nic_gbyte_s(cluster.groups[g]) / f for g, f in ((ga, flows_a), (gb, flows_b)))
+            if flows_zone:
+                share = min(share, zone_gbyte_s(cluster, cluster.groups[ga].zone, cluster.groups[gb].zone) / flows_zone)
             if share < link.bandwidth_gbyte_s:
                 link = PathLink(share, link.latency_us, link.kind)
         # TCP: the socket transport's sends do not run beside compute
@@ -469,25 +489,32 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
     reduce-scatters the gradients once per step (the updated parameters' all-gather after the step:
     :func:`_gather_s`); levels 2-3 reduce-scatter every micro-batch, priced here as one all-reduce.
     ``collective``: the lines of another collective on the same rings."""
-    from hetpart.costmodel.collectives import allreduce_lines
+    from hetpart.costmodel.collectives import allreduce_lines, zone_concurrency
 
     collective = collective or ("reduce_scatter" if ctx.zero == 1 else "allreduce")
     rows, index = _place_rows(ctx), ctx.device_index
     nodes = [[rows[index[d]][0] for d in peers] for peers in peer_sets]
     crossing = [len(set(ns)) > 1 for ns in nodes]
+    zoned = bool(ctx.cluster.zone_links)
+    zones = [[("zone", z) for z in _node_zones(ctx)[ns].tolist()] for ns in nodes] if zoned else None
     if flows is None:  # one ring per stage, each device group in one: every crossing group counts whole
         flows = defaultdict(int)
         for ns, tp, out in zip(nodes, tps, crossing):
             for n in ns if out else ():
                 flows[n] += tp
+        for zs, tp in zip(zones or (), tps):  # and per zone, the groups of the rings crossing a zone link
+            for z in zs if len(set(zs)) > 1 else ():
+                flows[z] += tp
     out = []
-    for peers, ns, tp, leaves in zip(peer_sets, nodes, tps, crossing):
+    for j, (peers, ns, tp, leaves) in enumerate(zip(peer_sets, nodes, tps, crossing)):
         concurrent = max([tp] + [flows.get(n, 0) / c for n, c in Counter(ns).items()]) if leaves else tp
-        key = ("lines", _ring_kind(rows, index, peers), concurrent, collective)
+        zone = zone_concurrency(zones[j], tp, flows) if zoned else None
+        key = ("lines", _ring_kind(rows, index, peers), concurrent, zone, collective)
         ring = ctx.sync_cache.get(key)
         if ring is None:
             ring = ctx.sync_cache[key] = tuple((line.fixed_s, line.per_byte_s) for line in
-                                               allreduce_lines(peers, ctx.cluster, concurrent, collective=collective))
+                                               allreduce_lines(peers, ctx.cluster, concurrent, collective=collective,
+                                                               zone_concurrent=zone))
         out.append(ring)
     return out
 
@@ -563,11 +590,30 @@ def _typed_flows(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: lis
     at a time): a ring holds a stage of every replica, and the 1,024-GPU public entry's rings were dozens of
     spans of a hundred replicas each, walked member by member twice (7% of the policy's plan)."""
     stage, node, width = _typed_stages(ctx, groups, bounds)
-    rings = node[np.arange(len(groups)), stage]  # [span, replica]: the node of each ring's members
+    flows = _place_flows(stage, node, width, len(groups))
+    if ctx.cluster.zone_links:  # per zone the same over the rings that cross a zone link (nic_flows by zone)
+        zones = _node_zones(ctx)[node]
+        flows.update({("zone", z): c for z, c in _place_flows(stage, zones, width, len(groups)).items()})
+    return flows
+
+
+def _node_zones(ctx: _Context) -> np.ndarray:
+    """Per flat node number, its zone's index in the cluster's zones."""
+    hit = ctx.sync_cache.get(("node zones",))
+    if hit is None:
+        names = ctx.cluster.zones
+        hit = ctx.sync_cache[("node zones",)] = np.array([names.index(ctx.cluster.groups[g].zone)
+                                                          for g in ctx.node_group], dtype=np.int64)
+    return hit
+
+
+def _place_flows(stage: np.ndarray, node: np.ndarray, width: np.ndarray, replicas: int) -> dict:
+    """:func:`_typed_flows` by place: ``node``, per replica and stage, its node (or zone)."""
+    rings = node[np.arange(replicas), stage]  # [span, replica]: the node of each ring's members
     stage = stage[(rings != rings[:, :1]).any(axis=1)]  # the rings that leave a node
     if not len(stage):
         return {}
-    member = np.arange(len(groups)) * node.shape[1] + stage  # [ring, replica]: the device group, numbered
+    member = np.arange(replicas) * node.shape[1] + stage  # [ring, replica]: the device group, numbered
     busy = np.bincount(member.ravel(), minlength=node.size)
     duty = 1.0 / busy[member].max(axis=1)
     # bincount sums each group's duties ring by ring, from 0.0, as nic_flows does

@@ -147,4 +147,10 @@ def typed_flows_reference(ctx, groups: list[list[tuple[str, ...]]], bounds: list
             k = bisect_right(cuts, a) - 1
             members.append((flat[index[stages[k][0]]], (r, k), len(stages[k])))
         rings.append(members)
-    return nic_flows(rings)
+    flows = nic_flows(rings)
+    if ctx.cluster.zone_links:  # per zone, the rings that cross a zone link (as the simulator counts them)
+        names = ctx.cluster.zones
+        zone = [names.index(ctx.cluster.groups[g].zone) for g in ctx.node_group]
+        flows.update({("zone", z): c for z, c in nic_flows([[(zone[n], g, tp) for n, g, tp in members]
+                                                            for members in rings]).items()})
+    return flows

@@ -28,18 +28,22 @@ _MARGIN = 1e-10
 def fraction_limits(model: "ModelGraph", cluster: "Cluster", plan: "Plan") -> list[float]:
     """Per replica, the largest fraction of the sharded states its devices hold (may exceed 1, or be
     negative when even its unsharded part does not fit)."""
-    from hetpart.costmodel.memory import in_flight_microbatches, memory_capacity_gb, stage_memory_gb, stage_working_gb
+    from hetpart.costmodel.memory import (PrefixTables, chunk_flights, memory_capacity_gb, stage_memory_gb,
+                                          stage_working_gb)
     from hetpart.costmodel.sharding import microbatches_run, sharded_delta_gb
 
     out = []
     v = plan.chunks_per_device
+    tables = PrefixTables(model) if plan.schedule == "interleaved" else None  # (chunk_flights' weights)
     for r, rep in enumerate(plan.replicas):
         pp, m = rep.pp // v, microbatches_run(plan, r)
         limit = float("inf")
         for d in range(pp):
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
+            flights = chunk_flights(tables, plan.schedule, d, pp, m, v,
+                                    [(*rep.stages[k].layers, rep.stages[k].tp) for k in range(d, rep.pp, pp)],
+                                    plan.recompute, plan.attention)
             base = params = largest = work = 0.0
-            for k in range(d, rep.pp, pp):
+            for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 base += stage_memory_gb(model, *s.layers, s.tp, plan.micro_batch, flight, plan.recompute, plan.precision,
                                         plan.optimizer, plan.attention, working_set=False)

@@ -15,7 +15,7 @@ from hetpart import Plan, Replica, Stage, load_model
 from hetpart.cluster import parse_cluster
 from hetpart.costmodel import Simulator
 from hetpart.costmodel.evaluator import Evaluator
-from hetpart.costmodel.memory import PrefixTables, in_flight_microbatches
+from hetpart.costmodel.memory import PrefixTables, chunk_flights
 from hetpart.costmodel.sharding_reference import reference_memory_gb
 from hetpart.plan import TPSplit
 from hetpart.workload import Workload
@@ -116,7 +116,8 @@ def test_an_uneven_tensor_parallel_split_counts_the_working_set_once_per_device(
     sim_even = _simulated(gpt2, cluster, even)
     for d in range(2):
         chunks = _chunks(even, 0, d)
-        flight = in_flight_microbatches("interleaved", d, 2, even.num_microbatches(0), 2)
+        flight = chunk_flights(PrefixTables(gpt2), "interleaved", d, 2, even.num_microbatches(0), 2,
+                               [(*c.layers, c.tp) for c in chunks], "none")
         rep, split_gb, _ = _memory_rows(gpt2, cluster, chunks[0], 2, flight, "none", [c.layers for c in chunks])
         assert rep + split_gb / 2 == pytest.approx(sim_even[(0, d)], rel=1e-8)  # (tp 10^9 stands for "replicated")
 
@@ -151,10 +152,10 @@ def test_an_interleave_4_device_holds_the_working_set_of_interleave_1(gpt2, clus
         sim = _simulated(gpt2, cluster, plan)
         m = plan.num_microbatches(0)
         for d in range(2):
-            flight = in_flight_microbatches(plan.schedule, d, 2, m, v)
-            base = sum(tables.memory_gb(*c.layers, c.tp, 2, flight, recompute, working_set=False,
-                                        precision=plan.precision)
-                       for c in _chunks(plan, 0, d))
+            chunks = _chunks(plan, 0, d)
+            flights = chunk_flights(tables, plan.schedule, d, 2, m, v, [(*c.layers, c.tp) for c in chunks], recompute)
+            base = sum(tables.memory_gb(*c.layers, c.tp, 2, f, recompute, working_set=False, precision=plan.precision)
+                       for c, f in zip(chunks, flights))
             extra[(v, d)] = sim[(0, d)] - base
     for d in range(2):
         assert extra[(4, d)] == pytest.approx(extra[(1, d)], rel=1e-9)

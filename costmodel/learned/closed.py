@@ -116,6 +116,13 @@ class ClosedContext:
         self.node_rdma = np.array([cl.groups[g].nic.rdma for g, _ in keys], bool)
         self.num_nodes = max(len(keys), 1)
         self.node_group = np.array([g for g, _ in keys], np.int64)
+        # per node its zone; per pair of zones what their link carries for all flows crossing it (GB/s)
+        from hetpart.costmodel.links import zone_gbyte_s
+
+        zones = cl.zones
+        self.node_zone = np.array([zones.index(cl.groups[g].zone) for g, _ in keys], np.int64)
+        self.num_zones = len(zones)
+        self.zone_gbyte_s = np.array([[zone_gbyte_s(cl, a, b) for b in zones] for a in zones], float)
         devs = [cl.device(i) for i in V["dev_ids"]]
         self.dev_group = np.array([d.group for d in devs], np.int64)
         self.dev_local = np.array([d.local for d in devs], np.int64)
@@ -174,12 +181,12 @@ class ClosedContext:
             hit = self._links[key] = (kind, link.bandwidth_gbyte_s, link.latency_us)
         return hit
 
-    def ring_lines(self, key: tuple, members: list[str], concurrent: float) -> tuple:
+    def ring_lines(self, key: tuple, members: list[str], concurrent: float, zone: float | None = None) -> tuple:
         hit = self._rings.get(key)
         if hit is None:
             from hetpart.costmodel.collectives import allreduce_cost
 
-            hit = self._rings[key] = allreduce_cost(members, self.cluster, concurrent, self._hops)
+            hit = self._rings[key] = allreduce_cost(members, self.cluster, concurrent, self._hops, zone)
         return hit
 
 
@@ -266,6 +273,15 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
         fa = np.maximum(flows[plan_of * NN + na], 1.0)
         fb = np.maximum(flows[plan_of * NN + nb], 1.0)
         share = np.minimum(cc.node_nic[na] / fa, cc.node_nic[nb] / fb)
+        if cc.num_zones > 1:  # the link between two zones is shared by the transfers crossing it, either way
+            Z = cc.num_zones
+            za, zb = cc.node_zone[na], cc.node_zone[nb]
+            zsel = sel[za[sel] != zb[sel]]
+            ways = np.bincount((plan_of[zsel] * Z + za[zsel]) * Z + zb[zsel], weights=tp[zsel],
+                               minlength=N * Z * Z).reshape(N, Z, Z)
+            ways = np.maximum(ways, ways.transpose(0, 2, 1))
+            fz = np.maximum(ways[plan_of, za, zb], 1.0)
+            share = np.where(za != zb, np.minimum(share, cc.zone_gbyte_s[za, zb] / fz), share)
         bw = np.where(cross, np.minimum(bw, share), bw)
         nbytes = raw["p2p_bytes"]
         t = np.where((kind == 0) | (nbytes <= 0), 0.0, lat * 1e-6 + nbytes / (bw * 1e9))
@@ -345,6 +361,40 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
     return Composed(step, pipe_end, dp_end, opt, feats, batch, m * total, pp * ms)
 
 
+def _concurrency(batch, hseg, hplace, htp, m_seg, m_place, crossing, starts, hstarts, NN: int, N: int, G: int
+                 ) -> np.ndarray:
+    """Per ring, how many rings share the NICs of its nodes (``hplace``/``m_place``: each holder's and
+    member's node, ``NN`` nodes), or the links of its zones (their zones, ``NN`` zones; ``crossing``: the
+    rings that leave one): the simulator's nic_flows and concurrency, per plan."""
+    seg_plan = batch.seg_plan
+    grp = batch.hold_group
+    hc = crossing[hseg]
+    NG = batch.num_groups
+    gtp = np.zeros(NG + 1)
+    gnode = np.zeros(NG + 1, np.int64)
+    gplan = np.zeros(NG + 1, np.int64)
+    active = np.zeros(NG + 1)
+    if hc.any():
+        np.maximum.at(gtp, grp[hc], htp[hc])
+        gnode[grp[hc]] = hplace[hc]
+        gplan[grp[hc]] = seg_plan[hseg[hc]]
+        pair = np.unique(hseg[hc] * (NG + 1) + grp[hc])  # each (crossing ring, group) once
+        ps, pg = pair // (NG + 1), pair % (NG + 1)
+        busy = np.bincount(pg, minlength=NG + 1)
+        seg_busy = np.zeros(G)
+        np.maximum.at(seg_busy, ps, busy[pg])
+        np.add.at(active, pg, 1.0 / seg_busy[ps])
+    flows = np.bincount(gplan * NN + gnode, weights=gtp * np.minimum(active, 1.0), minlength=N * NN)
+    # members per (ring, node)
+    rn = m_seg * NN + m_place
+    rnu, rnc = np.unique(rn, return_counts=True)
+    rseg, rplace = rnu // NN, rnu % NN
+    per = flows[seg_plan[rseg] * NN + rplace] / rnc
+    conc = np.maximum.reduceat(htp, hstarts)
+    np.maximum.at(conc, rseg, np.where(crossing[rseg], per, 0.0))
+    return conc
+
+
 def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     """End of the last gradient all-reduce per plan, the share of a plan's rings over TCP and how far
     the rings end after the pipelines (their exposed part over the pipeline end, per plan)."""
@@ -369,32 +419,18 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     # NIC sharing: per plan and node, the tp shards of the device groups holding a crossing ring, each
     # group's rings taking turns (the simulator's nic_flows: a ring runs 1/k of the time when its busiest
     # group is in k crossing rings; a group counts the share of the time one of its rings runs)
-    grp = batch.hold_group
-    hc = crossing[hseg]
-    NG = batch.num_groups
-    gtp = np.zeros(NG + 1)
-    gnode = np.zeros(NG + 1, np.int64)
-    gplan = np.zeros(NG + 1, np.int64)
-    active = np.zeros(NG + 1)
-    if hc.any():
-        np.maximum.at(gtp, grp[hc], htp[hc])
-        gnode[grp[hc]] = hnode[hc]
-        gplan[grp[hc]] = seg_plan[hseg[hc]]
-        pair = np.unique(hseg[hc] * (NG + 1) + grp[hc])  # each (crossing ring, group) once
-        ps, pg = pair // (NG + 1), pair % (NG + 1)
-        busy = np.bincount(pg, minlength=NG + 1)
-        seg_busy = np.zeros(G)
-        np.maximum.at(seg_busy, ps, busy[pg])
-        np.add.at(active, pg, 1.0 / seg_busy[ps])
+    conc = _concurrency(batch, hseg, hnode, htp, m_seg, m_node, crossing, starts, hstarts, cc.num_nodes, N, G)
+    zconc = np.full(G, -1.0)  # rings that cross a zone link: how many share it (-1: none crossed)
+    if cc.num_zones > 1:
+        m_zone = cc.node_zone[m_node]
+        zcross = np.minimum.reduceat(m_zone, starts) != np.maximum.reduceat(m_zone, starts)
+        if zcross.any():
+            zc = _concurrency(batch, hseg, cc.node_zone[hnode], htp, m_seg, m_zone, zcross, starts, hstarts,
+                              cc.num_zones, N, G)
+            zconc = np.where(zcross, zc, -1.0)
     NN = cc.num_nodes
-    flows = np.bincount(gplan * NN + gnode, weights=gtp * np.minimum(active, 1.0), minlength=N * NN)
-    # members per (ring, node)
-    rn = m_seg * NN + m_node
-    rnu, rnc = np.unique(rn, return_counts=True)
+    rnu, rnc = np.unique(m_seg * NN + m_node, return_counts=True)  # members per (ring, node)
     rseg, rnode = rnu // NN, rnu % NN
-    per = flows[seg_plan[rseg] * NN + rnode] / rnc
-    conc = np.maximum.reduceat(htp, hstarts)
-    np.maximum.at(conc, rseg, np.where(crossing[rseg], per, 0.0))
     # ring cost lines, keyed by the members' nodes and the concurrency
     # across nodes the cost depends on the node groups (NICs, zones, links between them), how many
     # members each node holds and the concurrency, not on which node of a group: a ring's key is a
@@ -406,14 +442,15 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
         across = np.add.reduceat(cc.group_hash[cc.node_group[rnode]] * (rnc.astype(np.int64) * 2654435761 + 1),
                                  rstarts)
         inside = np.add.reduceat(cc.dev_hash[m_dev], starts)
-        rkey = np.where(crossing, across, inside) * np.int64(1_000_003) + np.round(conc * 1024).astype(np.int64)
+        rkey = (np.where(crossing, across, inside) * np.int64(1_000_003) + np.round(conc * 1024).astype(np.int64)
+                + np.round(zconc * 1024).astype(np.int64) * np.int64(999_983))
     ku, kfirst, kinv = np.unique(rkey, return_index=True, return_inverse=True)
     kinv = kinv.reshape(-1)
     ids = cc.enc._vec["dev_ids"]
     found = []
     for k, g in zip(ku.tolist(), kfirst.tolist()):
         members = [ids[d] for d in m_dev[starts[g]:ends[g]].tolist()]
-        found.append(cc.ring_lines(k, members, float(conc[g])))
+        found.append(cc.ring_lines(k, members, float(conc[g]), float(zconc[g]) if zconc[g] >= 0 else None))
     # every candidate line of NCCL's tuner (algorithm x protocol, and the hierarchical all-reduce)
     lines = np.full((len(ku), max(map(len, found), default=1) or 1, 2), np.inf)
     for j, ls in enumerate(found):

@@ -516,6 +516,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool =
     work = np.zeros(len(mrep))  # the working set, once per device: the largest of its chunks'
     params = np.zeros(len(mrep))
     mplan = r_plan[mrep]
+    chunk_flight = _interleaved_flights(ctx, flight, msched, mrep, md, mpp, mm, mv, r_off, st_a, st_z, st_tp,
+                                        p_rc[mplan], p_fused[mplan])
     for j in range(int((r_nst // np.maximum(r_pp, 1)).max(initial=0)) + 1):
         k = md + j * mpp
         sel = k < r_nst[mrep]
@@ -523,7 +525,8 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool =
             break
         s = r_off[mrep[sel]] + k[sel]
         fused = p_fused[mplan[sel]].astype(bool)
-        gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]], flight[sel],
+        gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]],
+                                                      chunk_flight[sel, min(j, chunk_flight.shape[1] - 1)],
                                                       p_rc[mplan[sel]], state_bytes=p_state[mplan[sel]],
                                                       fused=fused, working_set=False)
         work[sel] = np.maximum(work[sel], ctx.tables.working_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]],
@@ -808,3 +811,26 @@ def teacher_labels(ctx: ScenarioContext, plans: list[Plan]) -> PlanBatch:
         batch.unit_base.shape[:2] + (2,))
     batch.seg_label = np.asarray(batch.seg_exact, float)
     return batch
+
+
+def _interleaved_flights(ctx, flight, msched, mrep, md, mpp, mm, mv, r_off, st_a, st_z, st_tp, rc, fused) -> np.ndarray:
+    """``[devices, chunks]``: micro-batches in flight per chunk of each pipeline device; ``flight`` in every column,
+    except on devices of interleaved plans, whose chunks hold unlike counts
+    (:func:`~hetpart.costmodel.memory.chunk_flights`, as the simulator counts them)."""
+    from hetpart.costmodel.memory import chunk_flights
+
+    width = int(mv.max(initial=1))
+    out = np.repeat(flight[:, None], width, axis=1)
+    rows = np.flatnonzero((msched == 2) & (mv > 1))
+    seen: dict[tuple, tuple[float, ...]] = {}
+    for i in rows:
+        v, pp, d = int(mv[i]), int(mpp[i]), int(md[i])
+        ks = r_off[mrep[i]] + d + pp * np.arange(v)
+        chunks = tuple((int(st_a[s]), int(st_z[s]), float(st_tp[s])) for s in ks)
+        key = (chunks, d, pp, int(mm[i]), v, int(rc[i]), bool(fused[i]))
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = chunk_flights(ctx.tables, "interleaved", d, pp, int(mm[i]), v, list(chunks),
+                                            RECOMPUTE[int(rc[i])], "fused" if fused[i] else "eager")
+        out[i, :v] = got
+    return out

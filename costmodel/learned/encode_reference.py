@@ -17,7 +17,7 @@ from hetpart.plan import Plan
 from hetpart.costmodel.features import log_scale
 from hetpart.costmodel.learned.encode import DP_FEATURES, P2P_FEATURES, PLAN_FEATURES, PlanBatch, ScenarioContext, \
     _ls, _tp_link
-from hetpart.costmodel.memory import in_flight_microbatches
+from hetpart.costmodel.memory import chunk_flights
 
 __all__ = ["encode_plans_reference"]
 
@@ -212,8 +212,9 @@ class _Encoder:
         pp = rep.pp // v
         opt = []
         for d in range(pp):
-            flight = in_flight_microbatches(plan.schedule, d, pp, m, v)
             chunks = tuple((s.layers, s.tp) for s in rep.stages[d::pp])
+            flight = chunk_flights(ctx.tables, plan.schedule, d, pp, m, v, [(a, z, tp) for (a, z), tp in chunks],
+                                   plan.recompute, plan.attention)
             key = (chunks, flight, plan.micro_batch, plan.recompute, plan.optimizer, plan.attention, plan.precision)
             hit = ctx._cache.get(key)
             if hit is None:
