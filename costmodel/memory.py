@@ -174,7 +174,8 @@ def chunk_flights(tables: "PrefixTables", schedule: str, stage_index: int, pp: i
     (:meth:`PrefixTables.saved_gb`). Every path that prices a device's memory (the simulator, its reference,
     the planners' check, the plan encoders, the shard-fraction chooser, the tensor-parallel split) takes its
     counts from here, so they agree."""
-    if schedule != "interleaved" or interleave == 1:
+    if schedule != "interleaved" or interleave == 1 or num_microbatches % pp:
+        # (micro-batches not a multiple of pp: a plan validate refuses, whose memory a planner may still ask)
         return (in_flight_microbatches(schedule, stage_index, pp, num_microbatches, interleave),) * interleave
     per = tuple(tables.saved_gb(a, z, tp, 1, recompute, attention) for a, z, tp in chunks)
     return chunk_in_flight(schedule, stage_index, pp, num_microbatches, interleave, per)

@@ -148,7 +148,7 @@ def test_data_parallel_rings_of_stages_on_one_node_share_its_nics(gpt2):
     shared = [sim._ring_small(plan, seg.holders, nic_flows(
         [(sim._node_id(plan.replicas[r].stages[k].devices[0]), (r, k), 1) for r, k in s.holders]
         for s in segments))[2] for seg in segments if seg.a >= 0]  # the two stages' rings (tied copies aside)
-    assert shared == [2, 2]
+    assert shared == [(2, None), (2, None)]  # (NIC concurrency, zone-link concurrency: one zone, none)
 
 
 def test_geforce_boards_on_pcie_have_no_peer_to_peer():

@@ -42,7 +42,9 @@ def test_a_plan_the_learned_model_priced_shows_its_spread(tmp_path, capsys):
     code, out, err = _predict(capsys, tmp_path)
     assert code == 0, err
     lines = [line for line in out.splitlines() if "priced by" in line]
-    assert lines == [f"  priced by: learned (relative std {std * 100:.2f}%)"]
+    u = metrics["uncertainty"]
+    assert lines == [f"  priced by: learned (relative std {std * 100:.2f}%); measured step likely "
+                     f"{u['step_time_s_low']:.3f}-{u['step_time_s_high']:.3f} s"]
 
 
 def test_out_of_distribution_names_its_reasons():
