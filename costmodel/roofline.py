@@ -15,7 +15,8 @@ __all__ = ["roofline_tokens_per_s"]
 
 def roofline_tokens_per_s(model: "ModelGraph", cluster: "Cluster", precision: str = "bf16",
                           max_micro_batch: int = 16) -> float:
-    """Compute-only throughput of every device at its best achievable efficiency, tokens/s."""
+    """Compute-only throughput of every device at its best achievable efficiency (times its speed factor,
+    ``slow:`` in the cluster file: a throttled device computes that much less, a faster one more), tokens/s."""
     from hetpart.costmodel.efficiency import matmul_efficiency, unit_gemm_width
 
     widths = [unit_gemm_width(u.width, u.kind, 1, u.fwd_flops / model.seq_len)
@@ -24,5 +25,5 @@ def roofline_tokens_per_s(model: "ModelGraph", cluster: "Cluster", precision: st
     total_flops_s = 0.0
     for d in cluster.devices:
         eff = max(matmul_efficiency(d.gpu, w, tokens, precision) for w in widths)
-        total_flops_s += d.gpu.tflops(precision) * 1e12 * eff
+        total_flops_s += d.gpu.tflops(precision) * 1e12 * eff * d.speed
     return total_flops_s / model.flops_per_token

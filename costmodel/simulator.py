@@ -1952,13 +1952,15 @@ class Simulator:
 
     def _group_peaks(self, devices: tuple[str, ...], precision: str) -> tuple[tuple[str, ...], tuple[float, ...], float]:
         """The group's GPU names (once each), each device's peak FLOP/s at ``precision`` in the group's
-        order, and the group's memory capacity."""
+        order (:meth:`~hetpart.cluster.Device.peak_flops`: a device declared faster than its type counts its
+        factor), and the group's memory capacity."""
         key = (devices, precision)
         hit = self._peaks.get(key)
         if hit is None:
             group = self._group(devices)
             hit = self._peaks[key] = (tuple(dict.fromkeys(g.name for g in group.gpus)),
-                                      tuple(g.tflops(precision) * 1e12 for g in group.gpus), group.capacity_gb)
+                                      tuple(self.cluster.device(d).peak_flops(precision) for d in devices),
+                                      group.capacity_gb)
         return hit
 
     def _metrics(self, plan: Plan, run: _Step) -> dict[str, Any]:

@@ -122,6 +122,12 @@ class Device:
     """Measured speed factor of this device against its type's figures (``slow:`` in the cluster
     file; 0.6: a throttled card that computes at 60%)."""
 
+    def peak_flops(self, precision: str) -> float:
+        """The peak FLOP/s MFU is taken against: the type's datasheet figure, times the speed factor where the
+        device is declared faster than its type (so MFU stays at most 1); a throttled device keeps the
+        datasheet's (its MFU says how much of the nominal hardware it gives)."""
+        return self.gpu.tflops(precision) * 1e12 * max(1.0, self.speed)
+
     @property
     def node_key(self) -> tuple[int, int]:
         return (self.group, self.node)

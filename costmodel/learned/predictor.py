@@ -317,7 +317,7 @@ class LearnedPredictor:
         model_flops = self.model.train_flops * samples
         recompute = sum(u.recompute_flops[plan.recompute] for u in self.model.units) * samples
         n = plan.num_devices
-        peak = sum(self.cluster.device(d).gpu.tflops(plan.precision) * 1e12 for d in plan.devices)
+        peak = sum(self.cluster.device(d).peak_flops(plan.precision) for d in plan.devices)
         return {
             "step_time_s": step, "tokens_per_s": est.tokens_per_s, "samples_per_s": samples / step,
             "hardware_tflops_per_device": float((model_flops + recompute) / step / n / 1e12),
