@@ -135,8 +135,21 @@ def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, l
     return (None, None, unknown) if unknown else (min(lo, 0.0), max(hi, 0.0), unknown)
 
 
-def _band(kind: str, curve_name: str) -> dict[str, Any]:
-    return dict(ERROR_BANDS.get(f"{kind}:{curve_name}") or ERROR_BANDS.get(kind) or ERROR_BANDS["assumed"])
+_BAND_FAMILIES = {"ampere": ("A100",), "hopper": ("H100", "H200"), "volta": ("V100",)}
+"""The device families a generation's step band was measured on (the rows of ``fitted:<curve>``). Another type
+priced with that curve (an RTX 3090 or A10 with Ampere's, a GH200 with Hopper's and a Grace host) shares its
+architecture but not those rows: no step-level band (its curve is still ``fitted``)."""
+
+
+def _band(kind: str, curve_name: str, family: str | None = None) -> dict[str, Any]:
+    specific = ERROR_BANDS.get(f"{kind}:{curve_name}")
+    if specific is not None and family is not None and family not in _BAND_FAMILIES.get(curve_name, (family,)):
+        measured = ", ".join(_BAND_FAMILIES[curve_name])
+        return {"scope": "step", "mean_abs_pct": None, "signed_pct": [None, None], "rows": 0, "held_out": False,
+                "from": f"the {curve_name} curve, whose step band ({specific['signed_pct'][0]}% to "
+                        f"{specific['signed_pct'][1]}%) was measured on {measured} only; no run on a {family} was "
+                        "checked (its tensor rate, memory and host differ)"}
+    return dict(specific or ERROR_BANDS.get(kind) or ERROR_BANDS["assumed"])
 
 
 def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProfile | None",
@@ -152,7 +165,7 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
         entry: dict[str, Any] = {"compute": kind, "curve": curve}
         if profiled is not None:
             entry.update(_measured(profiled, gpu, plan.precision))
-        entry["error_band"] = _band(entry["compute"], curve.split(" ", 1)[0])
+        entry["error_band"] = _band(entry["compute"], curve.split(" ", 1)[0], gpu.name.split("-")[0])
         out[name] = entry
     links = "datasheet line rates (catalog or cluster file)"
     used: dict[str, Any] = {}
