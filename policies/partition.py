@@ -77,7 +77,12 @@ def on_or_below_diagonal(n: int) -> np.ndarray:
 # (``tests/test_policy_partition_fast.py`` holds the full steps as references).
 
 
-def _minimax(costs: Sequence[np.ndarray]) -> float:
+# A middle stage's step may also run over its memory band alone (:func:`_band`, ``bands``: by ``id`` of each middle
+# stage's matrix): the rows outside it hold only ``inf`` in that column, which neither a minimum nor its first
+# position can come from once the column has a finite value, and a column without one stays ``inf`` either way.
+
+
+def _minimax(costs: Sequence[np.ndarray], bands: dict[int, tuple] | None = None) -> float:
     """Smallest achievable bottleneck over all splits."""
     first, last = costs[0], costs[-1]
     n = first.shape[0] - 1
@@ -85,11 +90,15 @@ def _minimax(costs: Sequence[np.ndarray]) -> float:
         return float(np.maximum(0.0, first[0, n]))
     best = np.maximum(0.0, first[0])
     for c in costs[1:-1]:
-        best = np.maximum(best[:, None], c).min(axis=0)
+        band, rows = bands[id(c)] if bands is not None else (c, None)
+        if rows is None:
+            best = np.maximum(best[:, None], c).min(axis=0)
+        else:
+            best = np.maximum(best[rows], band).min(axis=0)
     return float(np.maximum(best, last[:, n]).min())
 
 
-def _least_sum(costs: Sequence[np.ndarray]) -> float:
+def _least_sum(costs: Sequence[np.ndarray], bands: dict[int, tuple] | None = None) -> float:
     """Smallest sum of stage times (:func:`_min_sum` without a cap, its value only: no boundaries to trace)."""
     first, last = costs[0], costs[-1]
     n = first.shape[0] - 1
@@ -97,11 +106,16 @@ def _least_sum(costs: Sequence[np.ndarray]) -> float:
         return float(first[0, n])
     best = first[0]
     for c in costs[1:-1]:
-        best = (best[:, None] + c).min(axis=0)
+        band, rows = bands[id(c)] if bands is not None else (c, None)
+        if rows is None:
+            best = (best[:, None] + c).min(axis=0)
+        else:
+            best = (best[rows] + band).min(axis=0)
     return float((best + last[:, n]).min())
 
 
-def _min_sum(costs: Sequence[np.ndarray], cap: float) -> tuple[float, tuple[int, ...]] | None:
+def _min_sum(costs: Sequence[np.ndarray], cap: float, bands: dict[int, tuple] | None = None
+             ) -> tuple[float, tuple[int, ...]] | None:
     """Smallest sum of stage times with every stage <= ``cap``, and its boundaries (ties: the earliest
     boundary, as ``argmin`` picks)."""
     first, last = costs[0], costs[-1]
@@ -114,10 +128,18 @@ def _min_sum(costs: Sequence[np.ndarray], cap: float) -> tuple[float, tuple[int,
     columns = np.arange(n1)
     choices = []
     for c in costs[1:-1]:
-        total = best[:, None] + np.where(c <= cap, c, math.inf)
-        arg = total.argmin(axis=0)
-        best = total[arg, columns]
-        choices.append(arg)
+        band, rows = bands[id(c)] if bands is not None else (c, None)
+        if rows is None:
+            total = best[:, None] + np.where(c <= cap, c, math.inf)
+            arg = total.argmin(axis=0)
+            best = total[arg, columns]
+            choices.append(arg)
+        else:  # the band's longest range first, so rows rise and argmin's first minimum is the earliest boundary
+            band, rows = band[::-1], rows[::-1]
+            total = best[rows] + np.where(band <= cap, band, math.inf)
+            arg = total.argmin(axis=0)
+            best = total[arg, columns]
+            choices.append(rows[arg, columns])
     total = best + np.where(last[:, n] <= cap, last[:, n], math.inf)
     end = int(total.argmin())
     if not math.isfinite(total[end]):
@@ -173,8 +195,10 @@ def _band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     ``[b - d, b)``, ``d = 1..width``, where memory lets no stage hold more than ``width`` units, under half the
     chain."""
     n1 = c.shape[0]
-    finite = np.isfinite(c)
-    width = int(_span(n1)[finite].max()) if finite.any() else 1
+    spans = _span(n1)[np.isfinite(c)]
+    if spans.size and spans.min() <= 0:  # a finite time off the ranges (``a >= b``): outside any band
+        return c, None
+    width = int(spans.max()) if spans.size else 1
     if 2 * width > n1:
         return c, None
     d = np.arange(1, width + 1)[:, None]
@@ -219,19 +243,20 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
     if not costs:
         return None
     m = num_microbatches
+    bands = {key: _band(c) for key, c in {id(c): c for c in costs[1:-1]}.items()}  # every program's middle steps
     if m > 1 and len(costs) > 1:
-        low = _minimax(costs)
+        low = _minimax(costs, bands)
         if not math.isfinite(low):
             return None  # no split fits (nor has a finite sum)
         if m * low >= give_up_above and _nonnegative(costs):
             return None  # the least sum is at least its split's slowest stage, so at least ``low``: as below
-    least = _least_sum(costs)
+    least = _least_sum(costs, bands)
     if not math.isfinite(least):
         return None
     if m > 1 and len(costs) > 1:
         if (m - 1) * low + least >= give_up_above:  # most calls of a search end here: no boundaries traced
             return None
-    unconstrained = _min_sum(costs, math.inf)
+    unconstrained = _min_sum(costs, math.inf, bands)
     best = _evaluate(costs, unconstrained[1], m)
     if m == 1 or len(costs) == 1:
         return best if best.objective_s < give_up_above else None
@@ -239,7 +264,6 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
     values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= low)] for c in distinct.values()]))
     values = values[(m - 1) * values + unconstrained[0] < best.objective_s]
     best_cap, best_value = None, min(best.objective_s, give_up_above)
-    bands = {key: _band(c) for key, c in {id(c): c for c in costs[1:-1]}.items()} if len(values) else {}
     start, size = 0, 1
     while start < len(values):
         caps = values[start:start + size]
@@ -251,7 +275,7 @@ def split_layers(costs: Sequence[np.ndarray], num_microbatches: int, chunk: int 
             best_cap, best_value = float(caps[k]), float(proxy[k])
         start, size = start + size, min(2 * size, chunk)
     if best_cap is not None:
-        found = _min_sum(costs, best_cap)
+        found = _min_sum(costs, best_cap, bands)
         candidate = _evaluate(costs, found[1], m)
         if candidate.objective_s < best.objective_s:
             best = candidate
