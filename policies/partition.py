@@ -201,11 +201,25 @@ def _band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     width = int(spans.max()) if spans.size else 1
     if 2 * width > n1:
         return c, None
+    rows, flat, before = _band_index(n1, width)
+    band = np.ravel(c).take(flat)
+    band[before] = math.inf
+    return band, rows
+
+
+@functools.lru_cache(maxsize=256)
+def _band_index(n1: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where :func:`_band` reads an ``[n1, n1]`` matrix (read-only: callers share them): ``rows[d - 1, b] =
+    max(b - d, 0)``, the flat position of ``[rows[d - 1, b], b]`` and whether ``b - d < 0`` (a range before unit 0).
+    Shapes: ``[width, n1]`` each."""
     d = np.arange(1, width + 1)[:, None]
     b = np.arange(n1)[None, :]
-    rows = b - d  # [width, n + 1]
-    band = np.where(rows >= 0, c[np.maximum(rows, 0), np.broadcast_to(b, rows.shape)], math.inf)
-    return band, np.maximum(rows, 0)
+    rows = b - d
+    clipped = np.maximum(rows, 0)
+    out = (clipped, clipped * n1 + b, rows < 0)
+    for array in out:
+        array.flags.writeable = False
+    return out
 
 
 def _under(banded: tuple[np.ndarray, np.ndarray | None], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -49,3 +49,31 @@ def test_a_finite_time_off_the_ranges_takes_the_full_step():
     c = partition.range_cost_matrix(np.ones(8))
     c[5, 2] = 1.0  # a >= b: no band holds it
     assert partition._band(c)[1] is None
+
+
+def _band_reference(c):
+    """:func:`partition._band` by fancy indexing: each band row read off the matrix, ``inf`` before unit 0."""
+    n1 = c.shape[0]
+    spans = (np.arange(n1)[None, :] - np.arange(n1)[:, None])[np.isfinite(c)]
+    if spans.size and spans.min() <= 0:
+        return c, None
+    width = int(spans.max()) if spans.size else 1
+    if 2 * width > n1:
+        return c, None
+    rows = np.arange(n1)[None, :] - np.arange(1, width + 1)[:, None]
+    band = np.where(rows >= 0, c[np.maximum(rows, 0), np.broadcast_to(np.arange(n1), rows.shape)], math.inf)
+    return band, np.maximum(rows, 0)
+
+
+def test_the_band_equals_its_fancy_indexed_reference():
+    rng = np.random.default_rng(13)
+    banded = 0
+    for costs, _, _ in _chains(13, 200, 90):
+        for c in _shifted(costs, rng):
+            band, rows = partition._band(c)
+            reference, reference_rows = _band_reference(c)
+            assert (rows is None) == (reference_rows is None)
+            if rows is not None:
+                banded += 1
+                assert np.array_equal(band, reference) and np.array_equal(rows, reference_rows)
+    assert banded > 100
