@@ -91,9 +91,14 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                      None, "--time-limit", help="With --planner search: seconds after which it answers with the best "
                      "plan priced so far (default 600; 0: no limit). The JSON's planner.complete says whether it "
                      "visited its whole space."),
+                 with_bound: bool = typer.Option(
+                     True, "--bound/--no-bound", help="Also compute the upper bound (a search per device type: "
+                     "seconds to a minute on 1,024 GPUs, often longer than the policy's plan). --no-bound answers "
+                     "with the plan alone; the JSON's upper_bound then holds only the roofline."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Plan the training of MODEL on CLUSTER and compare with the upper bound."""
     from hetpart.policies import get_planner, plan, upper_bound
+    from hetpart.policies.upper_bound import skipped_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
     planner_options = _policy_checkpoint(policy_checkpoint, planner) | _time_limit(time_limit, planner)
@@ -108,8 +113,9 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         result = plan(graph, cl, workload, planner, predictor=chosen_predictor, **planner_options)
         if workload.offload == "auto":  # the bound of the offload the plan settled on
             workload = replace(workload, offload=result.plan.offload)
-        bound = upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options,
-                            time_limit_s=planner_options.get("time_limit_s"))
+        bound = (upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options,
+                             time_limit_s=planner_options.get("time_limit_s")) if with_bound
+                 else skipped_bound(graph, cl, workload))
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
     result = replace(result, plan=chosen)
     if out is not None:
@@ -131,10 +137,13 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     if result.evaluation.get("complete") is False:
         con.print(f"{planner} stopped at its time limit ({result.evaluation.get('time_limit_s', 0):.0f} s) before "
                   "visiting its whole space: the plan is the best it priced (--time-limit 0 lets it finish)")
-    pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
-    cut = "" if bound.get("complete", True) else " (its searches cut short by --time-limit: not a bound)"
-    con.print(f"upper bound {bound['tokens_per_s']:,.0f} tokens/s{cut} ({pct:.1f}% reached); roofline "
-              f"{bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
+    if bound["tokens_per_s"] is None:
+        head = "upper bound not computed (--no-bound)"
+    else:
+        pct = result.prediction.tokens_per_s / bound["tokens_per_s"] * 100
+        cut = "" if bound.get("complete", True) else " (its searches cut short by --time-limit: not a bound)"
+        head = f"upper bound {bound['tokens_per_s']:,.0f} tokens/s{cut} ({pct:.1f}% reached)"
+    con.print(f"{head}; roofline {bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
 
 
