@@ -19,6 +19,9 @@ score matrix is neither stored nor streamed through HBM, so the memory-bound ter
 activations without it, and the backward always recomputes the scores (half the attention core's
 FLOPs), which makes selective recomputation a no-op.
 
+Under fp8 only the linear layers' products run at the fp8 rate: the attention core and the output head keep
+the bf16 rate (:func:`fp8_bf16_flops`, as Transformer Engine's recipes and Megatron-LM run them).
+
 Tensor parallelism (Megatron-LM; sequence parallelism assumed: its all-gather + reduce-scatter pair
 moves the same bytes as the all-reduce it replaces) costs two all-reduces of ``s b h`` elements per
 block in the forward and two in the backward, one per embedding or head, plus the forward's again
@@ -36,7 +39,7 @@ from hetpart.costmodel.activations import check_kernels
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_attention_core_s", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "fp8_bf16_flops", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
            "RECOMPUTE_HOST", "SELECTIVE_SCOPES", "sublayer_recompute_flops", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
            "saved_act_mode"]
 
@@ -279,11 +282,41 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
                           np.where(blocks, total_factor * (host_f + host_b) - fwd_factor * host_f, host_b))
     elif recompute == "full":  # the engine's recomputed forward: its operators once more
         host_b = host_b + host_f
-    device_f = (u["fwd"] * work / rate + memory) / speed
-    device_b = (u["bwd"] * work / rate + 2 * memory + extra) / speed
+    gemm_f, gemm_b = u["fwd"] * work / rate, u["bwd"] * work / rate
+    if effective_precision(gpu, precision) == "fp8":  # only the linear layers' products run in fp8
+        f16, b16 = fp8_bf16_flops(model, recompute, attention)
+        rate16, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, "bf16", curve, cp, u)
+        gemm_f = gemm_f + f16 * work * (1.0 / rate16 - 1.0 / rate)
+        gemm_b = gemm_b + b16 * work * (1.0 / rate16 - 1.0 / rate)
+    device_f = (gemm_f + memory) / speed
+    device_b = (gemm_b + 2 * memory + extra) / speed
     if dispatch == "overlap":  # the host enqueues while the device runs: the longer of the two
         return np.maximum(device_f, host_f), np.maximum(device_b, host_b)
     return device_f + host_f, device_b + host_b
+
+
+def fp8_bf16_flops(model: ModelGraph, recompute: str, attention: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd, bwd)`` FLOPs per unit and sequence that an fp8 run still computes in bf16: the attention core (its
+    ``Q K^T`` and product with ``V``, forward, their gradients and what the backward recomputes of them) and the
+    output head. Transformer Engine's fp8 recipes quantize the GEMMs of its ``Linear`` layers only: its
+    ``DotProductAttention`` runs bf16 unless fp8 attention is asked for (Megatron-LM's
+    ``--fp8-dot-product-attention``, off by default), and Megatron's output layer is a plain
+    ``ColumnParallelLinear``, outside Transformer Engine. Everything else of the unit runs at the fp8 rate."""
+    cache = model.__dict__.setdefault("_fp8_bf16_flops", {})
+    key = (recompute, attention)
+    if key not in cache:
+        fwd, bwd = [], []
+        for un in model.units:
+            if un.kind == "head":
+                fwd.append(un.fwd_flops)
+                bwd.append(un.bwd_flops)
+                continue
+            core = un.recompute_flops["selective"] if un.kind == "block" else 0.0
+            again = core if recompute == "full" or (attention != "fused" and recompute == "selective") else 0.0
+            fwd.append(core)  # fused attention's backward recomputes the scores: half the core, always
+            bwd.append(2.0 * core + again + (0.5 * core if attention == "fused" else 0.0))
+        cache[key] = (np.array(fwd, dtype=float), np.array(bwd, dtype=float))
+    return cache[key]
 
 
 RECOMPUTE_HOST: dict[str, tuple[float, float]] = {"full": (1.60, 2.0), "selective": (1.41, 1.62)}
@@ -371,6 +404,8 @@ def unit_attention_core_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch:
     ``V`` forward (the graph's ``4 s^2 h``, its selective-recompute FLOPs), and their gradients plus
     the recomputed scores backward (2.5 times that); 0 for units without attention. Context
     parallelism's ring overlaps its transfers with this (:mod:`~hetpart.costmodel.context_parallel`)."""
+    if effective_precision(gpu, precision) == "fp8":  # the core runs bf16 (fp8_bf16_flops)
+        precision = "bf16"
     rate, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp)
     core = np.array([un.recompute_flops["selective"] if un.kind == "block" else 0.0 for un in model.units])
     fwd = core * micro_batch / cp / rate

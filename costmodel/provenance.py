@@ -135,6 +135,10 @@ def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, l
     return (None, None, unknown) if unknown else (min(lo, 0.0), max(hi, 0.0), unknown)
 
 
+_FP8_MEASURED = ("cdna3",)
+"""Curves with an fp8 efficiency of their own (MI300X: AMD's hipBLASLt fp8 figure). The others run fp8 at their
+bf16 fraction of the fp8 peak, an assumption no measurement here checked: their fp8 compute is ``assumed``."""
+
 _BAND_FAMILIES = {"ampere": ("A100",), "hopper": ("H100", "H200"), "volta": ("V100",)}
 """The device families a generation's step band was measured on (the rows of ``fitted:<curve>``). Another type
 priced with that curve (an RTX 3090 or A10 with Ampere's, a GH200 with Hopper's and a Grace host) shares its
@@ -162,6 +166,8 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
         gpus.setdefault(gpu.name, gpu)
     for name, gpu in gpus.items():
         kind, curve = compute_kind(gpu, curve_of)
+        if plan.precision == "fp8" and curve_of is None and curve.split(" ", 1)[0] not in _FP8_MEASURED:
+            kind, curve = "assumed", f"{curve}; fp8 at the curve's bf16 fraction of peak: no fp8 figure, no fp8 run"
         entry: dict[str, Any] = {"compute": kind, "curve": curve}
         if profiled is not None:
             entry.update(_measured(profiled, gpu, plan.precision))
