@@ -10,8 +10,8 @@ from typing import Any, Optional
 import typer
 
 from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
-from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OptimizerOpt, OverlapGradOpt,
-                                OffloadOpt, OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
+from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OpCountsOpt, OptimizerOpt,
+                                OverlapGradOpt, OffloadOpt, OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
                                 engine_options, resolve_precision, workload_from)
 
 __all__ = ["register"]
@@ -87,6 +87,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                      None, "--policy-checkpoint", help="With --planner policy: a checkpoint 'hetpart train-policy' "
                      "wrote (its config's out) instead of the shipped one."),
                  overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
+                 op_counts: str = OpCountsOpt,
                  time_limit: Optional[float] = typer.Option(
                      None, "--time-limit", help="With --planner search: seconds after which it answers with the best "
                      "plan priced so far (default 600; 0: no limit). The JSON's planner.complete says whether it "
@@ -107,7 +108,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     precision_given = precision is not None
     graph, cl, precision = _load(model, cluster, seq_len, precision)
     workload = workload_from(global_batch, graph.seq_len, precision, recompute, zero, optimizer, attention, offload)
-    options = ({"profile": profile} if profile is not None else {}) | engine_options(overlap_p2p, overlap_grad_reduce)
+    options = ({"profile": profile} if profile is not None else {}) | engine_options(overlap_p2p, overlap_grad_reduce,
+                                                                                     op_counts)
     with _status(json_out, f"planning {graph.name} on {cl.name} ({cl.num_devices} GPUs) with {planner}"):
         chosen_predictor = _predictor(predictor, graph, cl, workload, options)
         result = plan(graph, cl, workload, planner, predictor=chosen_predictor, **planner_options)
@@ -360,7 +362,7 @@ def predict_command(
                                  "(0: one per core; the simulator only, on Linux; answers stay in the file's "
                                  "order and do not depend on it)."),
         profile_path: Optional[Path] = ProfileOpt,
-        overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
+        overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt, op_counts: str = OpCountsOpt,
         full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
@@ -372,13 +374,13 @@ def predict_command(
             "--interleave": interleave, "--order": order, "--cp": cp}
     if records is not None:
         _records_alone(model, cluster, flags, grid, plan_path, plans_path, profile_path, jobs, overlap_p2p,
-                       overlap_grad_reduce)
+                       overlap_grad_reduce, op_counts)
         from hetpart.cli.records_cmd import predict_records
 
         return predict_records(records, predictor, json_out)
     flags.check()  # a bad workload flag fails before anything loads, whichever form prices the plans
     profile = load_profile_option(profile_path, predictor)
-    engine = engine_options(overlap_p2p, overlap_grad_reduce)
+    engine = engine_options(overlap_p2p, overlap_grad_reduce, op_counts)
     if plans_path is not None or plan_path is not None:
         given = [flag for flag, value in grid.items() if value is not None]
         if plans_path is not None and plan_path is not None:
@@ -559,7 +561,7 @@ def _grid_plan(flags: _WorkloadFlags, models: _Models, tp, pp, dp, micro_batch, 
 
 
 def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path, plans_path, profile_path, jobs,
-                   overlap_p2p, overlap_grad_reduce) -> None:
+                   overlap_p2p, overlap_grad_reduce, op_counts: str = "measured") -> None:
     """``--records`` re-predicts each record with its own model, cluster, plan, workload and engine options:
     refuse the options it would ignore."""
     from hetpart.errors import PlanError
@@ -568,7 +570,8 @@ def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path,
                                        ("--plans", plans_path), ("--profile", profile_path)) if value is not None]
              + flags.given() + [flag for flag, value in grid.items() if value is not None]
              + (["--jobs"] if jobs else []) + (["--overlap-p2p"] if overlap_p2p else [])
-             + ([] if overlap_grad_reduce else ["--no-overlap-grad-reduce"]))
+             + ([] if overlap_grad_reduce else ["--no-overlap-grad-reduce"])
+             + ([] if op_counts == "measured" else ["--op-counts"]))
     if given:
         raise PlanError(f"--records: each record is re-predicted with its own model, cluster, plan, workload and "
                         f"engine options; drop {', '.join(given)} (only --predictor and --json go with --records)")
