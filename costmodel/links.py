@@ -23,6 +23,11 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   Hamiltonian cycle over its members that fits in the bricks (:func:`cube_mesh_ring_gbyte_s`): 120
   for all 8 GPUs (6 rings), 80 for a quad, 20 for a pair joined by one brick -- where an NVSwitch
   board gives every group 120. Members with no NVLink cycle go through PCIe and the CPU socket link.
+* **MI300X full mesh** (``xGMI-mesh``; a node of cdna3 GPUs whose file says ``xGMI`` gets it, the catalog's
+  ``xGMI`` being MI250X's pairs): one 64 GB/s xGMI link from each GPU to each of its 7 peers, ~48 GB/s of it
+  usable by RCCL (AMD ROCm blog on RCCL over xGMI); a pair talks over its one link, a ring over ``k`` GPUs
+  spreads RCCL's channels over the ``k - 1`` links each member has to the others: 336 GB/s for all 8, 48 for a
+  pair (an NVSwitch node gives every group its whole NVLink rate).
 * **GeForce boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
   (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; tinygrad/open-gpu-kernel-modules issue 17:
   RTX 4090 P2P only with a patched kernel module), so a ``PCIe3/4/5`` link between them is priced as
@@ -101,15 +106,20 @@ def intra_node_ring_gbyte_s(group: NodeGroup, local: list[int]) -> float:
     if link.name == "NVLink2-cube-mesh" and LINK_CATALOG.get(link.name) == link and group.gpus_per_node == 8:
         ring = cube_mesh_ring_gbyte_s(frozenset(local))
         return ring if ring > 0 else LINK_CATALOG["PCIe3-host"].achieved_gbyte_s
+    if link.name == "xGMI-mesh" and LINK_CATALOG.get(link.name) == link:  # one link to each peer, all in use
+        return max(len(set(local)) - 1, 1) * link.achieved_gbyte_s
     return link.achieved_gbyte_s
 
 
 def intra_node_link(group: NodeGroup) -> LinkSpec:
-    """The link a node of ``group`` really has between its GPUs: its ``intra_node`` entry, or that
-    entry's host-staged twin when its GPUs cannot reach each other over PCIe (``NO_PCIE_P2P``)."""
+    """The link a node of ``group`` really has between its GPUs: its ``intra_node`` entry, that entry's
+    host-staged twin when its GPUs cannot reach each other over PCIe (``NO_PCIE_P2P``), or the MI300X's full
+    mesh (``xGMI-mesh``) where cdna3 GPUs name the catalog's ``xGMI``."""
     link = group.intra_node
     if group.gpu.name in NO_PCIE_P2P and f"{link.name}-host" in LINK_CATALOG and LINK_CATALOG.get(link.name) == link:
         return LINK_CATALOG[f"{link.name}-host"]
+    if link.name == "xGMI" and LINK_CATALOG.get(link.name) == link and group.gpu.arch == "cdna3":
+        return LINK_CATALOG["xGMI-mesh"]  # the catalog's xGMI is MI250X's; an MI300X node is a full mesh
     return link
 
 

@@ -121,6 +121,14 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
     # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper). Efficiency of
     # RCCL over it: not measured here (assumed 1).
     LinkSpec("xGMI", 100.0, 3.0, "AMD CDNA2 whitepaper (Infinity Fabric links)"),
+    # MI300X platform: a full mesh, each GPU joined to each of its 7 peers by one xGMI link of 64 GB/s per
+    # direction (AMD Instinct MI300X platform datasheet: 7 x 128 GB/s bidirectional); CRC and protocol leave about
+    # 48 GB/s per link to RCCL (AMD ROCm blog "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct
+    # MI300X", 2025). A pair talks over its one link; a ring over k GPUs runs RCCL's channels over the k - 1 links
+    # each has to the others (hetpart.costmodel.links.intra_node_ring_gbyte_s). A node of cdna3 GPUs whose file
+    # says `xGMI` gets this link (hetpart.costmodel.links.intra_node_link).
+    LinkSpec("xGMI-mesh", 64.0, 3.0, "AMD Instinct MI300X platform (full xGMI mesh, 64 GB/s per link and "
+             "direction); ROCm blog on RCCL over xGMI: ~48 GB/s usable per link", 0.75),
     # Ascend HCCS: 56 GB/s per link; 910B nodes: 7 links, 392 GB/s aggregate (~196 per direction).
     LinkSpec("HCCS", 196.0, 3.0, "Huawei Atlas 800T A2 figures (approx.)"),
 )
