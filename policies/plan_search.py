@@ -492,11 +492,11 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
     from hetpart.costmodel.collectives import allreduce_lines, zone_concurrency
 
     collective = collective or ("reduce_scatter" if ctx.zero == 1 else "allreduce")
-    rows, index = _place_rows(ctx), ctx.device_index
-    nodes = [[rows[index[d]][0] for d in peers] for peers in peer_sets]
-    crossing = [len(set(ns)) > 1 for ns in nodes]
+    rings = [_ring_facts(ctx, peers) for peers in peer_sets]
+    nodes = [ring[0] for ring in rings]
+    crossing = [ring[2] for ring in rings]
     zoned = bool(ctx.cluster.zone_links)
-    zones = [[("zone", z) for z in _node_zones(ctx)[ns].tolist()] for ns in nodes] if zoned else None
+    zones = [ring[4] for ring in rings] if zoned else None
     if flows is None:  # one ring per stage, each device group in one: every crossing group counts whole
         flows = defaultdict(int)
         for ns, tp, out in zip(nodes, tps, crossing):
@@ -506,10 +506,10 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
             for z in zs if len(set(zs)) > 1 else ():
                 flows[z] += tp
     out = []
-    for j, (peers, ns, tp, leaves) in enumerate(zip(peer_sets, nodes, tps, crossing)):
-        concurrent = max([tp] + [flows.get(n, 0) / c for n, c in Counter(ns).items()]) if leaves else tp
+    for j, (peers, (_, counts, leaves, kind, _), tp) in enumerate(zip(peer_sets, rings, tps)):
+        concurrent = max([tp] + [flows.get(n, 0) / c for n, c in counts]) if leaves else tp
         zone = zone_concurrency(zones[j], tp, flows) if zoned else None
-        key = ("lines", _ring_kind(rows, index, peers), concurrent, zone, collective)
+        key = ("lines", kind, concurrent, zone, collective)
         ring = ctx.sync_cache.get(key)
         if ring is None:
             ring = ctx.sync_cache[key] = tuple((line.fixed_s, line.per_byte_s) for line in
@@ -517,6 +517,23 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
                                                                zone_concurrent=zone))
         out.append(ring)
     return out
+
+
+def _ring_facts(ctx: _Context, peers: list[str]) -> tuple[list[int], list[tuple[int, int]], bool, tuple, list | None]:
+    """What :func:`_sync_lines` reads of one ring before the NIC sharing: its members' nodes, each node with its
+    count of members (in order of first appearance), whether it leaves a node, its :func:`_ring_kind` and its
+    members' zones (``("zone", z)``; None in a cluster without zone links). Kept
+    per ring: the walk's neighbouring layouts share many of their stages' rings (on the 1,024-GPU entry 697 of
+    1,219)."""
+    key = ("ring", tuple(peers))
+    hit = ctx.sync_cache.get(key)
+    if hit is None:
+        rows, index = _place_rows(ctx), ctx.device_index
+        nodes = [rows[index[d]][0] for d in peers]
+        zones = [("zone", z) for z in _node_zones(ctx)[nodes].tolist()] if ctx.cluster.zone_links else None
+        hit = ctx.sync_cache[key] = (nodes, list(Counter(nodes).items()), len(set(nodes)) > 1,
+                                     _ring_kind(rows, index, peers), zones)
+    return hit
 
 
 def _place_rows(ctx: _Context) -> list[list[int]]:
