@@ -531,6 +531,24 @@ def _node_group(data: Any, source: str, field: str, seen: dict[str, tuple[GPUSpe
     )
 
 
+def _zones_present(link: "ZoneLink", zones: list[str], source: str, field: str) -> bool:
+    """Whether both zones of ``link`` hold a node group. A link to a zone no group is in carries no traffic: it is
+    left out with a note naming the closest zone (a misspelt zone leaves the zones it meant unlinked, which the
+    first plan that crosses them reports), not refused: a file may describe links to sites it does not use."""
+    missing = [z for z in link.zones if z not in zones]
+    if not missing:
+        return True
+    import warnings
+
+    from hetpart.graph.load import ModelNote
+
+    hint = v.closest_name(missing[0], zones)
+    did = f"; did you mean '{hint}'?" if hint else ""
+    warnings.warn(ModelNote(f"{source}: {field}.zones: no node group is in zone {missing[0]!r} (zones: "
+                            f"{', '.join(sorted(zones))}): the link is not used{did}"), stacklevel=2)
+    return False
+
+
 def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink:
     data = v.require_mapping(SpecError, data, source, field)
     v.require_keys(SpecError, data, source, field, ["zones", "bandwidth_gbit_s"], ["latency_us"])
@@ -538,9 +556,6 @@ def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink
     if not isinstance(pair, list) or len(pair) != 2:
         raise v.fail(SpecError, source, f"{field}.zones", f"expected a list of two zone names, got {pair!r}")
     a, b = (_zone(z, source, f"{field}.zones") for z in pair)
-    for z in (a, b):
-        if z not in zones:
-            raise v.unknown_name(SpecError, "zone", z, zones, source, f"{field}.zones")
     if a == b:
         raise v.fail(SpecError, source, f"{field}.zones", f"a link joins two different zones, got {a!r} twice")
     return ZoneLink(
@@ -568,6 +583,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     if not isinstance(links_raw, list):
         raise v.fail(SpecError, source, "links", "expected a list of {zones: [a, b], bandwidth_gbit_s, latency_us}")
     links = tuple(_zone_link(raw, source, f"links[{i}]", zones) for i, raw in enumerate(links_raw))
+    links = tuple(link for i, link in enumerate(links) if _zones_present(link, zones, source, f"links[{i}]"))
     seen = set()
     for i, link in enumerate(links):
         key = frozenset(link.zones)
