@@ -123,7 +123,7 @@ def check_zones_connected(cluster: Cluster) -> None:
             f"{cluster.source}: links: zones {a!r} and {b!r} have no link, so no plan over the whole cluster "
             f"can pass activations or sync gradients between them; add "
             f"'- {{zones: [{a}, {b}], bandwidth_gbit_s: ..., latency_us: ...}}' under 'links', "
-            "or plan each zone as its own cluster")
+            "or plan each zone as its own cluster" + "".join(f"; {why}" for why in cluster.unused_links))
 
 
 def zone_path_ok(cluster: Cluster, zones: Sequence[str], tied: bool = False) -> bool:

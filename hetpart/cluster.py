@@ -162,6 +162,8 @@ class Cluster:
     """Where it was read from (for error messages)."""
     slow: tuple[tuple[str, float], ...] = ()
     """``(device id, speed factor)`` of devices that run slower (or faster) than their type's figures."""
+    unused_links: tuple[str, ...] = field(default=(), compare=False)
+    """Why each link of the file left out carries no traffic (it names a zone no node group is in)."""
 
     @cached_property
     def devices(self) -> tuple[Device, ...]:
@@ -531,22 +533,17 @@ def _node_group(data: Any, source: str, field: str, seen: dict[str, tuple[GPUSpe
     )
 
 
-def _zones_present(link: "ZoneLink", zones: list[str], source: str, field: str) -> bool:
-    """Whether both zones of ``link`` hold a node group. A link to a zone no group is in carries no traffic: it is
-    left out with a note naming the closest zone (a misspelt zone leaves the zones it meant unlinked, which the
-    first plan that crosses them reports), not refused: a file may describe links to sites it does not use."""
+def _absent_zone(link: "ZoneLink", zones: list[str], field: str) -> str:
+    """Why ``link`` carries no traffic ('' when both its zones hold a node group): it names a zone no group is in.
+    Such a link is left out, not refused (a file may describe links to sites it does not use, as CONTRACT.md's
+    example does); a misspelt zone leaves the zones it meant unlinked, and the error that reports them
+    (:func:`hetpart.costmodel.pools.check_zones_connected`) quotes this."""
     missing = [z for z in link.zones if z not in zones]
     if not missing:
-        return True
-    import warnings
-
-    from hetpart.graph.load import ModelNote
-
+        return ""
     hint = v.closest_name(missing[0], zones)
-    did = f"; did you mean '{hint}'?" if hint else ""
-    warnings.warn(ModelNote(f"{source}: {field}.zones: no node group is in zone {missing[0]!r} (zones: "
-                            f"{', '.join(sorted(zones))}): the link is not used{did}"), stacklevel=2)
-    return False
+    return (f"{field} names zone {missing[0]!r}, which no node group is in"
+            + (f" (did you mean {hint!r}?)" if hint else ""))
 
 
 def _zone_link(data: Any, source: str, field: str, zones: list[str]) -> ZoneLink:
@@ -582,15 +579,16 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     links_raw = data.get("links") or []
     if not isinstance(links_raw, list):
         raise v.fail(SpecError, source, "links", "expected a list of {zones: [a, b], bandwidth_gbit_s, latency_us}")
-    links = tuple(_zone_link(raw, source, f"links[{i}]", zones) for i, raw in enumerate(links_raw))
-    links = tuple(link for i, link in enumerate(links) if _zones_present(link, zones, source, f"links[{i}]"))
+    parsed = [(i, _zone_link(raw, source, f"links[{i}]", zones)) for i, raw in enumerate(links_raw)]
     seen = set()
-    for i, link in enumerate(links):
+    for i, link in parsed:
         key = frozenset(link.zones)
         if key in seen:
             raise v.fail(SpecError, source, f"links[{i}]", f"zones {list(link.zones)} are linked twice; keep one entry")
         seen.add(key)
-    cluster = Cluster(name=name, groups=groups, zone_links=links, source=source)
+    unused = tuple(hint for i, link in parsed if (hint := _absent_zone(link, zones, f"links[{i}]")))
+    links = tuple(link for i, link in parsed if not _absent_zone(link, zones, f"links[{i}]"))
+    cluster = Cluster(name=name, groups=groups, zone_links=links, source=source, unused_links=unused)
     slow = _slow(data.get("slow"), cluster, source)
     return replace(cluster, slow=slow) if slow else cluster
 

@@ -333,9 +333,17 @@ def test_module_examples_run() -> None:
 
 def test_a_link_to_a_zone_without_nodes_is_left_out_with_a_note() -> None:
     """CONTRACT.md's own example links dc1 to dc2, where no group is: it loads; the link carries nothing."""
-    from hetpart.graph.load import ModelNote
+    from hetpart.costmodel.pools import check_zones_connected
+    from hetpart.errors import WorkloadError
 
     data = _mini(zone="dc1") | {"links": [{"zones": ["dc1", "dc2"], "bandwidth_gbit_s": 10, "latency_us": 500}]}
-    with pytest.warns(ModelNote, match=r"x.yaml: links\[0\].zones: no node group is in zone 'dc2' .*not used"):
-        cluster = parse_cluster(data, "x.yaml")
+    cluster = parse_cluster(data, "x.yaml")
     assert cluster.zone_links == () and cluster.zones == ["dc1"] and cluster.num_devices == 4
+    assert cluster.unused_links == ("links[0] names zone 'dc2', which no node group is in (did you mean 'dc1'?)",)
+    check_zones_connected(cluster)  # one zone: nothing to link
+    # a misspelt zone leaves the zones it meant unlinked: the error that says so quotes the left-out link
+    typo = {"name": "t", "nodes": [_mini()["nodes"][0] | {"zone": "a"}, _mini()["nodes"][0] | {"zone": "bb"}],
+            "links": [{"zones": ["a", "b"], "bandwidth_gbit_s": 10}]}
+    with pytest.raises(WorkloadError, match=r"zones 'a' and 'bb' have no link.*links\[0\] names zone 'b', which no "
+                                            r"node group is in \(did you mean 'bb'\?\)$"):
+        check_zones_connected(parse_cluster(typo, "x.yaml"))
