@@ -185,6 +185,9 @@ def _check_out(source: str, cfg: PolicyTrainConfig, replace_shipped: bool, given
                             "out: out to write policy.zip in the run's folder")
         return
     target = written_path(cfg.out)
+    from hetpart import _validate
+
+    _validate.refuse_input_as_output(SpecError, target, f"{source}: out", {"training config": source})
     if target.is_dir():
         raise SpecError(f"{source}: out: {target} is a folder; give a file name (e.g. {target / 'policy.zip'})")
     if not replace_shipped and target.resolve() == shipped_checkpoint().resolve():

@@ -217,3 +217,29 @@ def read_text(exc: type[HetpartError], path: Path, what: str) -> str:
         reason = f"{err.__class__.__name__}: {getattr(err, 'strerror', None) or err}"
     name = str(path) if str(path).isprintable() and len(str(path)) <= 200 else show(str(path), 200)
     raise exc(f"{name}: cannot read {what}: {reason}; check the path")
+
+
+def refuse_input_as_output(exc: type[HetpartError], out: Any, flag: str, inputs: dict[str, Any]) -> None:
+    """Refuse an output path that is one of the command's own input files (``inputs``: what the user calls it, e.g.
+    ``"--cluster"``, to the path or spec given; catalog names, ``python:`` specs and None are skipped): writing it
+    would destroy the input (a plan written over the cluster YAML it was planned on). Compared as files (the same
+    inode where both exist, else the same resolved path), before any work.
+
+    Raises:
+        exc: ``FLAG: OUT is the INPUT file this command reads; give another path (nothing was written)``.
+    """
+    if out is None:
+        return
+    target = Path(str(out))
+    for what, given in inputs.items():
+        if given is None or not str(given) or str(given).startswith("python:"):
+            continue
+        source = Path(str(given))
+        if not path_exists(source) or source.is_dir():
+            continue
+        try:
+            same = path_exists(target) and os.path.samefile(target, source)
+        except OSError:
+            same = False
+        if same or target.resolve() == source.resolve():
+            raise exc(f"{flag}: {out} is the {what} file this command reads; give another path (nothing was written)")

@@ -58,6 +58,11 @@ def calibrate_command(
 
     mode = "speeds" if speeds_from is not None else "metis" if import_metis is not None else "measure"
     _refuse_unused(ctx, mode)
+    from hetpart import _validate
+
+    _validate.refuse_input_as_output(PlanError, out, "--out", {"--cluster": cluster, "--model": model,
+                                                                 "--speeds-from": speeds_from,
+                                                                 "--import-metis": import_metis})
     if mode == "speeds":
         _speeds(cluster, speeds_from, out, tolerance, json_out)
         return

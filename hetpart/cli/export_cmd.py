@@ -32,6 +32,9 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
     if to not in TARGETS:
         raise PlanError(f"--to: unknown target {to!r}; use one of {', '.join(TARGETS)}")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
+    from hetpart import _validate
+
+    _validate.refuse_input_as_output(PlanError, out, "--out", {"PLAN": plan_path, "--model": model, "--cluster": cluster})
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)

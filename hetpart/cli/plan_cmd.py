@@ -102,6 +102,12 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     from hetpart.policies.upper_bound import skipped_bound
 
     get_planner(planner)  # an unknown planner fails before the model loads
+    from hetpart import _validate
+    from hetpart.errors import PlanError
+
+    _validate.refuse_input_as_output(PlanError, out, "--out", {"--model": model, "--cluster": cluster,
+                                                               "--profile": profile_path,
+                                                               "--policy-checkpoint": policy_checkpoint})
     planner_options = _policy_checkpoint(policy_checkpoint, planner) | _time_limit(time_limit, planner)
     workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention, offload)  # bad options fail early
     profile = load_profile_option(profile_path, predictor)
@@ -719,6 +725,11 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     _check_compare(compare)  # an unknown planner fails before the model loads
     _check_image(gantt, "--gantt")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
+    from hetpart import _validate
+
+    for flag, target in (("--gantt", gantt), ("--html", html_out)):
+        _validate.refuse_input_as_output(PlanError, target, flag, {"PLAN": plan_path, "--model": model,
+                                                                  "--cluster": cluster})
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
