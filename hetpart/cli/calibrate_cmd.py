@@ -218,14 +218,17 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
     _check_writable(out, "measured-cluster.yaml")
     records = [(f"{records_path}:{n}", r) for n, r in iter_records(records_path)]
     estimate = speed_factors(records, tolerance, str(records_path))
-    data = with_measured_slow(cluster, estimate.slow, [d.device for d in estimate.devices], estimate, str(records_path))
+    # a device with no other of its type in the runs got no factor: its entry in the cluster (if any) stays
+    rated = [d.device for d in estimate.devices if d.compared_with]
+    data = with_measured_slow(cluster, estimate.slow, rated, estimate, str(records_path))
+    kept = data.get("slow") or {}
     out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     single = [d.device for d in estimate.devices if d.compared_with and d.runs == 1]
     notes = [f"{', '.join(single)}: each factor rests on a single run record; one run (a pipeline stage's share of "
              "the work, a busy neighbour) can mark a healthy GPU slow; append more runs ('hetpart run ... --out "
              f"{records_path}') and calibrate on them all"] if single else []
     summary = {"cluster": str(out), "records": estimate.records, "records_cluster": estimate.cluster,
-               "tolerance": tolerance, "slow": estimate.slow,
+               "tolerance": tolerance, "slow": estimate.slow, "written_slow": kept,
                "devices": [{"device": d.device, "gpu": d.gpu, "tflops": d.tflops, "factor": d.factor,
                             "compared_with": d.compared_with, "runs": d.runs} for d in estimate.devices],
                "notes": notes}
@@ -235,9 +238,12 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
         emit_json(summary)
         return
     con = console()
-    con.print(f"cluster written to {out} from {estimate.records} run record(s): slow: {estimate.slow or 'none'}")
+    con.print(f"cluster written to {out} from {estimate.records} run record(s): slow: {kept or 'none'}"
+              + (f" (measured: {estimate.slow})" if estimate.slow and estimate.slow != kept else ""))
     for d in estimate.devices:
-        note = "" if d.compared_with else " (only device of its type: no factor)"
+        note = "" if d.compared_with else (f" (only device of its type: no factor measured; keeps the cluster's "
+                                           f"{kept[d.device]})" if d.device in kept else
+                                           " (only device of its type: no factor)")
         note += " (1 run)" if d.compared_with and d.runs == 1 else ""
         con.print(f"  {d.device} {d.gpu}: {d.tflops:.4f} TFLOPS measured, factor {d.factor:.2f}{note}")
 
