@@ -219,6 +219,24 @@ def read_text(exc: type[HetpartError], path: Path, what: str) -> str:
     raise exc(f"{name}: cannot read {what}: {reason}; check the path")
 
 
+def missing_recorded_source(source: str, key: str, recorded: Any) -> str | None:
+    """Why the ``model`` or ``cluster`` (``key``) a plan's meta records cannot be read, or None: a plan keeps the
+    path of the files it was planned on, and a moved or copied plan otherwise failed as if ``--cluster`` (or
+    ``--model``) had been given. Catalog names, ``python:`` specs and bare names (whose own error says more) pass."""
+    if not isinstance(recorded, str) or not recorded or recorded.startswith("python:"):
+        return None
+    from hetpart.catalog.models import MODEL_CATALOG
+    from hetpart.cluster import cluster_catalog
+
+    catalog = MODEL_CATALOG if key == "model" else cluster_catalog()
+    if recorded in catalog or path_exists(Path(recorded)):
+        return None
+    if not (recorded.endswith((".yaml", ".yml", ".json")) or "/" in recorded):
+        return None
+    return (f"{source}: meta.{key}: {show(recorded, 200)}: no such file (the {key} the plan was made on has moved); "
+            f"give --{key}")
+
+
 def refuse_input_as_output(exc: type[HetpartError], out: Any, flag: str, inputs: dict[str, Any]) -> None:
     """Refuse an output path that is one of the command's own input files (``inputs``: what the user calls it, e.g.
     ``"--cluster"``, to the path or spec given; catalog names, ``python:`` specs and None are skipped): writing it

@@ -818,14 +818,20 @@ class RunResult:
                 **({"gradient_check": self.gradient_check.to_dict()} if self.gradient_check is not None else {})}
 
 
-def plan_sources(plan: Plan, model: str | None, cluster: str | None) -> tuple[str, str]:
-    """The model and cluster a plan runs with: the given ones, else ``plan.meta["model"/"cluster"]``."""
+def plan_sources(plan: Plan, model: str | None, cluster: str | None, source: str = "plan") -> tuple[str, str]:
+    """The model and cluster a plan runs with: the given ones, else ``plan.meta["model"/"cluster"]`` (``source``:
+    the plan file, for errors)."""
+    from hetpart import _validate
+
     out = []
     for key, given in (("model", model), ("cluster", cluster)):
         value = given or plan.meta.get(key)
         if not isinstance(value, str) or not value:
-            raise PlanError(f"plan: meta.{key}: missing (the plan does not say which {key} it was made for); "
+            raise PlanError(f"{source}: meta.{key}: missing (the plan does not say which {key} it was made for); "
                             f"give --{key}")
+        why = _validate.missing_recorded_source(source, key, value) if not given else None
+        if why:
+            raise PlanError(why)
         out.append(value)
     return out[0], out[1]
 
@@ -862,7 +868,7 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
     """
     from hetpart.runtime import measure
 
-    model_spec, cluster_spec = plan_sources(plan, model, cluster)
+    model_spec, cluster_spec = plan_sources(plan, model, cluster, source)
     if options.check_gradients and nodes is not None and nodes.multi:
         raise PlanError("--check-gradients: compares every rank's gradients on one machine and this run spans "
                         f"{nodes.nnodes}; run the plan on one machine to check it")

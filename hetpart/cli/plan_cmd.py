@@ -332,6 +332,12 @@ def _from_plan_meta(plan_path: Optional[Path], model: Optional[str], cluster: Op
     if not model or not cluster:
         what = "--model" if not model else "--cluster"
         raise PlanError(f"{plan_path or 'predict'}: {what} missing and the plan does not record it; give {what}")
+    from hetpart import _validate
+
+    for key, value in (("model", model), ("cluster", cluster)):
+        why = _validate.missing_recorded_source(str(plan_path), key, value) if value == meta.get(key) else None
+        if why:
+            raise PlanError(why)
     return str(model), str(cluster), plan
 
 

@@ -137,7 +137,7 @@ def _check_precision(plan, plan_path: str, model: str | None, cluster: str | Non
     from hetpart.cli.plan_cmd import _stated_precision
     from hetpart.runtime.launch import plan_sources
 
-    cl = load_cluster(plan_sources(plan, model, cluster)[1])
+    cl = load_cluster(plan_sources(plan, model, cluster, plan_path)[1])
     precision = resolve_precision(_stated_precision(plan, plan_path),
                                   {cl.device(d).gpu for d in plan.devices if cl.has_device(d)}, f"{plan_path}: precision")
     return replace(plan, precision=precision)
