@@ -377,7 +377,8 @@ def _megatron_architecture(cfg, problems: list[str], seq_len: int) -> dict[str, 
 
 
 def _unexpressed_layers_and_head(cfg, seq_len: int) -> list[str]:
-    """A sliding window and a classification head: the engines' language-model arguments build neither. A window
+    """A sliding window, a classification head and what hetpart's model holds only approximately
+    (:attr:`~hetpart.graph.transformer.TransformerConfig.unmodelled`): the engines' arguments build none. A window
     of at least ``seq_len`` tokens covers every key: that attention is full causal attention, nothing lost."""
     out = []
     windows = [w for w in cfg.sliding_windows if w and w < seq_len]
@@ -389,6 +390,8 @@ def _unexpressed_layers_and_head(cfg, seq_len: int) -> list[str]:
         out.append(f"a {cfg.head_task.replace('_', ' ')} head ({cfg.num_labels} label"
                    f"{'s' if cfg.num_labels > 1 else ''}, a reward or classifier model): the engine's GPT trains a "
                    f"language-model head; shown: one over the {cfg.vocab_size}-token vocabulary")
+    out += [f"the config's {what.split(':', 1)[0]} ({what}); these settings carry nothing of it"
+            for what in getattr(cfg, "unmodelled", ())]
     return out
 
 

@@ -94,9 +94,11 @@ def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.js
     g = load_model(model, seq_len=seq_len, precision=precision or "bf16", exact_seq_len=True)
     saved = _saved_bytes(g, attention)
     kernels = DEFAULT_KERNELS
+    unmodelled = list(getattr(g.config, "unmodelled", ()) or ())
     if json_out:
         s = g.summary()
         s["memory_model"] = {"attention": attention, "kernels": kernels, "precision": precision or "bf16"}
+        s["unmodelled"] = unmodelled
         for row, *per_mode in zip(s["units"], *saved.values()):
             row["saved_bytes"] = dict(zip(saved, per_mode))
         emit_json(s)
@@ -120,6 +122,8 @@ def inspect_model(model: str = typer.Argument(..., help="Catalog name, config.js
                   _fmt(u.out_act_bytes), "/".join(_fmt(b) for b in rows[i][3]))
         i = j + 1
     console().print(t)
+    for what in unmodelled:
+        console().print(f"held only approximately: {what}", highlight=False)
 
 
 _KERNEL_TEXT = {"fused": "Megatron-Core/Transformer Engine kernels", "torch": "PyTorch kernels (hetpart's runtime)"}

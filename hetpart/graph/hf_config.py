@@ -282,9 +282,40 @@ def _to_transformer(data: Any, source: str) -> TransformerConfig:
                              f"model_type (supported: {_SUPPORTED}), or give n_embd/n_layer/n_head (GPT-2) or "
                              "hidden_size/num_hidden_layers/num_attention_heads (Llama), or use python:MODULE:FUNCTION")
         windows = sliding_windows(data, source, model_type, cfg.num_layers)
-        return with_head_task(replace(cfg, sliding_windows=windows) if windows else cfg, data, source)
+        cfg = replace(cfg, sliding_windows=windows) if windows else cfg
+        unmodelled = _unmodelled(data, model_type, source)  # said by export and inspect, not as a note on every load
+        return with_head_task(replace(cfg, unmodelled=unmodelled) if unmodelled else cfg, data, source)
     except ValueError as exc:  # shape checks of TransformerConfig
         raise ModelError(f"{source}: {exc}; fix the config") from None
+
+
+_PARALLEL_BLOCK = {"falcon": ("parallel_attn", True), "gpt_neox": ("use_parallel_residual", True), "phi": (None, True),
+                   "gptj": (None, True), "stablelm": ("use_parallel_residual", False), "cohere": (None, True)}
+"""Architectures whose block may run attention and the MLP side by side on the same input (``x + attn(ln(x)) +
+mlp(ln(x))``): the key that says so and its default in transformers (None: always)."""
+
+
+def _unmodelled(data: dict, model_type: str, source: str) -> tuple[str, ...]:
+    """What of the config hetpart prices and runs as something close (:attr:`TransformerConfig.unmodelled`)."""
+    out = []
+    if model_type in _PARALLEL_BLOCK:
+        key, default = _PARALLEL_BLOCK[model_type]
+        parallel = default if key is None else _bool(data, key, source, default)
+        if model_type == "falcon" and _bool(data, "new_decoder_architecture", source, False):
+            parallel = True
+        if parallel:
+            said = f"{key}: true" if key else f"model_type {model_type}"
+            out.append(f"{said}: attention and MLP run side by side on one input; hetpart prices (and runs) the "
+                       "sequential block of the same FLOPs (an engine that fuses the two output all-reduces pays half "
+                       "the tensor-parallel all-reduces priced)")
+    for key, where in (("attn_logit_softcapping", "attention scores soft-capped (tanh) before the softmax; not "
+                        "every fused attention kernel takes a cap"),
+                       ("final_logit_softcapping", "output logits soft-capped (tanh)")):
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            out.append(f"{key}: {value}: {where}; hetpart neither prices nor runs the cap (an elementwise op, a cost "
+                       "near nothing)")
+    return tuple(out)
 
 
 _ALIASES = {"refinedwebmodel": "falcon", "refinedweb": "falcon"}

@@ -74,6 +74,10 @@ class TransformerConfig:
     token_types: int = 2
     """Rows of a BERT-style encoder's token-type (segment) embedding: BERT 2, RoBERTa and XLM-R 1, DistilBERT 0
     (``type_vocab_size``); other families have none."""
+    unmodelled: tuple[str, ...] = ()
+    """Parts of the architecture the config declares that hetpart prices and runs as something close but not the
+    same (read from the config: a parallel attention + MLP block priced as the sequential one, logit soft-capping
+    not applied); the model's load notes them and ``export`` lists them as what the engine is not told."""
     pretraining_head: bool = False
     """A BERT-style encoder's language-model head is the masked-LM head alone, as ``BertForMaskedLM``,
     ``RobertaForMaskedLM`` and ``XLMRobertaForMaskedLM`` build it (no pooler); True adds the pooler and the
@@ -86,6 +90,7 @@ class TransformerConfig:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         windows = tuple(self.sliding_windows)  # a JSON round trip (run records) gives a list
         object.__setattr__(self, "sliding_windows", windows)
+        object.__setattr__(self, "unmodelled", tuple(self.unmodelled))  # as the windows: a list after JSON
         if windows and (len(windows) != self.num_layers or any(
                 isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in windows)):
             raise ValueError(f"sliding_windows must give a window >= 0 (0: full) for each of the {self.num_layers} "
