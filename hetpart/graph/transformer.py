@@ -140,7 +140,10 @@ class TransformerConfig:
         return self.sliding_windows[layer] if self.sliding_windows else 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not out["unmodelled"]:  # the dict of a config without any, as records and fingerprints hold it
+            del out["unmodelled"]
+        return out
 
 
 def _norm_params(cfg: TransformerConfig) -> int:
