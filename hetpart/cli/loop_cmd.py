@@ -14,7 +14,7 @@ __all__ = ["register"]
 def loop_command(
         cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster YAML or catalog name (--ground "
                                               "emulated or real; not with --ground cpu, which plans for this machine)."),
-        model: str = typer.Option(..., "--model", "-m", help="Model (catalog name, HF config, python:...)."),
+        model: str = typer.Option(..., "--model", "-m", help="Model (catalog name, HF config, python:...); GPT-shaped: the loop's runs build hetpart's own GPT."),
         iterations: int = typer.Option(3, "--iterations", help="Loop iterations."),
         runs_per_iteration: int = typer.Option(4, "--runs-per-iteration", help="Measured runs per iteration."),
         out: Optional[str] = typer.Option(None, "--out", help="State, run records, corrections and policy checkpoints "

@@ -234,6 +234,8 @@ def _provenance_lines(con, provenance: dict) -> None:
         elif band.get("scope", "step") == "unit":
             trust = (f"no whole step checked; single units' times {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% "
                      f"over {band['rows']} units)")
+        elif band["rows"] == 1:  # one row is one residual, not a range: the point may be right or that far off
+            trust = f"checked on one row only: {lo:+.1f}% (the band runs from there to 0)"
         else:
             trust = f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
         con.print(f"  {gpu}: compute {what}; {trust}")
