@@ -315,7 +315,10 @@ class LearnedPredictor:
         step = est.step_time_s
         samples = plan.global_batch
         model_flops = self.model.train_flops * samples
-        recompute = sum(u.recompute_flops[plan.recompute] for u in self.model.units) * samples
+        # what the recompute mode runs again, counted as the simulator counts it (under fused attention selective
+        # recomputation runs nothing beyond what the flash backward always does)
+        mode = plan.recompute if plan.attention == "eager" or plan.recompute == "full" else "none"
+        recompute = sum(u.recompute_flops[mode] for u in self.model.units) * samples
         n = plan.num_devices
         peak = sum(self.cluster.device(d).peak_flops(plan.precision) for d in plan.devices)
         return {
