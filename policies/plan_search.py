@@ -522,9 +522,8 @@ def _sync_lines(ctx: _Context, peer_sets: list[list[str]], tps: list[int], flows
 def _ring_facts(ctx: _Context, peers: list[str]) -> tuple[list[int], list[tuple[int, int]], bool, tuple, list | None]:
     """What :func:`_sync_lines` reads of one ring before the NIC sharing: its members' nodes, each node with its
     count of members (in order of first appearance), whether it leaves a node, its :func:`_ring_kind` and its
-    members' zones (``("zone", z)``; None in a cluster without zone links). Kept
-    per ring: the walk's neighbouring layouts share many of their stages' rings (on the 1,024-GPU entry 697 of
-    1,219)."""
+    members' zones (``("zone", z)``; None in a cluster without zone links). Kept per ring: the walk's neighbouring
+    layouts share many of their stages' rings (on the 1,024-GPU entry 1,219 rings, 697 of them distinct)."""
     key = ("ring", tuple(peers))
     hit = ctx.sync_cache.get(key)
     if hit is None:
