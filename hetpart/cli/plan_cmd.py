@@ -561,8 +561,17 @@ def _grid_plan(flags: _WorkloadFlags, models: _Models, tp, pp, dp, micro_batch, 
     if schedule == "interleaved" and isinstance(interleave, int) and interleave == 1:
         raise PlanError("--interleave: 1 model chunk per device is plain 1F1B (as in Megatron-LM), not interleaved; "
                         "give --interleave 2 or more, or --schedule 1f1b")
+    batch = 512 if flags.global_batch is None else flags.global_batch
+    if schedule == "interleaved" and all(isinstance(x, int) and x > 0 for x in (pp, dp, micro_batch or 1)) and pp > 1:
+        per_replica, left = divmod(batch, dp * (micro_batch or 1))
+        if left == 0 and per_replica % pp:
+            step = dp * (micro_batch or 1) * pp
+            raise PlanError(f"--schedule interleaved: each of the {dp} replicas runs {per_replica} micro-batches "
+                            f"(--global-batch {batch} / (--dp {dp} x --micro-batch {micro_batch or 1})), not a multiple "
+                            f"of --pp {pp} (Megatron-LM's interleaved schedule needs one); give --global-batch a "
+                            f"multiple of {step} (e.g. {max(step, batch // step * step)}) or --schedule 1f1b")
     graph, precision = models.load(flags.seq_len, flags.precision)
-    workload = workload_from(512 if flags.global_batch is None else flags.global_batch, graph.seq_len, precision,
+    workload = workload_from(batch, graph.seq_len, precision,
                              flags.recompute or "selective", flags.zero, flags.optimizer or "adam",
                              flags.attention or "fused", flags.offload or "none")
     plan = _plan_from_args(graph, models.cluster, workload, None, tp, pp, dp, micro_batch, schedule,
