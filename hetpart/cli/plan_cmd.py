@@ -143,8 +143,11 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         con.print(priced, highlight=False)
     _provenance_lines(con, result.prediction.provenance)
     if result.evaluation.get("complete") is False:
-        con.print(f"{planner} stopped at its time limit ({result.evaluation.get('time_limit_s', 0):.0f} s) before "
-                  "visiting its whole space: the plan is the best it priced (--time-limit 0 lets it finish)")
+        limit = result.evaluation.get("time_limit_s", 0) or 0
+        past = (f"; it answered at {result.wall_time_s:.1f} s: the policy's walk, the floor a cut-short search keeps, "
+                "always runs whole" if planner == "search" and result.wall_time_s > 1.2 * limit + 0.5 else "")
+        con.print(f"{planner} stopped at its time limit ({limit:.0f} s) before visiting its whole space: the plan is "
+                  f"the best it priced (--time-limit 0 lets it finish){past}")
     if bound["tokens_per_s"] is None:
         head = "upper bound not computed (--no-bound)"
     else:
