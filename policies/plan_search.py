@@ -1578,13 +1578,15 @@ def fewer_nodes_best(model, cluster, workload, evaluate: Evaluator, best: Evalua
 def _compute_floor_s(model, cluster, workload) -> float:
     """Seconds below which no plan on ``cluster`` computes a step: the model's training FLOPs at every
     device's peak times the largest efficiency its curve reaches (large products), communication and
-    bubbles free. Where the best plan found already beats the floor of fewer nodes, searching them is moot."""
+    bubbles free; each device at its speed factor (a device declared faster computes more: without it the floor
+    of such a view sat above what it reaches, and the view could be skipped wrongly). Where the best plan found
+    already beats the floor of fewer nodes, searching them is moot."""
     from hetpart.costmodel.efficiency import curve_for, effective_precision
 
     rate = 0.0
     for d in cluster.devices:
         precision = effective_precision(d.gpu, workload.precision)
-        rate += d.gpu.tflops(precision) * 1e12 * curve_for(d.gpu).e_peak(precision)
+        rate += d.gpu.tflops(precision) * 1e12 * curve_for(d.gpu).e_peak(precision) * d.speed
     return model.train_flops * workload.global_batch / rate
 
 

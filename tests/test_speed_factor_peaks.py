@@ -56,3 +56,15 @@ def test_roofline_counts_each_device_speed_and_bounds_the_fast_plan() -> None:
     plain, fast, slow = (roofline_tokens_per_s(model, _cluster(s)) for s in (None, 4.0, 0.5))
     assert fast == pytest.approx(4.0 * plain) and slow == pytest.approx(0.5 * plain)
     assert _metrics(4.0)["tokens_per_s"] <= fast
+
+
+def test_the_compute_floor_counts_each_device_speed() -> None:
+    import importlib
+
+    from hetpart import Workload
+
+    floor = importlib.import_module("hetpart.policies.plan_search")._compute_floor_s
+    model, workload = _model(), Workload(16, 1024)
+    plain, fast, slow = (floor(model, _cluster(s), workload) for s in (None, 4.0, 0.5))
+    assert fast == pytest.approx(plain / 4.0) and slow == pytest.approx(plain / 0.5)
+    assert fast <= _metrics(4.0)["step_time_s"]  # a floor of what the faster devices reach
