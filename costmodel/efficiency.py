@@ -210,12 +210,22 @@ CURVES: dict[str, EfficiencyCurve] = {
        for arch, base in _ASSUMED_FROM.items()},
 }
 
+GRACE_HOST_FACTOR = 33.17 / 13.48
+"""PUBLISHED: host time of one PyTorch operator on a Grace CPU (GH200's) over an x86 host of an H100 system:
+``torch.nn.Linear`` forward, bf16, hidden 2,048, 8,192 tokens, 33.17 us of CPU time on GH200 against 13.48 us
+on a DGX H100 (Xeon Platinum 8480C), NVIDIA/TransformerEngine issue 2053 (2025; GB200: 37.08 us). The per-operator
+cost :data:`HOST_US_PER_OP` was measured on an x86 host; a GH200's operators cost this much more."""
+
+_GH200 = replace(_HOPPER, host_us_per_op=HOST_US_PER_OP * GRACE_HOST_FACTOR,
+                 status=_HOPPER.status + f"; host per operator x{GRACE_HOST_FACTOR:.2f} on its Grace CPU")
+
 DEVICE_CURVES: dict[str, EfficiencyCurve] = {
-    "T4-16GB": _T4, "TitanRTX-24GB": _TITAN_RTX, "RTX2080Ti-11GB": _RTX2080TI, "L4-24GB": _L4,
+    "T4-16GB": _T4, "TitanRTX-24GB": _TITAN_RTX, "RTX2080Ti-11GB": _RTX2080TI, "L4-24GB": _L4, "GH200-96GB": _GH200,
 }
-"""Catalog types with published figures of their own, which their architecture's curve does not speak for:
-boards accumulating fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach a fraction of their
-datasheet peak, GeForce boards at half rate reach about all of it (RTX 2080 Ti)."""
+"""Catalog types with figures of their own, which their architecture's curve does not speak for: boards
+accumulating fp32 at full rate under a power cap (T4, TITAN RTX, L4) reach a fraction of their datasheet peak,
+GeForce boards at half rate reach about all of it (RTX 2080 Ti); the GH200 computes as an H100 but dispatches from
+a Grace CPU (:data:`GRACE_HOST_FACTOR`)."""
 
 _EMULATED = replace(_AMPERE, name="unknown", status="assumed: the ampere curve, scaled by peak", host_us_per_op=0.0,
                     e_max_fp32=0.0)
