@@ -73,45 +73,6 @@ def _type_throughput(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     return out
 
 
-PARALLEL_TYPES = True
-"""Search the device types in forked children beside the process where :func:`~hetpart.policies.forked.can_fork`
-allows (tests turn it off to compare the two ways: the values are the same)."""
-
-
-def _types_of(model, cluster, workload, gpus: list[str], predictor, options, limit) -> dict[str, dict[str, Any]]:
-    return {gpu: _type_throughput(model, cluster, workload, gpu, predictor, options, limit) for gpu in gpus}
-
-
-def _per_type(model: "ModelGraph", cluster: "Cluster", workload: "Workload", predictor: str | None,
-              options: dict[str, Any] | None, limit: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Each device type's :func:`_type_throughput`, in the cluster's order. The types' searches share nothing, so
-    with a second core and a fork-safe predictor they are dealt round-robin to this process and up to one forked
-    child per further core (:class:`~hetpart.policies.forked.Forked`: a child that fails is redone here, so the
-    values are the same either way; 1,024 GPUs of three types: 8.4 CPU s of searches)."""
-    import os
-
-    from hetpart.policies.forked import Forked, can_fork
-    from hetpart.policies.planner import make_evaluator
-
-    gpus = list(cluster.gpu_types)
-    lanes = 1
-    if PARALLEL_TYPES and len(gpus) > 1 and hasattr(os, "sched_getaffinity"):
-        lanes = min(len(gpus), len(os.sched_getaffinity(0)))
-        if lanes > 1 and not can_fork(make_evaluator(model, cluster, workload, predictor,
-                                                     predictor_options=options).predictor):
-            lanes = 1
-    shares = [gpus[i::lanes] for i in range(lanes)]
-    jobs = [Forked(_types_of, model, cluster, workload, share, predictor, options, limit) for share in shares[1:]]
-    try:
-        found = _types_of(model, cluster, workload, shares[0], predictor, options, limit)
-        for job in jobs:
-            found |= job.result()
-    finally:
-        for job in jobs:
-            job.close()
-    return {gpu: found[gpu] for gpu in gpus}
-
-
 def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *,
                 predictor: str | None = None, predictor_options: dict[str, Any] | None = None,
                 time_limit_s: float | None = None) -> dict[str, Any]:
@@ -128,7 +89,8 @@ def upper_bound(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *
         WorkloadError: when a type's devices cannot run the workload even without memory limits.
     """
     limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
-    per_type = _per_type(model, cluster, workload, predictor, predictor_options, limit)
+    per_type = {gpu: _type_throughput(model, cluster, workload, gpu, predictor, predictor_options, limit)
+                for gpu in cluster.gpu_types}
     return {
         "tokens_per_s": sum(t["tokens_per_s"] for t in per_type.values()),
         "memory_lifted_tokens_per_s": sum(t["memory_lifted_tokens_per_s"] for t in per_type.values()),
