@@ -19,7 +19,8 @@ from hetpart.cluster import parse_cluster
 from hetpart.costmodel import Simulator, megatron_plan
 from hetpart.costmodel.calibration import fit_hopper_gemm
 from hetpart.costmodel.compute import CHECKPOINT_HOST, OPS_PER_UNIT, unit_compute_s
-from hetpart.costmodel.efficiency import CURVES, HOST_US_PER_OP, UNALIGNED_FRACTION, curve_for, matmul_efficiency
+from hetpart.costmodel.efficiency import (CURVES, GRACE_HOST_FACTOR, HOST_US_PER_OP, UNALIGNED_FRACTION, curve_for,
+                                         matmul_efficiency)
 from hetpart.errors import PlanError, WorkloadError
 from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.workload import check_precision
@@ -194,7 +195,9 @@ def test_every_catalog_architecture_has_a_curve_with_a_status():
     for gpu in GPU_CATALOG.values():
         curve = curve_for(gpu)
         assert curve.name == gpu.arch and curve.status.split(":")[0] in ("fitted", "anchored", "published", "assumed")
-        assert curve.host_us_per_op == HOST_US_PER_OP
+        # the per-operator host cost is the x86 host's, a GH200's Grace CPU's that times the published ratio
+        expected = HOST_US_PER_OP * (GRACE_HOST_FACTOR if gpu.name.startswith("GH200") else 1.0)
+        assert curve.host_us_per_op == pytest.approx(expected)
     assert {"volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3"} <= set(CURVES)
     # Hopper has its own measured curve, no longer Ampere's scaled by peak (w0 = 851 at 989 TFLOPS before,
     # which priced bf16 blocks at h=2560 1.3-1.55x too slow)
