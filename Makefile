@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum
 
 PARTS := costmodel envs policies runtime experiments
 
-.PHONY: demo test lint install bench clean
+.PHONY: demo test test-slow lint install bench clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,8 +30,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/hetpart demo
 
+# `make test`: every test not marked slow, spread over the cores (pytest-xdist; under 10 minutes on 2 cores).
+# `make test-slow`: the slow ones (multi-process runs: the runtime, the loop, calibration, the browser), one at a
+# time, since each already uses several processes. CI (.ci/run) runs both.
 test: lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not slow" -n auto
+
+test-slow: $(STAMP) links
+	$(BIN)/python -m pytest tests -m slow
 
 # The import layers (pyproject.toml [tool.importlinter]) and ruff, before any test runs.
 lint: $(STAMP) links

@@ -16,6 +16,8 @@ import pytest
 from tests._browser import colour_bins, dom_and_screenshot, dump_dom
 from tests._cli import run_cli
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 # the README's example (16 GPUs of two types): a heterogeneous plan is what the report is for
 DEMO = ["--model", "gpt2-xl", "--cluster", "a100-v100-16", "--global-batch", "256", "--seq-len", "1024"]
 

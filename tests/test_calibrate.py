@@ -11,6 +11,8 @@ from hetpart.costmodel.profile import DeviceClass
 from hetpart.errors import PlanError
 from tests._cli import run_cli
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 CLUSTER = """name: two-a100
 nodes:
   - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: Ethernet-10}

@@ -18,6 +18,8 @@ from hetpart import load_cluster, load_model
 from hetpart.plan import Plan, Replica, Stage
 from hetpart.workload import Workload
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 H100_RUNS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "h100_runs.jsonl"
 

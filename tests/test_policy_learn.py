@@ -11,6 +11,8 @@ from hetpart import Workload, load_cluster, load_model
 from hetpart.envs import PartitionEnv
 from hetpart.policies.structure import Scenario, StructureState
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 
 def _values(scenario: Scenario) -> dict[tuple, float]:
     """tokens/s of every masked structure (0 when its plans do not fit), by structure key."""

@@ -27,6 +27,8 @@ from hetpart.runtime.models import RunnableSpec
 from tests._dist import run_distributed
 from tests.test_runtime_gate import SEQ, _gpt2, _st
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 GPT2 = RunnableSpec("gpt2", _gpt2(), impl="transformers")
 SLOW_S = 0.15
 """Rank 0's emulated slowdown after every compute chunk (its peer waits that long in the next collective)."""

@@ -21,6 +21,8 @@ from hetpart.plan import Plan, Replica, Stage
 from hetpart.runtime.launch import Nodes, RunOptions, check_nodes, node_ranks, torchrun_command
 from tests._cli import run_cli
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -23,6 +23,8 @@ from hetpart.runtime.faults import FaultSpec, heartbeat_path, process_alive
 from hetpart.runtime.launch import RunOptions, run_plan
 from tests._cli import run_cli
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 HETPART = str(Path(sys.executable).with_name("hetpart"))
 

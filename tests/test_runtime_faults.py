@@ -18,6 +18,8 @@ from hetpart.plan import Plan, Replica, Stage
 from hetpart.runtime.faults import FaultSpec, Watchdog, heartbeat_path, error_path, read_rank_state
 from hetpart.runtime.launch import RunOptions, run_plan
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -26,6 +26,8 @@ from hetpart.plan import Plan, Replica, Stage
 from hetpart.runtime.models import RunnableSpec
 from tests._dist import run_distributed
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 SEQ = 8
 
 

@@ -18,6 +18,8 @@ import torch
 
 from hetpart.plan import Plan, Replica, Stage
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

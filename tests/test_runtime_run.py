@@ -23,6 +23,8 @@ from hetpart.runtime.emulation import ArrivalBoard, Emulator, emulated_cluster, 
 from hetpart.runtime.launch import RunOptions, check_capacity, prepare_run, run_plan
 from hetpart.runtime.measure import summarize, warmup_tflops
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

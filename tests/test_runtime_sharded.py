@@ -21,6 +21,8 @@ from hetpart.runtime.models import RunnableSpec
 from tests._dist import run_distributed
 from tests.test_runtime_gate import SEQ, _check_against_reference, _gpt2, _llama, _one_step, _st, _two_cuts
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 GPT2 = RunnableSpec("gpt2", _gpt2(), impl="transformers")
 LLAMA = RunnableSpec("llama", _llama(), impl="transformers")
 GPT = RunnableSpec("gpt", _gpt2(), impl="hetpart")

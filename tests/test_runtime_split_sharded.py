@@ -22,6 +22,8 @@ from hetpart.plan import Plan, Replica, Stage, TPSplit
 from hetpart.runtime.models import RunnableSpec
 from tests._dist import run_distributed
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 SEQ = 8
 STEPS = 3
 LR = 3e-3

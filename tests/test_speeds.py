@@ -21,6 +21,8 @@ import yaml
 from hetpart.plan import Plan, Replica, Stage
 from tests._cli import run_cli
 
+pytestmark = pytest.mark.slow  # multi-process runs: `make test-slow` (CI runs it after `make test`)
+
 CLUSTER = """name: pair
 nodes:
   - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: IB-HDR}
