@@ -328,6 +328,8 @@ def _shape(data: dict, source: str, model_type: str) -> TransformerConfig | None
     if model_type in _GPT_LINEAGES:
         return _GPT_LINEAGES[model_type](data, source)
     if model_type == "gpt2" or (not model_type and "n_embd" in data):
+        if not model_type:
+            _note(f"{source}: model_type not set; read as GPT-2 (it has n_embd); set model_type to say so")
         return _gpt2(data, source)
     if model_type == "opt":
         return _opt(data, source)
@@ -338,6 +340,9 @@ def _shape(data: dict, source: str, model_type: str) -> TransformerConfig | None
                      "Hugging Face one; use the config.json of the Hugging Face conversion (the -hf checkpoint, "
                      "e.g. allenai/OLMo-7B-hf)")
     if model_type in _LLAMA_LIKE or ("hidden_size" in data and "num_hidden_layers" in data):
+        if not model_type:  # a Llama block (RMSNorm, SwiGLU, rotary) is assumed: say so, a GeLU MLP would differ
+            _note(f"{source}: model_type not set; read as a Llama block (RMSNorm, SwiGLU, rotary) from "
+                  "hidden_size/num_hidden_layers; set model_type if it is another architecture")
         return _llama(data, source, model_type)
     return None
 
