@@ -53,7 +53,7 @@ TCP_FRAMING_EFFICIENCY = 1460.0 / 1538.0
 """TCP payload bytes per Ethernet wire bytes at MTU 1500."""
 TCP_SOCKET_GBYTE_S = 4.7
 """Bus bandwidth NCCL's socket transport reached over one 100 GbE NIC (NVIDIA/nccl issue 398)."""
-NO_PCIE_P2P = frozenset({"RTX3090-24GB", "RTX4090-24GB"})
+NO_PCIE_P2P = frozenset({"RTX2080Ti-11GB", "RTX3090-24GB", "RTX4090-24GB"})
 """Catalog GPUs (GeForce) without PCIe peer-to-peer access."""
 
 

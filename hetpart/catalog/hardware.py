@@ -61,9 +61,11 @@ GPU_CATALOG: dict[str, GPUSpec] = _by_name(
     # with 96 GB HBM3 at 4 TB/s.
     GPUSpec("GH200-96GB", 989, 67, 96, 4000, "nvidia", True, "NVIDIA GH200 Grace Hopper Superchip datasheet",
             arch="hopper", tflops_tf32=494.7, tflops_fp8=1979),
-    # MI250X datasheet: 383 TFLOPS bf16 for the package of 2 GCDs, 47.9 fp32 vector, 128 GB,
-    # 3.2768 TB/s; one GCD (what a process sees) is half of each. CDNA2 has no TF32 and no fp8.
-    GPUSpec("MI250X-GCD-64GB", 191.5, 23.95, 64, 1638.4, "amd", True, "AMD Instinct MI250X datasheet / 2",
+    # MI250X datasheet: 383 TFLOPS bf16 for the package of 2 GCDs, fp32 95.7 on the matrix cores (47.9 vector),
+    # 128 GB, 3.2768 TB/s; one GCD (what a process sees) is half of each. fp32 matrix products run on the matrix
+    # cores (CDNA2's MFMA fp32 instructions, rocBLAS's path), so the catalog's fp32 figure is the matrix one.
+    # CDNA2 has no TF32 and no fp8.
+    GPUSpec("MI250X-GCD-64GB", 191.5, 47.85, 64, 1638.4, "amd", True, "AMD Instinct MI250X datasheet / 2",
             arch="cdna2"),
     # MI300X datasheet: 1307.4 TFLOPS bf16 dense, 653.7 TF32 dense, 2614.9 fp8 dense, 163.4 fp32, 192 GB
     # HBM3 at 5.3 TB/s.
