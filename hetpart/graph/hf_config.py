@@ -328,8 +328,6 @@ def _shape(data: dict, source: str, model_type: str) -> TransformerConfig | None
     if model_type in _GPT_LINEAGES:
         return _GPT_LINEAGES[model_type](data, source)
     if model_type == "gpt2" or (not model_type and "n_embd" in data):
-        if not model_type:
-            _note(f"{source}: model_type not set; read as GPT-2 (it has n_embd); set model_type to say so")
         return _gpt2(data, source)
     if model_type == "opt":
         return _opt(data, source)
