@@ -236,8 +236,9 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     unit's FLOPs (the attention core's too: the load-balanced causal split gives each rank an equal
     share of the score blocks) and activation traffic divide by ``cp``, its products run on ``1/cp`` of
     the tokens, and each block launches :data:`CP_OPS_PER_STEP` more operators per extra ring step.
-    ``kernels``: the kernel set whose operator counts pay the fixed host cost (:func:`unit_ops`; ``torch``,
-    the measured counts, unless the simulator is asked for the engine's own with ``op_counts="engine"``).
+    ``kernels``: the kernel set whose operator counts pay the fixed host cost (:func:`unit_ops`;
+    ``torch``, the measured counts of hetpart's runtime, unless given: the simulator passes its kernel set's,
+    ``op_counts="engine"``, its default, or ``torch`` under ``op_counts="measured"``).
     ``dispatch``: how the host's fixed cost meets the device's work (:data:`DISPATCH_MODES`): ``overlap``
     (eager CUDA launches are asynchronous: a unit takes the longer of its host and device times) or
     ``serial`` (their sum, the simulator before 2026-11-27). ``speed``: the device's speed factor (``slow:`` in

@@ -308,7 +308,7 @@ class Simulator:
                  curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None, *,
                  overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                  grad_bucket_params: float = MEGATRON_BUCKET_PARAMS, profile: "Profile | None" = None,
-                 kernels: str = DEFAULT_KERNELS, op_counts: str = "measured", tp_comm: str = "ring",
+                 kernels: str = DEFAULT_KERNELS, op_counts: str = "engine", tp_comm: str = "ring",
                  dispatch: str = "overlap") -> None:
         """``curve_of`` overrides the efficiency curve per device type (calibration fits through it);
         ``overlap_grad_reduce=False`` starts gradient all-reduces after the backward; ``overlap_p2p=True``
@@ -318,10 +318,11 @@ class Simulator:
         (:mod:`hetpart.costmodel.profile`); ``kernels``: the engine's kernel set, whose saved activations the
         memory model counts (``fused``: Megatron-Core/Transformer Engine, ``torch``: hetpart's runtime;
         :mod:`~hetpart.costmodel.activations`); ``op_counts``: which operator counts pay the fixed host cost
-        per operator (:func:`~hetpart.costmodel.compute.unit_ops`): ``measured`` (default), the runtime's
-        counted ones whatever the kernel set, or ``engine``, the kernel set's own (Megatron-Core/TE's derived
-        counts under ``fused``; tried and not adopted as the default: docs/BENCHMARKS.md, section
-        *Engine-specific operator counts*); ``tp_comm``: how the tensor-parallel collectives are priced: ``ring``
+        per operator (:func:`~hetpart.costmodel.compute.unit_ops`): ``engine`` (default), the kernel set's own
+        (Megatron-Core/TE's derived counts under ``fused``, the runtime's measured ones under ``torch``), or
+        ``measured``, the runtime's counted ones whatever the kernel set (the default until 2026-12-01:
+        docs/BENCHMARKS.md, sections *Engine-specific operator counts* and *Host operator counts follow the
+        kernel set*); ``tp_comm``: how the tensor-parallel collectives are priced: ``ring``
         (default: one ring on the group's slowest hop at its catalog latency per step), ``nccl`` (each call an
         all-reduce at NCCL's fastest algorithm and protocol, :func:`~hetpart.costmodel.collectives.allreduce_cost`)
         or ``nccl-sp`` (each call sequence parallelism's reduce-scatter plus all-gather of the same buffer, at
@@ -909,6 +910,14 @@ class Simulator:
                            np.array([u.bwd_np for u in tables]).reshape(-1, width),
                            np.array([u.tp_bwd_np for u in tables]).reshape(-1, width))
 
+    def _bucket_params(self, plan: Plan) -> float:
+        """Gradients per data-parallel bucket: Megatron-LM's ``max(40M, 1M x dp)`` (dp counting the context-parallel
+        ranks, ``DistributedDataParallel``'s default ``bucket_size``, so each rank's share of a bucket holds at
+        least 1M) where the simulator keeps Megatron's 40M, else the engine's own ``grad_bucket_params``."""
+        if self.grad_bucket_params != MEGATRON_BUCKET_PARAMS:
+            return self.grad_bucket_params
+        return max(self.grad_bucket_params, 1_000_000.0 * plan.dp * plan.cp)
+
     def _dp_segments(self, plan: Plan, table: _StageTable | None = None) -> list[_Segment]:
         """Runs of consecutive units ``[a, z)`` held by the same (replica, stage) set, with their gradient
         bytes per device (the smallest TP shard among the holders) and those of unit ``a`` alone (the
@@ -919,7 +928,7 @@ class Simulator:
         """:meth:`_dp_segments`, and ``[runs, dp]``: the flat stage numbers of each run's holders, one per
         replica in replica order (the segments before the tied copies, row by row)."""
         grad_bytes = grad_reduce_bytes(plan.precision)
-        bucket = self.grad_bucket_params * grad_bytes
+        bucket = self._bucket_params(plan) * grad_bytes
         units = self.model.num_units
         cuts = np.array(sorted(set(table.first_unit.tolist()) | {units}))
         # the stage of each replica holding each run, [runs, dp]: one search over every replica's stage
@@ -1226,7 +1235,7 @@ class Simulator:
     def _dp_segments_small(self, plan: Plan) -> list[_Segment]:
         """:meth:`_dp_segments` with holders as tuples of (replica, stage) pairs."""
         grad_bytes = grad_reduce_bytes(plan.precision)
-        bucket = self.grad_bucket_params * grad_bytes
+        bucket = self._bucket_params(plan) * grad_bytes
         cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         out = []
@@ -1550,7 +1559,8 @@ class Simulator:
         if plan.offload != "none":
             return float(gbs.max()), self._step_s(plan, rep.stages[d].devices, float(held.max()), fraction, zero)
         return (float(gbs.max()),  # against the smallest capacity of the group
-                max(self._adam_s(gpu, n * fraction, plan.optimizer, plan.precision) for n, gpu in zip(held, group.gpus)))
+                max(self._adam_s(gpu, n * fraction, plan.optimizer, plan.precision) / speed
+                    for n, gpu, speed in zip(held, group.gpus, self._speeds(group))))
 
     @staticmethod
     def _optimizer_step_gb(plan: Plan, params: float) -> float:
@@ -1670,12 +1680,7 @@ class Simulator:
     def _optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str, precision: str) -> float:
         """Optimizer step of ``params`` parameters per device: measured (profile, Adam), else its bytes per
         parameter (:func:`~hetpart.costmodel.memory.optimizer_step_bytes`) over the slowest device's HBM."""
-        g = self._group(devices)
-        if self._profiled is not None and optimizer == "adam":
-            measured = [self._profiled.adam_s(gpu, params) for gpu in g.gpus]
-            if all(m is not None for m in measured):
-                return max(measured)
-        return params * optimizer_step_bytes(optimizer, precision) / (g.hbm_gbyte_s * 1e9)
+        return self._bound_optimizer_s(devices, params, optimizer, optimizer_step_bytes(optimizer, precision))
 
     # --------------------------------------------------------------------------------- the step
     def _run(self, plan: Plan, trace: bool = False) -> _Step:
@@ -1729,7 +1734,7 @@ class Simulator:
                 + ("+overlap-p2p" if self.overlap_p2p else "") + ("" if self._curve_of is None else "+calibrated")
                 + ("" if self.profile is None else f"+profile:{self.profile.fingerprint}")
                 + ("" if self.kernels == DEFAULT_KERNELS else f"+kernels:{self.kernels}")
-                + ("" if self.op_counts == "measured" else f"+op-counts:{self.op_counts}")
+                + ("" if self.op_counts == "engine" or self.kernels == "torch" else f"+op-counts:{self.op_counts}")
                 + ("" if self.tp_comm == "ring" else f"+tp-comm:{self.tp_comm}")
                 + ("" if self.dispatch == "overlap" else f"+dispatch:{self.dispatch}"))
 
@@ -1806,11 +1811,18 @@ class Simulator:
         """:meth:`_optimizer_s` with the plan's :func:`~hetpart.costmodel.memory.optimizer_step_bytes` computed
         once per bound (the same arithmetic; the bound's test compares the two)."""
         g = self._group(devices)
+        speeds = self._speeds(g)
         if self._profiled is not None and optimizer == "adam":
             measured = [self._profiled.adam_s(gpu, params) for gpu in g.gpus]
             if all(m is not None for m in measured):
-                return max(measured)
-        return params * step_bytes / (g.hbm_gbyte_s * 1e9)
+                return max(m / v for m, v in zip(measured, speeds))
+        # a device's speed factor (``slow:``) slows its memory-bound work too (compute.unit_compute_s)
+        return max(params * step_bytes / (gpu.hbm_gbyte_s * 1e9 * v) for gpu, v in zip(g.gpus, speeds))
+
+    @staticmethod
+    def _speeds(g) -> tuple[float, ...]:
+        """The speed factors of a device group's devices, in its order (1 where the facts carry none)."""
+        return g.speeds if len(g.speeds) == len(g.gpus) else (1.0,) * len(g.gpus)
 
     def _stage_bound_terms(self, s, plan: Plan, cp_flows: dict[int, int] | None) -> tuple[float, float]:
         """One stage's compute and tensor-parallel seconds per micro-batch, and its parameters per device."""
@@ -2056,7 +2068,7 @@ def simulate(model: ModelGraph, cluster: Cluster, plan: Plan, workload: Workload
 def simulator_predictor(model: ModelGraph, cluster: Cluster, workload: Workload | None = None, *,
                         overlap_grad_reduce: bool = True, overlap_p2p: bool = False,
                         curve_of: Callable[[GPUSpec], EfficiencyCurve] | None = None,
-                        profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, op_counts: str = "measured",
+                        profile: "Profile | None" = None, kernels: str = DEFAULT_KERNELS, op_counts: str = "engine",
                         tp_comm: str = "ring", dispatch: str = "overlap", **unknown: Any) -> Simulator:
     """The registry's ``simulator`` factory (:func:`hetpart.costmodel.predictor.get_predictor`).
 

@@ -260,7 +260,7 @@ class CostTable:
         """Per-unit fwd + bwd (+ recompute) + TP all-reduce seconds, exactly as the simulator costs them
         (``forward``: the forward and its all-reduces alone)."""
         fwd, bwd = unit_compute_s(self.model, pool.gpu, tp, micro_batch, self.precision, recompute,
-                                  attention=self.attention, speed=speed)
+                                  attention=self.attention, kernels=self.kernels, speed=speed)
         if tp == 1:
             return fwd if forward else fwd + bwd
         facts = device_group_facts(self.cluster, tp_groups(pool, tp)[0])  # a pool's groups are alike

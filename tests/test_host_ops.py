@@ -78,7 +78,7 @@ def _one_h100():
                                                     "intra_node": "NVLink4", "nic": "IB-NDR"}]})
 
 
-def test_the_simulator_charges_the_measured_counts_unless_asked_for_the_engines():
+def test_the_simulator_charges_the_engines_counts_unless_asked_for_the_measured():
     model, cluster = _model("gpt2"), _one_h100()
     plan = megatron_plan(model, cluster, Workload(4, 256), 1, 1, 1, 1, recompute="none")
     step = {(k, c): Simulator(model, cluster, kernels=k, op_counts=c).simulate(plan, validate=False).step_time_s
@@ -88,8 +88,9 @@ def test_the_simulator_charges_the_measured_counts_unless_asked_for_the_engines(
     fewer = 4 * (144 - 33) + (14 - 9) + (32 - 39)
     saved = step[("fused", "measured")] - step[("fused", "engine")]
     assert saved == pytest.approx(4 * fewer * HOST_US_PER_OP * 1e-6, rel=1e-6)  # 4 micro-batches
-    engine = get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="engine")
-    assert "+op-counts:engine" in engine.version
+    measured = get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="measured")
+    assert "+op-counts:measured" in measured.version  # engine is the default since 2026-12-01: no suffix
+    assert "op-counts" not in get_predictor("simulator", model, cluster, Workload(4, 256)).version
     with pytest.raises(PlanError, match="op_counts"):
         get_predictor("simulator", model, cluster, Workload(4, 256), op_counts="derived")
 

@@ -47,7 +47,7 @@ def _analytic_files(folder, model, cluster, sizes=(1, 2, 4)):
     """Metis files holding the simulator's own forward + backward per unit on the A100-80GB, tp 1."""
     gpu = cluster.groups[0].gpu
     for b in sizes:
-        fwd, bwd = unit_compute_s(model, gpu, 1, b, "bf16", "none")
+        fwd, bwd = unit_compute_s(model, gpu, 1, b, "bf16", "none", kernels="fused")  # the simulator's default counts
         _write(folder, f"DeviceType.A100_tp1_bs{b}.json", [(f + w) * 1e3 for f, w in zip(fwd, bwd)])
 
 

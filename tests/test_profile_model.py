@@ -40,7 +40,7 @@ def analytic_profile(model, cluster, micro_batches=(1, 2, 4)) -> Profile:
     picks = {"embedding": 0, "block": 1, "head": model.num_units - 1}
     compute = []
     for b in micro_batches:
-        fwd, bwd = unit_compute_s(model, gpu, 1, b, "bf16", "none")
+        fwd, bwd = unit_compute_s(model, gpu, 1, b, "bf16", "none", kernels="fused")  # the simulator's default counts
         for kind, i in picks.items():
             u = model.units[i]
             compute.append(ComputeEntry(device="A100", precision="bf16", unit=kind, params=u.params,
@@ -256,7 +256,7 @@ def test_unit_compute_matches_per_unit(cluster):
     from hetpart.costmodel.profile import BoundProfile
 
     bound = BoundProfile(analytic_profile(model, cluster), model, cluster)
-    fwd, bwd = unit_compute_s(model, gpu, 1, 2, "bf16", "none")
+    fwd, bwd = unit_compute_s(model, gpu, 1, 2, "bf16", "none", kernels="fused")  # as analytic_profile
     f, b = bound.unit_compute_s(gpu, 1, 2, "bf16", "none", np.zeros_like(fwd), np.zeros_like(bwd))
     assert f == pytest.approx(fwd) and b == pytest.approx(bwd)
 

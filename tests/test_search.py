@@ -90,7 +90,7 @@ def test_cost_table_mirrors_the_simulator_primitives(recompute: str) -> None:
     for pool in device_pools(cluster):
         for tp in (1, 2):
             costs = table.get(pool, tp, 2, recompute)
-            fwd, bwd = unit_compute_s(model, pool.gpu, tp, 2, "bf16", recompute)
+            fwd, bwd = unit_compute_s(model, pool.gpu, tp, 2, "bf16", recompute, kernels="fused")
             expect = fwd + bwd
             if tp > 1:
                 group = tp_groups(pool, tp)[0]
@@ -372,7 +372,7 @@ def test_search_searches_levels_0_and_1_and_keeps_the_faster(monkeypatch) -> Non
     level1 = plan_search(model, cluster, Workload(256, 1024, zero=1))
     assert level0.plan.zero == 0 and level1.plan.zero == 1
     assert both.tokens_per_s >= max(level0.tokens_per_s, level1.tokens_per_s) * (1 - 1e-9)
-    assert both.plan.zero == 1 and both.tokens_per_s > 1.02 * level0.tokens_per_s
+    assert both.plan.zero == 1 and both.tokens_per_s > 1.005 * level0.tokens_per_s  # +1.3% (engine op counts)
     monkeypatch.setattr(search, "PARALLEL_LEVELS", False)
     assert plan_search(model, cluster, Workload(256, 1024)).plan == both.plan
     monkeypatch.setattr(search, "LEVEL_ONE_MAX_DEVICES", 8)  # beyond it: level 0 where it fits, as before

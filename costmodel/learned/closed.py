@@ -50,6 +50,7 @@ from hetpart.graph.model_graph import ModelGraph
 from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
+from hetpart.costmodel.activations import DEFAULT_KERNELS
 from hetpart.costmodel.memory import GRAD_BYTES
 
 __all__ = ["ClosedContext", "Composed", "compose", "ClosedHead", "HEAD_FEATURES", "ClosedTrainConfig", "train_closed",
@@ -152,7 +153,9 @@ class ClosedContext:
             from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 
             if g.alike:
-                f, b = unit_compute_s(self.model, g.gpu, tp, mb, self.precision, recompute, None, attention)
+                # the simulator's default operator counts and vocabulary padding: its kernel set's (op_counts="engine")
+                f, b = unit_compute_s(self.model, g.gpu, tp, mb, self.precision, recompute, None, attention,
+                                      kernels=DEFAULT_KERNELS)
             else:
                 from hetpart.costmodel.tp_split import unit_shares
 
@@ -160,7 +163,7 @@ class ClosedContext:
                 f = b = None
                 for i, (gpu, speed) in enumerate(zip(g.gpus, g.speeds)):
                     fi, bi = unit_compute_s(self.model, gpu, 1.0 / shares[i], mb, self.precision, recompute, None,
-                                            attention, speed=speed)
+                                            attention, kernels=DEFAULT_KERNELS, speed=speed)
                     f, b = (fi, bi) if f is None else (np.maximum(f, fi), np.maximum(b, bi))
             tf, tb = unit_tp_comm_s(self.model, tp, mb, recompute, *g.tp_link)
             hit = self._units[key] = np.stack([f + tf, b + tb, tf + tb])

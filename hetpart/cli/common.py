@@ -35,11 +35,11 @@ OverlapP2POpt = typer.Option(False, "--overlap-p2p", help="The engine overlaps p
 OverlapGradOpt = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Gradient all-reduces "
                               "run bucket by bucket during the backward (default, DDP and Megatron-LM's "
                               "--overlap-grad-reduce) or after it (engines that sync after the backward).")
-OpCountsOpt = typer.Option("measured", "--op-counts", help="Operators each unit dispatches, for the host's fixed "
-                           "cost per operator: measured (default: counted on eager PyTorch modules, what hetpart's "
-                           "runtime and most hand-written engines launch) or engine (Megatron-Core with Transformer "
-                           "Engine's fused kernels: a Llama block 12/20 instead of 66/138; small work per GPU, TP 4-8 "
-                           "at micro-batch 1, is then far less host-bound).")
+OpCountsOpt = typer.Option("engine", "--op-counts", help="Operators each unit dispatches, for the host's fixed "
+                           "cost per operator: engine (default: the kernel set's own; Megatron-Core with Transformer "
+                           "Engine's fused kernels, a Llama block 12/20, or hetpart's runtime's eager modules under "
+                           "its torch kernels) or measured (the counts of eager PyTorch modules whatever the kernel "
+                           "set, a Llama block 66/138: hand-written engines without fused kernels).")
 
 
 _PIPE_WIDTH = 200
@@ -102,7 +102,7 @@ def workload_from(global_batch: int, seq_len: int, precision: str, recompute: st
                     optimizer=optimizer, attention=attention, offload=offload or "none")
 
 
-def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool, op_counts: str = "measured") -> dict:
+def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool, op_counts: str = "engine") -> dict:
     """The simulator options of ``--overlap-p2p``, ``--no-overlap-grad-reduce`` and ``--op-counts``, only where
     they differ from the defaults (a predictor that does not take them then refuses them with one clear line)."""
     from hetpart.errors import SpecError
@@ -110,8 +110,8 @@ def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool, op_counts: str 
     out = {}
     if op_counts not in ("measured", "engine"):
         raise SpecError(f"--op-counts: unknown {op_counts!r}; use measured or engine")
-    if op_counts == "engine":
-        out["op_counts"] = "engine"
+    if op_counts == "measured":
+        out["op_counts"] = "measured"
     if overlap_p2p:
         out["overlap_p2p"] = True
     if not overlap_grad_reduce:

@@ -587,7 +587,7 @@ def _grid_plan(flags: _WorkloadFlags, models: _Models, tp, pp, dp, micro_batch, 
 
 
 def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path, plans_path, profile_path, jobs,
-                   overlap_p2p, overlap_grad_reduce, op_counts: str = "measured") -> None:
+                   overlap_p2p, overlap_grad_reduce, op_counts: str = "engine") -> None:
     """``--records`` re-predicts each record with its own model, cluster, plan, workload and engine options:
     refuse the options it would ignore."""
     from hetpart.errors import PlanError
@@ -597,7 +597,7 @@ def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path,
              + flags.given() + [flag for flag, value in grid.items() if value is not None]
              + (["--jobs"] if jobs else []) + (["--overlap-p2p"] if overlap_p2p else [])
              + ([] if overlap_grad_reduce else ["--no-overlap-grad-reduce"])
-             + ([] if op_counts == "measured" else ["--op-counts"]))
+             + ([] if op_counts == "engine" else ["--op-counts"]))
     if given:
         raise PlanError(f"--records: each record is re-predicted with its own model, cluster, plan, workload and "
                         f"engine options; drop {', '.join(given)} (only --predictor and --json go with --records)")
