@@ -188,6 +188,7 @@ class Correction:
     def save(self, path: str | Path) -> None:
         import json
 
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # as the data set and checkpoint writers do
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod

@@ -125,14 +125,15 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     from dataclasses import replace
 
     if out:  # before the training module, which imports torch (seconds)
-        _check_out(out, "surrogate.pt")
+        _check_out(out, "surrogate.pt", inputs={"--config": config, "--dataset": dataset})
     from hetpart.costmodel.learned.dataset import load_dataset
     from hetpart.costmodel.learned.train import load_train_config, resolve_device, train
 
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
-    if not out:
-        _check_out(Path(cfg.out), "surrogate.pt", f"{config or 'the default config'}: out")
+    # the checkpoint is written over ``out`` every epoch: an ``out`` that is the data set would replace it
+    _check_out(Path(cfg.out), "surrogate.pt", "--out" if out else f"{config or 'the default config'}: out",
+               inputs={"--config": config, ("--dataset" if dataset else "dataset"): cfg.dataset})
     resolve_device(device)  # a bad --device fails before the data set is read
     if cfg.resume and Path(cfg.out).is_file():  # training resumes from it: a wrong file is refused first
         _check_checkpoint(Path(cfg.out), "--out")
@@ -228,11 +229,13 @@ def evaluate_command(dataset: Path = typer.Option(Path("runs/costmodel/dataset.p
     _print_report(report, f"{path} on {dataset}")
 
 
-def _check_out(out: Path, example: str, source: str = "--out") -> None:
-    """A file can be written at ``out`` (checked before minutes of work: the file is written last)."""
+def _check_out(out: Path, example: str, source: str = "--out", inputs: Optional[dict] = None) -> None:
+    """A file can be written at ``out`` and is none of the command's ``inputs`` (flag to path, as
+    ``_validate.refuse_input_as_output`` takes them): checked before minutes of work, since the file is written last."""
     from hetpart import _validate
     from hetpart.errors import SpecError
 
+    _validate.refuse_input_as_output(SpecError, out, source, inputs or {})
     if out.is_dir():
         raise SpecError(f"{source}: {out} is a directory; give a file name such as {out / example}")
     _validate.check_creatable(SpecError, out, source, "give a place you can write")
@@ -270,7 +273,7 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
 
     if epochs < 1:
         raise SpecError(f"--epochs: expected a whole number >= 1, got {epochs}")
-    _check_out(out, "closed.npz")
+    _check_out(out, "closed.npz", inputs={"--dataset": dataset})
     began = time.time()
     data_cfg, records = load_dataset(dataset)
     update, bar = _progress(json_out, "composing")
@@ -308,6 +311,8 @@ def correct_command(records: Path = typer.Option(..., "--records", help="Run rec
 
     if features not in ("run", "plan"):
         raise PlanError(f"--features: unknown {features!r}; use run or plan")
+    if out is not None:  # before the fit: writing over the records would lose every run in them
+        _check_out(out, "correction.json", inputs={"--records": records})
     xs, rs, emulated = records_training_set(load_records(records), features)  # type: ignore[arg-type]
     if not rs:
         raise PlanError(f"--records: {records} holds no run; give the file 'hetpart run --out' appended to")
