@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from hetpart import _validate
 from hetpart.errors import SpecError
 
 __all__ = ["PolicyTrainConfig", "load_config", "train_policy"]
@@ -107,8 +108,13 @@ def load_config(path: str | Path, *, replace_shipped: bool = False) -> PolicyTra
         if key not in fields:
             raise SpecError(f"{path}: {key}: unknown key; known: {', '.join(fields)}")
         want = type(getattr(PolicyTrainConfig(), key))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            data[key] = float(value)
+        if key == "tracker" and value is None:  # YAML reads a bare null as None; the tracker's name is "null"
+            data[key] = "null"
+        elif want is float:  # YAML 1.1 reads 1e-3 (no dot) as text: take it where it reads as a number
+            data[key] = _validate.yaml_float(value)
+            if data[key] is None:
+                raise SpecError(f"{path}: {key}: expected a number, got {value!r}; write a number (the default is "
+                                f"{key}: {getattr(PolicyTrainConfig(), key)!r})")
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise SpecError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
     _check_ranges(path, data)

@@ -237,6 +237,25 @@ def missing_recorded_source(source: str, key: str, recorded: Any) -> str | None:
             f"give --{key}")
 
 
+def yaml_float(value: Any) -> float | None:
+    """``value`` as a float for a float setting read from YAML, or None when it is no finite number.
+
+    PyYAML follows YAML 1.1, where a float needs a dot: ``1e-3`` is read as the string ``'1e-3'`` (and ``1`` as
+    an int). Both are taken; booleans, None and text that is no finite number are not.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
 def refuse_input_as_output(exc: type[HetpartError], out: Any, flag: str, inputs: dict[str, Any]) -> None:
     """Refuse an output path that is one of the command's own input files (``inputs``: what the user calls it, e.g.
     ``"--cluster"``, to the path or spec given; catalog names, ``python:`` specs and None are skipped): writing it

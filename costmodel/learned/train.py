@@ -91,10 +91,25 @@ def load_train_config(path: str | Path | None) -> TrainConfig:
     for key in data:
         if key not in known:
             raise SpecError(f"{path}: {key}: unknown setting; known: {', '.join(known)}")
+    for key, value in data.items():
+        if known[key].type in ("float", float):
+            data[key] = _float_setting(path, key, value, known[key].default)
     try:
         return TrainConfig(**data)
     except TypeError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    except SpecError as exc:  # its checks say "train config:": name the file the value came from
+        raise SpecError(str(exc).replace("train config:", f"{path}:", 1)) from None
+
+
+def _float_setting(path: Path, key: str, value: Any, default: float) -> float:
+    """A float setting; YAML 1.1 reads ``3e-3`` (no dot) as text, which is taken when it reads as a number."""
+    from hetpart import _validate
+
+    number = _validate.yaml_float(value)
+    if number is None:
+        raise SpecError(f"{path}: {key}: expected a number, got {value!r}; write a number (the default is {key}: {default!r})")
+    return number
 
 
 def kendall_tau(a, b) -> float:
