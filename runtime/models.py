@@ -13,7 +13,10 @@ loss is applied by the engine), exactly the units a plan's ``layers`` ranges ind
   are rotary or ALiBi the runner adds none (the rotation's elementwise cost and the bias are left out of the
   run; causal attention still orders the tokens);
 * ``python:MODULE:FUNCTION``: a function returning ``(module, example_inputs)`` whose top-level
-  children, run one after the other, compute the module (checked on the example input).
+  children, run one after the other, compute the module (checked on the example input, in eval mode).
+  Its dropout modules (``nn.Dropout*``, ``nn.MultiheadAttention``'s rate) run at rate 0, as every runner
+  trains without dropout; a functional ``F.dropout`` in its own ``forward`` is not reached
+  (``--check-gradients`` then reports the run against the reference as different).
 
 Weights are initialised per parameter from ``(seed, canonical name)``, so any process that builds any
 subset of units gets the same numbers as the single-process reference.
@@ -462,7 +465,10 @@ def _python_children(spec: str) -> tuple[list[tuple[str, nn.Module]], Any]:
         raise ModelError(f"--model: {spec!r} is not python:MODULE:FUNCTION")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
-        module, example = func()
+        # Seeded, so that every rank and the reference draw the same example (its token range sets the data).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module, example = func()
     except Exception as exc:  # user code: any failure becomes one clear line
         raise ModelError(f"--model: {spec}: calling the model function failed: {exc.__class__.__name__}: {exc}") from None
     if not isinstance(module, nn.Module):
@@ -474,7 +480,21 @@ def _python_children(spec: str) -> tuple[list[tuple[str, nn.Module]], Any]:
     if not units:
         raise ModelError(f"--model: {spec}: the module has no child modules to split into units")
     _check_sequential(spec, module, units, example)
+    _without_dropout(module)
     return units, example
+
+
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def _without_dropout(module: nn.Module) -> None:
+    """Rate 0 for ``module``'s dropout: every runner trains without it, since the ranks' masks could never
+    match the single-process reference's (the transformer runners' configs say ``dropout=False``)."""
+    for m in module.modules():
+        if isinstance(m, _DROPOUTS):
+            m.p = 0.0
+        elif isinstance(m, nn.MultiheadAttention):
+            m.dropout = 0.0
 
 
 def _real(example: Any) -> Any:
@@ -512,13 +532,21 @@ def _check_sequential(spec: str, module: nn.Module, units: list[tuple[str, nn.Mo
     # Random floats, so that a skipped residual or a reordered child shows (zeros can hide both).
     args = tuple(torch.randn(a.shape, generator=gen, dtype=a.dtype)
                  if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-    with torch.no_grad():
-        for key, p in module.named_parameters():
-            p.copy_(_init_value(key, p.shape, 0))
-        full = module(*args)
-        x = args[0] if len(args) == 1 else args
-        for _, unit in units:
-            x = unit(x)
+    # In eval mode: dropout would draw different masks in the two passes and refuse any module that has it
+    # (nn.TransformerEncoderLayer does by default); each submodule's own mode is restored afterwards.
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        with torch.no_grad():
+            for key, p in module.named_parameters():
+                p.copy_(_init_value(key, p.shape, 0))
+            full = module(*args)
+            x = args[0] if len(args) == 1 else args
+            for _, unit in units:
+                x = unit(x)
+    finally:
+        for m, training in modes.items():
+            m.training = training
     if not isinstance(full, torch.Tensor) or not isinstance(x, torch.Tensor) or not torch.allclose(full, x):
         raise ModelError(f"--model: {spec}: running its units one after the other does not give the module's "
                          "output; return a module whose top-level children (or blocks) form a sequence")
