@@ -48,6 +48,23 @@ def ceiling_tokens_per_s(model, cluster, workload, normalise: str) -> float:
     raise SpecError(f"normalise: unknown ceiling {normalise!r}; use roofline or memory_lifted")
 
 
+def _checked_scenario(scenario: Any) -> "tuple[ModelGraph, Cluster, Workload] | None":
+    """A fixed scenario of the three built objects, refused here (not at ``reset()``) when it is anything else."""
+    if scenario is None:
+        return None
+    from hetpart.cluster import Cluster
+    from hetpart.graph.model_graph import ModelGraph
+    from hetpart.workload import Workload
+
+    kinds = (ModelGraph, Cluster, Workload)
+    if isinstance(scenario, (tuple, list)) and len(scenario) == 3 and all(map(isinstance, scenario, kinds)):
+        return tuple(scenario)
+    got = repr(scenario) if len(repr(scenario)) <= 120 else f"a {type(scenario).__name__}"
+    raise SpecError(f"scenario: expected (ModelGraph, Cluster, Workload), got {got}; build them with "
+                    "hetpart.load_model(NAME, seq_len=...), hetpart.load_cluster(NAME_OR_YAML) and "
+                    "hetpart.workload.Workload(global_batch, seq_len), or pass scenario=None to draw scenarios")
+
+
 class PartitionEnv(gym.Env):
     """The planning MDP as a gymnasium environment.
 
@@ -73,7 +90,7 @@ class PartitionEnv(gym.Env):
             raise SpecError(f"reward: unknown predictor {reward!r}; use one of {', '.join(available_predictors())}")
         if normalise not in ("roofline", "memory_lifted"):
             raise SpecError(f"normalise: unknown ceiling {normalise!r}; use roofline or memory_lifted")
-        self.fixed = scenario
+        self.fixed = _checked_scenario(scenario)
         self.distribution = distribution or ScenarioDistribution()
         self.reward_kind, self.normalise = reward, normalise
         self.reward_options = dict(reward_options or {})

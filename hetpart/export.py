@@ -671,14 +671,34 @@ def _deepspeed_tp_problem(plan, shape: _Shape) -> str:
     """TP under DeepSpeed: its batch figures hold for Megatron-DeepSpeed's grid (dp ranks of tp GPUs each);
     plain DeepSpeed makes every GPU of a pipeline stage a data-parallel rank, and checks
     train_batch_size = micro x accumulation x those ranks."""
-    ranks = plan.num_devices // shape.pp
+    head = (f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own (Megatron-DeepSpeed "
+            f"adds it); the batch figures shown count {shape.dp} data-parallel ranks of tp {shape.tp}, as "
+            "Megatron-DeepSpeed does, while plain DeepSpeed makes ")
+    counts = _stage_gpus(plan, shape.pp)
+    if len(set(counts)) > 1:  # an uneven plan: there is no one figure per stage to give
+        return (head + "every GPU of a stage a data-parallel rank and needs as many in each stage; these stages "
+                f"hold {_counted(counts)} GPUs")
+    ranks = counts[0]
     per_step = plan.micro_batch * ranks
     there = (f"gradient_accumulation_steps {plan.global_batch // per_step} there" if plan.global_batch % per_step == 0
              else f"no whole gradient_accumulation_steps gives {plan.global_batch} there (a multiple of {per_step} does)")
-    return (f"tensor parallelism (tp {shape.tp}): DeepSpeed's PipelineModule has no TP of its own (Megatron-DeepSpeed "
-            f"adds it); the batch figures shown count {shape.dp} data-parallel ranks of tp {shape.tp}, as "
-            f"Megatron-DeepSpeed does, while plain DeepSpeed makes all {ranks} GPUs of a stage data-parallel ranks: "
-            f"{there}")
+    return head + f"all {ranks} GPUs of a stage data-parallel ranks: {there}"
+
+
+def _stage_gpus(plan, pp: int) -> list[int]:
+    """GPUs of each physical pipeline stage over every replica (a device group of interleaved chunks counted once)."""
+    counts = [0] * pp
+    for replica in plan.replicas:
+        groups = list(dict.fromkeys(stage.devices for stage in replica.stages))
+        for g, devices in enumerate(groups[:pp]):
+            counts[g] += len(devices)
+    return counts
+
+
+def _counted(counts: list[int]) -> str:
+    """``[2, 1, 1]`` as ``2, 1 and 1``."""
+    words = [str(c) for c in counts]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _deepspeed_optimizer(plan, config: dict[str, Any], problems: list[str]) -> None:

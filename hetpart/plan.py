@@ -314,7 +314,9 @@ class Plan:
         """Raise :class:`PlanError` listing every broken rule (one line, rules joined by '; ')."""
         problems = self.validate(model, cluster)
         if problems:
-            more = f" (+{len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
+            rest, shown = problems[1:], problems[1:4]
+            hidden = f"; and {len(rest) - len(shown)} not shown" if len(rest) > len(shown) else ""
+            more = f" (+{len(rest)} more: {'; '.join(shown)}{hidden})" if rest else ""
             raise PlanError(f"{source}: {problems[0]}{more}")
 
     def _check_batch(self) -> list[str]:

@@ -532,6 +532,10 @@ def _resolve_plan(plan, where: str, stated: bool, flags: _WorkloadFlags, models:
         raise PlanError(f"--seq-len: {flags.seq_len} but {label or where} was planned for {plan.seq_len} tokens; drop "
                         f"--seq-len (the plan's is used) or plan for {flags.seq_len} ('hetpart plan ... --seq-len "
                         f"{flags.seq_len}')")
+    if flags.global_batch is not None and flags.global_batch != plan.global_batch:  # the flag, not "workload:"
+        raise PlanError(f"--global-batch: {flags.global_batch} but {label or where} was planned for "
+                        f"{plan.global_batch} sequences per step; drop --global-batch (the plan's is used) or plan "
+                        f"for {flags.global_batch} ('hetpart plan ... --global-batch {flags.global_batch}')")
     graph, precision = models.load(plan.seq_len, flags.precision or (plan.precision if stated else None),
                                    devices=plan.devices,
                                    precision_source="--precision" if flags.precision else f"{where}: precision",
