@@ -240,15 +240,29 @@ def speed_typed(cluster: Cluster) -> tuple[Cluster, dict[str, str]] | None:
     return replace(cluster, groups=tuple(groups), slow=(), name=f"{cluster.name} (speed-typed)"), to_real
 
 
+def _halved(group, halvings: int, extra: int):
+    """``group`` on its first ``ceil(count / 2**halvings)`` nodes, and ``extra`` halvings of its one node's GPUs."""
+    nodes = max(1, math.ceil(group.count / 2 ** halvings))
+    if extra <= 0 or group.mixed:
+        return replace(group, count=nodes)
+    return replace(group, count=1, gpus_per_node=max(1, math.ceil(group.gpus_per_node / 2 ** extra)))
+
+
 def fewer_nodes(cluster: Cluster, halvings: int) -> Cluster | None:
     """``cluster`` on the first ``ceil(count / 2**halvings)`` nodes of each node group (at least one), the
-    rest left out; None when that leaves out no node. Device ids are those of the same devices in
-    ``cluster`` (the first nodes of each group keep their numbers), so a plan made on it runs on
-    ``cluster`` as it is, the other nodes idle; speed factors of the nodes kept stay."""
-    groups = tuple(replace(g, count=max(1, math.ceil(g.count / 2 ** halvings))) for g in cluster.groups)
-    if all(a.count == b.count for a, b in zip(groups, cluster.groups)):
+    rest left out, and once every group is down to one node, the first half of each node's GPUs for each further
+    halving (at least one; a node mixing GPU types keeps them all); None when that leaves out nothing. Device ids
+    are those of the same devices in ``cluster`` (the first nodes and GPUs keep their numbers), so a plan made on
+    it runs on ``cluster`` as it is, the rest idle; speed factors of the devices kept stay. (One node of two RTX
+    4090 over PCIe: gpt2-small, 4 sequences of 128 tokens, runs 28% faster on one of them than at TP 2 on both.)"""
+    to_one = max(math.ceil(math.log2(g.count)) if g.count > 1 else 0 for g in cluster.groups)
+    groups = tuple(_halved(g, halvings, halvings - to_one) for g in cluster.groups)
+    if all(a.count == b.count and a.gpus_per_node == b.gpus_per_node for a, b in zip(groups, cluster.groups)):
         return None
-    kept = {f"{gi}/{n}" for gi, g in enumerate(groups) for n in range(g.count)}
-    slow = tuple((d, f) for d, f in cluster.slow if d.rsplit("/", 1)[0] in kept)
-    return replace(cluster, groups=groups, slow=slow,
-                   name=f"{cluster.name} ({sum(g.count for g in groups)} of {sum(g.count for g in cluster.groups)} nodes)")
+    kept = {f"{gi}/{n}/{i}" for gi, g in enumerate(groups) for n in range(g.count) for i in range(g.gpus_per_node)}
+    slow = tuple((d, f) for d, f in cluster.slow if d in kept)
+    nodes, all_nodes = sum(g.count for g in groups), sum(g.count for g in cluster.groups)
+    devices = sum(g.count * g.gpus_per_node for g in groups)
+    part = (f"{nodes} of {all_nodes} nodes" if all(a.gpus_per_node == b.gpus_per_node for a, b in zip(groups, cluster.groups))
+            else f"{devices} of {cluster.num_devices} GPUs")
+    return replace(cluster, groups=groups, slow=slow, name=f"{cluster.name} ({part})")
