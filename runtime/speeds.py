@@ -6,14 +6,16 @@ under emulation, the sleep that makes it run at its emulated device's speed. Eac
 forward, backward and recompute FLOPs of one step (its units, its share of an uneven split, its
 replica's samples: what :func:`hetpart.runtime.measure.warmup_tflops` counts) over that time.
 
-A device's factor is its rate over the fastest rate measured for its GPU type in the same run, so a
-throttled GPU stands out against its healthy peers; a type measured on one device only gets no factor
-(nothing to compare it with). Several records: the median factor per device. Factors above
-``1 - tolerance`` are taken as 1 (a shared machine's noise), so healthy devices get no entry.
-
-Caveats: ranks whose work differs in kind (a pipeline stage holding the head next to one of blocks
-only, or a narrow uneven slice) reach different efficiencies on the same device; compare devices that
-run alike work (data-parallel replicas, an even tensor-parallel group) for the cleanest factors.
+A device's factor is its rate over the fastest rate measured, in the same run, among the devices of its
+GPU type that ran the same work: the same units at the same tensor-parallel degree and slice
+(data-parallel replicas, an even tensor-parallel group; the batch share may differ). Ranks whose work
+differs in kind reach different efficiencies on the same device (a pipeline stage of blocks only ran at
+0.52-0.57 of the stage holding the head on two healthy RTX 4090s, probe B, item 11; a narrow uneven
+TP slice the same), so such a pair says nothing about either device: a device with no peer of its
+type that ran its work gets no factor from that record, and none at all when no record gives it one
+(:attr:`DeviceSpeed.unrated`). Several records: the median factor per device over the records that
+rate it. Factors above ``1 - tolerance`` are taken as 1 (a shared machine's noise), so healthy devices
+get no entry.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from hetpart.plan import Plan
 from hetpart.records import RecordError, RunRecord
 
 __all__ = ["DeviceSpeed", "SpeedEstimate", "speed_factors", "with_measured_slow"]
@@ -42,8 +45,11 @@ class DeviceSpeed:
     compared_with: int
     """Other devices of its type it was compared with (0: none, no factor is written)."""
     runs: int = 1
-    """Records that measured it: a factor resting on one run is one measurement (a pipeline stage's share
-    of the work, a noisy neighbour) and can mark a healthy GPU slow."""
+    """Records that rated it: a factor resting on one run is one measurement (a noisy neighbour) and can
+    mark a healthy GPU slow."""
+    unrated: Literal["", "only_of_type", "unlike_work"] = ""
+    """Why it has no factor (``compared_with`` 0): the only device of its type in every record, or its type's
+    other devices ran other work (another pipeline stage's units, another TP slice) in every record."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,25 @@ class SpeedEstimate:
     """Name of the cluster the records ran (every record's must be the same)."""
 
 
-def _rank_rates(record: RunRecord, source: str) -> dict[str, float]:
+def _work(plan: Plan) -> dict[str, tuple]:
+    """Device -> what it computes per micro-batch: each of its stages' units, TP degree and own TP slice.
+    Two devices with the same work run the same kernels, so their rates compare the devices alone."""
+    out: dict[str, list] = {}
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            split = stage.tp_split
+            for i, d in enumerate(stage.devices):
+                k = i % stage.tp
+                part = tuple(dims[k] if dims else None for dims in
+                             ((split.heads, split.ffn, split.vocab) if split is not None else ((), (), ())))
+                out.setdefault(d, []).append((stage.layers, stage.tp, part))
+    return {d: tuple(sorted(w)) for d, w in out.items()}
+
+
+def _rank_rates(record: RunRecord, plan: Plan, source: str) -> dict[str, float]:
     """Device -> measured TFLOPS of the rank that ran it in ``record``."""
     from hetpart.runtime.measure import _rank_flops
 
-    plan = record.run_plan(source)
     flops = _rank_flops(record.model_graph(), plan)
     out = {}
     for r in record.measured.ranks:
@@ -91,6 +111,7 @@ def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1,
     factors: dict[str, list[float]] = {}
     peers: dict[str, int] = {}
     gpu_of: dict[str, str] = {}
+    typed: set[str] = set()  # devices that had another of their type in some record
     first: tuple[str, str] | None = None
     for source, record in records:
         cluster = parse_cluster(record.cluster, f"{source}: cluster")
@@ -99,19 +120,28 @@ def speed_factors(records: list[tuple[str, RunRecord]], tolerance: float = 0.1,
         elif cluster.name != first[1]:
             raise RecordError(f"{source}: a run of cluster {cluster.name!r}, and {first[0]} is one of "
                               f"{first[1]!r}; give the records of one cluster")
-        measured = _rank_rates(record, source)
+        plan = record.run_plan(source)
+        measured = _rank_rates(record, plan, source)
+        work = _work(plan)
         types: dict[str, list[str]] = {}
+        alike: dict[tuple, list[str]] = {}
         for d in measured:
             gpu_of[d] = cluster.device(d).gpu.name
             types.setdefault(gpu_of[d], []).append(d)
-        for devices in types.values():
+            alike.setdefault((gpu_of[d], work.get(d)), []).append(d)
+            rates.setdefault(d, []).append(measured[d])
+            peers.setdefault(d, 0)
+        typed.update(d for devices in types.values() if len(devices) > 1 for d in devices)
+        for devices in alike.values():
+            if len(devices) < 2:
+                continue
             best = max(measured[d] for d in devices)
             for d in devices:
-                rates.setdefault(d, []).append(measured[d])
                 factors.setdefault(d, []).append(measured[d] / best if best > 0 else 1.0)
-                peers[d] = max(peers.get(d, 0), len(devices) - 1)
-    out = tuple(DeviceSpeed(d, gpu_of[d], statistics.median(rates[d]), statistics.median(factors[d]), peers[d],
-                            len(factors[d]))
+                peers[d] = max(peers[d], len(devices) - 1)
+    out = tuple(DeviceSpeed(d, gpu_of[d], statistics.median(rates[d]), statistics.median(factors.get(d, [1.0])),
+                            peers[d], len(factors.get(d, rates[d])),
+                            "" if d in factors else "unlike_work" if d in typed else "only_of_type")
                 for d in sorted(rates, key=lambda d: tuple(int(x) for x in d.split("/"))))
     slow = {s.device: round(s.factor, 2) for s in out if s.compared_with and s.factor < 1 - tolerance}
     return SpeedEstimate(devices=out, records=len(records), tolerance=tolerance, slow=slow,

@@ -24,7 +24,8 @@ def calibrate_command(
                                  "YAML with the measured slow:)."),
         speeds_from: Optional[Path] = typer.Option(None, "--speeds-from", help="Run records ('hetpart run --out'): "
                                                    "write CLUSTER with each device's measured speed factor in slow: "
-                                                   "(against the fastest device of its type) instead of a profile."),
+                                                   "(against the fastest device of its type that ran the same units: "
+                                                   "data-parallel replicas, an even TP group) instead of a profile."),
         tolerance: float = typer.Option(0.1, "--tolerance", help="With --speeds-from: factors above 1 - this are "
                                         "noise and get no slow: entry."),
         micro_batches: str = typer.Option("1,2,4,8", "--micro-batches", help="Micro-batch sizes to measure, comma-separated."),
@@ -224,13 +225,17 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
     kept = data.get("slow") or {}
     out.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     single = [d.device for d in estimate.devices if d.compared_with and d.runs == 1]
-    notes = [f"{', '.join(single)}: each factor rests on a single run record; one run (a pipeline stage's share of "
-             "the work, a busy neighbour) can mark a healthy GPU slow; append more runs ('hetpart run ... --out "
+    notes = [f"{', '.join(single)}: each factor rests on a single run record; one run (a busy neighbour) can mark a "
+             "healthy GPU slow; append more runs ('hetpart run ... --out "
              f"{records_path}') and calibrate on them all"] if single else []
+    unrated = _unrated_note(estimate)
+    if unrated:
+        notes.append(unrated)
     summary = {"cluster": str(out), "records": estimate.records, "records_cluster": estimate.cluster,
                "tolerance": tolerance, "slow": estimate.slow, "written_slow": kept,
                "devices": [{"device": d.device, "gpu": d.gpu, "tflops": d.tflops, "factor": d.factor,
-                            "compared_with": d.compared_with, "runs": d.runs} for d in estimate.devices],
+                            "compared_with": d.compared_with, "runs": d.runs, "unrated": d.unrated or None}
+                           for d in estimate.devices],
                "notes": notes}
     for note in notes:
         print(f"hetpart: note: {note}", file=sys.stderr)
@@ -241,11 +246,25 @@ def _speeds(cluster: str, records_path: Path, out: Path, tolerance: float, json_
     con.print(f"cluster written to {out} from {estimate.records} run record(s): slow: {kept or 'none'}"
               + (f" (measured: {estimate.slow})" if estimate.slow and estimate.slow != kept else ""))
     for d in estimate.devices:
-        note = "" if d.compared_with else (f" (only device of its type: no factor measured; keeps the cluster's "
-                                           f"{kept[d.device]})" if d.device in kept else
-                                           " (only device of its type: no factor)")
+        why = "ran other work than its type's other devices" if d.unrated == "unlike_work" else "only device of its type"
+        note = "" if d.compared_with else (f" ({why}: no factor measured; keeps the cluster's {kept[d.device]})"
+                                           if d.device in kept else f" ({why}: no factor)")
         note += " (1 run)" if d.compared_with and d.runs == 1 else ""
         con.print(f"  {d.device} {d.gpu}: {d.tflops:.4f} TFLOPS measured, factor {d.factor:.2f}{note}")
+
+
+def _unrated_note(estimate) -> str:
+    """One line naming the devices the records could not rate, and why ("" when all were rated)."""
+    unlike = [d.device for d in estimate.devices if d.unrated == "unlike_work"]
+    alone = [d.device for d in estimate.devices if d.unrated == "only_of_type"]
+    if not unlike:  # a device alone of its type is said on its own line; a note only with unlike work
+        return ""
+    why = [f"{', '.join(unlike)}: in every record the other devices of their type ran other work (another pipeline "
+           "stage's units, another tensor-parallel slice), which runs at another efficiency on the same GPU"]
+    if alone:
+        why.append(f"{', '.join(alone)}: the only device of its type in the records")
+    return (f"not rated, no factor written (the cluster's own entries kept): {'; '.join(why)}; rate them from runs "
+            "where devices of a type run the same units (data-parallel replicas, an even tensor-parallel group)")
 
 
 def _check_writable(out: Path, example: str = "profile.json") -> None:
