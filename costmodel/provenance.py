@@ -82,10 +82,11 @@ ERROR_BANDS: dict[str, dict[str, Any]] = {
                 "H100)",
     },
     "assumed": {
-        "scope": "unit", "mean_abs_pct": 80.9, "signed_pct": [-87.6, 598.8], "rows": 120, "held_out": True,
-        "from": "the Ampere curve scaled by peak against 120 per-unit times measured on an H100 (forward and "
-                "backward; bf16, TF32 and fp32; gpt2-small to llama2-7b; python -m "
-                "hetpart.experiments.bench_gpu_profile); end to end on Llama 3 405B -11% and -14%",
+        "scope": "unit", "mean_abs_pct": 27.3, "signed_pct": [-65.1, 77.3], "rows": 240, "held_out": True,
+        "from": "the Ampere curve scaled by peak against 240 per-unit times measured on an H100 (120 units forward "
+                "and backward; bf16, TF32 and fp32; gpt2-small to llama2-7b; the runtime's kernels; "
+                "hetpart.experiments.bench_gpu_profile.assumed_band(), tests/test_provenance_s50_band.py); end to end on "
+                "Llama 3 405B -11% and -14%",
     },
 }
 """Error bands per kind of compute source (see the module docstring)."""

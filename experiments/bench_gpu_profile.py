@@ -120,6 +120,23 @@ def compare(data: dict, gpu_name: str, curve=None) -> list[dict]:
     return out
 
 
+def assumed_band(path: str | None = None) -> dict:
+    """:data:`hetpart.costmodel.provenance.ERROR_BANDS`' ``assumed`` band recomputed: the Ampere curve scaled to an H100 against the per-unit times measured on
+    one (``experiments/data/h100_unit_profile.json``): ``{"mean_abs_pct", "signed_pct", "rows"}``, one row per
+    unit and pass. (Set on 2026-11-24 at 80.9%, -88% to +599%; the host cost per operator measured since brought
+    the small units in: 27.3%.)"""
+    import json
+    from pathlib import Path
+
+    from hetpart.costmodel.efficiency import CURVES
+
+    where = Path(path) if path else Path(__file__).resolve().parent / "data" / "h100_unit_profile.json"
+    rows = compare(json.loads(where.read_text()), "H100-80GB", CURVES["ampere"])
+    pct = [(r[k] - 1.0) * 100.0 for r in rows for k in ("fwd_ratio", "bwd_ratio")]
+    return {"mean_abs_pct": round(sum(map(abs, pct)) / len(pct), 1),
+            "signed_pct": [round(min(pct), 1), round(max(pct), 1)], "rows": len(pct)}
+
+
 def _markdown(data: dict, rows: list[dict], gpu_name: str, path: str) -> str:
     meta = data["meta"]
     lines = [f"Measured on {meta['device']} ({meta['date']}, torch {meta['torch']}, CUDA {meta['cuda']}); "
