@@ -148,7 +148,8 @@ def test_fp8_and_tf32_exist_where_the_architecture_has_them() -> None:
     assert tf32 == {"ampere", "ada", "hopper", "cdna3"}
     for g in GPU_CATALOG.values():
         assert g.arch, f"{g.name} names no architecture"
-        assert g.tflops_fp32 <= g.tflops("tf32") <= g.tflops_bf16 <= g.tflops_fp8 or not g.supports_fp8
+        assert g.tflops_fp32 <= g.tflops("tf32") <= g.tflops_bf16, g.name
+        assert not g.supports_fp8 or g.tflops_bf16 <= g.tflops_fp8, g.name
     h100 = GPU_CATALOG["H100-80GB"]
     assert (h100.tflops("fp8"), h100.tflops("tf32"), h100.tflops("fp32")) == (1979, 494.7, 67)
     assert GPU_CATALOG["V100-32GB"].tflops("tf32") == 15.7  # no TF32 units: the flag runs plain fp32

@@ -14,7 +14,8 @@ from hetpart.catalog.hardware import GPU_CATALOG, LINK_CATALOG, NIC_CATALOG
 from hetpart.cluster import cluster_catalog, parse_cluster
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIO_DIRS = [d for d in (REPO / "shared" / "scenarios", REPO.parent / "shared" / "scenarios") if d.is_dir()]
+SCENARIO_DIRS = [d for d in (REPO / "shared" / "scenarios", REPO.parent / "shared" / "scenarios",
+                             REPO / "experiments" / "suites" / "public") if d.is_dir()]  # the repo's copy: a fresh clone
 
 CONTRACT_EXAMPLE = """
 name: two-zones                  # required

@@ -18,8 +18,8 @@ from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from tests._suite_plans import suite_plan
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = [p for p in (REPO / "shared" / "scenarios" / "suite.yaml", REPO.parent / "shared" / "scenarios" / "suite.yaml")
-          if p.is_file()]
+SUITES = [p for p in (REPO / "shared" / "scenarios" / "suite.yaml", REPO.parent / "shared" / "scenarios" / "suite.yaml",
+                       REPO / "experiments" / "suites" / "public" / "suite.yaml") if p.is_file()]  # the repo's copy
 
 
 def tiny_model(hidden: int = 2048, layers: int = 4, seq_len: int = 512):

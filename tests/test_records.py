@@ -17,7 +17,8 @@ from hetpart.records import EXAMPLE_LINE, SCHEMA, RecordError, RunRecord, load_r
 from tests._cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = [d for d in (REPO / "shared" / "scenarios", REPO.parent / "shared" / "scenarios") if d.is_dir()]
+SCENARIOS = [d for d in (REPO / "shared" / "scenarios", REPO.parent / "shared" / "scenarios",
+                         REPO / "experiments" / "suites" / "public") if d.is_dir()]  # the repo's copy: a fresh clone
 
 INLINE = """
 name: inline-everything

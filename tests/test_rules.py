@@ -15,8 +15,8 @@ from hetpart.rules import RULES, allowed_tp_degrees, check, tp_problems
 from tests._suite_plans import suite_plan
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = [p for p in (REPO / "shared" / "scenarios" / "suite.yaml", REPO.parent / "shared" / "scenarios" / "suite.yaml")
-          if p.is_file()]
+SUITES = [p for p in (REPO / "shared" / "scenarios" / "suite.yaml", REPO.parent / "shared" / "scenarios" / "suite.yaml",
+                       REPO / "experiments" / "suites" / "public" / "suite.yaml") if p.is_file()]  # the repo's copy
 
 GPT2 = load_model("gpt2-small", seq_len=128)
 CLUSTER = load_cluster("a100-v100-16")  # 1 node of 8 A100 (group 0), 1 node of 8 V100 (group 1)

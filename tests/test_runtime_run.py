@@ -306,7 +306,7 @@ def test_run_writes_a_complete_jsonl_record(emulated_run):
     assert sorted(transport) == ["0", "1"]
     for entries in transport.values():
         assert [(e["ranks"], e["bytes"]) for e in entries] == [([0, 1], summary["model"]["vocab_size"] * 64 * 4)]
-        assert 0 < entries[0]["seconds"] < 1.0
+        assert entries[0]["seconds"] > 0 and math.isfinite(entries[0]["seconds"])  # a time; no bound (shared machine)
 
 
 def test_a_record_reloads_and_repredicts_to_the_recorded_step_time(emulated_run, tmp_path):
