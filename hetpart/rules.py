@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TPDivisor", "RuntimeRules", "RULES", "tp_divisors", "allowed_tp_degrees", "tp_mask", "tp_problems",
            "split_sizes", "split_granularity", "ffn_split_unit", "tp_split_problems", "split_sharding_problems",
            "schedule_problems",
-           "sharding_problems", "uneven_shard_problems", "check"]
+           "sharding_problems", "uneven_shard_problems", "accelerator_problems", "check"]
 
 TPDivisor = Literal["num_heads", "kv_heads", "ffn"]
 _DIVISOR_NAMES: dict[str, str] = {"num_heads": "attention heads", "kv_heads": "key/value heads", "ffn": "MLP width"}
@@ -64,6 +64,13 @@ class RuntimeRules:
     interleaved_whole_rounds: bool = True
     """Interleaved 1F1B: a replica's micro-batches are a whole number of rounds of ``pp`` (torch's
     ``ScheduleInterleaved1F1B`` runs ``max(1, m // pp)`` rounds and needs ``m`` divisible by them)."""
+    accelerator_offloads: tuple[str, ...] = ("none", "full")
+    """Host offloads the runtime executes on an accelerator: ``full`` is FSDP2's ``CPUOffloadPolicy``;
+    ``optimizer`` is not, since the runtime steps its optimizer on the device. (On a CPU device host memory
+    is the device's, and every offload runs as it stands.)"""
+    accelerator_full_offload_min_replicas: int = 2
+    """Replicas that ``offload: full`` needs on an accelerator: ``CPUOffloadPolicy`` offloads what FSDP2
+    shards, and the runtime shards a unit only among two or more replicas."""
 
     def stages_may_differ_in_tp(self, schedule: str) -> bool:
         """Whether the stages of one replica may use different TP degrees under ``schedule``."""
@@ -298,6 +305,27 @@ def uneven_shard_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str
     if plan.shard_group:
         return ["shard_fractions: uneven shards with hybrid sharding (shard_group) do not run; use shard_group 0 "
                 "or even shards (drop shard_fractions)"]
+    return []
+
+
+def accelerator_problems(plan: "Plan", rules: RuntimeRules = RULES) -> list[str]:
+    """Why the runtime refuses ``plan`` on an accelerator (``--device cuda``) though it runs it on CPU ranks
+    (empty when it runs it on both); the engine and ``hetpart run`` raise the first, with this text.
+
+    Not part of :func:`check` (so not of :meth:`Plan.validate`): a plan names no device kind, and these
+    plans are sound elsewhere. DeepSpeed's ``offload_param`` (ZeRO-Infinity) runs ``full`` on one GPU,
+    ZeRO-Offload and Megatron-Core's ``--optimizer-cpu-offload`` run ``optimizer``, the simulator prices
+    both, and ``hetpart run`` executes them on CPU ranks. A planner barred from them would leave a one-GPU
+    cluster no ``--offload full`` plan at all. ``hetpart plan`` says it in a note instead."""
+    offload = getattr(plan, "offload", "none")
+    if offload not in rules.accelerator_offloads:
+        return [f"offload: {offload!r} keeps the optimizer on the host, and hetpart's runtime steps it on the "
+                "device; run offload 'full' (FSDP2's CPUOffloadPolicy, zero 3), run on CPU ranks (--device cpu), "
+                "or predict the plan"]
+    if offload == "full" and plan.dp < rules.accelerator_full_offload_min_replicas:
+        return [f"offload: 'full' runs on FSDP2's CPUOffloadPolicy, which offloads what FSDP shards, and "
+                f"{plan.dp} replica shards nothing; use {rules.accelerator_full_offload_min_replicas} or more "
+                "replicas, run on CPU ranks (--device cpu), or predict the plan"]
     return []
 
 

@@ -387,16 +387,15 @@ class Executor:
         self.dist_optimizer = None
         self.sharded_reports = None
         """Level 1 on FSDP2: the step's deferred reduce-scatter reports (:class:`hetpart.runtime.sharded.Level1Reports`)."""
-        if plan.offload != "none" and self.device.type != "cpu":
+        if self.device.type != "cpu":
             # on a CPU device host memory is the device's: an offloaded plan runs as it is (FSDP2's offload policy
-            # included); on an accelerator only what FSDP2's CPUOffloadPolicy does is real
-            if plan.offload == "optimizer":
-                raise PlanError("offload: 'optimizer' keeps the optimizer on the host, and hetpart's runtime steps it "
-                                f"on the device ({self.device.type}); run offload 'full' (FSDP2's CPUOffloadPolicy, "
-                                "zero 3) or predict the plan")
-            if plan.dp < 2:
-                raise PlanError("offload: 'full' runs on FSDP2's CPUOffloadPolicy, which offloads what FSDP shards, "
-                                "and one replica shards nothing; use two or more replicas, or predict the plan")
+            # included); on an accelerator only what FSDP2's CPUOffloadPolicy does is real (hetpart.rules says
+            # which; hetpart run refuses the same before any process starts)
+            from hetpart.rules import accelerator_problems
+
+            problems = accelerator_problems(plan)
+            if problems:
+                raise PlanError(problems[0])
         if plan.zero and not uses_sharded_adam(plan):
             from hetpart.runtime.sharded import apply_sharding
 

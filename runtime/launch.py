@@ -386,6 +386,11 @@ def prepare_run(plan: Plan, model_spec: str, cluster_spec: str, options: RunOpti
     require_runnable(small, runnable, source=f"plan (the {runnable.name} that runs)")
     states = graph.num_params * _BYTES_PER_PARAM / 1e9 + _activation_gb(graph, small)
     if run_device(options, local) == "cuda":  # the states live on each rank's GPU, not in host memory
+        from hetpart.rules import accelerator_problems
+
+        problems = accelerator_problems(plan)
+        if problems:
+            raise PlanError(f"{source}: {problems[0]}")
         check_gpu_memory(local, states)
         per_process = _PROCESS_BASE_GB
     else:

@@ -128,6 +128,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     result = replace(result, plan=chosen)
     if out is not None:
         _write_plan(chosen, out)
+    _note_cpu_only(chosen)
     payload = result.to_dict() | {"upper_bound": bound, "provenance": result.prediction.provenance}
     if json_out:
         emit_json(payload)
@@ -156,6 +157,19 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         head = f"upper bound {bound['tokens_per_s']:,.0f} tokens/s{cut} ({pct:.1f}% reached)"
     con.print(f"{head}; roofline {bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def _note_cpu_only(plan) -> None:
+    """A note where ``hetpart run`` executes the plan on CPU ranks only (:func:`hetpart.rules.accelerator_problems`:
+    sound plans for other engines, so the planners keep them)."""
+    import sys
+
+    from hetpart.rules import accelerator_problems
+
+    problems = accelerator_problems(plan)
+    if problems:
+        print(f"hetpart: note: hetpart run executes this plan on CPU ranks only, and refuses it on GPUs: {problems[0]}",
+              file=sys.stderr)
 
 
 def _time_limit(seconds: Optional[float], planner: str) -> dict[str, Any]:
