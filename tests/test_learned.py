@@ -174,7 +174,7 @@ def test_out_of_distribution_input_is_flagged_not_refused(checkpoint, tiny_recor
     # a scenario it trained on has no feature out of range; its P100 (compute assumed) is flagged as such alone
     assert not any("plan features outside the training range" in e.ood_reasons for e in usual)
     assert {r for e in usual for r in e.ood_reasons} <= {"P100-16GB: compute assumed (the simulator's labels "
-                                                         "there: single units' times -88% to +599%)"}
+                                                         "there: single units' times -65% to +77%)"}
 
 
 def test_pyg_graph_has_units_pools_stages_and_no_device_nodes():

@@ -111,7 +111,7 @@ def test_a_plan_the_simulator_priced_carries_the_simulators_band_not_a_learned_s
 
 
 def test_a_device_without_a_step_level_band_leaves_the_step_band_open():
-    """A per-unit band is not a step's: an assumed-curve device (single units' times -88% to +599%) gives no step
+    """A per-unit band is not a step's: an assumed-curve device (single units' times -65% to +77%) gives no step
     low/high instead of a 56x range (probe of 2026-11-30: 0.14 s to 7.89 s for a 0.98 s step on an L40S)."""
     from hetpart.costmodel.provenance import ERROR_BANDS, prediction_provenance, step_band
 

@@ -7,7 +7,7 @@ their distribution, whatever its features look like, when one of its device type
 * is not a catalog type the data set drew (an inline GPU; a catalog type restated inline with the
   same figures counts as the catalog's): the model never saw its compute;
 * has ``assumed`` compute (:func:`hetpart.costmodel.provenance.compute_kind`: another generation's
-  curve scaled by peak, single units' times -88% to +599% against measured ones): the labels the model learned
+  curve scaled by peak, single units' times -65% to +77% against measured ones): the labels the model learned
   from are themselves a guess there, so a small spread around them would claim a precision nobody has.
 
 :func:`unseen_device_types` is the one test both predictors apply (their feature-range tests come on
