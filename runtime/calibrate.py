@@ -185,7 +185,7 @@ def calibrate_profile(cluster_spec: str, model_spec: str, options: CalibrateOpti
             say(f"{t}: not at hand; measured {classes[b.device].description} stands in for it (predictions with "
                 f"this profile then price running {spec.name}{f' at --scale {options.scale}' if options.scale else ''} "
                 "on this machine; for another model or scale it prices nothing)")
-    links = _measure_links(cuda, list(classes)[0], say) if options.links else []
+    links = _measure_links(cuda, list(classes)[0], say, options.repeats) if options.links else []
     tensor_parallel = (_measure_tensor_parallel(model_spec, graph, list(classes)[0], cuda, precision, seq, options, say)
                        if options.tensor_parallel else [])
     meta = {"command": " ".join(["hetpart", *sys.argv[1:]]) if sys.argv and "hetpart" in sys.argv[0] else "",
@@ -346,8 +346,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _measure_links(cuda: bool, device_class: str, say) -> list[LinkEntry]:
-    """p2p and all-reduce sweeps between two local processes; [] when they cannot be had (one GPU)."""
+def _measure_links(cuda: bool, device_class: str, say, repeats: int | None = None) -> list[LinkEntry]:
+    """p2p and all-reduce sweeps between two local processes; [] when they cannot be had (one GPU). ``repeats``
+    (``--repeats``): timed repeats per message size; None: 20 up to 1 MiB, 8 above."""
     import json
 
     import torch
@@ -361,7 +362,7 @@ def _measure_links(cuda: bool, device_class: str, say) -> list[LinkEntry]:
         f"{_SWEEP_BYTES[0] // 1024} KiB to {_SWEEP_BYTES[-1] // 2**20} MiB")
     with tempfile.TemporaryDirectory(prefix="hetpart-calibrate-") as tmp:
         out = Path(tmp) / "links.json"
-        mp.start_processes(_link_worker, args=(2, _free_port(), backend, str(out)), nprocs=2, join=True,
+        mp.start_processes(_link_worker, args=(2, _free_port(), backend, str(out), repeats), nprocs=2, join=True,
                            start_method="spawn")
         sweeps = json.loads(out.read_text())
     scope = "intra_node" if cuda else "any"
@@ -380,7 +381,7 @@ def _measure_links(cuda: bool, device_class: str, say) -> list[LinkEntry]:
     return entries
 
 
-def _link_worker(rank: int, world: int, port: int, backend: str, out: str) -> None:
+def _link_worker(rank: int, world: int, port: int, backend: str, out: str, given: int | None = None) -> None:
     """One of the two processes of the link sweeps (spawned; rank 0 writes the results)."""
     import json
 
@@ -396,7 +397,7 @@ def _link_worker(rank: int, world: int, port: int, backend: str, out: str) -> No
         results = {"p2p": [], "allreduce": []}
         for nbytes in _SWEEP_BYTES:
             buf = torch.ones(max(1, nbytes // 4), device=device)
-            repeats = 20 if nbytes <= 2**20 else 8
+            repeats = given or (20 if nbytes <= 2**20 else 8)
             results["p2p"].append(_ping_pong(dist, buf, rank, repeats, device))
             results["allreduce"].append(_allreduce(dist, buf, repeats, device))
         if rank == 0:
