@@ -124,7 +124,9 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         bound = (upper_bound(graph, cl, workload, predictor=predictor, predictor_options=options,
                              time_limit_s=planner_options.get("time_limit_s")) if with_bound
                  else skipped_bound(graph, cl, workload))
-    chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)})
+    priced = engine_options(overlap_p2p, overlap_grad_reduce, op_counts)  # what priced it, where not the defaults
+    chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)}
+                     | ({"engine": priced} if priced else {}))
     result = replace(result, plan=chosen)
     if out is not None:
         _write_plan(chosen, out)
@@ -433,6 +435,8 @@ def predict_command(
     else:
         graph, workload, plan = _grid_plan(flags, models, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     cl = models.cluster
+    if not engine and plan_path is not None:  # the engine options the plan was priced with, unless flags say others
+        engine = recorded_engine(plan, str(plan_path))
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
                            **engine)
     try:
@@ -741,6 +745,23 @@ def _predict_groups(numbered: list[tuple[int, str]], resolved, predictor_of, fla
     return answers
 
 
+def recorded_engine(plan, source: str) -> dict:
+    """The engine options ``hetpart plan`` priced ``plan`` with (its ``meta.engine``: ``--overlap-p2p``,
+    ``--no-overlap-grad-reduce``, ``--op-counts measured``), checked; {} for the defaults."""
+    from hetpart.errors import PlanError
+
+    recorded = plan.meta.get("engine") or {}
+    if not isinstance(recorded, dict):
+        raise PlanError(f"{source}: meta.engine: expected the engine options hetpart plan wrote, got "
+                        f"{type(recorded).__name__}; remove it (the defaults price the plan)")
+    allowed = {"overlap_p2p": (True,), "overlap_grad_reduce": (False,), "op_counts": ("measured", "engine")}
+    for key, value in recorded.items():
+        if key not in allowed or value not in allowed[key]:
+            raise PlanError(f"{source}: meta.engine.{key}: {value!r} is not an engine option hetpart plan writes "
+                            f"({', '.join(allowed)}); remove it")
+    return dict(recorded)
+
+
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
                  model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
                  cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
@@ -753,7 +774,7 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                                                   help="Rows drawn at most in the Gantt chart (identical replicas share rows)."),
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Show a plan as a table, its simulated schedule as a Gantt chart (--gantt) and an HTML report (--html)."""
-    from hetpart.costmodel.simulator import simulate
+    from hetpart.costmodel.simulator import Simulator
     from hetpart.errors import PlanError
 
     if max_replicas < 1:
@@ -772,7 +793,8 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # the file named, as export and predict name it
-    prediction = simulate(graph, cl, plan, validate=True, trace=gantt is not None or html_out is not None)
+    prediction = Simulator(graph, cl, **recorded_engine(plan, str(plan_path))).simulate(
+        plan, validate=True, trace=gantt is not None or html_out is not None)
     if gantt is not None:
         from hetpart import plotting
 
