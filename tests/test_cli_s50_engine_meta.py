@@ -49,3 +49,15 @@ def test_a_hand_edited_engine_entry_is_one_line(capsys, tmp_path: Path) -> None:
     code, stdout, err = run_cli(capsys, "show", str(out))
     assert code == 2 and stdout == "" and err.count("\n") == 1
     assert "meta.engine.op_counts: 'fast' is not an engine option hetpart plan writes" in err
+
+
+def test_a_plan_on_an_edited_cluster_file_is_priced_with_a_note(capsys, tmp_path: Path) -> None:
+    """The plan names its cluster by path; an edit to that file re-prices the plan on the new cluster (a what-if),
+    now with one note that it differs from the one planned on (it was silent: A100s turned T4s, 114,733 -> 25,003)."""
+    out, planned = _plan(capsys, tmp_path)
+    code, _, err = run_cli(capsys, "show", str(out))
+    assert code == 0 and "note" not in err
+    (tmp_path / "c.yaml").write_text(CLUSTER.replace("A100-80GB", "A100-40GB"))
+    for argv in (["show", str(out)], ["predict", "--plan", str(out)], ["export", str(out), "--to", "megatron"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0 and err.count(f"{out} was planned on cluster") == 1, (argv, err)

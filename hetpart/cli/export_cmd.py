@@ -25,7 +25,7 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
     the target cannot express. PLAN is checked against its model and cluster first, as 'predict --plan' does."""
     from dataclasses import replace
 
-    from hetpart.cli.plan_cmd import _from_plan_meta, _load, _stated_precision
+    from hetpart.cli.plan_cmd import _from_plan_meta, _load, _stated_precision, note_cluster_changed
     from hetpart.errors import PlanError
     from hetpart.export import TARGETS, export_plan
 
@@ -39,6 +39,7 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # an impossible plan has no launch arguments
+    note_cluster_changed(plan, cl, plan_path)
     result = export_plan(plan, graph, to, cl)
     if strict and result.cannot_express:  # refused before --out: a refused export writes nothing
         raise PlanError(f"--strict: {to} cannot express: {'; '.join(result.cannot_express)}")

@@ -126,7 +126,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                  else skipped_bound(graph, cl, workload))
     priced = engine_options(overlap_p2p, overlap_grad_reduce, op_counts)  # what priced it, where not the defaults
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)}
-                     | ({"engine": priced} if priced else {}))
+                     | ({"engine": priced} if priced else {}) | {"cluster_digest": cluster_digest(cl)})
     result = replace(result, plan=chosen)
     if out is not None:
         _write_plan(chosen, out)
@@ -159,6 +159,25 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
         head = f"upper bound {bound['tokens_per_s']:,.0f} tokens/s{cut} ({pct:.1f}% reached)"
     con.print(f"{head}; roofline {bound['roofline_tokens_per_s']:,.0f} tokens/s; planned in {result.wall_time_s:.2f} s"
               + (f"; plan written to {out}" if out else ""))
+
+
+def cluster_digest(cluster) -> str:
+    """A short digest of what prices a plan on ``cluster`` (its node groups, zone links and speed factors; not its
+    name or where it was read from)."""
+    import hashlib
+
+    return hashlib.sha256(repr((cluster.groups, cluster.zone_links, cluster.slow)).encode()).hexdigest()[:16]
+
+
+def note_cluster_changed(plan, cluster, plan_path) -> None:
+    """A note when ``cluster`` is not the one ``plan`` was made on (its ``meta.cluster_digest``): an edited cluster
+    file re-prices an old plan, which is what a what-if wants and a mistake otherwise."""
+    import sys
+
+    recorded = plan.meta.get("cluster_digest")
+    if isinstance(recorded, str) and recorded != cluster_digest(cluster):
+        print(f"hetpart: note: {plan_path} was planned on cluster {plan.meta.get('cluster', '?')} as it was then; "
+              f"{cluster.name} differs now (priced as it is; re-plan to plan for it)", file=sys.stderr)
 
 
 def _note_cpu_only(plan) -> None:
@@ -435,6 +454,8 @@ def predict_command(
     else:
         graph, workload, plan = _grid_plan(flags, models, tp, pp, dp, micro_batch, schedule, interleave, order, cp)
     cl = models.cluster
+    if plan_path is not None:
+        note_cluster_changed(plan, cl, plan_path)
     if not engine and plan_path is not None:  # the engine options the plan was priced with, unless flags say others
         engine = recorded_engine(plan, str(plan_path))
     chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
@@ -793,6 +814,7 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # the file named, as export and predict name it
+    note_cluster_changed(plan, cl, plan_path)
     prediction = Simulator(graph, cl, **recorded_engine(plan, str(plan_path))).simulate(
         plan, validate=True, trace=gantt is not None or html_out is not None)
     if gantt is not None:
