@@ -201,11 +201,14 @@ def _build_unit_arrays(model: ModelGraph, recompute: str, attention: str) -> dic
 
 
 def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, precision: str,
-                curve: EfficiencyCurve | None, cp: int = 1, u: dict | None = None
+                curve: EfficiencyCurve | None, cp: int = 1, u: dict | None = None, padded: bool = False
                 ) -> tuple[np.ndarray, np.ndarray, EfficiencyCurve, str]:
     """``(FLOP/s of each unit on one device, its TP shard, the curve, the effective precision)``: the
     device's peak times the efficiency at the unit's per-device width and tokens (``micro_batch`` whole
-    sequences, or ``1/cp`` of them under context parallelism)."""
+    sequences, or ``1/cp`` of them under context parallelism). ``padded``: the engine pads the vocabulary
+    (Megatron-LM's ``--make-vocab-size-divisible-by 128``, times TP, its default): the head's product is aligned
+    whatever the model's vocabulary (GPT-2's 50,257 runs as 50,304; the 0.1% more FLOPs are not counted); eager
+    modules (Hugging Face's GPT-2, hetpart's runtime) run the vocabulary as it is."""
     precision = effective_precision(gpu, precision)
     peak_tflops = gpu.tflops(precision)
     curve = curve or curve_for(gpu)
@@ -217,7 +220,7 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
     eff = curve.e_peak(precision) / (1.0 + (curve.w0(size16) / width) ** curve.alpha
                                      + (curve.t0(size16) / tokens) ** curve.alpha)
     vocab = int(getattr(model.config, "head_outputs", getattr(model.config, "vocab_size", 0)) or 0)
-    if vocab and not aligned(vocab, precision):
+    if vocab and not padded and not aligned(vocab, precision):
         cap = UNALIGNED_FRACTION * gpu.tflops_bf16 / peak_tflops
         eff = np.where(u["head"], np.minimum(eff, cap), eff)
     return peak_tflops * 1e12 * eff * shard, shard, curve, precision
@@ -238,7 +241,8 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     the tokens, and each block launches :data:`CP_OPS_PER_STEP` more operators per extra ring step.
     ``kernels``: the kernel set whose operator counts pay the fixed host cost (:func:`unit_ops`;
     ``torch``, the measured counts of hetpart's runtime, unless given: the simulator passes its kernel set's,
-    ``op_counts="engine"``, its default, or ``torch`` under ``op_counts="measured"``).
+    ``op_counts="engine"``, its default, or ``torch`` under ``op_counts="measured"``); under ``fused`` the head's
+    vocabulary is padded as Megatron pads it (:func:`_unit_rates`).
     ``dispatch``: how the host's fixed cost meets the device's work (:data:`DISPATCH_MODES`): ``overlap``
     (eager CUDA launches are asynchronous: a unit takes the longer of its host and device times) or
     ``serial`` (their sum, the simulator before 2026-11-27). ``speed``: the device's speed factor (``slow:`` in
@@ -256,7 +260,8 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     if sublayer:  # the projections (and, under fused attention, the core's forward) run again as well
         more, rewritten = sublayer_recompute_flops(model, attention)
         u = dict(u, bwd=u["bwd"] + more)
-    rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u)
+    padded = kernels == "fused"  # Megatron pads the vocabulary; eager modules do not (_unit_rates)
+    rate, shard, curve, _ = _unit_rates(model, gpu, tp, micro_batch, precision, curve, cp, u, padded)
     work = micro_batch if cp == 1 else micro_batch / cp  # sequences' worth of tokens on this device
     memory = curve.act_traffic * u["none"] * work / shard / (gpu.hbm_gbyte_s * 1e9)
     if recompute == "full":
@@ -286,7 +291,7 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
     gemm_f, gemm_b = u["fwd"] * work / rate, u["bwd"] * work / rate
     if effective_precision(gpu, precision) == "fp8":  # only the linear layers' products run in fp8
         f16, b16 = fp8_bf16_flops(model, recompute, attention)
-        rate16, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, "bf16", curve, cp, u)
+        rate16, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, "bf16", curve, cp, u, padded)
         gemm_f = gemm_f + f16 * work * (1.0 / rate16 - 1.0 / rate)
         gemm_b = gemm_b + b16 * work * (1.0 / rate16 - 1.0 / rate)
     device_f = (gemm_f + memory) / speed

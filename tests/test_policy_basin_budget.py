@@ -114,8 +114,10 @@ def test_near_groups_from_the_threshold_find_the_same_starts_with_fewer_simulati
         found[pruned] = ([(e.plan, e.tokens_per_s) for e in near], evaluator.simulations - before, best.plan)
     assert found[True][2] == found[False][2]  # the same walk, the same best
     assert found[True][0] == found[False][0]  # the same near starts, in the same order
-    assert found[True][0]  # a basin comes near on this walk (63,749 tokens/s against the best's 64,838)
-    assert found[True][1] < found[False][1]  # 0 simulations against 3 when written
+    # when written a basin came near on this walk (63,749 tokens/s against the best's 64,838); under Megatron's
+    # operator counts (the default since 2026-12-01) none does (best 66,274), and the threshold still prices fewer
+    # groups: 8 simulations against 11
+    assert found[True][1] < found[False][1]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -329,13 +329,14 @@ def test_search_with_uneven_fractions_finds_the_optimum_of_its_space_and_beats_e
     water-filled fractions) simulated; the search returns the best, it holds uneven fractions, and it is
     faster than the search kept to even shards (which finds the optimum of the even plans)."""
     model = tiny_model(hidden=4096, layers=8, seq_len=512)
-    workload = Workload(16, 512, recompute="none", zero=1)
+    workload = Workload(32, 512, recompute="none", zero=1)  # 16: one 2-stage pipeline wins (padded vocabulary)
     evaluate = Evaluator(model, A100_4090, workload)
     plans = list(space_plans(model, A100_4090, workload))
     brute = best_of(evaluate(p) for p in plans)
     brute_even = best_of(evaluate(p) for p in plans if p.shard_fractions is None)
-    found = plan_search(model, A100_4090, workload, include_baselines=False)
-    even = plan_search(model, A100_4090, workload, include_baselines=False, uneven_shards=False)
+    # the space as searched, without the hill-climb's interleaving (which may go beyond it: 25,368 > 24,808)
+    found = plan_search(model, A100_4090, workload, include_baselines=False, refine_steps=0)
+    even = plan_search(model, A100_4090, workload, include_baselines=False, uneven_shards=False, refine_steps=0)
     assert found.tokens_per_s == pytest.approx(brute.tokens_per_s, rel=1e-9)
     assert even.tokens_per_s == pytest.approx(brute_even.tokens_per_s, rel=1e-9)
     assert found.plan.shard_fractions is not None and found.plan.shard_fractions[1] < 0.5

@@ -39,7 +39,8 @@ OpCountsOpt = typer.Option("engine", "--op-counts", help="Operators each unit di
                            "cost per operator: engine (default: the kernel set's own; Megatron-Core with Transformer "
                            "Engine's fused kernels, a Llama block 12/20, or hetpart's runtime's eager modules under "
                            "its torch kernels) or measured (the counts of eager PyTorch modules whatever the kernel "
-                           "set, a Llama block 66/138: hand-written engines without fused kernels).")
+                           "set, a Llama block 66/138, and the vocabulary as it is, unpadded: hand-written engines without "
+                           "fused kernels).")
 
 
 _PIPE_WIDTH = 200
