@@ -26,3 +26,13 @@ def forbid(monkeypatch, why: str, *targets: tuple[object, str]) -> None:
 
     for module, name in targets:
         monkeypatch.setattr(module, name, called)
+
+
+def one_line_exit_2(code: int, err: str, *parts: str) -> str:
+    """The one error line of a refusal with exit code 2 (no traceback), holding each of ``parts``."""
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests._cli import forbid, run_cli
+from tests._cli import forbid, run_cli, one_line_exit_2 as _one_line_exit_2
 
 TINY = {"experiment": "policy/tiny", "tracker": "null", "imitation_scenarios": 0, "timesteps": 4, "n_envs": 1,
         "n_steps": 4, "batch_size": 4, "max_devices": 8, "checkpoint_every": 4, "progress_bar": False, "hidden": 8}
@@ -23,12 +23,6 @@ UNWRITABLE = "/proc/nope"
 needs_proc = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc")
 
 
-def _one_line_exit_2(code: int, err: str) -> str:
-    """The one error line of a refusal with exit code 2 (no traceback)."""
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
-    return lines[0]
 
 
 def _config(tmp_path: Path, **keys) -> Path:

@@ -8,18 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import cli_json, forbid, run_cli
+from tests._cli import cli_json, forbid, run_cli, one_line_exit_2 as _one_line_exit_2
 
 RUNS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "h100_runs.jsonl"
 
 
-def _one_line_exit_2(code: int, err: str, *parts: str) -> str:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture

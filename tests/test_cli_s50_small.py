@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 from hetpart.plan import Plan, Replica, Stage
-from tests._cli import cli_json, run_cli
+from tests._cli import cli_json, run_cli, one_line_exit_2 as _one_line_exit_2
 
 
-def _one_line_exit_2(code: int, err: str, *parts: str) -> str:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 def _write(tmp_path: Path, plan: Plan, name: str = "plan.json") -> Path:

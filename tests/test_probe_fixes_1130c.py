@@ -17,14 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import run_cli
+from tests._cli import run_cli, one_line_exit_2 as _one_line_exit_2
 
 
-def _one_line_exit_2(code: int, err: str) -> str:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

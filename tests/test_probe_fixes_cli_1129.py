@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import forbid, run_cli
+from tests._cli import forbid, run_cli, one_line_exit_2 as _one_line_exit_2
 
 MIXED = ("name: mix2\nnodes:\n"
          "  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, nic: Ethernet-25}\n"
@@ -21,13 +21,6 @@ RUNS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "cpu_memor
 """Stored emulated runs of the catalog's tiny-mixed cluster whose ranks carry their own compute times."""
 
 
-def _one_line_exit_2(code: int, err: str, *parts: str) -> str:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("hetpart: error: "), err
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture
