@@ -36,7 +36,7 @@ def test_correct_refuses_its_records_as_out(capsys, tmp_path, no_fit):
     shutil.copy(RUNS, records)
     before = records.read_bytes()
     code, _, err = run_cli(capsys, "costmodel", "correct", "--records", str(records), "--out", str(records))
-    _one_line_exit_2(code, err, f"--out: {records} is the --records file this command reads", "give another path")
+    assert _one_line_exit_2(code, err, f"--out: {records} is the --records file this command reads", "give another path").startswith("hetpart: error: ")
     assert records.read_bytes() == before
 
 
@@ -46,7 +46,7 @@ def test_correct_refuses_the_same_records_by_another_name(capsys, tmp_path, no_f
     (tmp_path / "sub").mkdir()
     code, _, err = run_cli(capsys, "costmodel", "correct", "--records", str(records), "--out",
                            str(tmp_path / "sub" / ".." / "r.jsonl"))
-    _one_line_exit_2(code, err, "is the --records file this command reads")
+    assert _one_line_exit_2(code, err, "is the --records file this command reads").startswith("hetpart: error: ")
     assert records.read_bytes() == RUNS.read_bytes()
 
 
@@ -55,12 +55,12 @@ def test_correct_refuses_an_out_it_cannot_create_before_the_fit(capsys, tmp_path
     blocker.write_text("x")
     code, _, err = run_cli(capsys, "costmodel", "correct", "--records", str(RUNS), "--out",
                            str(blocker / "x.json"))
-    _one_line_exit_2(code, err, "--out: cannot create", "is not a directory", "give a place you can write")
+    assert _one_line_exit_2(code, err, "--out: cannot create", "is not a directory", "give a place you can write").startswith("hetpart: error: ")
 
 
 def test_correct_refuses_a_folder_as_out(capsys, tmp_path, no_fit):
     code, _, err = run_cli(capsys, "costmodel", "correct", "--records", str(RUNS), "--out", str(tmp_path))
-    _one_line_exit_2(code, err, f"--out: {tmp_path} is a directory", "correction.json")
+    assert _one_line_exit_2(code, err, f"--out: {tmp_path} is a directory", "correction.json").startswith("hetpart: error: ")
 
 
 def test_correct_creates_missing_folders_of_out(capsys, tmp_path):
@@ -74,7 +74,7 @@ def test_train_closed_refuses_its_dataset_as_out(capsys, tmp_path, no_training):
     data = tmp_path / "d.pt"
     data.write_bytes(b"not really a data set")
     code, _, err = run_cli(capsys, "costmodel", "train-closed", "--dataset", str(data), "--out", str(data))
-    _one_line_exit_2(code, err, f"--out: {data} is the --dataset file this command reads")
+    assert _one_line_exit_2(code, err, f"--out: {data} is the --dataset file this command reads").startswith("hetpart: error: ")
     assert data.read_bytes() == b"not really a data set"
 
 
@@ -83,7 +83,7 @@ def test_train_refuses_out_flag_that_is_its_dataset_flag(capsys, tmp_path, no_tr
     data.write_bytes(b"data")
     code, _, err = run_cli(capsys, "costmodel", "train", "--dataset", str(data), "--out", str(data),
                            "--tracker", "null")
-    _one_line_exit_2(code, err, f"--out: {data} is the --dataset file this command reads")
+    assert _one_line_exit_2(code, err, f"--out: {data} is the --dataset file this command reads").startswith("hetpart: error: ")
     assert data.read_bytes() == b"data"
 
 
@@ -94,7 +94,7 @@ def test_train_refuses_out_flag_that_is_the_configs_dataset(capsys, tmp_path, no
     config.write_text(f"dataset: {data}\nepochs: 1\n")
     code, _, err = run_cli(capsys, "costmodel", "train", "--config", str(config), "--out", str(data),
                            "--tracker", "null")
-    _one_line_exit_2(code, err, f"--out: {data} is the dataset file this command reads")
+    assert _one_line_exit_2(code, err, f"--out: {data} is the dataset file this command reads").startswith("hetpart: error: ")
     assert data.read_bytes() == b"data"
 
 
@@ -103,7 +103,7 @@ def test_train_refuses_its_config_as_out(capsys, tmp_path, no_training):
     config.write_text("epochs: 1\n")
     code, _, err = run_cli(capsys, "costmodel", "train", "--config", str(config), "--out", str(config),
                            "--tracker", "null")
-    _one_line_exit_2(code, err, f"--out: {config} is the --config file this command reads")
+    assert _one_line_exit_2(code, err, f"--out: {config} is the --config file this command reads").startswith("hetpart: error: ")
     assert config.read_text() == "epochs: 1\n"
 
 
@@ -126,5 +126,5 @@ def test_train_config_out_over_a_dataset_flag_is_refused(capsys, tmp_path, no_tr
     config.write_text(f"out: {data}\nepochs: 1\n")
     code, _, err = run_cli(capsys, "costmodel", "train", "--config", str(config), "--dataset", str(data),
                            "--tracker", "null")
-    _one_line_exit_2(code, err, f"{config}: out: {data} is the --dataset file this command reads")
+    assert _one_line_exit_2(code, err, f"{config}: out: {data} is the --dataset file this command reads").startswith("hetpart: error: ")
     assert data.read_bytes() == b"data"

@@ -60,7 +60,7 @@ def test_train_policy_refuses_a_float_setting_that_is_no_number(capsys, tmp_path
     forbid(monkeypatch, "training started", (tp, "train_policy"))
     config = _policy_config(tmp_path, f"ent_coef: {text}\n")
     code, _, err = run_cli(capsys, "train-policy", "--config", str(config))
-    _one_line_exit_2(code, err, f"{config}: ent_coef: expected a number, got", "the default is ent_coef: 0.01")
+    assert _one_line_exit_2(code, err, f"{config}: ent_coef: expected a number, got", "the default is ent_coef: 0.01").startswith("hetpart: error: ")
 
 
 def test_train_policy_still_refuses_a_non_positive_learning_rate_in_text(capsys, tmp_path, monkeypatch):
@@ -69,7 +69,7 @@ def test_train_policy_still_refuses_a_non_positive_learning_rate_in_text(capsys,
     forbid(monkeypatch, "training started", (tp, "train_policy"))
     config = _policy_config(tmp_path, "learning_rate: -1e-3\n")
     code, _, err = run_cli(capsys, "train-policy", "--config", str(config))
-    _one_line_exit_2(code, err, f"{config}: learning_rate: must be > 0, got -0.001")
+    assert _one_line_exit_2(code, err, f"{config}: learning_rate: must be > 0, got -0.001").startswith("hetpart: error: ")
 
 
 @pytest.mark.parametrize("text, lr", [("3e-3", 0.003), ("1E-2", 0.01), ("0.5", 0.5), ("2", 2.0)])
@@ -87,7 +87,7 @@ def test_costmodel_train_refuses_an_lr_that_is_no_number_naming_file_and_key(cap
     config = tmp_path / "tc.yaml"
     config.write_text(f"lr: {text}\nout: {tmp_path / 's.pt'}\n")
     code, _, err = run_cli(capsys, "costmodel", "train", "--config", str(config), "--tracker", "null")
-    _one_line_exit_2(code, err, f"{config}: lr: expected a number, got", "the default is lr: 0.003")
+    assert _one_line_exit_2(code, err, f"{config}: lr: expected a number, got", "the default is lr: 0.003").startswith("hetpart: error: ")
     assert fake_surrogate_training == []
 
 
@@ -95,5 +95,5 @@ def test_costmodel_train_range_errors_name_the_config_file(capsys, tmp_path, fak
     config = tmp_path / "tc.yaml"
     config.write_text(f"lr: -3e-3\nout: {tmp_path / 's.pt'}\n")
     code, _, err = run_cli(capsys, "costmodel", "train", "--config", str(config), "--tracker", "null")
-    _one_line_exit_2(code, err, f"{config}: lr: expected a positive number, got -0.003")
+    assert _one_line_exit_2(code, err, f"{config}: lr: expected a positive number, got -0.003").startswith("hetpart: error: ")
     assert "train config:" not in err and fake_surrogate_training == []
