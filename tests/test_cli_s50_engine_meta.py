@@ -61,3 +61,12 @@ def test_a_plan_on_an_edited_cluster_file_is_priced_with_a_note(capsys, tmp_path
     for argv in (["show", str(out)], ["predict", "--plan", str(out)], ["export", str(out), "--to", "megatron"]):
         code, _, err = run_cli(capsys, *argv)
         assert code == 0 and err.count(f"{out} was planned on cluster") == 1, (argv, err)
+
+
+def test_a_sharding_level_a_one_replica_plan_cannot_keep_is_noted(capsys, tmp_path: Path) -> None:
+    (tmp_path / "one.yaml").write_text("name: one\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: A100-80GB, "
+                                       "intra_node: NVLink3, nic: Ethernet-10}\n")
+    code, out, err = run_cli(capsys, "plan", "--model", "gpt2-small", "--cluster", str(tmp_path / "one.yaml"),
+                             "--global-batch", "8", "--seq-len", "256", "--no-bound", "--zero", "3", "--json")
+    assert code == 0 and json.loads(out)["plan"]["zero"] == 0
+    assert "--zero 3: the plan has one replica, nothing to shard the states over; it keeps zero: 0" in err

@@ -131,6 +131,11 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     if out is not None:
         _write_plan(chosen, out)
     _note_cpu_only(chosen)
+    if zero and chosen.zero != zero and chosen.dp * chosen.cp == 1:  # the plan file would say 0 without a word
+        import sys
+
+        print(f"hetpart: note: --zero {zero}: the plan has one replica, nothing to shard the states over; it keeps "
+              f"zero: {chosen.zero}", file=sys.stderr)
     payload = result.to_dict() | {"upper_bound": bound, "provenance": result.prediction.provenance}
     if json_out:
         emit_json(payload)
