@@ -155,6 +155,9 @@ _HOPPER = EfficiencyCurve("hopper", e_max=0.7834, w0_ref=419.0, alpha=1.0, peak_
 _VOLTA = EfficiencyCurve("volta", e_max=0.4478, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",
                          act_traffic=_AMPERE.act_traffic, t0_ref=_AMPERE.t0_ref, e_max_fp32=0.70)
+"""Volta's plain-fp32 fraction 0.70: what the outside checks of 80 published runs found for large fp32 matrix products on
+V100 ("near 70% of the fp32 peak, not at the 16-bit tensor-core efficiency", shared/OUTSIDE-CHECKS.md, item 4 of
+what it missed); a mechanism stated by that check, not a fit to any of its rows."""
 
 # Published: e_max per precision = one published GEMM throughput / the dense peak it was measured
 # against (hetpart.costmodel.published_gemm; tests/test_fidelity.py checks they reproduce it). The
