@@ -45,7 +45,7 @@ def _random_policy_mean(scenario: Scenario, values: dict[tuple, float], episodes
 
 @pytest.mark.slow
 def test_ppo_reaches_the_known_optimum_on_a_toy_scenario():
-    """Seeds 0, 1, 2 in turn until one reaches the optimum: every run tried must more than double the mean of
+    """Seeds 0, 1, 2 in turn until one reaches 0.98 of the optimum: every run tried must more than double the mean of
     random decodes, and one of them must reach the optimum. One seed alone depends on the CPU's float
     arithmetic: on one AMD EPYC, seeds 0-3 reached 0.921, 0.921, 1.000 and 0.921 of the optimum (the runner-up,
     TP 2 at micro-batch 16), where seed 0 reached it on the machines before."""
@@ -57,19 +57,21 @@ def test_ppo_reaches_the_known_optimum_on_a_toy_scenario():
         problem = (load_model("gpt2-small", seq_len=1024), load_cluster("tiny-mixed"), Workload(16, 1024))
         scenario = Scenario(*problem)
         values = _values(scenario)
-        optimum = max(values.values())
-        ranked = sorted(values.values(), reverse=True)
-        runner_up = next(v for v in ranked if v < optimum * (1 - 1e-9))
-        assert runner_up < 0.96 * optimum  # the toy's optimum is clear
+        best = max(values, key=values.get)
+        optimum = values[best]
+        # the optimum structure (pools, TP degrees, replicas) is clear; its micro-batch and recompute mode barely
+        # matter under Megatron's operator counts (micro-batch 8, 4, 2: 1.000, 0.994, 0.982 of it)
+        runner_up = max(v for k, v in values.items() if k[:4] != best[:4])
+        assert runner_up < 0.96 * optimum
         random_mean = _random_policy_mean(scenario, values)
         reached = []
         for seed in (0, 1, 2):
             info = _learn(problem, seed)
             assert info["tokens_per_s"] > 2 * random_mean, (seed, info["structure"], random_mean)  # learned
             reached.append((seed, info["structure"], info["tokens_per_s"] / optimum))
-            if info["tokens_per_s"] >= 0.99 * optimum:
+            if info["tokens_per_s"] >= 0.98 * optimum:
                 break
-        assert reached[-1][2] >= 0.99, reached
+        assert reached[-1][2] >= 0.98, reached
     finally:
         torch.set_num_threads(threads)
 
@@ -81,8 +83,9 @@ def _learn(problem, seed: int) -> dict:
 
     from hetpart.policies.gnn import PointerPolicy
 
-    # batch 16 x 1,024: the optimum (data parallelism over the two A100s, micro-batch 8) is 8% ahead of the
+    # batch 16 x 1,024: the optimum (data parallelism over the two A100s, micro-batch 8) is 13.5% ahead of the
     # next structure (TP 2 over the two A100s, micro-batch 16) under the simulator with overlapped host dispatch
+    # and Megatron's operator counts (8% under the eager counts)
     torch.manual_seed(seed)
     env = PartitionEnv(scenario=problem)
     model = MaskablePPO(PointerPolicy, env, n_steps=128, batch_size=64, n_epochs=8, learning_rate=3e-3, gamma=1.0,
