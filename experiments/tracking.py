@@ -9,7 +9,9 @@ of ``RANK`` by default), so training code calls ``tracker.log`` unconditionally.
 
 Metric keys are namespaced by their producer: ``bench/...`` (benchmarks), ``plan/...``
 (planners), ``costmodel/...`` (learned cost model training) and SB3's own keys (``rollout/...``,
-``train/...``) for policy training, which logs through :func:`sb3_logger`.
+``train/...``) for policy training, which logs through :func:`sb3_logger`. One run may mix unrelated steps (the
+loop logs ``loop/...`` per iteration, SB3 per timestep): TensorBoard keeps a step per key, and in wandb each
+namespace is plotted against its own step key (``loop/step``, ``rollout/step``; see :meth:`WandbTracker.log`).
 
 Example:
     >>> import tempfile
@@ -140,10 +142,33 @@ class WandbTracker(_Base):
         project = experiment.split("/")[0] or "hetpart"
         self._run = wandb.init(project=f"hetpart-{project}", name=name, dir=str(self.run_dir),
                                config=dict(config or {}), reinit="create_new")
+        self._defined: set[str] = set()
+        """What ``define_metric`` was told so far: step keys (``loop/step``) and series (``loop/*``)."""
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log ``metrics`` against their namespace's own step (``loop/*`` against ``loop/step``, ...).
+
+        One run holds series with unrelated steps (the loop's iterations 0, 1, ... and SB3's timesteps in the
+        thousands), and wandb drops a record whose ``step=`` goes backwards; so ``step`` is never passed to wandb
+        (each call is a row of wandb's own monotone step) but logged as ``{namespace}/step``, which
+        ``define_metric`` makes the x-axis of ``{namespace}/*`` (a key without a namespace: of ``step``), as
+        wandb's "customize log axes" guide does.
+        """
         self._check_open()
-        self._run.log(_scalars(metrics), step=int(step))
+        values = _scalars(metrics)
+        for key in list(values):
+            axis = _step_key(key)
+            if key == axis:
+                raise SpecError(f"tracker: metric {key!r} is the step wandb plots its namespace against; rename it")
+            series = f"{axis[:-len('step')]}*" if "/" in axis else key
+            if series not in self._defined:
+                if axis not in self._defined:
+                    self._run.define_metric(axis, hidden=True)
+                    self._defined.add(axis)
+                self._run.define_metric(series, step_metric=axis)
+                self._defined.add(series)
+            values[axis] = int(step)
+        self._run.log(values)
 
     def finish(self) -> None:
         if not self._closed:
@@ -229,24 +254,36 @@ def sb3_logger(tracker: Tracker, formats: Sequence[str] = ("tensorboard", "csv")
     logger = configure(str(tracker.run_dir), list(formats))
     for t in getattr(tracker, "trackers", [tracker]):
         if isinstance(t, WandbTracker):
-            logger.output_formats.append(_ForwardToTracker(t))
+            logger.output_formats.append(_forward_writer(t))
     return logger
 
 
-class _ForwardToTracker:
-    """An SB3 ``KVWriter`` that hands every dump to a tracker (the numeric values)."""
+def _forward_writer(tracker: Tracker):
+    """An SB3 ``KVWriter`` (the class is SB3's: ``Logger.dump`` writes only to ``KVWriter`` instances) that hands
+    every dump's numeric values to ``tracker``; keys a record excludes from ``"wandb"`` are left out."""
+    from stable_baselines3.common.logger import KVWriter
 
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
+    class _ForwardToTracker(KVWriter):
+        def __init__(self, tracker: Tracker) -> None:
+            self.tracker = tracker
 
-    def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
-        numbers = {k: float(v) for k, v in key_values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   or hasattr(v, "item") and getattr(v, "ndim", 1) == 0}
-        if numbers:
-            self.tracker.log(numbers, step)
+        def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+            numbers = {k: float(v) for k, v in key_values.items()
+                       if "wandb" not in (key_excluded.get(k) or ()) and _is_number(v)}
+            if numbers:
+                self.tracker.log(numbers, step)
 
-    def close(self) -> None:
-        """The tracker's owner finishes it."""
+        def close(self) -> None:
+            """The tracker's owner finishes it."""
+
+    return _ForwardToTracker(tracker)
+
+
+def _is_number(value: Any) -> bool:
+    """A Python or numpy/torch scalar, not a bool (SB3 records strings and videos too)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) or hasattr(value, "item") and getattr(value, "ndim", 1) == 0
 
 
 def seed_everything(seed: int) -> None:
@@ -302,6 +339,12 @@ def _scalars(metrics: Mapping[str, float]) -> dict[str, float]:
         except (TypeError, ValueError):
             raise SpecError(f"tracker: metric {key!r} = {value!r} is not a number; log scalars only") from None
     return out
+
+
+def _step_key(key: str) -> str:
+    """The step key ``key`` is plotted against in wandb: ``loop/step`` for ``loop/...``, ``step`` for a bare key."""
+    namespace, slash, _ = key.partition("/")
+    return f"{namespace}/step" if slash else "step"
 
 
 def _slug(text: str) -> str:
