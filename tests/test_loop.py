@@ -63,11 +63,15 @@ def test_corrected_predictor_fits_records_and_round_trips_through_a_file(tmp_pat
     assert a == pytest.approx(b) and c > 0
 
 
-@pytest.mark.xfail(reason="issue-9 compute model with host dispatch overlapped (2026-11-27): the simulator itself "
-                   "predicts these 11 H100 runs at 9.2% mean error (24% before, 63% at first), the leave-one-out "
-                   "correction at 10.5%: on so few runs it has too little left to learn", strict=False)
-def test_corrected_model_beats_the_simulator_on_held_out_real_h100_runs():
-    """Leave-one-out over the real H100 runs: each predicted by a correction fitted on the others."""
+def test_corrected_model_on_held_out_real_h100_runs_costs_at_most_a_point_against_the_simulator():
+    """Leave-one-out over the 11 real H100 runs: each predicted by a correction fitted on the other 10.
+
+    Today's finding (2026-12-01, HEAD 355e00e; README's "no gain (7.4% against 6.8%)"): mean |error| 7.35%
+    corrected against 6.77% for the simulator alone. The simulator (host dispatch overlapped) leaves the
+    correction too little to learn on so few runs, so the gain once hoped for (a strict improvement, a
+    non-strict xfail here that could never fail) is not asserted. What is asserted is what holds: the
+    correction, fitted blind on the other runs, makes the held-out prediction at most 1 point worse on average.
+    """
     from hetpart.costmodel.learned.corrected import fit_correction, records_training_set
     from hetpart.records import load_records
 
@@ -79,7 +83,8 @@ def test_corrected_model_beats_the_simulator_on_held_out_real_h100_runs():
         c, _, _ = corr.apply(xs[i])
         sim_err.append(abs(math.exp(-rs[i]) - 1))  # simulated / measured - 1
         corr_err.append(abs(math.exp(c - rs[i]) - 1))
-    assert np.mean(corr_err) < np.mean(sim_err)
+    assert len(rs) == 11
+    assert np.mean(corr_err) <= np.mean(sim_err) + 0.01
 
 
 def test_wide_kernel_carries_the_shared_bias_to_plans_far_from_every_run():
