@@ -58,7 +58,7 @@ def test_the_simulator_is_a_registered_predictor_with_the_simulators_numbers() -
     plans = [megatron_plan(model, cluster, Workload(8, 512), tp=1, pp=pp, dp=4 // pp, micro_batch=1)
              for pp in (1, 2, 4)]
     batch = sim.estimate_batch(plans)
-    for p, e in zip(plans, batch):
+    for p, e in zip(plans, batch, strict=True):
         full = simulate(model, cluster, p)
         assert e.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
         assert sim.predict(p).metrics == full.metrics

@@ -136,7 +136,7 @@ def test_shared_cores_with_a_core_each_is_the_event_reference_pipeline_by_pipeli
     cases = [_random_case(rng, constant=False) for _ in range(6)]
     pipes = [SharedPipeline(f, b, p, s, v) for f, b, p, s, v in cases]
     procs = sum(p.fwd.shape[0] // p.interleave for p in pipes)
-    for got, (f, b, p, s, v) in zip(simulate_shared_cores(pipes, capacity=procs), cases):
+    for got, (f, b, p, s, v) in zip(simulate_shared_cores(pipes, capacity=procs), cases, strict=True):
         ref = simulate_pipeline_events(f, b, p, s, v)
         np.testing.assert_allclose(got.end_s, ref.end_s, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(got.start_s, ref.start_s, rtol=1e-9, atol=1e-12)

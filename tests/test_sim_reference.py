@@ -50,7 +50,7 @@ def test_the_simulator_gives_its_frozen_answers(cases):
         # the per-device memory is its breakdown entry's
         memory = sims["default"].simulate(plan).memory_gb
         rows = case["answers"]["default"]["rows"]
-        for (r, d, *_), row in zip(case["answers"]["shape"], rows):
+        for (r, d, *_), row in zip(case["answers"]["shape"], rows, strict=True):
             for dev in plan.replicas[r].stages[d].devices:
                 _close(memory[dev], row[ref.ROW.index("memory_gb")], f"plan {i} memory of {dev}")
 
@@ -61,7 +61,7 @@ def test_the_batch_scorer_gives_the_frozen_metrics(cases):
     model, cluster = ref.model(), ref.cluster()
     lines = [json.dumps(c["plan"]) for c in cases]
     answers = list(predict_lines(lines, Simulator(model, cluster)))
-    for i, (got, case) in enumerate(zip(answers, cases)):
+    for i, (got, case) in enumerate(zip(answers, cases, strict=True)):
         _close(got["metrics"], case["answers"]["default"]["metrics"], f"line {i + 1}")
 
 
@@ -82,7 +82,7 @@ def test_forked_workers_answer_what_one_process_answers(cases):
     two = list(predict_lines(lines, Simulator(model, cluster), jobs=2))
     assert two == one and len(one) == len(cases) + 1
     assert one[3]["error"].startswith("plans.jsonl:5: ")
-    for i, (got, case) in enumerate(zip(one[:3] + one[4:], cases)):
+    for i, (got, case) in enumerate(zip(one[:3] + one[4:], cases, strict=True)):
         _close(got["metrics"], case["answers"]["default"]["metrics"], f"answer {i}")
 
 
