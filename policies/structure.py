@@ -85,6 +85,14 @@ def greedy_fits(costs: "list[StageCosts]", num_microbatches: int, zero: int = 0,
     return a == n
 
 
+def _typed_in_flight(pp: int) -> int:
+    """The micro-batches a typed replica's ``pp``-stage pipeline is fitted for (``greedy_fits``' count): a
+    full 1F1B pipeline, stage ``j`` holding ``pp - j``, as search's typed configurations are masked
+    (:func:`~hetpart.policies.plan_search.pool_config`), whatever share of the batch the replica gets.
+    :meth:`Scenario.pool_fits` (the masks) and :meth:`Scenario._pool_split` (the scorer) both use it."""
+    return pp
+
+
 class Scenario:
     """One planning problem and the search context its decisions are priced in (built once).
 
@@ -214,9 +222,13 @@ class Scenario:
         return _mask_fractions(self.ctx, self.pools[pool].num_devices // (tp * pp))
 
     def pool_fits(self, pool: int, tp: int, pp: int, mb: int, rc: str) -> bool:
+        """Whether :meth:`pool_config` finds a split: the same memory test as :meth:`_pool_split`, decided by
+        :func:`greedy_fits` (the sends it adds to the ranges are finite, so they never change what fits).
+        Stage ``j`` holds :func:`_typed_in_flight` micro-batches, however few the replica's share of the batch
+        (``m_est``) is, as the typed scorer fits it."""
         def compute() -> bool:
             costs = self.ctx.table.get(self.pools[pool], tp, mb, rc)
-            return any(greedy_fits([costs] * pp, self._m_est(pool, tp, pp, mb), self.ctx.zero, f)
+            return any(greedy_fits([costs] * pp, _typed_in_flight(pp), self.ctx.zero, f)
                        for f in self._fractions(pool, tp, pp))
 
         return self._memo(("pool", pool, tp, pp, mb, rc), compute)
@@ -287,7 +299,8 @@ class Scenario:
             p = self.pools[pool]
             costs = self.ctx.table.get(p, tp, mb, rc)
             for f in self._fractions(pool, tp, pp):
-                masks = [costs.masked(pp - j, False, self.ctx.zero, f) for j in range(pp)]
+                m = _typed_in_flight(pp)  # as greedy_fits counts the stages' micro-batches in flight
+                masks = [costs.masked(min(pp - j, m), False, self.ctx.zero, f) for j in range(pp)]
                 split = pool_split(self.ctx, p, tp, pp, mb, masks, self._m_est(pool, tp, pp, mb),
                                    minimax_split if quick else split_layers)
                 if split is not None:
