@@ -82,46 +82,58 @@ def test_layer_gap_and_overlap_and_short_cover() -> None:
     overlap = _plan(_pipe(1.0, ((0, 4), ("0/0/0",)), ((2, 6), ("0/0/1",))))
     assert "overlaps the previous stage" in _one(overlap.validate(MODEL, CLUSTER), "starts at 2, expected 4")
     short = _plan(_pipe(1.0, ((0, 5), ("0/0/0",))))
-    _one(short.validate(MODEL, CLUSTER), "stages cover units [0, 5), but the model has 6 units")
+    assert _one(short.validate(MODEL, CLUSTER), "stages cover units [0, 5), but the model has 6 units") == (
+        "replicas[0]: stages cover units [0, 5), but the model has 6 units (tiny); every unit must be covered "
+        "exactly once")
     empty = _plan(_pipe(1.0, ((0, 0), ("0/0/0",)), ((0, 6), ("0/0/1",))))
-    _one(empty.validate(MODEL, CLUSTER), "[0, 0) is empty")
+    assert _one(empty.validate(MODEL, CLUSTER), "[0, 0) is empty") == "replicas[0].stages[0].layers: [0, 0) is empty"
 
 
 def test_device_reused_across_replicas_and_stages() -> None:
     plan = _plan(_pipe(0.5, ((0, 6), ("0/0/0",))), _pipe(0.5, ((0, 6), ("0/0/0",))))
-    _one(plan.validate(MODEL, CLUSTER), "devices 0/0/0 are used more than once")
+    assert _one(plan.validate(MODEL, CLUSTER), "devices 0/0/0 are used more than once") == (
+        "devices 0/0/0 are used more than once; a device serves one stage of one replica")
     within = _plan(_pipe(1.0, ((0, 3), ("0/0/0",)), ((3, 6), ("0/0/0",))))
-    _one(within.validate(MODEL, CLUSTER), "two stages share devices; use schedule 'interleaved'")
+    assert _one(within.validate(MODEL, CLUSTER), "two stages share devices; use schedule 'interleaved'") == (
+        "replicas[0].stages: two stages share devices; use schedule 'interleaved' for that")
     twice = _plan(_pipe(1.0, ((0, 6), ("0/0/0", "0/0/0"))))
-    _one(twice.validate(MODEL, CLUSTER), "stages[0].devices: a device is listed twice")
+    assert _one(twice.validate(MODEL, CLUSTER), "stages[0].devices: a device is listed twice") == (
+        "replicas[0].stages[0].devices: a device is listed twice")
 
 
 def test_unknown_device_does_not_hide_other_rules() -> None:
     plan = _plan(_pipe(1.0, ((0, 3), ("0/0/0", "7/0/0")), ((3, 6), ("2/0/0",))))
     problems = plan.validate(MODEL, CLUSTER)
-    _one(problems, "'7/0/0' does not exist in cluster 'zoned' (12 devices)")
-    _one(problems, "zones 'a' and 'c' have no link")
+    assert _one(problems, "'7/0/0' does not exist in cluster 'zoned' (12 devices)") == (
+        "replicas[0].stages[0].devices: '7/0/0' does not exist in cluster 'zoned' (12 devices)")
+    assert _one(problems, "zones 'a' and 'c' have no link") == (
+        "replicas[0].stages[1]: zones 'a' and 'c' have no link; add one under 'links'")
 
 
 def test_tp_must_equal_the_number_of_devices() -> None:
     plan = _plan(Replica(1.0, (Stage((0, 6), ("0/0/0", "0/0/1"), tp=4),)))
-    _one(plan.validate(MODEL, CLUSTER), "tp: 4 but 2 devices listed; tp must equal the number of devices")
+    assert _one(plan.validate(MODEL, CLUSTER), "tp: 4 but 2 devices listed; tp must equal the number of devices") == (
+        "replicas[0].stages[0].tp: 4 but 2 devices listed; tp must equal the number of devices")
 
 
 def test_tp_group_across_nodes_unless_allowed() -> None:
     plan = _plan(_pipe(1.0, ((0, 6), ("0/0/0", "0/1/0"))))
-    _one(plan.validate(MODEL, CLUSTER), "tensor-parallel group spans 2 nodes; keep it inside one node or set allow_cross_node_tp")
+    assert _one(plan.validate(MODEL, CLUSTER), "tensor-parallel group spans 2 nodes") == (
+        "replicas[0].stages[0].devices: tensor-parallel group spans 2 nodes; keep it inside one node or set "
+        "allow_cross_node_tp")
     assert replace(plan, allow_cross_node_tp=True).validate(MODEL, CLUSTER) == []
 
 
 def test_heads_not_divisible_by_tp() -> None:
     plan = _plan(_pipe(1.0, ((0, 6), ("0/0/0", "0/0/1", "0/0/2"))))
-    _one(plan.validate(MODEL, CLUSTER), "tp: 3 does not divide the 4 attention heads")
+    assert _one(plan.validate(MODEL, CLUSTER), "tp: 3 does not divide the 4 attention heads") == (
+        "replicas[0].stages[0].tp: 3 does not divide the 4 attention heads")
 
 
 def test_shares_must_sum_to_one() -> None:
     plan = _plan(_pipe(0.5, ((0, 6), ("0/0/0",))), _pipe(0.25, ((0, 6), ("0/0/1",))))
-    _one(plan.validate(MODEL, CLUSTER), "shares sum to 0.75, not 1; rescale them")
+    assert _one(plan.validate(MODEL, CLUSTER), "shares sum to 0.75, not 1; rescale them") == (
+        "replicas[*].batch_share: shares sum to 0.75, not 1; rescale them")
 
 
 def test_shares_must_give_whole_micro_batches() -> None:
@@ -129,18 +141,24 @@ def test_shares_must_give_whole_micro_batches() -> None:
     assert _plan(_pipe(0.75, ((0, 6), ("0/0/0",))), _pipe(0.25, ((0, 6), ("0/0/1",)))).validate(MODEL, CLUSTER) == []
     odd = _plan(_pipe(0.375, ((0, 6), ("0/0/0",))), _pipe(0.625, ((0, 6), ("0/0/1",))))
     problems = odd.validate(MODEL, CLUSTER)
-    _one(problems, "replicas[0].batch_share: 3 sequences is not a positive multiple of micro_batch 2")
-    _one(problems, "replicas[1].batch_share: 5 sequences is not a positive multiple of micro_batch 2")
+    assert _one(problems, "3 sequences") == (
+        "replicas[0].batch_share: 3 sequences is not a positive multiple of micro_batch 2")
+    assert _one(problems, "5 sequences") == (
+        "replicas[1].batch_share: 5 sequences is not a positive multiple of micro_batch 2")
     frac = _plan(_pipe(0.3, ((0, 6), ("0/0/0",))), _pipe(0.7, ((0, 6), ("0/0/1",))))
-    _one(frac.validate(MODEL, CLUSTER), "0.3 x global_batch 8 = 2.4 is not a whole number of sequences")
+    assert _one(frac.validate(MODEL, CLUSTER), "0.3 x global_batch 8 = 2.4 is not a whole number of sequences") == (
+        "replicas[0].batch_share: 0.3 x global_batch 8 = 2.4 is not a whole number of sequences")
 
 
 def test_zones_without_link_for_pipeline_and_data_parallel() -> None:
     pp = _plan(_pipe(1.0, ((0, 3), ("0/0/0",)), ((3, 6), ("2/0/0",))))
     problems = pp.validate(MODEL, CLUSTER)
-    _one(problems, "replicas[0].stages[1]: zones 'a' and 'c' have no link; add one under 'links'")
+    assert _one(problems, "zones 'a' and 'c' have no link") == (
+        "replicas[0].stages[1]: zones 'a' and 'c' have no link; add one under 'links'")
     dp = _plan(_pipe(0.5, ((0, 6), ("0/0/0",))), _pipe(0.5, ((0, 6), ("2/0/0",))))
-    _one(dp.validate(MODEL, CLUSTER), "data-parallel copies in zones 'a' and 'c' must sync gradients")
+    assert _one(dp.validate(MODEL, CLUSTER), "data-parallel copies in zones 'a' and 'c' must sync gradients") == (
+        "replicas: data-parallel copies in zones 'a' and 'c' must sync gradients but the zones have no link; "
+        "add one under 'links'")
     # Linked zones a and b are fine for both.
     ok = _plan(_pipe(0.5, ((0, 3), ("0/0/0",)), ((3, 6), ("1/0/0",))), _pipe(0.5, ((0, 6), ("1/0/1",))))
     assert ok.validate(MODEL, CLUSTER) == []
@@ -154,7 +172,9 @@ def test_zone_rules_ignore_zones_the_plan_does_not_use() -> None:
 
 def test_tp_group_across_unlinked_zones_is_reported() -> None:
     plan = _plan(_pipe(1.0, ((0, 6), ("1/0/0", "2/0/0"))), allow_cross_node_tp=True)
-    _one(plan.validate(MODEL, CLUSTER), "zones 'b' and 'c' must sync gradients but the zones have no link")
+    assert _one(plan.validate(MODEL, CLUSTER), "zones 'b' and 'c' must sync gradients but the zones have no link") == (
+        "replicas: data-parallel copies in zones 'b' and 'c' must sync gradients but the zones have no link; "
+        "add one under 'links'")
 
 
 def test_validate_lists_every_broken_rule_at_once() -> None:
@@ -162,11 +182,12 @@ def test_validate_lists_every_broken_rule_at_once() -> None:
         Replica(0.5, (Stage((0, 2), ("0/0/0", "0/1/0"), 3), Stage((3, 6), ("2/0/0",), 1))),
         Replica(0.3, (Stage((0, 6), ("0/0/0",), 1),)),
     )
-    problems = bad.validate(MODEL, CLUSTER)
+    problems, hits = bad.validate(MODEL, CLUSTER), set()
     for needle in ("shares sum to 0.8", "2.4 is not a whole number", "leaves a gap", "tp: 3 but 2 devices",
                    "used more than once", "spans 2 nodes", "does not divide the 4 attention heads",
                    "zones 'a' and 'c' have no link", "must sync gradients"):
-        _one(problems, needle)
+        hits.add(_one(problems, needle))
+    assert len(hits) == 9  # nine rules broken, each reported once, none hiding another
     with pytest.raises(PlanError, match=r"^plan.json: replicas\[\*\].batch_share: shares sum to 0.8.*\(\+\d+ more: "):
         bad.check(MODEL, CLUSTER, source="plan.json")
 
@@ -178,14 +199,18 @@ def test_interleaved_rules() -> None:
     assert good.validate(MODEL, CLUSTER) == []
     assert good.replicas[0].pp == 4 and good.num_devices == 2
     wrong = _plan(_pipe(1.0, *stages[:2], ((3, 5), b), ((5, 6), a)), schedule="interleaved", interleave=2)
-    _one(wrong.validate(MODEL, CLUSTER), "interleaved stage k must run on the devices of stage k mod 2")
+    assert _one(wrong.validate(MODEL, CLUSTER), "interleaved stage k must run on the devices of stage k mod 2") == (
+        "replicas[0].stages: interleaved stage k must run on the devices of stage k mod 2")
     odd = _plan(_pipe(1.0, ((0, 2), a), ((2, 4), b), ((4, 6), a)), schedule="interleaved", interleave=2)
-    _one(odd.validate(MODEL, CLUSTER), "3 stages is not a multiple of interleave 2")
+    assert _one(odd.validate(MODEL, CLUSTER), "3 stages is not a multiple of interleave 2") == (
+        "replicas[0].stages: 3 stages is not a multiple of interleave 2")
     not_inter = _plan(_pipe(1.0, ((0, 6), a)), interleave=2)
-    _one(not_inter.validate(MODEL, CLUSTER), "interleave: 2 needs schedule 'interleaved'")
+    assert _one(not_inter.validate(MODEL, CLUSTER), "interleave: 2 needs schedule 'interleaved'") == (
+        "interleave: 2 needs schedule 'interleaved'")
     # More virtual chunks than stages must be reported, not crash.
     deep = _plan(_pipe(1.0, ((0, 3), a), ((3, 6), b)), schedule="interleaved", interleave=4)
-    _one(deep.validate(MODEL, CLUSTER), "2 stages is not a multiple of interleave 4")
+    assert _one(deep.validate(MODEL, CLUSTER), "2 stages is not a multiple of interleave 4") == (
+        "replicas[0].stages: 2 stages is not a multiple of interleave 4")
 
 
 def test_table_renders_every_stage() -> None:
