@@ -100,8 +100,13 @@ def test_local_tensor_is_the_shard_itself(tmp_path) -> None:
 
 
 def test_functional_collectives_is_what_tensor_parallelism_issues_through() -> None:
+    """DTensor's placements reduce through this module (a Partial made Replicate calls its ``all_reduce``), so
+    the runtime gate's count of all-reduces, taken there, sees every one tensor parallelism issues."""
+    from torch.distributed.tensor import placement_types
+
     funcol = compat.functional_collectives()
-    assert callable(funcol.all_reduce)
+    assert funcol.__name__ == "torch.distributed._functional_collectives"
+    assert placement_types.funcol is funcol and callable(funcol.all_reduce)
 
 
 @pytest.mark.parametrize("method,params", [("_send_meta", ["self", "meta", "dst_stage"]),
