@@ -1,8 +1,11 @@
 """The closed loop's correction, refitted on stored loops: the kernel alone against the kernel after a linear term.
 
 Each stored loop (``experiments/data/loop_runs/*.jsonl.gz``: the run records of one ``hetpart loop``, gzipped)
-is split as the loop splits it: the correction trains on every run but the held-out and final runs (the race's
-included, as the loop's final correction is refitted after the race), and is judged on the held-out and final runs (the runs the loop's ``learned_error_pct`` is taken on). Every run is
+is split as the loop splits it (:func:`~hetpart.experiments.loop.split_unseen`): the correction trains on every run
+but the held-out and final runs (the race's included, as the loop's final correction is refitted after the race),
+and is judged on the held-out and final runs of plans it never trained on (the runs the loop's
+``learned_error_pct`` is taken on; a final run of the simulator's plan or of a raced plan repeats a trained plan
+and is left out). Every run is
 re-simulated with today's simulator, so the numbers follow the simulator, not the day the loop ran.
 
     python -m hetpart.experiments.bench_correction [FILES...]      # prints the section and writes it
@@ -40,17 +43,17 @@ def _records(path: Path) -> list:
 
 
 def evaluate_loop(path: Path) -> dict[str, Any]:
-    """Errors (mean absolute step-time error, % of measured) on one stored loop's held-out and final runs: the
-    simulator, the kernel alone and the kernel after the linear term, both trained on the loop's training runs."""
+    """Errors (mean absolute step-time error, % of measured) on one stored loop's runs of plans it never trained on:
+    the simulator, the kernel alone and the kernel after the linear term, both trained on the loop's training runs."""
     from hetpart.costmodel.learned.corrected import fit_correction, planned_features, run_prediction
-    from hetpart.experiments.loop import UNSEEN_ROLES, _role
+    from hetpart.experiments.loop import split_unseen
 
-    train, test = [], []
+    def row(rec) -> tuple:
+        return planned_features(rec), math.log(rec.measured.step_time_s / run_prediction(rec).step_time_s)
+
     records = [r for r in _records(path) if r.measured is not None]
-    for rec in records:
-        role = _role(rec)
-        row = (planned_features(rec), math.log(rec.measured.step_time_s / run_prediction(rec).step_time_s))
-        (test if role in UNSEEN_ROLES else train).append(row)  # the loop's own split (race runs train)
+    trained, unseen, repeats = split_unseen(records)  # the loop's own split (race runs train)
+    train, test = [row(r) for r in trained], [row(r) for r in unseen]
     xs, rs = [x for x, _ in train], [r for _, r in train]
     kernel = fit_correction(xs, rs, linear=False)
     semi = fit_correction(xs, rs)
@@ -60,7 +63,7 @@ def evaluate_loop(path: Path) -> dict[str, Any]:
 
     name = path.parent.name if path.name == "runs.jsonl" else path.name.split(".")[0]  # a loop's --out, or a stored file
     return {"loop": name, "cluster": records[0].cluster.get("name", "?"),
-            "model": records[0].model.spec, "train": len(train), "test": len(test),
+            "model": records[0].model.spec, "train": len(train), "test": len(test), "repeats": len(repeats),
             "simulator": statistics.fmean(error(0.0, r) for _, r in test),
             "kernel": statistics.fmean(error(kernel.apply(x)[0], r) for x, r in test),
             "semi": statistics.fmean(error(semi.apply(x)[0], r) for x, r in test),
@@ -69,16 +72,18 @@ def evaluate_loop(path: Path) -> dict[str, Any]:
 
 def render_body(rows: list[dict[str, Any]]) -> str:
     lines = ["Each stored loop's correction refitted on its training runs (the race's included) and judged on its "
-             "held-out and final runs (what `hetpart loop` reports as `learned_error_pct`; mean absolute step-time "
-             "error, % of the measured). `acceptance-loop-*`: the acceptance check's cluster, where the linear term "
+             "held-out and final runs of plans it never trained on (what `hetpart loop` reports as "
+             "`learned_error_pct`; mean absolute step-time error, % of the measured). A final run of the simulator's "
+             "plan (first run as the baseline) or of a raced plan repeats a trained plan: it is left out (the last "
+             "count of the runs column). `acceptance-loop-*`: the acceptance check's cluster, where the linear term "
              "was designed; `dev-*`: loops looked at while designing later changes (the grid candidates, training "
              "on the race; `dev-cpu-*` is the CPU ground, real runs without emulation); `validation-*`: clusters "
              "and models not looked at while designing the linear term.", "",
-             "| loop | cluster | model | train / judged runs | simulator | kernel alone | linear term + kernel "
+             "| loop | cluster | model | train / judged / left-out runs | simulator | kernel alone | linear term + kernel "
              "| ridge penalty |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ridge = "none" if r["ridge"] is None else f"{r['ridge']:g}"
-        lines.append(f"| {r['loop']} | {r['cluster']} | {r['model']} | {r['train']} / {r['test']} | "
+        lines.append(f"| {r['loop']} | {r['cluster']} | {r['model']} | {r['train']} / {r['test']} / {r['repeats']} | "
                      f"{r['simulator']:.1f}% | {r['kernel']:.1f}% | {r['semi']:.1f}% | {ridge} |")
     lines.append("")
     for label, group in (("acceptance cluster", [r for r in rows if r["loop"].startswith("acceptance-loop")]),

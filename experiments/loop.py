@@ -48,7 +48,8 @@ from typing import Any, Callable, Literal
 
 from hetpart.errors import HetpartError, PlanError, RuntimeFault
 
-__all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster", "UNSEEN_ROLES"]
+__all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster", "UNSEEN_ROLES", "split_unseen",
+           "errors_line"]
 
 DEFAULT_EFFECTS = {"small_batch_tokens": 4096, "small_batch_slowdown": 2.5, "layer_overhead_ms": 0.8,
                    "congestion": 0.6}
@@ -242,8 +243,7 @@ class _Loop:
     def correction(self, records: list):
         from hetpart.costmodel.learned.corrected import fit_records
 
-        train = [r for r in records if _role(r) not in UNSEEN_ROLES]
-        return fit_records(train, "plan")
+        return fit_records(split_unseen(records)[0], "plan")
 
     def predictor(self, correction):
         from hetpart.costmodel.learned.corrected import CorrectedPredictor
@@ -549,9 +549,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     correction.save(loop.out / f"correction-{iteration}.json")
     errors = _held_out_errors(loop, records, correction)
     trend = "no linear term" if correction.linear is None else f"linear term, ridge {correction.ridge:g}"
-    say(f"  refitted on {len(correction.r)} runs ({trend}); held-out error simulator "
-        f"{errors['simulator_error_pct']:.1f}% vs corrected {errors['learned_error_pct']:.1f}% "
-        f"({errors['held_out_runs']} runs never trained on)")
+    say(f"  refitted on {len(correction.r)} runs ({trend}); {errors_line(errors)}")
     say(f"  policy training: {cfg.policy_timesteps} PPO steps on the corrected reward")
     policy_path = loop.train_policy(correction, policy_path, iteration, tracker)
     here = [r for r in records if _iteration(r) == iteration]
@@ -568,7 +566,8 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
 
 
 UNSEEN_ROLES = ("held_out", "final")
-"""Roles of the runs the correction never trains on; the loop's errors are measured on them."""
+"""Roles of the runs the correction never trains on; the loop's errors are measured on those of them whose plan
+it never trained on either (:func:`split_unseen`)."""
 
 GRID_DEVICES = 16
 """Clusters of at most this many devices (every loop that runs its plans on local processes) also get every
@@ -619,26 +618,56 @@ def _record_key(record) -> str:
     return _plan_key(_record_plan(record))
 
 
+def split_unseen(records: list) -> tuple[list, list, list]:
+    """``(training runs, unseen runs, repeats)`` of a loop's run records.
+
+    The correction trains on every run whose role is not in :data:`UNSEEN_ROLES`. A held-out or final run is
+    unseen only if no training run has its plan (compared as :func:`_plan_key`'s canonical JSON): a final run of
+    the simulator's plan (its first run is the baseline) or of a plan that raced repeats a plan the correction
+    trained on, so it goes to ``repeats`` and no error is taken on it.
+    """
+    train = [r for r in records if _role(r) not in UNSEEN_ROLES]
+    trained = {_record_key(r) for r in train}
+    candidates = [r for r in records if _role(r) in UNSEEN_ROLES]
+    unseen = [r for r in candidates if _record_key(r) not in trained]
+    return train, unseen, [r for r in candidates if _record_key(r) in trained]
+
+
 def _held_out_errors(loop: _Loop, records: list, correction) -> dict[str, Any]:
-    """Mean absolute step-time error (% of the measured one) of the simulator and of the corrected model
-    on every run it never trained on: the held-out plans' runs and the final comparison runs (the
-    ``held_out_plan_*`` keys: the held-out plans' runs alone)."""
+    """Mean absolute step-time error (% of the measured one) of the simulator and of the corrected model on the
+    runs of plans it never trained on (:func:`split_unseen`; the ``held_out_plan_*`` keys: those of the held-out
+    role alone), with how many runs and plans each figure rests on and how many repeats of trained plans were
+    left out. NaN where no run is unseen."""
     from hetpart.costmodel.learned.corrected import planned_features, run_prediction
 
-    errors: dict[str, tuple[list, list]] = {role: ([], []) for role in UNSEEN_ROLES}
-    for rec in records:
-        if _role(rec) not in errors:
-            continue
+    _, unseen, repeats = split_unseen(records)
+    sim: dict[str, list[float]] = {role: [] for role in UNSEEN_ROLES}
+    corr: dict[str, list[float]] = {role: [] for role in UNSEEN_ROLES}
+    for rec in unseen:
         simulated = run_prediction(rec).step_time_s
         c, _, _ = correction.apply(planned_features(rec))
-        errors[_role(rec)][0].append(_error_pct(simulated, rec.measured.step_time_s))
-        errors[_role(rec)][1].append(_error_pct(simulated * math.exp(c), rec.measured.step_time_s))
+        sim[_role(rec)].append(_error_pct(simulated, rec.measured.step_time_s))
+        corr[_role(rec)].append(_error_pct(simulated * math.exp(c), rec.measured.step_time_s))
     mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
-    sim_all, corr_all = errors["held_out"][0] + errors["final"][0], errors["held_out"][1] + errors["final"][1]
-    return {"simulator_error_pct": mean(sim_all), "learned_error_pct": mean(corr_all), "held_out_runs": len(sim_all),
-            "held_out_plan_simulator_error_pct": mean(errors["held_out"][0]),
-            "held_out_plan_learned_error_pct": mean(errors["held_out"][1]),
-            "held_out_plan_runs": len(errors["held_out"][0])}
+    held = [r for r in unseen if _role(r) == "held_out"]
+    return {"simulator_error_pct": mean(sim["held_out"] + sim["final"]),
+            "learned_error_pct": mean(corr["held_out"] + corr["final"]),
+            "held_out_runs": len(unseen), "held_out_plans": len({_record_key(r) for r in unseen}),
+            "held_out_plan_simulator_error_pct": mean(sim["held_out"]),
+            "held_out_plan_learned_error_pct": mean(corr["held_out"]),
+            "held_out_plan_runs": len(held), "held_out_plan_plans": len({_record_key(r) for r in held}),
+            "repeat_runs_left_out": len(repeats)}
+
+
+def errors_line(errors: dict[str, Any]) -> str:
+    """One line on the held-out errors of :func:`_held_out_errors` (an iteration's progress, the loop's summary)."""
+    left = errors.get("repeat_runs_left_out", 0)  # .get: a summary written before these keys existed
+    repeats = f"; {left} repeat run(s) of trained plans left out" if left else ""
+    if not errors["held_out_runs"]:
+        return f"no held-out error: no run of a plan the corrected model never trained on{repeats}"
+    plans = f" of {errors['held_out_plans']} plan(s)" if "held_out_plans" in errors else ""
+    return (f"held-out error simulator {errors['simulator_error_pct']:.1f}% vs corrected "
+            f"{errors['learned_error_pct']:.1f}% ({errors['held_out_runs']} runs{plans} never trained on{repeats})")
 
 
 def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def loop_command(
     """Run the closed loop on CLUSTER for MODEL; progress on stderr, results (or --json) on stdout."""
     import sys
 
-    from hetpart.experiments.loop import LoopConfig, run_loop
+    from hetpart.experiments.loop import LoopConfig, errors_line, run_loop
 
     from hetpart.errors import PlanError
 
@@ -63,8 +63,7 @@ def loop_command(
     if json_out:
         emit_json(result)
         return
-    print(f"held-out error: simulator {result['simulator_error_pct']:.1f}%, corrected {result['learned_error_pct']:.1f}% "
-          f"({result['held_out_runs']} runs)")
+    print(errors_line(result))
     print(f"measured tokens/s ({result['repeats']} runs each): simulator plan "
           f"{result['measured_tokens_per_s_simulator_plan']:,.0f} ± {result['tokens_per_s_std_simulator_plan']:,.0f}, "
           f"loop plan {result['measured_tokens_per_s_loop_plan']:,.0f} ± {result['tokens_per_s_std_loop_plan']:,.0f}")
