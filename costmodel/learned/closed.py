@@ -59,7 +59,6 @@ __all__ = ["ClosedContext", "Composed", "compose", "ClosedHead", "HEAD_FEATURES"
 
 _BUCKET_PARAMS = 40_000_000
 """Gradients per data-parallel bucket (Megatron-LM's DDP: the last bucket of a stage is exposed)."""
-_STEP_BYTES = {"adam": 28.0, "sgd": 12.0, "adam8bit": 16.0}
 
 HEAD_FEATURES = ("log_step", "pipe_share", "dp_over_pipe", "opt_share", "log_m", "log_pp", "m_over_pp",
                  "interleaved", "gpipe", "log_v", "fill_share", "imbalance", "suffix_over_max", "send_share",
@@ -67,9 +66,11 @@ HEAD_FEATURES = ("log_step", "pipe_share", "dp_over_pipe", "opt_share", "log_m",
 
 
 def _step_bytes(optimizer: str) -> float:
+    """HBM bytes one optimizer step moves per parameter: the simulator's one table
+    (:data:`hetpart.costmodel.memory.OPTIMIZER_STEP_BYTES`; plans carry a known optimizer)."""
     from hetpart.costmodel.memory import OPTIMIZER_STEP_BYTES
 
-    return float(OPTIMIZER_STEP_BYTES.get(optimizer, _STEP_BYTES.get(optimizer, 28.0)))
+    return float(OPTIMIZER_STEP_BYTES[optimizer])
 
 
 
