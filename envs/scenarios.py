@@ -14,6 +14,7 @@ clusters of more than 128 GPUs, and clusters of 4 device types.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,10 +25,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.workload import Workload
 
-__all__ = ["ScenarioDistribution", "sample_scenario", "HELD_OUT", "GPU_TYPES"]
+__all__ = ["ScenarioDistribution", "sample_scenario", "HELD_OUT", "GPU_TYPES", "held_out_models"]
 
 HELD_OUT = ("catalog models llama2-*, llama3-*, gpt3-13b, gpt3-175b", "models of more than 48 blocks",
             "clusters of more than 128 GPUs", "clusters of 4 device types")
+_HELD_OUT_SERIES = ("llama2-", "llama3-")
+_HELD_OUT_NAMES = ("gpt3-13b", "gpt3-175b")
+
+
+def held_out_models() -> tuple[str, ...]:
+    """The catalog models :data:`HELD_OUT` names (its first entry): never in the default ``catalog_models``, and
+    no random shape has the architecture of one (:meth:`~hetpart.graph.transformer.TransformerConfig.
+    architecture`: Llama-style shapes of 32 x 4096 with 32 KV heads are llama2-7b under another name)."""
+    from hetpart.catalog.models import MODEL_CATALOG
+
+    return tuple(n for n in MODEL_CATALOG if n.startswith(_HELD_OUT_SERIES) or n in _HELD_OUT_NAMES)
 
 GPU_TYPES: dict[str, tuple[str, tuple[str, ...], int]] = {
     # device type: (intra-node link, NICs it is found with, GPUs per node)
@@ -80,8 +92,27 @@ class ScenarioDistribution:
     extra: dict = field(default_factory=dict, compare=False)
 
 
+@functools.lru_cache(maxsize=1)
+def _held_out_architectures() -> frozenset:
+    from hetpart.catalog.models import MODEL_CATALOG
+
+    return frozenset(MODEL_CATALOG[n].architecture() for n in held_out_models())
+
+
 def _random_model(rng: np.random.Generator, dist: ScenarioDistribution, seq_len: int) -> "ModelGraph":
-    from hetpart.graph.transformer import TransformerConfig, transformer_graph
+    """A random shape, drawn again while it is a held-out model's architecture (:func:`held_out_models`)."""
+    from hetpart.graph.transformer import transformer_graph
+
+    held = _held_out_architectures()
+    cfg = _random_config(rng, dist, seq_len)
+    while cfg.architecture() in held:
+        cfg = _random_config(rng, dist, seq_len)
+    return transformer_graph(cfg, f"random-{cfg.family}-{cfg.num_layers}x{cfg.hidden_size}", seq_len, 2,
+                             source=f"random:{cfg.family}")
+
+
+def _random_config(rng: np.random.Generator, dist: ScenarioDistribution, seq_len: int):
+    from hetpart.graph.transformer import TransformerConfig
 
     family = str(rng.choice(dist.families))
     head_dim = int(rng.choice([64, 128]))
@@ -96,7 +127,7 @@ def _random_model(rng: np.random.Generator, dist: ScenarioDistribution, seq_len:
                                 learned_positions=False, dropout=False)
     else:
         cfg = TransformerConfig("gpt2", layers, hidden, heads, 50257, max(2048, seq_len))
-    return transformer_graph(cfg, f"random-{family}-{layers}x{hidden}", seq_len, 2, source=f"random:{family}")
+    return cfg
 
 
 def _random_cluster(rng: np.random.Generator, dist: ScenarioDistribution) -> "Cluster":

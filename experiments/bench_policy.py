@@ -25,7 +25,10 @@ import math
 import time
 from pathlib import Path
 
-__all__ = ["held_out_scenarios", "compare", "scale_times", "main"]
+__all__ = ["held_out_scenarios", "compare", "scale_times", "main", "BENCH_HELD_OUT_MODELS"]
+
+BENCH_HELD_OUT_MODELS = ("llama2-7b", "llama3-8b", "llama2-13b", "gpt3-13b")
+"""The held-out catalog models the benchmark plans (of :func:`hetpart.envs.scenarios.held_out_models`)."""
 
 
 def held_out_scenarios(seed: int = 7, per_kind: int = 3):
@@ -35,7 +38,7 @@ def held_out_scenarios(seed: int = 7, per_kind: int = 3):
     from hetpart.envs.scenarios import ScenarioDistribution, sample_scenario
     from hetpart.policies.structure import Scenario
 
-    held_models = ("llama2-7b", "llama3-8b", "llama2-13b", "gpt3-13b")
+    held_models = BENCH_HELD_OUT_MODELS
     kinds = {
         "held-out-models": ScenarioDistribution(catalog_models=held_models, catalog_share=1.0, max_devices=128),
         "four-types": ScenarioDistribution(min_types=4, max_types=4, min_devices=32, max_devices=128),

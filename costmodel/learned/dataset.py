@@ -2,7 +2,9 @@
 
 Each scenario is split by what it holds: scenarios whose model family is in ``heldout_families`` or
 whose cluster shape (device types x zones, :attr:`Scenario.shape`) is in ``heldout_shapes`` go to the
-``test`` split and are never trained on; the others are split ``train`` / ``val`` at random.
+``test`` split and are never trained on; the others are split ``train`` / ``val`` at random. A random
+transformer never has the architecture of a held-out family's catalog model (it is drawn again), so the
+families are held out by what they are, not only by name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hetpart.graph.load import ModelNote
 from hetpart.plan import Plan
 
 from hetpart.costmodel.learned.encode import ScenarioContext, teacher_labels
-from hetpart.costmodel.learned.sampling import Scenario, neighbour, random_plan, random_scenario
+from hetpart.costmodel.learned.sampling import Scenario, held_out_configs, neighbour, random_plan, random_scenario
 
 __all__ = ["DatasetConfig", "build_dataset", "label_scenario", "scenario_rng", "save_dataset", "load_dataset"]
 
@@ -94,7 +96,7 @@ def _label(cfg: DatasetConfig, index: int,
     from hetpart.costmodel.simulator import Simulator
 
     rng = scenario_rng(cfg.seed, index)
-    sc = random_scenario(rng, max_devices=cfg.max_devices)
+    sc = random_scenario(rng, max_devices=cfg.max_devices, refuse=held_out_configs(cfg.heldout_families))
     sim = Simulator(sc.model, sc.cluster)
     plans, ys = [], []
     candidates = [random_plan(rng, sc.model, sc.cluster, sc.global_batch, cfg.max_replicas)

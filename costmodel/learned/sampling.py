@@ -24,7 +24,7 @@ from hetpart.graph.transformer import TransformerConfig, transformer_graph
 from hetpart.plan import Plan, Replica, Stage
 
 __all__ = ["Scenario", "random_transformer", "random_cluster", "random_scenario", "random_plan", "neighbour",
-           "model_family"]
+           "model_family", "held_out_configs"]
 
 _INTRA_BY_VENDOR = {"nvidia": ("PCIe4", "NVLink2", "NVLink3", "NVLink4", "PCIe5"), "amd": ("xGMI", "PCIe4"),
                     "huawei": ("HCCS",), "intel": ("PCIe4",), "other": ("PCIe4",)}
@@ -64,8 +64,25 @@ def model_family(name: str, cfg: TransformerConfig) -> str:
     return f"random-{cfg.family}"
 
 
-def random_transformer(rng: random.Random) -> TransformerConfig:
-    """A random GPT-2-like or Llama-like shape between ~50M and ~200B parameters."""
+def held_out_configs(families: tuple[str, ...]) -> tuple[TransformerConfig, ...]:
+    """The configs of the catalog models whose :func:`model_family` is in ``families`` (a data set's
+    ``heldout_families``): random shapes must not equal one (:func:`random_transformer`'s ``refuse``)."""
+    return tuple(cfg for name, cfg in MODEL_CATALOG.items() if model_family(name, cfg) in families)
+
+
+def random_transformer(rng: random.Random, refuse: tuple[TransformerConfig, ...] = ()) -> TransformerConfig:
+    """A random GPT-2-like or Llama-like shape between ~50M and ~200B parameters, drawn again while its
+    architecture (:meth:`~hetpart.graph.transformer.TransformerConfig.architecture`) is one of ``refuse``'s:
+    a held-out family is held out by what its models are, not by their names (Llama-style shapes of 32 x 4096
+    with 8 KV heads, a 14336-wide MLP and 128256 tokens are llama3-8b)."""
+    held = {cfg.architecture() for cfg in refuse}
+    cfg = _random_transformer(rng)
+    while cfg.architecture() in held:
+        cfg = _random_transformer(rng)
+    return cfg
+
+
+def _random_transformer(rng: random.Random) -> TransformerConfig:
     heads = rng.choice([8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128])
     head_dim = rng.choice([64, 64, 80, 96, 128, 128])
     hidden = heads * head_dim
@@ -112,15 +129,16 @@ def random_cluster(rng: random.Random, max_devices: int = 4096, types: int | Non
 
 
 def random_scenario(rng: random.Random, families: tuple[str, ...] | None = None, max_devices: int = 4096,
-                    catalog_share: float = 0.4) -> Scenario:
-    """A catalog or random transformer on a random cluster, with a global batch and sequence length."""
+                    catalog_share: float = 0.4, refuse: tuple[TransformerConfig, ...] = ()) -> Scenario:
+    """A catalog or random transformer on a random cluster, with a global batch and sequence length
+    (``refuse``: architectures a random transformer must not have, :func:`random_transformer`)."""
     if rng.random() < catalog_share:
         names = [n for n in MODEL_CATALOG if families is None or model_family(n, MODEL_CATALOG[n]) in families]
         name = rng.choice(names) if names else None
     else:
         name = None
     if name is None:
-        cfg = random_transformer(rng)
+        cfg = random_transformer(rng, refuse)
         name = f"random-{cfg.family}-{cfg.num_layers}x{cfg.hidden_size}"
     else:
         cfg = MODEL_CATALOG[name]

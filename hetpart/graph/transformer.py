@@ -15,7 +15,12 @@ from typing import Literal
 
 from hetpart.graph.model_graph import ModelGraph, Unit
 
-__all__ = ["TransformerConfig", "transformer_graph", "causal_keys"]
+__all__ = ["TransformerConfig", "transformer_graph", "causal_keys", "NOT_ARCHITECTURE"]
+
+NOT_ARCHITECTURE = ("max_positions", "published_params")
+"""Fields of a :class:`TransformerConfig` that do not make it another network (:meth:`TransformerConfig.
+architecture`): the longest sequence it was trained for (a learned position table's rows; the planned
+sequence is the workload's) and the parameter count a paper cites."""
 
 _INDEX_BYTES = 8
 """Bytes of an int64 index (token id, loss target) that backward keeps."""
@@ -138,6 +143,16 @@ class TransformerConfig:
     def window(self, layer: int) -> int:
         """The sliding window of ``layer``'s attention, 0 where it attends in full."""
         return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def architecture(self) -> tuple:
+        """What the network is, hashable: every field but :data:`NOT_ARCHITECTURE`, with the defaults that
+        stand for another field resolved (``ffn_hidden_size`` 0 is ``4 * hidden_size``, ``num_kv_heads`` 0 is
+        ``num_heads``, ...). Equal keys mean one model under two names: a held-out model is held out by this
+        key, not by its name."""
+        out = {k: v for k, v in asdict(self).items() if k not in NOT_ARCHITECTURE}
+        out.update(ffn_hidden_size=self.ffn, num_kv_heads=self.kv_heads, head_size=self.head_dim,
+                   embed_dim=self.emb, unmodelled=tuple(self.unmodelled))
+        return tuple(sorted(out.items()))
 
     def to_dict(self) -> dict:
         out = asdict(self)
