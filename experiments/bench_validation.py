@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PublishedRow", "load_published", "predict_published", "GPU_RUN_FILES", "gpu_run_rows", "h100_run_rows", "h100_unit_summary", "section",
+__all__ = ["PublishedRow", "load_published", "predict_published", "GPU_RUN_FILES", "gpu_run_rows", "h100_run_rows", "h100_unit_summary",
+           "signed_band", "ampere_band", "hopper_band", "volta_band", "section",
            "count_ops", "main"]
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -204,6 +205,45 @@ def h100_unit_summary(path: Path = DATA / "h100_unit_profile.json", curve=None) 
             out.append({"precision": prec, "micro_batch": mb, "geomean": math.exp(sum(logs) / len(logs)),
                         "min": math.exp(min(logs)), "max": math.exp(max(logs)), "within_25pct": within, "n": len(logs)})
     return out
+
+
+def signed_band(pct: list[float]) -> dict:
+    """An error band of :data:`hetpart.costmodel.provenance.ERROR_BANDS` from signed step-time errors in %
+    (``predicted / measured - 1``, negative too fast): ``{"mean_abs_pct", "signed_pct", "rows"}``, rounded
+    as the table holds them."""
+    return {"mean_abs_pct": round(sum(map(abs, pct)) / len(pct), 1),
+            "signed_pct": [round(min(pct), 1), round(max(pct), 1)], "rows": len(pct)}
+
+
+def ampere_band() -> dict:
+    """``fitted:ampere`` recomputed: the in-sample residuals of the A100 fit, Korthikanti et al. 2022 Table 5
+    (8 step times) and Narayanan et al. 2021 Table 1 (10 throughputs, as step times: published / predicted
+    TFLOPS - 1), from :mod:`hetpart.costmodel.calibration` (``make bench BENCH=simulator-calibration``)."""
+    from hetpart.costmodel.calibration import table1_validation, table5_comparison
+
+    pct = [r.error_pct for r in table5_comparison()]
+    pct += [100.0 * (v.published_tflops / v.predicted_tflops - 1.0) for v in table1_validation()]
+    return signed_band(pct)
+
+
+def volta_band() -> dict:
+    """``fitted:volta`` recomputed: the one held-out check of the anchored Volta curve, Shoeybi et al. 2019's
+    8.3B on 512 V100s (:func:`hetpart.costmodel.calibration.megatron_8p3b_check`), as a step time."""
+    from hetpart.costmodel.calibration import megatron_8p3b_check
+
+    v = megatron_8p3b_check()
+    return signed_band([100.0 * (v.published_tflops / v.predicted_tflops - 1.0)])
+
+
+def hopper_band() -> dict:
+    """``fitted:hopper`` recomputed: every held-out Hopper row, the Llama 3 405B rows of
+    ``published_runs.csv`` (``l24-*``, step-time terms) and the real runs of :data:`GPU_RUN_FILES` (11 on an
+    H100, one on an H200)."""
+    pct = [r.error_pct for r in map(predict_published, load_published()) if r.id.startswith("l24")]
+    pct += [r.error_pct for r in gpu_run_rows()]
+    if any(p is None for p in pct):
+        raise ValueError(f"{PUBLISHED}: a Llama 3 row is no longer expressible; the hopper band has no value for it")
+    return signed_band(pct)
 
 
 def _mean_abs(results: list[Result]) -> float:

@@ -11,7 +11,7 @@ def test_a_one_row_band_is_not_printed_as_a_range(capsys) -> None:
                              "--precision", "fp16")
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.strip().startswith("V100-16GB: compute"))
-    assert "checked on one row only: -9.7%" in line and "over 1 rows" not in line
+    assert "checked on one row only: -9.4%" in line and "over 1 rows" not in line
 
 
 def test_loop_help_says_the_model_is_gpt_shaped(capsys) -> None:
