@@ -339,6 +339,11 @@ class PrefixTables:
         """(tensor-parallel-sharded, replicated) parameters owned by units ``[a, z)``."""
         return self._p_sh[z] - self._p_sh[a], self._p_rep[z] - self._p_rep[a]
 
+    def shared(self, a: int, z: int) -> tuple[float, float]:
+        """(tensor-parallel-sharded, replicated) parameters of the tied copies units ``[a, z)`` hold (a head's
+        copy of its embedding), whether or not the range also holds their owner."""
+        return self._s_sh[z] - self._s_sh[a], self._s_rep[z] - self._s_rep[a]
+
     def params_per_device(self, a: int, z: int, tp: int) -> float:
         sharded, whole = self.params(a, z)
         if not a <= self.owner < z:

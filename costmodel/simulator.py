@@ -266,6 +266,14 @@ class _Job(NamedTuple):
     """Sort key without overlap (largest first)."""
     collective: str = ""
     """NCCL's algorithm/protocol for one bucket of the all-reduce (``ring/Simple``, ``tree/LL128``, ...)."""
+    after_sync: bool = False
+    """Issued once its device groups' data-parallel sync is done (Megatron's tied pairs, ``Simulator._tied_pairs``)."""
+
+
+def _job_order(jobs: list[_Job], overlap: bool) -> list[_Job]:
+    """Jobs in the order they are issued: by readiness (with overlap) or largest first (without), the
+    jobs that follow the data-parallel sync after all others (each still waits only for its own groups)."""
+    return sorted(jobs, key=lambda j: (j.after_sync, j.first) if overlap else (j.after_sync, j.order))
 
 
 def _rest_s(parts: Iterable[tuple[float, float]]) -> float:
@@ -942,8 +950,8 @@ class Simulator:
         if plan.dp > 1:
             tp_min = table.shard_tp[flat].min(axis=1).tolist()
             for i, (a, z) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
-                sharded, whole = self._tables.params(a, z)
-                first_sharded, first_whole = self._tables.params(a, a + 1)
+                sharded, whole = self._run_params(a, z)
+                first_sharded, first_whole = self._run_params(a, a + 1)
                 nbytes = (sharded / tp_min[i] + whole) * grad_bytes
                 if nbytes > 0:
                     first = (first_sharded / tp_min[i] + first_whole) * grad_bytes
@@ -965,13 +973,40 @@ class Simulator:
         out = []
         for u in self._tables.sharers:
             hu, ho = holders_of(u), holders_of(owner)
-            if hu != ho:
-                holders = np.array(sorted(hu | ho))
+            if hu == ho:
+                continue
+            if self._tied_pairs:  # one pair per replica whose copy and owner sit on different stages
+                groups = [np.array(sorted({(r, k), (r, ko)})) for (r, k), (_, ko) in zip(sorted(hu), sorted(ho))
+                          if k != ko]
+            else:
+                groups = [np.array(sorted(hu | ho))]
+            for holders in groups:
                 tp_min = float(table.shard_tp[holders[:, 1] + table.offsets[holders[:, 0]]].min())
                 nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
                 if len(holders) > 1 and nbytes > 0:  # ready when both copies' units are done
                     out.append(_Segment(holders, -1, -1, nbytes, nbytes))
         return out
+
+    @property
+    def _tied_pairs(self) -> bool:
+        """How a tied weight's copies (a head sharing its embedding) sum their gradients. Megatron-LM (the
+        ``fused`` kernel set): each copy is reduced with the rest of its stage's gradients, in that stage's
+        data-parallel buffer, then ``finalize_model_grads`` all-reduces the copy with its owner in each
+        pipeline's embedding group (its first and last stage, one 2-member group per pipeline and
+        tensor-parallel rank, all at once: megatron/core/distributed/finalize_model_grads.py,
+        ``_allreduce_word_embedding_grads``). hetpart's runtime (``torch``) reduces a tied weight once, in one
+        bucket over every rank holding a copy (runtime.groups)."""
+        return self.kernels == "fused"
+
+    def _run_params(self, a: int, z: int) -> tuple[float, float]:
+        """(sharded, replicated) parameters whose gradients a run ``[a, z)`` reduces in its data-parallel
+        buckets: its units' own and, under Megatron's tied sync (:attr:`_tied_pairs`), a copy it holds apart
+        from the copy's owner."""
+        sharded, whole = self._tables.params(a, z)
+        if self._tied_pairs and not a <= self._tables.owner < z:
+            copy_sharded, copy_whole = self._tables.shared(a, z)
+            sharded, whole = sharded + copy_sharded, whole + copy_whole
+        return sharded, whole
 
     def _allreduce_lines(self, ring: tuple, collective: str = "allreduce") -> tuple[tuple[float, float], ...]:
         """``(fixed_s, per_byte_s)`` of NCCL's candidate lines for ``ring`` (from :meth:`_ring`); a
@@ -1112,10 +1147,11 @@ class Simulator:
             name = self._collective(seg.last_bytes, ring, "reduce_scatter" if scatter else "allreduce")
             if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
                 end = done[i] if seg.a >= 0 else float(table.device_done[flat].max())  # the devices' whole backward
-                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a), name))
+                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a), name, seg.a < 0 and self._tied_pairs))
             elif seg.a < 0:
                 end = float(table.last_bwd[flat].max())
-                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None, name))
+                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None, name,
+                                 self._tied_pairs))
             elif tcp[i]:  # after the backward that holds it: no overlap over TCP
                 jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None, name))
             else:
@@ -1204,8 +1240,7 @@ class Simulator:
         segments, runs = self._dp_runs(plan, table)
         if not segments:
             return 0.0, {}, [], {}
-        jobs = self._dp_jobs(plan, pipes, table, segments, runs)
-        jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
+        jobs = _job_order(self._dp_jobs(plan, pipes, table, segments, runs), self.overlap_grad_reduce)
         free = np.zeros(int(table.group.max()) + 1)
         spent = np.zeros_like(free)
         used = np.zeros(free.shape, dtype=bool)
@@ -1245,8 +1280,8 @@ class Simulator:
             spans.append((a, z, holders))
             if plan.dp > 1:
                 tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in holders)
-                sharded, whole = self._tables.params(a, z)
-                first_sharded, first_whole = self._tables.params(a, a + 1)
+                sharded, whole = self._run_params(a, z)
+                first_sharded, first_whole = self._run_params(a, a + 1)
                 nbytes = (sharded / tp_min + whole) * grad_bytes
                 first = (first_sharded / tp_min + first_whole) * grad_bytes
                 out.append(_Segment(holders, a, z, nbytes, min(nbytes, max(first, bucket))))
@@ -1264,8 +1299,13 @@ class Simulator:
         out = []
         for u in self._tables.sharers:
             hu, ho = holders_of(u), holders_of(owner)
-            if hu != ho:
-                holders = tuple(sorted(set(hu) | set(ho)))
+            if hu == ho:
+                continue
+            if self._tied_pairs:  # one pair per replica whose copy and owner sit on different stages
+                groups = [tuple(sorted({(r, k), (r, ko)})) for (r, k), (_, ko) in zip(hu, ho) if k != ko]
+            else:
+                groups = [tuple(sorted(set(hu) | set(ho)))]
+            for holders in groups:
                 tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in holders)
                 nbytes = self.model.units[u].shared_params * grad_bytes / tp_min
                 out.append(_Segment(holders, -1, -1, nbytes, nbytes))  # ready when both copies' units are done
@@ -1322,17 +1362,18 @@ class Simulator:
                 t, t_last = self._bucketed_s(seg.nbytes, seg.last_bytes, ring), self._allreduce_s(seg.last_bytes, ring)
             name = self._collective(seg.last_bytes, ring)
             groups = {(r, k % pipes[r].pp) for r, k in holders}
+            after = seg.a < 0 and self._tied_pairs
             if self.overlap_grad_reduce:
                 first, last = self._segment_ready_small(plan, pipes, holders, seg.a, seg.z)
                 if self._crosses_tcp(ring[1]()):  # after the backward that holds it: no overlap over TCP
-                    jobs.append(_Job(last, last, groups, t, t, None, name))
+                    jobs.append(_Job(last, last, groups, t, t, None, name, after))
                 else:
-                    jobs.append(_Job(first, last, groups, t, t_last, None, name))
+                    jobs.append(_Job(first, last, groups, t, t_last, None, name, after))
             else:  # the runtime's order: largest first (hetpart.runtime.groups.fuse_buckets)
                 done = max(e for r, k in holders for j, e in enumerate(pipes[r].last_bwd)
                            if j % pipes[r].pp == k % pipes[r].pp)  # the device's whole backward
-                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a), name))
-        jobs.sort(key=lambda j: j.first if self.overlap_grad_reduce else j.order)
+                jobs.append(_Job(done, done, groups, t, t, (-seg.nbytes, seg.a), name, after))
+        jobs = _job_order(jobs, self.overlap_grad_reduce)
         free: dict[tuple[int, int], float] = {}
         spent: dict[tuple[int, int], float] = {}
         largest: dict[tuple[int, int], tuple[float, str]] = {}

@@ -666,13 +666,18 @@ def _typed_stages(ctx: _Context, groups: list[list[tuple[str, ...]]], bounds: li
 
 def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
     """All-reduce of tied embedding gradients between the first and last stage of every replica that
-    splits the model (the head's copy and the embedding are on different devices)."""
+    splits the model (the head's copy and the embedding are on different devices), as the simulator syncs
+    them (``Simulator._tied_pairs``): under Megatron's kernels one 2-member all-reduce per pipeline, all at
+    once, sharing the NICs they leave (each copy was reduced in its stage's ring before, ``grad_bytes``);
+    under hetpart's runtime one ring over every replica's first and last stage."""
     from hetpart.costmodel.collectives import allreduce_time_s
 
     shared = sum(u.shared_params for u in ctx.model.units)
     split = [r for r in replicas if len(r) > 1]
     if not shared or not split:
         return 0.0
+    if ctx.table.kernels == "fused":
+        return _tied_pairs_s(ctx, split, shared)
     members = tuple(dict.fromkeys(d for r in split for d in (r[0][0], r[-1][0])))
     widths = [len(g) for r in split for g in (r[0], r[-1])]
     # what the simulator's reduction moves: the narrower copy's slice, in one ring per rank of the wider
@@ -681,6 +686,37 @@ def _tied_s(ctx: _Context, replicas: list[list[tuple[str, ...]]]) -> float:
     if key not in ctx.sync_cache:
         ctx.sync_cache[key] = allreduce_time_s(num_bytes, members, ctx.cluster, max(widths))
     return ctx.sync_cache[key]
+
+
+def _tied_pairs_s(ctx: _Context, split: list[list[tuple[str, ...]]], shared: float) -> float:
+    """:func:`_tied_s` under Megatron's kernels: the slowest pipeline's pair all-reduce, each pair's ``tp``
+    shards sharing its nodes' NICs with the other pairs that leave them
+    (:func:`~hetpart.costmodel.collectives.nic_flows`)."""
+    from hetpart.costmodel.collectives import allreduce_lines, nic_flows, zone_concurrency
+
+    index = ctx.device_index
+    node = ctx.places[:, 0]
+    pairs = [(r[0], r[-1]) for r in split]
+    rings = [[(int(node[index[g[0]]]), g[0], len(g)) for g in pair] for pair in pairs]
+    flows = nic_flows(rings)
+    zoned = bool(ctx.cluster.zone_links)
+    if zoned:  # the pairs that cross a zone link share it, as the simulator counts them
+        zone_of = _node_zones(ctx)
+        flows.update({("zone", z): c for z, c in
+                      nic_flows([[(int(zone_of[n]), g, tp) for n, g, tp in ring] for ring in rings]).items()})
+    out = 0.0
+    for (first, last), members in zip(pairs, rings):
+        num_bytes = shared * GRAD_BYTES[ctx.workload.precision] / min(len(first), len(last))
+        tp = max(len(first), len(last))
+        here = {n for n, _, _ in members}
+        concurrent = max([tp] + [flows.get(n, 0.0) for n in here]) if len(here) > 1 else tp
+        zone = zone_concurrency([("zone", int(zone_of[n])) for n, _, _ in members], tp, flows) if zoned else None
+        key = ("tied pair", num_bytes, first[0], last[0], concurrent, zone)
+        if key not in ctx.sync_cache:
+            lines = allreduce_lines((first[0], last[0]), ctx.cluster, concurrent, zone_concurrent=zone)
+            ctx.sync_cache[key] = min((line.time_s(num_bytes) for line in lines), default=0.0)
+        out = max(out, ctx.sync_cache[key])
+    return out
 
 
 def _lower_bound_s(ctx: _Context, costs: list[StageCosts], m: int, sends: tuple[float, ...] = (),

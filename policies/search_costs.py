@@ -244,7 +244,8 @@ class CostTable:
             if owner is not None:
                 held[: owner + 1, owner + 1:] = 0.0  # ranges that hold the owner keep no copy
             states = states + held * state_bytes / 1e9
-            grads = grads + held * GRAD_BYTES[self.precision]
+            if self.kernels == "fused":  # Megatron reduces a copy in its stage's buffer (Simulator._tied_pairs)
+                grads = grads + held * GRAD_BYTES[self.precision]
         return _frozen(div), _frozen(own), _frozen(states), _frozen(grads)
 
     def _tp_activations(self, tp: int, recompute: str) -> tuple[np.ndarray, np.ndarray]:

@@ -42,8 +42,11 @@ def test_the_policy_climbs_the_basin_the_estimate_ranked_behind(name):
     search = plan_search(model, cluster, workload, evaluator=evaluate)
     policy = plan_policy(model, cluster, workload, evaluator=evaluate)
     assert policy.tokens_per_s >= 0.98 * search.tokens_per_s  # 0.915 and 0.911 before
-    # both end in A100-V100 pipelines at TP 1, the V100 stages interleaved
-    assert policy.plan.schedule == "interleaved" and {s.tp for r in policy.plan.replicas for s in r.stages} == {1}
+    # both end at TP 1: in A100-V100 pipelines with the V100 stages interleaved, or (falcon-7b, whose tied
+    # embedding's pair all-reduce each A100-V100 pipeline pays since the tied copies sync as Megatron syncs them)
+    # in whole-model replicas, 75,793 tokens/s from both planners
+    assert {s.tp for r in policy.plan.replicas for s in r.stages} == {1}
+    assert policy.plan.schedule == ("1f1b" if name == "falcon-7b" else "interleaved")
 
 
 def test_a_basin_keeps_pool_order_and_tp_degrees_apart():

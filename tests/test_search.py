@@ -373,7 +373,9 @@ def test_search_searches_levels_0_and_1_and_keeps_the_faster(monkeypatch) -> Non
     level1 = plan_search(model, cluster, Workload(256, 1024, zero=1))
     assert level0.plan.zero == 0 and level1.plan.zero == 1
     assert both.tokens_per_s >= max(level0.tokens_per_s, level1.tokens_per_s) * (1 - 1e-9)
-    assert both.plan.zero == 1 and both.tokens_per_s > 1.005 * level0.tokens_per_s  # +1.3% (engine op counts)
+    # +1.3% with the engine's op counts; +0.22% since the tied copies sync as Megatron syncs them (130,210 against
+    # 129,918 tokens/s): what holds is that the faster level is kept
+    assert both.plan.zero == 1 and both.tokens_per_s > 1.001 * level0.tokens_per_s
     monkeypatch.setattr(search, "PARALLEL_LEVELS", False)
     assert plan_search(model, cluster, Workload(256, 1024)).plan == both.plan
     monkeypatch.setattr(search, "LEVEL_ONE_MAX_DEVICES", 8)  # beyond it: level 0 where it fits, as before

@@ -325,6 +325,15 @@ def compose(cc: ClosedContext, plans: Sequence[Plan], batch=None) -> Composed:
         period[gi] = xF + xB
     cB = np.concatenate([[0.0], np.cumsum(B)])
     last_bwd = ms[srep] - (cB[:-1] - cB[r_off][srep])  # the last backward runs back up through the stages above
+    if gp.any():  # GPipe's backwards flow from the last stage up, as a flow shop: a stage's last one ends
+        # after the forwards, its own and the stages' below it backwards once and (m - 1) times their slowest
+        below = np.add.reduceat(B, r_off)[srep] - (cB[:-1] - cB[r_off][srep])  # this stage and those below it
+        big = 2.0 * float(B.max(initial=0.0)) + 1.0
+        lift = (len(r_off) - srep[::-1]) * big  # rises along the reversed stages: a running max per replica
+        slowest = (np.maximum.accumulate(B[::-1] + lift) - lift)[::-1]
+        fwd_end = (np.add.reduceat(F, r_off) + (m - 1) * np.maximum.reduceat(F, r_off))[srep]
+        on = gp[srep]
+        last_bwd = np.where(on, fwd_end + below + (m[srep] - 1) * slowest, last_bwd)
     pipe_end = np.zeros(N)
     np.maximum.at(pipe_end, batch.rep_plan, ms)
     # ---- gradient rings
@@ -492,8 +501,10 @@ def _rings(cc: ClosedContext, batch, kept, pb, last_bwd, send_b, r_off, N: int):
     sl = np.maximum.reduceat(ready_last, hstarts)
     sf = np.where(tcp, sl, sf)
     t_last = np.where(tcp, t, t_last)
-    # rings in order of readiness per plan; rings of one device group one after another
-    order = np.lexsort((sf, seg_plan))
+    # rings in order of readiness per plan; rings of one device group one after another; Megatron's tied
+    # pairs after the data-parallel sync (the simulator's _job_order)
+    after = tied & (cc.enc.tables.kernels == "fused")
+    order = np.lexsort((sf, after, seg_plan))
     plan_of = seg_plan[order]
     counts = np.bincount(plan_of, minlength=N)
     offsets = np.cumsum(counts) - counts

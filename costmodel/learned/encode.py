@@ -667,6 +667,13 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
     tpmin = np.minimum.reduceat(st_tp[h_st], starts) if len(j_plan) else np.zeros(0, np.int64)
     sh, whole = T["p_sh"][j_z] - T["p_sh"][j_a], T["p_rep"][j_z] - T["p_rep"][j_a]
     fsh, fwhole = T["p_sh"][j_a + 1] - T["p_sh"][j_a], T["p_rep"][j_a + 1] - T["p_rep"][j_a]
+    pairs = tables.kernels == "fused"  # Simulator._tied_pairs: a copy reduced in its stage's buffer
+    if pairs and tables.owner >= 0:
+        copy = ~((j_a <= tables.owner) & (tables.owner < j_z))
+        sh = sh + np.where(copy, T["s_sh"][j_z] - T["s_sh"][j_a], 0.0)
+        whole = whole + np.where(copy, T["s_rep"][j_z] - T["s_rep"][j_a], 0.0)
+        fsh = fsh + np.where(copy, T["s_sh"][j_a + 1] - T["s_sh"][j_a], 0.0)
+        fwhole = fwhole + np.where(copy, T["s_rep"][j_a + 1] - T["s_rep"][j_a], 0.0)
     segs = {"plan": [j_plan], "kind": [np.zeros(len(j_plan), np.int64)], "order": [j_a],
             "bytes": [(sh / tpmin + whole) * ctx.grad_bytes], "last": [(fsh / tpmin + fwhole) * ctx.grad_bytes],
             "a": [j_a], "z": [j_z], "tied": [np.zeros(len(j_plan), bool)]}
@@ -683,27 +690,38 @@ def _segments(ctx: ScenarioContext, N: int, p_dp, p_rep0, r_plan, r_nst, r_v, st
             plans = np.nonzero(np.logical_or.reduceat(differ, p_rep0))[0]
             if not len(plans):
                 continue
-            in_plan = np.isin(r_plan, plans)
-            rr = reps[in_plan]
-            c = 1 + differ[rr]
-            hr = np.repeat(rr, c)
-            second = np.arange(len(hr)) - np.repeat(np.cumsum(c) - c, c)
-            hst = np.where(second == 0, np.minimum(ku[hr], ko[hr]), np.maximum(ku[hr], ko[hr]))
-            local = np.searchsorted(plans, r_plan[hr])
-            starts_t = np.searchsorted(local, np.arange(len(plans)))
-            tpm = np.minimum.reduceat(st_tp[hst], starts_t)
+            if pairs:  # one 2-member all-reduce per replica whose copy and owner sit apart, in replica order
+                rr = reps[differ]
+                hr = np.repeat(rr, 2)
+                hst = np.where(np.arange(len(hr)) % 2 == 0, np.minimum(ku[hr], ko[hr]), np.maximum(ku[hr], ko[hr]))
+                local = np.repeat(np.arange(len(rr)), 2)
+                seg_plan = r_plan[rr]
+                order = ui * (int(p_dp.max()) + 1) + rr - p_rep0[seg_plan]
+                tpm = np.minimum(st_tp[ku[rr]], st_tp[ko[rr]])
+            else:  # one ring over every replica's stages holding either
+                in_plan = np.isin(r_plan, plans)
+                rr = reps[in_plan]
+                c = 1 + differ[rr]
+                hr = np.repeat(rr, c)
+                second = np.arange(len(hr)) - np.repeat(np.cumsum(c) - c, c)
+                hst = np.where(second == 0, np.minimum(ku[hr], ko[hr]), np.maximum(ku[hr], ko[hr]))
+                local = np.searchsorted(plans, r_plan[hr])
+                starts_t = np.searchsorted(local, np.arange(len(plans)))
+                tpm = np.minimum.reduceat(st_tp[hst], starts_t)
+                seg_plan, order = plans, np.full(len(plans), ui)
             nb = ctx.model.units[u].shared_params * ctx.grad_bytes / tpm
-            segs["plan"].append(plans)
-            segs["kind"].append(np.ones(len(plans), np.int64))
-            segs["order"].append(np.full(len(plans), ui))
+            count = len(seg_plan)
+            segs["plan"].append(seg_plan)
+            segs["kind"].append(np.ones(count, np.int64))
+            segs["order"].append(order)
             segs["bytes"].append(nb)
             segs["last"].append(nb)
-            segs["a"].append(np.full(len(plans), -1))
-            segs["z"].append(np.full(len(plans), -1))
-            segs["tied"].append(np.ones(len(plans), bool))
+            segs["a"].append(np.full(count, -1))
+            segs["z"].append(np.full(count, -1))
+            segs["tied"].append(np.ones(count, bool))
             holders.append(hst)
             hseg.append(local + G0)
-            G0 += len(plans)
+            G0 += count
     sg = {k: np.concatenate(v) for k, v in segs.items()}
     h_st, h_seg = np.concatenate(holders), np.concatenate(hseg)
     G = len(sg["plan"])

@@ -248,8 +248,8 @@ class _Encoder:
             if plan.dp < 2:
                 continue
             tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
-            sh, whole = ctx.tables.params(a, z)
-            fsh, fwhole = ctx.tables.params(a, a + 1)
+            sh, whole = _run_params(ctx.tables, a, z)
+            fsh, fwhole = _run_params(ctx.tables, a, a + 1)
             self._add_segment(i, plan, rep_ids, holders, a, z, (sh / tp_min + whole) * ctx.grad_bytes,
                               (fsh / tp_min + fwhole) * ctx.grad_bytes)
         owner = ctx.tables.owner
@@ -258,8 +258,13 @@ class _Encoder:
                 return next(h for a, z, h in spans if a <= u < z)
             for u in ctx.tables.sharers:
                 hu, ho = holders_of(u), holders_of(owner)
-                if hu != ho:
-                    holders = tuple(sorted(set(hu) | set(ho)))
+                if hu == ho:
+                    continue
+                if ctx.tables.kernels == "fused":  # Simulator._tied_pairs: one pair per replica
+                    groups = [tuple(sorted({(r, k), (r, ko)})) for (r, k), (_, ko) in zip(hu, ho) if k != ko]
+                else:
+                    groups = [tuple(sorted(set(hu) | set(ho)))]
+                for holders in groups:
                     tp_min = min(plan.replicas[r].stages[k].tp for r, k in holders)
                     nbytes = ctx.model.units[u].shared_params * ctx.grad_bytes / tp_min
                     self._add_segment(i, plan, rep_ids, holders, -1, -1, nbytes, nbytes)
@@ -336,3 +341,13 @@ class _Encoder:
 
     def configs(self) -> list[tuple]:
         return sorted(self.cfg_index, key=self.cfg_index.get)
+
+
+def _run_params(tables, a: int, z: int) -> tuple[float, float]:
+    """``Simulator._run_params``: a run's own parameters and, under Megatron's tied sync, a copy it holds
+    apart from its owner."""
+    sharded, whole = tables.params(a, z)
+    if tables.kernels == "fused" and not a <= tables.owner < z:
+        copy_sharded, copy_whole = tables.shared(a, z)
+        sharded, whole = sharded + copy_sharded, whole + copy_whole
+    return sharded, whole

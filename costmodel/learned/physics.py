@@ -153,6 +153,7 @@ def add_physics(ctx, plans: list[Plan], batch) -> None:
     batch.gather_exposed = gather
     batch.seg_exact, batch.seg_last_exact, batch.seg_tcp = seg_t, seg_last, seg_tcp
     batch.seg_skip = seg_skip
+    batch.seg_after = (seg_a < 0) & sim._tied_pairs  # Megatron's tied pairs follow the data-parallel sync
     batch.stage_x = stage_x
     batch.rep_m = rep_m
 

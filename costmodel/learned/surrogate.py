@@ -330,6 +330,9 @@ class Surrogate(nn.Module):
         skip = b.get("seg_skip")
         if skip is not None and bool(skip.any()):  # reduce-scattered inside the backward (ZeRO 2-3)
             order = order[~skip.bool()[order]]
+        after = b.get("seg_after")
+        if after is not None and bool(after.any()):  # issued after the data-parallel sync (Simulator._job_order)
+            order = order[torch.argsort(after.long()[order], stable=True)]
         order = order[torch.argsort(b.seg_plan[order], stable=True)]
         plan_of = b.seg_plan[order]
         counts = torch.bincount(plan_of, minlength=num_plans)
