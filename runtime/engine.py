@@ -39,6 +39,7 @@ from hetpart.plan import Plan
 from hetpart.runtime.dist_optimizer import uses_sharded_adam
 from hetpart.runtime.groups import (DEFAULT_BUCKET_CAP, CommLayout, FanOut, ProcessGroups, RankRole, comm_layout,
                                     fuse_buckets)
+from hetpart.runtime.local_adam import LocalShardAdam
 from hetpart.runtime.models import ParamInfo, RunnableSpec, UnitModel, build_units, synthetic_batch, unit_infos
 
 __all__ = ["Hooks", "NoHooks", "StepTiming", "StepResult", "LocalGrad", "Executor", "check_runnable", "require_runnable",
@@ -410,7 +411,9 @@ class Executor:
         self.grad_buckets = fuse_buckets(self._unsharded_buckets(), self._sync_numel, bucket_cap)
         self.schedule, self.schedule_used = self._build_schedule()
         rest = [p for k, p in self.params.items() if self.dist_optimizer is None or k not in self.sharded_keys]
-        self.optimizer = torch.optim.Adam(rest or [torch.zeros(0, requires_grad=True)], lr=lr)
+        # DTensor parameters (FSDP2's shards, TP's splits) step on their local shards: the same update without
+        # DTensor's dispatch per operation (hetpart.runtime.local_adam)
+        self.optimizer = LocalShardAdam(rest or [torch.zeros(0, requires_grad=True)], lr=lr)
 
     # ------------------------------------------------------------------------------- building
     @property
