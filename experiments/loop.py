@@ -166,7 +166,9 @@ class _State:
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
+        from hetpart._json import strict_dumps  # NaN (nothing measured) as null: state.json stays JSON
+
+        tmp.write_text(strict_dumps(self.data, indent=1))
         tmp.replace(self.path)
 
 

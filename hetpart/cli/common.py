@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import typer
 
 __all__ = ["GlobalBatch", "SeqLen", "Precision", "RecomputeOpt", "OptimizerOpt", "AttentionOpt", "JsonFlag", "ModelArg", "ClusterArg",
-           "emit_json", "console", "workload_from", "resolve_precision", "params_text"]
+           "emit_json", "json_text", "console", "workload_from", "resolve_precision", "params_text"]
 
 ModelArg = typer.Option(..., "--model", "-m", help="Catalog name, path to a HF config.json, or python:MODULE:FUNCTION.")
 ClusterArg = typer.Option(..., "--cluster", "-c", help="Catalog name or path to a cluster YAML.")
@@ -66,7 +65,16 @@ def console(stderr: bool = False):
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+    """``obj`` as one JSON object on stdout; a float that is not finite (NaN: nothing measured) is written null,
+    since JSON has no NaN and strict parsers (JavaScript's JSON.parse) refuse it."""
+    sys.stdout.write(json_text(obj, indent=2) + "\n")
+
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """``obj`` as strict JSON text: objects with ``to_dict``/``item`` converted, non-finite floats as null."""
+    from hetpart._json import strict_dumps
+
+    return strict_dumps(obj, indent=indent, default=_default)
 
 
 def _default(o: Any) -> Any:

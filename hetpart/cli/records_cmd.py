@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from hetpart.cli.common import console
+from hetpart.cli.common import console, json_text
 
 __all__ = ["predict_records"]
 
@@ -36,7 +35,7 @@ def predict_records(path: Path, predictor: str | None, json_out: bool) -> None:
                                              "step_time_s": recorded.step_time_s} if recorded else None,
                 "measured": {"step_time_s": record.measured.step_time_s, "tokens_per_s": record.measured.tokens_per_s}}
         if con is None:
-            print(json.dumps(out), flush=True)
+            print(json_text(out), flush=True)  # a diverged run's NaN loss: null
         else:
             con.print(_line(where, out))
 
