@@ -37,6 +37,7 @@ def test_plans_checked_once_answer_what_the_checking_predictor_answers(capsys, t
     assert len(full) == len(by_jobs[0]) == len(lines) - 1  # the blank line is no plan
     assert [answer.get("metrics") for answer in by_jobs[0]] == [answer.get("metrics") for answer in full]
     assert sum("metrics" in answer for answer in full) == len(lines) - 3
-    assert by_jobs[0][2] == full[2] and by_jobs[0][2]["error"].startswith(f"{path}:3: invalid JSON")
+    assert [answer["line"] for answer in by_jobs[0]] == [n for n, line in enumerate(lines, 1) if line]
+    assert by_jobs[0][2] == {"line": 3} | full[2] and by_jobs[0][2]["error"].startswith(f"{path}:3: invalid JSON")
     assert "'9/0/0' does not exist" in by_jobs[0][3]["error"] and "'9/0/0' does not exist" in full[3]["error"]
 

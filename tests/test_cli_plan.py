@@ -150,9 +150,9 @@ def test_predict_plans_answers_every_line_in_order_in_one_process(capsys, tmp_pa
     lines = [json.loads(line) for line in stdout.splitlines()]
     assert len(lines) == 4  # the blank line is no plan
     one = _json(capsys, "predict", *SMALL, "--plan", str(out), "--json")
-    assert lines[0] == {"metrics": one["metrics"]} and lines[3] == lines[0]
+    assert lines[0] == {"line": 1, "metrics": one["metrics"]} and lines[3] == lines[0] | {"line": 5}
     assert lines[1]["error"].startswith(f"{plans}:2: invalid JSON")
-    assert "'7/0/0' does not exist" in lines[2]["error"] and set(lines[2]) == {"error"}
+    assert "'7/0/0' does not exist" in lines[2]["error"] and set(lines[2]) == {"line", "error"}
     code, stdout, err = _run(capsys, "predict", *SMALL, "--plans", str(plans))
     assert code == 0 and stdout.count("tokens/s") == 2 and "2: " in stdout
     many = tmp_path / "many.jsonl"  # enough lines for two forked workers: the same lines, in order

@@ -50,7 +50,9 @@ def _one(capsys, tmp_path: Path, plan: dict, *flags: str) -> dict:
 def _batch(capsys, path: Path, *flags: str) -> list[dict]:
     code, out, err = run_cli(capsys, "predict", *MODEL, "--plans", str(path), *flags, "--json")
     assert code == 0, err
-    return [json.loads(line) for line in out.splitlines()]
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert all(isinstance(a.pop("line"), int) for a in answers)  # each answer names its input line
+    return answers
 
 
 # ------------------------------------------------------------------------------------------- 1. --plans

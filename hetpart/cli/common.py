@@ -29,17 +29,22 @@ OptimizerOpt = typer.Option("adam", "--optimizer", help="adam, sgd (momentum) or
 AttentionOpt = typer.Option("fused", "--attention", help="fused (flash/SDPA: no attention-score matrix stored) or "
                             "eager (scores stored for the backward).")
 JsonFlag = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
-OverlapP2POpt = typer.Option(False, "--overlap-p2p", help="The engine overlaps pipeline sends with compute over "
-                             "RDMA (asynchronous p2p); default: sends block the sender, as Megatron-LM's 1F1B does.")
-OverlapGradOpt = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Gradient all-reduces "
+OverlapP2POpt = typer.Option(None, "--overlap-p2p/--no-overlap-p2p", help="The engine overlaps pipeline sends "
+                             "with compute over RDMA (asynchronous p2p) or not (default: sends block the sender, as "
+                             "Megatron-LM's 1F1B does; predict and show: the plan's recorded choice).")
+OverlapGradOpt = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Gradient all-reduces "
                               "run bucket by bucket during the backward (default, DDP and Megatron-LM's "
-                              "--overlap-grad-reduce) or after it (engines that sync after the backward).")
-OpCountsOpt = typer.Option("engine", "--op-counts", help="Operators each unit dispatches, for the host's fixed "
+                              "--overlap-grad-reduce) or after it (engines that sync after the backward); predict and "
+                              "show: default the plan's recorded choice.")
+OpCountsOpt = typer.Option(None, "--op-counts", help="Operators each unit dispatches, for the host's fixed "
                            "cost per operator: engine (default: the kernel set's own; Megatron-Core with Transformer "
                            "Engine's fused kernels, a Llama block 12/20, or hetpart's runtime's eager modules under "
                            "its torch kernels) or measured (the counts of eager PyTorch modules whatever the kernel "
                            "set, a Llama block 66/138, and the vocabulary as it is, unpadded: hand-written engines without "
-                           "fused kernels).")
+                           "fused kernels); predict and show: default the plan's recorded choice.")
+
+ENGINE_DEFAULTS = {"overlap_p2p": False, "overlap_grad_reduce": True, "op_counts": "engine"}
+"""The simulator's engine options when no flag and no plan says otherwise (:class:`Simulator`'s defaults)."""
 
 
 _PIPE_WIDTH = 200
@@ -111,18 +116,25 @@ def workload_from(global_batch: int, seq_len: int, precision: str, recompute: st
                     optimizer=optimizer, attention=attention, offload=offload or "none")
 
 
-def engine_options(overlap_p2p: bool, overlap_grad_reduce: bool, op_counts: str = "engine") -> dict:
-    """The simulator options of ``--overlap-p2p``, ``--no-overlap-grad-reduce`` and ``--op-counts``, only where
-    they differ from the defaults (a predictor that does not take them then refuses them with one clear line)."""
+def engine_flags(overlap_p2p: bool | None, overlap_grad_reduce: bool | None, op_counts: str | None) -> dict:
+    """The engine options given on the command line (``--[no-]overlap-p2p``, ``--[no-]overlap-grad-reduce``,
+    ``--op-counts``; None: not given), default values included: an explicit flag overrides what a plan recorded."""
     from hetpart.errors import SpecError
 
-    out = {}
-    if op_counts not in ("measured", "engine"):
+    if op_counts is not None and op_counts not in ("measured", "engine"):
         raise SpecError(f"--op-counts: unknown {op_counts!r}; use measured or engine")
-    if op_counts == "measured":
-        out["op_counts"] = "measured"
-    if overlap_p2p:
-        out["overlap_p2p"] = True
-    if not overlap_grad_reduce:
-        out["overlap_grad_reduce"] = False
-    return out
+    given = {"overlap_p2p": overlap_p2p, "overlap_grad_reduce": overlap_grad_reduce, "op_counts": op_counts}
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def non_default(options: dict) -> dict:
+    """``options`` without the engine options at their defaults (a predictor that does not take them then refuses
+    only the ones that change its answer, with one clear line)."""
+    return {key: value for key, value in options.items()
+            if key not in ENGINE_DEFAULTS or ENGINE_DEFAULTS[key] != value}
+
+
+def engine_options(overlap_p2p: bool | None = None, overlap_grad_reduce: bool | None = None,
+                   op_counts: str | None = None) -> dict:
+    """The simulator options of the engine flags, only where they differ from the defaults."""
+    return non_default(engine_flags(overlap_p2p, overlap_grad_reduce, op_counts))

@@ -12,7 +12,8 @@ import typer
 from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
 from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OpCountsOpt, OptimizerOpt,
                                 OverlapGradOpt, OffloadOpt, OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
-                                engine_options, resolve_precision, workload_from)
+                                engine_flags, engine_options, json_text, non_default, resolve_precision,
+                                workload_from)
 
 __all__ = ["register"]
 
@@ -86,8 +87,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                  policy_checkpoint: Optional[Path] = typer.Option(
                      None, "--policy-checkpoint", help="With --planner policy: a checkpoint 'hetpart train-policy' "
                      "wrote (its config's out) instead of the shipped one."),
-                 overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt,
-                 op_counts: str = OpCountsOpt,
+                 overlap_p2p: Optional[bool] = OverlapP2POpt, overlap_grad_reduce: Optional[bool] = OverlapGradOpt,
+                 op_counts: Optional[str] = OpCountsOpt,
                  time_limit: Optional[float] = typer.Option(
                      None, "--time-limit", help="With --planner search: seconds after which it answers with the best "
                      "plan priced so far (default 600; 0: no limit). The JSON's planner.complete says whether it "
@@ -125,8 +126,11 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
                              time_limit_s=planner_options.get("time_limit_s")) if with_bound
                  else skipped_bound(graph, cl, workload))
     priced = engine_options(overlap_p2p, overlap_grad_reduce, op_counts)  # what priced it, where not the defaults
+    from hetpart.cli.recorded import profile_record
+
     chosen = replace(result.plan, meta=result.plan.meta | {"model": _spec(model), "cluster": _spec(cluster)}
-                     | ({"engine": priced} if priced else {}) | {"cluster_digest": cluster_digest(cl)})
+                     | ({"engine": priced} if priced else {}) | {"cluster_digest": cluster_digest(cl)}
+                     | ({"profile": profile_record(profile_path)} if profile is not None else {}))
     result = replace(result, plan=chosen)
     if out is not None:
         _write_plan(chosen, out)
@@ -419,8 +423,8 @@ def predict_command(
                                  "(0: one per core; the simulator only, on Linux; answers stay in the file's "
                                  "order and do not depend on it)."),
         profile_path: Optional[Path] = ProfileOpt,
-        overlap_p2p: bool = OverlapP2POpt, overlap_grad_reduce: bool = OverlapGradOpt, op_counts: str = OpCountsOpt,
-        full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
+        overlap_p2p: Optional[bool] = OverlapP2POpt, overlap_grad_reduce: Optional[bool] = OverlapGradOpt,
+        op_counts: Optional[str] = OpCountsOpt, full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
     """Predict step time, throughput and memory of a plan (a file, or the Megatron grid of --tp --pp --dp)."""
     from hetpart.costmodel.predictor import check_predictor_name, get_predictor
     from hetpart.errors import PlanError
@@ -437,7 +441,7 @@ def predict_command(
         return predict_records(records, predictor, json_out)
     flags.check()  # a bad workload flag fails before anything loads, whichever form prices the plans
     profile = load_profile_option(profile_path, predictor)
-    engine = engine_options(overlap_p2p, overlap_grad_reduce, op_counts)
+    engine = engine_flags(overlap_p2p, overlap_grad_reduce, op_counts)  # as given: over what a plan recorded
     if plans_path is not None or plan_path is not None:
         given = [flag for flag, value in grid.items() if value is not None]
         if plans_path is not None and plan_path is not None:
@@ -461,10 +465,13 @@ def predict_command(
     cl = models.cluster
     if plan_path is not None:
         note_cluster_changed(plan, cl, plan_path)
-    if not engine and plan_path is not None:  # the engine options the plan was priced with, unless flags say others
-        engine = recorded_engine(plan, str(plan_path))
-    chosen = get_predictor(predictor, graph, cl, workload, **({"profile": profile} if profile is not None else {}),
-                           **engine)
+    if plan_path is not None:  # the engine options and profile the plan was priced with, unless flags say others
+        from hetpart.cli.recorded import plan_options
+
+        options = plan_options(plan, str(plan_path), engine, profile, predictor)
+    else:
+        options = ({"profile": profile} if profile is not None else {}) | non_default(engine)
+    chosen = get_predictor(predictor, graph, cl, workload, **options)
     try:
         prediction = chosen.predict(plan, workload, validate=True)
     except PlanError as exc:  # found while pricing it (two zones without a link an all-reduce crosses)
@@ -635,7 +642,7 @@ def _grid_plan(flags: _WorkloadFlags, models: _Models, tp, pp, dp, micro_batch, 
 
 
 def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path, plans_path, profile_path, jobs,
-                   overlap_p2p, overlap_grad_reduce, op_counts: str = "engine") -> None:
+                   overlap_p2p, overlap_grad_reduce, op_counts=None) -> None:
     """``--records`` re-predicts each record with its own model, cluster, plan, workload and engine options:
     refuse the options it would ignore."""
     from hetpart.errors import PlanError
@@ -643,9 +650,8 @@ def _records_alone(model, cluster, flags: _WorkloadFlags, grid: dict, plan_path,
     given = ([flag for flag, value in (("--model", model), ("--cluster", cluster), ("--plan", plan_path),
                                        ("--plans", plans_path), ("--profile", profile_path)) if value is not None]
              + flags.given() + [flag for flag, value in grid.items() if value is not None]
-             + (["--jobs"] if jobs else []) + (["--overlap-p2p"] if overlap_p2p else [])
-             + ([] if overlap_grad_reduce else ["--no-overlap-grad-reduce"])
-             + ([] if op_counts == "engine" else ["--op-counts"]))
+             + (["--jobs"] if jobs else [])
+             + [f"--{key.replace('_', '-')}" for key in engine_flags(overlap_p2p, overlap_grad_reduce, op_counts)])
     if given:
         raise PlanError(f"--records: each record is re-predicted with its own model, cluster, plan, workload and "
                         f"engine options; drop {', '.join(given)} (only --predictor and --json go with --records)")
@@ -666,7 +672,6 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
     resolved and priced on its own, by ``jobs`` forked processes (:func:`hetpart.costmodel.batch.workers_for`)
     that share the whole of that work; a predictor that prices a batch in one pass gets its plans in groups
     of one model graph instead (:func:`_predict_groups`)."""
-    import json
     import sys
 
     from hetpart.costmodel.batch import answer_lines, pricer, workers_for
@@ -697,16 +702,26 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
         raise PlanError(f"{plans_path}: {what} missing and no plan records it; give {what}")
     models = _Models(str(model), str(cluster))
     models.check_model()
-    options = {**({"profile": profile} if profile is not None else {}), **(engine or {})}
-    predictors: dict[tuple, tuple] = {}  # (seq_len, precision) -> the predictor of that model graph, its pricer
+    profiles = _batch_recorded(numbered, plans_path, models.cluster, predictor, profile)
+    predictors: dict[tuple, tuple] = {}  # (seq_len, precision, options) -> the predictor of that model graph, its pricer
 
     def resolved(number: int, line: str):
+        """The line's graph, workload and plan, and the options that price it (:func:`plan_options`)."""
+        from hetpart.cli.recorded import profile_from_record, recorded_engine
+
         where = f"{plans_path}:{number}"
         plan, stated = Plan.read_json(line, where)
-        return _resolve_plan(plan, where, stated, flags, models, "this line's plan")
+        graph, workload, plan = _resolve_plan(plan, where, stated, flags, models, "this line's plan")
+        options = non_default(recorded_engine(plan, where) | (engine or {}))
+        record = plan.meta.get("profile")
+        found = profile if profile is not None else profiles.get(_record_key(record), None) if record else None
+        if profile is None and record is not None and _record_key(record) not in profiles:
+            found = profile_from_record(record, where, predictor)  # a malformed record: this line's error
+        return graph, workload, plan, ({"profile": found} if found is not None else {}) | options
 
-    def predictor_of(graph, workload) -> tuple:
-        key = (graph.seq_len, workload.precision)
+    def predictor_of(graph, workload, options: dict) -> tuple:
+        key = (graph.seq_len, workload.precision, tuple(sorted((k, v) for k, v in options.items() if k != "profile")),
+               id(options.get("profile")))
         if key not in predictors:
             chosen = get_predictor(predictor, graph, models.cluster, workload, **options)
             # _resolve_plan checked the plan against this graph and cluster: the predictor need not again
@@ -715,18 +730,19 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
 
     def line_answer(number: int, line: str) -> dict[str, Any]:
         try:
-            graph, workload, plan = resolved(number, line)
+            graph, workload, plan, options = resolved(number, line)
+            price = predictor_of(graph, workload, options)[1]
         except HetpartError as exc:
-            return {"error": _one_line(exc, f"{plans_path}:{number}")}
-        return predictor_of(graph, workload)[1](number, plan, workload if flags.global_batch is not None else None)
+            return {"line": number, "error": _one_line(exc, f"{plans_path}:{number}")}
+        return {"line": number} | price(number, plan, workload if flags.global_batch is not None else None)
 
     chosen = None
     for number, line in numbered:  # the first plan that resolves: its predictor is built before any fork
         try:
-            graph, workload, _ = resolved(number, line)
+            graph, workload, _, options = resolved(number, line)
+            chosen = predictor_of(graph, workload, options)[0]
         except HetpartError:
             continue
-        chosen = predictor_of(graph, workload)[0]
         break
     if chosen is not None and getattr(chosen, "predict_many", None) is not None:
         answers = _predict_groups(numbered, resolved, predictor_of, flags, plans_path, len(lines))
@@ -735,7 +751,7 @@ def _predict_batch(plans_path: Path, model: Optional[str], cluster: Optional[str
         answers = dict(zip((number for number, _ in numbered), answer_lines(numbered, line_answer, workers)))
     if json_out:
         for number in sorted(answers):
-            sys.stdout.write(json.dumps(answers[number]) + "\n")
+            sys.stdout.write(json_text(answers[number]) + "\n")
         return
     con = console()
     for number in sorted(answers):
@@ -752,40 +768,68 @@ def _predict_groups(numbered: list[tuple[int, str]], resolved, predictor_of, fla
     from hetpart.errors import HetpartError
 
     answers: dict[int, dict] = {}
-    groups: dict[tuple, tuple] = {}  # (seq_len, precision) -> graph, workload, [(line number, resolved plan)]
+    groups: dict[tuple, tuple] = {}  # predictor -> graph, workload, [(line number, resolved plan)]
     for number, line in numbered:
         try:
-            graph, workload, plan = resolved(number, line)
+            graph, workload, plan, options = resolved(number, line)
+            chosen = predictor_of(graph, workload, options)[0]
         except HetpartError as exc:
-            answers[number] = {"error": _one_line(exc, f"{plans_path}:{number}")}
+            answers[number] = {"line": number, "error": _one_line(exc, f"{plans_path}:{number}")}
             continue
-        groups.setdefault((graph.seq_len, workload.precision), (graph, workload, []))[2].append((number, plan))
-    for graph, workload, members in groups.values():
+        groups.setdefault(id(chosen), (chosen, workload, []))[2].append((number, plan))
+    for chosen, workload, members in groups.values():
         texts = [""] * size  # the group's plans at their own line numbers; the rest blank (no answer)
         for number, plan in members:
             texts[number - 1] = plan.to_json(indent=None)
-        priced = predict_lines(texts, predictor_of(graph, workload)[0],
-                               workload if flags.global_batch is not None else None, str(plans_path))
+        priced = predict_lines(texts, chosen, workload if flags.global_batch is not None else None, str(plans_path))
         for (number, _), answer in zip(members, priced):
-            answers[number] = answer
+            answers[number] = {"line": number} | answer
     return answers
 
 
-def recorded_engine(plan, source: str) -> dict:
-    """The engine options ``hetpart plan`` priced ``plan`` with (its ``meta.engine``: ``--overlap-p2p``,
-    ``--no-overlap-grad-reduce``, ``--op-counts measured``), checked; {} for the defaults."""
-    from hetpart.errors import PlanError
+def _record_key(record) -> tuple | None:
+    """A well-formed ``meta.profile`` record as a dict key; None for anything else."""
+    if isinstance(record, dict) and isinstance(record.get("path"), str) and isinstance(record.get("sha256"), str):
+        return (record["path"], record["sha256"])
+    return None
 
-    recorded = plan.meta.get("engine") or {}
-    if not isinstance(recorded, dict):
-        raise PlanError(f"{source}: meta.engine: expected the engine options hetpart plan wrote, got "
-                        f"{type(recorded).__name__}; remove it (the defaults price the plan)")
-    allowed = {"overlap_p2p": (True,), "overlap_grad_reduce": (False,), "op_counts": ("measured", "engine")}
-    for key, value in recorded.items():
-        if key not in allowed or value not in allowed[key]:
-            raise PlanError(f"{source}: meta.engine.{key}: {value!r} is not an engine option hetpart plan writes "
-                            f"({', '.join(allowed)}); remove it")
-    return dict(recorded)
+
+def _batch_recorded(numbered: list[tuple[int, str]], plans_path: Path, cluster, predictor, profile) -> dict:
+    """For ``predict --plans``, read before any line is priced (and before any fork, so that each note comes
+    once): one note for the lines planned on another version of ``cluster`` (as ``--plan`` gives), and the
+    profiles the lines recorded (``meta.profile``), loaded once each (None where one cannot price them now,
+    with its note), unless ``--profile`` (``profile``) prices every line."""
+    import json
+    import sys
+
+    from hetpart.cli.recorded import profile_from_record
+
+    digest = cluster_digest(cluster)
+    changed, records = [], {}
+    for number, line in numbered:
+        try:
+            meta = json.loads(line).get("meta")
+        except (ValueError, AttributeError):
+            continue  # the line's own answer says what is wrong with it
+        if not isinstance(meta, dict):
+            continue
+        if isinstance(meta.get("cluster_digest"), str) and meta["cluster_digest"] != digest:
+            changed.append(number)
+        key = _record_key(meta.get("profile"))
+        if key is not None:
+            records.setdefault(key, (meta["profile"], []))[1].append(number)
+    if changed:
+        shown = ", ".join(map(str, changed[:5])) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        print(f"hetpart: note: {plans_path}: line{'s' if len(changed) > 1 else ''} {shown} "
+              f"{'were' if len(changed) > 1 else 'was'} planned on cluster {cluster.name} as it was then; it differs "
+              "now (priced as it is; re-plan to plan for it)", file=sys.stderr)
+    if profile is not None:
+        return {}
+    loaded = {}
+    for key, (record, lines) in records.items():
+        where = f"{plans_path}:{lines[0]}" + (f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else "")
+        loaded[key] = profile_from_record(record, where, predictor)
+    return loaded
 
 
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
@@ -798,8 +842,14 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
                                              help="Planners to compare with in the HTML report (e.g. uniform,proportional)."),
                  max_replicas: int = typer.Option(24, "--max-rows", "--max-replicas",
                                                   help="Rows drawn at most in the Gantt chart (identical replicas share rows)."),
+                 profile_path: Optional[Path] = ProfileOpt,
+                 overlap_p2p: Optional[bool] = OverlapP2POpt, overlap_grad_reduce: Optional[bool] = OverlapGradOpt,
+                 op_counts: Optional[str] = OpCountsOpt,
                  full: bool = FullOpt, json_out: bool = JsonFlag) -> None:
-    """Show a plan as a table, its simulated schedule as a Gantt chart (--gantt) and an HTML report (--html)."""
+    """Show a plan as a table, its simulated schedule as a Gantt chart (--gantt) and an HTML report (--html).
+    The simulator prices it as the plan records (workload, engine options, profile); the engine flags and
+    --profile override those, while a changed workload is a what-if for 'hetpart predict'."""
+    from hetpart.cli.recorded import plan_options
     from hetpart.costmodel.simulator import Simulator
     from hetpart.errors import PlanError
 
@@ -809,19 +859,22 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
         raise PlanError("--compare: the comparison is part of the HTML report; give --html report.html with it")
     _check_compare(compare)  # an unknown planner fails before the model loads
     _check_image(gantt, "--gantt")
+    engine = engine_flags(overlap_p2p, overlap_grad_reduce, op_counts)
+    profile = load_profile_option(profile_path, "simulator")
     model, cluster, plan = _from_plan_meta(plan_path, model, cluster)
     from hetpart import _validate
 
     for flag, target in (("--gantt", gantt), ("--html", html_out)):
         _validate.refuse_input_as_output(PlanError, target, flag, {"PLAN": plan_path, "--model": model,
-                                                                  "--cluster": cluster})
+                                                                  "--cluster": cluster, "--profile": profile_path})
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
     plan.check(graph, cl, str(plan_path))  # the file named, as export and predict name it
     note_cluster_changed(plan, cl, plan_path)
-    prediction = Simulator(graph, cl, **recorded_engine(plan, str(plan_path))).simulate(
-        plan, validate=True, trace=gantt is not None or html_out is not None)
+    options = plan_options(plan, str(plan_path), engine, profile, "simulator")
+    prediction = Simulator(graph, cl, **options).simulate(plan, validate=True,
+                                                          trace=gantt is not None or html_out is not None)
     if gantt is not None:
         from hetpart import plotting
 
