@@ -885,7 +885,7 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     if html_out is not None:
         from hetpart.cli.report_cmd import plan_html
 
-        page = plan_html(plan_path, plan, graph, cl, prediction, compare)
+        page = plan_html(plan_path, plan, graph, cl, prediction, compare, options)
         _write(lambda: html_out.write_text(page), "--html", html_out)
     if json_out:
         emit_json({"plan": plan.to_dict(), "metrics": prediction.metrics, "gantt": str(gantt) if gantt else None,

@@ -12,14 +12,17 @@ import typer
 __all__ = ["register", "plan_html"]
 
 
-def plan_html(plan_path: Path, plan, graph, cluster, prediction, compare: str) -> str:
-    """The HTML report of ``plan``: upper bound, provenance and, for ``compare``, other planners' results."""
+def plan_html(plan_path: Path, plan, graph, cluster, prediction, compare: str, options: dict | None = None) -> str:
+    """The HTML report of ``plan``: upper bound, provenance and, for ``compare``, other planners' results, all
+    priced on the plan's own input: its workload and the simulator ``options`` that priced it (engine options,
+    a profile: :func:`hetpart.cli.recorded.plan_options`)."""
     from hetpart import __version__, report
     from hetpart.policies import upper_bound
 
+    options = options or {}
     workload = _workload(plan)
-    bound = upper_bound(graph, cluster, workload)
-    comparison = _compare(graph, cluster, workload, plan, prediction, compare)
+    bound = upper_bound(graph, cluster, workload, predictor="simulator", predictor_options=options)
+    comparison = _compare(graph, cluster, workload, plan, prediction, compare, options)
     provenance = {"predictor": "simulator (hetpart.costmodel.simulate, analytical; see docs/BENCHMARKS.md#simulator)",
                   "plan file": str(plan_path), "model": str(plan.meta.get("model", graph.name)),
                   "cluster": str(plan.meta.get("cluster", cluster.name)), "hetpart": __version__}
@@ -28,15 +31,33 @@ def plan_html(plan_path: Path, plan, graph, cluster, prediction, compare: str) -
 
 
 def _workload(plan):
+    """The workload ``hetpart plan`` planned ``plan`` for (its ``meta.workload``: the choices it left to the
+    planner, such as recompute auto or no zero stage, stay open), with the plan's own batch, sequence length and
+    precision; a plan without a readable record: the plan's own optimizer, attention, recompute and offload,
+    the zero stage left to the planners."""
+    from hetpart.errors import HetpartError
     from hetpart.workload import Workload
 
+    own = {"global_batch": plan.global_batch, "seq_len": plan.seq_len, "precision": plan.precision}
     saved = plan.meta.get("workload") if isinstance(plan.meta.get("workload"), dict) else {}
-    recompute = saved.get("recompute", plan.recompute)
-    return Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
-                    recompute=recompute if recompute in ("none", "selective", "full", "auto") else plan.recompute)
+    keys = ("recompute", "optimizer", "attention", "zero", "offload")
+    try:
+        recorded = {key: saved[key] for key in keys if key in saved}
+        if recorded.get("offload") == "auto":  # the offload the planner settled on, as plan's bound takes it
+            recorded["offload"] = plan.offload
+        return Workload(**own, **recorded) if recorded else _plan_workload(plan, own)
+    except (HetpartError, TypeError):
+        return _plan_workload(plan, own)
 
 
-def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[dict[str, Any]]:
+def _plan_workload(plan, own: dict):
+    from hetpart.workload import Workload
+
+    return Workload(**own, recompute=plan.recompute, optimizer=plan.optimizer, attention=plan.attention,
+                    offload=plan.offload)
+
+
+def _compare(graph, cluster, workload, plan, prediction, compare: str, options: dict) -> list[dict[str, Any]]:
     from hetpart.policies import plan as run_planner
     from hetpart.errors import HetpartError
 
@@ -48,11 +69,14 @@ def _compare(graph, cluster, workload, plan, prediction, compare: str) -> list[d
     took = float(took) if isinstance(took, (int, float)) and not isinstance(took, bool) else None
     rows = [{"planner": chosen, "tokens_per_s": prediction.tokens_per_s, "step_time_s": prediction.step_time_s,
              "fits_in_memory": prediction.fits_in_memory, "plan_time_s": took}]
+    from hetpart.costmodel.predictor import get_predictor
+
+    predictor = get_predictor("simulator", graph, cluster, workload, **options) if options else "simulator"
     for name in dict.fromkeys(names):
         if name == chosen:
             continue
         try:
-            result = run_planner(graph, cluster, workload, name)
+            result = run_planner(graph, cluster, workload, name, predictor=predictor)
         except HetpartError as exc:
             if "unknown planner" in str(exc):
                 raise
