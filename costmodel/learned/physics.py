@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from hetpart.plan import Plan
-from hetpart.costmodel.collectives import nic_flows
 from hetpart.costmodel.sharding import collective_pad, microbatches_run
 
 __all__ = ["add_physics", "SCHEDULE_CODES"]
@@ -196,7 +195,8 @@ def _rings(sim, plan: Plan, mine: list[int], seg_a, seg_t, seg_last, seg_tcp, se
     table = sim._stage_table(plan)
     segments = sim._dp_segments(plan, table)
     flats = [table.offsets[seg.holders[:, 0]] + seg.holders[:, 1] for seg in segments]
-    flows = nic_flows(list(zip(table.node[f].tolist(), table.group[f].tolist(), table.tp[f].tolist()))
+    # the NICs' sharing and, where the cluster has zones, the zone links' (the simulator's _ring_flows)
+    flows = sim._ring_flows(list(zip(table.node[f].tolist(), table.group[f].tolist(), table.tp[f].tolist()))
                             for f in flats)
     spans = {seg.a: (seg, f) for seg, f in zip(segments, flats) if seg.a >= 0}
     tied = [(seg, f) for seg, f in zip(segments, flats) if seg.a < 0]
