@@ -121,7 +121,8 @@ def test_tensor_parallel_collectives_can_be_priced_by_nccls_lines():
 
 
 def test_recompute_host_factors_are_the_scripted_measurement():
-    """compute.RECOMPUTE_HOST carries ``bench_host_ops --recompute-host``'s file: the mean of its blocks, to 0.02."""
+    """compute.RECOMPUTE_HOST carries ``bench_host_ops --recompute-host``'s file: the mean of its blocks, to three
+    decimals (selective's forward read 1.41, one block's figure, while the mean is 1.403: audit of 2026-12-01)."""
     import json
     from pathlib import Path
 
@@ -130,8 +131,8 @@ def test_recompute_host_factors_are_the_scripted_measurement():
     data = json.loads((Path(__file__).resolve().parents[1] / "experiments" / "data" / "recompute_host.json").read_text())
     for mode, (fwd, total) in RECOMPUTE_HOST.items():
         rows = [m["factors"][mode] for m in data["models"].values()]
-        assert fwd == pytest.approx(np.mean([r["fwd"] for r in rows]), abs=0.02)
-        assert total == pytest.approx(np.mean([r["total"] for r in rows]), abs=0.02)
+        assert fwd == round(float(np.mean([r["fwd"] for r in rows])), 3)
+        assert total == round(float(np.mean([r["total"] for r in rows])), 3)
     assert 1.0 < RECOMPUTE_HOST["selective"][1] < RECOMPUTE_HOST["full"][1]
 
 
