@@ -19,7 +19,9 @@ network as an SB3 features extractor (``policy_kwargs=dict(features_extractor_cl
 built on first use (:func:`__getattr__`), so planning with a trained network imports neither SB3 nor
 gymnasium: the planner reads the network's weights from a plain state-dict file beside the SB3 checkpoint
 (:func:`save_network`, :func:`load_network`; the action of a pointer policy is its logits, so the rest of the
-SB3 policy is not needed to decode).
+SB3 policy is not needed to decode). A checkpoint records the features it was trained on (the extractor's
+``features`` keyword, :func:`~hetpart.policies.observation.feature_record`, saved by SB3 in the zip's ``data`` and
+copied into the network file); :func:`check_features` refuses one of other features, or one that records none.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from hetpart.policies.structure import NUM_ACTIONS, NUM_OPTIONS
 
 __all__ = ["PlanGNN", "DenseConv", "PlanGNNExtractor", "PointerPolicy",  # noqa: F822 (the last two: __getattr__)
            "logits_and_context", "model_embedding", "NETWORK_FORMAT", "network_path", "checkpoint_digest", "network_of",
-           "save_network", "save_network_file", "load_network"]
+           "save_network", "save_network_file", "load_network", "checkpoint_features", "features_difference",
+           "check_features"]
 
 
 def _mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
@@ -113,9 +116,11 @@ class PlanGNN(nn.Module):
         output: ``[B, NUM_ACTIONS + hidden]``.
     """
 
-    def __init__(self, hidden: int = 64, layers: int = 2) -> None:
+    def __init__(self, hidden: int = 64, layers: int = 2, features: dict | None = None) -> None:
         super().__init__()
         self.hidden, self.layers = hidden, layers
+        self.features = features
+        """The features it was trained on (:func:`~hetpart.policies.observation.feature_record`), None if unknown."""
         _build_layers(self, hidden, layers, DenseConv)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -186,9 +191,14 @@ def _sb3_classes() -> dict[str, type]:
             output: ``[B, NUM_ACTIONS + hidden]``.
         """
 
-        def __init__(self, observation_space, hidden: int = 64, layers: int = 2) -> None:
+        def __init__(self, observation_space, hidden: int = 64, layers: int = 2, features: dict | None = None
+                     ) -> None:
             super().__init__(observation_space, NUM_ACTIONS + hidden)
             self.hidden, self.layers = hidden, layers
+            self.features = features
+            """The features it was trained on (:func:`~hetpart.policies.observation.feature_record`): a keyword of
+            ``features_extractor_kwargs``, so SB3 saves it in the checkpoint's ``data``; None for a checkpoint
+            written before checkpoints recorded it."""
             _build_layers(self, hidden, layers)
 
         def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -244,7 +254,7 @@ def network_of(policy) -> PlanGNN:
     if not (isinstance(extractor, _sb3_classes()["PlanGNNExtractor"]) and isinstance(policy.action_net, _Logits)
             and not any(True for _ in policy.mlp_extractor.policy_net.parameters())):
         raise ValueError("not a pointer policy: its action is not the GNN extractor's logits as they are")
-    net = PlanGNN(extractor.hidden, extractor.layers)
+    net = PlanGNN(extractor.hidden, extractor.layers, getattr(extractor, "features", None))
     net.load_state_dict(extractor.state_dict())
     return net.eval()
 
@@ -256,7 +266,7 @@ def save_network(net: PlanGNN, path: str | Path, source_digest: str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"format": NETWORK_FORMAT, "source_sha256": source_digest, "hidden": net.hidden, "layers": net.layers,
-                "state_dict": net.state_dict()}, tmp)
+                "features": net.features, "state_dict": net.state_dict()}, tmp)
     os.replace(tmp, path)
 
 
@@ -272,8 +282,9 @@ def save_network_file(model, checkpoint: str | Path) -> None:
 
 
 def load_network(path: str | Path, source_digest: str) -> PlanGNN | None:
-    """The network of a file :func:`save_network` wrote, or None where there is none, it is of another format, or
-    it was taken from another checkpoint than the one of ``source_digest``."""
+    """The network of a file :func:`save_network` wrote, or None where there is none, it is of another format, it
+    was taken from another checkpoint than the one of ``source_digest``, or its weights do not fit this code's
+    network (the caller then reads the checkpoint itself)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -283,6 +294,75 @@ def load_network(path: str | Path, source_digest: str) -> PlanGNN | None:
         return None
     if not isinstance(data, dict) or data.get("format") != NETWORK_FORMAT or data.get("source_sha256") != source_digest:
         return None
-    net = PlanGNN(int(data["hidden"]), int(data["layers"]))
-    net.load_state_dict(data["state_dict"])
+    net = PlanGNN(int(data["hidden"]), int(data["layers"]), data.get("features"))
+    try:
+        net.load_state_dict(data["state_dict"])
+    except (RuntimeError, KeyError, TypeError):  # weights of another shape (an edited file): the checkpoint is read
+        return None
     return net.eval()
+
+
+# ------------------------------------------------------------------------------------------ the features' record
+RETRAIN = "retrain with 'hetpart train-policy --config experiments/configs/policy.yaml' (or plan with --planner search)"
+"""The fix a refused checkpoint's message names."""
+
+
+def checkpoint_features(checkpoint: str | Path) -> tuple[bool, dict | None]:
+    """``(readable, record)``: the feature record (:func:`~hetpart.policies.observation.feature_record`) a MaskablePPO
+    checkpoint stores in its ``data`` entry, read without SB3; ``readable`` is False for a file that is not such a
+    zip (its loader refuses it in its own words), ``record`` None for one written before checkpoints stored it."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(checkpoint) as z:
+            data = json.loads(z.read("data"))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        return False, None
+    kwargs = data.get("policy_kwargs") if isinstance(data, dict) else None
+    extractor = kwargs.get("features_extractor_kwargs") if isinstance(kwargs, dict) else None
+    return True, extractor.get("features") if isinstance(extractor, dict) else None
+
+
+def features_difference(saved: dict | None) -> str | None:
+    """What differs between the features a checkpoint was trained on (``saved``) and this code's, in words; None when
+    they are the same."""
+    from hetpart.policies.observation import feature_record
+
+    current = feature_record()
+    if not isinstance(saved, dict):
+        return "no record of them"
+    out = []
+    if saved.get("version") != current["version"]:
+        out.append(f"feature version {saved.get('version')!r}, this hetpart's is {current['version']}")
+    for table, names in current.items():
+        old = saved.get(table)
+        if table == "version" or old == names:
+            continue
+        if not isinstance(old, list) or table == "rows":
+            out.append(f"{table} {old!r}, this hetpart's {names!r}")
+            continue
+        gone, new = [n for n in old if n not in names], [n for n in names if n not in old]
+        what = "; ".join(x for x in (f"trained with {', '.join(gone)}, gone here" if gone else "",
+                                     f"new here: {', '.join(new)}" if new else "") if x)
+        out.append(f"{table} features ({what or 'the same names in another order'})")
+    return "; ".join(out) or None
+
+
+def check_features(checkpoint: str | Path, source: str = "policy checkpoint", fix: str = RETRAIN) -> None:
+    """Refuse (:class:`~hetpart.errors.SpecError`, one line naming ``source``, the file, what differs and the fix) a
+    policy checkpoint trained on other features than this code observes, or one that does not record them (``fix``:
+    what to do instead). A file that is not a MaskablePPO zip passes: its loader refuses it."""
+    from hetpart.errors import SpecError
+
+    readable, saved = checkpoint_features(checkpoint)
+    if not readable:
+        return
+    if saved is None:
+        raise SpecError(f"{source}: {checkpoint} records no feature version or names (written before policy "
+                        "checkpoints recorded them, 2026-12-01), so the features it was trained on cannot be checked "
+                        f"against this hetpart's; {fix}")
+    differs = features_difference(saved)
+    if differs is not None:
+        raise SpecError(f"{source}: {checkpoint} was trained on other features than this hetpart's ({differs}); "
+                        f"{fix}")

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetpart.costmodel.features import POOL_FEATURES, UNIT_FEATURES, link_features, pool_features, unit_features
+from hetpart.costmodel.features import (LINK_FEATURES, POOL_FEATURES, UNIT_FEATURES, link_features, pool_features,
+                                        unit_features)
 from hetpart.policies.structure import MAX_POOLS, NUM_OPTIONS, PHASES, RECOMPUTE
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.policies.structure import Scenario, StructureState
 
 __all__ = ["SHAPES", "BOUND", "MAX_UNITS", "POOL_STATE", "OPTION_FEATURES", "CONTEXT_FEATURES", "StaticFeatures", "observation_space",
-           "observe"]
+           "observe", "FEATURE_VERSION", "feature_record"]
 
 BOUND = 10.0
 """Every feature is clipped to [-BOUND, BOUND] (they are shares, ratios and centred logarithms)."""
@@ -36,6 +37,20 @@ CONTEXT_FEATURES = (*(f"phase_{p}" for p in PHASES), "family_mixed", "family_typ
                     "log_seq_len", "log_params", "states_over_cluster_memory", "units_share", "log_dp",
                     "log_micro_batch", *(f"rc_{m}" for m in RECOMPUTE), "pools_share", "stages_over_units",
                     "microbatches_used")
+
+FEATURE_VERSION = 1
+"""The version of the observation's features, recorded in every policy checkpoint (:func:`feature_record`). Bump it
+when a feature changes its meaning under the same name (another scale, another source, another formula, the
+``pool_adj`` weights): a checkpoint of another version is refused, as one of other names is."""
+
+
+def feature_record() -> dict:
+    """What a policy checkpoint records of the features it was trained on: :data:`FEATURE_VERSION`, the names of each
+    table's columns in order (``units``, ``pools``, ``options``, ``context``, and ``links``, which ``pool_adj`` is
+    computed from) and the tables' row counts (plain JSON)."""
+    return {"version": FEATURE_VERSION, "units": list(UNIT_FEATURES), "pools": [*POOL_FEATURES, *POOL_STATE],
+            "options": list(OPTION_FEATURES), "context": list(CONTEXT_FEATURES), "links": list(LINK_FEATURES),
+            "rows": {"units": MAX_UNITS, "pools": MAX_POOLS, "options": NUM_OPTIONS}}
 
 
 class StaticFeatures:

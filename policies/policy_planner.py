@@ -76,11 +76,13 @@ def load_policy(path: str):
     about 5 of the 9 s a planning process spent loading the policy. Otherwise the checkpoint is loaded with SB3, its
     actor's network taken (the same weights: the same actions) and the file written for the next process, where the
     folder allows."""
-    from hetpart.policies.gnn import checkpoint_digest, load_network, network_of, network_path, save_network
+    from hetpart.policies.gnn import (check_features, checkpoint_digest, load_network, network_of, network_path,
+                                      save_network)
 
     if not Path(path).is_file():
         raise SpecError(f"policy checkpoint: {path} does not exist; train one with "
                         "'hetpart train-policy --config experiments/configs/policy.yaml' or use --planner search")
+    check_features(path)  # trained on the features this code observes (a same-width change would load silently)
     digest = checkpoint_digest(path)
     net = load_network(network_path(path), digest)
     if net is not None:
