@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hetpart import _validate
 from hetpart.errors import SpecError
 
@@ -90,13 +88,10 @@ def load_config(path: str | Path, *, replace_shipped: bool = False) -> PolicyTra
     """Read a YAML config; unknown keys and wrong types are refused with the file and key named, and so is
     an empty file (a mapping ``{}`` takes every default), an ``out`` (or ``runs_dir``) that cannot be
     written, and the shipped checkpoint as ``out`` unless ``replace_shipped``: all before any work."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read the config ({err.strerror}); give an existing YAML file") from err
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML ({' '.join(str(err).split())[:120]})") from err
+    from hetpart._yaml import load_yaml_file
+
+    path = Path(path)  # the reader clusters and suites use: UTF-8, no repeated keys or aliases, at most 1 MiB
+    data = load_yaml_file(SpecError, path, "the policy training config (a YAML file)")
     if data is None:  # more likely a wrong or unsaved file than a wish for the full default training
         raise SpecError(f"{path}: empty config; give the keys to set (e.g. timesteps, out; known: "
                         f"{', '.join(f.name for f in dataclasses.fields(PolicyTrainConfig))}), as in "
@@ -245,9 +240,6 @@ def checkpoint_settings(resume: str, source: str = "resume") -> dict[str, Any]:
     net = kwargs.get("features_extractor_kwargs") if isinstance(kwargs, dict) else None
     if not isinstance(net, dict):
         raise wrong
-    from hetpart.policies.gnn import check_features
-
-    check_features(found, source, fix="train a new policy (leave resume out)")
     settings = {k: net[k] for k in _NETWORK_KEYS if isinstance(net.get(k), int)}
     for key in _RESUMED_KEYS:  # a schedule (not a number) is left as the config says
         value = data.get(key)
@@ -388,7 +380,6 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     from hetpart.envs import PartitionEnv
     from hetpart.experiments.tracking import make_tracker, sb3_logger, seed_everything
     from hetpart.policies.gnn import PointerPolicy
-    from hetpart.policies.observation import feature_record
 
     if cfg.resume:  # a config built in code: the same checks as load_config's, before anything is created
         saved = checkpoint_settings(cfg.resume)
@@ -414,8 +405,8 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     else:
         model = MaskablePPO(PointerPolicy, env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                             learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, gamma=cfg.gamma, seed=cfg.seed,
-                            device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(
-                                hidden=cfg.hidden, layers=cfg.layers, features=feature_record())))
+                            device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(hidden=cfg.hidden,
+                                                                                           layers=cfg.layers)))
         if cfg.imitation_scenarios:
             from hetpart.policies.imitation import behaviour_clone
 

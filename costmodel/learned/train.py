@@ -79,12 +79,13 @@ def load_train_config(path: str | Path | None) -> TrainConfig:
     """Read a YAML file of :class:`TrainConfig` keys; unknown keys are refused."""
     if path is None:
         return TrainConfig()
-    import yaml
+    from hetpart._yaml import load_yaml_file
 
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such config file; give a YAML file of {', '.join(f.name for f in fields(TrainConfig))}")
-    data = yaml.safe_load(path.read_text()) or {}
+    # the reader clusters and suites use: UTF-8, no repeated keys or aliases, at most 1 MiB
+    data = load_yaml_file(SpecError, path, "the cost-model training config (a YAML file)") or {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of training settings")
     known = {f.name: f for f in fields(TrainConfig)}

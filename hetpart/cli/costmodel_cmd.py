@@ -128,6 +128,7 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
         _check_out(out, "surrogate.pt", inputs={"--config": config, "--dataset": dataset})
     from hetpart.costmodel.learned.dataset import load_dataset
     from hetpart.costmodel.learned.train import load_train_config, resolve_device, train
+    from hetpart.errors import SpecError
 
     cfg = load_train_config(config)
     cfg = replace(cfg, **({"dataset": str(dataset)} if dataset else {}), **({"out": str(out)} if out else {}))
@@ -137,7 +138,12 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
     resolve_device(device)  # a bad --device fails before the data set is read
     if cfg.resume and Path(cfg.out).is_file():  # training resumes from it: a wrong file is refused first
         _check_checkpoint(Path(cfg.out), "--out")
-    data_cfg, records = load_dataset(cfg.dataset)
+    try:
+        data_cfg, records = load_dataset(cfg.dataset)
+    except SpecError:
+        if not dataset:  # the config named it: say which file and key
+            _check_config_path(config, "dataset", cfg.dataset)
+        raise
     heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
     run = _tracker(tracker, cfg)
     update, bar = _progress(json_out, "training")
@@ -153,6 +159,22 @@ def train_command(config: Optional[Path] = typer.Option(None, "--config", help="
         emit_json({"checkpoint": cfg.out, "device": str(resolve_device(device)), "report": report})
         return
     _print_report(report, f"checkpoint {cfg.out}")
+
+
+def _check_config_path(config: Optional[Path], key: str, value: str) -> None:
+    """A file a ``costmodel train`` config names (``key``) exists; else one line naming the config and the key.
+    Relative paths are read from the working directory, as the shipped config's ``runs/costmodel/...`` are (run
+    from the repository root); the error says so where the file sits beside the config instead."""
+    from hetpart.errors import SpecError
+
+    if Path(value).is_file():
+        return
+    where = f"{config}: {key}" if config is not None else f"the default config: {key}"
+    beside = config.parent / value if config is not None and not Path(value).is_absolute() else None
+    hint = (f"; relative paths are read from the working directory, and {beside} exists: give that path"
+            if beside is not None and beside.is_file() else
+            f"; build it with 'hetpart costmodel dataset --out {value}' or give --{key} FILE")
+    raise SpecError(f"{where}: {value}: no such file{hint}")
 
 
 def _tracker(kind: str, cfg):
