@@ -240,6 +240,9 @@ def checkpoint_settings(resume: str, source: str = "resume") -> dict[str, Any]:
     net = kwargs.get("features_extractor_kwargs") if isinstance(kwargs, dict) else None
     if not isinstance(net, dict):
         raise wrong
+    from hetpart.policies.gnn import check_features
+
+    check_features(found, source, fix="train a new policy (leave resume out)")
     settings = {k: net[k] for k in _NETWORK_KEYS if isinstance(net.get(k), int)}
     for key in _RESUMED_KEYS:  # a schedule (not a number) is left as the config says
         value = data.get(key)
@@ -380,6 +383,7 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     from hetpart.envs import PartitionEnv
     from hetpart.experiments.tracking import make_tracker, sb3_logger, seed_everything
     from hetpart.policies.gnn import PointerPolicy
+    from hetpart.policies.observation import feature_record
 
     if cfg.resume:  # a config built in code: the same checks as load_config's, before anything is created
         saved = checkpoint_settings(cfg.resume)
@@ -405,8 +409,8 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     else:
         model = MaskablePPO(PointerPolicy, env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                             learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, gamma=cfg.gamma, seed=cfg.seed,
-                            device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(hidden=cfg.hidden,
-                                                                                           layers=cfg.layers)))
+                            device="cpu", policy_kwargs=dict(features_extractor_kwargs=dict(
+                                hidden=cfg.hidden, layers=cfg.layers, features=feature_record())))
         if cfg.imitation_scenarios:
             from hetpart.policies.imitation import behaviour_clone
 
