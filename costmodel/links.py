@@ -28,10 +28,11 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   usable by RCCL (AMD ROCm blog on RCCL over xGMI); a pair talks over its one link, a ring over ``k`` GPUs
   spreads RCCL's channels over the ``k - 1`` links each member has to the others: 336 GB/s for all 8, 48 for a
   pair (an NVSwitch node gives every group its whole NVLink rate).
-* **GeForce boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
-  (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; tinygrad/open-gpu-kernel-modules issue 17:
-  RTX 4090 P2P only with a patched kernel module), so a ``PCIe3/4/5`` link between them is priced as
-  its ``-host`` entry (staged through host memory, across the CPU socket link).
+* **GeForce and TITAN boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
+  (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; wohlbier/gpu-micro README: the same on 8 TITAN RTX;
+  tinygrad/open-gpu-kernel-modules issue 17: RTX 4090 P2P only with a patched kernel module), so a
+  ``PCIe3/4/5`` link between them is priced as its ``-host`` entry (staged through host memory, across the CPU
+  socket link).
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ TCP_FRAMING_EFFICIENCY = 1460.0 / 1538.0
 """TCP payload bytes per Ethernet wire bytes at MTU 1500."""
 TCP_SOCKET_GBYTE_S = 4.7
 """Bus bandwidth NCCL's socket transport reached over one 100 GbE NIC (NVIDIA/nccl issue 398)."""
-NO_PCIE_P2P = frozenset({"RTX2080Ti-11GB", "RTX3090-24GB", "RTX4090-24GB"})
-"""Catalog GPUs (GeForce) without PCIe peer-to-peer access."""
+NO_PCIE_P2P = frozenset({"RTX2080Ti-11GB", "TitanRTX-24GB", "RTX3090-24GB", "RTX4090-24GB"})
+"""Catalog GPUs (GeForce and TITAN boards) without PCIe peer-to-peer access: the driver answers
+``cudaDeviceCanAccessPeer`` no for every pair. RTX 2080 Ti: NVIDIA/nccl-tests issue 117; TITAN RTX: 8 boards of
+one Lambda server, every pair "CANNOT Access Peer" (p2pBandwidthLatencyTest, github.com/wohlbier/gpu-micro
+README); RTX 3090: NVIDIA/nccl issue 1127; RTX 4090: only with a patched kernel module
+(tinygrad/open-gpu-kernel-modules). An NVLink bridge between two boards is a link of its own, not this."""
 
 
 CUBE_MESH_BRICKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,

@@ -95,8 +95,9 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
     LinkSpec("PCIe3", 15.75, 5.0, "PCI-SIG PCIe 3.0 x16; NCCL topo.h PCI_BW 12 GB/s achieved", _PCI),
     LinkSpec("PCIe4", 31.5, 5.0, "PCI-SIG PCIe 4.0 x16; NCCL topo.h PCI_BW x2 achieved", _PCI),
     LinkSpec("PCIe5", 63.0, 5.0, "PCI-SIG PCIe 5.0 x16; NCCL topo.h PCI_BW x4 achieved", _PCI),
-    # Without GPU peer-to-peer (GeForce and TITAN boards: NVIDIA disables PCIe P2P on them, e.g.
-    # nccl-tests issue 117, RTX 2080 Ti "CANNOT Access Peer"), NCCL stages every hop through host
+    # Without GPU peer-to-peer (GeForce and TITAN boards, hetpart.costmodel.links.NO_PCIE_P2P: the driver
+    # reports no PCIe peer access on them, e.g. nccl-tests issue 117, RTX 2080 Ti "CANNOT Access Peer";
+    # github.com/wohlbier/gpu-micro README, the same for all pairs of 8 TITAN RTX), NCCL stages every hop through host
     # memory, and on the usual two-socket 8-GPU server a ring over the node crosses the CPU socket link:
     # the ring runs at that link's rate (NCCL topo.h: SKL_QPI_BW 10 GB/s for the Xeon Scalable hosts of
     # PCIe 3/4 GPUs, SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5), ~20 us per step through host memory.
