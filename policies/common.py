@@ -151,6 +151,35 @@ def device_state_bytes_per_param(workload: "Workload") -> float:
     return float(state_bytes_per_param(workload.optimizer, workload.precision))
 
 
+def host_state_gb(model: "ModelGraph", workload: "Workload", offload: str | None = None) -> float:
+    """The least host memory the offloaded model states take on all nodes together, GB: each parameter's
+    offloaded bytes once (fully sharded; :func:`hetpart.costmodel.offload.host_state_bytes`), under ``offload``
+    (default the workload's)."""
+    from hetpart.costmodel.offload import host_state_bytes
+    from hetpart.costmodel.sharding import state_bytes
+
+    w, g, opt = state_bytes(workload.precision, workload.optimizer)
+    return model.num_params * host_state_bytes(w, g, opt, 1.0, offload or workload.offload) / 1e9
+
+
+def host_capacity_gb(cluster: "Cluster") -> float:
+    """Host memory of all the cluster's nodes together, GB (:func:`hetpart.costmodel.offload.host_memory_gb`: the
+    cluster file's ``host_memory_gb``, else assumed)."""
+    from hetpart.costmodel.offload import host_memory_gb
+
+    return sum(host_memory_gb(group) * group.count for group in cluster.groups)
+
+
+def _host_holds(model: "ModelGraph", cluster: "Cluster", workload: "Workload", offload: str) -> bool:
+    """Whether the nodes' host memory can hold what ``offload`` moves there (else advising it is a dead end)."""
+    return host_state_gb(model, workload, offload) <= host_capacity_gb(cluster)
+
+
+def _host_text(model: "ModelGraph", cluster: "Cluster", workload: "Workload", offload: str) -> str:
+    return (f"--offload {offload} needs {host_state_gb(model, workload, offload):.1f} GB of host memory and the "
+            f"nodes hold {host_capacity_gb(cluster):.1f} GB in all")
+
+
 def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str, why: str) -> WorkloadError:
     """A :class:`WorkloadError` that says why nothing fits and what would.
 
@@ -174,8 +203,13 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     kept = {"none": f"the weights, gradients and {workload.optimizer} states",
             "optimizer": "the 16-bit weights (the rest offloaded)", "full": "the states"}[workload.offload]
     hint = f"{kept} alone need {state_gb:.1f} GB and the cluster's devices hold {capacity:.1f} GB usable in all"
-    if state_gb >= capacity:
-        fix = _states_exceed_fix(model, workload, per_param, capacity)
+    if workload.offload in ("optimizer", "full") and not _host_holds(model, cluster, workload, workload.offload):
+        host = _host_text(model, cluster, workload, workload.offload)
+        hint = f"host memory binds: {host}" + (f"; {hint}" if state_gb >= capacity else "")
+        fix = ("use a smaller model or a cluster with more memory (host_memory_gb per node group in the cluster "
+               "file, if its nodes have more than assumed)")
+    elif state_gb >= capacity:
+        fix = _states_exceed_fix(model, cluster, workload, per_param, capacity)
     elif _least_activations_fit(model, cluster, workload, planner) is False:
         hint += (f", but no plan of the {planner} planner's own space fits even at one sequence per micro-batch with "
                  "full recomputation, so a smaller --global-batch cannot help")
@@ -183,7 +217,7 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     else:
         fix = ("try " + ("--recompute full (or auto), " if workload.recompute in ("none", "selective") else "")
                + "a smaller --global-batch that divides into whole micro-batches, a shorter --seq-len, or more devices")
-        if workload.offload == "none":
+        if workload.offload == "none" and _host_holds(model, cluster, workload, "optimizer"):
             fix += OFFLOAD_HINTS[1]
         if workload.seq_len >= LONG_SEQUENCE and model.config is not None:
             fix += ("; at this sequence length the activations are what does not fit: context parallelism splits "
@@ -204,9 +238,10 @@ def no_plan_error(model: "ModelGraph", cluster: "Cluster", workload: "Workload",
     return WorkloadError(f"{head}; {hint}; {fix}")
 
 
-def _states_exceed_fix(model: "ModelGraph", workload: "Workload", per_param: float, capacity: float) -> str:
+def _states_exceed_fix(model: "ModelGraph", cluster: "Cluster", workload: "Workload", per_param: float,
+                       capacity: float) -> str:
     """The advice where the states outgrow the devices' memory in all: offload first where the 16-bit weights
-    alone would fit (the same count), then a smaller model or more memory."""
+    alone would fit (the same count) and host memory holds the rest, then a smaller model or more memory."""
     fix = (f"use a smaller model (under {capacity / per_param:.1f}B parameters, less with "
            "activations) or a cluster with more device memory")
     if workload.offload != "none":
@@ -214,10 +249,15 @@ def _states_exceed_fix(model: "ModelGraph", workload: "Workload", per_param: flo
     from hetpart.costmodel.sharding import state_bytes
 
     weights_gb = model.num_params * state_bytes(workload.precision, workload.optimizer)[0] / 1e9
-    if weights_gb < capacity:
+    optimizer_fits, full_fits = (_host_holds(model, cluster, workload, o) for o in ("optimizer", "full"))
+    if weights_gb < capacity and optimizer_fits:
         return (f"keep the optimizer in host memory (--offload optimizer: ZeRO-Offload leaves the 16-bit weights, "
                 f"{weights_gb:.1f} GB, on the devices), " + fix)
-    return fix + OFFLOAD_HINTS[0]
+    if full_fits:
+        return fix + "; or keep every state in host memory (--offload full --zero 3)"
+    if optimizer_fits:
+        return fix + OFFLOAD_HINTS[0]
+    return fix + f" (offload cannot help: {_host_text(model, cluster, workload, 'optimizer')})"
 
 
 def _states_bind_fix(model: "ModelGraph", cluster: "Cluster", workload: "Workload", planner: str) -> str:
@@ -227,7 +267,7 @@ def _states_bind_fix(model: "ModelGraph", cluster: "Cluster", workload: "Workloa
     from dataclasses import replace
 
     first = last = ""
-    if workload.offload == "none":
+    if workload.offload == "none" and _host_holds(model, cluster, workload, "optimizer"):
         if _least_activations_fit(model, cluster, replace(workload, offload="optimizer"), planner):
             first = OFFLOAD_HINTS[2]
         else:

@@ -66,8 +66,9 @@ def test_offload_auto_drops_the_offload_advice(lab) -> None:
 
 def test_states_beyond_all_memory_lead_with_offload_where_the_weights_fit(tmp_path: Path) -> None:
     path = tmp_path / "two.yaml"
+    # 256 GB of host memory holds the offloaded 128.5 GB (the assumed 2x device memory, 103 GB, would not)
     path.write_text("name: two\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: RTX4090-24GB, intra_node: PCIe4, "
-                    "nic: Ethernet-25}\n")
+                    "nic: Ethernet-25, host_memory_gb: 256}\n")
     model, cluster = load_model("llama3-8b", seq_len=2048), load_cluster(path)
     text = str(no_plan_error(model, cluster, Workload(64, 2048), "search", "the model states alone exceed"))
     assert "alone need 144.5 GB and the cluster's devices hold 46.0 GB usable in all; keep the optimizer in host " \
