@@ -14,10 +14,11 @@ from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.collectives import reduce_scatter_time_s, zone_concurrency
 from hetpart.costmodel.activations import unit_working_bytes
-from hetpart.costmodel.memory import PrefixTables, chunk_flights, stage_memory_gb
+from hetpart.costmodel.memory import GRAD_BYTES, PrefixTables, chunk_flights, stage_memory_gb
 from hetpart.costmodel.sharding import state_bytes
 
-__all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_exposed_s"]
+__all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_unit_scatter_s",
+           "reference_exposed_s"]
 
 
 def _holder(plan: Plan, replica: int, unit: int):
@@ -119,15 +120,26 @@ def reference_nic_rings(model: ModelGraph, cluster: Cluster, plan: Plan, place=_
 
 
 def reference_unit_gather_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int) -> float:
-    """One all-gather of ``unit``'s parameters among the holders in ``replica``'s shard group, its ring
-    sharing each node's NICs with the shard rings of the plan's other device groups there
+    """One all-gather of ``unit``'s parameters (in the training dtype) among the holders in ``replica``'s shard
+    group, its ring sharing each node's NICs with the shard rings of the plan's other device groups there
     (:func:`reference_nic_rings`)."""
+    return _unit_collective_s(model, cluster, plan, replica, unit, DTYPE_BYTES[plan.precision])
+
+
+def reference_unit_scatter_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int) -> float:
+    """One reduce-scatter of ``unit``'s gradients among the same holders, in the bytes gradients are reduced in
+    (:data:`~hetpart.costmodel.memory.GRAD_BYTES`: fp32 under bf16)."""
+    return _unit_collective_s(model, cluster, plan, replica, unit, GRAD_BYTES[plan.precision])
+
+
+def _unit_collective_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int,
+                       elem_bytes: float) -> float:
     group = next(g for g in plan.shard_groups() if replica in g)
     stages = [_holder(plan, r, unit) for r in group]
     if len(stages) < 2:
         return 0.0
     tp = min(s.tp for s in stages)
-    nbytes = model.range_params(unit, unit + 1, tp) * DTYPE_BYTES[plan.precision]
+    nbytes = model.range_params(unit, unit + 1, tp) * elem_bytes
     members = [s.devices[0] for s in stages]
     pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
     concurrent = max(s.tp for s in stages)
@@ -153,6 +165,7 @@ def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica
     gather = {u: reference_unit_gather_s(model, cluster, plan, replica, u) for u in range(first, last)}
     if not any(gather.values()):
         return 0.0, 0.0
+    scatter = {u: reference_unit_scatter_s(model, cluster, plan, replica, u) for u in range(first, last)}
 
     def timeline(order: list[int], compute: dict[int, float], gathers: bool, scatters: bool) -> float:
         done: dict[tuple[str, int], float] = {}
@@ -160,7 +173,8 @@ def reference_exposed_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica
 
         def issue(at: float, kind: str, unit: int) -> None:
             nonlocal stream_free
-            stream_free = max(stream_free, at) + gather[unit]  # FIFO: runs after everything issued before
+            took = gather[unit] if kind == "ag" else scatter[unit]
+            stream_free = max(stream_free, at) + took  # FIFO: runs after everything issued before
             done[(kind, unit)] = stream_free
 
         if gathers:

@@ -1125,9 +1125,16 @@ class Simulator:
             across = zones.min(axis=1) != zones.max(axis=1)
             flows.update({("zone", z): c for z, c in self._table_flows(table, runs[across], tied, place).items()})
         rings = self._run_rings(table, runs, nodes, flows, zones)
+        pairs = np.array(tied) if tied and all(len(f) == 2 for f in tied) else None
+        if pairs is not None:  # Megatron's tied pairs (one per pipeline): their rings at once, as the runs'
+            rings += self._run_rings(table, pairs, table.node[pairs], flows,
+                                     self._node_zone[table.node][pairs] if self._zoned else None)
+            pair_groups = np.sort(table.group[pairs], axis=1)
+            pair_groups = [g[:1] if g[0] == g[1] else g for g in pair_groups]
         tcp = (crossing & ~self._node_rdma[nodes].all(axis=1)).tolist()  # _crosses_tcp of each run
         groups = list(table.group[runs])  # one per replica, ascending: np.unique's order
         done = table.device_done[runs].max(axis=1).tolist() if not overlap else None
+        priced: dict = {}  # (ring, bytes) -> (seconds, collective) of the tied copies (pairs repeat)
         jobs = []
         for i, seg in enumerate(segments):
             if plan.zero >= 2 and seg.a >= 0:
@@ -1136,7 +1143,17 @@ class Simulator:
                 ring, group = rings[i], groups[i]
             else:
                 flat = tied[i - len(runs)]
-                ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
+                if pairs is not None:
+                    ring, group = rings[i], pair_groups[i - len(runs)]
+                else:
+                    ring, group = self._ring(plan, seg.holders, table, flows), np.unique(table.group[flat])
+                key = (ring[0], seg.nbytes)
+                if key not in priced:
+                    priced[key] = (self._allreduce_s(seg.nbytes, ring), self._collective(seg.nbytes, ring))
+                t, name = priced[key]
+                jobs.append(_Job(*self._tied_ready(table, flat, overlap), group, t, t, (-seg.nbytes, seg.a), name,
+                                 self._tied_pairs))
+                continue
             # sharded plans reduce-scatter the run as one call (as sharding_reference prices them), of the
             # padded bytes (the ring's latency once)
             scatter = bool(plan.zero) and seg.a >= 0
@@ -1146,17 +1163,19 @@ class Simulator:
                 self._allreduce_s(seg.last_bytes, ring)
             name = self._collective(seg.last_bytes, ring, "reduce_scatter" if scatter else "allreduce")
             if not overlap:  # the runtime's order: largest first (runtime.groups.fuse_buckets)
-                end = done[i] if seg.a >= 0 else float(table.device_done[flat].max())  # the devices' whole backward
-                jobs.append(_Job(end, end, group, t, t, (-seg.nbytes, seg.a), name, seg.a < 0 and self._tied_pairs))
-            elif seg.a < 0:
-                end = float(table.last_bwd[flat].max())
-                jobs.append(_Job(end, end, group, t, self._allreduce_s(seg.last_bytes, ring), None, name,
-                                 self._tied_pairs))
+                jobs.append(_Job(done[i], done[i], group, t, t, (-seg.nbytes, seg.a), name))
             elif tcp[i]:  # after the backward that holds it: no overlap over TCP
                 jobs.append(_Job(ready_last[i], ready_last[i], group, t, t, None, name))
             else:
                 jobs.append(_Job(ready_first[i], ready_last[i], group, t, last_t, None, name))
         return jobs
+
+    @staticmethod
+    def _tied_ready(table: _StageTable, flat: np.ndarray, overlap: bool) -> tuple[float, float]:
+        """When a tied copy's all-reduce may start: its stages' last backwards (with overlap), else their
+        devices' whole backward; the same for its first and last bucket (it is one)."""
+        end = float(table.last_bwd[flat].max() if overlap else table.device_done[flat].max())
+        return end, end
 
     @staticmethod
     def _table_flows(table: _StageTable, crossing: np.ndarray, tied: list[np.ndarray],
@@ -1412,16 +1431,21 @@ class Simulator:
             t += self._allreduce_s(shard, self._ring_small(plan, across, flows))
         return t
 
-    def _shard_comm(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, float]]]:
-        """(replica, virtual stage) -> ``(unit, seconds)`` of one all-gather (or reduce-scatter: the same
-        bytes) of each of its units among the stage's shard group (the holders of the unit in its group).
+    def _shard_comm(self, plan: Plan) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
+        """(replica, virtual stage) -> ``(unit, gather_s, scatter_s)``: one all-gather of each of its units'
+        parameters and one reduce-scatter of its gradients among the stage's shard group (the holders of the
+        unit in its group). The gather moves the parameters in the training dtype (``DTYPE_BYTES``: Megatron's
+        distributed optimizer and FSDP2 gather 16-bit parameters), the reduce-scatter the gradients in the bytes
+        the rest of the model reduces and keeps them in (:func:`grad_reduce_bytes`: fp32 under bf16 and fp8, as
+        Megatron-LM's ``accumulate_allreduce_grads_in_fp32`` and torchtitan's FSDP2 ``reduce_dtype`` do;
+        DeepSpeed's bf16 default communicates in bf16 and is not the engine modelled here).
 
         Every stage of every replica runs these collectives at once (after the optimizer step at levels 1-2,
         inside each micro-batch at levels 2-3, when a pipeline's stages all compute), so the rings of
         different device groups leaving one node share its NICs (:func:`~hetpart.costmodel.collectives.nic_flows`), as the gradient
         all-reduces do."""
-        grad_bytes = DTYPE_BYTES[plan.precision]
-        out: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        param_bytes, grad_bytes = DTYPE_BYTES[plan.precision], grad_reduce_bytes(plan.precision)
+        out: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
         cuts = sorted({s.layers[0] for rep in plan.replicas for s in rep.stages} | {self.model.num_units})
         starts = [[s.layers[0] for s in rep.stages] for rep in plan.replicas]
         groups = plan.shard_groups()
@@ -1441,8 +1465,12 @@ class Simulator:
             tp_min = min(self._shard_tp(plan.replicas[r].stages[k]) for r, k in held)
             ring = self._ring_small(plan, held, flows)
             pad = collective_pad(plan, members)  # padded bytes; the ring's latency once
-            times = [(u, self._reduce_scatter_s(self._tables.params_per_device(u, u + 1, tp_min) * grad_bytes * pad,
-                                                ring)) for u in range(a, z)]
+            times = []
+            for u in range(a, z):
+                nbytes = self._tables.params_per_device(u, u + 1, tp_min) * pad
+                # a gather and a reduce-scatter of the same bytes cost the same (reduce_scatter_time_s)
+                times.append((u, self._reduce_scatter_s(nbytes * param_bytes, ring),
+                              self._reduce_scatter_s(nbytes * grad_bytes, ring)))
             for key in held:
                 out.setdefault(key, []).extend(times)
         return out
@@ -1452,8 +1480,8 @@ class Simulator:
         """Per micro-batch, the (forward, backward) seconds a stage adds for its sharded collectives at
         level 2 or 3 (:mod:`~hetpart.costmodel.sharding`): level 3 gathers each unit before its forward and
         before its backward; both reduce-scatter each unit's gradient after its backward. ``times``: per unit
-        ``(unit, seconds)`` (a gather and a reduce-scatter move the same bytes) or ``(unit, before, after)``
-        where host copies of an offloaded plan (:meth:`_unit_comm`) differ between the two."""
+        ``(unit, before, after)``: the gather (:meth:`_shard_comm`), and the reduce-scatter, plus the host
+        copies of an offloaded plan (:meth:`_unit_comm`)."""
         if not times:
             return 0.0, 0.0
         f, b = units.fwd, units.bwd
@@ -1485,12 +1513,12 @@ class Simulator:
             for k, st in enumerate(rep.stages):
                 link = min(host_link_gbyte_s(g) for g in self._group(st.devices).gpus) * 1e9
                 tp = self._shard_tp(st)
-                base = {u: t for u, t in (shard_comm or {}).get((r, k), ())}
+                base = {x[0]: x[1:] for x in (shard_comm or {}).get((r, k), ())}
                 rows = []
                 for u in range(*st.layers):
                     copy = self._tables.params_per_device(u, u + 1, tp) * fraction * w / link
-                    t = base.get(u, 0.0)
-                    rows.append((u, t + (copy if both else 0.0), t + copy))
+                    gather, scatter = base.get(u, (0.0, 0.0))
+                    rows.append((u, gather + (copy if both else 0.0), scatter + copy))
                 out[(r, k)] = rows
         return out
 
@@ -1501,7 +1529,7 @@ class Simulator:
         for r, pipe in enumerate(pipes):
             for d in range(pipe.pp):
                 ks = range(d, plan.replicas[r].pp, pipe.pp)
-                gather = sum(t for k in ks for _, t in shard_comm.get((r, k), ()))
+                gather = sum(x[1] for k in ks for x in shard_comm.get((r, k), ()))
                 out[(r, d)] = gather - sum(pipe.fwd[k] for k in ks)
         return out
 

@@ -229,7 +229,7 @@ def test_shard_gathers_of_replicas_cut_unlike_match_the_reference(gpt2, mixed):
     """Level 1's parameter gathers where a one-stage replica (node 0) shards with a two-stage one (node 1):
     both of node 1's devices' rings include the node-0 device, so they take turns; the simulator's per-unit
     gathers agree with the unit-by-unit reference, which counts the turns in loops of its own."""
-    from hetpart.costmodel.sharding_reference import reference_unit_gather_s
+    from hetpart.costmodel.sharding_reference import reference_unit_gather_s, reference_unit_scatter_s
 
     plan = Plan(global_batch=8, micro_batch=1, seq_len=S, zero=1, replicas=(
         Replica(0.5, (Stage((0, 14), ("0/0/0",)),)),
@@ -237,8 +237,9 @@ def test_shard_gathers_of_replicas_cut_unlike_match_the_reference(gpt2, mixed):
     comm = Simulator(gpt2, mixed)._shard_comm(plan)
     assert set(comm) == {(0, 0), (1, 0), (1, 1)}
     for (r, _), times in comm.items():
-        for unit, seconds in times:
+        for unit, seconds, scatter in times:
             assert seconds == pytest.approx(reference_unit_gather_s(gpt2, mixed, plan, r, unit), rel=1e-9)
+            assert scatter == pytest.approx(reference_unit_scatter_s(gpt2, mixed, plan, r, unit), rel=1e-9)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -277,7 +278,7 @@ def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(
     members = [r.stages[0].devices[0] for r in plan.replicas]
     emulator = Emulator(mixed, tuple(plan.devices), 0, 1.0)
     pad = 4 * 0.4
-    for unit, seconds in sim._shard_comm(plan)[(0, 0)]:
+    for unit, seconds, _ in sim._shard_comm(plan)[(0, 0)]:
         nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
         assert seconds == pytest.approx(reduce_scatter_time_s(nbytes * pad, members, mixed), rel=1e-9)
         assert seconds < reduce_scatter_time_s(nbytes, members, mixed) * pad  # latency not padded
@@ -297,12 +298,12 @@ def test_shard_rings_leaving_one_node_share_its_nic(gpt2, mixed, zero):
     two = _dp_plan(zero=zero, devices=(("0/0/0", "0/0/1"), ("1/0/0", "1/0/1")), cut=6)
     for (_, k), times in sim._shard_comm(two).items():
         members = [rep.stages[k].devices[0] for rep in two.replicas]
-        for unit, seconds in times:
+        for unit, seconds, _ in times:
             nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
             assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, members, mixed, concurrent=2), rel=1e-9)
             assert seconds > 1.5 * reduce_scatter_time_s(nbytes, members, mixed)
     one = _dp_plan(zero=zero, devices=("0/0/0", "1/0/0"))
-    for unit, seconds in sim._shard_comm(one)[(0, 0)]:
+    for unit, seconds, _ in sim._shard_comm(one)[(0, 0)]:
         nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
         assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, ["0/0/0", "1/0/0"], mixed), rel=1e-9)
 

@@ -163,7 +163,7 @@ def test_shard_gathers_across_zones_match_the_reference():
     assert set(comm) == {(0, 0), (1, 0), (1, 1)}
     checked = 0
     for (r, _), times in comm.items():
-        for unit, seconds in times:
+        for unit, seconds, _ in times:
             assert seconds == pytest.approx(reference_unit_gather_s(model, cluster, plan, r, unit), rel=1e-9)
             checked += 1
     assert checked == 2 * n
