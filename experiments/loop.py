@@ -370,6 +370,8 @@ class _Loop:
         model.set_logger(sb3_logger(tracker))
         if self.cfg.policy_timesteps:
             model.learn(self.cfg.policy_timesteps, reset_num_timesteps=False)
+            if model.logger.name_to_value:  # SB3 dumps before each update: the last update's train/* is still here
+                model.logger.dump(step=model.num_timesteps)
         path = self.out / f"policy-{iteration}.zip"
         model.save(path)
         from hetpart.policies.gnn import save_network_file

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import pytest
 
@@ -21,14 +22,25 @@ def _wandb_history(run_dir) -> list[dict]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
-    data = path.read_bytes()
-    pos, buf, rows = 7, b"", []
+    kinds, rows = [], []
+    for _ in range(600):  # finish() returns before wandb's service process has written the file: wait for its exit
+        kinds, rows = _records(path.read_bytes(), pb)
+        if "exit" in kinds:
+            break
+        time.sleep(0.1)
+    assert "exit" in kinds, f"{path}: wandb never finished writing it ({kinds})"
+    return rows
+
+
+def _records(data: bytes, pb) -> tuple[list[str], list[dict]]:
+    """The record kinds of a ``.wandb`` file's bytes, and its history rows."""
+    pos, buf, kinds, rows = 7, b"", [], []
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:
             pos += 32768 - pos % 32768
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
+        if kind == 0 or pos + 7 + length > len(data):  # padding, or a record still being written
             break
         buf += data[pos + 7:pos + 7 + length]
         pos += 7 + length
@@ -36,10 +48,11 @@ def _wandb_history(run_dir) -> list[dict]:
             record = pb.Record()
             record.ParseFromString(buf)
             buf = b""
-            if record.WhichOneof("record_type") == "history":
+            kinds.append(record.WhichOneof("record_type"))
+            if kinds[-1] == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})
-    return rows
+    return kinds, rows
 
 
 class _Spy:
@@ -119,3 +132,29 @@ def test_a_tiny_train_policy_run_sends_rollout_train_and_plan_keys_to_wandb(tmp_
     keys = {k for r in rows for k in r}
     assert "rollout/ep_rew_mean" in keys and "plan/ratio_mean" in keys and "train/approx_kl" in keys
     assert [r["time/step"] for r in rows if "time/step" in r] == [64, 128]
+
+
+def test_the_loops_policy_training_sends_train_keys_to_wandb_at_64_ppo_steps(tmp_path, offline):
+    """SB3 dumps before each update, so one rollout of 64 steps per iteration never dumped its update's ``train/*``
+    (the probe's TensorBoard had none either); the loop dumps what the last update left."""
+    from types import SimpleNamespace
+
+    from hetpart import load_cluster, load_model
+    from hetpart.costmodel.learned.corrected import fit_records
+    from hetpart.experiments.loop import _Loop
+    from hetpart.workload import Workload
+
+    cluster = tmp_path / "mix.yaml"
+    cluster.write_text("name: mix\nnodes:\n  - {count: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, "
+                       "nic: IB-HDR}\n  - {count: 1, gpus_per_node: 2, gpu: V100-32GB, intra_node: NVLink2, "
+                       "nic: Ethernet-100}\n")
+    model = load_model("gpt2-small", seq_len=256, precision="fp16")
+    loop = SimpleNamespace(model=model, cluster=load_cluster(str(cluster)), out=tmp_path,
+                           workload=Workload(global_batch=8, seq_len=256, precision="fp16", recompute="auto"),
+                           cfg=SimpleNamespace(seed=0, policy_timesteps=64))
+    tracker = make_tracker("wandb", "loop", seed=0, root=tmp_path / "tracked")
+    path = _Loop.train_policy(loop, fit_records([], "plan"), None, 0, tracker)
+    tracker.finish()
+    assert path == tmp_path / "policy-0.zip" and path.is_file()
+    keys = {k for r in _wandb_history(tracker.run_dir) for k in r}
+    assert "rollout/ep_rew_mean" in keys and "train/approx_kl" in keys and "train/step" in keys
