@@ -57,7 +57,8 @@ def _plan_workload(plan, own: dict):
                     offload=plan.offload)
 
 
-def _compare(graph, cluster, workload, plan, prediction, compare: str, options: dict) -> list[dict[str, Any]]:
+def _compare(graph, cluster, workload, plan, prediction, compare: str,
+             options: dict | None = None) -> list[dict[str, Any]]:
     from hetpart.policies import plan as run_planner
     from hetpart.errors import HetpartError
 
