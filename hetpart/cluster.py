@@ -393,7 +393,22 @@ def _gpu(data: dict, source: str, field: str) -> GPUSpec:
     if known is not None and replace(gpu, source=known.source) != known:  # outputs per GPU type are keyed by name
         raise v.fail(SpecError, source, f"{field}.name", f"{gpu.name!r} is a catalog GPU with other specs; rename it "
                      "or drop the inline specs to use the catalog's")
+    if "tflops_fp32" not in data:
+        _note_assumed_fp32(gpu, source, field)
     return gpu
+
+
+def _note_assumed_fp32(gpu: GPUSpec, source: str, field: str) -> None:
+    """One ``hetpart: note:`` line (the CLI prints :class:`~hetpart.graph.load.ModelNote` warnings so) for an inline
+    GPU without ``tflops_fp32``: fp32 work is then priced at a guessed bf16/8, a ratio real cards do not share
+    (NVIDIA data sheets, dense: A100 19.5/312 = 1/16, V100 15.7/125 = 1/8, RTX 4090 82.6/165 = 1/2)."""
+    import warnings
+
+    from hetpart.graph.load import ModelNote
+
+    warnings.warn(ModelNote(f"{source}: {field}: {gpu.name} gives no tflops_fp32; assumed {gpu.tflops_fp32:g} "
+                            f"(tflops_bf16 {gpu.tflops_bf16:g} / 8); set {field}.tflops_fp32 (the card's dense fp32 "
+                            "TFLOPS, from its data sheet) to price fp32 work right"), stacklevel=2)
 
 
 def _number(value: Any, source: str, field: str, **limits: Any) -> float:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--debug"] + [a for a in argv if a != "--debug"]
     fail = _Failure("--json" in argv)
     try:
-        with _notes_on_stderr():
+        with _notes_on_stderr():  # held until the command ends well: a failure is its error line alone
             code = app(args=argv, prog_name="hetpart", standalone_mode=False)
         if code == EXIT_INTERRUPTED:  # typer turns KeyboardInterrupt into this return value (it exited 0 before)
             raise KeyboardInterrupt
@@ -100,21 +100,25 @@ def main(argv: list[str] | None = None) -> int:
 @contextmanager
 def _notes_on_stderr():
     """Print each :class:`~hetpart.graph.load.ModelNote` (a remark, not an error) as one ``hetpart: note:``
-    line on stderr, never on stdout (which holds the JSON under ``--json``)."""
+    line on stderr, never on stdout (which holds the JSON under ``--json``), once the command has ended without
+    an error: a failure prints its one error line alone (a note on how a file was read is moot there)."""
     from hetpart.graph.load import ModelNote
 
+    held: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("default", ModelNote)
         shown = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
             if issubclass(category, ModelNote):
-                print(f"hetpart: note: {message}", file=sys.stderr)
+                held.append(f"hetpart: note: {message}")
             else:
                 shown(message, category, filename, lineno, file, line)
 
         warnings.showwarning = show
         yield
+        for note in held:
+            print(note, file=sys.stderr)
 
 
 class _Failure:

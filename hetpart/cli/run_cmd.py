@@ -56,6 +56,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         raise PlanError(f"--hang-timeout: must be > 0 seconds, got {hang_timeout:g}; give seconds such as 120")
     if links is not None and links not in ("balanced", "compute"):
         raise PlanError(f"--links: unknown mode {links!r}; use balanced or compute")
+    first = None
     if nnodes > 1:  # real devices on several machines: the emulation slows one machine's CPU
         given = [flag for flag, on in (("--time-factor", time_factor is not None), ("--links", links is not None),
                                        ("--netem", netem)) if on]
@@ -65,11 +66,9 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
         if not master_addr:
             raise PlanError(f"--master-addr: needed with --nnodes {nnodes}: the address of node rank 0's machine "
                             "(the same on every machine)")
-        if not no_emulation and log_every:
-            import sys
-
-            print(f"hetpart run: --nnodes {nnodes}: running without emulation (as --no-emulation): the real devices "
-                  "at their own speed", file=sys.stderr, flush=True)
+        if not no_emulation:  # said once the run starts: a refusal before it stays one line
+            first = (f"--nnodes {nnodes}: running without emulation (as --no-emulation): the real devices at their "
+                     "own speed")
         no_emulation = True
         if check_gradients:
             raise PlanError(f"--check-gradients: compares every rank's gradients on one machine, and --nnodes {nnodes} "
@@ -91,7 +90,7 @@ def run(plan_path: str = typer.Argument(..., metavar="PLAN", help="Plan JSON (as
     track = _tracker(tracker, logdir, seed, {"plan": plan_path, "options": options.to_dict()})
     try:
         result = run_plan(plan, model, cluster, options, out=out, run_dir=run_dir,
-                          on_progress=_Progress(log_every, track, emulate=not no_emulation), source=plan_path,
+                          on_progress=_Progress(log_every, track, emulate=not no_emulation, first=first), source=plan_path,
                           nodes=nodes)
     finally:
         track.finish()
@@ -155,12 +154,15 @@ def _tracker(kinds: str, logdir: str, seed: int, config: dict):
 class _Progress:
     """Prints a run's progress on stderr every ``every`` steps and logs every step to the tracker."""
 
-    def __init__(self, every: int, tracker, emulate: bool = True) -> None:
+    def __init__(self, every: int, tracker, emulate: bool = True, first: str | None = None) -> None:
         import sys
 
-        self.every, self.tracker, self.err, self.emulate = every, tracker, sys.stderr, emulate
+        self.every, self.tracker, self.err, self.emulate, self.first = every, tracker, sys.stderr, emulate, first
 
     def __call__(self, p) -> None:
+        if self.first:  # the run started: every check passed
+            self._say(self.first)
+            self.first = None
         if p.phase == "restart":
             self._say(f"restart {p.attempt} after: {p.message}")
             if p.resumed_from is not None:
