@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hetpart.costmodel.profile import (ComputeEntry, DeviceBinding, DeviceClass, LinkEntry, Profile, TensorParallelEntry,
                                        fit_latency_bandwidth)
@@ -280,6 +280,39 @@ def _adam(spec, device: str, tick: Callable[[], None] | None = None) -> tuple[fl
     per_param = max((t2 - t1) / (n2 - n1), 0.0) if n2 > n1 else 0.0
     if per_param == 0.0:  # noise swamped the difference: all of it per parameter
         return 0.0, t2 / n2
+    return max(t1 - per_param * n1, 0.0), per_param
+
+
+def _adam_layout(shapes: Sequence[Sequence[int]], device: str,
+                 tick: Callable[[], None] | None = None) -> tuple[float, float] | None:
+    """``(fixed_s, s_per_param)`` of one Adam step over the tensors a rank of a run steps (``shapes``), from two
+    timings of that many tensors: at their sizes and at half of each. None where their states would not fit
+    the memory at hand (then :func:`_adam` times one unit of each kind).
+
+    torch's Adam on CPU loops over its tensors in Python, a dozen operations each (a few microseconds per
+    operation), so a step costs per tensor as well as per parameter. A line through one block and the three unit
+    kinds (:func:`_adam`: 12 and 16 tensors) put that cost in the slope, and priced the 150 tensors of
+    gpt2-small at ``--scale tiny`` at 2-4 ms where its ranks' optimizer steps took 6.5-14 ms on this machine.
+    At the rank's own tensor count the intercept holds their per-tensor cost, which a sharding level keeps (it
+    halves each tensor, not their number), and the slope the per-parameter cost."""
+    import math
+
+    import torch
+
+    sizes = [max(1, math.prod(s)) for s in shapes]
+    total = sum(sizes)
+    free = _free_bytes(device)
+    if not sizes or (free is not None and 1.5 * total * ADAM_BYTES_PER_PARAM > 0.8 * free):
+        return None
+    points = []
+    for numels in (sizes, [max(1, n // 2) for n in sizes]):
+        params = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in numels]
+        points.append((sum(numels), _adam_step_s(params, device, tick=tick)))
+        del params
+    (n1, t1), (n2, t2) = points
+    per_param = max((t1 - t2) / (n1 - n2), 0.0) if n1 > n2 else 0.0
+    if per_param == 0.0:  # noise swamped the difference: all of it per parameter
+        return 0.0, t1 / n1
     return max(t1 - per_param * n1, 0.0), per_param
 
 
@@ -693,11 +726,14 @@ def _collectives_alone(sizes: list[int], dtype, calls: int, repeats: int, clock,
 
 # ------------------------------------------------------------------------------------------ inside a run
 def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
-                 tick: Callable[[], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+                 tick: Callable[[], None] | None = None, device: str = "cpu",
+                 adam_shapes: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
     """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 as the runtime runs, on
     ``device``, the rank's own: median of ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures
     before and after its steps, under the run's own contention (JSON-ready). ``device`` names the class that
-    measured (a CUDA device's name, or this CPU), so that a GPU run is priced by its GPU's times."""
+    measured (a CUDA device's name, or this CPU), so that a GPU run is priced by its GPU's times. ``adam_shapes``:
+    the shapes of the tensors this rank's optimizer steps; Adam is then timed on that layout
+    (:func:`_adam_layout`) instead of on one unit of each kind."""
     import torch
 
     from hetpart.runtime.profile import device_name, profile_units
@@ -705,7 +741,8 @@ def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
     where = torch.device(device)
     rows = profile_units(spec, [micro_batch], seq_len, "fp32", where, warmup=1, repeats=repeats,
                          block_s=None if where.type == "cuda" else BLOCK_S, tick=tick)
-    fixed, per_param = _adam(spec, str(where), tick)
+    fixed, per_param = (_adam_layout(adam_shapes, str(where), tick) if adam_shapes else None) or \
+        _adam(spec, str(where), tick)
     if where.type == "cuda":
         name = device_name(where)
         measured_on = {"name": name, "kind": "cuda", "description": f"cuda: {name} (torch {torch.__version__}, "

@@ -331,7 +331,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
         from hetpart.runtime.gradcheck import save_gradients
 
         _unslowed(hooks, save_gradients, executor, run_dir, start)
-    profiled = [_unit_profile(job, plan, heartbeat, executor.device)]
+    profiled = [_unit_profile(job, plan, heartbeat, executor)]
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
     every = int(job.get("checkpoint_every") or 0)
     steps = []
@@ -356,7 +356,7 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     if steps and executor.device.type == "cpu":  # the resident set misses tensors in resident pages: count them
         memory = {"peak_memory_bytes": _memory_step(executor, hooks, end - 1), "memory_method": "live_tensors",
                   "rss_peak_delta_bytes": int(peak)}
-    profiled.append(_unit_profile(job, plan, heartbeat, executor.device))  # after too: the median brackets a load that drifts
+    profiled.append(_unit_profile(job, plan, heartbeat, executor))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
             "losses": losses, **memory,
@@ -402,16 +402,18 @@ def _write_result(run_dir: Path, rank: int, result: dict[str, Any]) -> None:
     os.replace(tmp, result_path(run_dir, rank))
 
 
-def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, device) -> dict[str, Any] | None:
+def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, executor) -> dict[str, Any] | None:
     """This rank's unit timings on its own device for the run's prediction, when the launcher asks for them (no
-    ``--profile``)."""
+    ``--profile``), and its Adam step timed on the tensors its optimizer steps (their whole shapes: a sharding
+    level halves each, not their number)."""
     if not job.get("profile_units"):
         return None
     from hetpart.runtime.calibrate import measure_here
     from hetpart.runtime.models import RunnableSpec
 
     return measure_here(RunnableSpec.from_dict(job["runnable"]), plan.micro_batch, plan.seq_len,
-                        tick=heartbeat.progress, device=str(device))
+                        tick=heartbeat.progress, device=str(executor.device),
+                        adam_shapes=[tuple(p.shape) for p in executor.params.values()])
 
 
 def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,
