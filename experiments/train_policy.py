@@ -195,7 +195,22 @@ def _check_out(source: str, cfg: PolicyTrainConfig, replace_shipped: bool, given
         raise SpecError(f"{source}: out: {target} is the shipped policy, which '--planner policy' plans with; give "
                         "another file (or leave out: out for the run's folder), or pass --replace-shipped to "
                         "replace it on purpose")
+    if target.is_file() and not _is_checkpoint(target):  # a rerun replaces its own checkpoint, nothing else
+        raise SpecError(f"{source}: out: {target} exists and is not a policy checkpoint (train-policy replaces only "
+                        "a checkpoint it wrote); give another file name, or move that file away")
     _check_creatable(target, f"{source}: out", "out")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a zip as stable-baselines3 saves a model (its ``data`` and ``policy.pth`` members)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return {"data", "policy.pth"} <= names
 
 
 def _check_creatable(target: Path, source: str, key: str) -> None:

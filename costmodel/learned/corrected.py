@@ -224,7 +224,7 @@ def load_correction(path: str | Path) -> Correction:
         raise SpecError(f"{path}: cannot read the correction ({exc.strerror}); give the file "
                         "'hetpart costmodel correct --out' wrote") from None
     except ValueError as exc:
-        raise SpecError(f"{path}: not JSON ({exc})") from None
+        raise SpecError(f"{path}: not JSON ({exc}); give the file 'hetpart costmodel correct --out' wrote") from None
     return Correction.from_dict(data, str(path))
 
 
@@ -323,8 +323,20 @@ class CorrectedPredictor:
         m["uncertainty"] = {"relative_std": std, "out_of_distribution": ood, "correction": k,
                             "step_time_s_low": m["step_time_s"] * math.exp(-std),
                             "step_time_s_high": m["step_time_s"] * math.exp(std), "source": self.name}
+        if ood:
+            m["uncertainty"]["out_of_distribution_reasons"] = [self._ood_reason()]
         return replace(pred, step_time_s=m["step_time_s"], tokens_per_s=m["tokens_per_s"],
                        samples_per_s=m["samples_per_s"], metrics=m)
+
+    def _ood_reason(self) -> str:
+        """Why a plan is out of the correction's distribution: it has seen no run, or none like this plan."""
+        runs = len(self.correction.r)
+        if not runs:
+            return ("no correction loaded, so the simulator's step stands (set HETPART_CORRECTION to a file "
+                    "'hetpart costmodel correct --out' wrote)")
+        return (f"less than one run's weight near this plan among the correction's {runs} run"
+                f"{'s' if runs != 1 else ''} (measure plans like it: 'hetpart run --out', then 'hetpart costmodel "
+                "correct')")
 
     def estimate_batch(self, plans: Sequence[Plan]) -> list:
         from hetpart.costmodel.simulator import Estimate
@@ -366,7 +378,14 @@ def corrected_predictor(model: ModelGraph, cluster: Cluster, workload: Workload 
     import os
 
     if correction is None and records is None and os.environ.get("HETPART_CORRECTION"):
-        correction = os.environ["HETPART_CORRECTION"]
+        from hetpart.errors import SpecError
+
+        try:
+            correction = load_correction(os.environ["HETPART_CORRECTION"])
+        except SpecError as exc:  # name the variable: the file was never given on the command line
+            what = str(exc).split("; give the file")[0]  # this fix, not the file option's
+            raise SpecError(f"HETPART_CORRECTION={what}; set it to a file 'hetpart costmodel correct --out' wrote, "
+                            "or unset it") from None
     if isinstance(correction, (str, Path)):
         correction = load_correction(correction)
     if correction is None:
