@@ -208,6 +208,7 @@ class Evaluator:
                                     [(*rep.stages[k].layers, tps[k]) for k in range(d, rep.pp, pp)], plan.recompute,
                                     plan.attention)
             need = params = largest = work = 0.0
+            chunk_units = []
             for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
@@ -220,9 +221,10 @@ class Evaluator:
                 if zero or plan.offload != "none":
                     params += self.model.range_params(*s.layers, tp)
                     largest = max(largest, self._largest_unit(s.layers, tp))
+                    chunk_units.append([self.model.range_params(u, u + 1, tp) for u in range(*s.layers)])
             yield d, need + work + sharded_delta_gb(params, largest, plan.precision, zero,
                                                     plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
-                                                    plan.offload)
+                                                    plan.offload, chunk_units or None)
 
     def _stage_memory_gb(self, layers: tuple[int, int], tp: float, plan: Plan, flight: float
                          ) -> tuple[float, float]:

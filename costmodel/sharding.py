@@ -10,7 +10,20 @@ dtype engines keep them), split as :func:`state_bytes` gives them: under mixed p
 * level 2 (+ gradients, ZeRO-2): ``w + (g + opt) f``, plus the full gradient of the unit whose
   reduce-scatter is in flight;
 * level 3 (+ parameters, FSDP full shard): ``(w + g + opt) f``, plus the unsharded parameters alive
-  while a unit runs and those of the next unit, prefetched (two units), and one unit's full gradient.
+  while a unit runs and those of its neighbour, prefetched, and the running unit's full gradient in the
+  backward (:func:`gathered_working_bytes`; the ``torch`` kernel set keeps the runtime's own accounting).
+
+Level 3 keeps the 16-bit weight shard beside the fp32 master shard (18 bytes per parameter under bf16, not
+16): the engine the ``fused`` kernel set models is Megatron-Core, whose level 3 is Megatron-FSDP
+(``--use-megatron-fsdp``, ``zero_dp_strategy`` ``optim_grads_params``). Its parameter groups hold three sharded
+buffers: ``model_weight_buffer`` in the compute dtype (bf16), ``main_weight_buffer`` in ``main_params_dtype``
+(fp32 by default) and ``main_grad_buffer`` (fp32: Megatron-LM reduces bf16 gradients in fp32, its
+``grad_reduce_in_fp32``), plus the optimizer's moments (NVIDIA/Megatron-LM
+``megatron/core/distributed/fsdp/src/README.md``, ``mixed_precision_policy``: "main_params_dtype ... Defaults to
+torch.float32"; ``param_and_grad_buffer.py``). Engines that keep 16 (checked, not modelled): PyTorch FSDP2 as
+torchtitan runs it keeps the fp32 parameter shard as its own master (``MixedPrecisionPolicy(param_dtype=bf16)``
+casts only the gathered copy) with an fp32 gradient shard, 4 + 4 + 8; DeepSpeed ZeRO-3 keeps 2 + 2 + 12 (bf16
+gradients, its default communication dtype).
 
 Communication over the replicas holding a unit (the links the all-reduce model of
 :mod:`~hetpart.costmodel.collectives` crosses; a reduce-scatter or an all-gather moves half an
@@ -48,7 +61,7 @@ Megatron's distributed optimizer shards the embedding's states like any other's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from hetpart.costmodel.memory import state_split
 from hetpart.costmodel.offload import device_state_bytes
@@ -57,7 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
     from hetpart.plan import Plan
 
-__all__ = ["memory_zero", "microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "collective_pad", "exposed_unit_comm_s",
+__all__ = ["memory_zero", "microbatches_run", "sharded_delta_gb", "state_bytes", "sharded_state_bytes", "working_set_bytes", "gathered_working_bytes", "collective_pad", "exposed_unit_comm_s",
            "tied_params_held"]
 
 
@@ -91,26 +104,49 @@ def sharded_state_bytes(params: float, precision: str, zero: int, fraction: floa
     return params * device_state_bytes(*state_bytes(precision, optimizer), zero, fraction, offload)
 
 
-def working_set_bytes(largest_unit_params: float, precision: str, zero: int) -> float:
+def working_set_bytes(largest_unit_params: float, precision: str, zero: int,
+                      chunk_units: "Sequence[Sequence[float]] | None" = None) -> float:
     """Unsharded states alive on top of the shards: level 2 the full gradient of the unit being reduced,
-    level 3 also the gathered parameters of the running unit and of the prefetched next one."""
+    level 3 also the gathered parameters of the running unit and of the prefetched one.
+
+    ``chunk_units``: the parameters one device holds of each unit, per model chunk of the device, in execution
+    order; given, level 3 takes the running unit's actual neighbour (:func:`gathered_working_bytes`). Without
+    it, the prefetched unit is taken as large as the largest one (``2 w + g`` times ``largest_unit_params``: an
+    upper bound; the embedding or head, the largest unit of most models, has one neighbour, a block)."""
     w, g, _ = state_bytes(precision)
     if zero == 2:
         return largest_unit_params * g
+    if zero >= 3 and chunk_units is not None:
+        return max((gathered_working_bytes(units, w, g) for units in chunk_units), default=0.0)
     if zero >= 3:
         return largest_unit_params * (2 * w + g)
     return 0.0
 
 
+def gathered_working_bytes(units: "Sequence[float]", w: float, g: float) -> float:
+    """Level 3's unsharded bytes at their peak over a chunk of units (``units``: the parameters of each, in
+    forward order): the forward gathers unit ``i`` while ``i + 1`` is prefetched, ``w (p_i + p_{i+1})``; the
+    backward runs unit ``i`` with ``i - 1`` prefetched and ``i``'s whole gradient alive until its
+    reduce-scatter, ``w (p_i + p_{i-1}) + g p_i`` (prefetch one ahead: FSDP2's default, Megatron-FSDP's
+    ``overlap_param_gather``). A chunk's end prefetches nothing from the next device's chunk."""
+    best = 0.0
+    for i, p in enumerate(units):
+        after = units[i + 1] if i + 1 < len(units) else 0.0
+        before = units[i - 1] if i > 0 else 0.0
+        best = max(best, w * (p + after), w * (p + before) + g * p)
+    return best
+
+
 def sharded_delta_gb(params: float, largest_unit_params: float, precision: str, zero: int, fraction: float,
-                     optimizer: str = "adam", offload: str = "none") -> float:
+                     optimizer: str = "adam", offload: str = "none",
+                     chunk_units: "Sequence[Sequence[float]] | None" = None) -> float:
     """GB to add to an unsharded account of ``params`` parameters (16 bytes each) for level ``zero`` and
     ``offload``: the shards the device keeps instead of the whole states, plus the working set (negative:
-    sharding saves memory)."""
+    sharding saves memory; ``chunk_units``: :func:`working_set_bytes`)."""
     if not zero and offload == "none":
         return 0.0
     kept = (sharded_state_bytes(params, precision, zero, fraction, optimizer, offload)
-            + working_set_bytes(largest_unit_params, precision, 3 if offload == "full" else zero))
+            + working_set_bytes(largest_unit_params, precision, 3 if offload == "full" else zero, chunk_units))
     return (kept - params * sum(state_bytes(precision, optimizer))) / 1e9
 
 

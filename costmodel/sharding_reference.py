@@ -63,7 +63,15 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
                 keep = {0: w + g, 1: w + g, 2: w, 3: w * f}[zero]
             elif plan.offload == "full":  # everything on the host; units gathered as at level 3
                 keep, zero = 0.0, 3
-            extra = {0: 0.0, 1: 0.0, 2: g * largest, 3: (2 * w + g) * largest}[zero]
+            extra = {0: 0.0, 1: 0.0, 2: g * largest, 3: 0.0}[zero]
+            if zero == 3:  # the running unit, its prefetched neighbour, the running unit's gradient in the backward
+                for k in range(d, rep.pp, pp):
+                    a, z = rep.stages[k].layers
+                    held = [model.range_params(u, u + 1, rep.stages[k].tp) for u in range(a, z)]
+                    for i in range(len(held)):
+                        nxt = held[i + 1] if i + 1 < len(held) else 0.0
+                        prev = held[i - 1] if i else 0.0
+                        extra = max(extra, w * (held[i] + nxt), w * (held[i] + prev) + g * held[i])
             out[(r, d)] = (total + params * keep + extra) / 1e9
     return out
 

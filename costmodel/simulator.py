@@ -1572,9 +1572,13 @@ class Simulator:
         flights = self._chunk_flights(plan, rep, d, pp, m)  # per chunk of the device (interleaved: unlike)
         group = self._group(rep.stages[d].devices)
         largest = 0.0
+        chunk_units = None  # level 3 under the engine's kernels: the running unit's actual neighbour is prefetched
         if zero >= 2 or plan.offload == "full":
             largest = max(self._largest_unit_params(rep.stages[k].layers, rep.stages[k].tp)
                           for k in range(d, rep.pp, pp))
+            if self.kernels == "fused":
+                chunk_units = [self._chunk_unit_params(rep.stages[k].layers, rep.stages[k].tp)
+                               for k in range(d, rep.pp, pp)]
         if rep.stages[d].tp_split is None and all(rep.stages[k].tp_split is None for k in range(d, rep.pp, pp)):
             gb = params = work = 0.0
             for k, in_flight in zip(range(d, rep.pp, pp), flights):
@@ -1593,7 +1597,7 @@ class Simulator:
             tied = self._tied_held(rep, d, pp) if self.kernels == "torch" and zero else 0.0
             # the states tables.memory_gb counted whole, sharded instead
             memory = gb + sharded_delta_gb(params - tied, largest, plan.precision, zero, fraction, plan.optimizer,
-                                           plan.offload)
+                                           plan.offload, chunk_units)
             if self.kernels == "torch" and flight >= m:
                 memory -= self._late_grads_gb(plan, rep, d, pp, params, zero, fraction, tied)
             if self.kernels == "torch" and zero in (1, 2) and not _uneven(plan) and plan.dp * plan.cp > 1:
@@ -1624,7 +1628,7 @@ class Simulator:
             held += self._device_params(s, *s.layers)
         gbs += work
         gbs += np.array([sharded_delta_gb(float(n), largest, plan.precision, zero, fraction, plan.optimizer,
-                                          plan.offload) for n in held])
+                                          plan.offload, chunk_units) for n in held])
         if plan.offload != "none":
             return float(gbs.max()), self._step_s(plan, rep.stages[d].devices, float(held.max()), fraction, zero)
         return (float(gbs.max()),  # against the smallest capacity of the group
@@ -1663,6 +1667,11 @@ class Simulator:
         one = sum(self._tables.saved_gb(*rep.stages[k].layers, rep.stages[k].tp, plan.micro_batch, plan.recompute,
                                         plan.attention) for k in range(d, rep.pp, pp))
         return min(grads, one if plan.cp == 1 else one / plan.cp)
+
+    def _chunk_unit_params(self, layers: tuple[int, int], tp: int) -> list[float]:
+        """Parameters one device holds of each unit in ``layers`` (:meth:`_largest_unit_params`' list)."""
+        self._largest_unit_params(layers, tp)
+        return self._unit_params[tp][layers[0]:layers[1]]
 
     def _largest_unit_params(self, layers: tuple[int, int], tp: int) -> float:
         """Parameters one device holds of the largest unit in ``layers`` (its unsharded working set; under
