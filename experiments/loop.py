@@ -524,6 +524,28 @@ def run_loop(cfg: LoopConfig, say: Callable[[str], None] = lambda s: None) -> di
     return result
 
 
+ROLE_TRIES = 4
+"""Plans tried for one role of an iteration when the runtime refuses them (a plan needing more processes than
+this machine hosts, say): the next candidate by the same rule, until one runs or these are spent."""
+
+
+def _run_role(loop, role: str, pool: list, simulator_plan, iteration: int) -> Any:
+    """Run one plan in ``role`` (the simulator's plan as the baseline, else the corrected model's choice); a
+    plan the runtime refuses gives way to the next candidate, :data:`ROLE_TRIES` in all. The record, or None."""
+    for _ in range(1 if role == "baseline" else ROLE_TRIES):
+        records = loop.records()
+        measured = {_record_key(r) for r in records}
+        plan = simulator_plan if role == "baseline" else loop.choose(loop.score(pool, loop.correction(records)),
+                                                                     measured, role)
+        if plan is None:
+            loop.say(f"  {role}: no candidate left within the trust region; skipped")
+            return None
+        record = loop.run(plan, role, iteration)
+        if record is not None:
+            return record
+    return None
+
+
 def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Path | None, tracker) -> Path:
     """Propose, then run one plan at a time (the correction refitted before each choice), refit, train."""
     cfg, state, say = loop.cfg, loop.state.data, loop.say
@@ -540,14 +562,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     say(f"  {len(pool)} candidates; runs: {', '.join(roles) or 'none left'}"
         + (f" (already ran {len(done_here)})" if done_here else ""))
     for role in roles:
-        records = loop.records()
-        measured = {_record_key(r) for r in records}
-        plan = simulator_plan if role == "baseline" else loop.choose(loop.score(pool, loop.correction(records)),
-                                                                     measured, role)
-        if plan is None:
-            say(f"  {role}: no candidate left within the trust region; skipped")
-            continue
-        loop.run(plan, role, iteration)
+        _run_role(loop, role, pool, simulator_plan, iteration)
     records = loop.records()
     correction = loop.correction(records)
     correction.save(loop.out / f"correction-{iteration}.json")
