@@ -11,7 +11,9 @@ What each level runs (the collectives of :mod:`hetpart.costmodel.sharding`):
 
 * 1: the stage module is an FSDP root too, so the pipeline schedule defers every reduce-scatter to
   the end of the step (gradients accumulate whole, as Megatron's distributed optimizer does);
-  parameters are gathered at the step's first forward and kept through the backward;
+  parameters are gathered at the step's first forward and kept through the backward. Where every holder
+  holds the same stage, the stage is one FSDP group (one all-gather and one reduce-scatter per step,
+  :func:`_shard_stage_whole`); replicas cut at other places shard unit by unit under the root;
 * 2: parameters are gathered at the first forward and kept until the step ends; each micro-batch's
   gradients are reduce-scattered after its backward;
 * 3: each unit's parameters are gathered before its forward and again before its backward, every
