@@ -20,7 +20,10 @@ activations without it, and the backward always recomputes the scores (half the 
 FLOPs), which makes selective recomputation a no-op.
 
 Under fp8 only the linear layers' products run at the fp8 rate: the attention core and the output head keep
-the bf16 rate (:func:`fp8_bf16_flops`, as Transformer Engine's recipes and Megatron-LM run them).
+the bf16 rate (:func:`fp8_bf16_flops`, as Transformer Engine's recipes and Megatron-LM run them); fp8 products
+saturate at twice a 16-bit product's size (:data:`~hetpart.costmodel.efficiency.FP8_SIZE_FACTOR`), and Transformer
+Engine's casts, amax and transposes of every linear input and output gradient add memory-bound time
+(:func:`fp8_cast_bytes`).
 
 Tensor parallelism (Megatron-LM; sequence parallelism assumed: its all-gather + reduce-scatter pair
 moves the same bytes as the all-reduce it replaces) costs two all-reduces of ``s b h`` elements per
@@ -39,7 +42,7 @@ from hetpart.costmodel.activations import check_kernels
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
-__all__ = ["unit_compute_s", "unit_attention_core_s", "fp8_bf16_flops", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
+__all__ = ["unit_compute_s", "unit_attention_core_s", "fp8_bf16_flops", "fp8_cast_bytes", "FP8_CAST_BYTES", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
            "RECOMPUTE_HOST", "SELECTIVE_SCOPES", "sublayer_recompute_flops", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
            "saved_act_mode"]
 
@@ -216,9 +219,10 @@ def _unit_rates(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, prec
     shard = np.where(u["shardable"], tp, 1)
     width = np.maximum(np.where(u["inner"], u["width"] / shard, u["width"]), 1.0)  # see unit_gemm_width
     tokens = max(micro_batch * model.seq_len, 1) if cp == 1 else max(micro_batch * model.seq_len / cp, 1.0)
-    size16 = gpu.tflops_bf16  # the device's size (SMs) sets where its products saturate
-    eff = curve.e_peak(precision) / (1.0 + (curve.w0(size16) / width) ** curve.alpha
-                                     + (curve.t0(size16) / tokens) ** curve.alpha)
+    # the device's size (SMs) sets where its products saturate; fp8 products need twice the size (FP8_SIZE_FACTOR)
+    size = gpu.tflops_bf16 * curve.size_ratio(precision)
+    eff = curve.e_peak(precision) / (1.0 + (curve.w0(size) / width) ** curve.alpha
+                                     + (curve.t0(size) / tokens) ** curve.alpha)
     vocab = int(getattr(model.config, "head_outputs", getattr(model.config, "vocab_size", 0)) or 0)
     if vocab and not padded and not aligned(vocab, precision):
         cap = UNALIGNED_FRACTION * gpu.tflops_bf16 / peak_tflops
@@ -294,8 +298,13 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         rate16, _, _, _ = _unit_rates(model, gpu, tp, micro_batch, "bf16", curve, cp, u, padded)
         gemm_f = gemm_f + f16 * work * (1.0 / rate16 - 1.0 / rate)
         gemm_b = gemm_b + b16 * work * (1.0 / rate16 - 1.0 / rate)
-    device_f = (gemm_f + memory) / speed
-    device_b = (gemm_b + 2 * memory + extra) / speed
+        cast_f, cast_b = fp8_cast_bytes(model, recompute)  # Transformer Engine's casts and transposes
+        memory_f = memory + cast_f * work / shard / (gpu.hbm_gbyte_s * 1e9)
+        memory_b = 2 * memory + cast_b * work / shard / (gpu.hbm_gbyte_s * 1e9)
+    else:
+        memory_f, memory_b = memory, 2 * memory
+    device_f = (gemm_f + memory_f) / speed
+    device_b = (gemm_b + memory_b + extra) / speed
     if dispatch == "overlap":  # the host enqueues while the device runs: the longer of the two
         return np.maximum(device_f, host_f), np.maximum(device_b, host_b)
     return device_f + host_f, device_b + host_b
@@ -323,6 +332,47 @@ def fp8_bf16_flops(model: ModelGraph, recompute: str, attention: str) -> tuple[n
             bwd.append(2.0 * core + again + (0.5 * core if attention == "fused" else 0.0))
         cache[key] = (np.array(fwd, dtype=float), np.array(bwd, dtype=float))
     return cache[key]
+
+
+FP8_CAST_BYTES: dict[str, float] = {"norm_linear_input": 1.0, "linear_input": 4.0, "output_grad": 4.0}
+"""DERIVED from Transformer Engine's source (``transformer_engine/pytorch/module/linear.py``,
+``layernorm_linear.py``; not measured: no GPU here): HBM bytes per element that an fp8 ``Linear`` moves beyond its
+bf16 form, under the delayed-scaling recipe (Megatron-LM's default ``--fp8-recipe delayed``) on Hopper, whose fp8
+GEMMs take both operands in the ``TN`` layout, so each quantized tensor is kept in a row-wise copy (for the
+forward or dgrad GEMM) and a column-wise, transposed copy (for the wgrad GEMM; TE's "tensor usages",
+``docs/features/low_precision_training/performance_considerations``):
+
+* ``linear_input``, a plain ``Linear``'s input (the attention output into the output projection, the activation
+  into fc2): a fused cast-transpose reads the bf16 input (2) and writes the fp8 row-wise and column-wise copies
+  (1 + 1); the amax is reduced inside the same kernel (delayed scaling updates the scale once per step);
+* ``norm_linear_input``, a ``LayerNormLinear``'s input (QKV, fc1): the norm kernel writes its output straight in
+  fp8 (1 instead of 2) and a transpose reads and writes it once more (1 + 1): net 1;
+* ``output_grad``, every ``Linear``'s output gradient in the backward: cast-transposed like an input to E5M2
+  (2 read, 1 + 1 written; the bias gradient is fused into it).
+
+The weights are cast (and transposed) once per step and cached across micro-batches (Megatron passes
+``is_first_microbatch``): not counted per micro-batch. :func:`fp8_cast_bytes` adds them up per block."""
+
+
+def fp8_cast_bytes(model: ModelGraph, recompute: str = "none") -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd, bwd)`` HBM bytes per unit and sequence of Transformer Engine's fp8 casts (:data:`FP8_CAST_BYTES`),
+    before tensor parallelism divides them (sequence parallelism splits every term): per token of a block, the QKV
+    and fc1 inputs (``h`` each, a ``LayerNormLinear``), the output projection's input (``q``) and fc2's (``f``),
+    and in the backward the output gradients of QKV (``q + 2 kv``), the projection (``h``), fc1 (``2 f`` gated, else
+    ``f``) and fc2 (``h``). Full recomputation runs the forward's casts again in the backward. 0 for the embedding,
+    the head (a plain ``ColumnParallelLinear`` outside TE: :func:`fp8_bf16_flops`) and graphs without a config."""
+    cfg = getattr(model, "config", None)
+    n = len(model.units)
+    if cfg is None or not hasattr(cfg, "kv_dim"):
+        return np.zeros(n), np.zeros(n)
+    c = FP8_CAST_BYTES
+    h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn
+    q = getattr(cfg, "q_dim", h)
+    fc1_out = 2 * f if cfg.activation == "swiglu" else f
+    fwd = c["norm_linear_input"] * 2 * h + c["linear_input"] * (q + f)
+    bwd = c["output_grad"] * (q + 2 * kv + h + fc1_out + h) + (fwd if recompute == "full" else 0.0)
+    blocks = np.array([un.kind == "block" for un in model.units], dtype=float)
+    return blocks * fwd * model.seq_len, blocks * bwd * model.seq_len
 
 
 RECOMPUTE_HOST: dict[str, tuple[float, float]] = {"full": (1.602, 2.006), "selective": (1.403, 1.615)}

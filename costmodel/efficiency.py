@@ -12,7 +12,10 @@ of one micro-batch (``micro_batch * seq_len``): a product is slow when any of it
 (tile and wave quantization, the fixed start and tail of every kernel), and the token term keeps
 the batch in play after ``T`` passes the width -- micro-batch 1 is slower per sample than 4.
 ``w0`` and ``t0`` grow with the device's 16-bit peak within an architecture (more SMs need bigger
-products to fill a wave): ``w0 = w0_ref * (peak16 / peak_ref) ** (1/alpha)``. ``e_max`` depends on
+products to fill a wave): ``w0 = w0_ref * (peak16 / peak_ref) ** (1/alpha)``. An fp8 product runs at twice
+the 16-bit rate on the same SMs and memory, so its fixed costs per tile (prologue, epilogue, the 16-bit output
+it writes) weigh twice as much: it needs twice the arithmetic intensity to be compute-bound, and its ``w0`` and
+``t0`` are those of a device of its fp8 peak (:data:`FP8_SIZE_FACTOR`, :func:`size_tflops`). ``e_max`` depends on
 the precision class: 16-bit and fp8 tensor cores, TF32 tensor cores, and plain fp32 on the CUDA
 cores, which saturate at their own fraction of their (much lower) peak.
 
@@ -29,7 +32,8 @@ Curves (``CURVES``), one per architecture (``GPUSpec.arch``):
 * ``hopper`` -- FITTED to a GEMM microbenchmark: 32 aligned bf16, TF32 and fp32 products per precision
   (256..16,384 tokens x 512..32,768 wide) measured on an H100 SXM for this project
   (``experiments/data/h100_unit_profile.json``; ``calibration.fit_hopper_gemm`` reproduces them).
-  The memory-bound traffic is Ampere's (same kernels).
+  The memory-bound traffic is Ampere's (same kernels). Its fp8 plateau is PUBLISHED (:data:`_HOPPER_FP8`: a
+  tile-lang fp8 sweep on an H800 SXM), with the fp8 sizes of :data:`FP8_SIZE_FACTOR`.
 * ``volta`` -- the Ampere shape with ``e_max`` ANCHORED to one published point: Shoeybi et al. 2019
   (Megatron-LM), a 1.2B model (h=1536, 40 layers) on one V100 sustains 39 TFLOPS = 30% of peak
   (``calibration.anchor_volta_e_max``); plain fp32 products reach 70% of the fp32 peak (outside
@@ -55,7 +59,7 @@ from dataclasses import dataclass, replace
 from hetpart.hardware import GPUSpec
 
 __all__ = ["EfficiencyCurve", "CURVES", "DEVICE_CURVES", "curve_for", "matmul_efficiency", "unit_gemm_width", "HOST_US_PER_OP",
-           "UNALIGNED_FRACTION", "aligned", "effective_precision"]
+           "UNALIGNED_FRACTION", "FP8_SIZE_FACTOR", "aligned", "effective_precision"]
 
 HOST_US_PER_OP = 18.3
 """MEASURED: host cost of one counted operator (:data:`~hetpart.costmodel.compute.OPS_PER_UNIT`) as a training
@@ -68,6 +72,15 @@ small-kernel launch loop there costs 11.2 us (``launch_overhead_us_per_small_ker
 ``experiments/data/h100_unit_profile.json``), the same order as the ~10 us per operator that PyTorch's
 CUDA-graphs documentation and He 2022, "Making Deep Learning Go Brrrr", give for eager-mode overhead. The
 device runs while the host issues: see :data:`~hetpart.costmodel.compute.DISPATCH_MODES`."""
+
+FP8_SIZE_FACTOR = 2.0
+"""An fp8 product's half-saturation sizes (``w0``, ``t0``) over a 16-bit one's on the same device: the ratio of
+the fp8 to the 16-bit dense peak (2.0 on every fp8 device of the catalog: H100 1979 / 989, MI300X 2614.9 / 1307.4,
+L4 242.5 / 121, RTX 4090 330.3 / 165.2; datasheets). Where a product's 16-bit output and fixed per-tile costs
+bound it, doubling the rate doubles the size at which it saturates (roofline: twice the arithmetic intensity).
+Checked, not fitted, against a published fp8 sweep on an H800 SXM (the H100's fp8 rate; :data:`_HOPPER_FP8`):
+at 8192 x 8192 and K from 256 to 16,384 the benchmark's published run falls off as this factor says (within 4%);
+a later run in a fork follows the 16-bit sizes."""
 
 UNALIGNED_FRACTION = 0.10
 """MEASURED on H100: a 16-bit or TF32 product with a dimension that is not a multiple of 16 bytes (e.g.
@@ -110,6 +123,11 @@ class EfficiencyCurve:
     host_us_per_op: float = HOST_US_PER_OP
     """Fixed host dispatch + launch cost per operator, microseconds (0 for emulated devices)."""
 
+    def size_ratio(self, precision: str) -> float:
+        """How much larger than a 16-bit product a ``precision`` product must be to saturate
+        (:data:`FP8_SIZE_FACTOR` for fp8, else 1)."""
+        return FP8_SIZE_FACTOR if precision == "fp8" else 1.0
+
     def w0(self, peak_tflops: float) -> float:
         """Half-saturation width for a device of 16-bit peak ``peak_tflops``."""
         return self.w0_ref * (peak_tflops / self.peak_ref_tflops) ** (1.0 / self.alpha)
@@ -134,8 +152,9 @@ class EfficiencyCurve:
         """Fraction of the ``precision`` peak reached on products ``width`` wide over ``tokens`` rows, on a
         device whose 16-bit peak is ``peak_tflops``."""
         w, t = max(width, 1.0), max(tokens, 1.0)
-        return self.e_peak(precision) / (1.0 + (self.w0(peak_tflops) / w) ** self.alpha
-                                         + (self.t0(peak_tflops) / t) ** self.alpha)
+        size = peak_tflops * self.size_ratio(precision)
+        return self.e_peak(precision) / (1.0 + (self.w0(size) / w) ** self.alpha
+                                         + (self.t0(size) / t) ** self.alpha)
 
 
 # Hopper: calibration.fit_hopper_gemm() on the H100 GEMM sweep (bf16: e_max, w0, t0; TF32 and fp32:
@@ -148,9 +167,21 @@ _AMPERE = EfficiencyCurve("ampere", e_max=0.8017, w0_ref=220.5, alpha=1.0, peak_
                           status="fitted: Korthikanti et al. 2022 Table 5 + Narayanan et al. 2021 Table 1 (A100)",
                           act_traffic=2.657, t0_ref=220.5 * _T0_PER_W0, e_max_fp32=0.8982)
 """Ampere's plain-fp32 fraction is ASSUMED equal to Hopper's measured one (both run cuBLAS SGEMM on CUDA cores)."""
+_HOPPER_FP8 = ("tile-ai/tilelang, benchmark/matmul_fp8/README.md (commit 128a7967), 'FP8 Matmul Benchmark (8192x8192)': "
+               "M = N = 8192 on one NVIDIA H800 SXM, K = 16384: 1523 TFLOPS of the 1979 dense fp8 peak")
+"""PUBLISHED: the fp8 figure of Hopper's curve, ``e_max_fp8 = 1523 / 1979`` (its latency column is in ms). The H800
+SXM runs the H100 SXM's tensor cores at its clocks (1979 dense fp8 TFLOPS; it differs in NVLink and fp64). The
+sweep's largest product (K 16,384) is taken as the plateau, the convention of the published curves; its smaller
+rows check the size fall-off (:data:`FP8_SIZE_FACTOR`): scaled to agree at K 16,384, this curve gives 382, 617,
+891, 1144, 1334 and 1454 TFLOPS at K 256..8192 against the published 376, 622, 927, 1174, 1378 and 1461 (within
+4%); with bf16's sizes it would give 598-1486. A later run in a fork of the benchmark (xwhzz/tilelang, commit
+b2acfc37, same README) published 569-1541, which follows bf16's sizes instead: the two runs disagree on the
+fall-off, not on the plateau (1.2% apart). fp8 keeps about bf16's fraction of its own peak (bf16 best shapes on
+H100: 0.80, the MAMF row of :mod:`~hetpart.costmodel.published_gemm`)."""
 _HOPPER = EfficiencyCurve("hopper", e_max=0.7834, w0_ref=419.0, alpha=1.0, peak_ref_tflops=989.0,
                           status="fitted: GEMM sweep on one H100 SXM (experiments/data/h100_unit_profile.json)",
-                          act_traffic=_AMPERE.act_traffic, t0_ref=120.0, e_max_tf32=0.6438, e_max_fp32=0.8982)
+                          act_traffic=_AMPERE.act_traffic, t0_ref=120.0, e_max_tf32=0.6438, e_max_fp32=0.8982,
+                          e_max_fp8=round(1523.0 / 1979.0, 4))
 # e_max from calibration.anchor_volta_e_max(): Shoeybi et al. 2019, 1.2B on one V100 = 30% of peak.
 _VOLTA = EfficiencyCurve("volta", e_max=0.4478, w0_ref=_AMPERE.w0_ref, alpha=_AMPERE.alpha, peak_ref_tflops=312.0,
                          status="anchored: Shoeybi et al. 2019 (1.2B on one V100-32GB, 39 TFLOPS = 30% of peak)",

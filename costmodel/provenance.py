@@ -138,9 +138,11 @@ def step_band(provenance: dict[str, Any]) -> tuple[float | None, float | None, l
     return (None, None, unknown) if unknown else (min(lo, 0.0), max(hi, 0.0), unknown)
 
 
-_FP8_MEASURED = ("cdna3",)
-"""Curves with an fp8 efficiency of their own (MI300X: AMD's hipBLASLt fp8 figure). The others run fp8 at their
-bf16 fraction of the fp8 peak, an assumption no measurement here checked: their fp8 compute is ``assumed``."""
+_FP8_MEASURED = ("cdna3", "hopper")
+"""Curves with an fp8 efficiency of their own (MI300X: AMD's hipBLASLt fp8 figure; Hopper: a published fp8 GEMM
+sweep, :data:`~hetpart.costmodel.efficiency._HOPPER_FP8`). The others run fp8 at their bf16 fraction of the fp8
+peak, an assumption no measurement here checked: their fp8 compute is ``assumed``. A fitted curve's fp8 is
+``published``: its fit (and step band) is of bf16 runs, no fp8 run checked it."""
 
 _BAND_FAMILIES = {"ampere": ("A100",), "hopper": ("H100", "H200"), "volta": ("V100",)}
 """The device families a generation's step band was measured on (the rows of ``fitted:<curve>``). Another type
@@ -171,6 +173,8 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
         kind, curve = compute_kind(gpu, curve_of)
         if plan.precision == "fp8" and curve_of is None and curve.split(" ", 1)[0] not in _FP8_MEASURED:
             kind, curve = "assumed", f"{curve}; fp8 at the curve's bf16 fraction of peak: no fp8 figure, no fp8 run"
+        elif plan.precision == "fp8" and curve_of is None and kind == "fitted":
+            kind, curve = "published", f"{curve}; fp8 plateau from a published fp8 GEMM sweep, no fp8 run"
         entry: dict[str, Any] = {"compute": kind, "curve": curve}
         if profiled is not None:
             entry.update(_measured(profiled, gpu, plan.precision))
