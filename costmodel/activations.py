@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.graph.model_graph import ModelGraph
 
 __all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "TORCH_HELD_LOGITS", "unit_saved_bytes",
+           "FP8_WEIGHT_CACHE_BYTES", "FP8_SAVED_BYTES", "unit_fp8_cached_params", "unit_fp8_saved_delta",
            "unit_working_bytes", "unit_held_bytes", "unit_kept_bytes", "unit_params_split", "unit_replicated_bytes", "unit_replicated_working_bytes",
            "check_kernels"]
 
@@ -277,6 +278,53 @@ def unit_kept_bytes(model: "ModelGraph", recompute: str, attention: str = "fused
     :func:`unit_saved_bytes` plus :func:`unit_held_bytes`."""
     return [a + b for a, b in zip(unit_saved_bytes(model, recompute, attention, kernels),
                                   unit_held_bytes(model, kernels))]
+
+
+FP8_WEIGHT_CACHE_BYTES = 2.0
+"""Bytes per linear-layer weight element that an fp8 run keeps on top of the model states under the ``fused`` set:
+Transformer Engine's fp8 copy of each ``Linear`` weight (1) and its transpose (1; Hopper's fp8 GEMMs take both
+operands ``TN``, so dgrad needs the column-wise copy), cast on the first micro-batch and cached for the rest of
+the step: Megatron-Core's TE wrappers pass ``is_first_microbatch`` unless ``--disable-parameter-transpose-cache``
+(off by default; ``megatron/core/extensions/transformer_engine.py``, ``TELinear.forward``). Counted below level
+3 only: Megatron-FSDP's ``keep_fp8_transpose_cache`` is off by default (its README: "number of parameter x 1 Byte"
+when on) and its gathered weights are freed after each use."""
+
+FP8_SAVED_BYTES = 1.0
+"""Bytes per element of an fp8 ``Linear`` input that Transformer Engine saves for the wgrad GEMM (its column-wise
+fp8 copy) in place of the 16-bit input (``transformer_engine/pytorch/module/linear.py`` and
+``layernorm_linear.py``: ``update_usage(rowwise_usage=False)`` before saving)."""
+
+
+def unit_fp8_cached_params(model: "ModelGraph", kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Per unit, the linear-layer weight elements whose fp8 copies an fp8 run caches (:data:`FP8_WEIGHT_CACHE_BYTES`):
+    a block's QKV, output projection, fc1 and fc2 weights under ``fused`` (``h (q + 2 kv) + q h + h f_1 + f h``,
+    ``f_1`` = ``2 f`` gated); 0 elsewhere (the embedding, the head, which Megatron keeps outside TE, and ``torch``)."""
+    check_kernels(kernels)
+    cfg = model.config
+    if kernels != "fused" or cfg is None or not hasattr(cfg, "kv_dim"):
+        return [0.0] * model.num_units
+    h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn
+    q = getattr(cfg, "q_dim", h)
+    fc1 = 2 * f if cfg.activation == "swiglu" else f
+    per_block = float(h * (q + 2 * kv) + q * h + h * fc1 + f * h)
+    return [per_block if u.kind == "block" else 0.0 for u in model.units]
+
+
+def unit_fp8_saved_delta(model: "ModelGraph", recompute: str, kernels: str = DEFAULT_KERNELS) -> list[float]:
+    """Per unit and sequence, what an fp8 run saves for the backward beyond the 16-bit accounting of
+    :func:`unit_saved_bytes` (negative: less), under ``fused``: the two norms' outputs (the QKV and fc1 inputs)
+    and fc2's input are saved as fp8 (:data:`FP8_SAVED_BYTES` instead of ``p``, ``2 h + f`` per token), and the
+    output projection saves an fp8 copy of the attention output beside the 16-bit one flash attention keeps
+    (``+q``). 0 under full recomputation (a block keeps its input only), for other units and under ``torch``."""
+    check_kernels(kernels)
+    cfg = model.config
+    if kernels != "fused" or recompute == "full" or cfg is None or not hasattr(cfg, "kv_dim"):
+        return [0.0] * model.num_units
+    p, s = model.dtype_bytes, model.seq_len
+    h, f = cfg.hidden_size, cfg.ffn
+    q = getattr(cfg, "q_dim", h)
+    per_token = (FP8_SAVED_BYTES - p) * (2 * h + f) + FP8_SAVED_BYTES * q
+    return [per_token * s if u.kind == "block" else 0.0 for u in model.units]
 
 
 def unit_params_split(model: "ModelGraph", kernels: str = DEFAULT_KERNELS) -> list[bool]:

@@ -212,10 +212,10 @@ class Evaluator:
             for k, flight in zip(range(d, rep.pp, pp), flights):
                 s = rep.stages[k]
                 key = (s.layers, s.tp, plan.micro_batch, flight, plan.recompute, s.tp_split, plan.optimizer,
-                       plan.attention, plan.precision)
+                       plan.attention, plan.precision, zero)
                 tp = tps[k]
                 if key not in self._stage_gb:  # (chunk without its working set, its working set)
-                    self._stage_gb[key] = self._stage_memory_gb(s.layers, tp, plan, flight)
+                    self._stage_gb[key] = self._stage_memory_gb(s.layers, tp, plan, flight, zero)
                 need += self._stage_gb[key][0]
                 work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
                 if zero or plan.offload != "none":
@@ -226,7 +226,7 @@ class Evaluator:
                                                     plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
                                                     plan.offload, chunk_units or None)
 
-    def _stage_memory_gb(self, layers: tuple[int, int], tp: float, plan: Plan, flight: float
+    def _stage_memory_gb(self, layers: tuple[int, int], tp: float, plan: Plan, flight: float, zero: int = 0
                          ) -> tuple[float, float]:
         """(:func:`~hetpart.costmodel.memory.stage_memory_gb` without the working set, :func:`~hetpart.costmodel.memory.
         stage_working_gb`) of one chunk: the same sums in the same order over per-unit terms computed once per
@@ -241,9 +241,11 @@ class Evaluator:
                 self.model.range_params(first, last, tp), sum(kept[first:last]),
                 max(working[first:last]) if last > first else None)
         params, kept_bytes, working_bytes = known
-        from hetpart.costmodel.memory import state_bytes_per_param
+        from hetpart.costmodel.memory import fp8_stage_bytes, state_bytes_per_param
 
         states = params * state_bytes_per_param(plan.optimizer, plan.precision)
+        if plan.precision == "fp8":
+            states += fp8_stage_bytes(self.model, first, last, tp, plan.micro_batch, flight, plan.recompute, zero=zero)
         acts = kept_bytes * plan.micro_batch * flight
         work = 0.0 if working_bytes is None else working_bytes * plan.micro_batch / 1e9
         return (states + acts) / 1e9, work

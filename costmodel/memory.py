@@ -28,6 +28,10 @@ Per device of a stage holding units ``[first, last)`` with tensor parallelism ``
   once per *device*: a device runs one unit at a time, so a device hosting several model chunks
   (interleaved schedules) adds the largest of its chunks' working sets, not their sum
   (:func:`device_memory_gb`);
+* under fp8 and the ``fused`` set (Transformer Engine), :func:`fp8_stage_bytes`: the fp8 copy and transpose of
+  every linear weight, cached across the micro-batches of a step (2 bytes per weight element, below level 3),
+  and the linear inputs saved as fp8 (the norms' outputs and fc2's input at 1 byte, plus an fp8 copy of the
+  attention output): :data:`~hetpart.costmodel.activations.FP8_WEIGHT_CACHE_BYTES`;
 * a framework overhead (CUDA context, cuBLAS workspaces, NCCL buffers, allocator fragmentation),
   taken off the device's capacity by :func:`memory_capacity_gb`.
 """
@@ -41,11 +45,12 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GIB, GPUSpec
 
-from hetpart.costmodel.activations import (DEFAULT_KERNELS, unit_params_split, unit_replicated_bytes,
+from hetpart.costmodel.activations import (DEFAULT_KERNELS, FP8_WEIGHT_CACHE_BYTES, unit_fp8_cached_params,
+                                           unit_fp8_saved_delta, unit_params_split, unit_replicated_bytes,
                                            unit_kept_bytes, unit_replicated_working_bytes, unit_working_bytes)
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "optimizer_step_bytes", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
-           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb",
+           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb", "fp8_stage_bytes",
            "stage_working_gb", "device_memory_gb", "chunk_in_flight", "chunk_flights", "pipeline_recv_buffer_bytes", "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
@@ -249,7 +254,8 @@ def stage_params_per_device(model: ModelGraph, first: int, last: int, tp: int, k
 
 def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, in_flight: float,
                     recompute: str, precision: str = "bf16", optimizer: str = "adam",
-                    attention: str = "fused", kernels: str = DEFAULT_KERNELS, working_set: bool = True) -> float:
+                    attention: str = "fused", kernels: str = DEFAULT_KERNELS, working_set: bool = True,
+                    zero: int = 0) -> float:
     """Peak memory of one device of a stage, GB (without the framework overhead).
 
     Args:
@@ -266,14 +272,30 @@ def stage_memory_gb(model: ModelGraph, first: int, last: int, tp: int, micro_bat
         attention: ``fused`` or ``eager`` (whether the score matrix is stored).
         kernels: the kernel set whose saved activations count (:mod:`~hetpart.costmodel.activations`).
         working_set: whether to add the running unit's working set (:func:`stage_working_gb`).
+        zero: the plan's sharding level as memory counts it (:func:`~hetpart.costmodel.sharding.memory_zero`):
+            an fp8 run's cached fp8 weights count below level 3 (:func:`fp8_stage_bytes`).
     """
     states = stage_params_per_device(model, first, last, tp, kernels) * state_bytes_per_param(optimizer, precision)
     saved = unit_kept_bytes(model, recompute, attention, kernels)[first:last]
     whole = unit_replicated_bytes(model, recompute, attention, kernels)[first:last]
     per_mb = sum((b - r) / tp + r for b, r in zip(saved, whole)) * micro_batch
     acts = per_mb * in_flight
+    if precision == "fp8":
+        states += fp8_stage_bytes(model, first, last, tp, micro_batch, in_flight, recompute, kernels, zero)
     work = stage_working_gb(model, first, last, tp, micro_batch, recompute, attention, kernels) if working_set else 0.0
     return (states + acts) / 1e9 + work
+
+
+def fp8_stage_bytes(model: ModelGraph, first: int, last: int, tp: float, micro_batch: int, in_flight: float,
+                    recompute: str, kernels: str = DEFAULT_KERNELS, zero: int = 0) -> float:
+    """Bytes an fp8 run adds on one device of a ``tp``-way stage holding units ``[first, last)`` over the 16-bit
+    accounting, under the ``fused`` set (Transformer Engine): the cached fp8 weights and their transposes below
+    level 3 (:data:`~hetpart.costmodel.activations.FP8_WEIGHT_CACHE_BYTES`), plus the saved activations'
+    difference (:func:`~hetpart.costmodel.activations.unit_fp8_saved_delta`, negative: fp8 inputs) for the
+    micro-batches in flight. Blocks are split ``tp`` ways (sequence parallelism)."""
+    cache = sum(unit_fp8_cached_params(model, kernels)[first:last]) * FP8_WEIGHT_CACHE_BYTES if zero < 3 else 0.0
+    delta = sum(unit_fp8_saved_delta(model, recompute, kernels)[first:last]) * micro_batch * in_flight
+    return (cache + delta) / tp
 
 
 def stage_working_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, recompute: str,
@@ -290,13 +312,13 @@ def stage_working_gb(model: ModelGraph, first: int, last: int, tp: int, micro_ba
 
 def device_memory_gb(model: ModelGraph, chunks, micro_batch: int, in_flight: float, recompute: str,
                      precision: str = "bf16", optimizer: str = "adam", attention: str = "fused",
-                     kernels: str = DEFAULT_KERNELS) -> float:
+                     kernels: str = DEFAULT_KERNELS, zero: int = 0) -> float:
     """Peak memory of one device hosting the model chunks ``chunks`` (``(first, last, tp)`` each: the
     stages ``d, d + pp, ...`` of an interleaved schedule, or one stage), GB: every chunk's states and
     saved activations, plus the working set once, the largest of the chunks' (one unit runs at a time)."""
     chunks = list(chunks)
     base = sum(stage_memory_gb(model, a, z, tp, micro_batch, in_flight, recompute, precision, optimizer, attention,
-                               kernels, working_set=False) for a, z, tp in chunks)
+                               kernels, working_set=False, zero=zero) for a, z, tp in chunks)
     return base + max((stage_working_gb(model, a, z, tp, micro_batch, recompute, attention, kernels)
                        for a, z, tp in chunks), default=0.0)
 
@@ -334,6 +356,11 @@ class PrefixTables:
                 self._work[(mode, att)] = ([b - r for b, r in zip(work, rest)], rest)
         self.owner = model.tied_owner_index
         self.sharers = [i for i, u in enumerate(units) if u.shared_params]
+        self._fp8_cache = prefix(unit_fp8_cached_params(model, kernels))
+        """Prefix sums of the linear weights an fp8 run caches (fp8_stage_bytes; zero under ``torch``)."""
+        self._fp8_delta = {mode: prefix(unit_fp8_saved_delta(model, mode, kernels))
+                           for mode in ("none", "selective", "full")}
+        """Per recompute mode, prefix sums of an fp8 run's saved-activation difference per sequence."""
 
     def params(self, a: int, z: int) -> tuple[float, float]:
         """(tensor-parallel-sharded, replicated) parameters owned by units ``[a, z)``."""
@@ -395,10 +422,12 @@ class PrefixTables:
     def memory_gb_many(self, a: np.ndarray, z: np.ndarray, tp: np.ndarray, micro_batch: np.ndarray,
                        in_flight: np.ndarray, recompute: np.ndarray, modes: tuple = ("none", "selective", "full"),
                        state_bytes: np.ndarray | float = MODEL_STATE_BYTES_PER_PARAM,
-                       fused: np.ndarray | bool = True, working_set: bool = True) -> np.ndarray:
+                       fused: np.ndarray | bool = True, working_set: bool = True,
+                       fp8: np.ndarray | bool = False) -> np.ndarray:
         """:meth:`memory_gb` of many stages: 1-d arrays, ``recompute`` as indices into ``modes``;
-        ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer and precision) and ``fused`` per
-        element (its attention kernel is fused)."""
+        ``state_bytes`` per element (:func:`state_bytes_per_param` of its optimizer and precision), ``fused`` per
+        element (its attention kernel is fused) and ``fp8`` per element (an fp8 run below level 3:
+        :func:`fp8_stage_bytes`)."""
         t = self._arrays()
         acts = np.zeros(len(a))
         fused = np.broadcast_to(np.asarray(fused, dtype=bool), a.shape)
@@ -411,6 +440,18 @@ class PrefixTables:
                 sa, sz, stp = a[sel], z[sel], tp[sel]
                 acts[sel] = ((sh[sz] - sh[sa]) / stp + (rep[sz] - rep[sa])) * micro_batch[sel] * in_flight[sel]
         out = (self.params_per_device_many(a, z, tp) * state_bytes + acts) / 1e9
+        fp8 = np.broadcast_to(np.asarray(fp8, dtype=bool), a.shape)
+        if fp8.any():
+            cache = np.asarray(self._fp8_cache)
+            extra = np.zeros(len(a))
+            for code, mode in enumerate(modes):
+                sel = fp8 & (recompute == code)
+                if sel.any():
+                    d8 = np.asarray(self._fp8_delta[mode])
+                    sa, sz = a[sel], z[sel]
+                    extra[sel] = ((cache[sz] - cache[sa]) * FP8_WEIGHT_CACHE_BYTES
+                                  + (d8[sz] - d8[sa]) * micro_batch[sel] * in_flight[sel]) / tp[sel]
+            out = out + extra / 1e9
         if working_set:
             out = out + self.working_gb_many(a, z, tp, micro_batch, recompute, modes, fused)
         return out
@@ -462,22 +503,26 @@ class PrefixTables:
 
     def memory_gb(self, a: int, z: int, tp: float, micro_batch: int, in_flight: float, recompute: str,
                   optimizer: str = "adam", attention: str = "fused", working_set: bool = True, *,
-                  precision: str) -> float:
+                  precision: str, zero: int = 0) -> float:
         """:func:`stage_memory_gb` of units ``[a, z)`` (``working_set=False``: without the working set,
         which a device adds once over all its chunks: :meth:`device_memory_gb`)."""
         sh, rep = self._act[(recompute, attention)]
         acts = ((sh[z] - sh[a]) / tp + (rep[z] - rep[a])) * micro_batch * in_flight
+        if precision == "fp8":  # fp8_stage_bytes, from prefix sums
+            cache = (self._fp8_cache[z] - self._fp8_cache[a]) * FP8_WEIGHT_CACHE_BYTES if zero < 3 else 0.0
+            d8 = self._fp8_delta[recompute]
+            acts += (cache + (d8[z] - d8[a]) * micro_batch * in_flight) / tp
         out = (self.params_per_device(a, z, tp) * state_bytes_per_param(optimizer, precision) + acts) / 1e9
         return out + self.working_gb(a, z, tp, micro_batch, recompute, attention) if working_set else out
 
     def device_memory_gb(self, chunks, micro_batch: int, in_flight: "float | tuple[float, ...]", recompute: str,
-                         optimizer: str = "adam", attention: str = "fused", *, precision: str) -> float:
+                         optimizer: str = "adam", attention: str = "fused", *, precision: str, zero: int = 0) -> float:
         """:func:`device_memory_gb`: chunks ``(a, z, tp)`` of one device, the working set once; ``in_flight``
         one number for every chunk or one per chunk (:func:`chunk_flights`)."""
         chunks = list(chunks)
         flights = in_flight if isinstance(in_flight, tuple) else (in_flight,) * len(chunks)
         base = sum(self.memory_gb(a, z, tp, micro_batch, f, recompute, optimizer, attention, working_set=False,
-                                  precision=precision)
+                                  precision=precision, zero=zero)
                    for (a, z, tp), f in zip(chunks, flights))
         return base + max((self.working_gb(a, z, tp, micro_batch, recompute, attention) for a, z, tp in chunks),
                           default=0.0)

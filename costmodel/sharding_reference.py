@@ -48,7 +48,8 @@ def reference_memory_gb(model: ModelGraph, plan: Plan) -> dict[tuple[int, int], 
                 s = rep.stages[k]
                 total += stage_memory_gb(model, s.layers[0], s.layers[1], s.tp, plan.micro_batch, flight,
                                          plan.recompute, plan.precision, plan.optimizer, plan.attention,
-                                         working_set=False) * 1e9
+                                         working_set=False, zero=3 if plan.offload == "full" else (
+                                             plan.zero if plan.dp > 1 or plan.offload != "none" else 0)) * 1e9
                 params += model.range_params(s.layers[0], s.layers[1], s.tp)
                 for u in range(*s.layers):
                     largest = max(largest, model.range_params(u, u + 1, s.tp))

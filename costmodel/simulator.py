@@ -630,10 +630,13 @@ class Simulator:
         """:meth:`PrefixTables.memory_gb` of a stage with context parallelism, without the working set:
         model states whole, the saved activations (per token) over ``cp``."""
         a, z = s.layers
-        total = self._tables.memory_gb(a, z, s.tp, plan.micro_batch, flight, plan.recompute, plan.optimizer,
-                                       plan.attention, working_set=False, precision=plan.precision)
+        args = (a, z, s.tp, plan.micro_batch, flight, plan.recompute, plan.optimizer, plan.attention)
+        total = self._tables.memory_gb(*args, working_set=False, precision=plan.precision, zero=3)
         states = self._tables.params_per_device(a, z, s.tp) * state_bytes_per_param(plan.optimizer, plan.precision) / 1e9
-        return states + (total - states) / plan.cp
+        # an fp8 run's cached weights (level 3 counts none) stay whole, like the states
+        cache = self._tables.memory_gb(*args, working_set=False, precision=plan.precision,
+                                       zero=memory_zero(plan)) - total
+        return states + cache + (total - states) / plan.cp
 
     def _device_params(self, stage, a: int, z: int) -> list[float]:
         """Parameters each device of ``stage`` holds for units ``[a, z)`` (its share of the split ones)."""
@@ -648,11 +651,11 @@ class Simulator:
         return [1.0 / f for f in param_shares(self.model, stage.tp, stage.tp_split)]
 
     def _device_memory_gb(self, stage, micro_batch: int, flight: float, recompute: str, optimizer: str,
-                          attention: str, precision: str) -> list[float]:
+                          attention: str, precision: str, zero: int = 0) -> list[float]:
         """Per device of ``stage``, its chunk's memory without the working set (added once per device)."""
         a, z = stage.layers
         return [self._tables.memory_gb(a, z, tp, micro_batch, flight, recompute, optimizer, attention, working_set=False,
-                                       precision=precision)
+                                       precision=precision, zero=zero)
                 for tp in self._device_tps(stage)]
 
     def _device_working_gb(self, stage, plan: Plan) -> list[float]:
@@ -1587,7 +1590,8 @@ class Simulator:
                     gb += self._cp_memory_gb(s, plan, in_flight)
                 else:
                     gb += tables.memory_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, in_flight, plan.recompute,
-                                           plan.optimizer, plan.attention, working_set=False, precision=plan.precision)
+                                           plan.optimizer, plan.attention, working_set=False, precision=plan.precision,
+                                           zero=zero)
                 # one unit runs at a time: the device's working set is its chunks' largest, once
                 work = max(work, tables.working_gb(s.layers[0], s.layers[1], s.tp, plan.micro_batch, plan.recompute,
                                                    plan.attention) / plan.cp)
@@ -1623,7 +1627,7 @@ class Simulator:
         for k, in_flight in zip(range(d, rep.pp, pp), flights):
             s = rep.stages[k]
             gbs += self._device_memory_gb(s, plan.micro_batch, in_flight, plan.recompute, plan.optimizer,
-                                          plan.attention, plan.precision)
+                                          plan.attention, plan.precision, zero)
             work = np.maximum(work, self._device_working_gb(s, plan))
             held += self._device_params(s, *s.layers)
         gbs += work

@@ -58,3 +58,41 @@ def test_fp8_unit_time_pays_the_casts_at_hbm_speed(monkeypatch):
     fwd, bwd = fp8_cast_bytes(model)
     assert f8 - f0 == pytest.approx(fwd * 4 / 8 / 3350e9, rel=1e-9)
     assert b8 - b0 == pytest.approx(bwd * 4 / 8 / 3350e9, rel=1e-9)
+
+
+def test_fp8_saves_fp8_linear_inputs_and_caches_fp8_weights():
+    from hetpart.costmodel.activations import (FP8_WEIGHT_CACHE_BYTES, unit_fp8_cached_params,
+                                               unit_fp8_saved_delta)
+
+    model = _llama(1024)
+    h, q, kv, f, s = 8192, 8192, 1024, 28672, 1024
+    block = [i for i, u in enumerate(model.units) if u.kind == "block"][0]
+    # two norm outputs and fc2's input at 1 byte instead of 2, and an fp8 copy of the attention output
+    assert unit_fp8_saved_delta(model, "none")[block] == pytest.approx((-(2 * h + f) + q) * s)
+    assert unit_fp8_saved_delta(model, "full")[block] == 0.0
+    assert unit_fp8_saved_delta(model, "none", "torch")[block] == 0.0
+    assert unit_fp8_cached_params(model)[block] == pytest.approx(h * (q + 2 * kv) + q * h + h * 2 * f + f * h)
+    assert unit_fp8_cached_params(model)[0] == 0.0 and unit_fp8_cached_params(model, "torch")[block] == 0.0
+    assert FP8_WEIGHT_CACHE_BYTES == 2.0
+
+
+@pytest.mark.parametrize("zero, cached", [(0, True), (1, True), (3, False)])
+def test_fp8_stage_memory_is_bf16s_plus_the_cache_less_the_fp8_inputs(zero, cached):
+    from hetpart.costmodel.activations import unit_fp8_cached_params, unit_fp8_saved_delta
+    from hetpart.costmodel.memory import PrefixTables, stage_memory_gb
+
+    model = _llama(2048)
+    n = model.num_units
+    args = (model, 0, n, 8, 2, 3.0, "selective")
+    bf16 = stage_memory_gb(*args, "bf16", zero=zero)
+    fp8 = stage_memory_gb(*args, "fp8", zero=zero)
+    cache = sum(unit_fp8_cached_params(model)) * 2.0 / 8 if cached else 0.0
+    delta = sum(unit_fp8_saved_delta(model, "selective")) * 2 * 3.0 / 8
+    assert delta < 0
+    assert (fp8 - bf16) * 1e9 == pytest.approx(cache + delta, rel=1e-9)
+    tables = PrefixTables(model)
+    assert tables.memory_gb(0, n, 8, 2, 3.0, "selective", precision="fp8", zero=zero) == pytest.approx(fp8, rel=1e-12)
+    if cached:  # the encoders' many-stage path (unsharded plans: the simulator prices sharded ones)
+        many = tables.memory_gb_many(np.array([0]), np.array([n]), np.array([8]), np.array([2]), np.array([3.0]),
+                                     np.array([1]), state_bytes=18.0, fp8=True)
+        assert many[0] == pytest.approx(fp8, rel=1e-12)

@@ -24,10 +24,10 @@ def _model(layers: int, hidden: int = 2048, tied: bool = True, family: str = "gp
     return transformer_graph(cfg, f"tiny-{family}-h{hidden}-l{layers}", 512)
 
 
-def _plain(self, layers, tp, plan, flight):
+def _plain(self, layers, tp, plan, flight, zero=0):
     """What :meth:`Evaluator._stage_memory_gb` stands for: the memory model's own functions."""
     return (stage_memory_gb(self.model, *layers, tp, plan.micro_batch, flight, plan.recompute, plan.precision,
-                            plan.optimizer, plan.attention, working_set=False),
+                            plan.optimizer, plan.attention, working_set=False, zero=zero),
             stage_working_gb(self.model, *layers, tp, plan.micro_batch, plan.recompute, plan.attention))
 
 

@@ -528,7 +528,7 @@ def _encode(plans: list[Plan], ctx: ScenarioContext, members: bool, lean: bool =
         gb[sel] = gb[sel] + ctx.tables.memory_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]],
                                                       chunk_flight[sel, min(j, chunk_flight.shape[1] - 1)],
                                                       p_rc[mplan[sel]], state_bytes=p_state[mplan[sel]],
-                                                      fused=fused, working_set=False)
+                                                      fused=fused, working_set=False, fp8=ctx.precision == "fp8")
         work[sel] = np.maximum(work[sel], ctx.tables.working_gb_many(st_a[s], st_z[s], st_tp[s], p_mb[mplan[sel]],
                                                                      p_rc[mplan[sel]], fused=fused))
         params[sel] = params[sel] + ctx.tables.params_per_device_many(st_a[s], st_z[s], st_tp[s])
