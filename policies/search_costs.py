@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 
 from hetpart.cluster import Cluster
-from hetpart.costmodel.activations import DEFAULT_KERNELS, unit_saved_bytes, unit_working_bytes
+from hetpart.costmodel.activations import (DEFAULT_KERNELS, FP8_WEIGHT_CACHE_BYTES, unit_fp8_cached_params,
+                                          unit_fp8_saved_delta, unit_saved_bytes, unit_working_bytes)
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import GRAD_BYTES, memory_capacity_gb, state_bytes_per_param
@@ -63,6 +64,9 @@ class StageCosts:
     optimizer: str = "adam"
     offload: str = "none"
     """What the plan keeps in host memory (:mod:`hetpart.costmodel.offload`)."""
+    fp8_cache_gb: np.ndarray | None = None
+    """An fp8 run's cached fp8 weights and transposes of the range (Transformer Engine, below level 3:
+    :func:`~hetpart.costmodel.memory.fp8_stage_bytes`), else None."""
 
     @cached_property
     def unit_time_s(self) -> np.ndarray:
@@ -135,6 +139,8 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at
         need = need - states * kept
         if zero >= 2:
             need = need + _largest(costs)[at] * working / 1e9
+    if costs.fp8_cache_gb is not None and zero < 3:  # level 3 gathers each weight and caches none
+        need = need + costs.fp8_cache_gb[at]
     return need
 
 
@@ -226,7 +232,8 @@ class CostTable:
                           capacity_gb=memory_capacity_gb(pool.gpu), unit_params=own,
                           unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute, False, speed),
                           unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True, speed),
-                          precision=self.precision, optimizer=self.optimizer, offload=self.offload)
+                          precision=self.precision, optimizer=self.optimizer, offload=self.offload,
+                          fp8_cache_gb=self._fp8_cache(tp) if self.precision == "fp8" else None)
 
     def _tp_states(self, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(divisor, own params, model-state GB, gradient bytes)`` of every unit or range at ``tp`` (the
@@ -253,8 +260,15 @@ class CostTable:
         of one of its units (its backward's transients; under full recompute its activations again)."""
         div = self._states(tp)[0]
         saved = np.array(unit_saved_bytes(self.model, recompute, self.attention, self.kernels))
+        if self.precision == "fp8":  # Transformer Engine saves fp8 copies of the linear inputs
+            saved = saved + np.array(unit_fp8_saved_delta(self.model, recompute, self.kernels))
         work = np.array(unit_working_bytes(self.model, recompute, self.attention, self.kernels))
         return _range_sum(saved / div), _range_max(work / div)
+
+    def _fp8_cache(self, tp: int) -> np.ndarray:
+        """:attr:`StageCosts.fp8_cache_gb` at ``tp`` (the simulator's :func:`~hetpart.costmodel.memory.fp8_stage_bytes`)."""
+        cached = np.array(unit_fp8_cached_params(self.model, self.kernels)) * FP8_WEIGHT_CACHE_BYTES / tp
+        return _frozen(_range_sum(cached) / 1e9)
 
     def _unit_time_s(self, pool: Pool, tp: int, micro_batch: int, recompute: str, forward: bool = False,
                      speed: float = 1.0) -> np.ndarray:
