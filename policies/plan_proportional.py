@@ -180,6 +180,31 @@ def _best_proportional(model, cluster, workload, evaluate: Evaluator, incumbent:
 _UNDECIDED = object()
 
 
+def cannot_beat(model, cluster, workload, evaluate: Evaluator, incumbent: Evaluated) -> bool:
+    """Whether :func:`plan_proportional` given ``incumbent`` would return the incumbent itself, decided from the
+    layouts' memory and lower bounds alone (no simulation): some layout fits unsharded and none's bound is
+    below the incumbent's step. False where that cannot be told so (a stage of unlike devices, a sharding
+    level set, nothing fitting unsharded: the planner's other paths decide)."""
+    if not evaluate.pruning or workload.zero:
+        return False
+    kinds = _GroupKinds(cluster)
+    fits = False
+    for layout in [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]:
+        keep = _representatives(layout, kinds)
+        if keep is None:
+            return False
+        few = _Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
+                      tuple(layout.counts[r] for r in keep), layout.micro_batch)
+        for rc in recompute_modes(workload):
+            small = _partial_plan(few, rc, workload)
+            if evaluate.fits(small):
+                if evaluate.lower_bound_s(small) <= incumbent.step_time_s:
+                    return False
+                fits = True
+                break
+    return fits
+
+
 def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator,
                    incumbent: Evaluated | None = None):
     """What :meth:`Evaluator.best` picks among the layouts' least-recompute fitting plans, checking

@@ -689,6 +689,9 @@ class _PendingBaseline:
         if not self.job.forked:
             return _baseline(*self.args, incumbent=incumbent)
         self.warm()  # the child sends the warm start first (unused where the walk did not run)
+        if incumbent is not None and not self.job.ready() and _cannot_beat(*self.args, incumbent):
+            self.close()  # no layout's bound beats the incumbent: what the child would find is not wanted
+            return None
         found = self.job.next(fallback=lambda: _FAILED)
         if found is _FAILED:
             self.redone = True
@@ -703,6 +706,14 @@ class _PendingBaseline:
 
 
 _FAILED = object()
+
+
+def _cannot_beat(model, cluster, workload, evaluator: Evaluator, incumbent: Evaluated) -> bool:
+    """:func:`~hetpart.policies.plan_proportional.cannot_beat`: the baseline's layouts' bounds against the incumbent
+    (a tenth of a second at 1,024 GPUs, where the child pricing them whole without an incumbent took a second)."""
+    from hetpart.policies.plan_proportional import cannot_beat
+
+    return cannot_beat(model, cluster, workload, evaluator, incumbent)
 
 
 def _child_stages(scenario: Scenario | None, walk_limit: int, model, cluster, workload, evaluator: Evaluator):
