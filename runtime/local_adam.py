@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from hetpart._torch_compat import local_tensor
+
 __all__ = ["LocalShardAdam"]
 
 
@@ -49,5 +51,5 @@ def _same_layout(tensors: list[torch.Tensor]) -> bool:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The DTensor's local shard itself (no copy: the step updates it in place)."""
-    return t._local_tensor
+    """The DTensor's local shard, sharing its storage (no copy: the step updates it in place)."""
+    return local_tensor(t)
