@@ -329,7 +329,8 @@ class _Loop:
         Only plans the corrected model prices within ``trust`` of its best candidate are run: a plan it
         prices far below is not worth a measurement (and in emulation such plans run for minutes).
         """
-        best = max((p[1] for p in scored), default=0.0)
+        # the trust region is set by plans that can run: a refused plan's price must not push the rest out
+        best = max((p[1] for p in scored if _plan_key(p[0]) not in self.refused), default=0.0)
         unmeasured = [p for p in scored if _plan_key(p[0]) not in measured | self.refused]
         fresh = [p for p in unmeasured if p[1] >= self.cfg.trust * best]
         if not fresh and role == "held_out" and unmeasured:  # the errors need held-out runs: the best left

@@ -112,6 +112,8 @@ class StageCosts:
         if scaled:
             kept, working = _state_scales(self.precision, self.optimizer, self.offload, zero, fraction)
         states, acts, extra = self.states_gb.item, self.acts_gb.item, self.extra_gb.item
+        cache = (self.fp8_cache_gb.item if self.fp8_cache_gb is not None and (zero < 3 or fraction >= 1.0)
+                 else None)  # as _need_gb
         b, scan = first + 1, min(stop, first + 1 + SCAN_RANGES)
         while b < scan:
             held = states(first, b)
@@ -120,6 +122,8 @@ class StageCosts:
                 need = need - held * kept
                 if zero >= 2:
                     need = need + _largest(self).item(first, b) * working / 1e9
+            if cache is not None:
+                need = need + cache(first, b)
             if not need <= cap:
                 return b
             b += 1
@@ -139,7 +143,8 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at
         need = need - states * kept
         if zero >= 2:
             need = need + _largest(costs)[at] * working / 1e9
-    if costs.fp8_cache_gb is not None and zero < 3:  # level 3 gathers each weight and caches none
+    if costs.fp8_cache_gb is not None and (zero < 3 or fraction >= 1.0):
+        # level 3 gathers each weight and caches none; one replica (all its states held) runs unsharded
         need = need + costs.fp8_cache_gb[at]
     return need
 

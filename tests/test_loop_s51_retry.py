@@ -54,3 +54,14 @@ def test_the_tries_are_bounded_and_the_baseline_is_tried_once(monkeypatch):
     loop = _Loop(refuses=set("ab"))
     assert loop_module._run_role(loop, "held_out", list("ab"), "sim", 0) is None
     assert loop.lines == ["  held_out: no candidate left within the trust region; skipped"]
+
+
+def test_refused_plans_do_not_set_the_trust_region(monkeypatch):
+    """A refused 24-device plan priced at 3,000 tokens/s kept every runnable plan (1,000) outside 0.7 of the best:
+    exploit and explore were skipped and the retries found nothing (review of 2026-12-01)."""
+    monkeypatch.setattr(loop_module, "_plan_key", lambda plan: plan)
+    loop = loop_module._Loop.__new__(loop_module._Loop)
+    loop.refused, loop.cfg = {"big"}, type("Cfg", (), {"trust": 0.7})()
+    scored = [("big", 3000.0, 0.1), ("small", 1000.0, 0.2)]
+    assert loop.choose(scored, set(), "exploit") == "small"
+    assert loop.choose(scored, set(), "explore") == "small"

@@ -35,3 +35,20 @@ def test_cost_table_memory_adds_the_fp8_cache_and_saved_inputs(recompute: str) -
             # level 3 gathers each weight when it runs and caches no fp8 copy: the saved inputs alone differ
             assert costs.memory_gb(a, b, flight, zero=3) - plain.memory_gb(a, b, flight, zero=3) == pytest.approx(
                 fp8_stage_bytes(model, a, b, tp, 2, flight, recompute, zero=3) / 1e9, abs=1e-9)
+
+
+def test_first_unfit_scans_the_fp8_cache_as_fits_from_does() -> None:
+    """The policy's masks walk deep pipelines with :meth:`StageCosts.first_unfit`, whose quick scan summed the
+    16-bit accounting alone, so it admitted ranges that the fp8 cache pushes past the device (llama3-8b at TP 1)."""
+    model = load_model("llama3-8b", seq_len=2048, precision="fp8")
+    cluster = load_cluster("h100-a100-two-zones")
+    pool = next(p for p in device_pools(cluster) if p.gpu.name.startswith("H100"))
+    costs = CostTable(model, cluster, "fp8").get(pool, 1, 1, "none")
+    for first in (0, 1, 5):
+        for zero in (0, 1, 3):
+            row = costs.fits_from(first, model.num_units + 1, 1.0, zero=zero)
+            expect = first + 1 + int(row.argmin()) if not row.all() else model.num_units + 1
+            assert costs.first_unfit(first, model.num_units + 1, 1.0, zero=zero) == expect
+    end = costs.first_unfit(0, model.num_units + 1, 1.0)
+    assert costs.memory_gb(0, end, 1.0) > costs.capacity_gb >= costs.memory_gb(0, end - 1, 1.0)
+    assert end == 17
