@@ -28,10 +28,17 @@ class LocalShardAdam(torch.optim.Adam):
     def _init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps):
         has_complex = super()._init_group(group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                                           state_steps)
+        from torch.distributed.tensor import DTensor
+
         amsgrad = bool(group["amsgrad"])
-        for i, p in enumerate(params_with_grad):
-            row = [p, grads[i], exp_avgs[i], exp_avg_sqs[i]] + ([max_exp_avg_sqs[i]] if amsgrad else [])
-            if not _same_layout(row):
+        rows = [[p, grads[i], exp_avgs[i], exp_avg_sqs[i]] + ([max_exp_avg_sqs[i]] if amsgrad else [])
+                for i, p in enumerate(params_with_grad)]
+        if any(isinstance(row[0], DTensor) and not _same_layout(row) for row in rows):
+            # a DTensor laid out otherwise keeps DTensor's path, and so does the whole group: torch's foreach
+            # kernels (its default on GPUs) refuse lists that mix plain tensors and DTensors
+            return has_complex
+        for i, row in enumerate(rows):
+            if not isinstance(row[0], DTensor):
                 continue
             params_with_grad[i], grads[i], exp_avgs[i], exp_avg_sqs[i] = (_local(t) for t in row[:4])
             if amsgrad:

@@ -82,3 +82,36 @@ def test_a_zero_1_executor_steps_its_fsdp_shards_with_local_shard_adam() -> None
         assert got["is_local"] is True and got["optimizer"] == "LocalShardAdam"
         assert got["sharded"] > 0
         assert got["dtensor_states"] == got["sharded"]  # the state checkpoints save stays DTensors
+
+
+def _mixed_job(rank: int, world: int, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from hetpart.runtime.local_adam import LocalShardAdam
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def params():
+        torch.manual_seed(0)
+        a = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))
+        a.grad = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])
+        b = torch.nn.Parameter(DTensor.from_local(torch.randn(4), mesh, [Replicate()]))
+        b.grad = DTensor.from_local(torch.randn(4), mesh, [Partial()])  # a gradient laid out otherwise
+        return [a, b]
+
+    done = {}
+    for foreach in (False, True):  # foreach is torch's default on GPUs
+        ours, theirs = params(), params()
+        LocalShardAdam(ours, lr=1e-2, foreach=foreach).step()
+        torch.optim.Adam(theirs, lr=1e-2, foreach=foreach).step()
+        done[str(foreach)] = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(ours, theirs))
+    Path(out, f"rank{rank}.json").write_text(json.dumps(done))
+
+
+def test_a_group_with_a_dtensor_laid_out_otherwise_keeps_dtensors_path_under_foreach() -> None:
+    """A review found a group mixing a shard stepped locally and a DTensor with a ``Partial`` gradient handed
+    torch's foreach kernels plain tensors beside DTensors ("got mixed torch.Tensor and DTensor"): such a group
+    now keeps DTensor's own path, with the same update as torch's Adam."""
+    out = run_distributed(_mixed_job, 1, timeout_s=120)
+    assert json.loads(Path(out, "rank0.json").read_text()) == {"False": True, "True": True}
