@@ -30,18 +30,36 @@ def test_cannot_beat_follows_the_bounds_and_the_planner():
     assert proportional.cannot_beat(model, cluster, Workload(64, 1024, zero=1), evaluate, fast) is False
 
 
+class _Job:
+    """A forked child that has not answered yet (``ready`` False): what it would send, if asked."""
+
+    forked, pid = True, 1
+
+    def __init__(self, answer) -> None:
+        self.answer, self.asked, self.closed = answer, 0, 0
+
+    def ready(self) -> bool:
+        return False
+
+    def next(self, fallback):
+        self.asked += 1
+        return self.answer
+
+    def close(self) -> None:
+        self.closed += 1
+
+
 def test_the_pending_baseline_answers_none_without_waiting_when_the_bounds_say_so(monkeypatch):
     planner = importlib.import_module("hetpart.policies.policy_planner")
     model, cluster, workload, evaluate = _case()
+    monkeypatch.setattr(planner, "PARALLEL_BASELINE", False)
     pending = planner._PendingBaseline(model, cluster, workload, evaluate)
-    try:
-        fast = SimpleNamespace(step_time_s=1e-9)
-        if pending.forked:  # the child may have finished already: then its answer is taken, also None here
-            assert pending.result(fast) is None
-        monkeypatch.setattr(planner, "_cannot_beat", lambda *args: True)
-        again = planner._PendingBaseline(model, cluster, workload, evaluate)
-        if again.forked and not again.job.ready():
-            assert again.result(fast) is None and again.pid is None  # the child is stopped and reaped
-        again.close()
-    finally:
-        pending.close()
+    fast = SimpleNamespace(step_time_s=1e-9)
+    pending.job, pending.warm_taken = _Job(answer=None), True
+    monkeypatch.setattr(planner, "_cannot_beat", lambda *args: True)
+    assert pending.result(fast) is None
+    assert (pending.job.asked, pending.job.closed) == (0, 1)  # not waited for: stopped
+    pending.job = _Job(answer=None)
+    monkeypatch.setattr(planner, "_cannot_beat", lambda *args: False)
+    assert pending.result(fast) is None
+    assert (pending.job.asked, pending.job.closed) == (1, 0)  # undecided by the bounds: the child's answer
