@@ -743,6 +743,12 @@ def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
                          block_s=None if where.type == "cuda" else BLOCK_S, tick=tick)
     fixed, per_param = (_adam_layout(adam_shapes, str(where), tick) if adam_shapes else None) or \
         _adam(spec, str(where), tick)
+    chain = None
+    if where.type == "cpu":  # the whole model back to back (a GPU rank may not hold it: its stage's share)
+        from hetpart.runtime.profile import time_chain
+
+        cf, cb = time_chain(spec, micro_batch, seq_len, where, repeats=repeats, block_s=BLOCK_S, tick=tick)
+        chain = {"fwd_s": cf, "bwd_s": cb, "units": spec.num_units}
     if where.type == "cuda":
         name = device_name(where)
         measured_on = {"name": name, "kind": "cuda", "description": f"cuda: {name} (torch {torch.__version__}, "
@@ -750,12 +756,35 @@ def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
     else:
         measured_on = {"name": "cpu", "kind": "cpu", "description": cpu_description() + "; measured inside the run"}
     return {"units": [r.to_dict() for r in rows], "adam_fixed_s": fixed, "adam_s_per_param": per_param,
-            "device": measured_on}
+            "device": measured_on, "chain": chain}
+
+
+def chain_factors(samples: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """Forward and backward: the whole model back to back over its units alone (embedding, ``n - 2`` blocks,
+    head), per sample at the run's micro-batch, the median over samples; None where no sample timed the chain."""
+    fwd, bwd = [], []
+    for sample in samples:
+        chain = sample.get("chain")
+        if not chain:
+            continue
+        alone = {r["unit"].split("_")[0]: r for r in sample["units"]}
+        if set(alone) != {"embedding", "block", "head"}:
+            continue
+        n = chain["units"]
+        for key, out in (("fwd_s", fwd), ("bwd_s", bwd)):
+            summed = alone["embedding"][key] + (n - 2) * alone["block"][key] + alone["head"][key]
+            if summed > 0:
+                out.append(chain[key] / summed)
+    if not fwd or not bwd:
+        return None
+    return statistics.median(fwd), statistics.median(bwd)
 
 
 def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_types: list[str]) -> Profile:
     """A profile from the ranks' :func:`measure_here` samples: per device class that measured and unit kind,
-    the median of their medians, the spread over every repeat, the repeats summed. A device type is priced by
+    the median of their medians, the spread over every repeat, the repeats summed, each scaled by what the
+    whole model back to back took over its units alone (:func:`chain_factors`, where the ranks timed it on a
+    CPU: a step's units find caches the units before them filled). A device type is priced by
     the CUDA class of its own model where one measured (a run on its GPU), else by the first class, this CPU
     when the ranks ran here (a stand-in)."""
     units = {"embedding": graph.units[0], "block": graph.units[1], "head": graph.units[-1]}
@@ -768,6 +797,8 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
         described.setdefault(where["name"], where)
     compute, classes = [], {}
     for name, group in by_class.items():
+        # a step runs the units back to back: their times alone scaled by what the chain measured (time_chain)
+        sf, sb = chain_factors(group) or (1.0, 1.0)
         rows: dict[tuple[str, int], list[dict]] = {}
         for sample in group:
             for r in sample["units"]:
@@ -776,10 +807,10 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
             u = units[kind]
             compute.append(ComputeEntry(
                 device=name, precision="fp32", unit=u.kind, params=int(u.params), seq_len=graph.seq_len,
-                micro_batch=mb, fwd_flops=u.fwd_flops * mb, fwd_s=statistics.median(r["fwd_s"] for r in rs),
-                bwd_s=statistics.median(r["bwd_s"] for r in rs),
-                fwd_range_s=(min(r["fwd_range_s"][0] for r in rs), max(r["fwd_range_s"][1] for r in rs)),
-                bwd_range_s=(min(r["bwd_range_s"][0] for r in rs), max(r["bwd_range_s"][1] for r in rs)),
+                micro_batch=mb, fwd_flops=u.fwd_flops * mb, fwd_s=sf * statistics.median(r["fwd_s"] for r in rs),
+                bwd_s=sb * statistics.median(r["bwd_s"] for r in rs),
+                fwd_range_s=(sf * min(r["fwd_range_s"][0] for r in rs), sf * max(r["fwd_range_s"][1] for r in rs)),
+                bwd_range_s=(sb * min(r["bwd_range_s"][0] for r in rs), sb * max(r["bwd_range_s"][1] for r in rs)),
                 repeats=sum(r["repeats"] for r in rs), activation_gb=rs[0].get("activation_gb"),
                 width=int(u.width)))
         where = described[name]
@@ -790,4 +821,6 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
                    model={"name": spec.name, "seq_len": graph.seq_len, "precision": "fp32"},
                    meta={"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "method": f"every rank before and after its steps ({len(samples)} samples), median of "
-                                   "the medians"}, source=IN_RUN)
+                                   "the medians", "chain_factors": {name: chain_factors(group)
+                                                                   for name, group in by_class.items()}},
+                   source=IN_RUN)
