@@ -249,14 +249,47 @@ def _measure_units(spec, graph, device_class: str, device: str, precision: str, 
                          repeats=_max_repeats(options, cuda), min_repeats=options.min_repeats,
                          budget_s=None if cuda else options.budget_s, block_s=None if cuda else BLOCK_S,
                          on_timing=progress)
+    factors = {} if cuda else _chain_factors_cpu(spec, graph, rows, seq, options, say)
     out = []
     for r in rows:
         u = units[r.unit.split("_")[0]]
+        sf, sb = factors.get(r.micro_batch, (1.0, 1.0))
         out.append(ComputeEntry(device=device_class, precision=r.precision, unit=u.kind, params=int(u.params),
                                 seq_len=seq, micro_batch=r.micro_batch, fwd_flops=u.fwd_flops * r.micro_batch,
-                                fwd_s=r.fwd_s, bwd_s=r.bwd_s, fwd_range_s=tuple(r.fwd_range_s),
-                                bwd_range_s=tuple(r.bwd_range_s), repeats=r.repeats, activation_gb=r.activation_gb,
-                                peak_memory_gb=r.peak_memory_gb, width=int(u.width)))
+                                fwd_s=sf * r.fwd_s, bwd_s=sb * r.bwd_s,
+                                fwd_range_s=(sf * r.fwd_range_s[0], sf * r.fwd_range_s[1]),
+                                bwd_range_s=(sb * r.bwd_range_s[0], sb * r.bwd_range_s[1]), repeats=r.repeats,
+                                activation_gb=r.activation_gb, peak_memory_gb=r.peak_memory_gb, width=int(u.width)))
+    return out
+
+
+CHAIN_MEMORY_SHARE = 0.25
+"""The whole model is timed back to back (:func:`_chain_factors_cpu`) only where its weights, gradients and a
+copy of each take at most this share of the memory available: a full-size large model on a CPU is not built."""
+
+
+def _chain_factors_cpu(spec, graph, rows, seq: int, options: CalibrateOptions, say) -> dict[int, tuple[float, float]]:
+    """Per micro-batch, what the whole model back to back took over its units alone, forward and backward
+    (:func:`hetpart.runtime.profile.time_chain`, as the in-run profile does: :func:`chain_factors`), on this CPU;
+    the units' times are scaled by it. Empty where the model is too large to build whole here."""
+    from hetpart.runtime.profile import time_chain
+
+    free = _free_bytes("cpu")
+    if free is None or graph.num_params * 4 * 3 > CHAIN_MEMORY_SHARE * free:
+        say("  the whole model is too large to time back to back here: units priced as timed alone")
+        return {}
+    out = {}
+    for mb in options.micro_batches:
+        alone = {r.unit.split("_")[0]: r for r in rows if r.micro_batch == mb}
+        if set(alone) != {"embedding", "block", "head"}:
+            continue
+        cf, cb = time_chain(spec, mb, seq, "cpu", repeats=_max_repeats(options, False), block_s=BLOCK_S)
+        n = spec.num_units
+        fwd = alone["embedding"].fwd_s + (n - 2) * alone["block"].fwd_s + alone["head"].fwd_s
+        bwd = alone["embedding"].bwd_s + (n - 2) * alone["block"].bwd_s + alone["head"].bwd_s
+        out[mb] = (cf / fwd if fwd > 0 else 1.0, cb / bwd if bwd > 0 else 1.0)
+        say(f"  the whole model back to back, micro-batch {mb}: x{out[mb][0]:.2f} forward, x{out[mb][1]:.2f} backward "
+            "over its units alone (the units' times are scaled by it)")
     return out
 
 

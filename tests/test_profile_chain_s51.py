@@ -45,3 +45,18 @@ def test_time_chain_runs_the_model_with_its_loss():
     spec = runnable_spec("gpt2-small", "tiny")
     fwd, bwd = time_chain(spec, 2, 16, repeats=2)
     assert fwd > 0.0 and bwd > 0.0
+
+
+def test_calibrate_scales_a_cpu_profile_by_the_chain_and_skips_a_model_too_large_to_build(monkeypatch):
+    from hetpart.runtime import calibrate
+    from hetpart.runtime.calibrate import CalibrateOptions, calibrate_profile
+
+    options = CalibrateOptions(micro_batches=(1,), scale="tiny", device="cpu", links=False, tensor_parallel=False,
+                               repeats=2, min_repeats=1)
+    lines: list[str] = []
+    calibrate_profile("tiny-mixed", "gpt2-small", options, say=lines.append)
+    assert sum("the whole model back to back, micro-batch 1" in line for line in lines) == 1
+    monkeypatch.setattr(calibrate, "_free_bytes", lambda device: 1.0)  # nothing fits: timed alone only
+    lines.clear()
+    calibrate_profile("tiny-mixed", "gpt2-small", options, say=lines.append)
+    assert "  the whole model is too large to time back to back here: units priced as timed alone" in lines
