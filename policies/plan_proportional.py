@@ -187,22 +187,30 @@ def cannot_beat(model, cluster, workload, evaluate: Evaluator, incumbent: Evalua
     level set, nothing fitting unsharded: the planner's other paths decide)."""
     if not evaluate.pruning or workload.zero:
         return False
+    layouts = [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]
+    fitting = _class_bounds(layouts, cluster, workload, evaluate)
+    return bool(fitting) and min(bound for bound, *_ in fitting) > incumbent.step_time_s
+
+
+def _class_bounds(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator
+                  ) -> list[tuple[float, int, _Layout, str]] | None:
+    """``(lower bound, index, layout, recompute)`` of each layout's least-recompute plan that fits, memory and
+    bound taken on one representative replica per class of interchangeable replicas (:func:`_best_by_class`);
+    None when a stage mixes unlike devices."""
     kinds = _GroupKinds(cluster)
-    fits = False
-    for layout in [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]:
+    fitting = []
+    for i, layout in enumerate(layouts):
         keep = _representatives(layout, kinds)
         if keep is None:
-            return False
+            return None
         few = _Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
                       tuple(layout.counts[r] for r in keep), layout.micro_batch)
         for rc in recompute_modes(workload):
             small = _partial_plan(few, rc, workload)
             if evaluate.fits(small):
-                if evaluate.lower_bound_s(small) <= incumbent.step_time_s:
-                    return False
-                fits = True
+                fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
                 break
-    return fits
+    return fitting
 
 
 def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator,
@@ -213,19 +221,9 @@ def _best_by_class(layouts: list[_Layout], cluster: "Cluster", workload: "Worklo
     the bound are per replica, so a class answers for all its members); only the plans branch and bound
     prices are built whole. ``_UNDECIDED`` when a stage mixes unlike devices (their uneven TP splits go
     through the evaluator)."""
-    kinds = _GroupKinds(cluster)
-    fitting = []
-    for i, layout in enumerate(layouts):
-        keep = _representatives(layout, kinds)
-        if keep is None:
-            return _UNDECIDED
-        few = _Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
-                      tuple(layout.counts[r] for r in keep), layout.micro_batch)
-        for rc in recompute_modes(workload):
-            small = _partial_plan(few, rc, workload)
-            if evaluate.fits(small):
-                fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
-                break
+    fitting = _class_bounds(layouts, cluster, workload, evaluate)
+    if fitting is None:
+        return _UNDECIDED
     if not fitting:
         return None  # nothing fits at this level: the caller tries the next sharding level, incumbent or not
     best = incumbent

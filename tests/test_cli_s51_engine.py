@@ -9,20 +9,7 @@ import json
 from pathlib import Path
 
 from tests._cli import cli_json, run_cli
-
-CLUSTER = """name: pair
-nodes:
-  - {count: 2, gpus_per_node: 2, gpu: A100-80GB, intra_node: NVLink3, nic: Ethernet-10}
-"""
-OPTIONS = ["--overlap-p2p", "--no-overlap-grad-reduce", "--op-counts", "measured"]
-
-
-def _plan(capsys, tmp_path: Path, *extra: str) -> tuple[Path, float]:
-    (tmp_path / "c.yaml").write_text(CLUSTER)
-    out = tmp_path / "p.json"
-    got = cli_json(capsys, "plan", "--model", "gpt2-small", "--cluster", str(tmp_path / "c.yaml"), "--global-batch",
-                   "16", "--seq-len", "256", "--no-bound", "--out", str(out), *extra, "--json")
-    return out, got["metrics"]["tokens_per_s"]
+from tests.test_cli_s50_engine_meta import CLUSTER, OPTIONS, _plan  # the same plan and cluster
 
 
 def _lines(tmp_path: Path, out: Path) -> Path:
