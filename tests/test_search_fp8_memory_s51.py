@@ -32,9 +32,13 @@ def test_cost_table_memory_adds_the_fp8_cache_and_saved_inputs(recompute: str) -
                 stage_memory_gb(model, a, b, tp, 2, flight, recompute) + extra, rel=1e-9)
             if 0 < a < b < model.num_units and recompute != "full":  # blocks only: the cache outweighs the saving
                 assert costs.memory_gb(a, b, flight) > plain.memory_gb(a, b, flight)
-            # level 3 gathers each weight when it runs and caches no fp8 copy: the saved inputs alone differ
-            assert costs.memory_gb(a, b, flight, zero=3) - plain.memory_gb(a, b, flight, zero=3) == pytest.approx(
+            # level 3 over several replicas gathers each weight when it runs and caches no fp8 copy: the saved
+            # inputs alone differ; one replica (all its states held) runs unsharded and keeps the cache
+            assert costs.memory_gb(a, b, flight, zero=3, fraction=0.5) - plain.memory_gb(
+                a, b, flight, zero=3, fraction=0.5) == pytest.approx(
                 fp8_stage_bytes(model, a, b, tp, 2, flight, recompute, zero=3) / 1e9, abs=1e-9)
+            assert costs.memory_gb(a, b, flight, zero=3, fraction=1.0) - plain.memory_gb(
+                a, b, flight, zero=3, fraction=1.0) == pytest.approx(extra, abs=1e-9)
 
 
 def test_first_unfit_scans_the_fp8_cache_as_fits_from_does() -> None:
