@@ -53,6 +53,7 @@ def test_the_simulator_gives_its_frozen_answers(cases):
         for (r, d, *_), row in zip(case["answers"]["shape"], rows, strict=True):
             for dev in plan.replicas[r].stages[d].devices:
                 _close(memory[dev], row[ref.ROW.index("memory_gb")], f"plan {i} memory of {dev}")
+    assert len(cases) == 48  # every frozen plan checked (tests/fixtures/sim_reference.py writes 48)
 
 
 def test_the_batch_scorer_gives_the_frozen_metrics(cases):
@@ -63,6 +64,7 @@ def test_the_batch_scorer_gives_the_frozen_metrics(cases):
     answers = list(predict_lines(lines, Simulator(model, cluster)))
     for i, (got, case) in enumerate(zip(answers, cases, strict=True)):
         _close(got["metrics"], case["answers"]["default"]["metrics"], f"line {i + 1}")
+    assert len(answers) == 48
 
 
 def test_forked_workers_answer_what_one_process_answers(cases):
