@@ -27,7 +27,7 @@ from hetpart.costmodel.activations import (DEFAULT_KERNELS, FP8_WEIGHT_CACHE_BYT
 from hetpart.costmodel.compute import unit_compute_s, unit_tp_comm_s
 from hetpart.costmodel.device_group import device_group_facts
 from hetpart.costmodel.memory import GRAD_BYTES, memory_capacity_gb, state_bytes_per_param
-from hetpart.costmodel.sharding import sharded_state_bytes, working_set_bytes
+from hetpart.costmodel.sharding import sharded_state_bytes, state_bytes, tied_params_held, working_set_bytes
 from hetpart.policies.partition import on_or_below_diagonal, range_cost_matrix
 from hetpart.costmodel.pools import Pool, tp_groups
 from hetpart.graph.model_graph import ModelGraph
@@ -54,7 +54,9 @@ class StageCosts:
     capacity_gb: float
     """Usable memory of one device of the pool."""
     unit_params: np.ndarray
-    """``[n]``: parameters one device holds of each unit (the unsharded working set of ZeRO 2-3)."""
+    """``[n]``: parameters one device gathers or reduces of each unit, as the simulator counts them
+    (``Simulator._largest_unit_params``: a head's tied copy included; under the ``torch`` kernel set less the tied
+    weights, which hetpart's runtime keeps whole): the unsharded working set of ZeRO 2-3."""
     unit_times: Callable[[], np.ndarray] = field(repr=False)
     """Computes :attr:`unit_time_s` on first use (the policy's memory masks build hundreds of these and
     price few of them)."""
@@ -67,6 +69,12 @@ class StageCosts:
     fp8_cache_gb: np.ndarray | None = None
     """An fp8 run's cached fp8 weights and transposes of the range (Transformer Engine, below level 3:
     :func:`~hetpart.costmodel.memory.fp8_stage_bytes`), else None."""
+    kernels: str = DEFAULT_KERNELS
+    """The engine's kernel set, whose level-3 working set the masks count (:func:`_working_gb`)."""
+    unit_gather: np.ndarray | None = None
+    """``[n]``: parameters one device all-gathers of each unit after a level 1-2 step, one collective per unit, as
+    the simulator runs them (``Simulator._shard_comm``: ``params_per_device`` of the unit alone, a tied copy
+    included under either kernel set); None: :attr:`unit_params`."""
 
     @cached_property
     def unit_time_s(self) -> np.ndarray:
@@ -82,6 +90,20 @@ class StageCosts:
     def forward_s(self) -> np.ndarray:
         """``[n + 1, n + 1]``: one micro-batch's forward of the range (with its TP all-reduces), seconds."""
         return _range_sum(self.unit_forwards() if self.unit_forwards is not None else np.zeros(len(self.unit_params)))
+
+    def gather_s(self, first: int, last: int, lines: "tuple[tuple[float, float], ...]") -> float:
+        """Seconds of the level 1-2 all-gather of units ``[first, last)``'s updated 16-bit parameters, one
+        collective per unit (:attr:`unit_gather`), each at the fastest of NCCL's ``(fixed_s, per_byte_s)``
+        ``lines`` of its ring, as ``Simulator._reduce_scatter_s`` prices it (0 for a unit of no parameters)."""
+        from hetpart.workload import DTYPE_BYTES
+
+        units = self.unit_gather if self.unit_gather is not None else self.unit_params
+        nbytes = units[first:last] * DTYPE_BYTES[self.precision]
+        nbytes = nbytes[nbytes > 0]
+        if not lines or not len(nbytes):
+            return 0.0
+        fixed, per_byte = np.asarray(lines, dtype=float).T
+        return float((fixed[:, None] + per_byte[:, None] * nbytes[None, :]).min(axis=0).sum())
 
     def masked(self, in_flight: float, ignore_memory: bool = False, zero: int = 0, fraction: float = 1.0
                ) -> np.ndarray:
@@ -107,21 +129,23 @@ class StageCosts:
         stages mostly end within a few units, where a row's dozen array operations per stage cost more."""
         fraction = fraction if zero else 1.0
         cap = self.capacity_gb
+        zero = _memory_zero(self, zero, fraction)
         scaled = bool(zero) or self.offload != "none"
-        kept = working = 0.0
+        kept = 0.0
         if scaled:
-            kept, working = _state_scales(self.precision, self.optimizer, self.offload, zero, fraction)
+            kept = _state_scales(self.precision, self.optimizer, self.offload, zero, fraction)
+        working = _working_gb(self, zero, fraction)
+        working = working.item if working is not None else None
         states, acts, extra = self.states_gb.item, self.acts_gb.item, self.extra_gb.item
-        cache = (self.fp8_cache_gb.item if self.fp8_cache_gb is not None and (zero < 3 or fraction >= 1.0)
-                 else None)  # as _need_gb
+        cache = self.fp8_cache_gb.item if self.fp8_cache_gb is not None and zero < 3 else None  # as _need_gb
         b, scan = first + 1, min(stop, first + 1 + SCAN_RANGES)
         while b < scan:
             held = states(first, b)
             need = held + in_flight * acts(first, b) + extra(first, b)
             if scaled:
                 need = need - held * kept
-                if zero >= 2:
-                    need = need + _largest(self).item(first, b) * working / 1e9
+            if working is not None:
+                need = need + working(first, b)
             if cache is not None:
                 need = need + cache(first, b)
             if not need <= cap:
@@ -138,13 +162,15 @@ def _need_gb(costs: StageCosts, in_flight: float, zero: int, fraction: float, at
     """Memory of the ranges ``[a, b)`` at ``at`` (default all; a row of ranges: ``(a, slice(b0, b1))``)."""
     states = costs.states_gb[at]
     need = states + in_flight * costs.acts_gb[at] + costs.extra_gb[at]
+    zero = _memory_zero(costs, zero, fraction)
     if zero or costs.offload != "none":
-        kept, working = _state_scales(costs.precision, costs.optimizer, costs.offload, zero, fraction)
-        need = need - states * kept
-        if zero >= 2:
-            need = need + _largest(costs)[at] * working / 1e9
-    if costs.fp8_cache_gb is not None and (zero < 3 or fraction >= 1.0):
+        need = need - states * _state_scales(costs.precision, costs.optimizer, costs.offload, zero, fraction)
+    working = _working_gb(costs, zero, fraction)
+    if working is not None:
+        need = need + working[at]
+    if costs.fp8_cache_gb is not None and zero < 3:
         # level 3 gathers each weight and caches none; one replica (all its states held) runs unsharded
+        # unless its states are offloaded (ZeRO-Offload gathers them at level 3 even then)
         need = need + costs.fp8_cache_gb[at]
     return need
 
@@ -153,19 +179,57 @@ SCAN_RANGES = 24
 """:meth:`StageCosts.first_unfit` sums this many ranges one at a time before it takes the rest of the row at once."""
 
 
+def _memory_zero(costs: StageCosts, zero: int, fraction: float) -> int:
+    """The level whose memory applies (:func:`~hetpart.costmodel.sharding.memory_zero`): one replica
+    (``fraction`` 1) has nothing to shard unless its states are offloaded."""
+    return zero if fraction < 1.0 or costs.offload != "none" else 0
+
+
 @lru_cache(maxsize=4096)
-def _state_scales(precision: str, optimizer: str, offload: str, zero: int, fraction: float) -> tuple[float, float]:
-    """``(1 - kept share of the model states, working-set bytes per parameter of the largest unit)`` at level
-    ``zero`` with ``fraction`` held: the same for every range, so computed once (the search's memory masks
-    ask tens of thousands of times)."""
+def _state_scales(precision: str, optimizer: str, offload: str, zero: int, fraction: float) -> float:
+    """1 - the kept share of the model states at level ``zero`` with ``fraction`` held: the same for every
+    range, so computed once (the search's memory masks ask tens of thousands of times)."""
     scale = (sharded_state_bytes(1.0, precision, zero, fraction, optimizer, offload)
              / state_bytes_per_param(optimizer, precision))
-    return 1.0 - scale, working_set_bytes(1.0, precision, zero)
+    return 1.0 - scale
+
+
+def _working_gb(costs: StageCosts, zero: int, fraction: float) -> np.ndarray | None:
+    """``[n + 1, n + 1]``: the unsharded states alive on top of a range's shards at level ``zero`` (after
+    :func:`_memory_zero`), GB, as the simulator counts them (``Simulator._device_memory_and_optimizer``,
+    :func:`~hetpart.costmodel.sharding.working_set_bytes`); None below level 2. ``offload="full"`` gathers the
+    units as level 3 does."""
+    level = 3 if costs.offload == "full" else zero
+    if level < 2:
+        return None
+    # hetpart's runtime makes each unit its own FSDP root over several replicas: one unit gathered at a time
+    return _working_table(costs, level, costs.kernels == "torch" and level >= 3 and fraction < 1.0)
 
 
 @lru_cache(maxsize=256)
-def _largest(costs: StageCosts) -> np.ndarray:
-    return _range_max(costs.unit_params)
+def _working_table(costs: StageCosts, level: int, one_unit: bool) -> np.ndarray:
+    w, g, _ = state_bytes(costs.precision)
+    if level >= 3 and costs.kernels == "fused":
+        return _frozen(gathered_working_ranges(costs.unit_params, w, g) / 1e9)
+    per_param = working_set_bytes(1.0, costs.precision, level) - (w if one_unit else 0.0)
+    return _frozen(_range_max(costs.unit_params) * per_param / 1e9)
+
+
+def gathered_working_ranges(units: np.ndarray, w: float, g: float) -> np.ndarray:
+    """``[n + 1, n + 1]``: :func:`~hetpart.costmodel.sharding.gathered_working_bytes` of every range ``[a, b)``
+    of ``units`` (0 where ``a >= b``). Its terms over ``[a, b)``: the backward of the first unit with its
+    gradient, ``(w + g) p_a``; the backward of unit ``j + 1`` with ``j`` prefetched, ``w p_j + (w + g) p_{j+1}``,
+    for ``a <= j < b - 1``, which is never below the forward of ``j`` with ``j + 1`` prefetched
+    (``w (p_j + p_{j+1})``), nor the last unit's forward with nothing after it below the last backward."""
+    p = np.asarray(units, dtype=float)
+    n = len(p)
+    out = np.zeros((n + 1, n + 1))
+    first = (w + g) * p  # row a: the range's first unit
+    out[:n, 1:] = np.where(on_or_below_diagonal(n).T, first[:, None], 0.0)
+    if n > 1:
+        pairs = _range_max(w * p[:-1] + (w + g) * p[1:])  # [n, n]: pairs j in [a, c) at [a, c]
+        out[:n, 2:] = np.maximum(out[:n, 2:], pairs[:, 1:])  # range [a, b) takes the pairs [a, b - 1)
+    return out
 
 
 MASKED_CACHE_BYTES = 1 << 30
@@ -230,19 +294,20 @@ class CostTable:
     def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str, speed: float = 1.0) -> StageCosts:
         """``speed``: the group's speed factor (its slowest device's, ``slow:`` in the cluster file): device work
         takes ``1 / speed`` as long, the host's dispatch and the tensor-parallel collectives do not."""
-        _, own, states, grads = self._states(tp)
+        _, unit, states, grads, gather = self._states(tp)
         saved, work = self._activations(tp, recompute)
         return StageCosts(states_gb=states, acts_gb=_frozen(saved * micro_batch / 1e9),
                           extra_gb=_frozen(work * micro_batch / 1e9), grad_bytes=grads,
-                          capacity_gb=memory_capacity_gb(pool.gpu), unit_params=own,
+                          capacity_gb=memory_capacity_gb(pool.gpu), unit_params=unit, unit_gather=gather,
                           unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute, False, speed),
                           unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True, speed),
                           precision=self.precision, optimizer=self.optimizer, offload=self.offload,
-                          fp8_cache_gb=self._fp8_cache(tp) if self.precision == "fp8" else None)
+                          fp8_cache_gb=self._fp8_cache(tp) if self.precision == "fp8" else None, kernels=self.kernels)
 
-    def _tp_states(self, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(divisor, own params, model-state GB, gradient bytes)`` of every unit or range at ``tp`` (the
-        same for every micro-batch and recompute mode)."""
+    def _tp_states(self, tp: int) -> tuple[np.ndarray, ...]:
+        """``(divisor, params gathered per unit at levels 2-3, model-state GB, gradient bytes, params gathered per
+        unit after a level 1-2 step)`` of every unit or range at ``tp`` (the same for every micro-batch and
+        recompute mode)."""
         model = self.model
         div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
         own = np.array([u.params for u in model.units], dtype=float) / div
@@ -250,6 +315,11 @@ class CostTable:
         states = _range_sum(own) * state_bytes / 1e9
         grads = _range_sum(own) * GRAD_BYTES[self.precision]
         shared = np.array([u.shared_params for u in model.units], dtype=float) / div
+        # what each unit gathers and reduces-scatters at levels 2-3: its copy too (PrefixTables.params_per_device
+        # of the unit alone); the runtime keeps tied weights whole (Simulator._largest_unit_params)
+        gather = unit = own + shared
+        if self.kernels == "torch":
+            unit = unit - np.array([tied_params_held(model, u, u + 1) for u in range(model.num_units)])
         owner = model.tied_owner_index if model.tied_owner_index >= 0 else None
         if shared.any():
             held = _range_sum(shared)
@@ -258,7 +328,7 @@ class CostTable:
             states = states + held * state_bytes / 1e9
             if self.kernels == "fused":  # Megatron reduces a copy in its stage's buffer (Simulator._tied_pairs)
                 grads = grads + held * GRAD_BYTES[self.precision]
-        return _frozen(div), _frozen(own), _frozen(states), _frozen(grads)
+        return _frozen(div), _frozen(unit), _frozen(states), _frozen(grads), _frozen(gather)
 
     def _tp_activations(self, tp: int, recompute: str) -> tuple[np.ndarray, np.ndarray]:
         """Bytes per sequence of a micro-batch: the activations a range saves, and the largest working set
