@@ -409,6 +409,7 @@ class Executor:
             self.sharded_keys = shardable_keys(self)
             self.dist_optimizer = ShardedAdam(self, self.sharded_keys, lr=lr)
         self.grad_buckets = fuse_buckets(self._unsharded_buckets(), self._sync_numel, bucket_cap)
+        self._flat_buffers: dict[int, torch.Tensor] = {}
         self.schedule, self.schedule_used = self._build_schedule()
         rest = [p for k, p in self.params.items() if self.dist_optimizer is None or k not in self.sharded_keys]
         # DTensor parameters (FSDP2's shards, TP's splits) step on their local shards: the same update without
@@ -659,11 +660,12 @@ class Executor:
             self.dist_optimizer.finish_backward()
 
     def _all_reduce_buckets(self) -> None:
-        for bucket in self.grad_buckets:
+        for index, bucket in enumerate(self.grad_buckets):
             if self.rank not in bucket.ranks:
                 continue
             tensors = [self._grad_for_sync(k, bucket.full) for k in bucket.keys]
-            flat = torch.cat([t.reshape(-1) for t in tensors])
+            flat = self._bucket_buffer(index, sum(t.numel() for t in tensors), tensors[0])
+            torch.cat([t.reshape(-1) for t in tensors], out=flat)
             start = time.perf_counter()
             dist.all_reduce(flat, group=self.groups.group(bucket.ranks))
             # After it: every member is there, so an emulated link delay starts from the last arrival.
@@ -673,6 +675,16 @@ class Executor:
             for key, t in zip(bucket.keys, tensors):
                 self._store_synced(key, flat[offset: offset + t.numel()].view_as(t), bucket.full)
                 offset += t.numel()
+
+    def _bucket_buffer(self, index: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The flat tensor bucket ``index`` is all-reduced in, kept from step to step: a fresh one per step (what
+        ``torch.cat`` allocated) was a large allocation whose pages the kernel mapped and zeroed again every step,
+        and the gradients were then copied back out of it. A plain gradient now stays a view of it
+        (:meth:`_store_synced`) until the next step's ``p.grad = None``."""
+        buf = self._flat_buffers.get(index)
+        if buf is None or buf.numel() != numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._flat_buffers[index] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf
 
     def _grad_for_sync(self, key: str, full: bool) -> torch.Tensor:
         p = self.params[key]
@@ -697,7 +709,11 @@ class Executor:
         return self.role.tp_index * local.shape[dim]
 
     def _store_synced(self, key: str, value: torch.Tensor, full: bool) -> None:
-        g = _local(self.params[key].grad)
+        p = self.params[key]
+        if not full and type(p.grad) is torch.Tensor:  # a plain gradient: the synced slice of the bucket itself
+            p.grad = value
+            return
+        g = _local(p.grad)
         if full:
             info = self._shard(key)
             if info.tp_dim is not None:
