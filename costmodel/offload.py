@@ -37,22 +37,27 @@ Where the numbers come from:
 * **Host memory and its bandwidth** per node: the cluster file's ``host_memory_gb`` and
   ``host_memory_gbyte_s`` where given, else ASSUMED: :data:`DEFAULT_HOST_MEMORY_GBYTE_S` and twice the
   node's device memory (:func:`host_memory_gb`).
-* **Host bytes** per parameter: ZeRO-Offload's accounting, the 16-bit gradient and the optimizer's
-  states (12 bytes for Adam: fp32 master and two moments) at ``optimizer``, plus the 16-bit weights at
-  ``full``; each times the device's shard fraction.
+* **Host bytes** per parameter: ZeRO-Offload's accounting, the fp32 gradient the CPU steps from
+  (:data:`HOST_GRAD_BYTES`, whatever the training dtype) and the optimizer's states (12 bytes for Adam: fp32
+  master and two moments) at ``optimizer``, plus the 16-bit weights at ``full``; each times the device's shard
+  fraction.
+* **Copies**: the gradient crosses PCIe to the host in fp32 (:data:`HOST_GRAD_BYTES`: DeepSpeed casts it on the
+  device before the copy), the updated parameters come back in the training dtype (:func:`host_copy_bytes`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hetpart.costmodel.memory import optimizer_step_bytes, state_split
 from hetpart.hardware import GIB, GPUSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import NodeGroup
 
-__all__ = ["HOST_LINK_GBYTE_S", "HOST_LINK_BY_NAME", "DEFAULT_HOST_MEMORY_GBYTE_S", "CPU_ADAM_BANDWIDTH_FRACTION", "host_link_gbyte_s",
-           "host_memory_gb", "host_memory_gbyte_s", "device_state_parts", "device_state_bytes", "host_state_bytes", "cpu_step_s"]
+__all__ = ["HOST_LINK_GBYTE_S", "HOST_LINK_BY_NAME", "DEFAULT_HOST_MEMORY_GBYTE_S", "CPU_ADAM_BANDWIDTH_FRACTION", "HOST_GRAD_BYTES",
+           "host_link_gbyte_s", "host_memory_gb", "host_memory_gbyte_s", "device_state_parts", "device_state_bytes",
+           "host_state_bytes", "host_copy_bytes", "cpu_step_bytes", "cpu_step_s"]
 
 HOST_LINK_GBYTE_S: dict[str, float] = {
     "pascal": 12.0, "volta": 12.0, "turing": 12.0,
@@ -70,6 +75,34 @@ CPU_ADAM_BANDWIDTH_FRACTION = 1.0
 """ASSUMED, bounded by a measurement (``experiments/data/cpu_adam.json``; module docstring): the CPU's Adam step
 moves its 28 bytes per parameter at this multiple of a STREAM triad's reported bandwidth. Measured here:
 1.6-2.4 with torch's fused step on a shared 2-core virtual machine; 1.0 is the conservative choice."""
+
+
+HOST_GRAD_BYTES = 4.0
+"""Bytes per parameter of the gradient an offloaded optimizer steps from, in host memory and on its way there: fp32
+whatever the training dtype. DeepSpeed's ZeRO-Offload (``deepspeed/runtime/zero/stage_1_and_2.py``) keeps the host's
+gradient partition as the ``.grad`` of its fp32 master partition (``single_partition_of_fp32_groups``; its
+``master_weights_and_grads_dtype`` is fp32 unless ``fp16_master_weights_and_gradients``), and
+``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` casts each gradient slice to that dtype on the device
+(``src_tensor.to(self.master_weights_and_grads_dtype)``) before the non-blocking copy to the host; ``stage3.py``'s
+``partition_grads`` does the same (``grad_buffer.to(dtype=self.master_weights_and_grads_dtype)``);
+``DeepSpeedCPUAdam`` then updates the fp32 master from fp32 gradients. The ZeRO-Offload paper (Ren et al., USENIX
+ATC 2021, Fig. 2) draws the gradient crossing PCIe in fp16 (2 bytes) and converted on the CPU; the engine as
+shipped moves 4. Megatron-Core's ``--optimizer-cpu-offload`` copies its fp32 ``main_grad`` likewise."""
+
+
+def host_copy_bytes(precision: str) -> tuple[float, float]:
+    """``(to the host, back to the device)`` bytes per parameter an offloaded optimizer's copies move: the fp32
+    gradient (:data:`HOST_GRAD_BYTES`) out, the updated parameters back in the training dtype (DeepSpeed stages them
+    in a 16-bit pinned buffer on the host, DeepSpeed #7309: "the H2D memory copy needs a 16bit pinned memory
+    buffer"); under ``full`` each unit's parameter shard comes in as the latter before its gathers."""
+    return HOST_GRAD_BYTES, state_split(precision)[0]
+
+
+def cpu_step_bytes(optimizer: str, precision: str) -> float:
+    """Host-memory bytes the CPU's optimizer step moves per parameter: the device's
+    :func:`~hetpart.costmodel.memory.optimizer_step_bytes` with the gradient read in fp32 (:data:`HOST_GRAD_BYTES`;
+    the same under bf16 and fp32, 2 more under fp16)."""
+    return optimizer_step_bytes(optimizer, precision) - state_split(precision, optimizer)[1] + HOST_GRAD_BYTES
 
 
 def host_link_gbyte_s(gpu: GPUSpec) -> float:
@@ -114,11 +147,13 @@ def device_state_bytes(w: float, g: float, opt: float, zero: int, fraction: floa
 
 
 def host_state_bytes(w: float, g: float, opt: float, fraction: float, offload: str) -> float:
-    """Bytes per parameter a device's states take in host memory (``fraction``: its shard, 1 unsharded)."""
+    """Bytes per parameter a device's states take in host memory (``fraction``: its shard, 1 unsharded): the
+    gradient in fp32 (:data:`HOST_GRAD_BYTES`, not the device's ``g``: 2 under fp16) with the optimizer's states,
+    and at ``full`` the weights."""
     if offload == "full":
-        return (w + g + opt) * fraction
+        return (w + HOST_GRAD_BYTES + opt) * fraction
     if offload == "optimizer":
-        return (g + opt) * fraction
+        return (HOST_GRAD_BYTES + opt) * fraction
     return 0.0
 
 
