@@ -219,9 +219,10 @@ class Evaluator:
                 need += self._stage_gb[key][0]
                 work = max(work, self._stage_gb[key][1])  # one unit runs at a time: once per device
                 if zero or plan.offload != "none":
-                    params += self.model.range_params(*s.layers, tp)
+                    params += self._range_params(s.layers, tp)
                     largest = max(largest, self._largest_unit(s.layers, tp))
-                    chunk_units.append([self.model.range_params(u, u + 1, tp) for u in range(*s.layers)])
+                    if zero >= 3 or plan.offload == "full":  # the working set of levels 0-2 takes the largest
+                        chunk_units.append(self._unit_params(s.layers, tp))
             yield d, need + work + sharded_delta_gb(params, largest, plan.precision, zero,
                                                     plan.shard_fraction(r) if zero else 1.0, plan.optimizer,
                                                     plan.offload, chunk_units or None)
@@ -241,11 +242,11 @@ class Evaluator:
                 self.model.range_params(first, last, tp), sum(kept[first:last]),
                 max(working[first:last]) if last > first else None)
         params, kept_bytes, working_bytes = known
-        from hetpart.costmodel.memory import fp8_stage_bytes, state_bytes_per_param
+        from hetpart.costmodel.memory import fp8_range_bytes, state_bytes_per_param
 
         states = params * state_bytes_per_param(plan.optimizer, plan.precision)
-        if plan.precision == "fp8":
-            states += fp8_stage_bytes(self.model, first, last, tp, plan.micro_batch, flight, plan.recompute, zero=zero)
+        if plan.precision == "fp8":  # memory.fp8_stage_bytes, its per-unit lists kept
+            states += fp8_range_bytes(*self._fp8_sums(layers, plan.recompute), tp, plan.micro_batch, flight, zero)
         acts = kept_bytes * plan.micro_batch * flight
         work = 0.0 if working_bytes is None else working_bytes * plan.micro_batch / 1e9
         return (states + acts) / 1e9, work
@@ -268,10 +269,39 @@ class Evaluator:
             terms = self._stage_gb[key] = (kept, working)
         return terms
 
+    def _fp8_sums(self, layers: tuple[int, int], recompute: str) -> tuple[float, float]:
+        """Units ``layers``' sums of the fp8 cached weights and saved-activation change per sequence
+        (:func:`~hetpart.costmodel.memory.fp8_stage_bytes`' sums; 15% of the memory check of fp8 plans at 1,024
+        GPUs rebuilt their per-unit lists per stage)."""
+        key = ("fp8", layers, recompute)
+        hit = self._stage_gb.get(key)
+        if hit is None:
+            units = self._stage_gb.get(("fp8 units", recompute))
+            if units is None:
+                from hetpart.costmodel.activations import unit_fp8_cached_params, unit_fp8_saved_delta
+
+                units = self._stage_gb[("fp8 units", recompute)] = (unit_fp8_cached_params(self.model),
+                                                                    unit_fp8_saved_delta(self.model, recompute))
+            hit = self._stage_gb[key] = (sum(units[0][layers[0]:layers[1]]), sum(units[1][layers[0]:layers[1]]))
+        return hit
+
+    def _range_params(self, layers: tuple[int, int], tp: float) -> float:
+        key = ("params", layers, tp)
+        if key not in self._stage_gb:
+            self._stage_gb[key] = self.model.range_params(*layers, tp)
+        return self._stage_gb[key]
+
+    def _unit_params(self, layers: tuple[int, int], tp: float) -> list[float]:
+        """Parameters one device holds of each unit of ``layers`` (level 3's working set, in forward order)."""
+        key = ("units", layers, tp)
+        if key not in self._stage_gb:
+            self._stage_gb[key] = [self.model.range_params(u, u + 1, tp) for u in range(*layers)]
+        return self._stage_gb[key]
+
     def _largest_unit(self, layers: tuple[int, int], tp: int) -> float:
         key = ("largest", layers, tp)
         if key not in self._stage_gb:
-            self._stage_gb[key] = max(self.model.range_params(u, u + 1, tp) for u in range(*layers))
+            self._stage_gb[key] = max(self._unit_params(layers, tp))
         return self._stage_gb[key]
 
     def lower_bound_s(self, plan: Plan) -> float | None:

@@ -50,7 +50,7 @@ from hetpart.costmodel.activations import (DEFAULT_KERNELS, FP8_WEIGHT_CACHE_BYT
                                            unit_kept_bytes, unit_replicated_working_bytes, unit_working_bytes)
 
 __all__ = ["MODEL_STATE_BYTES_PER_PARAM", "OPTIMIZER_STATE_BYTES", "GRAD_BYTES", "MOMENT_BYTES", "state_split", "OPTIMIZER_STEP_BYTES", "optimizer_step_bytes", "state_bytes_per_param", "FRAMEWORK_OVERHEAD_GB", "FRAGMENTATION_FRACTION",
-           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb", "fp8_stage_bytes",
+           "memory_capacity_gb", "in_flight_microbatches", "stage_params_per_device", "stage_memory_gb", "fp8_stage_bytes", "fp8_range_bytes",
            "stage_working_gb", "device_memory_gb", "chunk_in_flight", "chunk_flights", "pipeline_recv_buffer_bytes", "PrefixTables"]
 
 MODEL_STATE_BYTES_PER_PARAM = 16
@@ -293,9 +293,18 @@ def fp8_stage_bytes(model: ModelGraph, first: int, last: int, tp: float, micro_b
     level 3 (:data:`~hetpart.costmodel.activations.FP8_WEIGHT_CACHE_BYTES`), plus the saved activations'
     difference (:func:`~hetpart.costmodel.activations.unit_fp8_saved_delta`, negative: fp8 inputs) for the
     micro-batches in flight. Blocks are split ``tp`` ways (sequence parallelism)."""
-    cache = sum(unit_fp8_cached_params(model, kernels)[first:last]) * FP8_WEIGHT_CACHE_BYTES if zero < 3 else 0.0
-    delta = sum(unit_fp8_saved_delta(model, recompute, kernels)[first:last]) * micro_batch * in_flight
-    return (cache + delta) / tp
+    return fp8_range_bytes(sum(unit_fp8_cached_params(model, kernels)[first:last]),
+                           sum(unit_fp8_saved_delta(model, recompute, kernels)[first:last]), tp, micro_batch, in_flight,
+                           zero)
+
+
+def fp8_range_bytes(cached_params: float, saved_delta: float, tp: float, micro_batch: int, in_flight: float,
+                    zero: int = 0) -> float:
+    """:func:`fp8_stage_bytes` from a range's sums of :func:`~hetpart.costmodel.activations.unit_fp8_cached_params`
+    and :func:`~hetpart.costmodel.activations.unit_fp8_saved_delta` (callers that price many stages keep the
+    per-unit lists, which those functions rebuild per call)."""
+    cache = cached_params * FP8_WEIGHT_CACHE_BYTES if zero < 3 else 0.0
+    return (cache + saved_delta * micro_batch * in_flight) / tp
 
 
 def stage_working_gb(model: ModelGraph, first: int, last: int, tp: int, micro_batch: int, recompute: str,
