@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from hetpart.costmodel.collectives import nic_flows
-from hetpart.costmodel.pools import divisors, tp_groups, tp_options
+from hetpart.costmodel.pools import tp_groups, tp_options
 from hetpart.plan import Plan
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.layout import assemble
 from hetpart.policies.plan_search import (SearchOptions, _mask_fractions, _mixed_groups, _mixed_shapes, _most_stages,
-                                          _uneven, make_context, pool_config)
+                                          _uneven, make_context, pipeline_depths, pool_config)
 from hetpart.policies.shard_fractions import choose_shard_fractions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +61,7 @@ def _pool_layouts(ctx, pool) -> list[tuple[list[tuple[str, ...]], int]]:
     out = []
     for tp in tp_options(pool, ctx.model):
         groups = tp_groups(pool, tp)
-        out += [(groups, pp) for pp in divisors(len(groups)) if pp <= ctx.n]
+        out += [(groups, pp) for pp in pipeline_depths(len(groups), ctx.n)]  # groups // pp replicas, the rest idle
     return out
 
 
@@ -116,9 +116,7 @@ def pool_configs_reference(ctx, pool, mb: int, rc: str, total_mb: int) -> list:
     out: dict[bool, list] = {}
     for tp in tp_options(pool, ctx.model):
         groups = tp_groups(pool, tp)
-        for pp in divisors(len(groups)):
-            if pp > _most_stages(ctx):
-                continue
+        for pp in pipeline_depths(len(groups), _most_stages(ctx)):
             dp = len(groups) // pp
             m_est = max(1, total_mb // (dp * len(ctx.pools)))
             costs = ctx.table.get(pool, tp, mb, rc)

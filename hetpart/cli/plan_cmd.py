@@ -140,7 +140,10 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
 
         print(f"hetpart: note: --zero {zero}: the plan has one replica, nothing to shard the states over; it keeps "
               f"zero: {chosen.zero}", file=sys.stderr)
-    payload = result.to_dict() | {"upper_bound": bound, "provenance": result.prediction.provenance}
+    from hetpart.policies.idle import idle_devices, idle_lines
+
+    payload = result.to_dict() | {"upper_bound": bound, "provenance": result.prediction.provenance,
+                                  "idle": idle_devices(chosen, cl)}
     if json_out:
         emit_json(payload)
         return
@@ -148,6 +151,8 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     con.print(_workload_line(workload, graph, cl, seq_len is None, precision_given))
     con.print(chosen.table(cl, graph, full=full))
     con.print(f"{planner}: {_metrics_line(result.prediction.metrics)}")
+    for line in idle_lines(chosen, cl):
+        con.print(line, highlight=False)
     if result.evaluation.get("checkpoint"):
         con.print(f"  policy checkpoint: {result.evaluation['checkpoint']}", highlight=False)
     priced = _priced_by_line(result.prediction.metrics, predictor or "")
