@@ -48,6 +48,11 @@ def _why(idle: int, total: int, per_replica: int, plan: "Plan") -> str:
                 f"replica{'s' if dp > 1 else ''}")
     if batch <= dp:
         return f"the batch's {batch} sequences give each of the {dp} replicas one: another replica would have none"
+    if len({round(r.batch_share, 12) for r in plan.replicas}) == 1:  # even shares: dp divides the batch
+        more = (next(d for d in range(dp + 1, batch + 1) if batch % d == 0) - dp) * per_replica
+        if more > idle:
+            return (f"the replicas share the batch's {batch} sequences evenly, and the next count that divides them "
+                    f"needs {more:,} more of this type than the {idle:,} left over")
     return (f"enough for another replica ({per_replica} each), but the plans with more replicas were priced slower "
             "(more gradient sync, fewer sequences per replica)")
 

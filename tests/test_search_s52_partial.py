@@ -109,5 +109,5 @@ def test_idle_devices_say_which_sit_out_and_why() -> None:
     pools = {p["gpu"]: p for p in idle_devices(on_v100.plan, A100_V100)["by_pool"]}
     assert pools["V100-32GB"]["why"] == ("no device of this type in the plan: the plans the planner priced with them "
                                         "were slower")
-    assert pools["A100-80GB"]["why"] == ("enough for another replica (1 each), but the plans with more replicas were "
-                                        "priced slower (more gradient sync, fewer sequences per replica)")
+    assert pools["A100-80GB"]["why"] == ("the replicas share the batch's 4 sequences evenly, and the next count that "
+                                        "divides them needs 2 more of this type than the 1 left over")
