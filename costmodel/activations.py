@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["KERNELS", "DEFAULT_KERNELS", "TORCH_BLOCK", "TORCH_HEAD", "TORCH_HELD_LOGITS", "unit_saved_bytes",
            "FP8_WEIGHT_CACHE_BYTES", "FP8_SAVED_BYTES", "unit_fp8_cached_params", "unit_fp8_saved_delta",
            "unit_working_bytes", "unit_held_bytes", "unit_kept_bytes", "unit_params_split", "unit_replicated_bytes", "unit_replicated_working_bytes",
-           "check_kernels"]
+           "check_kernels", "FUSED_ATTENTION_DTYPE_BYTES", "attention_kernel", "effective_attention"]
 
 KERNELS = ("fused", "torch")
 """Kernel sets the memory model knows (module docstring)."""
@@ -199,11 +199,52 @@ def _cached(model: "ModelGraph", key: tuple, compute) -> list[float]:
     return list(hit)
 
 
+FUSED_ATTENTION_DTYPE_BYTES = (1, 2)
+"""Activation widths, bytes, whose attention the ``fused`` kernel set (Megatron-Core with Transformer Engine) runs
+in a fused kernel: FlashAttention-2 and cuDNN's fused attention take fp16/bf16 (and fp8) only (cuDNN frontend's
+SDPA support matrix; TE's ``get_attention_backend`` disables both for any other ``qkv_dtype`` and falls back to
+``UnfusedDotProductAttention``), and Megatron's ``FusedScaleMaskSoftmax`` needs 16-bit input. A 32-bit run (fp32,
+tf32) therefore materialises the ``a s^2`` scores there: eager attention, in time and memory."""
+
+
+def attention_kernel(attention: str, dtype_bytes: int, kernels: str) -> tuple[str, str, str]:
+    """``(priced, kernel, why)``: the attention a run really gets for the workload's ``attention``, its activation
+    width ``dtype_bytes`` (the model graph's: 4 under fp32 and tf32) and the kernel set ``kernels``. ``priced`` is
+    ``fused`` (no score matrix stored or streamed) or ``eager``; ``kernel`` names the kernel and ``why`` says why.
+
+    Under ``fused`` (Megatron-Core / Transformer Engine) a 32-bit run falls back to the unfused core
+    (:data:`FUSED_ATTENTION_DTYPE_BYTES`). Under ``torch`` (hetpart's runtime, PyTorch SDPA) a 32-bit run takes
+    SDPA's memory-efficient kernel, which accepts fp32 on every CUDA architecture (PyTorch
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, ``can_use_mem_efficient_attention``: half, float
+    and, from sm80, bfloat16), while the flash backend takes 16-bit only: no score matrix either, so ``fused``."""
+    check_kernels(kernels)
+    if attention != "fused":
+        return attention, ("unfused core (scores materialised)" if kernels == "fused" else "eager PyTorch modules"), \
+            "the workload asks for eager attention"
+    if dtype_bytes in FUSED_ATTENTION_DTYPE_BYTES:
+        return "fused", ("flash / cuDNN fused attention (Transformer Engine)" if kernels == "fused" else
+                         "PyTorch SDPA (flash or memory-efficient)"), f"{dtype_bytes * 8}-bit activations"
+    if kernels == "torch":
+        return "fused", "PyTorch SDPA memory-efficient kernel", \
+            f"{dtype_bytes * 8}-bit activations: SDPA's flash backend takes 16-bit only, its memory-efficient one fp32"
+    return "eager", "unfused core (scores materialised): UnfusedDotProductAttention", \
+        (f"{dtype_bytes * 8}-bit activations: flash and cuDNN fused attention take fp16/bf16/fp8 only, so Transformer "
+         "Engine falls back to the unfused core")
+
+
+def effective_attention(attention: str, dtype_bytes: int, kernels: str) -> str:
+    """The attention a run is priced with (``fused`` or ``eager``): :func:`attention_kernel`'s first field."""
+    if attention == "eager" or dtype_bytes in FUSED_ATTENTION_DTYPE_BYTES:
+        return attention
+    return attention_kernel(attention, dtype_bytes, kernels)[0]
+
+
 def unit_saved_bytes(model: "ModelGraph", recompute: str, attention: str = "fused",
                      kernels: str = DEFAULT_KERNELS) -> list[float]:
     """Bytes each unit of ``model`` keeps for its backward, per sequence, under ``recompute`` with the
     ``attention`` kernel and the ``kernels`` set (module docstring)."""
     check_kernels(kernels)
+    attention = effective_attention(attention, model.dtype_bytes, kernels)
     return _cached(model, ("saved", recompute, attention, kernels),
                    lambda: _unit_saved_bytes(model, recompute, attention, kernels))
 
@@ -235,6 +276,7 @@ def unit_working_bytes(model: "ModelGraph", recompute: str, attention: str = "fu
     docstring): its backward's transient gradients, plus under full recomputation its activations
     recomputed without recomputation."""
     check_kernels(kernels)
+    attention = effective_attention(attention, model.dtype_bytes, kernels)
     return _cached(model, ("working", recompute, attention, kernels),
                    lambda: _unit_working_bytes(model, recompute, attention, kernels))
 
@@ -343,6 +385,7 @@ def unit_replicated_bytes(model: "ModelGraph", recompute: str, attention: str = 
     (the rest divides by ``tp``): a unit that is not shardable keeps all; under ``torch`` the embedding and
     head keep all and a block its residual stream, norm outputs and statistics (module docstring)."""
     check_kernels(kernels)
+    attention = effective_attention(attention, model.dtype_bytes, kernels)
     return _cached(model, ("replicated", recompute, attention, kernels),
                    lambda: _unit_replicated_bytes(model, recompute, attention, kernels))
 
@@ -375,6 +418,7 @@ def unit_replicated_working_bytes(model: "ModelGraph", recompute: str, attention
     that is not split (under ``torch`` the head's cross-entropy gradients); under full recomputation also the
     recomputed activations' whole part (:func:`unit_replicated_bytes` without recomputation)."""
     check_kernels(kernels)
+    attention = effective_attention(attention, model.dtype_bytes, kernels)
     work = unit_working_bytes(model, recompute, attention, kernels)
     split = unit_params_split(model, kernels)
     out = [0.0 if sh else b for b, sh in zip(work, split)]

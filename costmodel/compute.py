@@ -38,13 +38,14 @@ import numpy as np
 from hetpart.graph.model_graph import ModelGraph
 from hetpart.hardware import GPUSpec
 
-from hetpart.costmodel.activations import check_kernels
+from hetpart.costmodel.activations import (FUSED_ATTENTION_DTYPE_BYTES, attention_kernel, check_kernels,
+                                          effective_attention)
 from hetpart.costmodel.efficiency import (UNALIGNED_FRACTION, EfficiencyCurve, aligned, curve_for,
                                          effective_precision, unit_gemm_width)
 
 __all__ = ["unit_compute_s", "unit_attention_core_s", "fp8_bf16_flops", "fp8_cast_bytes", "FP8_CAST_BYTES", "CP_OPS_PER_STEP", "DISPATCH_MODES", "CHECKPOINT_HOST",
            "RECOMPUTE_HOST", "SELECTIVE_SCOPES", "sublayer_recompute_flops", "unit_tp_comm_s", "stage_compute_s", "stage_tp_comm_s", "OPS_PER_UNIT", "FUSED_BLOCK_OPS", "FUSED_EMBEDDING_OPS", "FUSED_HEAD_OPS", "fused_ops", "unit_ops",
-           "saved_act_mode"]
+           "saved_act_mode", "effective_attention", "attention_kernel", "FUSED_ATTENTION_DTYPE_BYTES"]
 
 OPS_PER_UNIT: dict[str, tuple[int, int]] = {
     "block": (32, 112), "block/llama": (66, 138), "embedding": (4, 10), "head": (8, 24), "module": (0, 0),
@@ -141,6 +142,7 @@ def unit_ops(model: ModelGraph, kernels: str = "torch", attention: str = "fused"
     set ``kernels``: the runtime's measured counts (:data:`OPS_PER_UNIT`, ``torch``) or Megatron-Core /
     Transformer Engine's derived ones (:func:`fused_ops`, ``fused``, under the workload's ``attention``)."""
     check_kernels(kernels)
+    attention = effective_attention(attention, model.dtype_bytes, kernels)
     if kernels == "torch":
         family = getattr(model.config, "family", "")
         keys = ["block/llama" if u.kind == "block" and family == "llama" else u.kind for u in model.units]
@@ -259,6 +261,7 @@ def unit_compute_s(model: ModelGraph, gpu: GPUSpec, tp: int, micro_batch: int, p
         raise ValueError(f"dispatch: unknown {dispatch!r}; use one of {', '.join(DISPATCH_MODES)}")
     if selective not in SELECTIVE_SCOPES:
         raise ValueError(f"selective: unknown {selective!r}; use one of {', '.join(SELECTIVE_SCOPES)}")
+    attention = effective_attention(attention, model.dtype_bytes, kernels)  # 32-bit under the engine: eager
     u = _unit_arrays(model, recompute, attention)
     sublayer = recompute == "selective" and selective == "sublayer"
     if sublayer:  # the projections (and, under fused attention, the core's forward) run again as well

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.costmodel.profile import BoundProfile
     from hetpart.plan import Plan
 
-__all__ = ["ERROR_BANDS", "prediction_provenance", "profile_use", "compute_kind", "step_band"]
+__all__ = ["ERROR_BANDS", "prediction_provenance", "attention_entry", "profile_use", "compute_kind", "step_band"]
 
 ERROR_BANDS: dict[str, dict[str, Any]] = {
     "measured": {
@@ -162,8 +162,10 @@ def _band(kind: str, curve_name: str, family: str | None = None) -> dict[str, An
 
 
 def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProfile | None",
-                          curve_of: Callable | None = None) -> dict[str, Any]:
-    """Per device type of ``plan``: the source of its compute and its error band; plus the links' source."""
+                          curve_of: Callable | None = None, kernels: str | None = None) -> dict[str, Any]:
+    """Per device type of ``plan``: the source of its compute and its error band; plus the links' source and
+    the attention kernel priced under the kernel set ``kernels`` (default the simulator's,
+    :func:`attention_entry`)."""
     out: dict[str, Any] = {}
     gpus = {}
     for d in plan.devices:
@@ -194,10 +196,23 @@ def prediction_provenance(cluster: "Cluster", plan: "Plan", profiled: "BoundProf
         used = profile_use(profiled, gpus, plan)
         if not used["links"]:
             links = "datasheet line rates (catalog or cluster file): no link entry of the profile applies"
-    return {"device_types": out, "links": links,
+    return {"device_types": out, "links": links, "attention": attention_entry(plan, kernels),
             "profile": None if profiled is None else {"file": profiled.profile.source,
                                                       "fingerprint": profiled.profile.fingerprint,
                                                       "measured": profiled.profile.meta.get("date", ""), **used}}
+
+
+def attention_entry(plan: "Plan", kernels: str | None = None) -> dict[str, str]:
+    """Which attention kernel a prediction of ``plan`` priced, and why: ``requested`` (the plan's), ``priced``
+    (``fused``: no score matrix; ``eager``: scores stored and streamed), ``kernel`` and ``why``
+    (:func:`~hetpart.costmodel.activations.attention_kernel`: a 32-bit run under the engine's fused kernels falls
+    back to the unfused core)."""
+    from hetpart.costmodel.activations import DEFAULT_KERNELS, attention_kernel
+    from hetpart.vocabulary import DTYPE_BYTES
+
+    kernels = kernels or DEFAULT_KERNELS
+    priced, kernel, why = attention_kernel(plan.attention, DTYPE_BYTES[plan.precision], kernels)
+    return {"requested": plan.attention, "priced": priced, "kernel": kernel, "kernels": kernels, "why": why}
 
 
 def profile_use(profiled: "BoundProfile", gpus: dict[str, Any], plan: "Plan") -> dict[str, Any]:

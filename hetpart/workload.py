@@ -30,7 +30,10 @@ class Workload:
     moments); plus an fp32 master copy of the weights under mixed precision."""
     attention: Attention = "fused"
     """Attention kernel: ``fused`` (flash / SDPA, the default of current engines: no score matrix
-    stored) or ``eager`` (the ``a s^2`` scores and softmax are stored for the backward)."""
+    stored) or ``eager`` (the ``a s^2`` scores and softmax are stored for the backward). A 32-bit run (fp32, tf32)
+    asking for ``fused`` is priced ``eager`` under the engine's fused kernels (flash and cuDNN attention take 16-bit
+    and fp8 only) and ``fused`` under hetpart's torch kernels (SDPA's memory-efficient kernel takes fp32):
+    :func:`hetpart.costmodel.activations.attention_kernel`, the one place that decides it."""
     zero: int | None = None
     """Sharded data parallelism (ZeRO stage 0-3, ``--zero``); None lets the planner choose."""
     offload: OffloadChoice = "none"

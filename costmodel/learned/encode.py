@@ -32,6 +32,7 @@ from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES
 
 from hetpart.costmodel.features import cluster_pools, log_scale, pool_features, unit_features
+from hetpart.costmodel.activations import effective_attention
 from hetpart.costmodel.memory import PrefixTables, memory_capacity_gb, state_bytes_per_param
 from hetpart.costmodel.learned.physics import add_physics
 
@@ -357,7 +358,8 @@ def _read(ctx: ScenarioContext, plans: list[Plan]) -> tuple:
             reps = plan.replicas
             v = plan.interleave if sched == 2 else 1
             row = (plan.micro_batch, rc, sched, v, plan.global_batch, plan.global_batch * plan.seq_len,
-                   state_bytes_per_param(plan.optimizer, plan.precision), int(plan.attention == "fused"))
+                   state_bytes_per_param(plan.optimizer, plan.precision),
+                   int(effective_attention(plan.attention, ctx.model.dtype_bytes, ctx.tables.kernels) == "fused"))
         except (ValueError, AttributeError, TypeError) as exc:
             bad[i] = str(exc)
             continue

@@ -33,6 +33,7 @@ from hetpart.plan import Plan
 from hetpart.workload import DTYPE_BYTES, Workload
 
 from hetpart.costmodel.learned.encode import ScenarioContext, encode_plans
+from hetpart.costmodel.activations import DEFAULT_KERNELS, effective_attention
 
 __all__ = ["LearnedPredictor", "LearnedEstimate", "learned_predictor", "default_checkpoint", "OOD_RELATIVE_STD"]
 
@@ -317,7 +318,8 @@ class LearnedPredictor:
         model_flops = self.model.train_flops * samples
         # what the recompute mode runs again, counted as the simulator counts it (under fused attention selective
         # recomputation runs nothing beyond what the flash backward always does)
-        mode = plan.recompute if plan.attention == "eager" or plan.recompute == "full" else "none"
+        attention = effective_attention(plan.attention, self.model.dtype_bytes, DEFAULT_KERNELS)  # 32-bit: eager
+        mode = plan.recompute if attention == "eager" or plan.recompute == "full" else "none"
         recompute = sum(u.recompute_flops[mode] for u in self.model.units) * samples
         n = plan.num_devices
         peak = sum(self.cluster.device(d).peak_flops(plan.precision) for d in plan.devices)

@@ -291,6 +291,10 @@ def _provenance_lines(con, provenance: dict) -> None:
         else:
             trust = f"error band {lo:+.0f}% to {hi:+.0f}% (mean {band['mean_abs_pct']:.0f}% over {band['rows']} rows)"
         con.print(f"  {gpu}: compute {what}; {trust}")
+    att = (provenance or {}).get("attention")
+    if att:
+        changed = "" if att["priced"] == att["requested"] else f" (asked: {att['requested']})"
+        con.print(f"  attention priced {att['priced']}{changed}: {att['kernel']}; {att['why']}", highlight=False)
     profile = (provenance or {}).get("profile")
     if profile and profile.get("summary"):
         con.print(f"  profile {profile.get('file') or ''}: {profile['summary']}", highlight=False)
