@@ -354,20 +354,25 @@ class _Loop:
         """Continue PPO on the fixed scenario with the corrected reward; returns the new checkpoint."""
         import torch
         from sb3_contrib import MaskablePPO
+        from stable_baselines3.common.monitor import Monitor
         from stable_baselines3.common.vec_env import DummyVecEnv
 
         from hetpart.envs import PartitionEnv
-        from hetpart.experiments.tracking import sb3_logger
+        from hetpart.experiments.tracking import fresh_episode_stats, sb3_logger
         from hetpart.policies.gnn import PointerPolicy
         from hetpart.policies.policy_planner import DEFAULT_CHECKPOINT
 
         torch.set_num_threads(1)
         scenario = (self.model, self.cluster, self.workload)
-        env = DummyVecEnv([lambda: PartitionEnv(scenario=scenario, reward="corrected",
-                                                reward_options={"correction": correction}) for _ in range(2)])
+        # Monitor reports each finished episode's return in info["episode"], which is all SB3 fills its
+        # rollout/ep_rew_mean from (MaskablePPO finds action_masks through the wrapper)
+        env = DummyVecEnv([lambda: Monitor(PartitionEnv(scenario=scenario, reward="corrected",
+                                                        reward_options={"correction": correction}))
+                           for _ in range(2)])
         env.seed(self.cfg.seed + iteration)
         model = MaskablePPO.load(str(policy_path or DEFAULT_CHECKPOINT), env=env, device="cpu",
                                  custom_objects={"policy_class": PointerPolicy, "n_steps": 64, "batch_size": 64})
+        fresh_episode_stats(model)
         model.set_logger(sb3_logger(tracker))
         if self.cfg.policy_timesteps:
             model.learn(self.cfg.policy_timesteps, reset_num_timesteps=False)

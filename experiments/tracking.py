@@ -40,7 +40,8 @@ from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence, runtime_
 from hetpart.errors import SpecError
 
 __all__ = ["Tracker", "TrackerKind", "NullTracker", "TensorBoardTracker", "WandbTracker", "MultiTracker",
-           "make_tracker", "run_name", "sb3_logger", "seed_everything", "plain_config", "KINDS", "tracker_kinds"]
+           "make_tracker", "run_name", "sb3_logger", "fresh_episode_stats", "seed_everything", "plain_config", "KINDS",
+           "tracker_kinds"]
 
 TrackerKind = Literal["tensorboard", "wandb", "null"]
 KINDS: tuple[str, ...] = ("tensorboard", "wandb", "null")
@@ -256,6 +257,18 @@ def sb3_logger(tracker: Tracker, formats: Sequence[str] = ("tensorboard", "csv")
         if isinstance(t, WandbTracker):
             logger.output_formats.append(_forward_writer(t))
     return logger
+
+
+def fresh_episode_stats(model) -> None:
+    """Forget the episode returns and successes a loaded SB3 model carries from the run that saved it.
+
+    SB3 saves ``ep_info_buffer`` (the last 100 episodes' returns) in a checkpoint and, when training continues
+    with ``reset_num_timesteps=False``, keeps it: ``rollout/ep_rew_mean`` then averages the old run's episodes
+    with (or, where no new episode finishes, instead of) the new ones. With the buffers cleared, SB3's
+    ``_setup_learn`` starts empty ones, so the logged means are of the episodes this training ran.
+    """
+    model.ep_info_buffer = None
+    model.ep_success_buffer = None
 
 
 def _forward_writer(tracker: Tracker):

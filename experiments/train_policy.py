@@ -396,7 +396,7 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from hetpart.envs import PartitionEnv
-    from hetpart.experiments.tracking import make_tracker, sb3_logger, seed_everything
+    from hetpart.experiments.tracking import fresh_episode_stats, make_tracker, sb3_logger, seed_everything
     from hetpart.policies.gnn import PointerPolicy
     from hetpart.policies.observation import feature_record
 
@@ -420,6 +420,7 @@ def train_policy(cfg: PolicyTrainConfig, *, replace_shipped: bool = False) -> di
         # SB3 sets them before it builds the rollout buffer and the learning-rate schedule
         model = MaskablePPO.load(cfg.resume, env=env, device="cpu", custom_objects={"policy_class": PointerPolicy},
                                  **{k: getattr(cfg, k) for k in _RESUMED_KEYS})
+        fresh_episode_stats(model)
         summary["resumed_from"] = str(resume_file(cfg.resume) or cfg.resume)
     else:
         model = MaskablePPO(PointerPolicy, env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,

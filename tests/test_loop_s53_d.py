@@ -1,0 +1,98 @@
+"""Helper d's fixes to the loop (s53): policy training logs the episodes it ran, more iterations decide again,
+and the trained PPO steps are the ones announced."""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hetpart import load_cluster, load_model
+from hetpart.workload import Workload
+
+
+def _scenario():
+    model = load_model("gpt2-small", seq_len=256, precision="bf16")
+    cluster = load_cluster("tiny-mixed")
+    return model, cluster, Workload(global_batch=8, seq_len=256, precision="bf16", recompute="auto")
+
+
+def _last_logged(progress_csv, key: str) -> float:
+    with open(progress_csv, newline="") as f:
+        values = [row[key] for row in csv.DictReader(f) if row.get(key)]
+    return float(values[-1])
+
+
+def test_loop_policy_training_logs_the_mean_return_of_the_episodes_it_ran(tmp_path, monkeypatch):
+    """Probe 2026-12-01: the loop's PPO logged rollout/ep_rew_mean 0.406, the mean of the shipped checkpoint's
+    last 100 training episodes, whatever it ran (no Monitor, and the loaded buffer kept). Each episode's return
+    is recorded here by the environment itself and must be what SB3 logs."""
+    from hetpart.costmodel.learned.corrected import CORRECTION_FEATURES, fit_correction
+    from hetpart.experiments.loop import _Loop
+    from hetpart.experiments.tracking import make_tracker
+
+    returns = _recording_env(monkeypatch)
+    model, cluster, workload = _scenario()
+    slower = fit_correction([np.zeros(len(CORRECTION_FEATURES))], [math.log(2.0)], wide_bandwidth=100.0,
+                            prior_runs=0.0)
+    loop = SimpleNamespace(model=model, cluster=cluster, workload=workload, out=tmp_path,
+                           cfg=SimpleNamespace(seed=0, policy_timesteps=64))
+    tracker = make_tracker("tensorboard", "loop", 0, root=tmp_path / "tracked")
+    path = _Loop.train_policy(loop, slower, None, 0, tracker)
+    tracker.finish()
+    assert path.exists() and returns
+    logged = _last_logged(tracker.run_dir / "progress.csv", "rollout/ep_rew_mean")
+    # Monitor rounds each return to 6 decimals
+    assert logged == pytest.approx(statistics.fmean(returns[-100:]), abs=1e-6)
+
+
+def _recording_env(monkeypatch) -> list[float]:
+    """Replace the partition environment by one that records each finished episode's return."""
+    import hetpart.envs
+
+    returns: list[float] = []
+
+    class Recording(hetpart.envs.PartitionEnv):
+        def reset(self, **kwargs):
+            self._return = 0.0
+            return super().reset(**kwargs)
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            self._return += float(reward)
+            if terminated or truncated:
+                returns.append(self._return)
+            return obs, reward, terminated, truncated, info
+
+    monkeypatch.setattr(hetpart.envs, "PartitionEnv", Recording)
+    return returns
+
+
+def test_train_policy_resume_logs_only_the_resumed_run_episodes(tmp_path, monkeypatch):
+    """``train-policy --resume``: a checkpoint whose saved episodes all returned 99 must not lift the resumed
+    run's rollout/ep_rew_mean (SB3 keeps a loaded buffer when the timestep count goes on)."""
+    from collections import deque
+
+    from sb3_contrib import MaskablePPO
+
+    from hetpart.experiments.train_policy import PolicyTrainConfig, train_policy
+    from hetpart.policies.gnn import PointerPolicy
+
+    monkeypatch.chdir(tmp_path)
+    tiny = dict(tracker="tensorboard", imitation_scenarios=0, n_envs=1, n_steps=8, batch_size=8, max_devices=8,
+                checkpoint_every=1000, progress_bar=False, hidden=8)
+    first = train_policy(PolicyTrainConfig(experiment="policy/first", timesteps=8, out="first.zip", **tiny))
+    saved = MaskablePPO.load(first["checkpoint"], device="cpu", custom_objects={"policy_class": PointerPolicy})
+    saved.ep_info_buffer = deque([{"r": 99.0, "l": 1, "t": 0.0}] * 100, maxlen=100)
+    saved.save(tmp_path / "stale.zip")
+    returns = _recording_env(monkeypatch)
+    summary = train_policy(PolicyTrainConfig(experiment="policy/resumed", timesteps=48, out="resumed.zip",
+                                             resume=str(tmp_path / "stale.zip"), **tiny))
+    assert summary["timesteps"] == 8 + 48 and returns
+    (run,) = (tmp_path / "runs").glob("policy-resumed__*")
+    logged = _last_logged(run / "progress.csv", "rollout/ep_rew_mean")
+    assert logged == pytest.approx(statistics.fmean(returns[-100:]), abs=1e-6)
