@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from hetpart.errors import PlanError
 
-__all__ = ["TARGETS", "Export", "export_plan"]
+__all__ = ["TARGETS", "Export", "export_plan", "is_export"]
 
 TARGETS = ("megatron", "torchtitan", "deepspeed")
 Target = Literal["megatron", "torchtitan", "deepspeed"]
@@ -100,6 +100,22 @@ def export_plan(plan, graph, target: str, cluster=None) -> Export:
         raise PlanError(f"--to: unknown target {target!r}; use one of {', '.join(TARGETS)}")
     shape = _shape(plan, graph, cluster)
     return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[target](plan, graph, shape)
+
+
+def is_export(text: str, target: str) -> bool:
+    """Whether ``text`` is an export to ``target`` as :func:`export_plan` writes it (what ``hetpart export --out``
+    may replace): Megatron-LM's arguments start with ``--tensor-model-parallel-size``, torchtitan's TOML has
+    ``[training]`` and ``[parallelism]`` tables (read as lines: ``tomllib`` is Python 3.11+), DeepSpeed's JSON
+    config ``train_batch_size`` and ``zero_optimization``."""
+    if target == "megatron":
+        return text.lstrip().startswith("--tensor-model-parallel-size")
+    if target == "torchtitan":
+        return {"[training]", "[parallelism]"} <= {line.strip() for line in text.splitlines()}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return target == "deepspeed" and isinstance(data, dict) and {"train_batch_size", "zero_optimization"} <= set(data)
 
 
 def _shape(plan, graph, cluster=None) -> _Shape:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetpart.plan import Plan
 
 __all__ = ["SCHEMA", "RecordError", "StageTimes", "RankTimes", "Measured", "Predicted", "ModelSpec", "Emulation",
-           "Environment", "RunRecord", "load_records", "iter_records", "append_record", "check_records_target"]
+           "Environment", "RunRecord", "load_records", "iter_records", "append_record", "check_records_target",
+           "holds_run_records"]
 
 SCHEMA = "hetpart.run/2"
 """Schema id written in every record (``schema``); a loader refuses records of another schema."""
@@ -389,6 +390,25 @@ def append_record(path: str | Path, record: RunRecord) -> None:
         f.write((line + "\n").encode("utf-8"))
 
 
+def holds_run_records(path: str | Path) -> bool | None:
+    """Whether the file ``path`` holds run records: its first non-blank line is a JSON object with a
+    ``hetpart.run/...`` schema (any version: an older store is records too). None for a file with no line.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with Path(path).open("rb") as f:
+        first = next((raw for raw in f if raw.strip()), None)
+    if first is None:
+        return None
+    try:
+        data = json.loads(first.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return isinstance(schema, str) and schema.startswith(SCHEMA.split("/")[0] + "/")
+
+
 def check_records_target(path: str | Path, flag: str = "--out") -> None:
     """Refuse, before a run starts, a place :func:`append_record` cannot append to: a directory or other
     non-file, an unwritable file or folder (tried: the file opened for appending, or a file created in the
@@ -411,19 +431,12 @@ def check_records_target(path: str | Path, flag: str = "--out") -> None:
         except OSError as err:
             raise RecordError(f"{flag}: {path} is not writable ({err.strerror or err}); {fix}") from None
         try:
-            with path.open("rb") as f:
-                first = next((raw for raw in f if raw.strip()), None)
+            holds = holds_run_records(path)
         except OSError as err:
             raise RecordError(f"{flag}: cannot read {path} ({err.strerror or err}); {fix}") from None
-        if first is not None:
-            try:
-                data = json.loads(first.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                data = None
-            schema = data.get("schema") if isinstance(data, dict) else None
-            if not (isinstance(schema, str) and schema.startswith(SCHEMA.split("/")[0] + "/")):
-                raise RecordError(f"{flag}: {path} does not hold hetpart run records (its first line is not one); "
-                                  f"{fix}")
+        if holds is False:
+            raise RecordError(f"{flag}: {path} does not hold hetpart run records (its first line is not one); "
+                              f"{fix}")
         return
     v.check_creatable(RecordError, path, flag, fix)  # append_record creates the missing folders
 

@@ -8,7 +8,8 @@ from typing import Any
 import typer
 
 __all__ = ["GlobalBatch", "SeqLen", "Precision", "RecomputeOpt", "OptimizerOpt", "AttentionOpt", "JsonFlag", "ModelArg", "ClusterArg",
-           "emit_json", "json_text", "console", "workload_from", "resolve_precision", "params_text"]
+           "emit_json", "json_text", "console", "workload_from", "resolve_precision", "params_text",
+           "refuse_replacing", "is_plan_text"]
 
 ModelArg = typer.Option(..., "--model", "-m", help="Catalog name, path to a HF config.json, or python:MODULE:FUNCTION.")
 ClusterArg = typer.Option(..., "--cluster", "-c", help="Catalog name or path to a cluster YAML.")
@@ -138,3 +139,59 @@ def engine_options(overlap_p2p: bool | None = None, overlap_grad_reduce: bool | 
                    op_counts: str | None = None) -> dict:
     """The simulator options of the engine flags, only where they differ from the defaults."""
     return non_default(engine_flags(overlap_p2p, overlap_grad_reduce, op_counts))
+
+
+def refuse_replacing(out, flag: str, command: str, writes: str, is_ours) -> None:
+    """Refuse, before any work, an ``out`` that already holds a file this command did not write: the command
+    replaces the file whole, and a probe of 2026-12-01 lost a run-records store (``hetpart run --out``'s JSON
+    lines, hours of measured runs) to ``hetpart plan --out``. An earlier output of the same kind (``is_ours`` of
+    its text is true) is replaced as before, an empty file too; a missing path, a folder or a file that cannot be
+    read is left to the writer, whose own error names it.
+
+    Args:
+        out: the path given (None: nothing is written).
+        flag: the option, for the message (``--out``).
+        command: the command that writes, for the message (``hetpart plan --out``).
+        writes: what the command writes (``a plan JSON``).
+        is_ours: text -> whether it is an earlier output of the command.
+
+    Raises:
+        PlanError: ``FLAG: OUT holds ...; choose another path ... (nothing was written)``.
+    """
+    from pathlib import Path
+
+    from hetpart import _validate
+    from hetpart.errors import PlanError
+    from hetpart.records import holds_run_records
+
+    if out is None:
+        return
+    path = Path(out)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        if path.stat().st_size > _validate.MAX_FILE_BYTES:
+            text = None  # no output of hetpart's is this large
+        else:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        records = holds_run_records(path)
+    except OSError:
+        return
+    if text is not None and is_ours(text):
+        return
+    fix = "choose another path, or move that file away first (nothing was written)"
+    if records:
+        raise PlanError(f"{flag}: {out} holds hetpart run records ('hetpart run --out' appends them there), which "
+                        f"{command} would replace with {writes}; {fix}")
+    raise PlanError(f"{flag}: {out} exists and is not {writes} ({command} replaces only {writes} it wrote); {fix}")
+
+
+def is_plan_text(text: str) -> bool:
+    """Whether ``text`` is a plan as ``hetpart plan --out`` writes it: one JSON object with ``replicas``."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "replicas" in data

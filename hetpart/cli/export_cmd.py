@@ -35,6 +35,10 @@ def export_command(plan_path: Path = typer.Argument(..., metavar="PLAN", help="A
     from hetpart import _validate
 
     _validate.refuse_input_as_output(PlanError, out, "--out", {"PLAN": plan_path, "--model": model, "--cluster": cluster})
+    from hetpart.cli.common import refuse_replacing
+    from hetpart.export import is_export
+
+    refuse_replacing(out, "--out", "hetpart export --out", f"a {to} export", lambda text: is_export(text, to))
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)

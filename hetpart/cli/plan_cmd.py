@@ -13,7 +13,7 @@ from hetpart.cli.calibrate_cmd import ProfileOpt, load_profile_option
 from hetpart.cli.common import (AttentionOpt, ClusterArg, GlobalBatch, JsonFlag, ModelArg, OpCountsOpt, OptimizerOpt,
                                 OverlapGradOpt, OffloadOpt, OverlapP2POpt, Precision, RecomputeOpt, SeqLen, ZeroOpt, console, emit_json,
                                 engine_flags, engine_options, json_text, non_default, resolve_precision,
-                                workload_from)
+                                is_plan_text, refuse_replacing, workload_from)
 
 __all__ = ["register"]
 
@@ -109,6 +109,7 @@ def plan_command(model: str = ModelArg, cluster: str = ClusterArg, global_batch:
     _validate.refuse_input_as_output(PlanError, out, "--out", {"--model": model, "--cluster": cluster,
                                                                "--profile": profile_path,
                                                                "--policy-checkpoint": policy_checkpoint})
+    refuse_replacing(out, "--out", "hetpart plan --out", "a plan JSON", is_plan_text)
     planner_options = _policy_checkpoint(policy_checkpoint, planner) | _time_limit(time_limit, planner)
     workload_from(global_batch, 1, "bf16", recompute, zero, optimizer, attention, offload)  # bad options fail early
     profile = load_profile_option(profile_path, predictor)
