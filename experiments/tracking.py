@@ -1,7 +1,8 @@
 """Tracked runs: one small interface over TensorBoard, wandb (offline by default) and nothing.
 
 A run is named ``{experiment}__{seed}__{time}`` and lives in ``{root}/{name}/``, which holds its
-full config (``config.yaml``, with the experiment, seed, start time, host and hetpart version),
+full config (``config.yaml``, with the experiment, seed, start time, host and hetpart version, and, when
+hetpart runs from a git checkout, the commit and whether tracked files differ from it: :func:`git_state`),
 the TensorBoard event files and, with wandb, wandb's offline run (``wandb/``; sync it later with
 ``wandb sync runs/<name>/wandb/offline-run-*`` if you wish). Only the process that owns a metric
 logs it: :func:`make_tracker` returns a :class:`NullTracker` on every rank but the owner (rank 0
@@ -41,7 +42,7 @@ from hetpart.errors import SpecError
 
 __all__ = ["Tracker", "TrackerKind", "NullTracker", "TensorBoardTracker", "WandbTracker", "MultiTracker",
            "make_tracker", "run_name", "sb3_logger", "fresh_episode_stats", "seed_everything", "plain_config", "KINDS",
-           "tracker_kinds"]
+           "tracker_kinds", "git_state"]
 
 TrackerKind = Literal["tensorboard", "wandb", "null"]
 KINDS: tuple[str, ...] = ("tensorboard", "wandb", "null")
@@ -229,9 +230,11 @@ def make_tracker(kinds: str | Iterable[str], experiment: str, seed: int, config:
         return NullTracker(name)
     run_dir = _unique_dir(Path(root), name)
     plain = plain_config(config)
+    git = git_state()
     _save_config(run_dir, {"experiment": experiment, "seed": int(seed), "run": run_dir.name,
                            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "host": platform.node(), "hetpart": _version(), "config": plain})
+                           "host": platform.node(), "hetpart": _version(), **({"git": git} if git else {}),
+                           "config": plain})
     trackers: list[Tracker] = []
     for kind in names:
         if kind == "tensorboard":
@@ -385,6 +388,43 @@ def _save_config(run_dir: Path, record: dict[str, Any]) -> None:
     import yaml
 
     (run_dir / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+GIT_TIMEOUT_S = 5.0
+"""ASSUMED: the most :func:`git_state` waits for one git command (a few ms on this checkout) before it records
+nothing; a run must not hang on a locked or networked repository."""
+
+
+def git_state(package_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """The git commit the running hetpart comes from: ``{"commit": sha, "dirty": bool}``, or None.
+
+    ``dirty`` is true when a tracked file differs from the commit (untracked files are not counted). None
+    (nothing recorded, no error) when the package (``package_dir``, default the installed ``hetpart``'s
+    folder) is not a tracked file of a git checkout, e.g. an installed wheel (a site-packages folder inside
+    some other repository is not taken for one), or when git is missing or does not answer within
+    :data:`GIT_TIMEOUT_S`.
+    """
+    import subprocess
+
+    if package_dir is None:
+        import hetpart
+
+        package_dir = Path(hetpart.__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(package_dir), *args], capture_output=True, text=True,
+                                  timeout=GIT_TIMEOUT_S, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    if git("ls-files", "--error-unmatch", "__init__.py") is None:  # hetpart's own source, tracked there
+        return None
+    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    if not commit or status is None:
+        return None
+    return {"commit": commit.strip(), "dirty": bool(status.strip())}
 
 
 def _version() -> str:
