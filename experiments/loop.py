@@ -12,7 +12,8 @@ Each iteration:
 3. the run records are appended to ``DIR/runs.jsonl`` and the correction is refitted on every
    measured run but the held-out ones (:func:`fit_records`, features of the plan as planned);
 4. the policy continues MaskablePPO training on the fixed scenario with the corrected model as
-   its reward (``policy_timesteps`` steps) and is saved to ``DIR/policy-K.zip`` (``K``: the iteration, from 0,
+   its reward (``policy_timesteps`` steps, rounded up to whole rollouts: :func:`policy_steps_trained`) and is
+   saved to ``DIR/policy-K.zip`` (``K``: the iteration, from 0,
    as the JSON's ``iteration``, the records' ``meta.loop.iteration``, ``DIR/correction-K.json`` and the
    progress lines number it).
 
@@ -49,7 +50,7 @@ from typing import Any, Callable, Literal
 from hetpart.errors import HetpartError, PlanError, RuntimeFault
 
 __all__ = ["LoopConfig", "run_loop", "DEFAULT_EFFECTS", "cpu_cluster", "UNSEEN_ROLES", "split_unseen",
-           "errors_line"]
+           "errors_line", "policy_steps_trained"]
 
 DEFAULT_EFFECTS = {"small_batch_tokens": 4096, "small_batch_slowdown": 2.5, "layer_overhead_ms": 0.8,
                    "congestion": 0.6}
@@ -87,7 +88,8 @@ class LoopConfig:
     held_out: int = 1
     """Runs per iteration kept out of training (the errors are measured on them)."""
     policy_timesteps: int = 512
-    """PPO steps of policy training per iteration on the corrected reward."""
+    """PPO steps of policy training per iteration on the corrected reward, rounded up to whole rollouts
+    (:func:`policy_steps_trained`)."""
     samples: int = 16
     trust: float = 0.7
     """Plans run only when the corrected model prices them at least this share of its best candidate."""
@@ -368,10 +370,11 @@ class _Loop:
         # rollout/ep_rew_mean from (MaskablePPO finds action_masks through the wrapper)
         env = DummyVecEnv([lambda: Monitor(PartitionEnv(scenario=scenario, reward="corrected",
                                                         reward_options={"correction": correction}))
-                           for _ in range(2)])
+                           for _ in range(POLICY_ENVS)])
         env.seed(self.cfg.seed + iteration)
         model = MaskablePPO.load(str(policy_path or DEFAULT_CHECKPOINT), env=env, device="cpu",
-                                 custom_objects={"policy_class": PointerPolicy, "n_steps": 64, "batch_size": 64})
+                                 custom_objects={"policy_class": PointerPolicy, "n_steps": POLICY_ROLLOUT_STEPS,
+                                                 "batch_size": 64})
         fresh_episode_stats(model)
         model.set_logger(sb3_logger(tracker))
         if self.cfg.policy_timesteps:
@@ -384,6 +387,33 @@ class _Loop:
 
         save_network_file(model, path)
         return path
+
+
+POLICY_ENVS = 2
+"""ASSUMED: environments the loop's PPO steps side by side (in one process)."""
+POLICY_ROLLOUT_STEPS = 64
+"""ASSUMED: steps per environment in one PPO rollout of the loop (SB3's ``n_steps``)."""
+
+
+def policy_steps_trained(asked: int) -> int:
+    """The PPO steps the loop trains for ``--policy-timesteps asked``: SB3's ``learn`` collects whole rollouts
+    of :data:`POLICY_ENVS` x :data:`POLICY_ROLLOUT_STEPS` steps until it has ``asked``, so it rounds up to a
+    multiple of that (64 asked: 128 trained; 0: none).
+
+    >>> policy_steps_trained(64), policy_steps_trained(512), policy_steps_trained(0)
+    (128, 512, 0)
+    """
+    rollout = POLICY_ENVS * POLICY_ROLLOUT_STEPS
+    return -(-asked // rollout) * rollout
+
+
+def policy_training_line(asked: int) -> str:
+    """The progress line on an iteration's policy training, saying what is trained where it is not ``asked``."""
+    trained = policy_steps_trained(asked)
+    if trained == asked:
+        return f"  policy training: {trained} PPO steps on the corrected reward"
+    return (f"  policy training: {trained} PPO steps on the corrected reward ({asked} asked, rounded up to whole "
+            f"rollouts of {POLICY_ENVS} environments x {POLICY_ROLLOUT_STEPS} steps)")
 
 
 def _check_out(out: Path) -> None:
@@ -575,7 +605,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     errors = _held_out_errors(loop, records, correction)
     trend = "no linear term" if correction.linear is None else f"linear term, ridge {correction.ridge:g}"
     say(f"  refitted on {len(correction.r)} runs ({trend}); {errors_line(errors)}")
-    say(f"  policy training: {cfg.policy_timesteps} PPO steps on the corrected reward")
+    say(policy_training_line(cfg.policy_timesteps))
     policy_path = loop.train_policy(correction, policy_path, iteration, tracker)
     here = [r for r in records if _iteration(r) == iteration]
     summary = {"iteration": iteration, "runs": len(here), "trained_on": len(correction.r),

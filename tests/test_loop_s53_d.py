@@ -27,27 +27,60 @@ def _last_logged(progress_csv, key: str) -> float:
     return float(values[-1])
 
 
-def test_loop_policy_training_logs_the_mean_return_of_the_episodes_it_ran(tmp_path, monkeypatch):
-    """Probe 2026-12-01: the loop's PPO logged rollout/ep_rew_mean 0.406, the mean of the shipped checkpoint's
-    last 100 training episodes, whatever it ran (no Monitor, and the loaded buffer kept). Each episode's return
-    is recorded here by the environment itself and must be what SB3 logs."""
+@pytest.fixture(scope="module")
+def loop_trained(tmp_path_factory):
+    """The loop's policy training of ``--policy-timesteps 64`` from the shipped checkpoint on gpt2-small and
+    tiny-mixed, the corrected reward half the simulator's: ``(checkpoint, episode returns, tracked run folder,
+    progress lines)``; each episode's return is recorded by the environment itself."""
     from hetpart.costmodel.learned.corrected import CORRECTION_FEATURES, fit_correction
     from hetpart.experiments.loop import _Loop
     from hetpart.experiments.tracking import make_tracker
 
-    returns = _recording_env(monkeypatch)
+    tmp = tmp_path_factory.mktemp("loop-policy")
     model, cluster, workload = _scenario()
     slower = fit_correction([np.zeros(len(CORRECTION_FEATURES))], [math.log(2.0)], wide_bandwidth=100.0,
                             prior_runs=0.0)
-    loop = SimpleNamespace(model=model, cluster=cluster, workload=workload, out=tmp_path,
+    loop = SimpleNamespace(model=model, cluster=cluster, workload=workload, out=tmp,
                            cfg=SimpleNamespace(seed=0, policy_timesteps=64))
-    tracker = make_tracker("tensorboard", "loop", 0, root=tmp_path / "tracked")
-    path = _Loop.train_policy(loop, slower, None, 0, tracker)
+    tracker = make_tracker("tensorboard", "loop", 0, root=tmp / "tracked")
+    with pytest.MonkeyPatch.context() as mp:
+        returns = _recording_env(mp)
+        path = _Loop.train_policy(loop, slower, None, 0, tracker)
     tracker.finish()
+    return path, returns, tracker.run_dir
+
+
+def test_loop_policy_training_logs_the_mean_return_of_the_episodes_it_ran(loop_trained):
+    """Probe 2026-12-01: the loop's PPO logged rollout/ep_rew_mean 0.406, the mean of the shipped checkpoint's
+    last 100 training episodes, whatever it ran (no Monitor, and the loaded buffer kept)."""
+    path, returns, run_dir = loop_trained
     assert path.exists() and returns
-    logged = _last_logged(tracker.run_dir / "progress.csv", "rollout/ep_rew_mean")
+    logged = _last_logged(run_dir / "progress.csv", "rollout/ep_rew_mean")
     # Monitor rounds each return to 6 decimals
     assert logged == pytest.approx(statistics.fmean(returns[-100:]), abs=1e-6)
+
+
+def test_the_loop_trains_the_steps_its_progress_line_announces(loop_trained):
+    """``--policy-timesteps 64`` trained 128 steps while the line said 64 (probe 2026-12-01): SB3 collects whole
+    rollouts of 2 environments x 64 steps. The line now says what is trained, and the checkpoint agrees."""
+    from hetpart.experiments.loop import policy_steps_trained, policy_training_line
+    from hetpart.policies.policy_planner import DEFAULT_CHECKPOINT
+
+    path, _, _ = loop_trained
+    trained = _saved(path)["num_timesteps"] - _saved(DEFAULT_CHECKPOINT)["num_timesteps"]
+    assert trained == policy_steps_trained(64) == 128
+    assert policy_training_line(64) == ("  policy training: 128 PPO steps on the corrected reward (64 asked, "
+                                        "rounded up to whole rollouts of 2 environments x 64 steps)")
+    assert policy_training_line(512) == "  policy training: 512 PPO steps on the corrected reward"
+    assert [policy_steps_trained(n) for n in (0, 1, 128, 129)] == [0, 128, 128, 256]
+
+
+def _saved(checkpoint) -> dict:
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(checkpoint) as z:
+        return json.loads(z.read("data"))
 
 
 def _recording_env(monkeypatch) -> list[float]:

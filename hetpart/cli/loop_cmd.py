@@ -30,7 +30,7 @@ def loop_command(
                                  "is chosen, beside the simulator's plan, which a challenger displaces only on three "
                                  "runs each, every one faster (1: no race and no such guard: the best median so far "
                                  "wins)."),
-        policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward (0: the policy is not trained)."),
+        policy_timesteps: int = typer.Option(512, "--policy-timesteps", help="PPO steps per iteration on the corrected reward, rounded up to whole rollouts of 128 (2 environments x 64 steps; 0: the policy is not trained)."),
         seed: int = typer.Option(0, "--seed", help="Seed of sampling, held-out choice and training."),
         tracker: str = typer.Option("wandb,tensorboard", "--tracker", help="wandb (offline), tensorboard, both, or null."),
         json_out: bool = JsonFlag) -> None:
