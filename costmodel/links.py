@@ -28,6 +28,13 @@ links to exactly that). The cost model prices every transfer at the rate a colle
   usable by RCCL (AMD ROCm blog on RCCL over xGMI); a pair talks over its one link, a ring over ``k`` GPUs
   spreads RCCL's channels over the ``k - 1`` links each member has to the others: 336 GB/s for all 8, 48 for a
   pair (an NVSwitch node gives every group its whole NVLink rate).
+* **GH200 quad nodes** (``NVLink4-mesh``; a GH200 node of 2 or 4 GPUs whose file says ``NVLink4`` gets it):
+  the GPUs are wired to each other with no NVSwitch (HPE Cray EX254n; CSCS Alps documentation), so a pair
+  talks over its own 6 links (150 GB/s per direction) and a ring over ``k`` GPUs over the ``k - 1`` peers'
+  links, as the MI300X mesh: 450 GB/s line rate for all 4, 150 for a pair; and no NVLink SHARP. The 12
+  directed links of 4 GPUs hold no 3 disjoint directed rings (the complete directed graph on 4 vertices has no
+  Hamiltonian decomposition: Bermond and Faber 1976; checked here by enumerating its 6 directed rings), but
+  NCCL's channels spread over all 6 at half rate each load every link equally: 6 x 75 = 450 GB/s.
 * **GeForce and TITAN boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
   (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; wohlbier/gpu-micro README: the same on 8 TITAN RTX;
   tinygrad/open-gpu-kernel-modules issue 17: RTX 4090 P2P only with a patched kernel module), so a
@@ -45,6 +52,7 @@ from hetpart.cluster import Cluster, NodeGroup, PathLink
 from hetpart.hardware import LinkSpec, NICSpec
 
 __all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "CUBE_MESH_BRICKS",
+           "MESH_LINKS", "SWITCHLESS_NVLINK_GPUS",
            "nic_gbyte_s", "node_nic_gbyte_s", "intra_node_link", "achieved_link", "cube_mesh_ring_gbyte_s",
            "intra_node_ring_gbyte_s", "zone_gbyte_s", "zone_cap_gbyte_s"]
 
@@ -105,26 +113,41 @@ def cube_mesh_ring_gbyte_s(members: frozenset[int]) -> float:
     return most(0, {}) * _BRICK_GBYTE_S
 
 
+MESH_LINKS = frozenset({"xGMI-mesh", "NVLink4-mesh"})
+"""Intra-node links that join every GPU to each peer directly (no switch): a ring over ``k`` GPUs runs over the
+``k - 1`` links each member has (:func:`intra_node_ring_gbyte_s`)."""
+
+SWITCHLESS_NVLINK_GPUS: dict[str, tuple[int, ...]] = {"GH200-96GB": (2, 4)}
+"""GPUs whose nodes of these sizes join their GPUs by NVLink with no NVSwitch (GH200 quad boards, HPE Cray EX254n:
+CSCS Alps documentation, "there is no NVSwitch"); a file's ``NVLink4`` there is ``NVLink4-mesh``. A larger GH200
+node (DGX GH200's NVLink Switch System) keeps the switched ``NVLink4``."""
+
+
 def intra_node_ring_gbyte_s(group: NodeGroup, local: list[int]) -> float:
     """Bandwidth of a ring among the GPUs ``local`` (indices inside one node of ``group``)."""
     link = intra_node_link(group)
     if link.name == "NVLink2-cube-mesh" and LINK_CATALOG.get(link.name) == link and group.gpus_per_node == 8:
         ring = cube_mesh_ring_gbyte_s(frozenset(local))
         return ring if ring > 0 else LINK_CATALOG["PCIe3-host"].achieved_gbyte_s
-    if link.name == "xGMI-mesh" and LINK_CATALOG.get(link.name) == link:  # one link to each peer, all in use
+    if link.name in MESH_LINKS and LINK_CATALOG.get(link.name) == link:  # one link to each peer, all in use
         return max(len(set(local)) - 1, 1) * link.achieved_gbyte_s
     return link.achieved_gbyte_s
 
 
 def intra_node_link(group: NodeGroup) -> LinkSpec:
     """The link a node of ``group`` really has between its GPUs: its ``intra_node`` entry, that entry's
-    host-staged twin when its GPUs cannot reach each other over PCIe (``NO_PCIE_P2P``), or the MI300X's full
-    mesh (``xGMI-mesh``) where cdna3 GPUs name the catalog's ``xGMI``."""
+    host-staged twin when its GPUs cannot reach each other over PCIe (``NO_PCIE_P2P``), the MI300X's full
+    mesh (``xGMI-mesh``) where cdna3 GPUs name the catalog's ``xGMI``, or a GH200 quad's switchless mesh
+    (``NVLink4-mesh``, :data:`SWITCHLESS_NVLINK_GPUS`) where it names the catalog's ``NVLink4``. Whatever
+    depends on the hardware between the GPUs (ring rates, NVLS) reads this link, not the file's name."""
     link = group.intra_node
     if group.gpu.name in NO_PCIE_P2P and f"{link.name}-host" in LINK_CATALOG and LINK_CATALOG.get(link.name) == link:
         return LINK_CATALOG[f"{link.name}-host"]
     if link.name == "xGMI" and LINK_CATALOG.get(link.name) == link and group.gpu.arch == "cdna3":
         return LINK_CATALOG["xGMI-mesh"]  # the catalog's xGMI is MI250X's; an MI300X node is a full mesh
+    if (link.name == "NVLink4" and LINK_CATALOG.get(link.name) == link and group.gpu.name in SWITCHLESS_NVLINK_GPUS
+            and group.gpus_per_node in SWITCHLESS_NVLINK_GPUS[group.gpu.name]):
+        return LINK_CATALOG["NVLink4-mesh"]  # a GH200 quad (or pair) board: no NVSwitch
     return link
 
 

@@ -105,7 +105,12 @@ LL128_GPUS = frozenset({"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H10
 """Catalog GPUs of compute capability 7.0, 8.0 and 9.0: the ones on which NCCL enables LL128 by default
 (``tuning.cc``: other GPUs are "not tested and may cause silent data corruption")."""
 NVLS_LINKS = frozenset({"NVLink4"})
-"""Intra-node links with NVLink SHARP (third-generation NVSwitch boards: HGX/DGX H100 and H200)."""
+"""Intra-node links with NVLink SHARP (third-generation NVSwitch boards: HGX/DGX H100 and H200). NVLS is a
+reduction the NVSwitch runs (NVIDIA/nccl issue 807, NCCL's maintainer: "a new feature of the NVLink4
+NVSwitches", "available on systems that have H100 and NVLink4 switches"; issue 1031: an all-reduce offload over
+NVLink), so it needs the switch: a GH200 quad board, whose GPUs are wired to each other directly, is
+``NVLink4-mesh`` (:func:`hetpart.costmodel.links.intra_node_link`) and has none. Callers test the link
+:func:`~hetpart.costmodel.links.intra_node_link` returns, not the file's name."""
 
 
 @dataclass(frozen=True)

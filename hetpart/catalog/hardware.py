@@ -131,6 +131,16 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
              _NVLINK_SM80),
     LinkSpec("NVLink4", 450.0, 2.0, "NVIDIA H100 datasheet (900 GB/s bidirectional); NCCL SM90_NVLINK_BW",
              _NVLINK_SM90),
+    # GH200 quad nodes (HPE Cray EX254n, CSCS Alps: four GH200 per node and "there is no NVSwitch",
+    # eth-cscs/cscs-docs docs/alps/hardware.md): the 4 GPUs are wired to each other directly. ASSUMED split of the
+    # 18 NVLink4 links: 6 to each of the 3 peers (all-to-all; no per-pair count published there), 150 GB/s per
+    # direction per pair. A pair talks over its own links; a ring over k GPUs spreads NCCL's channels over the
+    # k - 1 peers' links (hetpart.costmodel.links.intra_node_ring_gbyte_s): 450 for all 4, 150 for a pair. No
+    # NVSwitch, so no NVLink SHARP (hetpart.costmodel.nccl.NVLS_LINKS). A GH200 node of 2 or 4 GPUs whose file
+    # says `NVLink4` gets this link (hetpart.costmodel.links.intra_node_link).
+    LinkSpec("NVLink4-mesh", 150.0, 2.0, "GH200 quad node (HPE Cray EX254n, CSCS Alps: no NVSwitch): 18 NVLink4 "
+             "links as 6 to each of 3 peers, 150 GB/s per pair and direction (ASSUMED split); NCCL SM90_NVLINK_BW",
+             _NVLINK_SM90),
     # MI250X Infinity Fabric: 50 GB/s per direction per link, GCD pairs joined by 1-4 links;
     # 100 GB/s per direction is a typical pair in an 8-GCD node (AMD CDNA2 whitepaper). Efficiency of
     # RCCL over it: not measured here (assumed 1). Latency 3 us: ASSUMED (no published GCD-to-GCD message

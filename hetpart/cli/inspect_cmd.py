@@ -165,6 +165,12 @@ def inspect_cluster(cluster: str = typer.Argument(..., help="Catalog name or clu
                   f"{'RDMA' if g['nic_rdma'] else 'TCP'})", g["zone"], g["device_ids"])
     out = console()
     out.print(t)
+    from hetpart.costmodel.links import intra_node_link
+    for i, group in enumerate(c.groups):  # what the cost model prices, where the board is not what the name says
+        priced = intra_node_link(group)
+        if priced.name != group.intra_node.name:
+            out.print(f"group {i}: intra-node {group.intra_node.name} priced as {priced.name} "
+                      f"({priced.bandwidth_gbyte_s:g} GB/s between two GPUs: {priced.source})")
     for link in s["links"]:
         out.print(f"link {link['zones'][0]} <-> {link['zones'][1]}: {link['bandwidth_gbit_s']:g} Gbit/s, "
                   f"{link['latency_us']:g} us")
