@@ -395,11 +395,18 @@ class Simulator:
         self._peaks: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
         self._cp_rings: dict[tuple, tuple[tuple[PathLink, ...], bool]] = {}
         """Context-parallel rings by (devices, tp, cp, NIC flows of their nodes): :meth:`_cp_ring`."""
-        self._bound_terms: dict[tuple, dict[tuple, tuple[float, float]]] = {}
+        self._bound_terms: dict[tuple, dict[tuple, tuple[float, float, float]]] = {}
         """(micro_batch, precision, recompute, attention) -> a stage's :meth:`lower_bound_s` terms by its
         :meth:`_bound_stages` key."""
         self._bound_groups: dict[tuple[str, ...], object] = {}
         """:meth:`_bound_group` per device tuple."""
+        self._node_nic_bps = np.array([node_nic_gbyte_s(cluster.groups[g]) * 1e9 for g, _ in numbers])
+        """Per node number: what all its NICs carry together, bytes/s (:meth:`_sync_bound_s`)."""
+        self._zone_bps = max((zone_gbyte_s(cluster, *sorted(link.zones)) for link in cluster.zone_links),
+                             default=0.0) * 1e9
+        """The fastest zone link, bytes/s (:meth:`_sync_bound_s`; 0 without zone links)."""
+        self._unit_grads: dict[str, np.ndarray] = {}
+        """Per precision: :meth:`_unit_grad_bytes`."""
 
     # --------------------------------------------------------------------------------- cached facts
     def _tp_lines(self, devices: tuple[str, ...]) -> tuple[tuple[float, float], ...]:
@@ -718,6 +725,10 @@ class Simulator:
         Interleaved chunks of one device pair send one after another and count once. Per pair of zones
         (a ``frozenset`` key), the same count for the link between them: the larger of the transfers
         crossing it one way and the other."""
+        return self._pipeline_flows_plain(plan) if plan.cp == 1 else self._pipeline_flows_walk(plan)
+
+    def _pipeline_flows_walk(self, plan: Plan) -> dict:
+        """:meth:`_pipeline_flows` boundary by boundary and context-parallel rank by rank (any plan)."""
         out: dict = {}
         into: dict = {}
         zoned = bool(self.cluster.zone_links)
@@ -744,6 +755,42 @@ class Simulator:
         flows = {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys() if not isinstance(n, tuple)}
         for za, zb in [n for n in out if isinstance(n, tuple)]:
             flows[frozenset((za, zb))] = max(out.get((za, zb), 0), out.get((zb, za), 0))
+        return flows
+
+    def _pipeline_flows_plain(self, plan: Plan) -> dict:
+        """:meth:`_pipeline_flows` without context parallelism: a replica's distinct device pairs are its first
+        ``pp`` boundaries (an interleaved pipeline's later chunks repeat them), counted at once; the same dict as
+        :meth:`_pipeline_flows_walk` (``tests/test_bound_s53_soundness.py``), a 1,024-GPU plan's in a
+        fraction of the time."""
+        v = plan.chunks_per_device
+        node_id = self._node_id
+        out: Counter = Counter()
+        into: Counter = Counter()
+        crossing: list[tuple[int, int, int]] = []
+        for rep in plan.replicas:
+            stages = rep.stages
+            hops = min(len(stages) - 1, len(stages) // v)
+            if hops < 1:
+                continue
+            ends = [node_id(s.devices[0]) for s in stages[:hops + 1]]
+            for k in range(hops):
+                na, nb = ends[k], ends[k + 1]
+                if na != nb:
+                    src, dst = stages[k].tp, stages[k + 1].tp
+                    shards = src if src >= dst else dst
+                    out[na] += shards
+                    into[nb] += shards
+                    crossing.append((na, nb, shards))
+        flows: dict = {n: max(out.get(n, 0), into.get(n, 0)) for n in out.keys() | into.keys()}
+        if self.cluster.zone_links and crossing:
+            zone_of, names = self._node_zone, self.cluster.zones
+            ways: Counter = Counter()
+            for na, nb, shards in crossing:
+                za, zb = zone_of[na], zone_of[nb]
+                if za != zb:  # one way a -> b is what b -> a receives
+                    ways[(int(za), int(zb))] += shards
+            for za, zb in list(ways):
+                flows[frozenset((names[za], names[zb]))] = max(ways[(za, zb)], ways.get((zb, za), 0))
         return flows
 
     def _send_blocks(self, src, dst) -> bool:
@@ -1830,64 +1877,161 @@ class Simulator:
         return self.simulate(plan, workload, validate=validate, trace=trace)
 
     def lower_bound_s(self, plan: Plan) -> float:
-        """A step time :meth:`estimate` never goes below, from per-stage costs alone.
+        """A step time :meth:`estimate` never goes below, from per-stage costs and the gradients' traffic.
 
         Per pipeline device ``d`` of a replica with ``m`` micro-batches: it computes ``m`` forwards and
         backwards of its stages, and before its first forward every earlier device ran one forward
         while after its last backward every earlier device runs one backward, so the pipeline takes
         at least ``sum_{k<d} (f_k + b_k) + m (f_d + b_d)``; the optimizer step comes after all of it.
-        The costs are this simulator's own (same cache, same efficiency curve), so the bound is sound
-        for it and for nothing else; branch and bound uses it to skip plans.
+        It also comes after every gradient all-reduce (:meth:`_sync_bound_s`: each device's all-reduces,
+        one after another from its last backward, at most at its node's NIC rate and the fastest zone
+        link's). The costs are this simulator's own (same cache, same efficiency curve, same lines), so
+        the bound is sound for it and for nothing else; branch and bound uses it to skip plans.
 
-        Both terms are maxima over replicas, so a replica alike to one already walked in everything they
-        read (:meth:`_bound_stages`, micro-batches, shard fraction) adds nothing and is skipped: a 1,024-GPU
-        plan's 16-128 replicas are a few classes. Each stage's terms are memoised by the same key.
+        The pipeline terms are maxima over replicas, so a replica alike to one already walked in everything
+        they read (:meth:`_bound_stages`, micro-batches, shard fraction) adds nothing and is skipped: a
+        1,024-GPU plan's 16-128 replicas are a few classes. Each stage's terms are memoised by the same key.
         ``tests/test_policy_speed_s48b_bound.py`` compares it with the replica-by-replica walk, bit for bit.
         """
         v = plan.chunks_per_device
         pipe = optim = 0.0
         cp_flows = self._cp_flows(plan) if plan.cp > 1 else None
-        seen: set[tuple] = set()
+        seen: dict[tuple, list[float]] = {}
         several = len(plan.replicas) > 1
         step_bytes = optimizer_step_bytes(plan.optimizer, plan.precision)
         memo = (self._bound_terms.setdefault((plan.micro_batch, plan.precision, plan.recompute, plan.attention), {})
                 if cp_flows is None else None)
+        sync = several and self._sync_bounded(plan)
+        flows = (self._pipeline_flows(plan) if self._sharing is None and any(rep.pp > 1 for rep in plan.replicas)
+                 else None)
+        ready: list[list[float]] = []  # per replica, per pipeline device: its last backward's earliest start
         for r, rep in enumerate(plan.replicas):
             m, fraction = plan.num_microbatches(r), self._fraction(plan, r)
+            sends = self._bound_sends(plan, rep, flows) if flows is not None else None
             stages = None
             if memo is not None:
                 stages = self._bound_stages(rep)
-                if several:  # a class already walked adds nothing (one hash per key: the set grows or not)
-                    walked = len(seen)
-                    seen.add((m, fraction, stages))
-                    if len(seen) == walked:
+                if several:  # a class already walked adds nothing to the pipeline terms
+                    key = (m, fraction, stages, sends)
+                    hit = seen.get(key)
+                    if hit is not None:
+                        if sync:
+                            ready.append(hit)
                         continue
-            p, o = self._replica_bound(plan, rep, m, fraction, v, cp_flows, stages, memo, step_bytes)
+            p, o, starts = self._replica_bound(plan, rep, m, fraction, v, cp_flows, stages, memo, step_bytes, sends)
+            if memo is not None and several:
+                seen[key] = starts
+            if sync:
+                ready.append(starts)
             pipe, optim = max(pipe, p), max(optim, o)
+        if sync:
+            pipe = max(pipe, self._sync_bound_s(plan, ready))
         return (pipe + optim) * _BOUND_SLACK
 
     def _replica_bound(self, plan: Plan, rep, m: int, fraction: float, v: int, cp_flows: dict[int, int] | None,
-                       stages: tuple | None, memo: dict | None, step_bytes: float) -> tuple[float, float]:
-        """:meth:`lower_bound_s`'s two terms for one replica: its pipeline's least time and its slowest
-        optimizer step. Each stage's terms come from ``memo`` by its :meth:`_bound_stages` key where there is
-        one (not under context parallelism, whose ring depends on the plan's flows)."""
+                       stages: tuple | None, memo: dict | None, step_bytes: float, sends: tuple | None = None
+                       ) -> tuple[float, float, list[float]]:
+        """:meth:`lower_bound_s`'s terms for one replica: its pipeline's least time, its slowest optimizer
+        step, and per pipeline device the earliest start of its last backward (all ``m`` forwards of its
+        chunks and ``m - 1`` backwards of one before it, after the first forward's way to it when not
+        interleaved). Each stage's terms come from ``memo`` by its :meth:`_bound_stages` key where there is
+        one (not under context parallelism, whose ring depends on the plan's flows). ``sends``
+        (:meth:`_bound_sends`): the replica's blocking sends, its devices' work as :meth:`_pipe` counts it."""
         pp = rep.pp // v
         per_device = [0.0] * pp
         params = [0.0] * pp
+        forward = [0.0] * pp
+        least_bwd = [math.inf] * pp
         for k, s in enumerate(rep.stages):
             if memo is None:
-                busy, held = self._stage_bound_terms(s, plan, cp_flows)
+                busy, held, fwd = self._stage_bound_terms(s, plan, cp_flows)
             else:
-                busy, held = memo.get(stages[k]) or memo.setdefault(stages[k], self._stage_bound_terms(s, plan, None))
+                busy, held, fwd = memo.get(stages[k]) or memo.setdefault(stages[k],
+                                                                         self._stage_bound_terms(s, plan, None))
             per_device[k % pp] += busy
             params[k % pp] += held
-        pipe = optim = before = 0.0
+            forward[k % pp] += fwd
+            least_bwd[k % pp] = min(least_bwd[k % pp], busy - fwd)
+        if sends is not None:  # the sender's forward, and the receiver's backward sending back
+            for k, t in enumerate(sends):
+                per_device[k % pp] += t
+                per_device[(k + 1) % pp] += t
+        pipe = optim = before = ahead = 0.0
+        starts = []
         for d in range(pp):
             pipe = max(pipe, (before if v == 1 else 0.0) + m * per_device[d])
             before += per_device[d]
+            starts.append((ahead if v == 1 else 0.0) + m * forward[d] + (m - 1) * least_bwd[d])
+            ahead += forward[d]
             optim = max(optim, self._bound_optimizer_s(rep.stages[d].devices, params[d] * fraction, plan.optimizer,
                                                        step_bytes))
-        return pipe, optim
+        return pipe, optim, starts
+
+    def _bound_sends(self, plan: Plan, rep, flows: dict) -> tuple[float, ...]:
+        """Per boundary of ``rep``'s pipeline: the seconds its transfer keeps the sender (and, sending the
+        gradient back, the receiver) busy, as :meth:`_pipe` prices it (0 where the send does not block)."""
+        stages = rep.stages
+        mb, cp = plan.micro_batch, plan.cp
+        return tuple([self._p2p_s(stages[k], stages[k + 1], mb, flows, cp)
+                      if self._send_blocks(stages[k], stages[k + 1]) else 0.0 for k in range(len(stages) - 1)])
+
+    def _sync_bounded(self, plan: Plan) -> bool:
+        """Whether :meth:`_sync_bound_s` prices ``plan``'s gradient traffic: data parallelism without sharded
+        gradients (levels 0-1: one all-reduce or reduce-scatter per run after the backward), context
+        parallelism, host offload, a profile's measured links or shared host cores (their own pricing)."""
+        return (plan.dp > 1 and plan.zero <= 1 and plan.cp == 1 and plan.offload == "none"
+                and self._profiled is None and self._sharing is None)
+
+    def _sync_bound_s(self, plan: Plan, ready: list[list[float]]) -> float:
+        """The latest any device's gradient all-reduces can end: from the earliest start of its last backward
+        (``ready[r][d]``: no bucket of it is ready before), its runs one after another (a device group's
+        all-reduces do not overlap, :meth:`_dp_jobs`), each at least ``2 (N - 1) / N`` of its gradient bytes
+        (a reduce-scatter at level 1: half) over its node's NICs, ``N`` the nodes holding the run, and over
+        the fastest zone link where the run spans zones. Every line :func:`~hetpart.costmodel.collectives.allreduce_lines`
+        prices is at least that: a ring's (or tree's, or the hierarchical all-reduce's) bandwidth is at most
+        its node's NICs, and the zone link it crosses, over the rings sharing them, at least its ``tp``
+        shards; the shards of a device group carry its gradients whole. Tied copies' syncs, the latencies and
+        other groups' rings sharing the NICs only add."""
+        units = self.model.num_units
+        nodes = self._nodes
+        node, bounds, group, starts = [], [], [], []
+        for r, rep in enumerate(plan.replicas):
+            pp = len(ready[r])
+            base = len(starts)
+            starts += ready[r]
+            node += [nodes[s.devices[0]] for s in rep.stages]  # a chunk sits on its device group's devices
+            bounds += [s.layers for s in rep.stages]
+            group += [base + k % pp for k in range(len(rep.stages))] if pp < len(rep.stages) else \
+                range(base, base + pp)
+        node_a = np.array(node)
+        first_a, last_a = np.array(bounds).T
+        # a replica's stages cover the units in order, once: each unit's holding node per replica, [dp, units]
+        holder = np.repeat(node_a, last_a - first_a).reshape(plan.dp, units)
+        spread = 1 + (np.diff(np.sort(holder, axis=0), axis=0) != 0).sum(axis=0)  # nodes holding each unit
+        nbytes = (2.0 if plan.zero == 0 else 1.0) * (spread - 1) / spread * self._unit_grad_bytes(plan.precision)
+        zoned = self._zoned and self._zone_bps > 0
+        if zoned:
+            zones = np.sort(self._node_zone[holder], axis=0)
+            across = (zones[0] != zones[-1]) / self._zone_bps
+        rates = self._node_nic_bps[node_a]
+        kinds, kind_of = np.unique(rates, return_inverse=True)
+        seconds = nbytes[None, :] / kinds[:, None]
+        if zoned:
+            seconds = np.maximum(seconds, nbytes * across)
+        cum = np.zeros((len(kinds), units + 1))
+        np.cumsum(seconds, axis=1, out=cum[:, 1:])
+        per_stage = cum[kind_of, last_a] - cum[kind_of, first_a]
+        busy = np.bincount(np.array(group), weights=per_stage, minlength=len(starts))
+        return float((np.array(starts) + busy).max())
+
+    def _unit_grad_bytes(self, precision: str) -> np.ndarray:
+        """Per unit: the bytes of its own gradients (tensor-parallel shards and replicated parameters whole)
+        that its data-parallel all-reduce moves; tied copies left out."""
+        hit = self._unit_grads.get(precision)
+        if hit is None:
+            per = [sum(self._tables.params(u, u + 1)) for u in range(self.model.num_units)]
+            hit = self._unit_grads[precision] = np.array(per, dtype=float) * grad_reduce_bytes(precision)
+        return hit
 
     def _bound_optimizer_s(self, devices: tuple[str, ...], params: float, optimizer: str, step_bytes: float) -> float:
         """:meth:`_optimizer_s` with the plan's :func:`~hetpart.costmodel.memory.optimizer_step_bytes` computed
@@ -1906,15 +2050,16 @@ class Simulator:
         """The speed factors of a device group's devices, in its order (1 where the facts carry none)."""
         return g.speeds if len(g.speeds) == len(g.gpus) else (1.0,) * len(g.gpus)
 
-    def _stage_bound_terms(self, s, plan: Plan, cp_flows: dict[int, int] | None) -> tuple[float, float]:
-        """One stage's compute and tensor-parallel seconds per micro-batch, and its parameters per device."""
+    def _stage_bound_terms(self, s, plan: Plan, cp_flows: dict[int, int] | None) -> tuple[float, float, float]:
+        """One stage's compute and tensor-parallel seconds per micro-batch, its parameters per device, and the
+        forward's part of those seconds."""
         u = (self._cp_unit_prefix(s, plan, cp_flows) if cp_flows is not None else
              self._unit_prefix(s.devices, s.tp, plan.micro_batch, plan.precision, plan.recompute, s.tp_split,
                                plan.attention))
         f, b, tf, tb = u.fwd, u.bwd, u.tp_fwd, u.tp_bwd
         a, z = s.layers
         return ((f[z] - f[a]) + (b[z] - b[a]) + (tf[z] - tf[a]) + (tb[z] - tb[a]),
-                self._tables.params_per_device(a, z, s.tp))
+                self._tables.params_per_device(a, z, s.tp), (f[z] - f[a]) + (tf[z] - tf[a]))
 
     def _bound_stages(self, rep) -> tuple:
         """Everything :meth:`_replica_bound` reads of a replica's stages besides the plan-wide fields: per
