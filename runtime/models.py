@@ -25,7 +25,6 @@ subset of units gets the same numbers as the single-process reference.
 from __future__ import annotations
 
 import functools
-import importlib
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
@@ -459,16 +458,17 @@ def _python_children(spec: str) -> tuple[list[tuple[str, nn.Module]], Any]:
     """``[(unit name, module)]`` of a ``python:`` model, split as hetpart.graph.trace splits it:
     around a top-level list of repeated blocks (``embedding``, ``block_i``, ``head``), else into the
     top-level children; checked to reproduce the module's output on its example input."""
-    _, _, target = spec.partition(":")
-    module_name, _, func_name = target.partition(":")
-    if not module_name or not func_name:
-        raise ModelError(f"--model: {spec!r} is not python:MODULE:FUNCTION")
+    from hetpart.graph.user_module import import_python_module, split_python_spec
+
+    _, func_name = split_python_spec(spec)
     try:
-        func = getattr(importlib.import_module(module_name), func_name)
+        func = getattr(import_python_module(spec), func_name)
         # Seeded, so that every rank and the reference draw the same example (its token range sets the data).
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             module, example = func()
+    except ModelError:  # not found, or its name taken: already one clear line
+        raise
     except Exception as exc:  # user code: any failure becomes one clear line
         raise ModelError(f"--model: {spec}: calling the model function failed: {exc.__class__.__name__}: {exc}") from None
     if not isinstance(module, nn.Module):

@@ -1,9 +1,11 @@
 """User-journey defects of the CLI found by the probe of 2026-12-01 (helper c of session s53): ``plan --out`` and
-``export --out`` replacing a file they did not write (a run-records store, a cluster YAML)."""
+``export --out`` replacing a file they did not write (a run-records store, a cluster YAML); a plan of a ``python:``
+model found only from the directory it was planned in, and ``python:/path/file.py:FUNCTION`` refused."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,12 @@ from tests._cli import cli_json, one_line_exit_2, run_cli
 
 SMALL = ["--model", "gpt2-small", "--cluster", "tiny-mixed", "--global-batch", "8", "--seq-len", "128",
          "--planner", "uniform", "--no-bound"]
+TOY_SOURCE = (Path(__file__).parent / "fixtures" / "toy.py").read_text()
+"""A small traced model (tests/fixtures/toy.py), copied into a test's own folder."""
+
+
+def PY_SMALL(spec: str) -> list[str]:  # noqa: N802 - SMALL's counterpart for a python: model
+    return ["--model", spec, "--cluster", "tiny-mixed", "--global-batch", "8", "--planner", "uniform", "--no-bound"]
 
 
 def _plan(capsys, tmp_path: Path) -> Path:
@@ -64,3 +72,55 @@ def test_export_out_replaces_its_own_export_only(capsys, tmp_path: Path, target:
     code, _, err = run_cli(capsys, "export", str(plan), "--to", target, "--out", str(records))
     one_line_exit_2(code, err, f"--out: {records} holds hetpart run records")
     assert records.read_text() == EXAMPLE_LINE + "\n"
+
+
+# ----------------------------------------------------------------------------- 2. python: models' place
+@pytest.fixture
+def forget_modules():
+    """Names of modules a test imports from its own folder, taken out of ``sys.modules`` after it."""
+    names: list[str] = []
+    yield names
+    for name in [m for m in sys.modules if m.split(".")[0] in names]:
+        del sys.modules[name]
+
+
+def test_a_plan_of_a_module_in_the_current_directory_works_from_another(capsys, tmp_path: Path, monkeypatch,
+                                                                        forget_modules) -> None:
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir(), elsewhere.mkdir()
+    (here / "s53c_here.py").write_text(TOY_SOURCE)
+    forget_modules.append("s53c_here")
+    monkeypatch.chdir(here)
+    code, _, err = run_cli(capsys, "plan", *PY_SMALL("python:s53c_here:build"), "--out", "plan.json")
+    assert code == 0, err
+    assert json.loads((here / "plan.json").read_text())["meta"]["model"] == f"python:{here / 's53c_here.py'}:build"
+    monkeypatch.chdir(elsewhere)
+    del sys.modules["s53c_here"]  # a new process: found again through the plan's path alone
+    assert cli_json(capsys, "predict", "--plan", str(here / "plan.json"), "--json")["metrics"]["step_time_s"] > 0
+    code, out, err = run_cli(capsys, "show", str(here / "plan.json"))
+    assert code == 0 and "replica" in out, err
+
+
+def test_a_file_spec_imports_the_file_with_its_package(capsys, tmp_path: Path, monkeypatch, forget_modules) -> None:
+    package = tmp_path / "proj" / "s53c_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "layers.py").write_text(TOY_SOURCE)
+    (package / "model.py").write_text("from .layers import build  # a relative import: needs the package\n")
+    forget_modules.append("s53c_pkg")
+    monkeypatch.chdir(tmp_path)
+    spec = f"python:{package / 'model.py'}:build"
+    code, out, err = run_cli(capsys, "inspect", "model", spec)
+    assert code == 0 and "block_1" in out, err
+    code, _, err = run_cli(capsys, "plan", *PY_SMALL("python:proj/s53c_pkg/model.py:build"), "--out", "p.json")
+    assert code == 0, err  # a relative path is kept absolute
+    assert json.loads((tmp_path / "p.json").read_text())["meta"]["model"] == spec
+
+
+def test_a_file_spec_that_is_missing_or_shadowed_is_one_line(capsys, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "inspect", "model", f"python:{tmp_path / 'nope.py'}:build")
+    one_line_exit_2(code, err, f"{tmp_path / 'nope.py'}: no such file", "give the .py file")
+    shadowed = tmp_path / "json.py"  # the standard library's json would be imported in its place
+    shadowed.write_text(TOY_SOURCE)
+    code, _, err = run_cli(capsys, "inspect", "model", f"python:{shadowed}:build")
+    one_line_exit_2(code, err, "its module name 'json' is taken by", "rename the file")

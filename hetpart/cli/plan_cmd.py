@@ -27,9 +27,14 @@ DEMO = {"model": "gpt2-xl", "cluster": "a100-v100-16", "global_batch": 256, "seq
 
 
 def _spec(arg: str) -> str:
-    """A --model/--cluster argument that still resolves from another directory."""
+    """A --model/--cluster argument that still resolves from another directory (a ``python:`` model loaded
+    already: :func:`hetpart.graph.user_module.portable_spec`)."""
+    if arg.startswith("python:"):
+        from hetpart.graph.user_module import portable_spec
+
+        return portable_spec(arg)
     path = Path(arg)
-    return str(path.resolve()) if not arg.startswith("python:") and path.exists() else arg
+    return str(path.resolve()) if path.exists() else arg
 
 
 def _load(model: str, cluster: str, seq_len: int | None, precision: str | None, devices=None,

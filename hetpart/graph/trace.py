@@ -32,9 +32,6 @@ class compute differently by index (Gemma 2/3's alternating local and global att
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import io
 import os
@@ -45,7 +42,6 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -57,6 +53,7 @@ from hetpart._torch_compat import FakeTensorMode, TorchDispatchMode, current_aut
     in_backward, pytree, storage_key
 from hetpart.errors import ModelError
 from hetpart.graph.model_graph import ModelGraph, Unit
+from hetpart.graph.user_module import import_python_module, split_python_spec
 
 __all__ = ["trace_module", "trace_python_spec"]
 
@@ -721,25 +718,6 @@ def _trace_step(module: nn.Module, example_inputs: Any, units, seq_len: int, pre
                          "on shapes alone (no .item(), no data-dependent shapes)") from exc
 
 
-def _import(module_name: str, spec: str) -> Any:
-    """Import ``module_name``; a top-level package not on ``sys.path`` is looked up in the current directory,
-    as ``python -m`` would."""
-    top = module_name.split(".")[0]
-    if top not in sys.modules and importlib.util.find_spec(top) is None:
-        found = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
-        if found is None or found.loader is None:
-            raise ModelError(f"{spec}: no module named {top!r} on the Python path or in {Path.cwd()}; "
-                             "check the spelling or run from the directory that holds it")
-        mod = importlib.util.module_from_spec(found)
-        sys.modules[top] = mod
-        try:
-            found.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[top]
-            raise
-    return importlib.import_module(module_name)
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -771,13 +749,10 @@ def _why(exc: BaseException, said: list[str]) -> str:
 
 def _call_builder(spec: str, seq_len: int) -> tuple[nn.Module, Any, bool]:
     """``(module, example_inputs, whether the function took seq_len)``."""
-    parts = spec.split(":")
-    if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise ModelError(f"--model: {spec!r}: expected python:MODULE:FUNCTION, e.g. python:mypkg.models:build")
-    _, module_name, func_name = parts
+    module_name, func_name = split_python_spec(spec)
     try:
         with _own_argv(module_name) as said:
-            fn = getattr(_import(module_name, spec), func_name)
+            fn = getattr(import_python_module(spec), func_name)
     except ModelError:
         raise
     except AttributeError:
