@@ -124,3 +124,66 @@ def test_a_file_spec_that_is_missing_or_shadowed_is_one_line(capsys, tmp_path: P
     shadowed.write_text(TOY_SOURCE)
     code, _, err = run_cli(capsys, "inspect", "model", f"python:{shadowed}:build")
     one_line_exit_2(code, err, "its module name 'json' is taken by", "rename the file")
+
+
+# ----------------------------------------------------------------------------- 3. vision-language configs
+GEMMA3_TEXT = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+               "max_position_embeddings": 131072, "sliding_window": 1024, "hidden_activation": "gelu_pytorch_tanh",
+               "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+"""google/gemma-3-4b-it's language model (Gemma3TextConfig field names)."""
+GEMMA3 = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+          "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+          "text_config": GEMMA3_TEXT,
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                            "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896,
+                            "patch_size": 14, "vision_use_head": False}}
+"""Gemma3Config's fields, written by hand after google/gemma-3-4b-it."""
+LLAVA_TEXT = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "vocab_size": 32064, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-5, "architectures": ["LlamaForCausalLM"]}
+"""llava-1.5-7b's Vicuna language model, with no model_type: LlavaConfig's text_config default is llama."""
+LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
+         "image_seq_length": 576, "projector_hidden_act": "gelu", "tie_word_embeddings": False,
+         "text_config": LLAVA_TEXT,
+         "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+                           "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336,
+                           "patch_size": 14, "projection_dim": 768}}
+"""LlavaConfig's fields, written by hand after llava-hf/llava-1.5-7b-hf."""
+
+
+@pytest.mark.parametrize("whole, text", [(GEMMA3, GEMMA3_TEXT), (LLAVA, LLAVA_TEXT | {"model_type": "llama"})],
+                         ids=["gemma3", "llava"])
+def test_a_vision_language_config_is_its_text_model(capsys, tmp_path: Path, whole: dict, text: dict) -> None:
+    from hetpart.graph.hf_config import hf_config_to_transformer
+
+    with pytest.warns(Warning, match="the vision tower .* and its projector are left out"):
+        assert hf_config_to_transformer(whole, "vl.json") == hf_config_to_transformer(text, "text.json")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(whole))
+    code, out, err = run_cli(capsys, "inspect", "model", str(path))
+    tower = whole["vision_config"]
+    assert code == 0 and "block_0" in out, err
+    assert (f"hetpart: note: {path}: model_type {whole['model_type']} " in err
+            and f"the vision tower ({tower['model_type']}, {tower['num_hidden_layers']} layers)" in err), err
+
+
+def test_a_vision_language_config_ties_as_the_whole_model_says(capsys) -> None:
+    from hetpart.graph.hf_config import hf_config_to_transformer
+
+    with pytest.warns(Warning):
+        assert hf_config_to_transformer(LLAVA, "llava.json").tied_embeddings is False  # LlamaConfig's default
+        assert hf_config_to_transformer(LLAVA | {"tie_word_embeddings": True}, "llava.json").tied_embeddings is True
+        assert hf_config_to_transformer(GEMMA3 | {"tie_word_embeddings": False}, "g.json").tied_embeddings is False
+
+
+def test_a_vision_language_config_without_its_text_model_is_one_line(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in GEMMA3.items() if k != "text_config"}))
+    code, _, err = run_cli(capsys, "inspect", "model", str(path))
+    one_line_exit_2(code, err, f"{path}: text_config: missing: a gemma3 config (Gemma3Config) holds its language "
+                               "model there")
+    path.write_text(json.dumps(LLAVA | {"text_config": LLAVA_TEXT | {"model_type": "mixtral",
+                                                                     "num_local_experts": 8}}))
+    code, _, err = run_cli(capsys, "inspect", "model", str(path))
+    one_line_exit_2(code, err, f"{path}: text_config: num_local_experts: mixture-of-experts models")

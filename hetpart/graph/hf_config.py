@@ -1,6 +1,7 @@
 """Read a Hugging Face ``config.json`` (GPT-2, Llama-like, other dense GPT lineages, OPT, BERT and its kin RoBERTa,
 XLM-R, CamemBERT, DistilBERT) into a
-:class:`TransformerConfig`; mixture-of-experts, encoder-decoder and state-space configs are refused."""
+:class:`TransformerConfig`, and the language model of vision-language configs (Gemma 3, LLaVA: their ``text_config``);
+mixture-of-experts, encoder-decoder and state-space configs are refused."""
 
 from __future__ import annotations
 
@@ -274,6 +275,8 @@ def _to_transformer(data: Any, source: str) -> TransformerConfig:
     if model_type == "refinedweb" and data.get("new_decoder_architecture") is None:
         data = data | {"new_decoder_architecture": True}  # RefinedWeb is Falcon-40B's architecture
     model_type = _ALIASES.get(model_type, model_type)
+    if model_type in _VISION_LANGUAGE:
+        return _text_model(data, source, model_type)
     _refuse_unsupported(data, model_type, source)
     try:
         cfg = _shape(data, source, model_type)
@@ -287,6 +290,41 @@ def _to_transformer(data: Any, source: str) -> TransformerConfig:
         return with_head_task(replace(cfg, unmodelled=unmodelled) if unmodelled else cfg, data, source)
     except ValueError as exc:  # shape checks of TransformerConfig
         raise ModelError(f"{source}: {exc}; fix the config") from None
+
+
+_VISION_LANGUAGE = {"gemma3": ("gemma3_text", "Gemma3Config"), "llava": ("llama", "LlavaConfig"),
+                    "llava_next": ("llama", "LlavaNextConfig"), "llava_onevision": ("qwen2", "LlavaOnevisionConfig"),
+                    "mistral3": ("mistral", "Mistral3Config"), "paligemma": ("gemma", "PaliGemmaConfig")}
+"""Vision-language configs whose language model is a decoder read here, in ``text_config``: the model type
+transformers gives a ``text_config`` that states none (``sub_configs_defaults`` of the class named), and the
+class. The vision tower and projector in front of it are left out (a note says so)."""
+_IMAGE_TOKENS = ("mm_tokens_per_image", "image_seq_length")
+"""Keys of the tokens one image adds to the sequence (Gemma3Config, LlavaConfig)."""
+
+
+def _text_model(data: dict, source: str, model_type: str) -> TransformerConfig:
+    """The language model of the vision-language config ``data``: its ``text_config`` read as a config of its
+    own, ``tie_word_embeddings`` of the whole model applied (Gemma 3 ties by the top-level key; LLaVA ties when
+    either says so), with a note that the vision tower is left out."""
+    default_type, cls = _VISION_LANGUAGE[model_type]
+    text = data.get("text_config")
+    if not isinstance(text, dict):
+        raise v.fail(ModelError, source, "text_config", f"{'missing' if text is None else 'expected a mapping'}: a "
+                     f"{model_type} config ({cls}) holds its language model there, which hetpart reads (the vision "
+                     "tower is left out); add the text model's config")
+    text = {"model_type": default_type} | text
+    tied = data.get("tie_word_embeddings")
+    if isinstance(tied, bool) and (tied or model_type == "gemma3"):
+        text["tie_word_embeddings"] = tied
+    vision = data.get("vision_config")
+    tower = (f" ({vision.get('model_type')}, {vision.get('num_hidden_layers')} layers)"
+             if isinstance(vision, dict) and vision.get("model_type") else "")
+    per_image = next((data[k] for k in _IMAGE_TOKENS if isinstance(data.get(k), int)), None)
+    tokens = f"; each image's {per_image} tokens count as text tokens in the sequence length" if per_image else ""
+    _note(f"{source}: model_type {model_type} ({cls}): the language model (text_config, "
+          f"{text['model_type']}) alone is modelled; the vision tower{tower} and its projector are left out"
+          f"{tokens}")
+    return _to_transformer(text, f"{source}: text_config")
 
 
 _PARALLEL_BLOCK = {"falcon": ("parallel_attn", True), "gpt_neox": ("use_parallel_residual", True), "phi": (None, True),
