@@ -187,3 +187,29 @@ def test_a_vision_language_config_without_its_text_model_is_one_line(capsys, tmp
                                                                      "num_local_experts": 8}}))
     code, _, err = run_cli(capsys, "inspect", "model", str(path))
     one_line_exit_2(code, err, f"{path}: text_config: num_local_experts: mixture-of-experts models")
+
+
+# ----------------------------------------------------------------------------- 4. export warnings, grouped
+def _uneven_plan(tmp_path: Path, **fields) -> Path:
+    """Four one-GPU replicas of gpt2-small on tiny-mixed, the A100s given 3 of the 8 sequences each."""
+    from hetpart.plan import Plan, Replica, Stage
+
+    replicas = tuple(Replica(share, (Stage((0, 14), (device,), 1),))
+                     for share, device in ((0.375, "0/0/0"), (0.375, "0/0/1"), (0.125, "1/0/0"), (0.125, "1/0/1")))
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=128, replicas=replicas, precision="fp16",
+                meta={"model": "gpt2-small", "cluster": "tiny-mixed"}, **fields)
+    path = tmp_path / "uneven.json"
+    plan.save(path)
+    return path
+
+
+def test_export_warnings_group_equal_shares(capsys, tmp_path: Path) -> None:
+    plan = _uneven_plan(tmp_path, zero=1, shard_fractions=(0.375, 0.375, 0.125, 0.125))
+    code, _, err = run_cli(capsys, "export", str(plan), "--to", "megatron")
+    assert code == 0, err
+    assert ("megatron cannot express uneven data-parallel replicas (batch shares 0.375 x2, 0.125 x2): every replica "
+            "gets global_batch / dp there") in err
+    assert "uneven shards (shard_fractions 0.375 x2, 0.125 x2)" in err
+    from hetpart.export import _runs
+
+    assert _runs([0.5, 0.25, 0.25, 0.5, 0.0234, 0.0234]) == "0.500, 0.250 x2, 0.500, 0.023 x2"  # runs keep the order
