@@ -213,3 +213,19 @@ def test_export_warnings_group_equal_shares(capsys, tmp_path: Path) -> None:
     from hetpart.export import _runs
 
     assert _runs([0.5, 0.25, 0.25, 0.5, 0.0234, 0.0234]) == "0.500, 0.250 x2, 0.500, 0.023 x2"  # runs keep the order
+
+
+# ----------------------------------------------------------------------------- 5. DeepSpeed under fp8
+def test_deepspeed_export_of_an_fp8_plan_enables_bf16_and_says_why() -> None:
+    from hetpart.export import export_plan
+    from hetpart.graph import load_model
+    from hetpart.plan import Plan, Replica, Stage
+
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=128, precision="fp8",
+                replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0",), 1),)),))
+    result = export_plan(plan, load_model("gpt2-small", seq_len=128), "deepspeed")
+    config = json.loads(result.text)
+    assert config["bf16"] == {"enabled": True} and "fp16" not in config
+    assert not any("fp8" in p for p in result.cannot_express)
+    assert any(n.startswith("precision fp8: the engine runs in bf16 (bf16.enabled) and the matrix multiplies in fp8 "
+                            "under Transformer Engine") and "te.fp8_autocast" in n for n in result.notes)
