@@ -28,8 +28,10 @@ One training step of a :class:`~hetpart.plan.Plan`:
    HBM bandwidth,
    after the slowest gradient all-reduce (global gradient-norm clipping needs them all). With host offload
    (``plan.offload``, :mod:`~hetpart.costmodel.offload`) the step runs on the CPU at the node's memory
-   bandwidth, shared by the node's devices, plus the host copies: per unit and micro-batch beside the
-   sharded collectives where the states live on the host unit by unit, else once per step.
+   bandwidth, shared by the node's devices, reading the fp32 gradient (``cpu_step_bytes``: Adam 30 bytes a
+   parameter under fp16 too), plus the host copies (``host_copy_bytes``: the gradient out in fp32, the
+   parameters back in the training dtype): per unit and micro-batch beside the sharded collectives where the
+   states live on the host unit by unit, else once per step.
 
 Memory per device follows :mod:`~hetpart.costmodel.memory`; an offloaded plan's states in host memory are
 checked against each node's (:meth:`Simulator.host_state_gb`).
@@ -70,7 +72,8 @@ from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
 from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, chunk_flights,
                                       in_flight_microbatches, pipeline_recv_buffer_bytes,
                                       optimizer_step_bytes, state_bytes_per_param)
-from hetpart.costmodel.offload import cpu_step_s, device_state_parts, host_link_gbyte_s, host_memory_gb, host_state_bytes
+from hetpart.costmodel.offload import (cpu_step_bytes, cpu_step_s, device_state_parts, host_copy_bytes, host_link_gbyte_s,
+                                      host_memory_gb, host_state_bytes)
 from hetpart.costmodel.sharding import collective_pad, exposed_unit_comm_s, memory_zero, microbatches_run, sharded_delta_gb, \
     state_bytes, tied_params_held
 from hetpart.costmodel.profile import BoundProfile, Profile
@@ -1550,13 +1553,15 @@ class Simulator:
         """The per-unit, per-micro-batch communication of each (replica, virtual stage): the sharded collectives
         of :meth:`_shard_comm` plus the host copies of an offloaded plan (:mod:`~hetpart.costmodel.offload`):
         ``full`` copies each unit's parameter shard to the device before its gathers and its gradient shard
-        back after its reduce-scatter, ``optimizer`` at level 2-3 only the gradient shard back. Values are
-        ``(unit, before, after)``; None when there is nothing per unit."""
+        to the host after its reduce-scatter, ``optimizer`` at level 2-3 only the gradient shard to the host.
+        The gradient crosses in fp32, the parameters in the training dtype
+        (:func:`~hetpart.costmodel.offload.host_copy_bytes`). Values are ``(unit, before, after)``; None when
+        there is nothing per unit."""
         zero = memory_zero(plan)
         both = plan.offload == "full"
         if not both and not (plan.offload == "optimizer" and zero >= 2):
             return shard_comm
-        w = state_bytes(plan.precision, plan.optimizer)[0]  # 16-bit weights and gradients: the same bytes
+        out_bytes, back_bytes = host_copy_bytes(plan.precision)
         out: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
         for r, rep in enumerate(plan.replicas):
             fraction = self._fraction(plan, r) if zero else 1.0
@@ -1566,9 +1571,9 @@ class Simulator:
                 base = {x[0]: x[1:] for x in (shard_comm or {}).get((r, k), ())}
                 rows = []
                 for u in range(*st.layers):
-                    copy = self._tables.params_per_device(u, u + 1, tp) * fraction * w / link
+                    shard = self._tables.params_per_device(u, u + 1, tp) * fraction / link
                     gather, scatter = base.get(u, (0.0, 0.0))
-                    rows.append((u, gather + (copy if both else 0.0), scatter + copy))
+                    rows.append((u, gather + (shard * back_bytes if both else 0.0), scatter + shard * out_bytes))
                 out[(r, k)] = rows
         return out
 
@@ -1751,20 +1756,22 @@ class Simulator:
         """The optimizer step of one device holding ``params`` parameters (``fraction`` of their states):
         on the device (:meth:`_optimizer_s`), or for an offloaded plan on the CPU, sharing the node's memory
         bandwidth with the node's other devices of the plan, plus the host copies that are not per unit
-        (:mod:`~hetpart.costmodel.offload`): the gradient shard to the host at levels 0-1 and, at
-        ``optimizer``, the updated 16-bit shard back."""
+        (:mod:`~hetpart.costmodel.offload`): the fp32 gradient shard to the host at levels 0-1 and, at
+        ``optimizer``, the updated shard back in the training dtype
+        (:func:`~hetpart.costmodel.offload.host_copy_bytes`). The CPU reads the fp32 gradient
+        (:func:`~hetpart.costmodel.offload.cpu_step_bytes`: Adam 30 bytes a parameter under fp16 and bf16)."""
         share = params * fraction
         if plan.offload == "none":
             return self._optimizer_s(devices, share, plan.optimizer, plan.precision)
         node_of = self._offload_nodes(plan)
         sharing = max(node_of[(dev.group, dev.node)] for dev in map(self.cluster.device, devices))
         first = self.cluster.device(devices[0])
-        t = cpu_step_s(share, optimizer_step_bytes(plan.optimizer, plan.precision), self.cluster.groups[first.group],
+        t = cpu_step_s(share, cpu_step_bytes(plan.optimizer, plan.precision), self.cluster.groups[first.group],
                        sharing)
         if plan.offload == "optimizer":
-            w, g, _ = state_bytes(plan.precision, plan.optimizer)
+            out_bytes, back_bytes = host_copy_bytes(plan.precision)
             link = min(host_link_gbyte_s(gpu) for gpu in self._group(devices).gpus) * 1e9
-            t += share * w / link + (share * g / link if zero <= 1 else 0.0)
+            t += share * back_bytes / link + (share * out_bytes / link if zero <= 1 else 0.0)
         return t
 
     def _offload_nodes(self, plan: Plan) -> dict[tuple[int, int], int]:
