@@ -26,7 +26,10 @@ single lucky or unlucky run must not decide, and a tie keeps the simulator's pla
 held-out and final ones, the race's included (``DIR/correction-final.json``). The loop's plan and
 the simulator-only plan are then measured ``repeats`` times each, interleaved, and the JSON of
 shared/CONTRACT.md is returned. ``DIR/state.json`` records what is done,
-so a loop started again with the same ``--out`` resumes where it stopped (run records included).
+so a loop started again with the same ``--out`` resumes where it stopped (run records included). A finished
+loop started again with more ``--iterations`` runs the new iterations and then chooses and measures its plan
+anew (race and final runs are numbered with the iteration count at that end; the earlier decision is kept in
+``state.json`` under ``decisions``).
 
 Grounds: ``emulated`` (the cluster emulated on local CPU processes, with
 :class:`~hetpart.runtime.emulation.EmulationEffects` the simulator does not model), ``cpu`` (real
@@ -552,12 +555,34 @@ def run_loop(cfg: LoopConfig, say: Callable[[str], None] = lambda s: None) -> di
     try:
         simulator_plan = Plan.from_dict(state["simulator_plan"])
         policy_path = Path(state["policy"]) if state.get("policy") else None
+        _reopen(loop)
         for iteration in range(len(state["iterations"]), cfg.iterations):
             policy_path = _iteration_step(loop, iteration, simulator_plan, policy_path, tracker)
         result = _finish(loop, simulator_plan, policy_path, tracker)
     finally:
         tracker.finish()
     return result
+
+
+def _reopen(loop: _Loop) -> None:
+    """A loop that chose its plan after fewer iterations than ``cfg.iterations`` asks for now continues: its
+    decision (the loop's plan and its final measurements) moves to ``state["decisions"]``, so that the loop
+    decides again, by a race and final runs of its own, after the new iterations."""
+    state, done = loop.state.data, len(loop.state.data["iterations"])
+    if "loop_plan" not in state or done >= loop.cfg.iterations:
+        return
+    loop.say(f"the loop chose its plan after {done} iteration(s); it continues to {loop.cfg.iterations} and "
+             "then chooses again")
+    state.setdefault("decisions", []).append({"iterations": done, "loop_plan": state.pop("loop_plan"),
+                                              "final": state["final"]})
+    state["final"] = []
+    loop.state.save()
+
+
+def _end_runs(records: list, role: str, end: int) -> list:
+    """The ``role`` (``race`` or ``final``) runs of the decision taken after ``end`` iterations: they carry
+    ``end`` as their iteration (an earlier decision's carry its own count)."""
+    return [r for r in records if _role(r) == role and _iteration(r) == end]
 
 
 ROLE_TRIES = 4
@@ -591,7 +616,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     say(f"iteration {iteration} ({iteration + 1} of {cfg.iterations}): the policy proposes plans")
     pool = loop.proposals(loop.predictor(loop.correction(records)), policy_path, iteration, records)
     roles = loop.roles(iteration)
-    done_here = [_role(r) for r in records if _iteration(r) == iteration]
+    done_here = [_role(r) for r in records if _iteration(r) == iteration and _role(r) not in END_ROLES]
     for role in done_here:  # a resumed iteration: what already ran is not run again
         if role in roles:
             roles.remove(role)
@@ -607,7 +632,7 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     say(f"  refitted on {len(correction.r)} runs ({trend}); {errors_line(errors)}")
     say(policy_training_line(cfg.policy_timesteps))
     policy_path = loop.train_policy(correction, policy_path, iteration, tracker)
-    here = [r for r in records if _iteration(r) == iteration]
+    here = [r for r in records if _iteration(r) == iteration and _role(r) not in END_ROLES]
     summary = {"iteration": iteration, "runs": len(here), "trained_on": len(correction.r),
                "correction_ridge": correction.ridge,  # None: no linear term (leave-one-out kept none)
                "best_measured_tokens_per_s": max((r.measured.tokens_per_s for r in here), default=None),
@@ -619,6 +644,10 @@ def _iteration_step(loop: _Loop, iteration: int, simulator_plan, policy_path: Pa
     loop.state.save()
     return policy_path
 
+
+END_ROLES = ("race", "final")
+"""Roles of the runs after the last iteration, numbered with the iteration count at that end; a loop continued
+with more iterations numbers its next iteration so too, and tells them apart by role."""
 
 UNSEEN_ROLES = ("held_out", "final")
 """Roles of the runs the correction never trains on; the loop's errors are measured on those of them whose plan
@@ -730,6 +759,7 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     from hetpart.plan import Plan
 
     cfg, state, say = loop.cfg, loop.state.data, loop.say
+    end = len(state["iterations"])  # the race and final runs of this decision carry it as their iteration
     records = loop.records()
     if "loop_plan" not in state:
         # the loop ends with the fastest plan it measured (median of its runs): the policy and the
@@ -743,14 +773,14 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
         contenders = sorted(measured, key=lambda k: -statistics.median(measured[k][1]))[:cfg.race]
         if cfg.race > 1 and incumbent in measured and incumbent not in contenders:
             contenders.append(incumbent)
-        raced = {_plan_key(_record_plan(r)) for r in records if _role(r) == "race"}
+        raced = {_plan_key(_record_plan(r)) for r in _end_runs(records, "race", end)}
         if cfg.race <= 1:
             say(f"  no race (--race {cfg.race}): the best median so far, {_describe(measured[contenders[0]][0])} on "
                 f"{len(measured[contenders[0]][1])} run(s), is the loop's plan; the three-run guard of the "
                 "simulator's plan is off")
         if len(contenders) > 1:
             for key in contenders:
-                if key not in raced and loop.run(measured[key][0], "race", cfg.iterations) is None:
+                if key not in raced and loop.run(measured[key][0], "race", end) is None:
                     say(f"  race run of {_describe(measured[key][0])} failed; its earlier runs stand")
             records = loop.records()
         both = _measured_by_plan(records, ("final",))
@@ -760,7 +790,7 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
         while best is None:
             leader = max(contenders, key=lambda k: statistics.median(both[k][1]))
             say(f"  race: {_describe(measured[leader][0])} leads the simulator's plan; one more run of each")
-            if any(loop.run(measured[k][0], "race", cfg.iterations) is None for k in (incumbent, leader)):
+            if any(loop.run(measured[k][0], "race", end) is None for k in (incumbent, leader)):
                 say("  a race run failed; the race is decided on the runs there are")
                 records = loop.records()
                 both = _measured_by_plan(records, ("final",))
@@ -779,13 +809,13 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
     # first measured as held out, then raced, is no longer unseen), never on the held-out or final runs
     correction = loop.correction(records)
     correction.save(loop.out / "correction-final.json")
-    done = [r for r in records if _role(r) == "final"]
+    done = _end_runs(records, "final", end)
     same = _plan_key(simulator_plan) == _plan_key(loop_plan)
     # one plan is measured once per repeat and reported for both (the same runs, not two noisy draws)
     order = [("simulator_plan", simulator_plan)] * cfg.repeats if same else \
         [("simulator_plan", simulator_plan), ("loop_plan", loop_plan)] * cfg.repeats
     for which, plan in order[len(done):]:
-        rec = loop.run(plan, "final", cfg.iterations)
+        rec = loop.run(plan, "final", end)
         if rec is None:
             raise RuntimeFault(f"loop: the final run of the {which.replace('_', ' ')} failed (above); run the loop "
                                f"again with --out {loop.out} to retry it")
@@ -810,7 +840,7 @@ def _finish(loop: _Loop, simulator_plan, policy_path: Path | None, tracker) -> d
               "measured_runs": len(records), "trained_on": len(correction.r), "out": str(loop.out),
               "effects": loop.effects}
     tracker.log({"loop/final_simulator_plan_tokens_per_s": result["measured_tokens_per_s_simulator_plan"],
-                 "loop/final_loop_plan_tokens_per_s": result["measured_tokens_per_s_loop_plan"]}, step=cfg.iterations)
+                 "loop/final_loop_plan_tokens_per_s": result["measured_tokens_per_s_loop_plan"]}, step=end)
     return result
 
 

@@ -4,6 +4,7 @@ and the trained PPO steps are the ones announced."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 from types import SimpleNamespace
@@ -129,3 +130,72 @@ def test_train_policy_resume_logs_only_the_resumed_run_episodes(tmp_path, monkey
     (run,) = (tmp_path / "runs").glob("policy-resumed__*")
     logged = _last_logged(run / "progress.csv", "rollout/ep_rew_mean")
     assert logged == pytest.approx(statistics.fmean(returns[-100:]), abs=1e-6)
+
+
+def test_reopen_moves_an_earlier_decision_aside_only_when_iterations_are_added(tmp_path):
+    """``_reopen``: a loop that decided after 1 iteration and is now asked for 2 forgets its plan and final runs
+    (kept under ``decisions``); asked for 1 again, or never decided, nothing moves."""
+    from hetpart.experiments.loop import _reopen
+
+    def loop(iterations: int, data: dict):
+        saved = []
+        state = SimpleNamespace(data=data, save=lambda: saved.append(dict(data)))
+        return SimpleNamespace(cfg=SimpleNamespace(iterations=iterations), state=state, say=lambda line: None), saved
+
+    decided = {"iterations": [{"iteration": 0}], "loop_plan": {"p": 1}, "final": [{"plan": "loop_plan"}]}
+    same, saved = loop(1, json_copy(decided))
+    _reopen(same)
+    assert same.state.data == decided and not saved
+    more, saved = loop(2, json_copy(decided))
+    _reopen(more)
+    assert "loop_plan" not in more.state.data and more.state.data["final"] == [] and saved
+    assert more.state.data["decisions"] == [{"iterations": 1, "loop_plan": {"p": 1},
+                                            "final": [{"plan": "loop_plan"}]}]
+    undecided, saved = loop(2, {"iterations": [{"iteration": 0}], "final": []})
+    _reopen(undecided)
+    assert "decisions" not in undecided.state.data and not saved
+
+
+def json_copy(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+@pytest.mark.slow
+def test_a_finished_loop_given_more_iterations_continues_and_decides_again(tmp_path):
+    """Probe 2026-12-01: ``--iterations 2`` on a loop finished after 1 ran iteration 1 and then reported the old
+    decision and its final runs. Now the new end races and measures anew (its race and final runs numbered 2),
+    the first decision is kept in state.json, and a third start runs nothing. The smallest loop of
+    tests/test_loop.py (2 emulated CPU processes)."""
+    from hetpart.experiments.loop import LoopConfig, _plan_key, _record_plan, _role, run_loop
+    from hetpart.records import load_records
+
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\nnodes:\n  - {count: 1, gpus_per_node: 1, gpu: A100-40GB, intra_node: NVLink3, "
+                       "nic: Ethernet-25}\n  - {count: 1, gpus_per_node: 1, gpu: V100-16GB, intra_node: NVLink2, "
+                       "nic: Ethernet-25}\n")
+    keys = dict(cluster=str(cluster), model="gpt2-small", runs_per_iteration=2, explore=0, held_out=1, repeats=1,
+                global_batch=8, seq_len=256, steps=1, policy_timesteps=64, samples=4, tracker="tensorboard",
+                out=str(tmp_path / "loop"))
+    said: list[str] = []
+    first = run_loop(LoopConfig(iterations=1, **keys), said.append)
+    ended = len(load_records(tmp_path / "loop" / "runs.jsonl"))
+    second = run_loop(LoopConfig(iterations=2, **keys), said.append)
+    records = load_records(tmp_path / "loop" / "runs.jsonl")
+    tag = lambda r: (r.original_plan["meta"]["loop"]["iteration"], _role(r))  # noqa: E731
+    new = [tag(r) for r in records[ended:]]
+    ran = [role for it, role in new if it == 1]  # exploit is skipped when no fresh plan is within the trust region
+    assert ran and set(ran) <= {"exploit", "held_out"} and new[:len(ran)] == [(1, role) for role in ran]
+    assert set(new[len(ran):]) <= {(2, "race"), (2, "final")} and (2, "final") in new
+    assert any("continues to 2 and then chooses again" in line for line in said)
+    assert len(second["iterations"]) == 2 and second["iterations"][1]["roles"] == ran
+    # the second decision's measurements are its own final runs, not the first's
+    sim_key = _plan_key(_record_plan(records[0]))
+    finals = [r for r in records[ended:] if _role(r) == "final" and _plan_key(_record_plan(r)) == sim_key]
+    assert second["measured_tokens_per_s_runs"]["simulator_plan"] == [r.measured.tokens_per_s for r in finals]
+    state = json.loads((tmp_path / "loop" / "state.json").read_text())
+    (earlier,) = state["decisions"]
+    assert earlier["iterations"] == 1 and len(earlier["final"]) == (1 if first["same_plan"] else 2)
+    assert earlier["loop_plan"] and state["final"] and "loop_plan" in state
+    again = run_loop(LoopConfig(iterations=2, **keys), said.append)
+    assert len(load_records(tmp_path / "loop" / "runs.jsonl")) == len(records)
+    assert again["measured_tokens_per_s_loop_plan"] == second["measured_tokens_per_s_loop_plan"]
