@@ -148,7 +148,7 @@ def _summary(plan: "Plan", m: Mapping[str, Any], bound: Mapping[str, Any] | None
         kpis.append(_kpi(f"{m['tokens_per_s'] / bound['tokens_per_s'] * 100:.1f}%", "of HETHUB's upper bound"))
     shape = (f"{plotting.replicas_text(plan.dp)}, micro-batch {plan.micro_batch}, schedule {plan.schedule}"
              f"{f' x{plan.interleave}' if plan.interleave > 1 else ''}, recompute {plan.recompute}, "
-             f"precision {plan.precision}"
+             f"precision {plan.precision}{f', context parallel cp {plan.cp}' if plan.cp > 1 else ''}"
              f"{f', ZeRO {plan.zero}' if plan.zero else ''}{f', offload {plan.offload}' if plan.offload != 'none' else ''}")
     return f'<section id="summary"><h2>Summary</h2><div class="kpis">{"".join(kpis)}</div><p>{html.escape(shape)}</p></section>'
 
@@ -215,7 +215,9 @@ def _stages_section(plan: "Plan", cluster: "Cluster", model: "ModelGraph") -> st
         for k, s in enumerate(rep.stages):
             gpu = ",".join(dict.fromkeys(cluster.device(d).gpu.name for d in s.devices))
             rows.append([g.label if k == 0 else "", f"{rep.batch_share:.3f}" if k == 0 else "", k,
-                         units_text(s.layers, model), compress_device_ids(s.devices), gpu, s.tp])
-    table = html_table(["replicas", "share", "stage", "units", "devices (first replica)", "gpu", "tp"], rows,
-                       table_id="stages-table", numeric=[False, True, True, False, False, False, True])
+                         units_text(s.layers, model), compress_device_ids(s.devices), gpu, s.tp]
+                        + ([plan.cp] if plan.cp > 1 else []))
+    cp = plan.cp > 1  # as the text table: a cp column only where the plan splits sequences (tp x cp devices a stage)
+    table = html_table(["replicas", "share", "stage", "units", "devices (first replica)", "gpu", "tp"] + ["cp"] * cp,
+                       rows, table_id="stages-table", numeric=[False, True, True, False, False, False, True] + [True] * cp)
     return f'<section id="stages"><h2>Stages</h2>{table}</section>'

@@ -229,3 +229,23 @@ def test_deepspeed_export_of_an_fp8_plan_enables_bf16_and_says_why() -> None:
     assert not any("fp8" in p for p in result.cannot_express)
     assert any(n.startswith("precision fp8: the engine runs in bf16 (bf16.enabled) and the matrix multiplies in fp8 "
                             "under Transformer Engine") and "te.fp8_autocast" in n for n in result.notes)
+
+
+# ----------------------------------------------------------------------------- 6. show --html and cp
+def test_show_html_states_the_context_parallel_degree(capsys, tmp_path: Path) -> None:
+    from hetpart.plan import Plan, Replica, Stage
+
+    plan = Plan(global_batch=8, micro_batch=1, seq_len=128, cp=2, precision="fp16",
+                replicas=(Replica(1.0, (Stage((0, 14), ("0/0/0", "0/0/1"), 1),)),),
+                meta={"model": "gpt2-small", "cluster": "tiny-mixed"})
+    path = tmp_path / "cp.json"
+    plan.save(path)
+    code, out, err = run_cli(capsys, "show", str(path))
+    assert code == 0 and "cp=2" in out, err  # what the text view says
+    html = tmp_path / "cp.html"
+    code, _, err = run_cli(capsys, "show", str(path), "--html", str(html))
+    assert code == 0, err
+    page = html.read_text()
+    assert "precision fp16, context parallel cp 2" in page
+    stages = page[page.index('id="stages-table"'):]
+    assert "<th>tp</th><th>cp</th></tr>" in stages and "<td class=num>1</td><td class=num>2</td></tr>" in stages
