@@ -68,7 +68,7 @@ from hetpart.costmodel.context_parallel import kv_bytes_per_step, ring_exposed_s
 from hetpart.costmodel.device_group import DeviceGroupFacts, device_group_facts
 from hetpart.costmodel.efficiency import EfficiencyCurve
 from hetpart.costmodel.links import achieved_link, node_nic_gbyte_s, zone_gbyte_s
-from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels
+from hetpart.costmodel.activations import DEFAULT_KERNELS, check_kernels, effective_attention
 from hetpart.costmodel.memory import (GRAD_BYTES, MOMENT_BYTES, OPTIMIZER_STEP_BYTES, PrefixTables, chunk_flights,
                                       in_flight_microbatches, pipeline_recv_buffer_bytes,
                                       optimizer_step_bytes, state_bytes_per_param)
@@ -436,6 +436,7 @@ class Simulator:
 
     def _unit_prefix(self, devices: tuple[str, ...], tp: int, mb: int, precision: str, recompute: str,
                      split: TPSplit | None = None, attention: str = "fused") -> _UnitPrefix:
+        attention = self._attention(attention)
         g = self._group(devices)
         if split is not None or not g.alike:
             return self._uneven_prefix(g, tp, mb, precision, recompute, split, attention, devices)
@@ -462,6 +463,7 @@ class Simulator:
         """Unlike devices or an uneven split: per unit, the slowest device's time for its share of the
         split work (at its local width) plus the work every rank repeats, over its speed factor. The
         Megatron all-reduces keep their full size (each rank adds a full-width partial sum)."""
+        attention = self._attention(attention)
         lines = self._tp_lines(devices) if tp > 1 and devices else ()
         key = ("uneven", g.gpus, g.speeds, split, g.tp_link if tp > 1 else None, tp, mb, precision, recompute,
                attention, lines)
@@ -2108,10 +2110,19 @@ class Simulator:
         return self._metrics(plan, self._run(plan))
 
     def provenance(self, plan: Plan) -> dict[str, Any]:
-        """Where each device type's compute came from and how far to trust it (:mod:`~hetpart.costmodel.provenance`)."""
+        """Where each device type's compute came from and how far to trust it, and which attention kernel this
+        simulator's kernel set priced and why (:mod:`~hetpart.costmodel.provenance`; ``attention``: a 32-bit
+        run is the unfused core under ``fused``, SDPA's memory-efficient kernel under ``torch``)."""
         from hetpart.costmodel.provenance import prediction_provenance
 
-        return prediction_provenance(self.cluster, plan, self._profiled, self._curve_of)
+        return prediction_provenance(self.cluster, plan, self._profiled, self._curve_of, kernels=self.kernels)
+
+    def _attention(self, attention: str) -> str:
+        """The attention this simulator prices for a plan asking for ``attention``: the engine's kernel set
+        decides (:func:`~hetpart.costmodel.activations.effective_attention`; a 32-bit run under ``fused`` falls
+        back to the unfused core), whichever operator counts (``op_counts``) pay the host cost; the memory
+        tables decide alike (:class:`~hetpart.costmodel.memory.PrefixTables` of the same kernel set)."""
+        return effective_attention(attention, self.model.dtype_bytes, self.kernels)
 
     def _check(self, plan: Plan, workload: Workload | None, validate: bool) -> None:
         if validate:
@@ -2213,8 +2224,9 @@ class Simulator:
         samples = plan.global_batch
         model_flops = self.model.train_flops * samples
         # what the recompute mode runs again (Narayanan et al.'s hardware FLOPs); under fused attention
-        # selective recomputation runs nothing beyond what the flash backward always does
-        mode = plan.recompute if plan.attention == "eager" or plan.recompute == "full" else "none"
+        # selective recomputation runs nothing beyond what the flash backward always does (the attention
+        # priced: a 32-bit run under the engine's fused kernels recomputes the unfused core, :meth:`_attention`)
+        mode = plan.recompute if self._attention(plan.attention) == "eager" or plan.recompute == "full" else "none"
         recompute = sum(u.recompute_flops[mode] for u in self.model.units) * samples
         peak = span = bubble = 0.0
         n = 0
