@@ -249,3 +249,25 @@ def test_show_html_states_the_context_parallel_degree(capsys, tmp_path: Path) ->
     assert "precision fp16, context parallel cp 2" in page
     stages = page[page.index('id="stages-table"'):]
     assert "<th>tp</th><th>cp</th></tr>" in stages and "<td class=num>1</td><td class=num>2</td></tr>" in stages
+
+
+def test_show_outputs_replace_only_their_own_files(capsys, tmp_path: Path) -> None:
+    plan = _plan(capsys, tmp_path)
+    records = tmp_path / "runs.jsonl"
+    records.write_text(EXAMPLE_LINE + "\n")
+    code, _, err = run_cli(capsys, "show", str(plan), "--html", str(records))
+    one_line_exit_2(code, err, f"--html: {records} holds hetpart run records")
+    assert records.read_text() == EXAMPLE_LINE + "\n"
+    photo = tmp_path / "photo.png"  # a PNG that matplotlib did not draw (--gantt takes .png, .svg, .pdf only)
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    code, _, err = run_cli(capsys, "show", str(plan), "--gantt", str(photo))
+    one_line_exit_2(code, err, f"--gantt: {photo} exists and is not a chart image")
+    assert photo.read_bytes() == b"\x89PNG\r\n\x1a\n" + bytes(64)
+    chart, page = tmp_path / "g.svg", tmp_path / "r.html"
+    for _ in range(2):  # the second time each replaces its own file
+        code, _, err = run_cli(capsys, "show", str(plan), "--gantt", str(chart), "--html", str(page))
+        assert code == 0, err
+    notes = tmp_path / "notes.html"
+    notes.write_text("<!DOCTYPE html>\n<title>my notes</title>\n")
+    code, _, err = run_cli(capsys, "show", str(plan), "--html", str(notes))
+    one_line_exit_2(code, err, f"--html: {notes} exists and is not an HTML report")

@@ -847,6 +847,17 @@ def _batch_recorded(numbered: list[tuple[int, str]], plans_path: Path, cluster, 
     return loaded
 
 
+def _is_chart(text: str) -> bool:
+    """Whether ``text`` (a file read as text) is an image matplotlib drew: PNG, SVG and PDF name it in their
+    metadata (``Software``, a comment, ``/Creator``), as :func:`hetpart.plotting.save_png` writes them."""
+    return "Matplotlib" in text or "matplotlib" in text
+
+
+def _is_report_page(text: str) -> bool:
+    """Whether ``text`` is a page :func:`hetpart.report.html_page` wrote (its title starts with hetpart)."""
+    return text.startswith("<!DOCTYPE html>") and "<title>hetpart" in text[:4096]
+
+
 def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written by 'hetpart plan --out'."),
                  model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the plan's meta.model)."),
                  cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster (default: the plan's meta.cluster)."),
@@ -882,6 +893,8 @@ def show_command(plan_path: Path = typer.Argument(..., help="A plan JSON written
     for flag, target in (("--gantt", gantt), ("--html", html_out)):
         _validate.refuse_input_as_output(PlanError, target, flag, {"PLAN": plan_path, "--model": model,
                                                                   "--cluster": cluster, "--profile": profile_path})
+    refuse_replacing(gantt, "--gantt", "hetpart show --gantt", "a chart image", _is_chart)
+    refuse_replacing(html_out, "--html", "hetpart show --html", "an HTML report", _is_report_page)
     graph, cl, precision = _load(model, cluster, plan.seq_len, _stated_precision(plan, plan_path), devices=plan.devices,
                                  precision_source=f"{plan_path}: precision", seq_len_source=f"{plan_path}: seq_len")
     plan = replace(plan, precision=precision)
