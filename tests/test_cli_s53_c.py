@@ -120,6 +120,8 @@ def test_a_file_spec_imports_the_file_with_its_package(capsys, tmp_path: Path, m
 def test_a_file_spec_that_is_missing_or_shadowed_is_one_line(capsys, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "inspect", "model", f"python:{tmp_path / 'nope.py'}:build")
     one_line_exit_2(code, err, f"{tmp_path / 'nope.py'}: no such file", "give the .py file")
+    code, _, err = run_cli(capsys, "inspect", "model", "python:s53c_nope.py:build")  # no such file: a module name
+    one_line_exit_2(code, err, "no module named 's53c_nope'", "or give the file: python:/path/to/file.py:FUNCTION")
     shadowed = tmp_path / "json.py"  # the standard library's json would be imported in its place
     shadowed.write_text(TOY_SOURCE)
     code, _, err = run_cli(capsys, "inspect", "model", f"python:{shadowed}:build")

@@ -42,8 +42,9 @@ def split_python_spec(spec: str) -> tuple[str, str]:
 
 
 def _is_file(module: str) -> bool:
-    """Whether the module part names a file (``.py``, or a path) rather than a dotted module name."""
-    return module.endswith(".py") or "/" in module or os.sep in module
+    """Whether the module part names a file (a path, or an existing ``NAME.py`` here) rather than a dotted module
+    name (``pkg.py`` without such a file stays the submodule ``py`` of ``pkg``)."""
+    return "/" in module or os.sep in module or (module.endswith(".py") and Path(module).is_file())
 
 
 def import_python_module(spec: str) -> ModuleType:
