@@ -884,6 +884,9 @@ class ClosedPredictor(_predictor_base()):
         self.head, meta = _HEADS[key]
         self.version = f"closed:{path.name}:epochs{meta.get('epochs', '?')}"
         self._train_gpus = meta.get("train_gpus")
+        from hetpart.costmodel.learned.coverage import checkpoint_scale
+
+        self._train_scale = checkpoint_scale(meta, path, Path(__file__).parent / "checkpoints" / "closed.npz")
         self._bands: dict[tuple[str, ...], tuple] = {}  # (:meth:`_step_band`)
         self._ctx: dict = {}
         self._sim = None

@@ -106,6 +106,9 @@ class LearnedPredictor:
         self._cfg_ood: dict = {}
         self._precision = precision
         self._train_gpus = meta.get("train_gpus")
+        from hetpart.costmodel.learned.coverage import checkpoint_scale
+
+        self._train_scale = checkpoint_scale(meta, path, Path(__file__).parent / "checkpoints" / "surrogate.pt")
         self._bands: dict[tuple[str, ...], tuple] = {}  # (:meth:`_step_band`)
 
     def _context(self, precision: str) -> ScenarioContext:
@@ -231,14 +234,16 @@ class LearnedPredictor:
         return out
 
     def ood_reasons(self, plan: Plan, features_outside: bool = False) -> tuple[str, ...]:
-        """Why ``plan`` is out of this predictor's distribution: its device types the learned models do not
-        cover (the test both learned predictors share), and ``features_outside`` (the feature-range test)."""
-        from hetpart.costmodel.learned.coverage import DeviceCoverage
+        """Why ``plan`` is out of this predictor's distribution: a model or cluster outside the training
+        scenarios' size and its device types the learned models do not cover (the tests both learned predictors
+        share), and ``features_outside`` (the feature-range test)."""
+        from hetpart.costmodel.learned.coverage import DeviceCoverage, scale_reasons
 
         cov = getattr(self, "_coverage", None)
         if cov is None:
             cov = self._coverage = DeviceCoverage(self.cluster, getattr(self, "_train_gpus", None))
-        reasons = tuple(f"{gpu}: {why}" for gpu, why in cov.of(plan.devices).items())
+            self._scale_reasons = scale_reasons(getattr(self, "_train_scale", None), self.model, self.cluster)
+        reasons = self._scale_reasons + tuple(f"{gpu}: {why}" for gpu, why in cov.of(plan.devices).items())
         return reasons + (("plan features outside the training range",) if features_outside else ())
 
     def _estimate(self, plan: Plan, mu: float, log_var: float, ood: bool, batch, row: int) -> LearnedEstimate:

@@ -257,6 +257,9 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
             sched.load_state_dict(saved["scheduler"])
             start_epoch, step = saved["epoch"], saved["step"]
     ranges = input_ranges(train_recs)
+    from hetpart.costmodel.learned.coverage import training_scale
+
+    scale = training_scale(train_recs)  # the predictor flags a model or cluster outside it
     began = time.time()
     epoch = start_epoch
     for epoch in range(start_epoch, cfg.epochs):
@@ -279,12 +282,13 @@ def train(cfg: TrainConfig, records: list[dict[str, Any]], log: Callable[[dict[s
             log({f"costmodel/val/{k}": v for k, v in val.items() if v is not None}, step)
         save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": epoch + 1, "step": step,
                                      "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                     "input_ranges": ranges})
+                                     "input_ranges": ranges, "train_scale": scale})
         if time.time() - began > cfg.time_budget_s:
             break  # the time budget is spent: the final checkpoint below ends the run (no resume)
     report = {split: evaluate_records(model, [r for r in records if r["split"] == split])
               for split in ("train", "val", "test")}
     save_checkpoint(out, model, {"train_config": asdict(cfg), "epoch": cfg.epochs, "epochs_done": epoch + 1,
-                                 "step": step, "input_ranges": ranges, "report": report, "heldout": heldout or {},
+                                 "step": step, "input_ranges": ranges, "train_scale": scale, "report": report,
+                                 "heldout": heldout or {},
                                  "trained_s": time.time() - began, "device": dev.type})
     return model.cpu(), report

@@ -290,6 +290,7 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
     import time
 
     from hetpart.costmodel.learned.closed import ClosedTrainConfig, record_examples, save_head, train_closed
+    from hetpart.costmodel.learned.coverage import training_scale
     from hetpart.costmodel.learned.dataset import load_dataset
     from hetpart.errors import SpecError
 
@@ -307,6 +308,7 @@ def train_closed_command(dataset: Path = typer.Option(Path("runs/costmodel/datas
         head, report = train_closed(examples, cfg, update)
     heldout = {"families": list(data_cfg.get("heldout_families", ())), "shapes": list(data_cfg.get("heldout_shapes", ()))}
     meta = {"epochs": epochs, "seed": seed, "dataset": str(dataset), "heldout": heldout,
+            "train_scale": training_scale(records),  # the predictor flags a model or cluster outside it
             "report": _clean_report(report), "wall_time_s": time.time() - began}
     report = meta["report"]
     save_head(head, out, meta)
