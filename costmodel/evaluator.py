@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from hetpart.errors import PlanError
 from hetpart.plan import Plan
@@ -304,9 +304,15 @@ class Evaluator:
             self._stage_gb[key] = max(self._unit_params(layers, tp))
         return self._stage_gb[key]
 
-    def lower_bound_s(self, plan: Plan) -> float | None:
-        """The predictor's lower bound on ``plan``'s step time; None when it has none."""
-        return self._bound(plan) if self._bound is not None else None
+    def lower_bound_s(self, plan: Plan,
+                      whole: Sequence[tuple[Sequence[str], Sequence[int], Sequence[int]]] | None = None
+                      ) -> float | None:
+        """The predictor's lower bound on ``plan``'s step time; None when it has none. ``whole``: ``plan`` is some
+        replicas of a larger plan, given as (each replica's stages' first devices, their layer boundaries, their
+        ``tp``): the bound is then the larger plan's (:meth:`hetpart.costmodel.simulator.Simulator.lower_bound_s`)."""
+        if self._bound is None:
+            return None
+        return self._bound(plan) if whole is None else self._bound(plan, whole=whole)
 
     # ------------------------------------------------------------------------------------- simulate
     def __call__(self, plan: Plan, *, split: bool = True) -> Evaluated | None:

@@ -51,7 +51,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -769,19 +769,25 @@ class Simulator:
         fraction of the time."""
         v = plan.chunks_per_device
         node_id = self._node_id
-        out: Counter = Counter()
-        into: Counter = Counter()
-        crossing: list[tuple[int, int, int]] = []
+        paths = []
         for rep in plan.replicas:
             stages = rep.stages
             hops = min(len(stages) - 1, len(stages) // v)
-            if hops < 1:
-                continue
-            ends = [node_id(s.devices[0]) for s in stages[:hops + 1]]
-            for k in range(hops):
+            if hops >= 1:
+                ends = stages[:hops + 1]
+                paths.append(([node_id(s.devices[0]) for s in ends], [s.tp for s in ends]))
+        return self._flows_of_paths(paths)
+
+    def _flows_of_paths(self, paths: Iterable[tuple[Sequence[int], Sequence[int]]]) -> dict:
+        """:meth:`_pipeline_flows_plain` from each replica's distinct hops: (the nodes of its stages, their ``tp``)."""
+        out: Counter = Counter()
+        into: Counter = Counter()
+        crossing: list[tuple[int, int, int]] = []
+        for ends, tps in paths:
+            for k in range(len(ends) - 1):
                 na, nb = ends[k], ends[k + 1]
                 if na != nb:
-                    src, dst = stages[k].tp, stages[k + 1].tp
+                    src, dst = tps[k], tps[k + 1]
                     shards = src if src >= dst else dst
                     out[na] += shards
                     into[nb] += shards
@@ -1885,7 +1891,8 @@ class Simulator:
         """The full report (:meth:`simulate`)."""
         return self.simulate(plan, workload, validate=validate, trace=trace)
 
-    def lower_bound_s(self, plan: Plan) -> float:
+    def lower_bound_s(self, plan: Plan, *,
+                      whole: Sequence[tuple[Sequence[str], Sequence[int], Sequence[int]]] | None = None) -> float:
         """A step time :meth:`estimate` never goes below, from per-stage costs and the gradients' traffic.
 
         Per pipeline device ``d`` of a replica with ``m`` micro-batches: it computes ``m`` forwards and
@@ -1901,6 +1908,13 @@ class Simulator:
         they read (:meth:`_bound_stages`, micro-batches, shard fraction) adds nothing and is skipped: a
         1,024-GPU plan's 16-128 replicas are a few classes. Each stage's terms are memoised by the same key.
         ``tests/test_policy_speed_s48b_bound.py`` compares it with the replica-by-replica walk, bit for bit.
+
+        ``whole``: where ``plan`` holds some replicas of a larger plan (one per class of replicas alike,
+        :func:`hetpart.policies.plan_proportional._class_bounds`), that plan's replicas as (the first device of
+        each stage, the stages' layer boundaries, their ``tp``): the sends share the NICs with the whole plan's
+        (:meth:`_whole_flows`) and the gradient term counts the nodes holding each unit in it, so the bound is the
+        whole plan's where ``plan`` has one replica of each class (without building it: at 1,024 GPUs a plan of
+        128 replicas takes as long to build as its bound).
         """
         v = plan.chunks_per_device
         pipe = optim = 0.0
@@ -1910,9 +1924,10 @@ class Simulator:
         step_bytes = optimizer_step_bytes(plan.optimizer, plan.precision)
         memo = (self._bound_terms.setdefault((plan.micro_batch, plan.precision, plan.recompute, plan.attention), {})
                 if cp_flows is None else None)
-        sync = several and self._sync_bounded(plan)
-        flows = (self._pipeline_flows(plan) if self._sharing is None and any(rep.pp > 1 for rep in plan.replicas)
-                 else None)
+        sync = (several or whole is not None) and self._sync_bounded(plan, whole)
+        flows = None
+        if self._sharing is None and any(rep.pp > 1 for rep in plan.replicas):
+            flows = self._pipeline_flows(plan) if whole is None or plan.cp > 1 else self._whole_flows(whole, v)
         ready: list[list[float]] = []  # per replica, per pipeline device: its last backward's earliest start
         for r, rep in enumerate(plan.replicas):
             m, fraction = plan.num_microbatches(r), self._fraction(plan, r)
@@ -1934,7 +1949,7 @@ class Simulator:
                 ready.append(starts)
             pipe, optim = max(pipe, p), max(optim, o)
         if sync:
-            pipe = max(pipe, self._sync_bound_s(plan, ready))
+            pipe = max(pipe, self._sync_bound_s(plan, ready, whole))
         return (pipe + optim) * _BOUND_SLACK
 
     def _replica_bound(self, plan: Plan, rep, m: int, fraction: float, v: int, cp_flows: dict[int, int] | None,
@@ -1976,6 +1991,17 @@ class Simulator:
                                                        step_bytes))
         return pipe, optim, starts
 
+    def _whole_flows(self, whole: Sequence, v: int) -> dict:
+        """:meth:`_pipeline_flows` of the plan :meth:`lower_bound_s`'s ``whole`` describes (without context
+        parallelism)."""
+        nodes = self._nodes
+        paths = []
+        for firsts, _, tps in whole:
+            hops = min(len(firsts) - 1, len(firsts) // v)
+            if hops >= 1:
+                paths.append(([nodes[d] for d in firsts[:hops + 1]], tps[:hops + 1]))
+        return self._flows_of_paths(paths)
+
     def _bound_sends(self, plan: Plan, rep, flows: dict) -> tuple[float, ...]:
         """Per boundary of ``rep``'s pipeline: the seconds its transfer keeps the sender (and, sending the
         gradient back, the receiver) busy, as :meth:`_pipe` prices it (0 where the send does not block)."""
@@ -1984,14 +2010,15 @@ class Simulator:
         return tuple([self._p2p_s(stages[k], stages[k + 1], mb, flows, cp)
                       if self._send_blocks(stages[k], stages[k + 1]) else 0.0 for k in range(len(stages) - 1)])
 
-    def _sync_bounded(self, plan: Plan) -> bool:
-        """Whether :meth:`_sync_bound_s` prices ``plan``'s gradient traffic: data parallelism without sharded
-        gradients (levels 0-1: one all-reduce or reduce-scatter per run after the backward), context
-        parallelism, host offload, a profile's measured links or shared host cores (their own pricing)."""
-        return (plan.dp > 1 and plan.zero <= 1 and plan.cp == 1 and plan.offload == "none"
+    def _sync_bounded(self, plan: Plan, whole: Sequence | None = None) -> bool:
+        """Whether :meth:`_sync_bound_s` prices ``plan``'s gradient traffic (or that of the ``whole`` plan it is part
+        of): data parallelism without sharded gradients (levels 0-1: one all-reduce or reduce-scatter per run
+        after the backward); not context parallelism, host offload, a profile's measured links or shared host
+        cores (their own pricing)."""
+        return ((plan.dp if whole is None else len(whole)) > 1 and plan.zero <= 1 and plan.cp == 1 and plan.offload == "none"
                 and self._profiled is None and self._sharing is None)
 
-    def _sync_bound_s(self, plan: Plan, ready: list[list[float]]) -> float:
+    def _sync_bound_s(self, plan: Plan, ready: list[list[float]], whole: Sequence | None = None) -> float:
         """The latest any device's gradient all-reduces can end: from the earliest start of its last backward
         (``ready[r][d]``: no bucket of it is ready before), its runs one after another (a device group's
         all-reduces do not overlap, :meth:`_dp_jobs`), each at least ``2 (N - 1) / N`` of its gradient bytes
@@ -2000,7 +2027,8 @@ class Simulator:
         prices is at least that: a ring's (or tree's, or the hierarchical all-reduce's) bandwidth is at most
         its node's NICs, and the zone link it crosses, over the rings sharing them, at least its ``tp``
         shards; the shards of a device group carry its gradients whole. Tied copies' syncs, the latencies and
-        other groups' rings sharing the NICs only add."""
+        other groups' rings sharing the NICs only add. ``whole``: as :meth:`lower_bound_s`'s, the plan whose
+        nodes hold the units (``plan``'s own replicas otherwise)."""
         units = self.model.num_units
         nodes = self._nodes
         node, bounds, group, starts = [], [], [], []
@@ -2015,7 +2043,12 @@ class Simulator:
         node_a = np.array(node)
         first_a, last_a = np.array(bounds).T
         # a replica's stages cover the units in order, once: each unit's holding node per replica, [dp, units]
-        holder = np.repeat(node_a, last_a - first_a).reshape(plan.dp, units)
+        if whole is None:
+            holder = np.repeat(node_a, last_a - first_a).reshape(plan.dp, units)
+        else:
+            firsts = [nodes[d] for devices, _, _ in whole for d in devices]
+            cuts = np.concatenate([np.diff(np.asarray(b)) for _, b, _ in whole])
+            holder = np.repeat(np.array(firsts), cuts).reshape(len(whole), units)
         spread = 1 + (np.diff(np.sort(holder, axis=0), axis=0) != 0).sum(axis=0)  # nodes holding each unit
         nbytes = (2.0 if plan.zero == 0 else 1.0) * (spread - 1) / spread * self._unit_grad_bytes(plan.precision)
         zoned = self._zoned and self._zone_bps > 0

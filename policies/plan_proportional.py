@@ -185,11 +185,21 @@ def cannot_beat(model, cluster, workload, evaluate: Evaluator, incumbent: Evalua
     layouts' memory and lower bounds alone (no simulation): some layout fits unsharded and none's bound is
     below the incumbent's step. False where that cannot be told so (a stage of unlike devices, a sharding
     level set, nothing fitting unsharded: the planner's other paths decide)."""
+    return layouts_beating(model, cluster, workload, evaluate, incumbent) == 0
+
+
+def layouts_beating(model, cluster, workload, evaluate: Evaluator, incumbent: Evaluated) -> int | None:
+    """How many layouts :func:`plan_proportional` given ``incumbent`` would price: those that fit unsharded and
+    whose lower bound is not above the incumbent's step (0: it returns the incumbent itself), from memory and
+    the bounds alone. None where that cannot be told (a stage of unlike devices, a sharding level set, nothing
+    fitting unsharded: the planner's other paths decide)."""
     if not evaluate.pruning or workload.zero:
-        return False
+        return None
     layouts = [*_holmes_layouts(model, cluster, workload), *_hap_layouts(model, cluster, workload)]
     fitting = _class_bounds(layouts, cluster, workload, evaluate)
-    return bool(fitting) and min(bound for bound, *_ in fitting) > incumbent.step_time_s
+    if not fitting:
+        return None
+    return sum(bound <= incumbent.step_time_s for bound, *_ in fitting)
 
 
 def _class_bounds(layouts: list[_Layout], cluster: "Cluster", workload: "Workload", evaluate: Evaluator
@@ -205,10 +215,13 @@ def _class_bounds(layouts: list[_Layout], cluster: "Cluster", workload: "Workloa
             return None
         few = _Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
                       tuple(layout.counts[r] for r in keep), layout.micro_batch)
+        # the whole layout's replicas as the bound reads them (whose sends share the NICs, which nodes hold each unit)
+        whole = [([g[0] for g in groups], cuts, [len(g) for g in groups])
+                 for groups, cuts in zip(layout.groups, layout.bounds)]
         for rc in recompute_modes(workload):
             small = _partial_plan(few, rc, workload)
             if evaluate.fits(small):
-                fitting.append((evaluate.lower_bound_s(small), i, layout, rc))
+                fitting.append((evaluate.lower_bound_s(small, whole=whole), i, layout, rc))
                 break
     return fitting
 

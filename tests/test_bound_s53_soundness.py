@@ -82,7 +82,7 @@ def test_the_gradient_term_raises_the_bound_where_the_nics_are_slow() -> None:
     for p in plans:
         with_sync = sim.lower_bound_s(p)
         sync = sim._sync_bounded(p)
-        sim._sync_bounded = lambda plan: False  # the bound without the gradient term
+        sim._sync_bounded = lambda plan, whole=None: False  # the bound without the gradient term
         without = sim.lower_bound_s(p)
         del sim._sync_bounded
         assert without <= with_sync <= sim.estimate(p).step_time_s
@@ -110,3 +110,38 @@ def test_plain_flows_are_the_walk(cluster_name: str) -> None:
         assert plain == sim._pipeline_flows_walk(p)
         crossing += bool(plain)
     assert crossing > 0
+
+
+@pytest.mark.parametrize("cluster_name", ["h100-a100-two-zones", "ib-roce-ethernet", "consumer-mix"])
+def test_a_layouts_bound_from_its_representatives_is_the_whole_plans(cluster_name: str) -> None:
+    """``proportional``'s layouts bounded on one replica per class with ``whole`` (the sends sharing the whole plan's
+    NICs, the gradients crossing its nodes): never above the whole plan's own bound, never below the representatives'
+    own, and equal to the whole plan's where a class's replicas cross nodes alike (most of these layouts)."""
+    import importlib
+
+    from hetpart.costmodel.evaluator import Evaluator
+
+    module = importlib.import_module("hetpart.policies.plan_proportional")  # the package's name is the function
+
+    cluster = load_cluster(cluster_name)
+    model = load_model("gpt2-medium", seq_len=1024)
+    workload = Workload(global_batch=64, seq_len=1024)
+    evaluate = Evaluator(model, cluster, workload)
+    kinds = module._GroupKinds(cluster)
+    layouts = [*module._holmes_layouts(model, cluster, workload), *module._hap_layouts(model, cluster, workload)]
+    checked = equal = 0
+    for layout in layouts:
+        keep = module._representatives(layout, kinds)
+        if keep is None or len(layout.groups) < 2:
+            continue
+        few = module._Layout([layout.groups[r] for r in keep], [layout.bounds[r] for r in keep],
+                             tuple(layout.counts[r] for r in keep), layout.micro_batch)
+        whole = [([g[0] for g in groups], cuts, [len(g) for g in groups])
+                 for groups, cuts in zip(layout.groups, layout.bounds)]
+        small = module._partial_plan(few, "selective", workload)
+        alone, part = evaluate.lower_bound_s(small), evaluate.lower_bound_s(small, whole=whole)
+        full = evaluate.lower_bound_s(layout.plan("selective", workload))
+        assert alone <= part * (1 + 1e-12) and part <= full * (1 + 1e-12)
+        checked += 1
+        equal += part == pytest.approx(full, rel=1e-9)
+    assert checked >= 3 and equal >= checked / 2
