@@ -1529,7 +1529,15 @@ class _OnReal:
     def __init__(self, predictor: Any, to_real: dict[str, str], cluster: "Cluster") -> None:
         self._inner, self._to_real, self._cluster = predictor, to_real, cluster
         bound = getattr(predictor, "lower_bound_s", None)
-        self.lower_bound_s = None if bound is None else (lambda plan: bound(self._real(plan)))
+        self.lower_bound_s = None if bound is None else self._bound
+
+    def _bound(self, plan: Plan, whole=None) -> float:
+        """The inner predictor's bound on the real devices (``whole``'s first devices moved there too)."""
+        bound = self._inner.lower_bound_s
+        if whole is None:
+            return bound(self._real(plan))
+        real = self._to_real
+        return bound(self._real(plan), whole=[([real[d] for d in firsts], cuts, tps) for firsts, cuts, tps in whole])
 
     def _real(self, plan: Plan) -> Plan:
         return _on_real(plan, self._to_real, self._cluster)

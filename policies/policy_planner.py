@@ -235,6 +235,9 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     evaluator = _Deadline(model, cluster, workload, predictor=evaluator.predictor if evaluator else None)
     scenario = Scenario(model, cluster, workload, evaluator=evaluator)
     timings = {"load_s": start - loading}
+    if not scenario.feasible:  # nothing fits unsharded: the first level that fits, as search goes up
+        scenario = _sharded_scenario(scenario, evaluator)
+        workload = scenario.workload
     if not scenario.feasible:
         raise no_plan_error(model, cluster, workload, "policy", "no structure of the search space fits in memory")
     pending = _PendingBaseline(model, cluster, workload, evaluator, scenario,
@@ -245,6 +248,27 @@ def decode(model: "ModelGraph", cluster: "Cluster", workload: "Workload", *, sam
     finally:
         if pending is not None:
             pending.close()
+
+
+def _sharded_scenario(scenario: Scenario, evaluator: Evaluator) -> Scenario:
+    """Where no structure fits at level 0 and the workload leaves the sharding level open, the scenario at the first
+    higher level (1 to 3, :func:`~hetpart.policies.common.sharding_levels`) where one does, as ``search`` goes on
+    to the next level while nothing fits (:func:`~hetpart.policies.plan_search._next_level_wanted`); else
+    ``scenario`` itself. Gemma-3-27B on 4 A100-80GB + 32 RTX 4090 (heldout-12-01c): a pipeline over the desktops
+    holds its 1.4B-parameter tied head only when data parallelism shards its states; search plans it at level 1,
+    the policy said no structure fits."""
+    from dataclasses import replace
+
+    from hetpart.policies.common import sharding_levels
+
+    workload = scenario.workload
+    if workload.zero is not None:
+        return scenario
+    for level in sharding_levels(workload)[1:]:
+        upper = Scenario(scenario.model, scenario.cluster, replace(workload, zero=level), evaluator=evaluator)
+        if upper.feasible:
+            return upper
+    return scenario
 
 
 def _decode(policy, scenario: Scenario, evaluator: "_Deadline", pending: "_PendingBaseline | None", start: float,
