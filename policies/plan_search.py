@@ -597,9 +597,10 @@ def _ring_kind(rows: list[list[int]], index: dict[str, int], peers: list[str]) -
 
 
 def _replica_comm_s(ctx: _Context, stages: list[list[tuple[str, ...]]], costs: list[StageCosts], split: Split,
-                    grads: list[float], layout: tuple) -> float:
+                    grads: list[float], layout: tuple, micro_batch: int) -> float:
     """What a mixed pipeline's replicas pay together once a step in this placement: every stage's gradient ring,
-    the tied copies' rings and, at levels 1-2, the parameter all-gather's exposed rest."""
+    the tied copies' rings and, at levels 1-2, the parameter all-gather's exposed rest (hidden behind each stage's
+    forward and the send that blocks it, :func:`_forward_sends`)."""
     dp, pp = len(stages), len(stages[0])
     peers = [[stages[r][j][0] for r in range(dp)] for j in range(pp)]
     tps = [len(g) for g in stages[0]]
@@ -609,31 +610,43 @@ def _replica_comm_s(ctx: _Context, stages: list[list[tuple[str, ...]]], costs: l
     ahead = [sum(backward[:j]) for j in range(pp)]
     out = _sync_s(ctx, peers, grads, tps, layout=layout, ahead=ahead) + _tied_s(ctx, stages)
     if ctx.zero in (1, 2) and dp > 1:
-        out += _gather_s(ctx, peers, tps, layout, [(j, c, r) for j, (c, r) in enumerate(zip(costs, split.ranges))])
+        sends = _forward_sends(ctx, stages, micro_batch, layout)
+        out += _gather_s(ctx, peers, tps, layout, [(j, c, r, sends[j])
+                                                   for j, (c, r) in enumerate(zip(costs, split.ranges))])
     return out
 
 
+def _forward_sends(ctx: _Context, replicas: list[list[tuple[str, ...]]], micro_batch: int,
+                   layout: tuple | None = None) -> tuple[float, ...]:
+    """Per stage of these replicas' pipelines: the seconds a blocking send of its activations adds to each of its
+    forwards (:func:`_sends`; 0 for the last stage and where the send overlaps compute), as the simulator adds it
+    to the stage's forward (``_Pipe.fwd_send``)."""
+    if len(replicas[0]) < 2:
+        return (0.0,)
+    times, blocks = _sends(ctx, replicas, micro_batch, layout)
+    return tuple(t if b else 0.0 for t, b in zip(times, blocks)) + (0.0,)
+
+
 def _gather_s(ctx: _Context, peers: list[list[str]], tps: list[int], layout: tuple,
-              pieces: list[tuple[int, StageCosts, tuple[int, int]]],
+              pieces: list[tuple[int, StageCosts, tuple[int, int], float]],
               flows: Callable[[], dict[int, float]] | None = None) -> float:
     """Levels 1-2: the all-gather of the updated 16-bit parameters after the optimizer step, on the rings of
     ``peers`` (NCCL's reduce-scatter lines, the same bytes), hidden behind the device's first forward of the
     next step up to that forward's length (``Simulator._add_param_gather``): the largest exposed rest over
-    ``pieces``, each ``(ring, costs, range)``, a stage's units ``[a, b)`` gathered on ring ``peers[ring]``."""
-    from hetpart.workload import DTYPE_BYTES
-
+    ``pieces``, each ``(ring, costs, range, send_s)``, a stage's units ``[a, b)`` gathered on ring
+    ``peers[ring]``, whose forward a blocking send lengthens by ``send_s`` (:func:`_forward_sends`). As
+    ``Simulator._shard_comm`` runs it: one collective per unit, each paying the ring's latency, a head's tied copy
+    among the units (:meth:`~hetpart.policies.search_costs.StageCosts.gather_s`)."""
     key = ("gather lines", layout)
     lines = ctx.sync_cache.get(key)
     if lines is None:
         lines = ctx.sync_cache[key] = _sync_lines(ctx, peers, tps, flows() if flows is not None else None,
                                                   "reduce_scatter")
-    scale = DTYPE_BYTES[ctx.workload.precision] / GRAD_BYTES[ctx.workload.precision]
     exposed = 0.0
-    for ring, costs, (a, b) in pieces:
-        nbytes = float(costs.grad_bytes[a, b]) * scale
-        if nbytes > 0 and lines[ring]:
-            gather = min(fixed + per_byte * nbytes for fixed, per_byte in lines[ring])
-            exposed = max(exposed, gather - float(costs.forward_s[a, b]))
+    for ring, costs, (a, b), send_s in pieces:
+        gather = costs.gather_s(a, b, lines[ring])
+        if gather > 0:
+            exposed = max(exposed, gather - float(costs.forward_s[a, b]) - send_s)
     return exposed
 
 
@@ -946,7 +959,7 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
         if split is None:
             return None
         grads = [float(c.grad_bytes[a, b]) for c, (a, b) in zip(costs, split.ranges)]
-        estimate = split.objective_s + fill + _replica_comm_s(ctx, stages, paced, split, grads, layout)
+        estimate = split.objective_s + fill + _replica_comm_s(ctx, stages, paced, split, grads, layout, mb)
         placements = ("pp", "dp")
         if dp > 1:  # the other placement at the same split: its sends, rings and gathers
             other = _mixed_groups(order, tps, dp, "dp")
@@ -956,7 +969,7 @@ def _mixed_scorer(ctx, order, tps, dp, mb, rc, costs, m, key, splitter=split_lay
             other_costs = costs if speeds is None else _paced(ctx, order, tps, dp, mb, rc, costs, speeds)
             times = [float(c.time_s[a, b]) + o for c, (a, b), o in zip(other_costs, split.ranges, offsets)]
             priced = ((m - 1) * max(times) + sum(times) + other_fill
-                      + _replica_comm_s(ctx, other, other_costs, split, grads, other_layout))
+                      + _replica_comm_s(ctx, other, other_costs, split, grads, other_layout, mb))
             if priced < estimate:
                 estimate, placements = priced, ("dp", "pp")
 
@@ -1140,11 +1153,14 @@ def _typed_scorer(ctx, chosen: list[_PoolConfig], mb: int, rc: str, total: int, 
         estimate += _sync_s(ctx, peers, [max(_max_grad(ctx, c, mb, rc) for c in chosen)], tps, flows, layout=layout)
         estimate += _tied_s(ctx, groups)
         if ctx.zero in (1, 2):  # per pool configuration its largest stage's gather, on the one ring
-            pieces = []
+            pieces, first = [], 0
             for c in chosen:
                 costs = ctx.table.get(c.pool, c.tp, mb, rc)
                 grads = [float(costs.grad_bytes[r]) for r in c.split.ranges]
-                pieces.append((0, costs, c.split.ranges[grads.index(max(grads))]))
+                j = grads.index(max(grads))
+                sends = _forward_sends(ctx, groups[first:first + 1], mb)  # its replicas alike: the first's
+                pieces.append((0, costs, c.split.ranges[j], sends[j]))
+                first += c.dp
             estimate += _gather_s(ctx, peers, tps, layout, pieces, flows)
 
         def build() -> list[Plan]:
