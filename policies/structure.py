@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from hetpart.costmodel.evaluator import Evaluator
-from hetpart.costmodel.pools import Pool, divisors, tp_options, zone_path_ok, zones_linked
+from hetpart.costmodel.pools import Pool, tp_options, zone_path_ok, zones_linked
 from hetpart.policies.common import microbatch_options, recompute_modes
 from hetpart.policies.partition import minimax_split, split_layers
 from hetpart.rules import RULES
 from hetpart.policies.plan_search import (SearchOptions, Scored, _lower_bound_s, _mixed_scorer, _PoolConfig,
-                                          _typed_scorer, make_context, pool_config_of, pool_split)
+                                          _typed_scorer, make_context, pipeline_depths, pool_config_of, pool_split,
+                                          replica_counts)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetpart.cluster import Cluster
@@ -127,10 +128,11 @@ class Scenario:
         return [self.pools[p].num_devices // t for p, t in zip(order, tps)]
 
     def dp_options(self, order: tuple[int, ...], tps: tuple[int, ...]) -> list[int]:
-        """Valid replica counts of a mixed pipeline (before memory)."""
+        """Valid replica counts of a mixed pipeline (before memory), as search counts them
+        (:func:`~hetpart.policies.plan_search.replica_counts`: the groups a count leaves over sit out)."""
         groups = self.groups(order, tps)
-        out = [dp for dp in divisors(math.gcd(*groups))
-               if self.workload.global_batch % dp == 0 and sum(g // dp for g in groups) <= self.model.num_units]
+        out = [dp for dp in replica_counts(groups, self.workload.global_batch)
+               if sum(g // dp for g in groups) <= self.model.num_units]
         return out[:NUM_OPTIONS]
 
     def mb_options(self, dp: int) -> list[int]:
@@ -206,8 +208,10 @@ class Scenario:
         return self.workload.global_batch // mb
 
     def pp_options(self, pool: int, tp: int) -> list[int]:
-        groups = self.pools[pool].num_devices // tp
-        return [pp for pp in divisors(groups) if pp <= self.model.num_units][:NUM_OPTIONS]
+        """Pipeline depths of a pool's typed replicas, as search takes them
+        (:func:`~hetpart.policies.plan_search.pipeline_depths`: each the deepest its replica count fits, the groups
+        left over sitting out)."""
+        return pipeline_depths(self.pools[pool].num_devices // tp, self.model.num_units)[:NUM_OPTIONS]
 
     def _m_est(self, pool: int, tp: int, pp: int, mb: int) -> int:
         dp = self.pools[pool].num_devices // (tp * pp)
