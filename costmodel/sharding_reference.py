@@ -18,6 +18,7 @@ from hetpart.costmodel.memory import GRAD_BYTES, PrefixTables, chunk_flights, st
 from hetpart.costmodel.sharding import state_bytes
 
 __all__ = ["reference_memory_gb", "reference_nic_rings", "reference_unit_gather_s", "reference_unit_scatter_s",
+           "reference_unit_params",
            "reference_exposed_s"]
 
 
@@ -141,6 +142,17 @@ def reference_unit_scatter_s(model: ModelGraph, cluster: Cluster, plan: Plan, re
     return _unit_collective_s(model, cluster, plan, replica, unit, GRAD_BYTES[plan.precision])
 
 
+def reference_unit_params(model: ModelGraph, unit: int, tp: int, stages: list[tuple[int, int]]) -> float:
+    """Parameters one device of a ``tp``-way stage gathers (and reduce-scatters) of ``unit``, its holders' stages
+    spanning ``stages``: its own and a tied copy it uses, unless every holder's stage holds the copy's owner (one
+    weight there, gathered with the owner's unit)."""
+    params = model.range_params(unit, unit + 1, tp)
+    owner, shared = model.tied_owner_index, model.units[unit].shared_params
+    if shared and owner >= 0 and unit != owner and all(a <= owner < z for a, z in stages):
+        params -= shared / tp if model.units[unit].tp_shardable else shared
+    return params
+
+
 def _unit_collective_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica: int, unit: int,
                        elem_bytes: float) -> float:
     group = next(g for g in plan.shard_groups() if replica in g)
@@ -148,7 +160,7 @@ def _unit_collective_s(model: ModelGraph, cluster: Cluster, plan: Plan, replica:
     if len(stages) < 2:
         return 0.0
     tp = min(s.tp for s in stages)
-    nbytes = model.range_params(unit, unit + 1, tp) * elem_bytes
+    nbytes = reference_unit_params(model, unit, tp, [s.layers for s in stages]) * elem_bytes
     members = [s.devices[0] for s in stages]
     pad = 1.0 if plan.shard_fractions is None else len(group) * max(plan.shard_fractions[r] for r in group)
     concurrent = max(s.tp for s in stages)

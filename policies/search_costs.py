@@ -74,7 +74,12 @@ class StageCosts:
     unit_gather: np.ndarray | None = None
     """``[n]``: parameters one device all-gathers of each unit after a level 1-2 step, one collective per unit, as
     the simulator runs them (``Simulator._shard_comm``: ``params_per_device`` of the unit alone, a tied copy
-    included under either kernel set); None: :attr:`unit_params`."""
+    included under either kernel set, less :attr:`unit_copy` on a stage holding the owner); None: :attr:`unit_params`."""
+    unit_copy: np.ndarray | None = None
+    """``[n]``: the tied copy each unit holds (a head's of its embedding, per device), which a stage holding the tied
+    weights' owner (:attr:`tied_owner`) gathers once, with the owner (``Simulator._unit_shard_params``)."""
+    tied_owner: int = -1
+    """Index of the unit owning the tied weights; -1 for a model without any."""
 
     @cached_property
     def unit_time_s(self) -> np.ndarray:
@@ -93,12 +98,15 @@ class StageCosts:
 
     def gather_s(self, first: int, last: int, lines: "tuple[tuple[float, float], ...]") -> float:
         """Seconds of the level 1-2 all-gather of units ``[first, last)``'s updated 16-bit parameters, one
-        collective per unit (:attr:`unit_gather`), each at the fastest of NCCL's ``(fixed_s, per_byte_s)``
-        ``lines`` of its ring, as ``Simulator._reduce_scatter_s`` prices it (0 for a unit of no parameters)."""
+        collective per unit (:attr:`unit_gather`; a tied copy only on a stage without its owner), each at the
+        fastest of NCCL's ``(fixed_s, per_byte_s)`` ``lines`` of its ring, as ``Simulator._reduce_scatter_s``
+        prices it (0 for a unit of no parameters)."""
         from hetpart.workload import DTYPE_BYTES
 
-        units = self.unit_gather if self.unit_gather is not None else self.unit_params
-        nbytes = units[first:last] * DTYPE_BYTES[self.precision]
+        units = (self.unit_gather if self.unit_gather is not None else self.unit_params)[first:last]
+        if self.unit_copy is not None and first <= self.tied_owner < last:  # one tied weight: the owner's
+            units = units - self.unit_copy[first:last]
+        nbytes = units * DTYPE_BYTES[self.precision]
         nbytes = nbytes[nbytes > 0]
         if not lines or not len(nbytes):
             return 0.0
@@ -294,11 +302,12 @@ class CostTable:
     def _build(self, pool: Pool, tp: int, micro_batch: int, recompute: str, speed: float = 1.0) -> StageCosts:
         """``speed``: the group's speed factor (its slowest device's, ``slow:`` in the cluster file): device work
         takes ``1 / speed`` as long, the host's dispatch and the tensor-parallel collectives do not."""
-        _, unit, states, grads, gather = self._states(tp)
+        _, unit, states, grads, gather, copy = self._states(tp)
         saved, work = self._activations(tp, recompute)
         return StageCosts(states_gb=states, acts_gb=_frozen(saved * micro_batch / 1e9),
                           extra_gb=_frozen(work * micro_batch / 1e9), grad_bytes=grads,
                           capacity_gb=memory_capacity_gb(pool.gpu), unit_params=unit, unit_gather=gather,
+                          unit_copy=copy, tied_owner=self.model.tied_owner_index,
                           unit_times=partial(self._unit_time_s, pool, tp, micro_batch, recompute, False, speed),
                           unit_forwards=partial(self._unit_time_s, pool, tp, micro_batch, recompute, True, speed),
                           precision=self.precision, optimizer=self.optimizer, offload=self.offload,
@@ -306,8 +315,8 @@ class CostTable:
 
     def _tp_states(self, tp: int) -> tuple[np.ndarray, ...]:
         """``(divisor, params gathered per unit at levels 2-3, model-state GB, gradient bytes, params gathered per
-        unit after a level 1-2 step)`` of every unit or range at ``tp`` (the same for every micro-batch and
-        recompute mode)."""
+        unit after a level 1-2 step, the tied copy per unit)`` of every unit or range at ``tp`` (the same for every
+        micro-batch and recompute mode)."""
         model = self.model
         div = np.array([tp if u.tp_shardable else 1 for u in model.units], dtype=float)
         own = np.array([u.params for u in model.units], dtype=float) / div
@@ -328,7 +337,7 @@ class CostTable:
             states = states + held * state_bytes / 1e9
             if self.kernels == "fused":  # Megatron reduces a copy in its stage's buffer (Simulator._tied_pairs)
                 grads = grads + held * GRAD_BYTES[self.precision]
-        return _frozen(div), _frozen(unit), _frozen(states), _frozen(grads), _frozen(gather)
+        return _frozen(div), _frozen(unit), _frozen(states), _frozen(grads), _frozen(gather), _frozen(shared)
 
     def _tp_activations(self, tp: int, recompute: str) -> tuple[np.ndarray, np.ndarray]:
         """Bytes per sequence of a micro-batch: the activations a range saves, and the largest working set

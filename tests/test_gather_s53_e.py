@@ -118,9 +118,14 @@ def test_a_blocking_send_hides_more_of_the_gather() -> None:
     assert alone > 1e-3
     assert search._gather_s(*args, [(0, costs, (0, n), 1e-3)]) == pytest.approx(alone - 1e-3, rel=1e-12)
     lines = ctx.sync_cache[("gather lines", ("two L4 nodes",))][0]
-    per_unit = sum(min(f + b * costs.unit_gather[u] * 2 for f, b in lines) for u in range(n) if costs.unit_gather[u] > 0)
+    # the stage holds the token embedding: the head's tied copy is that weight, gathered once, with it
+    params = costs.unit_gather - costs.unit_copy
+    assert params.sum() == pytest.approx(model.num_params)
+    per_unit = sum(min(f + b * params[u] * 2 for f, b in lines) for u in range(n) if params[u] > 0)
     assert alone == pytest.approx(per_unit - float(costs.forward_s[0, n]), rel=1e-12)
-    one_call = min(f + b * float(costs.unit_gather.sum()) * 2 for f, b in lines)
+    one_call = min(f + b * float(params.sum()) * 2 for f, b in lines)
     assert per_unit > one_call  # a latency per unit, not one for the stage
-    # the head gathers its copy of the tied token embedding (50,257 x 768 = 38.6 M) with its final norm
+    # a stage of the head without the embedding gathers its copy (50,257 x 768 = 38.6 M) with its final norm
+    head = search._gather_s(*args, [(0, costs, (n - 1, n), 0.0)]) + float(costs.forward_s[n - 1, n])
     assert costs.unit_gather[n - 1] == model.units[n - 1].shared_params + model.units[n - 1].params > 38.5e6
+    assert head == pytest.approx(min(f + b * costs.unit_gather[n - 1] * 2 for f, b in lines), rel=1e-12)

@@ -271,6 +271,7 @@ def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(
     it reports (hetpart.runtime.dist_optimizer), so an emulated run pays what is predicted (before: the
     latency x 1.6)."""
     from hetpart.costmodel.collectives import reduce_scatter_time_s
+    from hetpart.costmodel.sharding_reference import reference_unit_params
     from hetpart.runtime.emulation import Emulator
 
     plan = _dp_plan(zero=2, fractions=(0.4, 0.4, 0.1, 0.1))
@@ -279,7 +280,7 @@ def test_a_padded_collective_moves_the_padded_bytes_with_the_rings_latency_once(
     emulator = Emulator(mixed, tuple(plan.devices), 0, 1.0)
     pad = 4 * 0.4
     for unit, seconds, _ in sim._shard_comm(plan)[(0, 0)]:
-        nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+        nbytes = reference_unit_params(gpt2, unit, 1, [(0, gpt2.num_units)]) * 2
         assert seconds == pytest.approx(reduce_scatter_time_s(nbytes * pad, members, mixed), rel=1e-9)
         assert seconds < reduce_scatter_time_s(nbytes, members, mixed) * pad  # latency not padded
         ranks = [plan.devices.index(d) for d in members]
@@ -293,18 +294,19 @@ def test_shard_rings_leaving_one_node_share_its_nic(gpt2, mixed, zero):
     itself, the per-unit collectives 2x too fast on this Ethernet pair). With one stage per replica the
     lone ring keeps the whole NIC."""
     from hetpart.costmodel.collectives import reduce_scatter_time_s
+    from hetpart.costmodel.sharding_reference import reference_unit_params
 
     sim = Simulator(gpt2, mixed)
     two = _dp_plan(zero=zero, devices=(("0/0/0", "0/0/1"), ("1/0/0", "1/0/1")), cut=6)
     for (_, k), times in sim._shard_comm(two).items():
         members = [rep.stages[k].devices[0] for rep in two.replicas]
         for unit, seconds, _ in times:
-            nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+            nbytes = reference_unit_params(gpt2, unit, 1, [two.replicas[0].stages[k].layers]) * 2
             assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, members, mixed, concurrent=2), rel=1e-9)
             assert seconds > 1.5 * reduce_scatter_time_s(nbytes, members, mixed)
     one = _dp_plan(zero=zero, devices=("0/0/0", "1/0/0"))
     for unit, seconds, _ in sim._shard_comm(one)[(0, 0)]:
-        nbytes = gpt2.range_params(unit, unit + 1, 1) * 2
+        nbytes = reference_unit_params(gpt2, unit, 1, [(0, gpt2.num_units)]) * 2
         assert seconds == pytest.approx(reduce_scatter_time_s(nbytes, ["0/0/0", "1/0/0"], mixed), rel=1e-9)
 
 
