@@ -38,21 +38,45 @@ links to exactly that). The cost model prices every transfer at the rate a colle
 * **GeForce and TITAN boards over PCIe** (``NO_PCIE_P2P``): NVIDIA's driver gives them no PCIe peer-to-peer
   (nccl-tests issue 117: RTX 2080 Ti "CANNOT Access Peer"; wohlbier/gpu-micro README: the same on 8 TITAN RTX;
   tinygrad/open-gpu-kernel-modules issue 17: RTX 4090 P2P only with a patched kernel module), so a
-  ``PCIe3/4/5`` link between them is priced as its ``-host`` entry (staged through host memory, across the CPU
-  socket link).
+  ``PCIe3/4/5`` link between them is priced as its ``-host`` entry: NCCL's SHM transport stages every ring hop
+  through host memory (the sender writes it there, the receiver reads it back), and a ring over ``k`` of a
+  node's GPUs runs at the slowest of three shares (:func:`host_staged_ring_gbyte_s`):
+
+  - **the root port**: each member sends and receives at once, both through host memory, and a CPU's root
+    complex moves such staged traffic in both directions together at about the rate of one
+    (:data:`STAGED_DUPLEX_GBYTE_S`, from published ``P2P=Disabled`` copies and SHM all-reduces); GPUs behind one PCIe switch share its uplink (:data:`GPU_PORTS_PER_SOCKET`: the 8-GPU
+    GeForce servers of the PCIe 3 era hang pairs of GPUs off one x16 port), and without peer-to-peer their
+    traffic cannot stay in the switch (NVIDIA/nccl issue 1309, NCCL's maintainer: "a 2x increase in load on
+    the PCI link to the CPU");
+  - **the CPU socket link**, where the ring spans both sockets of a two-socket server (the ``-host`` entry's
+    own rate: NCCL topo.h ``SKL_QPI_BW`` / ``SRP_QPI_BW``); a node of at most 4 GPUs is ASSUMED one socket
+    (:data:`TWO_SOCKET_MIN_GPUS`), so nothing crosses one there;
+  - **host memory**: every staged byte is written to DRAM and read back, by all ``k`` members at once, so
+    ``2 k`` times the ring's rate comes out of the memory bandwidth of the sockets it touches (the node's
+    ``host_memory_gbyte_s`` where the file gives it, else :data:`HOST_DRAM_GBYTE_S`). NCCL's maintainer on
+    8 x RTX 5090: "on PCI systems, the performance you get is usually determined by the bandwidth your CPU
+    and memory can deliver ... 8 flows at 28GB/s in both directions" (NVIDIA/nccl issue 1639).
+
+  A 2-GPU transfer (a pipeline send) is priced as a ring of the pair. Not modelled: rings of other groups
+  staging through the same host memory at the same time (each all-reduce is priced alone), and NCCL's SHM
+  path in which the receiving GPU's kernel reads host memory itself, which a published 2 x RTX 5070 Ti run
+  puts at 1.9 GB/s against 12.5 with ``NCCL_SHM_USE_CUDA_MEMCPY=1`` (sgl-project/sglang pull request 39605).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 from itertools import permutations
+from math import ceil
 
 from hetpart.catalog.hardware import LINK_CATALOG
 from hetpart.cluster import Cluster, NodeGroup, PathLink
 from hetpart.hardware import LinkSpec, NICSpec
 
 __all__ = ["RDMA_EFFICIENCY", "TCP_FRAMING_EFFICIENCY", "TCP_SOCKET_GBYTE_S", "NO_PCIE_P2P", "CUBE_MESH_BRICKS",
-           "MESH_LINKS", "SWITCHLESS_NVLINK_GPUS",
+           "MESH_LINKS", "SWITCHLESS_NVLINK_GPUS", "STAGED_DUPLEX_GBYTE_S", "GPU_PORTS_PER_SOCKET", "HOST_DRAM_GBYTE_S",
+           "TWO_SOCKET_MIN_GPUS", "host_staged_ring_gbyte_s",
            "nic_gbyte_s", "node_nic_gbyte_s", "intra_node_link", "achieved_link", "cube_mesh_ring_gbyte_s",
            "intra_node_ring_gbyte_s", "zone_gbyte_s", "zone_cap_gbyte_s"]
 
@@ -69,6 +93,38 @@ one Lambda server, every pair "CANNOT Access Peer" (p2pBandwidthLatencyTest, git
 README); RTX 3090: NVIDIA/nccl issue 1127; RTX 4090: only with a patched kernel module
 (tinygrad/open-gpu-kernel-modules). An NVLink bridge between two boards is a link of its own, not this."""
 
+
+STAGED_DUPLEX_GBYTE_S: dict[str, float] = {"PCIe3-host": 11.4 / 2, "PCIe4-host": (20.2 + 16.77) / 2 / 2,
+                                           "PCIe5-host": 35.0}
+"""Per direction, GB/s: what one GPU with its own x16 port stages through host memory while it receives as much
+staged data at the same time (a ring member does both), by host link. PCIe 3: 8 TITAN RTX on a two-socket Xeon
+server copy 11.4 GB/s one way with ``P2P=Disabled`` and 11.4 in both directions together
+(p2pBandwidthLatencyTest, github.com/wohlbier/gpu-micro README), so 5.7 each way; NCCL's maintainer on a 2-GPU SHM
+run at 3.9 GB/s all-reduce against 10.3 broadcast: "some CPUs do not handle bidirectional traffic well"
+(NVIDIA/nccl issue 384). PCIe 4: 8 A40 on two EPYC 7302 stage 19.1-21.2 GB/s (20.2 mid) in both directions
+together (NVIDIA/nccl-tests issue 74), 2 RTX 3090 on one EPYC 16.77 (11.28 one way; noonghunna/club-3090
+docs/PCIE_P2P.md): the mean, halved. PCIe 5: 4 RTX 5090 on two Xeon 8480+ reach a 35 GB/s all-reduce bus
+bandwidth, each GPU sending and receiving that much (NVIDIA/nccl issue 1639)."""
+GPU_PORTS_PER_SOCKET: dict[str, int] = {"PCIe3-host": 2, "PCIe4-host": 4, "PCIe5-host": 4}
+"""ASSUMED: x16 ports per CPU socket that GPUs of a ``-host`` node hang off; GPUs beyond that share a port
+through a PCIe switch. PCIe 3 servers are Xeon Scalable (48 lanes a socket, Intel's datasheet), and the
+published 8-GPU GeForce servers show GPUs in pairs under one switch (bus ids 04/05, 08/09, 84/85, 88/89 of
+8 x RTX 2080 Ti, NVIDIA/nccl-tests issue 117; 1a/1b, 3d/3e, 88/89, b1/b2 of 8 x TITAN RTX, wohlbier/gpu-micro;
+04/05, 08/09, 83/84, 87/88 of 8 x RTX 3090, NVIDIA/nccl issue 1439). PCIe 4 and 5: EPYC (128 lanes) and
+Xeon 4th-generation (80) hosts give each of 4 GPUs per socket its own x16 port (8 x RTX 4090 at bus ids
+01, 25, ..., e1, NVIDIA/nccl-tests issue 269; a switchless 2 x EPYC 7542 8 x RTX 4090 server,
+blog.chlc.cc "RTX4090 GPUDirect P2P Unlocked"); some Xeon boards put 4 behind one switch (NVIDIA/nccl-tests
+issue 307), which this does not know."""
+HOST_DRAM_GBYTE_S: dict[str, float] = {"PCIe3-host": 150.0, "PCIe4-host": 150.0, "PCIe5-host": 450.0}
+"""ASSUMED: a ``-host`` node's CPU memory bandwidth where the cluster file gives no ``host_memory_gbyte_s``,
+GB/s. PCIe 3/4: the offload model's two-socket DDR4 figure (``hetpart.costmodel.offload``); PCIe 5: two
+Sapphire Rapids sockets (8 channels of DDR5-4800 each, 614 GB/s on paper), at least the 448 GB/s that
+8 x RTX 5090 staged at 28 GB/s in both directions (NVIDIA/nccl issue 1639)."""
+TWO_SOCKET_MIN_GPUS = 5
+"""ASSUMED: a ``-host`` node of this many GPUs or more is a two-socket server (the 8-GPU servers above);
+smaller nodes are one-socket workstations, whose rings cross no socket link."""
+_STAGED_COPIES = 2
+"""Host-memory transfers per staged byte: the sender's write and the receiver's read."""
 
 CUBE_MESH_BRICKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
                     (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
@@ -131,7 +187,32 @@ def intra_node_ring_gbyte_s(group: NodeGroup, local: list[int]) -> float:
         return ring if ring > 0 else LINK_CATALOG["PCIe3-host"].achieved_gbyte_s
     if link.name in MESH_LINKS and LINK_CATALOG.get(link.name) == link:  # one link to each peer, all in use
         return max(len(set(local)) - 1, 1) * link.achieved_gbyte_s
+    if link.name in STAGED_DUPLEX_GBYTE_S and LINK_CATALOG.get(link.name) == link:
+        return host_staged_ring_gbyte_s(group, tuple(sorted(set(local))))
     return link.achieved_gbyte_s
+
+
+@lru_cache(maxsize=4096)
+def host_staged_ring_gbyte_s(group: NodeGroup, local: tuple[int, ...]) -> float:
+    """Bandwidth of a ring among the GPUs ``local`` (sorted local indices) of a node whose GPUs stage through
+    host memory (a catalog ``PCIe3/4/5-host`` link; module docstring): the slowest of the root-port share, the
+    socket link where the ring spans two sockets, and the host memory all members stage through at once.
+
+    Members sit in local order: the first half of a two-socket node on socket 0, and within a socket
+    ``ceil(gpus per socket / ports)`` consecutive GPUs on each port (:data:`GPU_PORTS_PER_SOCKET`)."""
+    link = intra_node_link(group)
+    sockets = 2 if group.gpus_per_node >= TWO_SOCKET_MIN_GPUS else 1
+    per_socket = ceil(group.gpus_per_node / sockets)
+    per_port = ceil(per_socket / GPU_PORTS_PER_SOCKET[link.name])
+    if len(local) < 2:
+        return float("inf")
+    sharing = max(Counter((i // per_socket, i % per_socket // per_port) for i in local).values())
+    bw = STAGED_DUPLEX_GBYTE_S[link.name] / sharing
+    touched = len({i // per_socket for i in local})
+    if touched > 1:
+        bw = min(bw, link.achieved_gbyte_s)  # the socket link, crossed once each way
+    dram = (group.host_memory_gbyte_s or HOST_DRAM_GBYTE_S[link.name]) * touched / sockets
+    return min(bw, dram / (_STAGED_COPIES * len(local)))
 
 
 def intra_node_link(group: NodeGroup) -> LinkSpec:

@@ -103,9 +103,11 @@ LINK_CATALOG: dict[str, LinkSpec] = _by_name(
     # Without GPU peer-to-peer (GeForce and TITAN boards, hetpart.costmodel.links.NO_PCIE_P2P: the driver
     # reports no PCIe peer access on them, e.g. nccl-tests issue 117, RTX 2080 Ti "CANNOT Access Peer";
     # github.com/wohlbier/gpu-micro README, the same for all pairs of 8 TITAN RTX), NCCL stages every hop through host
-    # memory, and on the usual two-socket 8-GPU server a ring over the node crosses the CPU socket link:
-    # the ring runs at that link's rate (NCCL topo.h: SKL_QPI_BW 10 GB/s for the Xeon Scalable hosts of
-    # PCIe 3/4 GPUs, SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5), ~20 us per step through host memory:
+    # memory, and on the usual two-socket 8-GPU server a ring over the node crosses the CPU socket link, whose
+    # rate these entries carry (NCCL topo.h: SKL_QPI_BW 10 GB/s for the Xeon Scalable hosts of PCIe 3/4 GPUs,
+    # SRP_QPI_BW 22 for Sapphire Rapids with PCIe 5); a ring runs at the slowest of it (where it spans both
+    # sockets), each root port's two-way staging and the host memory all members stage through
+    # (hetpart.costmodel.links.host_staged_ring_gbyte_s), ~20 us per step through host memory:
     # p2pBandwidthLatencyTest's "P2P=Disabled" latency (a copy staged through host memory) reads 10-14 us between
     # 8 TITAN RTX (wohlbier/gpu-micro README) and 2 RTX 4090 (a published run), 12-20 us between 4 A100-PCIE and
     # 16-24 us between 8 A100-SXM4, before NCCL's own flag handshake per step.
