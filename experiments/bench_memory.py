@@ -115,11 +115,14 @@ def compare(record) -> list[dict]:
     (``at_rest_mb`` 0); resident-set records (``rss_peak_delta``) the growth, the prediction less the states
     at rest."""
     from hetpart.costmodel.predictor import get_predictor
+    from hetpart.costmodel.replay import RUNTIME_TERMS
     from hetpart.workload import Workload
 
     graph, plan, wl = record.model_graph(), record.run_plan("record"), Workload(**record.workload)
     options = dict(record.predicted.options) if record.predicted is not None else {}
     options.pop("profile", None)
+    for key in RUNTIME_TERMS:  # times the runtime adds to the step (runtime.measure.predict), not options
+        options.pop(key, None)
     pred = get_predictor("simulator", graph, record.prediction_cluster("record"), wl, **options).predict(plan, wl)
     by_device = {dev: (b["replica"], b["stage"], b["memory_gb"]) for b in pred.breakdown for dev in b["devices"]}
     rows = []

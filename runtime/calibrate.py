@@ -760,13 +760,16 @@ def _collectives_alone(sizes: list[int], dtype, calls: int, repeats: int, clock,
 # ------------------------------------------------------------------------------------------ inside a run
 def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
                  tick: Callable[[], None] | None = None, device: str = "cpu",
-                 adam_shapes: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+                 adam_shapes: Sequence[Sequence[int]] | None = None, meeting=None) -> dict[str, Any]:
     """This process's unit timings (one of each kind, ``micro_batch`` sequences, fp32 as the runtime runs, on
     ``device``, the rank's own: median of ``repeats``) and its Adam step: what a rank of ``hetpart run`` measures
     before and after its steps, under the run's own contention (JSON-ready). ``device`` names the class that
     measured (a CUDA device's name, or this CPU), so that a GPU run is priced by its GPU's times. ``adam_shapes``:
     the shapes of the tensors this rank's optimizer steps; Adam is then timed on that layout
-    (:func:`_adam_layout`) instead of on one unit of each kind."""
+    (:func:`_adam_layout`) instead of on one unit of each kind. With a ``meeting``
+    (:class:`hetpart.runtime.profile.Meeting`: every rank of a run of several measures at once) each repeat of
+    the whole model starts with the other ranks and the slowest rank's time is kept beside this rank's
+    (``chain["met"]``, :func:`meeting_factor`)."""
     import torch
 
     from hetpart.runtime.profile import device_name, profile_units
@@ -780,8 +783,10 @@ def measure_here(spec, micro_batch: int, seq_len: int, repeats: int = 10,
     if where.type == "cpu":  # the whole model back to back (a GPU rank may not hold it: its stage's share)
         from hetpart.runtime.profile import time_chain
 
-        cf, cb = time_chain(spec, micro_batch, seq_len, where, repeats=repeats, block_s=BLOCK_S, tick=tick)
-        chain = {"fwd_s": cf, "bwd_s": cb, "units": spec.num_units}
+        met: dict[str, float] = {}
+        cf, cb = time_chain(spec, micro_batch, seq_len, where, repeats=repeats, block_s=BLOCK_S, tick=tick,
+                            meeting=meeting, met=met)
+        chain = {"fwd_s": cf, "bwd_s": cb, "units": spec.num_units, **({"met": met} if met else {})}
     if where.type == "cuda":
         name = device_name(where)
         measured_on = {"name": name, "kind": "cuda", "description": f"cuda: {name} (torch {torch.__version__}, "
@@ -813,6 +818,18 @@ def chain_factors(samples: list[dict[str, Any]]) -> tuple[float, float] | None:
     return statistics.median(fwd), statistics.median(bwd)
 
 
+def meeting_factor(samples: list[dict[str, Any]]) -> float | None:
+    """The slowest rank's time for the whole model over the ranks' typical one (their median), when the ranks
+    of a run computed it together and met after each repeat (:class:`hetpart.runtime.profile.Meeting`; per
+    repeat, then the median over repeats, the same on every rank of a meeting), the median over samples.
+    A collective after a compute waits for its slowest member; on a shared CPU the members' times scatter (time
+    slices lost to each other and to other processes), so the step runs at the pace of the slowest, which the
+    units' medians (every rank's, then their median) leave out. None where no sample met (one rank, GPU ranks)."""
+    ratios = [met["slowest_s"] / met["typical_s"] for s in samples
+              for met in [(s.get("chain") or {}).get("met") or {}] if met.get("typical_s", 0) > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_types: list[str]) -> Profile:
     """A profile from the ranks' :func:`measure_here` samples: per device class that measured and unit kind,
     the median of their medians, the spread over every repeat, the repeats summed, each scaled by what the
@@ -832,6 +849,8 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
     for name, group in by_class.items():
         # a step runs the units back to back: their times alone scaled by what the chain measured (time_chain)
         sf, sb = chain_factors(group) or (1.0, 1.0)
+        meet = meeting_factor(group) or 1.0  # the ranks meet at collectives: the slowest one's pace
+        sf, sb = sf * meet, sb * meet
         rows: dict[tuple[str, int], list[dict]] = {}
         for sample in group:
             for r in sample["units"]:
@@ -855,5 +874,6 @@ def profile_from_samples(spec, graph, samples: list[dict[str, Any]], device_type
                    meta={"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "method": f"every rank before and after its steps ({len(samples)} samples), median of "
                                    "the medians", "chain_factors": {name: chain_factors(group)
-                                                                   for name, group in by_class.items()}},
+                                                                   for name, group in by_class.items()},
+                         "meeting_factors": {name: meeting_factor(group) for name, group in by_class.items()}},
                    source=IN_RUN)

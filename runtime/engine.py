@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
@@ -659,22 +660,46 @@ class Executor:
         if self.dist_optimizer is not None:
             self.dist_optimizer.finish_backward()
 
-    def _all_reduce_buckets(self) -> None:
+    def _all_reduce_buckets(self, *, reduce: bool = True) -> None:
+        """``reduce=False``: the same host work without the all-reduces (:meth:`host_work_s`)."""
         for index, bucket in enumerate(self.grad_buckets):
             if self.rank not in bucket.ranks:
                 continue
             tensors = [self._grad_for_sync(k, bucket.full) for k in bucket.keys]
             flat = self._bucket_buffer(index, sum(t.numel() for t in tensors), tensors[0])
             torch.cat([t.reshape(-1) for t in tensors], out=flat)
-            start = time.perf_counter()
-            dist.all_reduce(flat, group=self.groups.group(bucket.ranks))
-            # After it: every member is there, so an emulated link delay starts from the last arrival.
-            self.hooks.on_collective("all_reduce", flat.numel() * flat.element_size(), bucket.ranks)
-            self.clock.comm += time.perf_counter() - start
+            if reduce:
+                start = time.perf_counter()
+                dist.all_reduce(flat, group=self.groups.group(bucket.ranks))
+                # After it: every member is there, so an emulated link delay starts from the last arrival.
+                self.hooks.on_collective("all_reduce", flat.numel() * flat.element_size(), bucket.ranks)
+                self.clock.comm += time.perf_counter() - start
             offset = 0
             for key, t in zip(bucket.keys, tensors):
                 self._store_synced(key, flat[offset: offset + t.numel()].view_as(t), bucket.full)
                 offset += t.numel()
+
+    def host_work_s(self, repeats: int = 9) -> float:
+        """Median seconds of the host work a step of this rank does besides computing, communicating and stepping
+        the optimizer: taking its rows of the batch, and packing its gradient buckets and handing the synced
+        slices back (:meth:`_all_reduce_buckets` without the all-reduces). Timed before the steps on gradients
+        of zeros, made untimed before each repeat as a backward leaves them (a repeat's own allocation of them
+        would add a pass over the model's bytes a step does not make), and dropped after. The prediction adds the
+        slowest rank's to the step (:func:`hetpart.runtime.measure.predict`). The pipeline schedule's own
+        bookkeeping is not in it. ``repeats``: timed runs after an untimed first, an odd count (a choice)."""
+        synced = [k for b in self.grad_buckets if self.rank in b.ranks for k in b.keys]
+        times = []
+        for i in range(repeats + 1):
+            for key in synced:
+                self.params[key].grad = torch.zeros_like(self.params[key])
+            start = time.perf_counter()
+            self.batch(0)
+            self._all_reduce_buckets(reduce=False)
+            if i:
+                times.append(time.perf_counter() - start)
+        for p in self.params.values():
+            p.grad = None
+        return statistics.median(times)
 
     def _bucket_buffer(self, index: int, numel: int, like: torch.Tensor) -> torch.Tensor:
         """The flat tensor bucket ``index`` is all-reduced in, kept from step to step: a fresh one per step (what

@@ -911,17 +911,22 @@ def run_plan(plan: Plan, model: str | None = None, cluster: str | None = None, o
         if samples:
             profile = profile_from_samples(prep.runnable, prep.run_graph, samples, list(prep.cluster.gpu_types))
     emulation = {"enabled": options.emulate, "host": rates.to_dict()}
+    # what the simulator does not price, measured by the ranks: the slowest rank's (runtime.measure.predict)
+    host = max((float(r.get("host_work_s", 0.0)) for r in results), default=0.0)
+    excess = max((float(r.get("transport_excess_s", 0.0)) for r in results), default=0.0)
     predicted, emu = None, None
     if profile is not None:
         emulation["profile"] = profile_summary(profile, options.profile)
     if options.emulate:
         emulation, emu = _emulation_used(prep, warmup, job, results, emulation, profile is not None)
         used = emulated_profile(profile, prep.cluster, small, prep.plan.precision) if profile is not None else None
-        predicted = measure.by_real_gpu(measure.predict(prep.run_graph, emu, small, profile=used), emu, prep.cluster)
+        predicted = measure.by_real_gpu(measure.predict(prep.run_graph, emu, small, profile=used, host_work_s=host,
+                                                    transport_excess_s=excess),
+                                        emu, prep.cluster)
     elif profile is not None:  # this machine's own speed: the profile prices it directly
         if options.profile is not None:  # timed one process at a time: the ranks share this host's cores
             profile = profile.sharing_cores(len(prep.local_ranks), host_cores())
-        predicted = measure.predict(prep.run_graph, prep.cluster, small, profile=profile)
+        predicted = measure.predict(prep.run_graph, prep.cluster, small, profile=profile, host_work_s=host)
     from hetpart.records import append_record
     from hetpart.runtime.record import model_summary, run_record
 

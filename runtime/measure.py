@@ -179,7 +179,8 @@ def _stage_summary(ranks: Sequence[dict[str, Any]], plan) -> tuple[dict[str, Any
     return tuple(out)
 
 
-def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
+def predict(graph, cluster, plan, profile=None, host_work_s: float = 0.0,
+            transport_excess_s: float = 0.0) -> dict[str, Any]:
     """The simulator's prediction for ``plan`` of ``graph`` on ``cluster`` (the emulated one), as a dict.
 
     The keys that ``measured`` has (``step_time_s``, ``tokens_per_s``, ``samples_per_s``) come first,
@@ -188,8 +189,13 @@ def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
     after the backward (Megatron's default), so the simulator does too (``overlap_grad_reduce=False``), and
     it counts the activations the runtime's own modules save (``kernels="torch"``).
     ``profile``: a measured profile whose entries replace the simulator's analytic terms.
+    ``host_work_s``: the runtime's own host work per step, measured by the ranks (the slowest rank's,
+    :meth:`hetpart.runtime.engine.Executor.host_work_s`), which the simulator does not price: added to the step.
+    ``transport_excess_s``: per step, what this machine's own transport took beyond the emulated links' time (the
+    slowest rank's), also added (:data:`hetpart.costmodel.replay.RUNTIME_TERMS`).
     """
     from hetpart.costmodel.predictor import get_predictor
+    from hetpart.costmodel.replay import with_runtime_terms
     from hetpart.workload import Workload
 
     workload = Workload(global_batch=plan.global_batch, seq_len=plan.seq_len, precision=plan.precision,
@@ -201,7 +207,11 @@ def predict(graph, cluster, plan, profile=None) -> dict[str, Any]:
     pred = chosen.predict(plan, workload)
     if profile is not None:  # the record keeps the profile itself: the prediction can be replayed exactly
         options = dict(options, profile=profile.to_dict() | {"source": profile.source})
-    out = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
+    terms = {"host_work_s": float(host_work_s), "transport_excess_s": float(transport_excess_s)}
+    # and the runtime's own terms added to the step, kept where nonzero (hetpart.costmodel.replay adds them again)
+    options = dict(options, **{k: v for k, v in terms.items() if v})
+    head = {"step_time_s": pred.step_time_s, "tokens_per_s": pred.tokens_per_s, "samples_per_s": pred.samples_per_s}
+    out = with_runtime_terms(head, terms) | terms
     out.update({k: v for k, v in pred.metrics.items() if k not in out})
     out["predictor"] = {"name": chosen.name, "version": chosen.version, "options": options}
     out["provenance"] = pred.provenance

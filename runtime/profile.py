@@ -20,7 +20,7 @@ import torch
 
 from hetpart.runtime.models import RunnableSpec, build_units, synthetic_batch
 
-__all__ = ["UnitTiming", "profile_units", "device_name"]
+__all__ = ["UnitTiming", "profile_units", "device_name", "time_chain", "Meeting"]
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -208,16 +208,43 @@ def _time_unit(unit: torch.nn.Module, spec: RunnableSpec, index: int, micro_batc
                       peak_memory_gb=peak, repeats=len(fwd), activation_gb=saved_gb)
 
 
+class Meeting:
+    """The ranks of a run meeting after every repeat of :func:`time_chain` (gloo, the default group unless
+    ``group``): each repeat starts after a barrier, and ends by gathering every member's seconds, whose slowest a
+    collective after that compute waits for. Every rank of the group must time the chain at the same time, with
+    the same ``repeats``: each call below is one collective of the group."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+    def seconds(self, mine: float) -> list[float]:
+        """Every member's ``mine``, in group rank order."""
+        import torch.distributed as dist
+
+        out = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(out, torch.tensor([mine], dtype=torch.float64), group=self.group)
+        return [float(t.item()) for t in out]
+
+
 def time_chain(spec: RunnableSpec, micro_batch: int, seq_len: int, device: str | torch.device = "cpu",
                repeats: int = 10, block_s: float | None = None,
-               tick: Callable[[], None] | None = None) -> tuple[float, float]:
+               tick: Callable[[], None] | None = None, meeting: Meeting | None = None,
+               met: dict[str, float] | None = None) -> tuple[float, float]:
     """Forward (with the loss) and backward seconds of every unit of ``spec`` run back to back in one autograd
     graph, as a one-stage step runs them (fp32, median of ``repeats``; ``block_s`` as :func:`profile_units`).
 
     The units' own timings (:func:`profile_units`) run each unit alone, its inputs and weights warm in the
     caches; in a step each unit finds what the units before it left there. On this CPU (tiny gpt2-small, quiet)
     the 14 units alone summed 16.7 ms against 20.5 ms back to back. :func:`hetpart.runtime.calibrate.profile_from_samples`
-    scales the units' times by the ratio."""
+    scales the units' times by the ratio.
+
+    With a ``meeting`` every repeat starts with the run's other ranks and ends by gathering their times; ``met``
+    then receives :func:`_met`'s ``own_s``, ``slowest_s``, ``typical_s`` and ``ranks``."""
     from hetpart.runtime.engine import loss_fn_for
 
     device = torch.device(device)
@@ -240,14 +267,32 @@ def time_chain(spec: RunnableSpec, micro_batch: int, seq_len: int, device: str |
 
     f, b = once()  # warm-up; it also sizes the blocks
     calls = max(1, min(_MAX_CALLS, math.ceil(block_s / max(f + b, 1e-9)))) if block_s else 1
-    fwd, bwd = [], []
+    if meeting is not None:  # every rank runs as many calls per repeat: the most any of them asked for
+        calls = int(round(max(meeting.seconds(float(calls)))))
+    fwd, bwd, everyone = [], [], []
     for _ in range(repeats):
+        if meeting is not None:
+            meeting.start()
         parts = [once() for _ in range(calls)]
         fwd.append(sum(p[0] for p in parts) / calls)
         bwd.append(sum(p[1] for p in parts) / calls)
+        if meeting is not None:
+            everyone.append(meeting.seconds(fwd[-1] + bwd[-1]))
         if tick is not None:
             tick()
+    if meeting is not None and met is not None:
+        met.update(_met(fwd, bwd, everyone))
     return statistics.median(fwd), statistics.median(bwd)
+
+
+def _met(fwd: list[float], bwd: list[float], everyone: list[list[float]]) -> dict[str, float]:
+    """What a meeting of :func:`time_chain` measured (``everyone``: per repeat, every member's seconds of one
+    forward and backward): this rank's median, the median over repeats of the slowest member's and of the
+    members' median (the same on every member), and the members' count."""
+    return {"own_s": statistics.median(f + b for f, b in zip(fwd, bwd)),
+            "slowest_s": statistics.median(max(row) for row in everyone),
+            "typical_s": statistics.median(statistics.median(row) for row in everyone),
+            "ranks": len(everyone[0]) if everyone else 0}
 
 
 def _head_loss(spec: RunnableSpec, micro_batch: int, seq_len: int, device: torch.device):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -41,6 +42,9 @@ class StepAccount:
     """Sleep added to emulate the links of collectives."""
     arrival_wait_s: float = 0.0
     """Sleep until emulated point-to-point transfers arrived (inside the engine's compute time)."""
+    transport_excess_s: float = 0.0
+    """What this machine's own transport (:func:`transport_costs`) took beyond the emulated time of the
+    collectives whose emulated link is faster than it: no sleep can shorten a collective, so the step pays it."""
 
 
 class WorkerHooks:
@@ -138,11 +142,13 @@ class WorkerHooks:
 
     def on_collective(self, kind: str, num_bytes: int, group_ranks) -> None:
         if self.emulator is not None:
-            delay = self.emulator.collective_delay_s(kind, num_bytes, list(group_ranks))
+            emulated = self.emulator.collective_delay_s(kind, num_bytes, list(group_ranks))
             ranks = tuple(sorted(group_ranks))
             key = (ranks, num_bytes) if kind in ("all_reduce", "tp_all_reduce") else (ranks, num_bytes, kind)
-            delay = max(0.0, delay - self.transport.get(key, 0.0))
+            real = self.transport.get(key, 0.0)
+            delay = max(0.0, emulated - real)
             self.account.emulated_comm_s += delay
+            self.account.transport_excess_s += max(0.0, real - emulated)
             self._sleep(delay)
         self.heartbeat.progress()
 
@@ -190,11 +196,18 @@ def _emulation(job: dict[str, Any], plan, rank: int):
                       "effects": effects}
 
 
-def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], int], float]:
+TRANSPORT_REPEATS = 9
+"""Timed runs of each collective :func:`transport_costs` measures (after an untimed first): an odd count, whose
+median is one of them. A choice, not a fit."""
+
+
+def transport_costs(executor, repeats: int = TRANSPORT_REPEATS) -> dict[tuple[tuple[int, ...], int], float]:
     """Seconds this machine's own transport (gloo over loopback) takes for each collective whose link
     the emulation delays: the tensor-parallel all-reduce of one micro-batch's activations and every
-    fused gradient bucket this rank joins, at their real sizes. Each is the fastest of ``repeats``
-    back-to-back runs after a first one (the members then arrive together: transport, no waiting).
+    fused gradient bucket this rank joins, at their real sizes. Each is the median of ``repeats`` runs after
+    a first one, every run after a barrier of its members (they arrive together: transport, no waiting). The
+    fastest run, kept before, was the transport of a quiet moment: the typical one took longer, and the
+    difference stayed in every measured collective on top of the emulated link.
 
     The emulated link replaces the real one instead of adding to it: after a collective the rank
     sleeps the emulated time minus this. Every rank runs its TP group first (TP groups are disjoint),
@@ -217,18 +230,18 @@ def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], i
                 n, shard = math.prod(executor._param_info[key].shape), executor._shard(key)
                 numel += n if bucket.full or shard.tp_dim is None else n // role.tp
             jobs.append((bucket.ranks, numel))
-    out: dict[tuple, float] = {}
+    samples: dict[tuple, list[float]] = {}
     for ranks, numel in jobs:
         t = torch.zeros(numel, dtype=executor.dtype, device=executor.device)
         group = executor.groups.group(ranks)
-        times = []
+        times = samples.setdefault((ranks, numel * t.element_size()), [])
         for i in range(repeats + 1):
+            dist.barrier(group=group)
             start = time.perf_counter()
             dist.all_reduce(t, group=group)
             if i:
                 times.append(time.perf_counter() - start)
-        key = (ranks, numel * t.element_size())
-        out[key] = min(times + [out.get(key, math.inf)])
+    out = {key: statistics.median(times) for key, times in samples.items()}
     if executor.sharded_keys and executor.dist_optimizer is None:
         out.update(_fsdp_transport(executor, repeats))
     return out
@@ -237,23 +250,23 @@ def transport_costs(executor, repeats: int = 5) -> dict[tuple[tuple[int, ...], i
 def _fsdp_transport(executor, repeats: int) -> dict[tuple, float]:
     """:func:`transport_costs` of FSDP2's collectives (:func:`hetpart.runtime.sharded.transport_jobs`): a
     gather or reduce-scatter keyed ``(ranks, bytes, kind)``, hybrid sharding's all-reduce ``(ranks, bytes)``."""
-    import math
-
     import torch
     import torch.distributed as dist
     from hetpart._torch_compat import fsdp_default_collectives
 
     from hetpart.runtime.sharded import transport_jobs
 
-    out: dict[tuple, float] = {}
+    samples: dict[tuple, list[float]] = {}
     all_gather, reduce_scatter = fsdp_default_collectives()
     gather, scatter = all_gather(), reduce_scatter()
     for kind, ranks, group, numel, dtype in transport_jobs(executor):
         n = group.size()
         whole = torch.zeros(numel, dtype=dtype, device=executor.device)
         piece = torch.zeros(numel // n if kind != "all_reduce" else numel, dtype=dtype, device=executor.device)
-        times = []
+        nbytes = (numel if kind != "all_reduce" else piece.numel()) * whole.element_size()
+        times = samples.setdefault((ranks, nbytes) if kind == "all_reduce" else (ranks, nbytes, kind), [])
         for i in range(repeats + 1):
+            dist.barrier(group=group)
             start = time.perf_counter()
             if kind == "all_gather":
                 gather(whole, piece, group)
@@ -263,10 +276,7 @@ def _fsdp_transport(executor, repeats: int) -> dict[tuple, float]:
                 dist.all_reduce(piece, group=group)
             if i:
                 times.append(time.perf_counter() - start)
-        nbytes = (numel if kind != "all_reduce" else piece.numel()) * whole.element_size()
-        key = (ranks, nbytes) if kind == "all_reduce" else (ranks, nbytes, kind)
-        out[key] = min(times + [out.get(key, math.inf)])
-    return out
+    return {key: statistics.median(times) for key, times in samples.items()}
 
 
 def _is_comm_error(exc: BaseException) -> bool:
@@ -332,6 +342,9 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
 
         _unslowed(hooks, save_gradients, executor, run_dir, start)
     profiled = [_unit_profile(job, plan, heartbeat, executor)]
+    # the step's own host work, for the prediction; on a GPU the packing runs as kernels queued behind the
+    # backward, whose time the host's clock does not see (the GPU's profile prices the device)
+    host_work_s = executor.host_work_s() if executor.device.type == "cpu" else 0.0
     end = job.get("end_step") or start + job["warmup"] + job["steps"]
     every = int(job.get("checkpoint_every") or 0)
     steps = []
@@ -359,7 +372,9 @@ def run_worker(job: dict[str, Any], run_dir: Path, rank: int, world: int, heartb
     profiled.append(_unit_profile(job, plan, heartbeat, executor))  # after too: the median brackets a load that drifts
     heartbeat.enter("done")
     return {"rank": rank, "device": job["rank_devices"][rank], "first_step": start, "steps": steps,
-            "losses": losses, **memory,
+            "losses": losses, **memory, "host_work_s": host_work_s,
+            # the same collectives every step, at fixed measured and emulated times: the same sum every step
+            "transport_excess_s": max((s["transport_excess_s"] for s in steps), default=0.0),
             "schedule_used": getattr(executor, "schedule_used", plan.schedule), "emulation": emulation,
             "profile_samples": [p for p in profiled if p is not None],
             **({"torchrun_rank": int(os.environ["RANK"]), "node_rank": int(job["nodes"]["node_rank"])}
@@ -408,12 +423,20 @@ def _unit_profile(job: dict[str, Any], plan, heartbeat: Heartbeat, executor) -> 
     level halves each, not their number)."""
     if not job.get("profile_units"):
         return None
+    import torch.distributed as dist
+
     from hetpart.runtime.calibrate import measure_here
     from hetpart.runtime.models import RunnableSpec
+    from hetpart.runtime.profile import Meeting
 
+    # several CPU ranks time the whole model together and meet after each repeat: their collectives wait for the
+    # slowest of them. Every rank of the default group profiles here, at the same point of the run, on the same
+    # kind of device (job["device"] is the run's): each enters the meeting's collectives as often as the others.
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    meeting = Meeting() if several and executor.device.type == "cpu" else None
     return measure_here(RunnableSpec.from_dict(job["runnable"]), plan.micro_batch, plan.seq_len,
                         tick=heartbeat.progress, device=str(executor.device),
-                        adam_shapes=[tuple(p.shape) for p in executor.params.values()])
+                        adam_shapes=[tuple(p.shape) for p in executor.params.values()], meeting=meeting)
 
 
 def _checkpoint(directory: str, executor, next_step: int, heartbeat: Heartbeat, fault: FaultSpec | None,
@@ -434,7 +457,8 @@ def _step_record(step: int, out: Any, acc: StepAccount) -> dict[str, Any]:
     return {"step": step, "time_s": t.step_s, "compute_s": t.compute_s - acc.arrival_wait_s,
             "measured_compute_s": acc.compute_s, "slowdown_s": acc.slowdown_s,
             "comm_s": t.comm_s + acc.arrival_wait_s, "emulated_comm_s": acc.emulated_comm_s + acc.arrival_wait_s,
-            "optimizer_s": t.optimizer_s, "idle_s": t.idle_s, "loss": float(out.loss),
+            "optimizer_s": t.optimizer_s, "idle_s": t.idle_s, "transport_excess_s": acc.transport_excess_s,
+            "loss": float(out.loss),
             "peak_memory_bytes": int(out.peak_memory_bytes), "memory_source": out.memory_source}
 
 
