@@ -50,11 +50,17 @@ def test_fp32_compute_and_ops_follow_the_unfused_core():
     assert sum(torch_fused[0]) < sum(torch_eager[0])
 
 
-def test_tf32_prediction_prices_the_unfused_core_and_says_so():
+def _attention_plans(precision: str):
+    """gpt2-medium on four GH200 (DP 4, micro-batch 8) in ``precision``, one plan per attention setting."""
     cluster = parse_cluster(GH)
-    m32 = load_model("gpt2-medium", seq_len=1024, precision="tf32")
-    plans = {a: megatron_plan(m32, cluster, Workload(32, 1024, precision="tf32", recompute="none", attention=a),
+    model = load_model("gpt2-medium", seq_len=1024, precision=precision)
+    plans = {a: megatron_plan(model, cluster, Workload(32, 1024, precision=precision, recompute="none", attention=a),
                               tp=1, pp=1, dp=4, micro_batch=8, recompute="none") for a in ("fused", "eager")}
+    return model, cluster, plans
+
+
+def test_tf32_prediction_prices_the_unfused_core_and_says_so():
+    m32, cluster, plans = _attention_plans("tf32")
     sim = Simulator(m32, cluster)
     fused, eager = sim.simulate(plans["fused"]), sim.simulate(plans["eager"])
     assert fused.step_time_s == eager.step_time_s
@@ -69,10 +75,7 @@ def test_tf32_prediction_prices_the_unfused_core_and_says_so():
 
 
 def test_bf16_prediction_keeps_flash_attention():
-    cluster = parse_cluster(GH)
-    m16 = load_model("gpt2-medium", seq_len=1024, precision="bf16")
-    plans = {a: megatron_plan(m16, cluster, Workload(32, 1024, precision="bf16", recompute="none", attention=a),
-                              tp=1, pp=1, dp=4, micro_batch=8, recompute="none") for a in ("fused", "eager")}
+    m16, cluster, plans = _attention_plans("bf16")
     sim = Simulator(m16, cluster)
     assert sim.simulate(plans["fused"]).step_time_s < sim.simulate(plans["eager"]).step_time_s
     assert sim.simulate(plans["fused"]).provenance["attention"]["priced"] == "fused"
