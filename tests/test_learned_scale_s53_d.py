@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import numpy as np
-import pytest
 
 from hetpart import load_cluster, load_model
 from hetpart.cluster import parse_cluster

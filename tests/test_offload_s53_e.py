@@ -8,7 +8,6 @@ bf16 and fp8 (gradients already fp32) and fp32 / tf32 (everything fp32) unchange
 
 from __future__ import annotations
 
-import json
 
 import pytest
 

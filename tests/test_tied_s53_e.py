@@ -76,7 +76,7 @@ def test_the_unit_by_unit_reference_agrees(model) -> None:
     n = model.num_units
     for cuts in ([[0, n], [0, n]], [[0, 6, n], [0, 6, n]], [[0, 6, n], [0, n]]):
         plan = _plan(cuts, 2)
-        for (r, k), rows in sim._shard_comm(plan).items():
+        for (r, _k), rows in sim._shard_comm(plan).items():
             for u, gather, scatter in rows:
                 assert gather == pytest.approx(reference_unit_gather_s(model, cluster, plan, r, u), rel=1e-9)
                 assert scatter == pytest.approx(reference_unit_scatter_s(model, cluster, plan, r, u), rel=1e-9)
