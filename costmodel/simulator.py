@@ -2025,8 +2025,11 @@ class Simulator:
         gradient back, the receiver) busy, as :meth:`_pipe` prices it (0 where the send does not block)."""
         stages = rep.stages
         mb, cp = plan.micro_batch, plan.cp
-        return tuple([self._p2p_s(stages[k], stages[k + 1], mb, flows, cp)
-                      if self._send_blocks(stages[k], stages[k + 1]) else 0.0 for k in range(len(stages) - 1)])
+        try:
+            return tuple([self._p2p_s(stages[k], stages[k + 1], mb, flows, cp)
+                          if self._send_blocks(stages[k], stages[k + 1]) else 0.0 for k in range(len(stages) - 1)])
+        except PlanError:  # a boundary between zones without a link: the plan is refused when priced; no sends here
+            return (0.0,) * (len(stages) - 1)
 
     def _sync_bounded(self, plan: Plan, whole: Sequence | None = None) -> bool:
         """Whether :meth:`_sync_bound_s` prices ``plan``'s gradient traffic (or that of the ``whole`` plan it is part

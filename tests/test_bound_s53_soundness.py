@@ -145,3 +145,21 @@ def test_a_layouts_bound_from_its_representatives_is_the_whole_plans(cluster_nam
         checked += 1
         equal += part == pytest.approx(full, rel=1e-9)
     assert checked >= 3 and equal >= checked / 2
+
+
+def test_the_bound_prices_a_plan_over_unlinked_zones_without_raising() -> None:
+    # A pipeline boundary between two zones with no link has no send to price: the bound counts none (the
+    # estimate refuses the plan), instead of raising out of branch and bound (CI on 475a53d, test_chained_zones).
+    from hetpart.cluster import parse_cluster
+
+    nodes = [{"count": 1, "gpus_per_node": 2, "gpu": "A100-40GB", "intra_node": "NVLink3", "nic": "IB-HDR", "zone": z}
+             for z in ("a", "b")]
+    cluster = parse_cluster({"name": "cut", "nodes": nodes, "links": []}, source="cut.yaml")
+    model = load_model("gpt2-small", seq_len=512)
+    workload = Workload(global_batch=8, seq_len=512)
+    plan = megatron_plan(model, cluster, workload, tp=1, pp=4, dp=1, micro_batch=1)
+    simulator = Simulator(model, cluster)
+    bound = simulator.lower_bound_s(plan)
+    assert bound > 0.0
+    with pytest.raises(HetpartError):
+        simulator.estimate(plan)
