@@ -316,11 +316,20 @@ def scaling_figure(points: Sequence[Mapping[str, Any]], y: str, ylabel: str, *, 
     return fig
 
 
+CHART_MARK = "Drawn by hetpart"
+"""What :func:`save_png` writes into each image's metadata, so that ``hetpart show --gantt`` replaces only charts
+hetpart drew (a PNG's ``Description`` text chunk, an SVG's ``dc:description``, a PDF's ``/Subject``)."""
+
+_MARK_KEY = {"png": "Description", "svg": "Description", "pdf": "Subject"}
+
+
 def save_png(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` and close it; raises :class:`OSError` as the file system does."""
+    """Write ``fig`` to ``path`` (the format from its extension, PNG without one), marked as hetpart's
+    (:data:`CHART_MARK`), and close it; raises :class:`OSError` as the file system does."""
     plt = _pyplot()
+    key = _MARK_KEY.get(Path(path).suffix.lower().lstrip(".") or "png")
     try:
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, metadata={key: CHART_MARK} if key else None)
     finally:
         plt.close(fig)
     return Path(path)

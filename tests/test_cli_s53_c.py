@@ -273,3 +273,34 @@ def test_show_outputs_replace_only_their_own_files(capsys, tmp_path: Path) -> No
     notes.write_text("<!DOCTYPE html>\n<title>my notes</title>\n")
     code, _, err = run_cli(capsys, "show", str(plan), "--html", str(notes))
     one_line_exit_2(code, err, f"--html: {notes} exists and is not an HTML report")
+
+
+def test_show_gantt_refuses_a_users_own_matplotlib_chart_and_replaces_whitespace(capsys, tmp_path: Path) -> None:
+    # Every matplotlib image names matplotlib in its metadata; only hetpart's carry plotting.CHART_MARK (reviewer
+    # of s53): a user's own figure is refused, an earlier Gantt chart or a whitespace-only file replaced.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = _plan(capsys, tmp_path)
+    for ext in ("png", "svg", "pdf"):
+        mine = tmp_path / f"mine.{ext}"
+        fig = plt.figure()
+        fig.savefig(mine)
+        plt.close(fig)
+        before = mine.read_bytes()
+        assert b"atplotlib" in before  # matplotlib named it: the old test took it for a chart of ours
+        code, _, err = run_cli(capsys, "show", str(plan), "--gantt", str(mine))
+        one_line_exit_2(code, err, f"--gantt: {mine} exists and is not a chart image")
+        assert mine.read_bytes() == before
+        blank = tmp_path / f"blank.{ext}"
+        blank.write_text(" \n\t\n")
+        for _ in range(2):  # whitespace first, then the chart it wrote there
+            code, _, err = run_cli(capsys, "show", str(plan), "--gantt", str(blank))
+            assert code == 0, err
+        assert blank.stat().st_size > 100
+    notes = tmp_path / "notes.json"
+    notes.write_text("   \n")
+    code, _, err = run_cli(capsys, "plan", *SMALL, "--out", str(notes))
+    assert code == 0 and json.loads(notes.read_text())["global_batch"] == 8, err

@@ -79,6 +79,7 @@ def test_a_few_layouts_left_are_priced_here_as_the_sequential_call_prices_them(m
     evaluate = planner._Deadline(model, cluster, workload)  # the planner's own evaluator
     best = proportional.plan_proportional(model, cluster, workload, evaluator=evaluate)
     monkeypatch.setattr(planner, "PARALLEL_BASELINE", False)
+    real_count, unpatched = planner._layouts_beating, 0
     for step, want in ((best.step_time_s * 1.5, best), (best.step_time_s / 1.5, None)):
         incumbent = Evaluated(best.plan, replace(best.estimate, step_time_s=step,
                                                  tokens_per_s=best.tokens_per_s * best.step_time_s / step))
@@ -86,10 +87,15 @@ def test_a_few_layouts_left_are_priced_here_as_the_sequential_call_prices_them(m
         assert left is not None and (left > 0 or want is None)
         pending = planner._PendingBaseline(model, cluster, workload, evaluate)
         pending.job, pending.warm_taken = _Job(answer="never asked"), True
-        monkeypatch.setattr(planner, "_layouts_beating", lambda *args: 1)
+        if left > planner.FEW_LAYOUTS:  # many layouts left: the count made few, to price them here all the same
+            monkeypatch.setattr(planner, "_layouts_beating", lambda *args: 1)
+        else:  # the planner's own count (the fast incumbent: 3 layouts left on this case)
+            monkeypatch.setattr(planner, "_layouts_beating", real_count)
+            unpatched += 1
         got = pending.result(incumbent)
         assert (pending.job.asked, pending.job.closed) == (0, 1)
         sequential = planner._baseline(model, cluster, workload, evaluate, incumbent=incumbent)
         assert (got is None) == (want is None) == (sequential is None)
         if want is not None:
             assert got.plan == sequential.plan == best.plan and got.step_time_s == best.step_time_s
+    assert unpatched  # one case went through the real count, not a patched one

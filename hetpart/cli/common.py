@@ -145,7 +145,7 @@ def refuse_replacing(out, flag: str, command: str, writes: str, is_ours) -> None
     """Refuse, before any work, an ``out`` that already holds a file this command did not write: the command
     replaces the file whole, and a probe of 2026-12-01 lost a run-records store (``hetpart run --out``'s JSON
     lines, hours of measured runs) to ``hetpart plan --out``. An earlier output of the same kind (``is_ours`` of
-    its text is true) is replaced as before, an empty file too; a missing path, a folder or a file that cannot be
+    its text is true) is replaced as before, an empty or whitespace-only file too; a missing path, a folder or a file that cannot be
     read is left to the writer, whose own error names it.
 
     Args:
@@ -177,8 +177,8 @@ def refuse_replacing(out, flag: str, command: str, writes: str, is_ours) -> None
         records = holds_run_records(path)
     except OSError:
         return
-    if text is not None and is_ours(text):
-        return
+    if text is not None and (is_ours(text) or not text.strip()):
+        return  # an earlier output of the command, or only whitespace: nothing to lose
     fix = "choose another path, or move that file away first (nothing was written)"
     if records:
         raise PlanError(f"{flag}: {out} holds hetpart run records ('hetpart run --out' appends them there), which "

@@ -848,9 +848,11 @@ def _batch_recorded(numbered: list[tuple[int, str]], plans_path: Path, cluster, 
 
 
 def _is_chart(text: str) -> bool:
-    """Whether ``text`` (a file read as text) is an image matplotlib drew: PNG, SVG and PDF name it in their
-    metadata (``Software``, a comment, ``/Creator``), as :func:`hetpart.plotting.save_png` writes them."""
-    return "Matplotlib" in text or "matplotlib" in text
+    """Whether ``text`` (a file read as text) is a chart :func:`hetpart.plotting.save_png` drew: it marks each
+    image's metadata with :data:`hetpart.plotting.CHART_MARK` (any other matplotlib image is the user's)."""
+    from hetpart.plotting import CHART_MARK
+
+    return CHART_MARK in text
 
 
 def _is_report_page(text: str) -> bool:
