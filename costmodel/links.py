@@ -57,7 +57,10 @@ links to exactly that). The cost model prices every transfer at the rate a colle
     8 x RTX 5090: "on PCI systems, the performance you get is usually determined by the bandwidth your CPU
     and memory can deliver ... 8 flows at 28GB/s in both directions" (NVIDIA/nccl issue 1639).
 
-  A 2-GPU transfer (a pipeline send) is priced as a ring of the pair. Not modelled: rings of other groups
+  A 2-GPU transfer (a pipeline send) is priced as a ring of the pair, at the duplex rate: in 1F1B's steady
+  state activations go one way while gradients come back the other. A lone one-way copy (warm-up, GPipe's
+  forward phase) could run up to about twice as fast (11.4 GB/s one way against 5.7 each way on PCIe 3
+  above), which this leaves out: it errs slow by at most that on such sends. Not modelled: rings of other groups
   staging through the same host memory at the same time (each all-reduce is priced alone), and NCCL's SHM
   path in which the receiving GPU's kernel reads host memory itself, which a published 2 x RTX 5070 Ti run
   puts at 1.9 GB/s against 12.5 with ``NCCL_SHM_USE_CUDA_MEMCPY=1`` (sgl-project/sglang pull request 39605).
@@ -104,7 +107,10 @@ run at 3.9 GB/s all-reduce against 10.3 broadcast: "some CPUs do not handle bidi
 (NVIDIA/nccl issue 384). PCIe 4: 8 A40 on two EPYC 7302 stage 19.1-21.2 GB/s (20.2 mid) in both directions
 together (NVIDIA/nccl-tests issue 74), 2 RTX 3090 on one EPYC 16.77 (11.28 one way; noonghunna/club-3090
 docs/PCIE_P2P.md): the mean, halved. PCIe 5: 4 RTX 5090 on two Xeon 8480+ reach a 35 GB/s all-reduce bus
-bandwidth, each GPU sending and receiving that much (NVIDIA/nccl issue 1639)."""
+bandwidth, each GPU sending and receiving that much (NVIDIA/nccl issue 1639). That figure is measured
+differently from the other two: an all-reduce's bus bandwidth is already a per-direction rate with both
+directions busy, so it is taken as it is, not halved; and it is a whole ring's rate, so the root port's own is
+at least that (ASSUMED equal: no published PCIe 5 ``P2P=Disabled`` copy figure was found)."""
 GPU_PORTS_PER_SOCKET: dict[str, int] = {"PCIe3-host": 2, "PCIe4-host": 4, "PCIe5-host": 4}
 """ASSUMED: x16 ports per CPU socket that GPUs of a ``-host`` node hang off; GPUs beyond that share a port
 through a PCIe switch. PCIe 3 servers are Xeon Scalable (48 lanes a socket, Intel's datasheet), and the
